@@ -1,0 +1,1 @@
+"""The `invar` command line."""

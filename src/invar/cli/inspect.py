@@ -1,0 +1,52 @@
+"""`invar inspect`: look into what a run recorded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from invar.cli.common import JsonOpt, RunDir, emit_json
+from invar.records import RunStore
+
+app = typer.Typer(help="Look into what a run recorded.", no_args_is_help=True)
+
+
+@app.command("records")
+def records(run: RunDir, as_json: JsonOpt = False) -> None:
+    """Verify every digest and binding of a run's records and list its calls."""
+    with RunStore.open(run) as store:
+        v = store.verify()
+        calls = store.calls()
+        meta = store.meta()
+    rows: list[dict[str, Any]] = []
+    for c in calls:
+        rep = c.report
+        rows.append({
+            "seq": c.seq,
+            "call_id": c.call.call_id,
+            "engine": c.identity.engine,
+            "role": c.identity.role.value,
+            "method": c.call.method,
+            "call_digest": c.call_digest,
+            "status": "unanswered" if rep is None else ("ok" if rep.report.ok else "error"),
+            "error": None if rep is None or rep.report.error is None else
+            f"{rep.report.error.type}: {rep.report.error.message}",
+            "elapsed_ms": None if rep is None else round((rep.at_ns - c.at_ns) / 1e6, 3),
+        })
+    summary = {"run": str(run), "verified": True, "records": v.records, "workers": v.workers, "calls": v.calls,
+               "reports": v.reports, "errors": v.errors, "unanswered": v.unanswered, "meta": meta}
+    if as_json:
+        emit_json({**summary, "calls": rows})
+        return
+    console = Console()
+    console.print(f"[bold green]verified[/] {run}: {v.records} records, {v.workers} workers, {v.calls} calls, "
+                  f"{v.reports} reports ({v.errors} errors), {len(v.unanswered)} unanswered")
+    table = Table("seq", "call", "engine", "role", "method", "status", "ms", "call digest")
+    for r in rows:
+        table.add_row(str(r["seq"]), str(r["call_id"]), r["engine"], r["role"], r["method"],
+                      r["status"] if r["error"] is None else f"error: {r['error'][:60]}",
+                      "" if r["elapsed_ms"] is None else f"{r['elapsed_ms']:.1f}", r["call_digest"][:16])
+    console.print(table)

@@ -1,0 +1,77 @@
+"""How the core starts each engine's worker process.
+
+An engine is a module under `workers/` that serves the invocation protocol; the core knows only its command line and
+the environment it needs. A new engine joins by adding its module here and implementing the methods of
+docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from invar.errors import InvarError
+from invar.protocol import Recorder, Role, WorkerClient
+
+ENGINES: dict[str, str] = {
+    "echo": "workers.echo",
+    "hf": "workers.hf_worker",
+    "vllm": "workers.vllm_worker",
+    "mlx": "workers.mlx_worker",
+}
+"""Engine name → the worker module that serves it."""
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MODEL = REPO_ROOT / "models" / "tiny-arith"
+
+
+def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a worker runs in: offline (no hub), quiet, and small on the CPU."""
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # Workers import the core and `workers`, wherever the command is run from.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), str(REPO_ROOT / "src"),
+                                                   env.get("PYTHONPATH", "")) if p)
+    env.update(extra or {})
+    return env
+
+
+def worker_argv(engine: str, role: Role, args: list[str] | None = None) -> list[str]:
+    module = ENGINES.get(engine)
+    if module is None:
+        raise InvarError(f"unknown engine {engine!r}; choose one of: {', '.join(sorted(ENGINES))}")
+    return [sys.executable, "-m", module, "--role", role.value, *(args or [])]
+
+
+def start_worker(
+    engine: str,
+    role: Role = Role.INFERENCE,
+    *,
+    args: list[str] | None = None,
+    recorder: Recorder | None = None,
+    env: Mapping[str, str] | None = None,
+    echo_stderr: bool = False,
+    handshake_timeout: float = 300.0,
+    call_timeout: float | None = 1800.0,
+) -> WorkerClient:
+    """Start an engine's worker and handshake with it (the role is checked)."""
+    client = WorkerClient(
+        worker_argv(engine, role, args),
+        name=f"{engine}-{role.value}",
+        env=worker_env(env),
+        expected_role=role,
+        expected_engine=engine,
+        recorder=recorder,
+        echo_stderr=echo_stderr,
+        handshake_timeout=handshake_timeout,
+        call_timeout=call_timeout,
+    )
+    client.start()
+    return client

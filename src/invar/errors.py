@@ -1,0 +1,35 @@
+"""Errors a user can act on.
+
+Every error the CLI knows how to explain derives from `InvarError`; its message is one line that names what is
+wrong and what to change. Anything else escaping to the top level is a bug and keeps its traceback.
+"""
+
+
+class InvarError(Exception):
+    """A failure with a one-line, actionable message."""
+
+
+class ProtocolError(InvarError):
+    """The worker broke the invocation protocol, died, or timed out."""
+
+
+class WorkerError(InvarError):
+    """The worker answered a call with an error (bad input, a missing file, a digest mismatch)."""
+
+    def __init__(self, method: str, error_type: str, message: str) -> None:
+        super().__init__(f"{method}: {error_type}: {message}")
+        self.method = method
+        self.error_type = error_type
+        self.message = message
+
+
+class RecordError(InvarError):
+    """A run store is missing, unreadable, or fails verification."""
+
+
+class ContractError(InvarError):
+    """A declaration or contract is invalid; the message names the field and what to change."""
+
+
+class EvidenceError(InvarError):
+    """The evidence in a run does not match what the contract requires (missing, altered or foreign records)."""

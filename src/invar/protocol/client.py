@@ -1,0 +1,391 @@
+"""The core's side of a worker: start the process, handshake, send calls, and accept only bound reports.
+
+A report is accepted only if it answers a call this client sent and has not yet been answered, carries the digest
+of that call's exact bytes, and names the identity the worker declared at handshake. Anything else, a malformed
+frame, stray bytes on the worker's stdout, a worker that dies or a call that outlives its timeout, fails every call
+in flight with one `ProtocolError` and stops the worker: after a broken exchange no later report can be trusted.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import IO, Any, Protocol
+
+from invar import canonical
+from invar.errors import ProtocolError, WorkerError
+from invar.protocol import frames
+from invar.protocol.messages import Call, Handshake, Identity, Kind, Report, Role, shutdown_message
+
+_F_SETPIPE_SZ = 1031  # Linux: a 1 MiB pipe moves large arrays in fewer wake-ups.
+
+
+class Recorder(Protocol):
+    """Where a client keeps every call and report (the run store implements this)."""
+
+    def record_worker(self, identity: Mapping[str, Any]) -> str: ...
+
+    def record_call(self, payload: bytes, *, worker: str) -> str: ...
+
+    def record_report(self, payload: bytes, *, worker: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A verified report together with the call it answers."""
+
+    call: Call
+    call_digest: str
+    report: Report
+    report_digest: str
+    identity: Identity
+    elapsed_s: float
+
+    @property
+    def result(self) -> dict[str, Any]:
+        """The result, or the worker's error raised as `WorkerError`."""
+        if self.report.error is not None:
+            raise WorkerError(self.call.method, self.report.error.type, self.report.error.message)
+        assert self.report.result is not None
+        return self.report.result
+
+
+class PendingCall:
+    """A call in flight; `answer()` waits for its verified report."""
+
+    def __init__(self, client: WorkerClient, call: Call, digest: str, timeout: float | None) -> None:
+        self._client = client
+        self.call = call
+        self.call_digest = digest
+        self.timeout = timeout
+        self._sent = time.perf_counter()
+        self._done = threading.Event()
+        self._answer: Answer | None = None
+        self._failure: ProtocolError | None = None
+
+    def _resolve(self, report: Report, report_digest: str, identity: Identity) -> None:
+        self._answer = Answer(self.call, self.call_digest, report, report_digest, identity,
+                              time.perf_counter() - self._sent)
+        self._done.set()
+
+    def _fail(self, failure: ProtocolError) -> None:
+        self._failure = failure
+        self._done.set()
+
+    def answer(self) -> Answer:
+        if not self._done.wait(self.timeout):
+            self._client._abort(ProtocolError(
+                f"{self._client.name}: call {self.call.call_id} ({self.call.method}) got no report within "
+                f"{self.timeout:g} s; the worker was stopped"))
+        if self._failure is not None:
+            raise self._failure
+        assert self._answer is not None
+        return self._answer
+
+    def result(self) -> dict[str, Any]:
+        return self.answer().result
+
+
+class WorkerClient:
+    """One worker subprocess speaking the invocation protocol.
+
+    Calls may be submitted while others are in flight; the worker answers them in any order and each report is
+    matched to its call by id and digest.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        name: str = "worker",
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        expected_role: Role | None = None,
+        expected_engine: str | None = None,
+        handshake_timeout: float = 120.0,
+        call_timeout: float | None = 600.0,
+        recorder: Recorder | None = None,
+        stderr_tail_lines: int = 40,
+        echo_stderr: bool = False,
+    ) -> None:
+        self.argv = list(argv)
+        self.name = name
+        self._env = dict(env) if env is not None else None
+        self._cwd = cwd
+        self._expected_role = expected_role
+        self._expected_engine = expected_engine
+        self._handshake_timeout = handshake_timeout
+        self.call_timeout = call_timeout
+        self._recorder = recorder
+        self._echo = echo_stderr
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=stderr_tail_lines)
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._pending: dict[int, PendingCall] = {}
+        self._answered: set[int] = set()
+        self._next_id = 1
+        self._failure: ProtocolError | None = None
+        self._closing = False
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._identity: Identity | None = None
+        self._worker_key = ""
+        self._reader: threading.Thread | None = None
+        self._stderr_reader: threading.Thread | None = None
+
+    # -- life cycle -------------------------------------------------------------------------------------------
+
+    @property
+    def identity(self) -> Identity:
+        if self._identity is None:
+            raise ProtocolError(f"{self.name}: not started")
+        return self._identity
+
+    @property
+    def worker_key(self) -> str:
+        """The identity digest under which the recorder keeps this worker's records."""
+        return self._worker_key
+
+    def start(self) -> Identity:
+        try:
+            self._proc = subprocess.Popen(
+                self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=self._env, cwd=self._cwd, bufsize=0, start_new_session=True,
+            )
+        except OSError as exc:
+            raise ProtocolError(f"{self.name}: cannot start {self.argv[0]!r}: {exc.strerror}") from None
+        assert self._proc.stdin is not None
+        assert self._proc.stdout is not None
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, 1 << 20)
+        self._stderr_reader = threading.Thread(target=self._read_stderr, name=f"{self.name}-stderr", daemon=True)
+        self._stderr_reader.start()
+
+        box: list[Handshake | BaseException] = []
+
+        def read_handshake() -> None:
+            try:
+                assert self._proc is not None
+                assert self._proc.stdout is not None
+                payload = frames.read_frame(self._proc.stdout)  # type: ignore[arg-type]
+                if payload is None:
+                    raise ProtocolError("end of stream before the handshake")
+                box.append(Handshake.from_wire(frames.decode_payload(payload)))
+            except BaseException as exc:
+                box.append(exc)
+
+        t = threading.Thread(target=read_handshake, daemon=True)
+        t.start()
+        t.join(self._handshake_timeout)
+        if not box:
+            self._kill()
+            raise ProtocolError(f"{self.name}: no handshake within {self._handshake_timeout:g} s"
+                                f"{self._stderr_suffix()}")
+        got = box[0]
+        if isinstance(got, BaseException):
+            self._kill()
+            self._stderr_reader.join(timeout=2)
+            if isinstance(got, ProtocolError):
+                raise ProtocolError(f"{self.name}: bad handshake: {got}{self._exit_suffix()}") from None
+            raise got
+        identity = got.identity
+        if self._expected_role is not None and identity.role != self._expected_role:
+            self._kill()
+            raise ProtocolError(f"{self.name}: worker serves as {identity.role.value}, "
+                                f"expected {self._expected_role.value}")
+        if self._expected_engine is not None and identity.engine != self._expected_engine:
+            self._kill()
+            raise ProtocolError(f"{self.name}: worker is engine {identity.engine!r}, expected "
+                                f"{self._expected_engine!r}")
+        self._identity = identity
+        self._worker_key = identity.digest
+        if self._recorder is not None:
+            self._worker_key = self._recorder.record_worker(identity.to_wire())
+        self._reader = threading.Thread(target=self._read_reports, name=f"{self.name}-reader", daemon=True)
+        self._reader.start()
+        return identity
+
+    def __enter__(self) -> WorkerClient:
+        if self._proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self, timeout: float = 30.0) -> int | None:
+        """Ask the worker to finish and exit; kill it if it does not. Returns its exit code."""
+        proc = self._proc
+        if proc is None:
+            return None
+        with self._lock:
+            self._closing = True
+        if proc.poll() is None and self._failure is None:
+            try:
+                self._write(frames.encode_frame(canonical.encode(shutdown_message())))
+                assert proc.stdin is not None
+                proc.stdin.close()
+            except (OSError, ProtocolError):
+                pass
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._kill()
+        else:
+            self._kill()
+        for t in (self._reader, self._stderr_reader):
+            if t is not None and t is not threading.current_thread():
+                t.join(timeout=5)
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        return proc.returncode
+
+    def _kill(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, 9)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+
+    # -- calls ------------------------------------------------------------------------------------------------
+
+    def submit(self, method: str, params: Mapping[str, Any], *, timeout: float | None = -1.0) -> PendingCall:
+        """Send a call without waiting; `timeout` -1 means the client's default, None means none."""
+        if self._identity is None:
+            raise ProtocolError(f"{self.name}: not started")
+        with self._lock:
+            if self._failure is not None:
+                raise self._failure
+            call_id = self._next_id
+            self._next_id += 1
+        call = Call(call_id=call_id, method=method, params=dict(params))
+        payload = canonical.encode(call.to_wire())
+        digest = canonical.sha256(payload)
+        pending = PendingCall(self, call, digest, self.call_timeout if timeout == -1.0 else timeout)
+        if self._recorder is not None:
+            self._recorder.record_call(payload, worker=self._worker_key)
+        with self._lock:
+            self._pending[call_id] = pending
+        self._write(frames.encode_frame(payload))
+        return pending
+
+    def call(self, method: str, params: Mapping[str, Any], *, timeout: float | None = -1.0) -> dict[str, Any]:
+        """Send a call and return its result, or raise the worker's error as `WorkerError`."""
+        return self.submit(method, params, timeout=timeout).result()
+
+    def ask(self, method: str, params: Mapping[str, Any], *, timeout: float | None = -1.0) -> Answer:
+        """Send a call and return the whole verified answer (result or error, digests, timing)."""
+        return self.submit(method, params, timeout=timeout).answer()
+
+    def _write(self, data: bytes) -> None:
+        proc = self._proc
+        assert proc is not None
+        assert proc.stdin is not None
+        try:
+            with self._write_lock:
+                proc.stdin.write(data)
+        except (BrokenPipeError, ValueError, OSError):
+            # The reader sees the death and says why; wait briefly for that richer message.
+            if self._reader is not None:
+                self._reader.join(timeout=5)
+            raise self._failure or ProtocolError(f"{self.name}: cannot write to the worker{self._exit_suffix()}")\
+                from None
+
+    # -- the reader -------------------------------------------------------------------------------------------
+
+    def _read_reports(self) -> None:
+        proc = self._proc
+        assert proc is not None
+        assert proc.stdout is not None
+        stream: IO[bytes] = proc.stdout
+        try:
+            while True:
+                payload = frames.read_frame(stream)  # type: ignore[arg-type]
+                if payload is None:
+                    break
+                self._accept(payload)
+        except ProtocolError as exc:
+            self._abort(ProtocolError(f"{self.name}: {exc}"))
+            return
+        # End of stream: a clean exit is fine only if nothing was pending and close() asked for it.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        if self._stderr_reader is not None:
+            self._stderr_reader.join(timeout=2)
+        with self._lock:
+            closing, pending = self._closing, bool(self._pending)
+        if not closing or pending:
+            self._abort(ProtocolError(f"{self.name}: worker exited{self._exit_suffix()}"))
+
+    def _accept(self, payload: bytes) -> None:
+        message = frames.decode_payload(payload)
+        if message.get("kind") != Kind.REPORT.value:
+            raise ProtocolError(f"expected a report, got kind {message.get('kind')!r}")
+        report = Report.from_wire(message)
+        with self._lock:
+            pending = self._pending.get(report.call_id)
+            if pending is None:
+                if report.call_id in self._answered:
+                    raise ProtocolError(f"second report for call {report.call_id}, which was already answered")
+                raise ProtocolError(f"report for unknown call {report.call_id}")
+        if report.call_digest != pending.call_digest:
+            raise ProtocolError(f"report for call {report.call_id} carries call digest "
+                                f"{report.call_digest[:16]}…, but the call sent has {pending.call_digest[:16]}…")
+        if report.identity_digest != self.identity.digest:
+            raise ProtocolError(f"report for call {report.call_id} names identity {report.identity_digest[:16]}…, "
+                                f"not the handshake's {self.identity.digest[:16]}…")
+        report_digest = canonical.sha256(payload)
+        if self._recorder is not None:
+            self._recorder.record_report(payload, worker=self._worker_key)
+        with self._lock:
+            del self._pending[report.call_id]
+            self._answered.add(report.call_id)
+        pending._resolve(report, report_digest, self.identity)
+
+    def _abort(self, failure: ProtocolError) -> None:
+        with self._lock:
+            if self._failure is None:
+                self._failure = failure
+            failure = self._failure
+            pending = list(self._pending.values())
+            self._pending.clear()
+        self._kill()
+        for p in pending:
+            p._fail(failure)
+
+    # -- stderr -----------------------------------------------------------------------------------------------
+
+    def _read_stderr(self) -> None:
+        proc = self._proc
+        assert proc is not None
+        assert proc.stderr is not None
+        for raw in iter(proc.stderr.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self._stderr_tail.append(line)
+            if self._echo:
+                os.write(2, raw)
+
+    def stderr_tail(self) -> str:
+        return "\n".join(self._stderr_tail)
+
+    def _stderr_suffix(self) -> str:
+        tail = [line for line in self._stderr_tail if line.strip()][-8:]
+        return ("; stderr tail:\n  " + "\n  ".join(tail)) if tail else ""
+
+    def _exit_suffix(self) -> str:
+        proc = self._proc
+        code = proc.poll() if proc is not None else None
+        return (f" (exit code {code})" if code is not None else "") + self._stderr_suffix()

@@ -1,0 +1,188 @@
+"""Every message of the invocation protocol, and its validation.
+
+Messages are plain frozen dataclasses with an explicit `to_wire` map and a `from_wire` that checks every field, so
+nothing untyped travels further than this module. A report is bound to its call by `call_id`, by the digest of the
+exact call payload, and by the digest of the worker identity declared at handshake.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from invar import canonical
+from invar.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+
+
+class Kind(enum.StrEnum):
+    """The kinds of message on the wire."""
+
+    HANDSHAKE = "handshake"
+    CALL = "call"
+    REPORT = "report"
+    SHUTDOWN = "shutdown"
+
+
+class Role(enum.StrEnum):
+    """What a worker process serves as: an inference engine, or the learner of the training loop."""
+
+    INFERENCE = "inference"
+    LEARNER = "learner"
+
+
+def _field(message: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
+    if name not in message:
+        raise ProtocolError(f"{what} has no field {name!r}")
+    value = message[name]
+    # bool is an int subclass: a call id of True is malformed, not 1.
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise ProtocolError(f"{what} field {name!r} has type bool")
+    if not isinstance(value, kind):
+        raise ProtocolError(f"{what} field {name!r} has type {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who answers: the engine, its versions, its role, its launch settings and the methods it serves."""
+
+    engine: str
+    engine_version: dict[str, str]
+    role: Role
+    settings: dict[str, Any]
+    methods: tuple[str, ...]
+    pid: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "engine_version": dict(self.engine_version),
+            "role": self.role.value,
+            "settings": self.settings,
+            "methods": list(self.methods),
+            "pid": self.pid,
+        }
+
+    @property
+    def digest(self) -> str:
+        return canonical.digest(self.to_wire())
+
+    @classmethod
+    def from_wire(cls, m: Any) -> Identity:
+        if not isinstance(m, dict):
+            raise ProtocolError("handshake identity is not a map")
+        role = _field(m, "role", str, "identity")
+        try:
+            parsed_role = Role(role)
+        except ValueError:
+            raise ProtocolError(f"identity role {role!r} is neither 'inference' nor 'learner'") from None
+        versions = _field(m, "engine_version", dict, "identity")
+        methods = _field(m, "methods", list, "identity")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in versions.items()):
+            raise ProtocolError("identity engine_version must map package names to version strings")
+        if not all(isinstance(x, str) for x in methods):
+            raise ProtocolError("identity methods must be strings")
+        return cls(
+            engine=_field(m, "engine", str, "identity"),
+            engine_version=versions,
+            role=parsed_role,
+            settings=_field(m, "settings", dict, "identity"),
+            methods=tuple(methods),
+            pid=_field(m, "pid", int, "identity"),
+        )
+
+
+@dataclass(frozen=True)
+class Handshake:
+    protocol: int
+    identity: Identity
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"kind": Kind.HANDSHAKE.value, "protocol": self.protocol, "identity": self.identity.to_wire()}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Handshake:
+        if m.get("kind") != Kind.HANDSHAKE.value:
+            raise ProtocolError(f"expected a handshake first, got kind {m.get('kind')!r}")
+        version = _field(m, "protocol", int, "handshake")
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(f"worker speaks protocol {version}, this core speaks {PROTOCOL_VERSION}")
+        return cls(protocol=version, identity=Identity.from_wire(m.get("identity")))
+
+
+@dataclass(frozen=True)
+class Call:
+    call_id: int
+    method: str
+    params: dict[str, Any]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"kind": Kind.CALL.value, "call_id": self.call_id, "method": self.method, "params": self.params}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Call:
+        return cls(
+            call_id=_field(m, "call_id", int, "call"),
+            method=_field(m, "method", str, "call"),
+            params=_field(m, "params", dict, "call"),
+        )
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """A failure the worker reports instead of a result: the exception type and its message."""
+
+    type: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Report:
+    call_id: int
+    call_digest: str
+    identity_digest: str
+    result: dict[str, Any] | None = None
+    error: ErrorInfo | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_wire(self) -> dict[str, Any]:
+        m: dict[str, Any] = {
+            "kind": Kind.REPORT.value,
+            "call_id": self.call_id,
+            "call_digest": self.call_digest,
+            "identity_digest": self.identity_digest,
+            "ok": self.ok,
+        }
+        if self.error is None:
+            m["result"] = self.result if self.result is not None else {}
+        else:
+            m["error"] = {"type": self.error.type, "message": self.error.message}
+        return m
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Report:
+        ok = _field(m, "ok", bool, "report")
+        common = {
+            "call_id": _field(m, "call_id", int, "report"),
+            "call_digest": _field(m, "call_digest", str, "report"),
+            "identity_digest": _field(m, "identity_digest", str, "report"),
+        }
+        if ok:
+            return cls(**common, result=_field(m, "result", dict, "report"))
+        err = _field(m, "error", dict, "report")
+        return cls(
+            **common,
+            error=ErrorInfo(type=_field(err, "type", str, "report error"),
+                            message=_field(err, "message", str, "report error")),
+        )
+
+
+def shutdown_message() -> dict[str, Any]:
+    return {"kind": Kind.SHUTDOWN.value}

@@ -1,0 +1,113 @@
+"""The worker's side of the protocol: a small library every engine worker in `workers/` serves its methods with.
+
+The worker's real stdout is kept for frames alone: at start, file descriptor 1 is duplicated for the protocol and
+then pointed at stderr, so that whatever an engine prints (vLLM logs to stdout) lands in the log, not in the stream.
+A method that raises is answered with an error report (the exception's type and message) and the worker keeps
+serving; only a broken stream ends it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any, BinaryIO
+
+from invar import canonical
+from invar.errors import ProtocolError
+from invar.protocol import frames
+from invar.protocol.messages import PROTOCOL_VERSION, Call, ErrorInfo, Handshake, Identity, Kind, Report, Role
+
+Method = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class MethodError(Exception):
+    """Raised by a method for bad input; its message goes back to the core as is (no traceback)."""
+
+
+def take_stdout() -> BinaryIO:
+    """Reserve the process's stdout for frames and send everything else printed there to stderr."""
+    sys.stdout.flush()
+    proto = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return proto
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class Server:
+    """Serve `methods` under `identity` on the given streams (the process's own by default)."""
+
+    def __init__(
+        self,
+        *,
+        engine: str,
+        engine_version: Mapping[str, str],
+        role: Role,
+        settings: Mapping[str, Any],
+        methods: Mapping[str, Method],
+    ) -> None:
+        self.methods = dict(methods)
+        self.identity = Identity(
+            engine=engine,
+            engine_version=dict(engine_version),
+            role=role,
+            settings=dict(settings),
+            methods=tuple(sorted(self.methods)),
+            pid=os.getpid(),
+        )
+        self.identity_digest = self.identity.digest
+
+    def serve(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> int:
+        """Run until end of input or a shutdown message; returns the process exit code."""
+        out = stdout if stdout is not None else take_stdout()
+        inp = stdin if stdin is not None else sys.stdin.buffer
+        self._send(out, Handshake(PROTOCOL_VERSION, self.identity).to_wire())
+        while True:
+            try:
+                payload = frames.read_frame(inp)
+                if payload is None:
+                    return 0
+                message = frames.decode_payload(payload)
+            except ProtocolError as exc:
+                log(f"invar worker: stopping on a broken input stream: {exc}")
+                return 3
+            kind = message.get("kind")
+            if kind == Kind.SHUTDOWN.value:
+                return 0
+            if kind != Kind.CALL.value:
+                log(f"invar worker: stopping: expected a call, got kind {kind!r}")
+                return 3
+            try:
+                call = Call.from_wire(message)
+            except ProtocolError as exc:
+                log(f"invar worker: stopping on a malformed call: {exc}")
+                return 3
+            self._send(out, self._answer(call, canonical.sha256(payload)).to_wire())
+
+    def _answer(self, call: Call, call_digest: str) -> Report:
+        def error(kind: str, message: str) -> Report:
+            return Report(call.call_id, call_digest, self.identity_digest, error=ErrorInfo(kind, message))
+
+        method = self.methods.get(call.method)
+        if method is None:
+            served = ", ".join(sorted(self.methods))
+            return error("UnknownMethod", f"method {call.method!r} is not served by this worker; it serves: {served}")
+        try:
+            result = method(call.params)
+            canonical.encode(result)  # fail here, as an error report, rather than mid-write
+        except MethodError as exc:
+            return error("BadRequest", str(exc))
+        except Exception as exc:
+            log(f"invar worker: {call.method} (call {call.call_id}) failed:\n{traceback.format_exc()}")
+            return error(type(exc).__name__, str(exc) or repr(exc))
+        return Report(call.call_id, call_digest, self.identity_digest, result=result)
+
+    @staticmethod
+    def _send(out: BinaryIO, message: dict[str, Any]) -> None:
+        out.write(frames.encode_frame(canonical.encode(message)))
+        out.flush()

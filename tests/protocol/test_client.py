@@ -1,0 +1,184 @@
+"""The protocol with real worker subprocesses: a round trip, and every way a report is rejected."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from invar import canonical
+from invar.errors import ProtocolError, WorkerError
+from invar.protocol import Role, WorkerClient
+from invar.records import RunStore
+
+SABOTEUR = str(Path(__file__).with_name("saboteur.py"))
+
+
+def echo_worker(**kw: object) -> WorkerClient:
+    return WorkerClient([sys.executable, "-m", "workers.echo"], name="echo", **kw)  # type: ignore[arg-type]
+
+
+def saboteur(mode: str, **kw: object) -> WorkerClient:
+    return WorkerClient([sys.executable, SABOTEUR, mode], name=f"saboteur-{mode}", **kw)  # type: ignore[arg-type]
+
+
+def test_round_trip_keeps_arrays_bit_exact() -> None:
+    arrays = {
+        "f32": np.array([np.pi, -0.0, np.inf, -np.inf, np.nan, 1e-45], dtype=np.float32),
+        "f64": np.arange(12, dtype=np.float64).reshape(3, 4) / 7,
+        "i32": np.array([[1, -2], [3, 2**31 - 1]], dtype=np.int32),
+        "empty": np.zeros((0, 5), dtype=np.float32),
+    }
+    with echo_worker(expected_role=Role.INFERENCE) as w:
+        assert w.identity.engine == "echo"
+        assert "echo" in w.identity.methods
+        got = w.call("echo", {"arrays": arrays, "text": "37+58=", "n": 3, "x": 0.1})
+    for name, arr in arrays.items():
+        back = got["arrays"][name]
+        assert back.dtype == arr.dtype
+        assert back.shape == arr.shape
+        assert back.tobytes() == arr.tobytes(), name
+    assert got["text"] == "37+58="
+    assert got["x"] == 0.1
+
+
+def test_bfloat16_bits_survive() -> None:
+    bits = np.array([0x3F80, 0xBF80, 0x7F80, 0x0001, 0x7FC1], dtype=np.uint16)
+    with echo_worker() as w:
+        back = w.call("echo", {"b": canonical.BFloat16Array(bits)})["b"]
+    assert isinstance(back, canonical.BFloat16Array)
+    assert back.bits.tobytes() == bits.tobytes()
+    assert back.to_float32()[:2].tolist() == [1.0, -1.0]
+
+
+def test_many_calls_in_flight_are_matched_to_their_calls() -> None:
+    with echo_worker() as w:
+        pending = [w.submit("echo", {"i": i}) for i in range(200)]
+        answers = [p.answer() for p in pending]
+    assert [a.result["i"] for a in answers] == list(range(200))
+    assert len({a.call_digest for a in answers}) == 200
+    assert all(a.report.call_digest == a.call_digest for a in answers)
+
+
+def test_calls_from_several_threads() -> None:
+    out: dict[int, int] = {}
+    with echo_worker() as w:
+        def run(t: int) -> None:
+            for i in range(50):
+                out[t * 1000 + i] = w.call("echo", {"v": t * 1000 + i})["v"]
+        threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert out == {k: k for k in out}
+    assert len(out) == 200
+
+
+def test_worker_error_is_reported_and_worker_keeps_serving() -> None:
+    with echo_worker() as w:
+        with pytest.raises(WorkerError, match="ValueError: broken input"):
+            w.call("fail", {"message": "broken input"})
+        with pytest.raises(WorkerError, match="UnknownMethod: method 'nope' is not served.*echo"):
+            w.call("nope", {})
+        with pytest.raises(WorkerError, match=r"BadRequest: checksum: params.array must be an array"):
+            w.call("checksum", {"array": 3})
+        assert w.call("echo", {"still": "here"}) == {"still": "here"}
+
+
+def test_wrong_role_is_refused() -> None:
+    w = echo_worker(expected_role=Role.LEARNER)
+    with pytest.raises(ProtocolError, match="serves as inference, expected learner"):
+        w.start()
+
+
+def test_learner_role_is_declared() -> None:
+    with WorkerClient([sys.executable, "-m", "workers.echo", "--role", "learner"], expected_role=Role.LEARNER) as w:
+        assert w.identity.role is Role.LEARNER
+
+
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        ("wrong-digest", "carries call digest"),
+        ("wrong-identity", "names identity"),
+        ("unknown-call", "report for unknown call 1001"),
+        ("duplicate", "second report for call 1, which was already answered"),
+        ("stray-bytes", "non-frame bytes on the stream"),
+        ("truncated", "truncated frame"),
+        ("malformed", "undecodable frame payload"),
+        ("not-a-report", "expected a report, got kind 'call'"),
+        ("die", r"worker exited \(exit code 139\); stderr tail:\s+segfault in the engine"),
+    ],
+)
+def test_broken_reports_are_rejected(mode: str, message: str) -> None:
+    w = saboteur(mode, call_timeout=20)
+    w.start()
+    try:
+        if mode == "duplicate":
+            assert w.call("echo", {"x": 1}) == {"echo": {"x": 1}}
+            # The second copy arrives afterwards and breaks the exchange for every later call.
+            with pytest.raises(ProtocolError, match=message):
+                for _ in range(50):
+                    w.call("echo", {"x": 2})
+        else:
+            with pytest.raises(ProtocolError, match=message):
+                w.call("echo", {"x": 1})
+        # After a broken exchange the client refuses further calls with the same reason.
+        with pytest.raises(ProtocolError, match=message):
+            w.submit("echo", {"x": 3})
+    finally:
+        w.close()
+
+
+def test_call_timeout_stops_the_worker() -> None:
+    w = saboteur("hang", call_timeout=0.5)
+    w.start()
+    try:
+        with pytest.raises(ProtocolError, match=r"got no report within 0.5 s"):
+            w.call("echo", {})
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        ("no-handshake", "no handshake within 1 s"),
+        ("bad-handshake", "bad handshake: non-frame bytes"),
+        ("die-at-start", r"exit code 7\); stderr tail:\s+cannot load the engine"),
+    ],
+)
+def test_bad_start_is_rejected(mode: str, message: str) -> None:
+    w = saboteur(mode, handshake_timeout=1 if mode == "no-handshake" else 30)
+    with pytest.raises(ProtocolError, match=message):
+        w.start()
+    w.close()
+
+
+def test_missing_executable_is_one_clear_error() -> None:
+    w = WorkerClient(["/nonexistent/worker"], name="ghost")
+    with pytest.raises(ProtocolError, match="ghost: cannot start '/nonexistent/worker'"):
+        w.start()
+
+
+def test_calls_and_reports_are_recorded_and_bound(tmp_path: Path) -> None:
+    store = RunStore.create(tmp_path / "run")
+    with echo_worker(recorder=store) as w:
+        a = w.ask("echo", {"v": np.arange(4, dtype=np.float32)})
+        with pytest.raises(WorkerError):
+            w.call("fail", {})
+    calls = store.calls()
+    assert [c.call.method for c in calls] == ["echo", "fail"]
+    first = calls[0]
+    assert first.call_digest == a.call_digest
+    assert first.report is not None
+    assert first.report.report_digest == a.report_digest
+    assert first.identity.engine == "echo"
+    assert calls[1].report is not None
+    assert not calls[1].report.report.ok
+    v = store.verify()
+    assert (v.workers, v.calls, v.reports, v.errors) == (1, 2, 2, 1)
