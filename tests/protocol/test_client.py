@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +83,7 @@ def test_worker_error_is_reported_and_worker_keeps_serving() -> None:
     with echo_worker() as w:
         with pytest.raises(WorkerError, match="ValueError: broken input"):
             w.call("fail", {"message": "broken input"})
-        with pytest.raises(WorkerError, match="UnknownMethod: method 'nope' is not served.*echo"):
+        with pytest.raises(WorkerError, match=r"UnknownMethod: method 'nope' is not served.*echo"):
             w.call("nope", {})
         with pytest.raises(WorkerError, match=r"BadRequest: checksum: params.array must be an array"):
             w.call("checksum", {"array": 3})
@@ -120,10 +121,10 @@ def test_broken_reports_are_rejected(mode: str, message: str) -> None:
     try:
         if mode == "duplicate":
             assert w.call("echo", {"x": 1}) == {"echo": {"x": 1}}
-            # The second copy arrives afterwards and breaks the exchange for every later call.
+            # The second copy arrives afterwards and breaks the exchange for the next call.
+            time.sleep(0.5)
             with pytest.raises(ProtocolError, match=message):
-                for _ in range(50):
-                    w.call("echo", {"x": 2})
+                w.call("echo", {"x": 2})
         else:
             with pytest.raises(ProtocolError, match=message):
                 w.call("echo", {"x": 1})

@@ -175,7 +175,7 @@ class WorkerClient:
             try:
                 assert self._proc is not None
                 assert self._proc.stdout is not None
-                payload = frames.read_frame(self._proc.stdout)  # type: ignore[arg-type]
+                payload = frames.read_frame(self._proc.stdout)
                 if payload is None:
                     raise ProtocolError("end of stream before the handshake")
                 box.append(Handshake.from_wire(frames.decode_payload(payload)))
@@ -230,7 +230,7 @@ class WorkerClient:
             self._closing = True
         if proc.poll() is None and self._failure is None:
             try:
-                self._write(frames.encode_frame(canonical.encode(shutdown_message())))
+                self._write_parts(canonical.encode_parts(shutdown_message()))
                 assert proc.stdin is not None
                 proc.stdin.close()
             except (OSError, ProtocolError):
@@ -272,14 +272,15 @@ class WorkerClient:
             call_id = self._next_id
             self._next_id += 1
         call = Call(call_id=call_id, method=method, params=dict(params))
-        payload = canonical.encode(call.to_wire())
-        digest = canonical.sha256(payload)
+        parts = canonical.encode_parts(call.to_wire())
+        digest = canonical.sha256_parts(parts)
         pending = PendingCall(self, call, digest, self.call_timeout if timeout == -1.0 else timeout)
         if self._recorder is not None:
-            self._recorder.record_call(payload, worker=self._worker_key)
+            # The record is written before the call leaves, so a worker that dies mid-call leaves it on record.
+            self._recorder.record_call(b"".join(parts), worker=self._worker_key)
         with self._lock:
             self._pending[call_id] = pending
-        self._write(frames.encode_frame(payload))
+        self._write_parts(parts)
         return pending
 
     def call(self, method: str, params: Mapping[str, Any], *, timeout: float | None = -1.0) -> dict[str, Any]:
@@ -290,13 +291,13 @@ class WorkerClient:
         """Send a call and return the whole verified answer (result or error, digests, timing)."""
         return self.submit(method, params, timeout=timeout).answer()
 
-    def _write(self, data: bytes) -> None:
+    def _write_parts(self, parts: list[bytes | memoryview]) -> None:
         proc = self._proc
         assert proc is not None
         assert proc.stdin is not None
         try:
             with self._write_lock:
-                proc.stdin.write(data)
+                frames.write_parts(proc.stdin, parts)
         except (BrokenPipeError, ValueError, OSError):
             # The reader sees the death and says why; wait briefly for that richer message.
             if self._reader is not None:
@@ -313,7 +314,7 @@ class WorkerClient:
         stream: IO[bytes] = proc.stdout
         try:
             while True:
-                payload = frames.read_frame(stream)  # type: ignore[arg-type]
+                payload = frames.read_frame(stream)
                 if payload is None:
                     break
                 self._accept(payload)
@@ -330,7 +331,7 @@ class WorkerClient:
         if not closing or pending:
             self._abort(ProtocolError(f"{self.name}: worker exited{self._exit_suffix()}"))
 
-    def _accept(self, payload: bytes) -> None:
+    def _accept(self, payload: bytearray) -> None:
         message = frames.decode_payload(payload)
         if message.get("kind") != Kind.REPORT.value:
             raise ProtocolError(f"expected a report, got kind {message.get('kind')!r}")
@@ -349,7 +350,7 @@ class WorkerClient:
                                 f"not the handshake's {self.identity.digest[:16]}…")
         report_digest = canonical.sha256(payload)
         if self._recorder is not None:
-            self._recorder.record_report(payload, worker=self._worker_key)
+            self._recorder.record_report(bytes(payload), worker=self._worker_key)
         with self._lock:
             del self._pending[report.call_id]
             self._answered.add(report.call_id)

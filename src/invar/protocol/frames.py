@@ -7,7 +7,7 @@ worker's stdout (a library that prints) fail at once and by name instead of bein
 from __future__ import annotations
 
 import struct
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from invar import canonical
 from invar.errors import ProtocolError
@@ -25,37 +25,76 @@ def encode_frame(payload: bytes) -> bytes:
     return HEADER.pack(MAGIC, len(payload)) + payload
 
 
-def _read_exact(stream: BinaryIO, n: int) -> bytes:
-    chunks: list[bytes] = []
-    remaining = n
-    while remaining:
-        chunk = stream.read(remaining)
-        if not chunk:
+_COALESCE = 1 << 16
+
+
+def write_parts(stream: IO[bytes], parts: list[bytes | memoryview]) -> None:
+    """Write one frame whose payload is the concatenation of `parts`.
+
+    Small segments are joined so a message of many fields costs few writes; large ones (array data) are written
+    from their own memory, never copied into one buffer.
+    """
+    total = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+    if total > MAX_FRAME:
+        raise ProtocolError(f"frame payload of {total} bytes exceeds the {MAX_FRAME}-byte limit")
+    pending: list[bytes | memoryview] = [HEADER.pack(MAGIC, total)]
+    size = HEADER.size
+    for part in parts:
+        n = len(part) if isinstance(part, bytes) else part.nbytes
+        if n >= _COALESCE:
+            if pending:
+                stream.write(b"".join(pending))
+                pending, size = [], 0
+            stream.write(part)
+        else:
+            pending.append(part)
+            size += n
+            if size >= _COALESCE:
+                stream.write(b"".join(pending))
+                pending, size = [], 0
+    if pending:
+        stream.write(b"".join(pending))
+    stream.flush()
+
+
+def _read_into(stream: IO[bytes], buf: memoryview) -> int:
+    got = 0
+    while got < len(buf):
+        n = stream.readinto(buf[got:])  # type: ignore[attr-defined]
+        if not n:
             break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
+        got += n
+    return got
 
 
-def read_frame(stream: BinaryIO) -> bytes | None:
+def read_frame(stream: IO[bytes]) -> bytearray | None:
     """Read one frame's payload; None at a clean end of stream (no byte of a new frame read)."""
-    header = _read_exact(stream, HEADER.size)
-    if not header:
+    header = bytearray(HEADER.size)
+    got = _read_into(stream, memoryview(header))
+    if got == 0:
         return None
-    if len(header) < HEADER.size:
-        raise ProtocolError(f"truncated frame header: {len(header)} of {HEADER.size} bytes before end of stream")
+    if got < HEADER.size:
+        raise ProtocolError(f"truncated frame header: {got} of {HEADER.size} bytes before end of stream")
     magic, length = HEADER.unpack(header)
     if magic != MAGIC:
-        raise ProtocolError(f"non-frame bytes on the stream: expected {MAGIC!r}, got {header[:16]!r}")
+        raise ProtocolError(f"non-frame bytes on the stream: expected {MAGIC!r}, got {bytes(header)!r}")
     if length > MAX_FRAME:
         raise ProtocolError(f"frame length {length} exceeds the {MAX_FRAME}-byte limit")
-    payload = _read_exact(stream, length)
-    if len(payload) < length:
-        raise ProtocolError(f"truncated frame: {len(payload)} of {length} payload bytes before end of stream")
-    return payload
+    # Allocate the whole payload only once its first megabyte has arrived: a corrupt length must not cost 2 GiB.
+    first = bytearray(min(length, 1 << 20))
+    got = _read_into(stream, memoryview(first))
+    if got == length:
+        return first
+    if got == len(first):
+        payload = bytearray(length)
+        payload[: len(first)] = first
+        got += _read_into(stream, memoryview(payload)[len(first):])
+        if got == length:
+            return payload
+    raise ProtocolError(f"truncated frame: {got} of {length} payload bytes before end of stream")
 
 
-def decode_payload(payload: bytes) -> dict[str, Any]:
+def decode_payload(payload: bytes | bytearray) -> dict[str, Any]:
     """Decode a frame payload into a message map; any malformation is a `ProtocolError`."""
     try:
         message = canonical.decode(payload)

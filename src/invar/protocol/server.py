@@ -99,7 +99,7 @@ class Server:
             return error("UnknownMethod", f"method {call.method!r} is not served by this worker; it serves: {served}")
         try:
             result = method(call.params)
-            canonical.encode(result)  # fail here, as an error report, rather than mid-write
+            canonical.encode_parts(result)  # fail here, as an error report, rather than mid-write
         except MethodError as exc:
             return error("BadRequest", str(exc))
         except Exception as exc:
@@ -109,5 +109,4 @@ class Server:
 
     @staticmethod
     def _send(out: BinaryIO, message: dict[str, Any]) -> None:
-        out.write(frames.encode_frame(canonical.encode(message)))
-        out.flush()
+        frames.write_parts(out, canonical.encode_parts(message))
