@@ -1,0 +1,3 @@
+from invar.cli.app import main
+
+main()

@@ -1,0 +1,65 @@
+"""`invar inspect records` through the real command line: a verified listing, and one line for tampering."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from invar.engines import start_worker
+from invar.records import RunStore
+
+
+def _invar(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def _run_with_echo(run: Path) -> None:
+    store = RunStore.create(run, meta={"purpose": "cli test"})
+    with start_worker("echo", recorder=store) as w:
+        for i in range(3):
+            w.call("echo", {"i": i, "marker": f"needle-{i}"})
+    store.close()
+
+
+def test_lists_a_verified_run(tmp_path: Path) -> None:
+    _run_with_echo(tmp_path / "run")
+    out = _invar("inspect", "records", str(tmp_path / "run"), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["verified"] is True
+    assert doc["calls"][0]["engine"] == "echo"
+    assert [c["status"] for c in doc["calls"]] == ["ok", "ok", "ok"]
+    assert doc["meta"]["run"]["purpose"] == "cli test"
+    text = _invar("inspect", "records", str(tmp_path / "run"))
+    assert text.returncode == 0
+    assert "verified" in text.stdout
+
+
+def test_tampering_is_one_line_naming_the_record(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _run_with_echo(run)
+    conn = sqlite3.connect(run / "records.sqlite")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    db = run / "records.sqlite"
+    data = bytearray(db.read_bytes())
+    pos = data.find(b"needle-1")
+    data[pos] ^= 0x20
+    db.write_bytes(bytes(data))
+    out = _invar("inspect", "records", str(run))
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1, out.stderr
+    # needle-1 is in call 2's record (5) and in its echoed report (6): the message names the one flipped.
+    assert re.search(r"record (5 \(call\)|6 \(report\)): its bytes do not match its digest", out.stderr)
+    assert "Traceback" not in out.stderr
+
+
+def test_missing_run_is_one_line(tmp_path: Path) -> None:
+    out = _invar("inspect", "records", str(tmp_path / "nope"))
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"invar: error: {tmp_path / 'nope'}: no run store here (expected records.sqlite); " \
+        "pass a run directory"
