@@ -1,8 +1,14 @@
 """Canonical msgpack encoding and digests.
 
 Every number Invar uses is bound to the bytes that carried it, so the encoding must be a function of the value
-alone: maps are written with their keys sorted, floats always as 64-bit, and arrays as an extension holding
-(dtype, shape, raw little-endian bytes) so float32 and bfloat16 bits survive exactly. Nothing is ever pickled.
+alone: maps are written with their keys sorted, floats always as 64-bit, integers in their shortest form. Arrays keep
+their exact bits: each is an extension (code 1) in the msgpack document holding `[dtype, shape, offset, nbytes]`,
+and its raw little-endian bytes follow the document, in the order the arrays appear. An encoded value is therefore
+
+    4-byte big-endian document length | msgpack document | array bytes, back to back
+
+which lets a 64 MB array be written, hashed and read without being copied into or out of a msgpack buffer.
+Nothing is ever pickled.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ import msgpack
 import numpy as np
 
 ARRAY_EXT = 1
-"""msgpack extension code for an array: payload is msgpack([dtype, shape, data])."""
+"""msgpack extension code for an array: payload is msgpack([dtype, shape, offset, nbytes])."""
 
 _ALLOWED_DTYPES = frozenset({"<f2", "<f4", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "|b1"})
+_DOC_LEN = 4
 
 
 @dataclass(frozen=True)
@@ -39,130 +46,56 @@ class CanonicalError(ValueError):
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 
 
-def _ext_header(length: int) -> bytes:
-    """msgpack's own choice of extension header for a payload of `length` bytes, type ARRAY_EXT."""
-    fixed = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
-    if length in fixed:
-        return bytes([fixed[length], ARRAY_EXT])
-    if length < 1 << 8:
-        return bytes([0xC7, length, ARRAY_EXT])
-    if length < 1 << 16:
-        return b"\xc8" + length.to_bytes(2, "big") + bytes([ARRAY_EXT])
-    return b"\xc9" + length.to_bytes(4, "big") + bytes([ARRAY_EXT])
+class _Encoder:
+    def __init__(self) -> None:
+        self.blobs: list[memoryview] = []
+        self.offset = 0
 
+    def array(self, dtype: str, shape: tuple[int, ...], raw: memoryview) -> msgpack.ExtType:
+        ext = msgpack.ExtType(ARRAY_EXT, msgpack.packb([dtype, list(shape), self.offset, raw.nbytes]))
+        self.blobs.append(raw)
+        self.offset += raw.nbytes
+        return ext
 
-def _bin_header(length: int) -> bytes:
-    if length < 1 << 8:
-        return bytes([0xC4, length])
-    if length < 1 << 16:
-        return b"\xc5" + length.to_bytes(2, "big")
-    return b"\xc6" + length.to_bytes(4, "big")
-
-
-def _container_header(n: int, fix: int, h16: int, h32: int) -> bytes:
-    if n < 16:
-        return bytes([fix | n])
-    if n < 1 << 16:
-        return bytes([h16]) + n.to_bytes(2, "big")
-    return bytes([h32]) + n.to_bytes(4, "big")
-
-
-def _array_parts(dtype: str, shape: tuple[int, ...], raw: memoryview) -> list[bytes | memoryview]:
-    # The extension payload is msgpack([dtype, shape, bin]); only its small prefix is built, the data is not copied.
-    prefix = b"\x93" + _pack_leaf(dtype) + _pack_leaf(list(shape)) + _bin_header(raw.nbytes)
-    return [_ext_header(len(prefix) + raw.nbytes), prefix, raw]
-
-
-def _pack_leaf(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True, strict_types=True)  # type: ignore[no-any-return]
-
-
-def _parts(obj: Any, out: list[bytes | memoryview]) -> None:
-    """Append the canonical encoding of `obj` to `out` as a list of byte segments."""
-    if obj is None or isinstance(obj, bool | str | bytes | float):
-        out.append(_pack_leaf(obj))
-    elif isinstance(obj, bytearray | memoryview):
-        out.append(_pack_leaf(bytes(obj)))
-    elif isinstance(obj, int):
-        if not _INT_MIN <= obj <= _INT_MAX:
-            raise CanonicalError(f"integer {obj} does not fit in 64 bits")
-        out.append(_pack_leaf(obj))
-    elif isinstance(obj, np.ndarray):
-        a = np.ascontiguousarray(obj)
-        dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
-        if dt.str not in _ALLOWED_DTYPES:
-            raise CanonicalError(f"array dtype {a.dtype} is not supported on the wire")
-        a = a.astype(dt, copy=False)
-        out.extend(_array_parts(dt.str, a.shape, a.reshape(-1).data.cast("B")))
-    elif isinstance(obj, BFloat16Array):
-        bits = np.ascontiguousarray(obj.bits, dtype="<u2")
-        out.extend(_array_parts("bfloat16", bits.shape, bits.reshape(-1).data.cast("B")))
-    elif isinstance(obj, np.generic):
-        _parts(obj.item(), out)
-    elif isinstance(obj, Mapping):
-        keys = list(obj.keys())
-        for key in keys:
-            if not isinstance(key, str):
-                raise CanonicalError(f"map key {key!r} is not a string")
-        out.append(_container_header(len(keys), 0x80, 0xDE, 0xDF))
-        for key in sorted(keys):
-            out.append(_pack_leaf(key))
-            _parts(obj[key], out)
-    elif isinstance(obj, Sequence):
-        out.append(_container_header(len(obj), 0x90, 0xDC, 0xDD))
-        for v in obj:
-            _parts(v, out)
-    else:
+    def normalize(self, obj: Any) -> Any:
+        if obj is None or isinstance(obj, bool | str | bytes | float):
+            return obj
+        if isinstance(obj, int):
+            if not _INT_MIN <= obj <= _INT_MAX:
+                raise CanonicalError(f"integer {obj} does not fit in 64 bits")
+            return obj
+        if isinstance(obj, bytearray | memoryview):
+            return bytes(obj)
+        if isinstance(obj, np.ndarray):
+            a = np.ascontiguousarray(obj)
+            dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
+            if dt.str not in _ALLOWED_DTYPES:
+                raise CanonicalError(f"array dtype {a.dtype} is not supported on the wire")
+            a = a.astype(dt, copy=False)
+            return self.array(dt.str, a.shape, a.reshape(-1).data.cast("B"))
+        if isinstance(obj, BFloat16Array):
+            bits = np.ascontiguousarray(obj.bits, dtype="<u2")
+            return self.array("bfloat16", bits.shape, bits.reshape(-1).data.cast("B"))
+        if isinstance(obj, np.generic):
+            return self.normalize(obj.item())
+        if isinstance(obj, Mapping):
+            for key in obj:
+                if not isinstance(key, str):
+                    raise CanonicalError(f"map key {key!r} is not a string")
+            # Sorted before the values are visited, so array bytes follow in the same (canonical) order.
+            return {key: self.normalize(obj[key]) for key in sorted(obj)}
+        if isinstance(obj, Sequence):
+            return [self.normalize(v) for v in obj]
         raise CanonicalError(f"type {type(obj).__name__} has no canonical encoding")
 
 
 def encode_parts(obj: Any) -> list[bytes | memoryview]:
-    """The canonical encoding as segments, so large arrays are written and hashed without being copied."""
-    out: list[bytes | memoryview] = []
-    _parts(obj, out)
-    return out
-
-
-def _ext_hook(code: int, data: bytes) -> Any:
-    if code != ARRAY_EXT:
-        raise CanonicalError(f"unknown msgpack extension {code}")
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True)
-    try:
-        # Read dtype and shape from the small prefix; the data itself is viewed in place, not copied again.
-        if len(data) < 1 or data[0] != 0x93:
-            raise ValueError("expected a 3-element array")
-        unpacker.feed(data[1:min(len(data), 4096)])
-        dtype, shape = unpacker.unpack(), unpacker.unpack()
-        offset = 1 + unpacker.tell()
-    except Exception as exc:
-        raise CanonicalError(f"malformed array extension: {exc}") from None
-    if not isinstance(dtype, str) or not isinstance(shape, list):
-        raise CanonicalError("malformed array extension: expected [dtype, shape, bytes]")
-    if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
-        raise CanonicalError(f"malformed array shape {shape!r}")
-    marker = data[offset] if offset < len(data) else -1
-    sizes = {0xC4: 1, 0xC5: 2, 0xC6: 4}
-    if marker not in sizes:
-        raise CanonicalError("malformed array extension: the data is not a byte string")
-    width = sizes[marker]
-    length = int.from_bytes(data[offset + 1:offset + 1 + width], "big")
-    start = offset + 1 + width
-    if start + length != len(data):
-        raise CanonicalError("malformed array extension: the byte count does not match the extension")
-    count = 1
-    for s in shape:
-        count *= s
-    if dtype == "bfloat16":
-        if length != 2 * count:
-            raise CanonicalError("bfloat16 array: byte count does not match its shape")
-        return BFloat16Array(np.frombuffer(data, dtype="<u2", count=count, offset=start).reshape(shape))
-    if dtype not in _ALLOWED_DTYPES:
-        raise CanonicalError(f"array dtype {dtype!r} is not supported on the wire")
-    dt = np.dtype(dtype)
-    if length != dt.itemsize * count:
-        raise CanonicalError("array: byte count does not match its shape and dtype")
-    # A read-only view of the received bytes: records are never mutated in place.
-    return np.frombuffer(data, dtype=dt, count=count, offset=start).reshape(shape)
+    """The canonical encoding as segments: the document, then each array's bytes in place (not copied)."""
+    enc = _Encoder()
+    doc = msgpack.packb(enc.normalize(obj), use_bin_type=True, strict_types=True)
+    if len(doc) >= 1 << 32:
+        raise CanonicalError("the msgpack document exceeds 4 GiB")
+    return [len(doc).to_bytes(_DOC_LEN, "big"), doc, *enc.blobs]
 
 
 def encode(obj: Any) -> bytes:
@@ -171,13 +104,62 @@ def encode(obj: Any) -> bytes:
 
 
 def decode(data: bytes | bytearray | memoryview) -> Any:
-    """Decode bytes written by `encode`; raises `CanonicalError` on anything malformed."""
+    """Decode bytes written by `encode`; raises `CanonicalError` on anything malformed.
+
+    Arrays come back as read-only views of `data` (records are never changed in place).
+    """
+    view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+    if len(view) < _DOC_LEN:
+        raise CanonicalError("encoded value shorter than its 4-byte document length")
+    doc_len = int.from_bytes(view[:_DOC_LEN], "big")
+    blob_start = _DOC_LEN + doc_len
+    if blob_start > len(view):
+        raise CanonicalError(f"document length {doc_len} runs past the end of the {len(view)}-byte value")
+    blob_len = len(view) - blob_start
+    expected = [0]  # the next array must start where the previous one ended
+
+    def ext_hook(code: int, payload: bytes) -> Any:
+        if code != ARRAY_EXT:
+            raise CanonicalError(f"unknown msgpack extension {code}")
+        try:
+            dtype, shape, offset, nbytes = msgpack.unpackb(payload, raw=False)
+        except Exception as exc:
+            raise CanonicalError(f"malformed array extension: {exc}") from None
+        if not isinstance(dtype, str) or not isinstance(shape, list):
+            raise CanonicalError("malformed array extension: expected [dtype, shape, offset, nbytes]")
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in [*shape, offset, nbytes]):
+            raise CanonicalError(f"malformed array extension: shape {shape!r}, offset {offset!r}, nbytes {nbytes!r}")
+        if offset != expected[0] or offset + nbytes > blob_len:
+            raise CanonicalError("array bytes out of place: arrays must follow the document back to back, in order")
+        expected[0] = offset + nbytes
+        count = 1
+        for x in shape:
+            count *= x
+        start = blob_start + offset
+        if dtype == "bfloat16":
+            if nbytes != 2 * count:
+                raise CanonicalError("bfloat16 array: byte count does not match its shape")
+            bits = np.frombuffer(view, dtype="<u2", count=count, offset=start).reshape(shape)
+            bits.flags.writeable = False
+            return BFloat16Array(bits)
+        if dtype not in _ALLOWED_DTYPES:
+            raise CanonicalError(f"array dtype {dtype!r} is not supported on the wire")
+        dt = np.dtype(dtype)
+        if nbytes != dt.itemsize * count:
+            raise CanonicalError("array: byte count does not match its shape and dtype")
+        arr = np.frombuffer(view, dtype=dt, count=count, offset=start).reshape(shape)
+        arr.flags.writeable = False
+        return arr
+
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_ext_hook)
+        value = msgpack.unpackb(view[_DOC_LEN:blob_start], raw=False, strict_map_key=True, ext_hook=ext_hook)
     except CanonicalError:
         raise
     except Exception as exc:
         raise CanonicalError(f"malformed msgpack: {type(exc).__name__}: {exc}") from None
+    if expected[0] != blob_len:
+        raise CanonicalError(f"{blob_len - expected[0]} bytes after the last array belong to no array")
+    return value
 
 
 def sha256(data: bytes | bytearray | memoryview) -> str:

@@ -183,3 +183,17 @@ def test_calls_and_reports_are_recorded_and_bound(tmp_path: Path) -> None:
     assert not calls[1].report.report.ok
     v = store.verify()
     assert (v.workers, v.calls, v.reports, v.errors) == (1, 2, 2, 1)
+
+
+def test_large_arrays_cross_intact_both_ways() -> None:
+    rng = np.random.default_rng(5)
+    big = rng.standard_normal(6 * (1 << 20)).astype(np.float32)  # 24 MB
+    other = rng.integers(0, 2**31 - 1, size=(1000, 300), dtype=np.int32)
+    with echo_worker() as w:
+        back = w.call("echo", {"a": big, "nested": [{"b": other}, "tail"]})
+        summed = w.call("checksum", {"array": big})
+    assert back["a"].tobytes() == big.tobytes()
+    assert back["nested"][0]["b"].tobytes() == other.tobytes()
+    assert back["nested"][1] == "tail"
+    assert summed["sum"] == float(big.sum(dtype=np.float64))
+    assert not back["a"].flags.writeable  # received arrays are read-only views of the record

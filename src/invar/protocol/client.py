@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import fcntl
+import hashlib
 import os
 import subprocess
 import threading
@@ -25,6 +26,7 @@ from invar.errors import ProtocolError, WorkerError
 from invar.protocol import frames
 from invar.protocol.messages import Call, Handshake, Identity, Kind, Report, Role, shutdown_message
 
+_OVERLAP_HASH = 1 << 22  # calls larger than this are hashed while they are written
 _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB pipe moves large arrays in fewer wake-ups.
 
 
@@ -68,6 +70,8 @@ class PendingCall:
         self.timeout = timeout
         self._sent = time.perf_counter()
         self._done = threading.Event()
+        self._digest_ready = threading.Event()
+        self._digest_ready.set()
         self._answer: Answer | None = None
         self._failure: ProtocolError | None = None
 
@@ -273,14 +277,31 @@ class WorkerClient:
             self._next_id += 1
         call = Call(call_id=call_id, method=method, params=dict(params))
         parts = canonical.encode_parts(call.to_wire())
-        digest = canonical.sha256_parts(parts)
-        pending = PendingCall(self, call, digest, self.call_timeout if timeout == -1.0 else timeout)
-        if self._recorder is not None:
-            # The record is written before the call leaves, so a worker that dies mid-call leaves it on record.
-            self._recorder.record_call(b"".join(parts), worker=self._worker_key)
+        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+        if self._recorder is not None or size < _OVERLAP_HASH:
+            digest = canonical.sha256_parts(parts)
+            if self._recorder is not None:
+                # The record is written before the call leaves, so a worker that dies mid-call leaves it on record.
+                self._recorder.record_call(b"".join(parts), worker=self._worker_key)
+            pending = PendingCall(self, call, digest, self.call_timeout if timeout == -1.0 else timeout)
+            with self._lock:
+                self._pending[call_id] = pending
+            self._write_parts(parts)
+            return pending
+        # A large call with no recorder: hash it on a second thread while it is written (both release the GIL).
+        box: list[str] = []
+        hasher = threading.Thread(target=lambda: box.append(canonical.sha256_parts(parts)), daemon=True)
+        hasher.start()
+        pending = PendingCall(self, call, "", self.call_timeout if timeout == -1.0 else timeout)
+        pending._digest_ready.clear()
         with self._lock:
             self._pending[call_id] = pending
-        self._write_parts(parts)
+        try:
+            self._write_parts(parts)
+        finally:
+            hasher.join()
+            pending.call_digest = box[0]
+            pending._digest_ready.set()
         return pending
 
     def call(self, method: str, params: Mapping[str, Any], *, timeout: float | None = -1.0) -> dict[str, Any]:
@@ -314,10 +335,11 @@ class WorkerClient:
         stream: IO[bytes] = proc.stdout
         try:
             while True:
-                payload = frames.read_frame(stream)
+                hasher = hashlib.sha256()
+                payload = frames.read_frame(stream, hasher)
                 if payload is None:
                     break
-                self._accept(payload)
+                self._accept(payload, hasher.hexdigest())
         except ProtocolError as exc:
             self._abort(ProtocolError(f"{self.name}: {exc}"))
             return
@@ -331,7 +353,7 @@ class WorkerClient:
         if not closing or pending:
             self._abort(ProtocolError(f"{self.name}: worker exited{self._exit_suffix()}"))
 
-    def _accept(self, payload: bytearray) -> None:
+    def _accept(self, payload: bytearray, report_digest: str) -> None:
         message = frames.decode_payload(payload)
         if message.get("kind") != Kind.REPORT.value:
             raise ProtocolError(f"expected a report, got kind {message.get('kind')!r}")
@@ -342,13 +364,13 @@ class WorkerClient:
                 if report.call_id in self._answered:
                     raise ProtocolError(f"second report for call {report.call_id}, which was already answered")
                 raise ProtocolError(f"report for unknown call {report.call_id}")
+        pending._digest_ready.wait()
         if report.call_digest != pending.call_digest:
             raise ProtocolError(f"report for call {report.call_id} carries call digest "
                                 f"{report.call_digest[:16]}…, but the call sent has {pending.call_digest[:16]}…")
         if report.identity_digest != self.identity.digest:
             raise ProtocolError(f"report for call {report.call_id} names identity {report.identity_digest[:16]}…, "
                                 f"not the handshake's {self.identity.digest[:16]}…")
-        report_digest = canonical.sha256(payload)
         if self._recorder is not None:
             self._recorder.record_report(bytes(payload), worker=self._worker_key)
         with self._lock:

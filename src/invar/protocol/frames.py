@@ -7,7 +7,7 @@ worker's stdout (a library that prints) fail at once and by name instead of bein
 from __future__ import annotations
 
 import struct
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from invar import canonical
 from invar.errors import ProtocolError
@@ -15,6 +15,10 @@ from invar.errors import ProtocolError
 MAGIC = b"INV1"
 HEADER = struct.Struct(">4sI")
 MAX_FRAME = (1 << 31) - 1
+
+
+class Hasher(Protocol):
+    def update(self, data: bytes | bytearray | memoryview, /) -> None: ...
 """The largest payload a frame may carry (2 GiB − 1)."""
 
 
@@ -26,6 +30,16 @@ def encode_frame(payload: bytes) -> bytes:
 
 
 _COALESCE = 1 << 16
+
+
+def _write_all(stream: IO[bytes], data: bytes | memoryview) -> None:
+    # An unbuffered pipe may take fewer bytes than offered; a short write must never pass silently.
+    view = memoryview(data).cast("B")
+    while view:
+        n = stream.write(view)
+        if n is None:  # a non-blocking stream that is full: never the case for a worker's pipes
+            raise ProtocolError("the stream would block")
+        view = view[n:]
 
 
 def write_parts(stream: IO[bytes], parts: list[bytes | memoryview]) -> None:
@@ -43,32 +57,38 @@ def write_parts(stream: IO[bytes], parts: list[bytes | memoryview]) -> None:
         n = len(part) if isinstance(part, bytes) else part.nbytes
         if n >= _COALESCE:
             if pending:
-                stream.write(b"".join(pending))
+                _write_all(stream, b"".join(pending))
                 pending, size = [], 0
-            stream.write(part)
+            _write_all(stream, part)
         else:
             pending.append(part)
             size += n
             if size >= _COALESCE:
-                stream.write(b"".join(pending))
+                _write_all(stream, b"".join(pending))
                 pending, size = [], 0
     if pending:
-        stream.write(b"".join(pending))
+        _write_all(stream, b"".join(pending))
     stream.flush()
 
 
-def _read_into(stream: IO[bytes], buf: memoryview) -> int:
+def _read_into(stream: IO[bytes], buf: memoryview, hasher: Hasher | None = None) -> int:
     got = 0
     while got < len(buf):
         n = stream.readinto(buf[got:])  # type: ignore[attr-defined]
         if not n:
             break
+        if hasher is not None:
+            # Hashing each chunk as it lands overlaps the digest with the sender's writing.
+            hasher.update(buf[got:got + n])
         got += n
     return got
 
 
-def read_frame(stream: IO[bytes]) -> bytearray | None:
-    """Read one frame's payload; None at a clean end of stream (no byte of a new frame read)."""
+def read_frame(stream: IO[bytes], hasher: Hasher | None = None) -> bytearray | None:
+    """Read one frame's payload; None at a clean end of stream (no byte of a new frame read).
+
+    With `hasher`, the payload's bytes are fed to it as they arrive (the header is not).
+    """
     header = bytearray(HEADER.size)
     got = _read_into(stream, memoryview(header))
     if got == 0:
@@ -82,13 +102,13 @@ def read_frame(stream: IO[bytes]) -> bytearray | None:
         raise ProtocolError(f"frame length {length} exceeds the {MAX_FRAME}-byte limit")
     # Allocate the whole payload only once its first megabyte has arrived: a corrupt length must not cost 2 GiB.
     first = bytearray(min(length, 1 << 20))
-    got = _read_into(stream, memoryview(first))
+    got = _read_into(stream, memoryview(first), hasher)
     if got == length:
         return first
     if got == len(first):
         payload = bytearray(length)
         payload[: len(first)] = first
-        got += _read_into(stream, memoryview(payload)[len(first):])
+        got += _read_into(stream, memoryview(payload)[len(first):], hasher)
         if got == length:
             return payload
     raise ProtocolError(f"truncated frame: {got} of {length} payload bytes before end of stream")

@@ -8,6 +8,7 @@ serving; only a broken stream ends it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import traceback
@@ -68,8 +69,9 @@ class Server:
         inp = stdin if stdin is not None else sys.stdin.buffer
         self._send(out, Handshake(PROTOCOL_VERSION, self.identity).to_wire())
         while True:
+            hasher = hashlib.sha256()
             try:
-                payload = frames.read_frame(inp)
+                payload = frames.read_frame(inp, hasher)
                 if payload is None:
                     return 0
                 message = frames.decode_payload(payload)
@@ -87,7 +89,7 @@ class Server:
             except ProtocolError as exc:
                 log(f"invar worker: stopping on a malformed call: {exc}")
                 return 3
-            self._send(out, self._answer(call, canonical.sha256(payload)).to_wire())
+            self._send(out, self._answer(call, hasher.hexdigest()).to_wire())
 
     def _answer(self, call: Call, call_digest: str) -> Report:
         def error(kind: str, message: str) -> Report:
