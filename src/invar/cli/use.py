@@ -1,0 +1,168 @@
+"""`invar use`: prepare a use contract, plan the sample it needs, and decide admission from a run.
+
+Exit codes of `invar use admit`: 0 Admitted, 10 Violated, 11 Unknown; 2 when the evidence is refused or the
+input is bad (an `InvarError`, printed as one line by the application).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from invar.cli.common import JsonOpt, RunDir, emit_json
+from invar.contract.admit import EXIT_CODES, Decision, admit
+from invar.contract.prepare import load_contract, prepare
+from invar.errors import ContractError
+from invar.stats.planning import plan_table, render_plan
+
+app = typer.Typer(
+    name="use",
+    help="Use contracts: build one from a declaration, plan its sample size, decide admission from a run.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+ContractOpt = Annotated[
+    Path, typer.Option("--contract", help="The owner's contract file (<name>.contract.json): the anchors.")
+]
+
+
+@app.command("prepare")
+def prepare_cmd(
+    declaration: Annotated[Path, typer.Argument(help="The owner's declaration (TOML).")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Folder for the contract; default: the declaration's folder.")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Validate a declaration and write <name>.contract.json and its .sha256; print the sha256."""
+    prepared = prepare(declaration, out)
+    plan = prepared.plan
+    summary = {
+        "contract": str(prepared.path),
+        "sha256": prepared.sha256,
+        "units": len(plan.units),
+        "calls": [{"call": c.key, "purposes": list(c.purposes), "batches": len(c.batches)} for c in plan.calls],
+        "plan_version": plan.version,
+    }
+    if json_out:
+        emit_json(summary)
+        return
+    typer.echo(f"{prepared.sha256}  {prepared.path}")
+    typer.echo(f"plan {plan.version}: {len(plan.units)} units, {len(plan.calls)} generate calls")
+    for c in plan.calls:
+        typer.echo(f"  {c.key:<32} {len(c.batches):>6} batches  ({', '.join(c.purposes)})")
+
+
+_ASSUMPTION = re.compile(r"([a-z_]+)=([^\s,]+)")
+_ASSUMPTION_KEYS = {"worse": "p_worse", "better": "p_better", "variance": "variance", "mean": "mean"}
+
+
+def parse_assumptions(values: list[str]) -> dict[str, float]:
+    """`["worse=0.01 better=0.01"]` or `["worse=0.01", "better=0.01"]` → {"p_worse": 0.01, "p_better": 0.01}.
+
+    Names: worse, better (0/1 losses: probability a unit gets worse / better), or variance and mean (of d).
+    """
+    out: dict[str, float] = {}
+    for value in values:
+        text = value.replace(",", " ").strip()
+        if not text or _ASSUMPTION.sub("", text).strip():
+            raise typer.BadParameter(f"{value!r}: write name=value pairs, e.g. worse=0.01 better=0.01",
+                                     param_hint="--assume")
+        for name, number in _ASSUMPTION.findall(text):
+            if name not in _ASSUMPTION_KEYS:
+                raise typer.BadParameter(f"{name!r} is not an assumption; use {', '.join(_ASSUMPTION_KEYS)}",
+                                         param_hint="--assume")
+            try:
+                out[_ASSUMPTION_KEYS[name]] = float(number)
+            except ValueError:
+                raise typer.BadParameter(f"{name}={number}: {number!r} is not a number",
+                                         param_hint="--assume") from None
+    return out
+
+
+@app.command("plan")
+def plan_cmd(
+    contract: Annotated[Path, typer.Argument(help="The contract file (<name>.contract.json).")],
+    assume: Annotated[
+        list[str],
+        typer.Option("--assume", help="Assumed distribution of the paired differences: 'worse=0.01 better=0.01' "
+                                      "(0/1 losses) or 'variance=0.02 mean=0'."),
+    ],
+    power: Annotated[float, typer.Option("--power", help="Probability of admitting when the assumption holds.")] = 0.8,
+    method: Annotated[
+        list[str] | None, typer.Option("--method", help="Plan only these bound methods (default: every method).")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The sample size each bound method needs to admit under stated assumptions, at a stated power."""
+    c, _sha, plan = load_contract(contract)
+    req = c.requirement
+    if req.standard != "population" or req.delta is None:
+        raise ContractError(f"{contract}: a finite-domain contract decides exactly on its units; there is no "
+                            "sample size to plan")
+    stated = parse_assumptions(assume)
+    rows = plan_table(
+        stated.get("p_worse"), stated.get("p_better"), float(req.epsilon), float(req.delta), power,
+        methods=method or None, variance=stated.get("variance"), mean=stated.get("mean", 0.0),
+    )
+    if json_out:
+        emit_json({"contract": str(contract), "contract_method": req.method, "epsilon": str(req.epsilon),
+                   "delta": str(req.delta), "rows": [dataclasses.asdict(r) for r in rows]})
+        return
+    typer.echo(render_plan(rows), nl=False)
+    units = len(plan.units)
+    typer.echo(f"the contract decides with {req.method} and runs {units:,} units")
+
+
+def render_decision(decision: Decision) -> str:
+    """The decision as a few aligned lines for a person."""
+    d = decision
+    lines = [f"{d.answer.value}: {d.reason}",
+             f"contract   {d.contract_name} (sha256 {d.contract_sha256})",
+             f"run        {d.run}",
+             f"decision   {d.decision_version}, plan {d.plan_version}, standard {d.standard}, ε = {d.epsilon}"
+             + ("" if d.delta is None else f", δ = {d.delta}")]
+    inv = d.invariance
+    if inv.required:
+        state = "holds" if inv.holds else f"fails on {inv.units_differing} units ({inv.first_difference})"
+        lines.append(f"invariance {state}: {inv.units} units across layouts {', '.join(inv.layouts)} "
+                     "(other layouts are not covered)")
+    else:
+        lines.append("invariance not required by the contract")
+    for p in d.premises:
+        lines.append(f"premise    [{p.reliance}, {'holds' if p.holds else 'NOT held'}] {p.statement} "
+                     f"(party {p.party}, basis {p.basis_sha256[:16]}…)")
+    t = d.task_loss
+    lines.append(f"task loss  n = {t.n}: reference {t.reference_loss}, candidate {t.candidate_loss}, "
+                 f"worse {t.worse}, better {t.better}, mean increase {t.mean_difference} "
+                 f"= {float(t.mean_difference):.6g}")
+    if d.bound is not None:
+        b = d.bound
+        lines.append(f"bound      {b.method} {b.version}, δ = {b.delta:.6g}: estimate {b.estimate:.6g}, "
+                     f"[{b.lower:.6g}, {b.upper:.6g}]")
+    g = d.diagnostics
+    if g is not None:
+        lines.append(f"diagnostic (never deciding) paired Wald {g.wald_confidence:g}: [{g.wald[0]:.6g}, "
+                     f"{g.wald[1]:.6g}]; exact McNemar one-sided p = {g.mcnemar_p:.4g}; Hoeffding "
+                     f"[{g.hoeffding.lower:.6g}, {g.hoeffding.upper:.6g}]")
+    for e in d.evidence:
+        lines.append(f"evidence   {e.key:<24} record {e.record_seq}, call {e.call_digest[:16]}…, "
+                     f"report {e.report_digest[:16]}…")
+    return "\n".join(lines)
+
+
+@app.command("admit")
+def admit_cmd(run: RunDir, contract: ContractOpt, json_out: JsonOpt = False) -> None:
+    """Decide admission of a run under the owner's contract: exit 0 Admitted, 10 Violated, 11 Unknown."""
+    decision = admit(contract, run)
+    if json_out:
+        emit_json(decision.to_json())
+    else:
+        typer.echo(render_decision(decision))
+    raise typer.Exit(EXIT_CODES[decision.answer])

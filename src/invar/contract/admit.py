@@ -1,0 +1,622 @@
+"""`use admit`: decide, from a run's records and the owner's contract, whether the candidate is admitted.
+
+The anchors come from outside the evidence: the contract file the owner holds fixes the packages, the population,
+every planned call and its seeds; the run only supplies records. Admission re-verifies every record, attributes
+each generate call to a package by its worker identity and the model its worker loaded, demands that every call
+of the plan is present exactly once with exactly the contract's parameters, and refuses anything else by naming
+the record. It then recomputes every score from the response tokens with its own detokenizer, never reading a
+number a worker computed when the core can compute it.
+
+The decision, in order:
+1. Invariance (if the contract requires it): the candidate's runs under the declared layouts give bit-identical
+   tokens and log-probabilities for every unit. Any difference is a definite breach: Violated.
+2. Premises: each has its declared reliance (a `checked` basis file still hashes to its digest). A premise that
+   does not hold leaves the decision without a basis it declared: Unknown.
+3. The task loss. Population standard: the contract's bound on the mean paired difference (candidate loss minus
+   reference loss) at confidence 1 − δ; upper ≤ ε → Admitted, lower > ε → Violated, otherwise Unknown.
+   Finite-domain standard: the exact mean difference over exactly the declared units (a fraction), ≤ ε →
+   Admitted, otherwise Violated; no bound and no claim beyond those units.
+Diagnostics (paired Wald, exact McNemar, Hoeffding) are computed on the same differences and reported beside the
+decision; they never decide it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from invar import canonical
+from invar.contract.model import Contract, Package
+from invar.contract.plan import ExecutionPlan, PlannedCall, Role
+from invar.contract.prepare import load_contract, tokenizer_digest
+from invar.errors import ContractError, EvidenceError
+from invar.records.store import CallRecord, RunStore
+from invar.stats.bounds import VERSIONS, Bound, bound
+from invar.stats.diagnostics import PairedDiagnostics, paired_diagnostics
+from invar.tasks.arithmetic import SCORERS
+from invar.tasks.vocabulary import Vocabulary
+
+DECISION_VERSION = "invar.admit/1"
+"""Names the decision procedure above; the bound method and its version are reported beside it."""
+
+
+class Answer(enum.StrEnum):
+    """The three answers of a use decision."""
+
+    ADMITTED = "Admitted"
+    VIOLATED = "Violated"
+    UNKNOWN = "Unknown"
+
+
+EXIT_CODES: Mapping[Answer, int] = {Answer.ADMITTED: 0, Answer.VIOLATED: 10, Answer.UNKNOWN: 11}
+"""Exit status of `invar use admit` per answer; refused evidence or bad input exits 2 (`InvarError`)."""
+
+
+# --- evidence ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Output:
+    """One request's output as the core reads it from a report."""
+
+    request_id: str
+    tokens: np.ndarray
+    """int32[T], end-of-sequence token included when `finish_reason` is `stop`."""
+    logprobs: np.ndarray
+    """float32[T], natural log, at the request's temperature."""
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class CallEvidence:
+    """A planned call and the record that answered it."""
+
+    key: str
+    package: Role
+    layout: str
+    record_seq: int
+    call_id: int
+    call_digest: str
+    report_digest: str
+    outputs: tuple[Output, ...]
+
+    @property
+    def name(self) -> str:
+        """How messages name the record, as the store does."""
+        return f"record {self.record_seq} (call {self.call_id}, generate, {self.call_digest[:12]}…)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "call": self.key,
+            "record": self.record_seq,
+            "call_id": self.call_id,
+            "call_digest": self.call_digest,
+            "report_digest": self.report_digest,
+        }
+
+
+def _first_difference(expected: Any, actual: Any, where: str) -> str | None:
+    """The first place two decoded values differ (types included), as `where: what`; None if equal."""
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        for key in sorted(set(expected) | set(actual)):
+            if key not in actual:
+                return f"{where}.{key} is missing (the contract has {expected[key]!r})"
+            if key not in expected:
+                return f"{where}.{key} is not in the contract"
+            found = _first_difference(expected[key], actual[key], f"{where}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(expected, list) and isinstance(actual, list):
+        for i, (e, a) in enumerate(zip(expected, actual, strict=False)):
+            found = _first_difference(e, a, f"{where}[{i}]")
+            if found:
+                return found
+        if len(expected) != len(actual):
+            return f"{where} has {len(actual)} entries, the contract's has {len(expected)}"
+        return None
+    if type(expected) is not type(actual) or expected != actual:
+        return f"{where} is {actual!r} in the record, {expected!r} in the contract"
+    return None
+
+
+def _anchor_of(rec: CallRecord, load: CallRecord) -> dict[str, Any]:
+    """The package anchor a generate record was made under: its worker's identity and last model load."""
+    ident = rec.identity
+    params = load.call.params
+    adapter = params.get("adapter")
+    return {
+        "engine": ident.engine,
+        "engine_version": dict(ident.engine_version),
+        "settings": ident.settings,
+        "model_digest": params.get("model_digest"),
+        "dtype": params.get("dtype"),
+        "quantization": params.get("quantization"),
+        "adapter_digest": adapter.get("digest") if isinstance(adapter, dict) else None,
+    }
+
+
+def _attribute(rec: CallRecord, load: CallRecord | None, contract: Contract) -> Role:
+    """Which package made a generate record; `EvidenceError` naming the record if neither did."""
+    if rec.identity.role.value != "inference":
+        raise EvidenceError(f"{rec.name}: made by a {rec.identity.role.value} worker; generate needs inference")
+    if load is None:
+        raise EvidenceError(f"{rec.name}: its worker loaded no model before it (no successful load_model record)")
+    anchor = _anchor_of(rec, load)
+    roles: tuple[Role, Role] = ("reference", "candidate")
+    for role in roles:
+        if anchor == contract.package(role).anchor():
+            return role
+    # Name the difference from the package it is closest to, so the owner sees what is foreign.
+    def distance(role: Role) -> int:
+        expected = contract.package(role).anchor()
+        return sum(expected[k] != anchor[k] for k in expected)
+
+    closest = min(roles, key=distance)
+    diff = _first_difference(contract.package(closest).anchor(), anchor, "package")
+    raise EvidenceError(f"{rec.name}: made by a package that is neither reference nor candidate; "
+                        f"against the {closest}: {diff}")
+
+
+def _result(rec: CallRecord) -> dict[str, Any]:
+    """The result of a record answered ok (callers check that first)."""
+    assert rec.report is not None
+    assert rec.report.report.result is not None
+    return rec.report.report.result
+
+
+def _check_loaded(rec: CallRecord, load: CallRecord, package: Package, role: Role) -> None:
+    """The load report and the generate report both name the package's model and adapter digests."""
+    want = (package.model_digest, None if package.adapter is None else package.adapter.digest)
+    for source in (load, rec):
+        result = _result(source)
+        got = (result.get("model_digest"), result.get("adapter_digest"))
+        if got != want:
+            raise EvidenceError(
+                f"{source.name}: its report names model {str(got[0])[:16]}… adapter {str(got[1])[:16]}…, not the "
+                f"{role}'s model {want[0][:16]}… adapter {str(want[1])[:16]}…"
+            )
+
+
+def _outputs(rec: CallRecord, planned: PlannedCall, eos: int) -> tuple[Output, ...]:
+    """Check a generate report's outputs against its planned requests; `EvidenceError` naming the record."""
+    result = _result(rec)
+    requests = planned.params["requests"]
+    outputs = result.get("outputs")
+    if not isinstance(outputs, list) or len(outputs) != len(requests):
+        n = len(outputs) if isinstance(outputs, list) else "no"
+        raise EvidenceError(f"{rec.name}: the report has {n} outputs for {len(requests)} requests")
+    out: list[Output] = []
+    for i, (o, req) in enumerate(zip(outputs, requests, strict=True)):
+        where = f"{rec.name}: output {i}"
+        if not isinstance(o, dict) or o.get("request_id") != req["request_id"]:
+            got = o.get("request_id") if isinstance(o, dict) else None
+            raise EvidenceError(f"{where} answers request {got!r}, expected {req['request_id']!r}")
+        tokens, logprobs, finish = o.get("tokens"), o.get("logprobs"), o.get("finish_reason")
+        if not isinstance(tokens, np.ndarray) or tokens.dtype != np.int32 or tokens.ndim != 1:
+            raise EvidenceError(f"{where} ({req['request_id']}): tokens are not an int32 vector")
+        if not isinstance(logprobs, np.ndarray) or logprobs.dtype != np.float32 or logprobs.shape != tokens.shape:
+            raise EvidenceError(f"{where} ({req['request_id']}): logprobs are not a float32 vector as long as tokens")
+        t = len(tokens)
+        if finish == "stop":
+            if t == 0 or int(tokens[-1]) != eos or eos in tokens[:-1].tolist():
+                raise EvidenceError(f"{where} ({req['request_id']}): finish_reason stop, but the tokens do not end "
+                                    "at the first end-of-sequence token")
+        elif finish == "length":
+            if t != req["max_tokens"] or eos in tokens.tolist():
+                raise EvidenceError(f"{where} ({req['request_id']}): finish_reason length with {t} tokens "
+                                    f"(max_tokens {req['max_tokens']}) or an end-of-sequence token inside")
+        else:
+            raise EvidenceError(f"{where} ({req['request_id']}): finish_reason {finish!r} is neither stop nor length")
+        if t > req["max_tokens"]:
+            raise EvidenceError(f"{where} ({req['request_id']}): {t} tokens exceed max_tokens {req['max_tokens']}")
+        out.append(Output(req["request_id"], tokens, logprobs, finish))
+    return tuple(out)
+
+
+def collect_evidence(
+    store: RunStore, contract: Contract, sha256: str, plan: ExecutionPlan, eos: Mapping[Role, int]
+) -> dict[str, CallEvidence]:
+    """Verify the store and bind every planned call to the one record that answered it, by plan call key.
+
+    Raises `RecordError` for a store that fails verification and `EvidenceError`, naming the record, for a run
+    of another contract, a call from a foreign package, a call or parameter the plan does not contain, a
+    repeated call, or a planned call with no successful record.
+    """
+    records = store.calls()  # verifies digests, the chain and every report's binding to its call, meta included
+    meta = store.meta().get("run", {})
+    run_contract = meta.get("contract_sha256") if isinstance(meta, dict) else None
+    if run_contract is None:
+        raise EvidenceError(f"{store.path}: the run names no contract (meta run.contract_sha256); "
+                            "admit only runs made with use run")
+    if run_contract != sha256:
+        raise EvidenceError(f"{store.path}: the run was made under contract {str(run_contract)[:16]}…, not the "
+                            f"given contract {sha256[:16]}…; give the contract the run was made for")
+    by_layout = {(c.package, canonical.digest(c.batches)): c for c in plan.calls}
+    last_load: dict[str, CallRecord] = {}
+    found: dict[str, CallEvidence] = {}
+    failed: dict[str, str] = {}
+    for rec in records:
+        method = rec.call.method
+        answered = rec.report is not None and rec.report.report.ok
+        if method == "load_model" and answered:
+            last_load[rec.worker] = rec
+        if method != "generate":
+            continue  # teacher-forced scoring and other measurements do not enter the decision
+        role = _attribute(rec, last_load.get(rec.worker), contract)
+        params = rec.call.params
+        planned = by_layout.get((role, canonical.digest(params.get("layout"))))
+        if planned is None:
+            mine = [c for c in plan.calls if c.package == role]
+            if len(mine) == 1:
+                planned = mine[0]
+            else:
+                names = ", ".join(c.layout for c in mine)
+                raise EvidenceError(f"{rec.name}: a {role} call whose batch layout is none of the contract's "
+                                    f"({names})")
+        if canonical.digest(params) != planned.params_digest:
+            diff = _first_difference(planned.params, params, "params") or "params are encoded differently"
+            raise EvidenceError(f"{rec.name}: does not match planned call {planned.key}: {diff}")
+        if not answered:
+            reason = "was never answered" if rec.report is None else "was answered with an error"
+            failed.setdefault(planned.key, f"{rec.name} {reason}")
+            continue
+        if planned.key in found:
+            raise EvidenceError(f"{rec.name}: repeats planned call {planned.key}, already answered by record "
+                                f"{found[planned.key].record_seq}")
+        load = last_load[rec.worker]
+        _check_loaded(rec, load, contract.package(role), role)
+        assert rec.report is not None
+        found[planned.key] = CallEvidence(
+            key=planned.key, package=role, layout=planned.layout, record_seq=rec.seq, call_id=rec.call.call_id,
+            call_digest=rec.call_digest, report_digest=rec.report.report_digest,
+            outputs=_outputs(rec, planned, eos[role]),
+        )
+    for c in plan.calls:
+        if c.key not in found:
+            why = f" ({failed[c.key]})" if c.key in failed else ""
+            raise EvidenceError(f"{store.path}: planned call {c.key} (generate, {len(c.params['requests'])} requests) "
+                                f"has no successful record{why}; run the whole plan")
+    return found
+
+
+# --- the pure parts ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Invariance:
+    """Whether the candidate's outputs were bit-identical across the declared layouts."""
+
+    required: bool
+    layouts: tuple[str, ...]
+    holds: bool
+    units: int
+    units_differing: int
+    first_difference: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "required": self.required, "layouts": list(self.layouts), "holds": self.holds, "units": self.units,
+            "units_differing": self.units_differing, "first_difference": self.first_difference,
+            "covers": "only the layouts listed; the reference is not required to be invariant",
+        }
+
+
+def check_invariance(runs: Mapping[str, Sequence[Output]]) -> tuple[int, str | None]:
+    """Compare the candidate's outputs across layouts, unit by unit, bit for bit.
+
+    `runs` maps layout name → outputs in request order (all the same length). Returns the number of units whose
+    tokens, log-probability bits or finish reason differ between any two layouts, and a description of the
+    first such difference.
+    """
+    names = list(runs)
+    first = runs[names[0]]
+    differing = 0
+    description: str | None = None
+    for i, base in enumerate(first):
+        for name in names[1:]:
+            other = runs[name][i]
+            what = _output_difference(base, other)
+            if what is not None:
+                differing += 1
+                if description is None:
+                    head, _, detail = what.partition(" (")
+                    description = f"unit {base.request_id}: {head} between layouts {names[0]} and {name}"
+                    description += f" ({detail}" if detail else ""
+                break
+    return differing, description
+
+
+def _output_difference(a: Output, b: Output) -> str | None:
+    n = min(len(a.tokens), len(b.tokens))
+    mismatch = np.flatnonzero(a.tokens[:n] != b.tokens[:n])
+    if mismatch.size:
+        return f"tokens differ at position {int(mismatch[0])}"
+    if len(a.tokens) != len(b.tokens):
+        return f"responses have {len(a.tokens)} and {len(b.tokens)} tokens"
+    bits = np.flatnonzero(a.logprobs.view(np.uint32) != b.logprobs.view(np.uint32))
+    if bits.size:
+        p = int(bits[0])
+        return (f"log-probabilities differ at position {p} (bits {int(a.logprobs.view(np.uint32)[p]):08x} vs "
+                f"{int(b.logprobs.view(np.uint32)[p]):08x})")
+    if a.finish_reason != b.finish_reason:
+        return f"finish reasons differ ({a.finish_reason} vs {b.finish_reason})"
+    return None
+
+
+def task_losses(
+    prompts: Sequence[str], outputs: Sequence[Output], vocabulary: Vocabulary, scorer: Callable[[str, str], int]
+) -> np.ndarray:
+    """Task loss per unit, recomputed from the response tokens: int64[n], each 0 or 1 for 0/1 scorers."""
+    return np.array(
+        [scorer(p, vocabulary.decode(o.tokens.tolist())) for p, o in zip(prompts, outputs, strict=True)],
+        dtype=np.int64,
+    )
+
+
+def _losses(
+    evidence: CallEvidence, prompts: Sequence[str], vocabulary: Vocabulary, scorer: Callable[[str, str], int]
+) -> np.ndarray:
+    try:
+        return task_losses(prompts, evidence.outputs, vocabulary, scorer)
+    except EvidenceError as exc:
+        raise EvidenceError(f"{evidence.name}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class PremiseCheck:
+    """One premise as the decision relied on it."""
+
+    statement: str
+    party: str
+    basis_sha256: str
+    reliance: str
+    holds: bool
+    note: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"statement": self.statement, "party": self.party, "basis_sha256": self.basis_sha256,
+                "reliance": self.reliance, "holds": self.holds, "note": self.note}
+
+
+def check_premises(contract: Contract, contract_dir: Path) -> tuple[PremiseCheck, ...]:
+    """Each premise with whether it has its declared reliance: vouched ones by the party's word, checked ones
+    by re-hashing their basis file now."""
+    checks: list[PremiseCheck] = []
+    for p in contract.premises:
+        if p.reliance == "vouched":
+            holds, note = True, "relies on the party's word; the core cannot check the basis"
+        else:
+            assert p.basis_path is not None
+            path = contract_dir / p.basis_path
+            if not path.is_file():
+                holds, note = False, f"basis file {path} is missing"
+            else:
+                actual = canonical.file_sha256(path)
+                holds = actual == p.basis_sha256
+                note = f"basis file {path} re-hashed: " + ("matches" if holds else f"sha256 is now {actual}")
+        checks.append(PremiseCheck(p.statement, p.party, p.basis_sha256, p.reliance, holds, note))
+    return tuple(checks)
+
+
+def conservative_delta(delta: Decimal) -> float:
+    """δ as the largest float not above it: rounding must never grant more error probability than declared."""
+    x = float(delta)
+    return math.nextafter(x, 0.0) if Fraction(x) > Fraction(delta) else x
+
+
+@dataclass(frozen=True)
+class TaskLoss:
+    """The paired task-loss comparison over the planned units."""
+
+    n: int
+    reference_loss: int
+    candidate_loss: int
+    worse: int
+    """Units where the candidate's loss exceeds the reference's."""
+    better: int
+    """Units where it is lower."""
+
+    @property
+    def mean_difference(self) -> Fraction:
+        """Mean of candidate loss minus reference loss, exactly."""
+        return Fraction(self.candidate_loss - self.reference_loss, self.n)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n": self.n, "reference_loss": self.reference_loss, "candidate_loss": self.candidate_loss,
+            "worse": self.worse, "better": self.better,
+            "mean_difference": str(self.mean_difference), "mean_difference_float": float(self.mean_difference),
+        }
+
+
+def paired_task_loss(reference: np.ndarray, candidate: np.ndarray) -> TaskLoss:
+    """Summaries of per-unit losses `reference`, `candidate` (int64[n] each, aligned by unit)."""
+    d = candidate - reference
+    return TaskLoss(
+        n=len(d), reference_loss=int(reference.sum()), candidate_loss=int(candidate.sum()),
+        worse=int((d > 0).sum()), better=int((d < 0).sum()),
+    )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """An answer with every number, the method and every premise it rests on."""
+
+    answer: Answer
+    reason: str
+    contract_name: str
+    contract_sha256: str
+    run: str
+    standard: str
+    epsilon: Decimal
+    """ε as the contract writes it."""
+    delta: Decimal | None
+    """δ as the contract writes it (population standard only)."""
+    invariance: Invariance
+    premises: tuple[PremiseCheck, ...]
+    task_loss: TaskLoss
+    bound: Bound | None
+    diagnostics: PairedDiagnostics | None
+    """Population standard only: a finite-domain decision makes no inference beyond its units."""
+    evidence: tuple[CallEvidence, ...]
+    plan_version: str
+    decision_version: str = DECISION_VERSION
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.answer]
+
+    def to_json(self) -> dict[str, Any]:
+        b = self.bound
+        return {
+            "answer": self.answer.value,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "decision_version": self.decision_version,
+            "plan_version": self.plan_version,
+            "contract": {"name": self.contract_name, "sha256": self.contract_sha256},
+            "run": self.run,
+            "standard": self.standard,
+            "epsilon": str(self.epsilon),
+            "delta": None if self.delta is None else str(self.delta),
+            "invariance": self.invariance.to_json(),
+            "premises": [p.to_json() for p in self.premises],
+            "task_loss": self.task_loss.to_json(),
+            "bound": None if b is None else {
+                "method": b.method, "version": b.version, "n": b.n, "delta": b.delta,
+                "estimate": b.estimate, "lower": b.lower, "upper": b.upper,
+            },
+            "diagnostics": None if self.diagnostics is None else diagnostics_json(self.diagnostics),
+            "evidence": [e.to_json() for e in self.evidence],
+        }
+
+
+def decide(
+    contract: Contract, invariance: Invariance, premises: Sequence[PremiseCheck], loss: TaskLoss,
+    task_bound: Bound | None,
+) -> tuple[Answer, str]:
+    """The answer and its one-line reason, in the contract's order: invariance, premises, task loss. Pure."""
+    eps_text = contract.requirement.epsilon
+    eps = Fraction(eps_text)
+    if invariance.required and not invariance.holds:
+        return Answer.VIOLATED, (f"invariance: {invariance.units_differing} of {invariance.units} units differ "
+                                 f"across layouts {', '.join(invariance.layouts)}; {invariance.first_difference}")
+    missing = [p for p in premises if not p.holds]
+    if missing:
+        return Answer.UNKNOWN, f"premise not held as declared ({missing[0].reliance}): {missing[0].note}"
+    if contract.requirement.standard == "finite-domain":
+        mean = loss.mean_difference
+        verdict = Answer.ADMITTED if mean <= eps else Answer.VIOLATED
+        relation = "≤" if verdict is Answer.ADMITTED else ">"
+        return verdict, (f"finite domain: mean loss increase over exactly the {loss.n} declared units is {mean} "
+                         f"= {float(mean):.6g} {relation} ε = {eps_text}; no claim beyond these units")
+    assert task_bound is not None
+    assert contract.requirement.delta is not None
+    conf = 1 - contract.requirement.delta
+    if Fraction(task_bound.upper) <= eps:
+        return Answer.ADMITTED, (f"upper bound {task_bound.upper:.6g} on the mean loss increase ≤ ε = {eps_text} "
+                                 f"at confidence {conf} ({task_bound.method} {task_bound.version})")
+    if Fraction(task_bound.lower) > eps:
+        return Answer.VIOLATED, (f"lower bound {task_bound.lower:.6g} on the mean loss increase > ε = {eps_text} "
+                                 f"at confidence {conf} ({task_bound.method} {task_bound.version})")
+    return Answer.UNKNOWN, (f"the bound [{task_bound.lower:.6g}, {task_bound.upper:.6g}] contains ε = {eps_text}: "
+                            "this evidence does not decide; more units may")
+
+
+def diagnostics_json(diag: PairedDiagnostics) -> dict[str, Any]:
+    """The diagnostics as JSON, labelled so no reader mistakes them for the decision."""
+    h = diag.hoeffding
+    return {
+        "paired_wald": {"confidence": diag.wald_confidence, "lower": diag.wald[0], "upper": diag.wald[1]},
+        "mcnemar_exact_one_sided": {"worse": diag.worse, "better": diag.better, "p": diag.mcnemar_p},
+        "hoeffding": {"version": h.version, "delta": h.delta, "lower": h.lower, "upper": h.upper},
+        "note": "diagnostics only; the decision uses the contract's method",
+    }
+
+
+# --- the whole procedure ---------------------------------------------------------------------------------------------
+
+
+def admit(contract_path: str | os.PathLike[str], run_path: str | os.PathLike[str]) -> Decision:
+    """Decide admission of the run at `run_path` under the owner's contract file at `contract_path`.
+
+    Raises `ContractError` for a bad contract, `RecordError` for a damaged store, `EvidenceError` (naming the
+    record) for evidence the contract does not accept.
+    """
+    contract_file = Path(contract_path)
+    contract, sha, plan = load_contract(contract_file)
+    method = contract.requirement.method
+    if method is not None and VERSIONS[method] != contract.method_version:
+        raise ContractError(
+            f"method_version: the contract fixes {contract.method_version}, this Invar computes {VERSIONS[method]}; "
+            "decide with the Invar version the contract names, or prepare a new contract"
+        )
+    base = contract_file.parent
+    vocab: dict[Role, Vocabulary] = {}
+    roles: tuple[Role, Role] = ("reference", "candidate")
+    for role in roles:
+        pkg = contract.package(role)
+        model_dir = base / pkg.model_dir
+        if tokenizer_digest(model_dir) != pkg.tokenizer_digest:
+            raise ContractError(f"{role}.model_dir: the tokenizer files in {model_dir} are not the ones the contract "
+                                "names; point the contract at the right model folder")
+        vocab[role] = Vocabulary.from_model_dir(model_dir)
+    with RunStore.open(run_path) as store:
+        found = collect_evidence(store, contract, sha, plan, {r: vocab[r].eos_token_id for r in roles})
+
+    pairing = contract.pairing.layout
+    ref = found[f"reference/{pairing}"]
+    cand = found[f"candidate/{pairing}"]
+    prompts = [u.prompt for u in plan.units]
+    scorer = SCORERS[contract.scorer.name]
+    ref_loss = _losses(ref, prompts, vocab["reference"], scorer)
+    cand_loss = _losses(cand, prompts, vocab["candidate"], scorer)
+    d = cand_loss - ref_loss
+    loss = paired_task_loss(ref_loss, cand_loss)
+    inv_layouts = tuple(contract.invariance.layouts)
+    if contract.invariance.required:
+        differing, first = check_invariance({name: found[f"candidate/{name}"].outputs for name in inv_layouts})
+    else:
+        differing, first = 0, None
+    invariance = Invariance(contract.invariance.required, inv_layouts, differing == 0, len(plan.units),
+                            differing, first)
+    premises = check_premises(contract, base)
+
+    req = contract.requirement
+    task_bound: Bound | None = None
+    diag: PairedDiagnostics | None = None
+    delta: Decimal | None = None
+    if req.standard == "population":
+        assert req.method is not None
+        assert req.delta is not None
+        delta = req.delta
+        task_bound = bound(req.method, d.astype(np.float64), -1.0, 1.0, conservative_delta(delta))
+        if task_bound.lower > task_bound.upper:
+            # An empty interval would let the order of the tests below pick the answer; it must never decide.
+            raise RuntimeError(f"{task_bound.method} returned the empty interval [{task_bound.lower}, "
+                               f"{task_bound.upper}]")
+        diag = paired_diagnostics(loss.worse, loss.better, loss.n, conservative_delta(delta))
+    answer, reason = decide(contract, invariance, premises, loss, task_bound)
+    return Decision(
+        answer=answer, reason=reason, contract_name=contract.name, contract_sha256=sha, run=str(run_path),
+        standard=req.standard, epsilon=req.epsilon, delta=delta, invariance=invariance,
+        premises=premises, task_loss=loss, bound=task_bound, diagnostics=diag,
+        evidence=tuple(found[c.key] for c in plan.calls), plan_version=plan.version,
+    )
+
+
+__all__ = [
+    "DECISION_VERSION", "EXIT_CODES", "Answer", "CallEvidence", "Decision", "Invariance", "Output", "PremiseCheck",
+    "TaskLoss", "admit", "check_invariance", "check_premises", "collect_evidence", "decide", "diagnostics_json",
+    "paired_task_loss", "task_losses",
+]

@@ -1,0 +1,540 @@
+"""The owner's declaration and the canonical use contract.
+
+A declaration is what the owner writes (TOML); the contract is what every later step reads. The two differ in
+one way that matters: the contract is fixed. `prepare` checks each anchor it can (the population file's digest,
+the model folders' tree digests, the files a checked premise rests on), records the digests it had to compute
+(each tokenizer file, the bound method's version), rewrites paths relative to the contract file, and writes
+canonical JSON whose sha256 names the contract. Seeds, the sample of units and every call are then functions of
+that contract alone, so nothing in them can be chosen after data exists.
+
+Numbers the decision compares exactly (ε, δ) are decimals, written as strings in the JSON, never binary floats.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    model_validator,
+)
+
+from invar import canonical
+from invar.errors import ContractError
+from invar.stats.bounds import METHODS
+
+CONTRACT_SCHEMA = "invar.contract/1"
+"""Names the layout of the contract JSON; a contract of another schema is refused, never guessed at."""
+
+
+# --- field types -------------------------------------------------------------------------------------------------
+
+
+def _hex64(value: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise ValueError(f"must be a sha256 written as 64 lowercase hex digits; got {value!r}")
+    return value
+
+
+def _name(value: str) -> str:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", value):
+        raise ValueError(
+            f"must be 1-64 characters of a-z, 0-9, '_', '.', '-', starting with a letter or digit; got {value!r}"
+        )
+    return value
+
+
+def _to_decimal(value: object) -> Decimal:
+    # A TOML float is read as the shortest decimal that round-trips (repr), so `0.01` means exactly 1/100.
+    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+        raise ValueError(f"must be a number such as 0.01 or the string \"0.01\"; got {value!r}")
+    try:
+        number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    except InvalidOperation:
+        raise ValueError(f"must be a number such as 0.01 or the string \"0.01\"; got {value!r}") from None
+    if not number.is_finite():
+        raise ValueError(f"must be a finite number; got {value!r}")
+    return number
+
+
+def _open_unit(value: Decimal) -> Decimal:
+    if not Decimal(0) < value < Decimal(1):
+        raise ValueError(f"must be in (0, 1); got {value}")
+    return value
+
+
+def _decimal_text(value: Decimal) -> str:
+    # One spelling per value, so equal contracts have equal digests: 0.010 and 1E-2 both become "0.01".
+    return format(value.normalize(), "f")
+
+
+Hex64 = Annotated[str, AfterValidator(_hex64)]
+Name = Annotated[str, AfterValidator(_name)]
+Probability = Annotated[
+    Decimal, BeforeValidator(_to_decimal), AfterValidator(_open_unit), PlainSerializer(_decimal_text, return_type=str)
+]
+Scalar = str | int | float | bool
+
+_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, strict=False)
+
+
+class _Model(BaseModel):
+    model_config = _CONFIG
+
+
+# --- sections shared by declaration and contract ------------------------------------------------------------------
+
+
+class Scorer(_Model):
+    """How one response is scored: a task scorer of the core, by name, and its settings."""
+
+    name: Name
+    """A key of the core's task scorers (`invar.tasks.arithmetic.SCORERS`)."""
+    settings: dict[str, Scalar] = Field(default_factory=dict)
+    """Settings the scorer takes; empty for scorers that take none."""
+
+
+class Sampling(_Model):
+    """The request settings every generate call uses, identical for reference and candidate."""
+
+    temperature: float = Field(ge=0.0, le=10.0)
+    """Sampling temperature; the log-probabilities reported are at this temperature."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus mass kept before sampling; 1.0 keeps the whole distribution."""
+    max_tokens: int = Field(ge=1, le=65536)
+    """The most tokens a response may have, end-of-sequence included."""
+
+
+class Requirement(_Model):
+    """What must hold of the mean task-loss increase (candidate loss minus reference loss, per unit)."""
+
+    standard: Literal["population", "finite-domain"]
+    """`population`: a confidence bound over the declared population. `finite-domain`: the exact mean over
+    the declared units, with no claim beyond them."""
+    epsilon: Probability
+    """ε: the largest allowed increase of the mean task loss, in loss units (a fraction of units for 0/1 loss)."""
+    delta: Probability | None = None
+    """δ: the allowed error probability of the bound (confidence 1 − δ); population standard only."""
+    method: str | None = None
+    """The bound method (a key of `invar.stats.bounds.METHODS`); population standard only."""
+
+
+class Layout(_Model):
+    """A batch layout: how the planned requests are grouped into batches that run one after another."""
+
+    batch_size: int = Field(ge=1, le=1 << 20)
+    """Requests per batch; the last batch holds the remainder."""
+    order: Literal["forward", "reverse", "shuffled"] = "forward"
+    """The order requests are put into batches: as planned, reversed, or permuted by a seed derived from the
+    contract seed and the layout's name."""
+
+
+class Pairing(_Model):
+    """Reference and candidate run the same units with the same per-unit seeds, all derived from `seed`."""
+
+    seed: int = Field(ge=0, lt=1 << 63)
+    """The contract seed: per-unit sampling seeds, the sample of units and shuffled layouts derive from it."""
+    layout: Name
+    """The layout (a key of `layouts`) both packages run for the paired comparison."""
+
+
+class Invariance(_Model):
+    """Whether the candidate must give bit-identical tokens and log-probabilities across batch layouts."""
+
+    required: bool
+    """If true, the candidate runs every listed layout and any bit of difference between them violates the
+    contract. Layouts not listed are not covered; the reference is not required to be invariant."""
+    layouts: list[Name] = Field(default_factory=list)
+    """The layouts (keys of `layouts`) the candidate must be invariant across."""
+
+
+class Adapter(_Model):
+    """A LoRA adapter folder and its tree digest."""
+
+    path: str
+    """The adapter folder (relative to the declaration in a declaration, to the contract in a contract)."""
+    digest: Hex64
+    """`invar.canonical.tree_digest` of the folder."""
+
+
+class PackageDeclaration(_Model):
+    """A frozen package: the worker that must answer and the model it must load."""
+
+    engine: Literal["hf", "vllm", "mlx"]
+    """The worker's engine, as its handshake identity names it."""
+    engine_version: dict[str, str]
+    """The engine's package versions, exactly as the worker's identity reports them."""
+    settings: dict[str, Any] = Field(default_factory=dict)
+    """The worker's launch settings, exactly as its identity reports them (patches excluded, see `patches`)."""
+    patches: dict[str, Hex64] = Field(default_factory=dict)
+    """Patches applied to the package: name → sha256. The worker reports them in its settings as `patches`."""
+    model_dir: str
+    """The model folder (relative to the declaration in a declaration, to the contract in a contract)."""
+    model_digest: Hex64
+    """`invar.canonical.tree_digest` of the model folder."""
+    dtype: Literal["float32", "bfloat16"]
+    """The dtype the model is loaded in."""
+    quantization: Literal["none", "nf4"] = "none"
+    """The weight quantization the model is loaded with."""
+    adapter: Adapter | None = None
+    """The LoRA adapter loaded with the model, if any."""
+
+    def expected_settings(self) -> dict[str, Any]:
+        """The settings map the worker identity must report: `settings`, plus `patches` when any are declared."""
+        if not self.patches:
+            return dict(self.settings)
+        return {**self.settings, "patches": dict(self.patches)}
+
+    def load_params(self) -> dict[str, Any]:
+        """The `load_model` parameters the package's worker must have been called with (paths as written)."""
+        return {
+            "model_dir": self.model_dir,
+            "model_digest": self.model_digest,
+            "dtype": self.dtype,
+            "quantization": self.quantization,
+            "adapter": None if self.adapter is None else {"path": self.adapter.path, "digest": self.adapter.digest},
+        }
+
+    def anchor(self) -> dict[str, Any]:
+        """Everything that identifies the package in a run's records; paths are excluded (they are hints)."""
+        return {
+            "engine": self.engine,
+            "engine_version": dict(self.engine_version),
+            "settings": self.expected_settings(),
+            "model_digest": self.model_digest,
+            "dtype": self.dtype,
+            "quantization": self.quantization,
+            "adapter_digest": None if self.adapter is None else self.adapter.digest,
+        }
+
+
+class Package(PackageDeclaration):
+    """A package as the contract fixes it: the declaration plus the digest of its tokenizer files."""
+
+    tokenizer_digest: Hex64
+    """Digest of the tokenizer files ({name: sha256} of `tokenizer.json` and `tokenizer_config.json`), which the
+    core reads to turn response tokens into text."""
+
+
+class Premise(_Model):
+    """An assumption the decision rests on, and who vouches for it."""
+
+    statement: str = Field(min_length=1)
+    """What is assumed, in one sentence."""
+    party: str = Field(min_length=1)
+    """Who vouches for it (a person, team or organisation)."""
+    basis_sha256: Hex64
+    """sha256 of the document or file the statement rests on."""
+    reliance: Literal["vouched", "checked"]
+    """`vouched`: the decision relies on the party's word; the core records the basis digest it cannot check.
+    `checked`: the core re-hashes the basis file at every admission and relies on it only if it still matches."""
+    basis_path: str | None = None
+    """The basis file, for `checked` premises (relative to the declaration, then to the contract)."""
+
+    @model_validator(mode="after")
+    def _path_matches_reliance(self) -> Premise:
+        if self.reliance == "checked" and self.basis_path is None:
+            raise ValueError("a checked premise needs basis_path: the file whose sha256 is basis_sha256")
+        if self.reliance == "vouched" and self.basis_path is not None:
+            raise ValueError("a vouched premise has no basis_path; use reliance = \"checked\" to have it hashed")
+        return self
+
+
+# --- declaration -------------------------------------------------------------------------------------------------
+
+
+class PopulationDeclaration(_Model):
+    """The prompts the use is about, and which of them are run."""
+
+    path: str
+    """The population file, relative to the declaration."""
+    sha256: Hex64
+    """sha256 of the population file's bytes."""
+    unit: Literal["prompt"] = "prompt"
+    """What one unit of the population is; each unit gets one paired comparison."""
+    sample: int | None = Field(default=None, ge=1)
+    """Run a seeded sample of this many units; omit to run every unit."""
+
+
+def _check_common(
+    requirement: Requirement,
+    pairing: Pairing,
+    invariance: Invariance,
+    layouts: Mapping[str, Layout],
+    reference: PackageDeclaration,
+    candidate: PackageDeclaration,
+) -> None:
+    """Cross-field rules shared by a declaration and a contract; messages start with the field they name."""
+    if requirement.standard == "population":
+        if requirement.delta is None:
+            raise ValueError("requirement.delta: the population standard needs δ (or confidence = 1 − δ); add it")
+        if requirement.method is None:
+            raise ValueError("requirement.method: the population standard needs a bound method; name one")
+        _check_method(requirement.method)
+    else:
+        if requirement.delta is not None:
+            raise ValueError("requirement.delta: the finite-domain standard makes no confidence claim; remove it")
+        if requirement.method is not None:
+            raise ValueError("requirement.method: the finite-domain standard uses no bound; remove it")
+    for name in layouts:
+        _name(name)
+    if pairing.layout not in layouts:
+        raise ValueError(
+            f"pairing.layout: {pairing.layout!r} is not a key of layouts; define [layouts.{pairing.layout}]"
+        )
+    if invariance.required:
+        if len(set(invariance.layouts)) < 2:
+            raise ValueError("invariance.layouts: invariance needs at least two distinct layouts to compare; list them")
+        if len(set(invariance.layouts)) != len(invariance.layouts):
+            raise ValueError("invariance.layouts: a layout is listed twice; list each once")
+        for name in invariance.layouts:
+            if name not in layouts:
+                raise ValueError(f"invariance.layouts: {name!r} is not a key of layouts; define [layouts.{name}]")
+    elif invariance.layouts:
+        raise ValueError("invariance.layouts: invariance is not required, so no layouts are compared; remove them")
+    used = {pairing.layout, *invariance.layouts}
+    for name in layouts:
+        if name not in used:
+            raise ValueError(f"layouts.{name}: is used by neither pairing nor invariance; remove it")
+    if reference.anchor() == candidate.anchor():
+        raise ValueError("candidate: is identical to the reference package; a contract compares two packages")
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"requirement.method: unknown bound method {method!r}; use one of {', '.join(METHODS)}")
+
+
+class Declaration(_Model):
+    """What an owner writes: the use, the requirement, the two packages and the premises."""
+
+    name: Name
+    """The contract's name; `prepare` writes `<name>.contract.json`."""
+    description: str = ""
+    """What the use is, in the owner's words."""
+    population: PopulationDeclaration
+    """The prompts the use is about."""
+    scorer: Scorer
+    """How each response is scored."""
+    sampling: Sampling
+    """The request settings of every generate call."""
+    requirement: Requirement
+    """The allowed task-loss increase and the standard that decides it."""
+    pairing: Pairing
+    """The contract seed and the layout of the paired comparison."""
+    layouts: dict[str, Layout]
+    """Batch layouts by name; each must be used by pairing or invariance."""
+    invariance: Invariance
+    """Which layouts the candidate must be bit-identical across."""
+    reference: PackageDeclaration
+    """The package that is trusted."""
+    candidate: PackageDeclaration
+    """The package proposed to replace it."""
+    premises: list[Premise] = Field(default_factory=list)
+    """Assumptions the decision may rest on."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _confidence_to_delta(cls, data: Any) -> Any:
+        # Owners think in confidence; the contract keeps δ. Accept either, never both.
+        if isinstance(data, dict) and isinstance(data.get("requirement"), dict):
+            req = dict(data["requirement"])
+            if "confidence" in req:
+                if "delta" in req:
+                    raise ValueError("requirement: give confidence or delta, not both")
+                try:
+                    confidence = _open_unit(_to_decimal(req.pop("confidence")))
+                except ValueError as exc:
+                    raise ValueError(f"requirement.confidence: {exc}") from None
+                req["delta"] = _decimal_text(Decimal(1) - confidence)
+            data = {**data, "requirement": req}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Declaration:
+        _check_common(self.requirement, self.pairing, self.invariance, self.layouts, self.reference, self.candidate)
+        return self
+
+
+# --- contract ----------------------------------------------------------------------------------------------------
+
+
+class Population(_Model):
+    """The population as the contract fixes it."""
+
+    path: str
+    """The population file, relative to the contract file."""
+    sha256: Hex64
+    """sha256 of the population file's bytes."""
+    size: int = Field(ge=1)
+    """How many units the file holds."""
+    unit: Literal["prompt"] = "prompt"
+    """What one unit is."""
+    sample: int | None = Field(default=None, ge=1)
+    """The size of the seeded sample run, or None when every unit is run."""
+
+    @model_validator(mode="after")
+    def _sample_fits(self) -> Population:
+        if self.sample is not None and self.sample > self.size:
+            raise ValueError(f"population.sample: {self.sample} exceeds the {self.size} units of the file; lower it")
+        return self
+
+
+class Contract(_Model):
+    """The canonical use contract: fixed before any data exists, named by the sha256 of its JSON."""
+
+    contract_schema: Literal["invar.contract/1"] = Field(alias="schema", default="invar.contract/1")
+    """The layout of this JSON."""
+    name: Name
+    """The contract's name (also its file name)."""
+    description: str = ""
+    """What the use is, in the owner's words."""
+    population: Population
+    """The population file, its digest and size, and the sample run."""
+    scorer: Scorer
+    """How each response is scored."""
+    sampling: Sampling
+    """The request settings of every generate call."""
+    requirement: Requirement
+    """The allowed task-loss increase and the standard that decides it."""
+    method_version: str | None = None
+    """The version of the bound method's arithmetic the decision must use (population standard only)."""
+    pairing: Pairing
+    """The contract seed and the layout of the paired comparison."""
+    layouts: dict[str, Layout]
+    """Batch layouts by name."""
+    invariance: Invariance
+    """Which layouts the candidate must be bit-identical across."""
+    reference: Package
+    """The trusted package."""
+    candidate: Package
+    """The package proposed to replace it."""
+    premises: list[Premise] = Field(default_factory=list)
+    """Assumptions the decision rests on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Contract:
+        _check_common(self.requirement, self.pairing, self.invariance, self.layouts, self.reference, self.candidate)
+        if (self.requirement.standard == "population") != (self.method_version is not None):
+            raise ValueError("method_version: present exactly when the standard is population; re-run use prepare")
+        return self
+
+    def package(self, role: Literal["reference", "candidate"]) -> Package:
+        """The reference or the candidate package."""
+        return self.reference if role == "reference" else self.candidate
+
+    def canonical_json(self) -> bytes:
+        """The contract's canonical bytes: sorted keys, no insignificant whitespace, UTF-8, one final newline."""
+        data = self.model_dump(mode="json", by_alias=True)
+        return (json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+
+    def sha256(self) -> str:
+        """The contract's name for every later step: sha256 of `canonical_json()`."""
+        return canonical.sha256(self.canonical_json())
+
+
+# --- reading and writing ------------------------------------------------------------------------------------------
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += part if not out else f".{part}"
+    return out
+
+
+def _one_line(exc: ValidationError, what: str) -> ContractError:
+    """Turn pydantic's report into one line naming the first field at fault and what to change."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    field = _loc(tuple(first["loc"]))
+    kind = first["type"]
+    msg = str(first["msg"])
+    if kind == "missing":
+        text = "is required; add it"
+    elif kind == "extra_forbidden":
+        text = "is not a known field; remove it or check its spelling"
+    elif kind in ("value_error", "assertion_error"):
+        text = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    else:
+        text = f"{msg[:1].lower()}{msg[1:]}; got {first.get('input')!r}"
+    if field and text.startswith(field):
+        field = ""  # the message already names its field
+    more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+    head = f"{field}: " if field else ""
+    return ContractError(f"{what}: {head}{text}{more}")
+
+
+def parse_declaration(data: Mapping[str, Any], source: str = "declaration") -> Declaration:
+    """Validate a declaration's data (as read from TOML); raises `ContractError` naming the field at fault."""
+    try:
+        return Declaration.model_validate(dict(data))
+    except ValidationError as exc:
+        raise _one_line(exc, source) from None
+
+
+def read_declaration(path: str | os.PathLike[str]) -> Declaration:
+    """Read and validate a TOML declaration file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ContractError(f"{p}: cannot read the declaration ({exc.strerror}); check the path") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ContractError(f"{p}: not valid TOML ({exc}); fix the syntax") from None
+    return parse_declaration(data, str(p))
+
+
+def parse_contract(data: bytes, source: str = "contract") -> Contract:
+    """Validate a contract's JSON bytes; raises `ContractError` naming the field at fault."""
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ContractError(f"{source}: not valid JSON ({exc}); give the file use prepare wrote") from None
+    if not isinstance(obj, dict):
+        raise ContractError(f"{source}: a contract is a JSON object; give the file use prepare wrote")
+    if obj.get("schema") != CONTRACT_SCHEMA:
+        raise ContractError(
+            f"{source}: schema is {obj.get('schema')!r}, this Invar reads {CONTRACT_SCHEMA!r}; re-run use prepare"
+        )
+    try:
+        return Contract.model_validate(obj)
+    except ValidationError as exc:
+        raise _one_line(exc, source) from None
+
+
+def read_contract(path: str | os.PathLike[str]) -> tuple[Contract, str]:
+    """Read a contract file; returns the contract and the sha256 of the file's bytes.
+
+    The digest is of the bytes as they are on disk, and they must be the contract's canonical form, so a
+    hand-edited contract is refused rather than silently given a new name.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ContractError(f"{p}: cannot read the contract ({exc.strerror}); check the path") from None
+    contract = parse_contract(raw, str(p))
+    if contract.canonical_json() != raw:
+        raise ContractError(f"{p}: the file is not in canonical form (edited by hand?); re-run use prepare")
+    return contract, canonical.sha256(raw)

@@ -1,0 +1,190 @@
+"""A contract's finite execution plan: every generate call the run must make, derived before any data exists.
+
+The plan is a pure function of the contract and its population file (whose digest the contract fixes), so the
+units, their seeds and the batch structure of every call are settled by the contract's sha256 alone; a run can
+only execute the plan, and admission can recompute it and demand that the run did exactly that.
+
+Decisions:
+- One unit is one prompt; its request id is the unit id, identical in every call.
+- Per-unit seeds are sha256 of the compact JSON `["invar.unit-seed/1", contract seed, unit id]`, its first 8
+  bytes big-endian shifted right by one (63 bits), identical for reference and candidate:
+  this pairs the comparison, though it does not couple sampling across two engines.
+- A sample of n units is the n units with the smallest sha256(`["invar.sample/1", seed, unit id]`) keys, kept
+  in population order; it is a pure function of the seed and the ids, independent of file order.
+- Every call lists the requests in the same (planned) order; a layout only changes how they are batched, so
+  outputs (returned in request order) line up across layouts without any reindexing.
+- The reference runs the pairing layout; the candidate runs the pairing layout and every invariance layout
+  (one call serving both when the pairing layout is among them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from invar import canonical
+from invar.contract.model import Contract, Layout
+from invar.errors import ContractError
+
+PLAN_VERSION = "invar.plan/1"
+"""Names the derivation below (seeds, sample, layouts); any change to it is a new version."""
+
+Role = Literal["reference", "candidate"]
+Purpose = Literal["pairing", "invariance"]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One unit of the population: its id and the prompt the model sees."""
+
+    unit_id: str
+    prompt: str
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """One generate call of the plan: which package, under which layout, for what, with exactly these params."""
+
+    package: Role
+    layout: str
+    purposes: tuple[Purpose, ...]
+    params: dict[str, Any]
+    """The exact `generate` params (docs/protocol.md): requests, layout, adapter, reference_adapter."""
+
+    @property
+    def key(self) -> str:
+        """A readable name for the call, unique within the plan: `<package>/<layout>`."""
+        return f"{self.package}/{self.layout}"
+
+    @property
+    def batches(self) -> list[list[int]]:
+        """The layout's batches: indices into the requests, run batch after batch."""
+        return self.params["layout"]  # type: ignore[no-any-return]
+
+    @property
+    def params_digest(self) -> str:
+        """sha256 of the canonical encoding of `params`."""
+        return canonical.digest(self.params)
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """Every call a run of the contract makes, in execution order."""
+
+    version: str
+    contract_sha256: str
+    units: tuple[Unit, ...]
+    seeds: tuple[int, ...]
+    """Per-unit sampling seeds, aligned with `units`."""
+    load_params: dict[Role, dict[str, Any]]
+    """The `load_model` params each package's worker is called with (paths relative to the contract file)."""
+    calls: tuple[PlannedCall, ...]
+
+    def call(self, package: Role, layout: str) -> PlannedCall:
+        """The planned call of `package` under `layout`; KeyError if the plan has none."""
+        for c in self.calls:
+            if c.package == package and c.layout == layout:
+                return c
+        raise KeyError(f"{package}/{layout}")
+
+
+def _key(tag: str, seed: int, text: str) -> bytes:
+    # Compact JSON of [tag, seed, text], not the wire encoding: seeds must not move if the wire format does,
+    # and anyone can recompute them from this one line.
+    return hashlib.sha256(json.dumps([tag, seed, text], ensure_ascii=False, separators=(",", ":")).encode()).digest()
+
+
+def unit_seed(contract_seed: int, unit_id: str) -> int:
+    """The sampling seed of one unit: sha256 of `["invar.unit-seed/1", contract seed, unit id]`, top 63 bits."""
+    return int.from_bytes(_key("invar.unit-seed/1", contract_seed, unit_id)[:8], "big") >> 1
+
+
+def select_units(population: Sequence[Unit], sample: int | None, contract_seed: int) -> tuple[Unit, ...]:
+    """The units a run uses: all of them, or a seeded sample of `sample`, kept in population order.
+
+    Pure. Raises `ContractError` if ids repeat or the sample is larger than the population.
+    """
+    ids = [u.unit_id for u in population]
+    if len(set(ids)) != len(ids):
+        raise ContractError("population: unit ids repeat; give every unit its own id")
+    if sample is None:
+        return tuple(population)
+    if sample > len(population):
+        raise ContractError(f"population.sample: {sample} exceeds the {len(population)} units; lower it")
+    chosen = set(sorted(ids, key=lambda i: _key("invar.sample/1", contract_seed, i))[:sample])
+    return tuple(u for u in population if u.unit_id in chosen)
+
+
+def layout_batches(n: int, name: str, layout: Layout, contract_seed: int) -> list[list[int]]:
+    """The batches of one layout over n requests: lists of request indices, each index exactly once.
+
+    `forward` takes indices 0..n-1 in order, `reverse` from n-1 down, `shuffled` in the order of
+    sha256(seed, layout name, index); each order is then cut into consecutive batches of `batch_size`.
+    """
+    order = list(range(n))
+    if layout.order == "reverse":
+        order.reverse()
+    elif layout.order == "shuffled":
+        order.sort(key=lambda i: _key("invar.layout/1", contract_seed, f"{name}/{i}"))
+    return [order[i : i + layout.batch_size] for i in range(0, n, layout.batch_size)]
+
+
+def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[Unit]) -> ExecutionPlan:
+    """The execution plan of `contract` over its (already digest-checked) population.
+
+    Pure: equal inputs give equal plans. Raises `ContractError` when two layouts the candidate runs would give
+    the same batch structure on these units (they would not test anything different).
+    """
+    if contract.population.size != len(population):
+        raise ContractError(
+            f"population: the contract fixes {contract.population.size} units but {len(population)} were given; "
+            "load the file the contract names"
+        )
+    seed = contract.pairing.seed
+    units = select_units(population, contract.population.sample, seed)
+    seeds = tuple(unit_seed(seed, u.unit_id) for u in units)
+    sampling = contract.sampling
+    requests = [
+        {
+            "request_id": u.unit_id,
+            "prompt": u.prompt,
+            "seed": s,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": sampling.max_tokens,
+        }
+        for u, s in zip(units, seeds, strict=True)
+    ]
+
+    def call(package: Role, layout: str, purposes: tuple[Purpose, ...]) -> PlannedCall:
+        batches = layout_batches(len(units), layout, contract.layouts[layout], seed)
+        params = {"requests": requests, "layout": batches, "adapter": None, "reference_adapter": None}
+        return PlannedCall(package=package, layout=layout, purposes=purposes, params=params)
+
+    pairing = contract.pairing.layout
+    invariant = contract.invariance.layouts if contract.invariance.required else []
+    calls = [call("reference", pairing, ("pairing",))]
+    calls.append(call("candidate", pairing, ("pairing", "invariance") if pairing in invariant else ("pairing",)))
+    calls.extend(call("candidate", name, ("invariance",)) for name in invariant if name != pairing)
+
+    candidate_batches: dict[str, str] = {}
+    for c in calls[1:]:
+        shape = canonical.digest(c.batches)
+        if shape in candidate_batches:
+            raise ContractError(
+                f"layouts.{c.layout}: gives the same batches as layouts.{candidate_batches[shape]} on these "
+                f"{len(units)} units; declare layouts that differ"
+            )
+        candidate_batches[shape] = c.layout
+
+    return ExecutionPlan(
+        version=PLAN_VERSION,
+        contract_sha256=contract_sha256,
+        units=units,
+        seeds=seeds,
+        load_params={"reference": contract.reference.load_params(), "candidate": contract.candidate.load_params()},
+        calls=tuple(calls),
+    )

@@ -1,0 +1,185 @@
+"""`use prepare`: turn an owner's declaration into the canonical contract, checking every anchor it names.
+
+A contract that names a digest the files do not have would fail only at admission, after the whole run; so
+`prepare` hashes what the declaration points at (population file, model and adapter folders, checked premises)
+and refuses any mismatch now, naming the field. It also derives the execution plan once, so a declaration whose
+layouts cannot be told apart on its units is refused before anything runs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from invar import canonical
+from invar.contract.model import (
+    Adapter,
+    Contract,
+    Declaration,
+    Package,
+    PackageDeclaration,
+    Population,
+    Premise,
+    read_contract,
+    read_declaration,
+)
+from invar.contract.plan import ExecutionPlan, Unit, derive_plan
+from invar.errors import ContractError
+from invar.stats.bounds import VERSIONS
+from invar.tasks.arithmetic import SCORERS, load_population
+from invar.tasks.vocabulary import Vocabulary
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+"""The files the core's detokenizer reads from a model folder; the contract fixes their digest."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What `prepare` wrote: the contract, its sha256, where it lies, and the plan derived from it."""
+
+    contract: Contract
+    sha256: str
+    path: Path
+    digest_path: Path
+    plan: ExecutionPlan
+
+
+def _rel(target: Path, start: Path) -> str:
+    """`target` relative to `start`, with forward slashes, so the contract moves with the files it names."""
+    return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()
+
+
+def _tree(field: str, folder: Path, declared: str) -> None:
+    if not folder.is_dir():
+        raise ContractError(f"{field}: folder {folder} does not exist; point it at the folder")
+    actual = canonical.tree_digest(folder)
+    if actual != declared:
+        raise ContractError(
+            f"{field}: folder {folder} has tree digest {actual}, but {declared} was declared; "
+            "declare this folder's digest or point at the folder the digest names"
+        )
+
+
+def _package(role: Literal["reference", "candidate"], decl: PackageDeclaration, base: Path, out: Path) -> Package:
+    model_dir = base / decl.model_dir
+    _tree(f"{role}.model_digest", model_dir, decl.model_digest)
+    try:
+        Vocabulary.from_model_dir(model_dir)
+    except ContractError as exc:
+        raise ContractError(f"{role}.model_dir: {exc}") from None
+    adapter = None
+    if decl.adapter is not None:
+        adapter_dir = base / decl.adapter.path
+        _tree(f"{role}.adapter.digest", adapter_dir, decl.adapter.digest)
+        adapter = Adapter(path=_rel(adapter_dir, out), digest=decl.adapter.digest)
+    fields: dict[str, Any] = {
+        **decl.model_dump(),
+        "model_dir": _rel(model_dir, out),
+        "adapter": adapter,
+        "tokenizer_digest": tokenizer_digest(model_dir),
+    }
+    return Package.model_validate(fields)
+
+
+def tokenizer_digest(model_dir: Path) -> str:
+    """Digest of a model folder's tokenizer files: canonical {file name: sha256}; "" for a missing file."""
+    return canonical.digest(
+        {name: canonical.file_sha256(model_dir / name) if (model_dir / name).is_file() else ""
+         for name in TOKENIZER_FILES}
+    )
+
+
+def _premise(index: int, premise: Premise, base: Path, out: Path) -> Premise:
+    if premise.basis_path is None:
+        return premise
+    basis = base / premise.basis_path
+    if not basis.is_file():
+        raise ContractError(f"premises[{index}].basis_path: file {basis} does not exist; point it at the basis")
+    actual = canonical.file_sha256(basis)
+    if actual != premise.basis_sha256:
+        raise ContractError(
+            f"premises[{index}].basis_sha256: {basis} has sha256 {actual}, but {premise.basis_sha256} was declared"
+        )
+    return premise.model_copy(update={"basis_path": _rel(basis, out)})
+
+
+def method_version(method: str) -> str:
+    """The version of a bound method's arithmetic, as the statistics module names it."""
+    return VERSIONS[method]
+
+
+def build_contract(declaration: Declaration, base: Path, out: Path) -> tuple[Contract, list[Unit]]:
+    """Check every anchor of `declaration` (paths relative to `base`) and build the contract for folder `out`.
+
+    Returns the contract and its population's units. Raises `ContractError` naming the field at fault.
+    """
+    pop = declaration.population
+    pop_path = base / pop.path
+    try:
+        problems = load_population(pop_path, pop.sha256)
+    except ContractError as exc:
+        raise ContractError(f"population: {exc}") from None
+    if pop.sample is not None and pop.sample > len(problems):
+        raise ContractError(
+            f"population.sample: {pop.sample} exceeds the {len(problems)} units of {pop_path}; lower it"
+        )
+    scorer = declaration.scorer
+    if scorer.name not in SCORERS:
+        raise ContractError(f"scorer.name: unknown scorer {scorer.name!r}; use one of {sorted(SCORERS)}")
+    if scorer.settings:
+        raise ContractError(f"scorer.settings: scorer {scorer.name!r} takes no settings; remove them")
+    requirement = declaration.requirement
+    fields: dict[str, Any] = {
+        **{k: v for k, v in declaration if k not in ("population", "reference", "candidate", "premises")},
+        "population": Population(
+            path=_rel(pop_path, out), sha256=pop.sha256, size=len(problems), unit=pop.unit, sample=pop.sample
+        ),
+        "method_version": None if requirement.method is None else method_version(requirement.method),
+        "reference": _package("reference", declaration.reference, base, out),
+        "candidate": _package("candidate", declaration.candidate, base, out),
+        "premises": [_premise(i, p, base, out) for i, p in enumerate(declaration.premises)],
+    }
+    contract = Contract.model_validate(fields)
+    return contract, [Unit(p.id, p.prompt) for p in problems]
+
+
+def prepare(declaration_path: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None) -> Prepared:
+    """Validate a declaration and write `<name>.contract.json` and `<name>.contract.json.sha256` to `out_dir`.
+
+    `out_dir` defaults to the declaration's folder. The `.sha256` file is in `sha256sum` format. Refuses to
+    overwrite an existing contract of the same name that differs (a contract, once named, never changes).
+    """
+    decl_path = Path(declaration_path)
+    declaration = read_declaration(decl_path)
+    out = Path(out_dir) if out_dir is not None else decl_path.parent
+    out.mkdir(parents=True, exist_ok=True)
+    contract, units = build_contract(declaration, decl_path.parent, out)
+    data = contract.canonical_json()
+    sha = canonical.sha256(data)
+    plan = derive_plan(contract, sha, units)
+    path = out / f"{contract.name}.contract.json"
+    digest_path = out / f"{contract.name}.contract.json.sha256"
+    if path.exists() and path.read_bytes() != data:
+        raise ContractError(
+            f"{path}: a different contract of this name already exists; give the declaration a new name "
+            "or move the old contract away"
+        )
+    path.write_bytes(data)
+    digest_path.write_text(f"{sha}  {path.name}\n", encoding="ascii")
+    return Prepared(contract=contract, sha256=sha, path=path, digest_path=digest_path, plan=plan)
+
+
+def load_contract(path: str | os.PathLike[str]) -> tuple[Contract, str, ExecutionPlan]:
+    """Read a contract file and derive its plan; the population is read relative to the contract file.
+
+    Returns the contract, its sha256 (of the file's bytes) and its execution plan.
+    """
+    p = Path(path)
+    contract, sha = read_contract(p)
+    try:
+        problems = load_population(p.parent / contract.population.path, contract.population.sha256)
+    except ContractError as exc:
+        raise ContractError(f"population: {exc}") from None
+    return contract, sha, derive_plan(contract, sha, [Unit(q.id, q.prompt) for q in problems])

@@ -1,0 +1,99 @@
+"""The execution plan: a pure function of the contract, with seeds fixed and identical for both packages."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from contract_runs import make_workspace
+from hypothesis import given
+from hypothesis import strategies as st
+
+from invar.contract.model import Layout
+from invar.contract.plan import Unit, derive_plan, layout_batches, select_units, unit_seed
+from invar.errors import ContractError
+
+
+def test_unit_seed_is_fixed_and_63_bits() -> None:
+    # Pinned: a change here changes every plan, and must come with a new PLAN_VERSION.
+    assert unit_seed(20240601, "u-000000") == unit_seed(20240601, "u-000000")
+    assert unit_seed(1, "a") != unit_seed(2, "a") != unit_seed(1, "b")
+    seeds = [unit_seed(7, f"u{i}") for i in range(1000)]
+    assert all(0 <= s < 2**63 for s in seeds)
+    assert len(set(seeds)) == 1000
+
+
+def test_unit_seed_is_the_documented_formula() -> None:
+    raw = hashlib.sha256(b'["invar.unit-seed/1",0,"u-000000"]').digest()
+    assert unit_seed(0, "u-000000") == int.from_bytes(raw[:8], "big") >> 1 == 4433750968898572504
+    assert unit_seed(5, "é") == int.from_bytes(
+        hashlib.sha256('["invar.unit-seed/1",5,"é"]'.encode()).digest()[:8], "big") >> 1
+
+
+def test_sample_is_seeded_ordered_and_independent_of_file_order() -> None:
+    units = [Unit(f"u{i:04d}", f"{i}+1=") for i in range(500)]
+    a = select_units(units, 50, contract_seed=3)
+    assert len(a) == 50
+    assert [u.unit_id for u in a] == sorted(u.unit_id for u in a)  # kept in population order
+    assert {u.unit_id for u in select_units(list(reversed(units)), 50, 3)} == {u.unit_id for u in a}
+    assert {u.unit_id for u in select_units(units, 50, 4)} != {u.unit_id for u in a}
+    assert select_units(units, None, 3) == tuple(units)
+    with pytest.raises(ContractError, match=r"population\.sample: 501 exceeds the 500 units"):
+        select_units(units, 501, 3)
+    with pytest.raises(ContractError, match="unit ids repeat"):
+        select_units([*units, units[0]], None, 3)
+
+
+@given(
+    n=st.integers(min_value=1, max_value=300),
+    batch=st.integers(min_value=1, max_value=64),
+    order=st.sampled_from(["forward", "reverse", "shuffled"]),
+    seed=st.integers(min_value=0, max_value=2**63 - 1),
+)
+def test_layout_batches_partition_the_requests(n: int, batch: int, order: str, seed: int) -> None:
+    batches = layout_batches(n, "x", Layout(batch_size=batch, order=order), seed)  # type: ignore[arg-type]
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(n))
+    assert all(len(b) == batch for b in batches[:-1])
+    assert 1 <= len(batches[-1]) <= batch
+    assert batches == layout_batches(n, "x", Layout(batch_size=batch, order=order), seed)  # type: ignore[arg-type]
+
+
+def test_plan_pairs_reference_and_candidate(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path, units=30, population={"sample": 12},
+                        layouts={"solo": {"batch_size": 1}, "b4r": {"batch_size": 4, "order": "reverse"},
+                                 "b5s": {"batch_size": 5, "order": "shuffled"}},
+                        invariance={"layouts": ["b4r", "b5s"]})
+    plan = ws.plan
+    assert [c.key for c in plan.calls] == ["reference/solo", "candidate/solo", "candidate/b4r", "candidate/b5s"]
+    assert [c.purposes for c in plan.calls] == [("pairing",), ("pairing",), ("invariance",), ("invariance",)]
+    assert len(plan.units) == 12
+    for c in plan.calls:
+        reqs = c.params["requests"]
+        assert [r["request_id"] for r in reqs] == [u.unit_id for u in plan.units]
+        assert [r["seed"] for r in reqs] == list(plan.seeds)
+        assert all(r["temperature"] == 1.0 and r["max_tokens"] == 5 and r["top_p"] == 1.0 for r in reqs)
+        assert set(c.params) == {"requests", "layout", "adapter", "reference_adapter"}
+    assert plan.calls[0].params["requests"] == plan.calls[1].params["requests"]
+    assert plan.calls[0].params_digest == plan.calls[1].params_digest  # same layout, same requests
+    assert plan.calls[2].batches == [[11, 10, 9, 8], [7, 6, 5, 4], [3, 2, 1, 0]]
+    assert plan.seeds == tuple(unit_seed(20240601, u.unit_id) for u in plan.units)
+    assert plan.load_params["candidate"]["quantization"] == "nf4"
+
+
+def test_plan_is_a_pure_function_of_the_contract(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path, units=30)
+    units = [Unit(u.unit_id, u.prompt) for u in ws.plan.units]
+    again = derive_plan(ws.contract, ws.sha256, units)
+    assert again == ws.plan
+    with pytest.raises(ContractError, match="the contract fixes 30 units but 29 were given"):
+        derive_plan(ws.contract, ws.sha256, units[:29])
+
+
+def test_layouts_that_coincide_on_the_units_are_refused(tmp_path: Path) -> None:
+    # With 3 units, batches of 4 and of 8 are both one forward batch: nothing different would be tested.
+    with pytest.raises(ContractError, match=r"layouts\.b8: gives the same batches as layouts\.b4 on these 3 units"):
+        make_workspace(tmp_path, units=3,
+                       layouts={"solo": {"batch_size": 1}, "b4": {"batch_size": 4}, "b8": {"batch_size": 8}},
+                       invariance={"layouts": ["solo", "b4", "b8"]})

@@ -1,0 +1,91 @@
+"""`invar use prepare | plan | admit` through typer: output, JSON, and one exit code per answer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from contract_runs import RunWriter, Workspace, make_workspace, unit_ids
+from typer.testing import CliRunner
+
+from invar.cli import use
+from invar.errors import ContractError, EvidenceError
+
+RUNNER = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    return make_workspace(tmp_path_factory.mktemp("cli"), units=600)
+
+
+def test_prepare_prints_the_sha256_and_the_plan(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path, units=30)
+    result = RUNNER.invoke(use.app, ["prepare", str(tmp_path / "decl.toml")])
+    assert result.exit_code == 0, result.output
+    first, second, *calls = result.output.splitlines()
+    assert first == f"{ws.sha256}  {ws.contract_path}"
+    assert second == "plan invar.plan/1: 30 units, 3 generate calls"
+    assert [line.split()[0] for line in calls] == ["reference/solo", "candidate/solo", "candidate/b4r"]
+    doc = json.loads(RUNNER.invoke(use.app, ["prepare", str(tmp_path / "decl.toml"), "--json"]).output)
+    assert doc["sha256"] == ws.sha256
+    assert doc["units"] == 30
+
+
+def test_prepare_bad_declaration_raises_one_line(tmp_path: Path) -> None:
+    (tmp_path / "decl.toml").write_text('name = "x"\n')
+    result = RUNNER.invoke(use.app, ["prepare", str(tmp_path / "decl.toml")])
+    assert isinstance(result.exception, ContractError)
+    assert str(result.exception).endswith("population: is required; add it (and 8 more problems)")
+
+
+@pytest.mark.parametrize(("wrong", "answer", "code"), [(0, "Admitted", 0), (150, "Violated", 10), (30, "Unknown", 11)])
+def test_admit_exit_code_per_answer(ws: Workspace, tmp_path: Path, wrong: int, answer: str, code: int) -> None:
+    run = RunWriter(ws, tmp_path / "run").complete(candidate_wrong=unit_ids(ws, wrong)).close()
+    result = RUNNER.invoke(use.app, ["admit", str(run), "--contract", str(ws.contract_path), "--json"])
+    assert result.exit_code == code, result.output
+    doc = json.loads(result.output)
+    assert doc["answer"] == answer
+    assert doc["exit_code"] == code
+    text = RUNNER.invoke(use.app, ["admit", str(run), "--contract", str(ws.contract_path)])
+    assert text.exit_code == code
+    assert text.output.startswith(f"{answer}: ")
+    assert "bound      maurer-pontil maurer-pontil/1, δ = 0.05" in text.output
+    assert "diagnostic (never deciding) paired Wald" in text.output
+
+
+def test_admit_refused_evidence_raises(ws: Workspace, tmp_path: Path) -> None:
+    writer = RunWriter(ws, tmp_path / "run")
+    writer.worker("reference")
+    run = writer.close()
+    result = RUNNER.invoke(use.app, ["admit", str(run), "--contract", str(ws.contract_path)])
+    assert isinstance(result.exception, EvidenceError)
+    assert "planned call reference/solo" in str(result.exception)
+
+
+def test_plan_table_and_json(ws: Workspace) -> None:
+    args = ["plan", str(ws.contract_path), "--assume", "worse=0.01 better=0.01", "--method", "maurer-pontil"]
+    result = RUNNER.invoke(use.app, args)
+    assert result.exit_code == 0, result.output
+    assert "maurer-pontil/1" in result.output
+    assert result.output.rstrip().endswith("the contract decides with maurer-pontil and runs 600 units")
+    doc = json.loads(RUNNER.invoke(use.app, [*args, "--json"]).output)
+    (row,) = doc["rows"]
+    assert row["method"] == "maurer-pontil"
+    assert row["n"] == 589  # 0/1 losses, p_worse = p_better = 0.01, ε = δ = 0.05, power 0.8: exact
+    assert doc["epsilon"] == "0.05"
+
+
+def test_plan_rejects_unknown_assumption(ws: Workspace) -> None:
+    result = RUNNER.invoke(use.app, ["plan", str(ws.contract_path), "--assume", "sigma=2"])
+    assert result.exit_code == 2
+    assert "'sigma' is not an assumption" in result.output
+
+
+def test_plan_refuses_a_finite_domain_contract(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path, units=30, requirement={"standard": "finite-domain", "confidence": None,
+                                                         "method": None})
+    result = RUNNER.invoke(use.app, ["plan", str(ws.contract_path), "--assume", "worse=0.01 better=0.01"])
+    assert isinstance(result.exception, ContractError)
+    assert "no sample size to plan" in str(result.exception)
