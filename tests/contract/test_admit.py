@@ -373,3 +373,18 @@ def test_token_outside_the_vocabulary_is_refused(ws: Workspace, tmp_path: Path) 
         admit(ws.contract_path, run)
     assert str(info.value).startswith(f"{_name(run, ref, ids['reference/solo'])}: token id 999 is outside the "
                                       "vocabulary of 17 tokens")
+
+
+def test_crossing_one_sided_bounds_never_decide(tmp_path: Path) -> None:
+    from invar.contract.admit import Invariance, TaskLoss, decide
+    from invar.stats import Bound
+
+    ws = make_workspace(tmp_path / "ws", units=20)
+    invariance = Invariance(required=False, layouts=(), holds=True, units=20, units_differing=0,
+                            first_difference=None)
+    loss = TaskLoss(n=20, reference_loss=2, candidate_loss=3, worse=1, better=0)
+    # Each side is a valid one-sided bound, yet together empty: both "upper ≤ ε" and "lower > ε" would hold.
+    crossed = Bound("betting", "betting/1", 20, 0.05, 0.05, lower=0.9, upper=-0.5)
+    answer, reason = decide(ws.contract, invariance, [], loss, crossed)
+    assert answer is Answer.UNKNOWN
+    assert "bounds cross" in reason

@@ -1,0 +1,239 @@
+"""The exact unconditional test behind the paired-binary-exact bound.
+
+Decision: for 0/1 task losses every prompt is worse, tied or better, so the counts (W, B) of a run of n prompts are
+one trinomial draw and Δ = p_worse − p_better is the expected loss increase. The upper confidence limit on Δ is the
+inversion of an exact unconditional test of H0: Δ ≥ Δ0 with statistic T = W − B (small T is evidence against H0).
+Its nuisance parameter π = p_worse + p_better is handled by Berger and Boos (1994): the supremum of the tail
+P(T ≤ t) is taken only over π ≤ U_π, the one-sided Clopper–Pearson upper (1 − γ) limit of π from D = W + B, and γ is
+added to the p-value. No step is asymptotic:
+
+* dominance: moving probability from "tied" to "worse" or from "better" to "tied" can only raise T, so the
+  supremum over H0 ∩ {π ≤ U_π} is attained on the boundary Δ = Δ0 (or, for Δ0 < 0, at p_worse = 0) and, on a cell
+  p_better ∈ [g1, g2] of the boundary, P(T ≤ t) is at most its value at the corner (p_worse, p_better) = (g1 + Δ0,
+  g2). A branch-and-bound over cells proves "sup ≤ α" with finitely many tail evaluations;
+* the p-value is non-increasing in Δ0 (H0 shrinks, the statistic does not depend on Δ0), so a proof at Δ0 proves
+  every larger Δ0, and the reported limit (a proven point) is a valid one-sided (1 − δ) upper confidence bound;
+* every tail is an upper bound: the binomial mixture is summed in float64 with scipy's (Boost) binomial pmf and cdf,
+  enlarged by TAIL_SLACK relative and by the whole binomial mass left outside the summed range.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+from scipy import stats
+
+FloatArray = npt.NDArray[np.float64]
+
+GAMMA_FRACTION = 1.0 / 50.0
+"""γ = δ/50 of the error budget goes to the nuisance restriction (Berger and Boos recommend 0.001 at δ = 0.05)."""
+
+TAIL_SLACK = 4e-12
+"""Relative allowance on every computed tail: 10x the worst error of scipy's binomial pmf/cdf measured against
+mpmath (3.4e-13) plus the float64 summation error of a few thousand positive terms."""
+
+_TRUNCATION_LOG = 46.0  # summed range leaves out at most ~e^-46 ≈ 1e-20 of the mass, which is then added back
+_UNIT = 2.0**-53  # float64 unit roundoff
+_MIN_CELL = 2.0**-44  # a nuisance cell narrower than this is not split further; the proof then fails (safe side)
+_MAX_OPEN_CELLS = 2048  # a proof needing more cells at once is abandoned (safe side: not rejected)
+_CERTIFY_STEPS = (2.0**-36, 2.0**-30, 2.0**-24)  # certify this far above the last point known not rejected
+_BISECTIONS = 42  # Δ0 ∈ [-1, 1] to a resolution of 2^-41
+
+
+def _up(x: float) -> float:
+    """x enlarged past the rounding error of one or two float64 operations."""
+    return math.nextafter(x + 4.0 * _UNIT * abs(x), math.inf)
+
+
+def tails(t: int, n: int, pi: FloatArray, q: FloatArray) -> FloatArray:
+    """Upper bounds on P(W − B ≤ t) for n prompts, one per trinomial.
+
+    pi: (M,) discordance probabilities π = p_worse + p_better in [0, 1]; q: (M,) shares p_worse/π in [0, 1].
+    Returns (M,) probabilities, each ≥ the exact tail and ≤ it·(1 + 1e-11) + 2e-20.
+    Given D = W + B = k discordant prompts, W ~ Bin(k, q) and W − B = 2W − k, so the tail is
+    Σ_k Bin(k; n, π)·BinCdf(⌊(t + k)/2⌋; k, q).
+    """
+    pi = np.clip(np.asarray(pi, dtype=np.float64), 0.0, 1.0)
+    q = np.clip(np.asarray(q, dtype=np.float64), 0.0, 1.0)
+    if t >= n:
+        return np.ones_like(pi)
+    if t < -n:
+        return np.zeros_like(pi)
+    k_needed = max(0, -t)  # below this many discordant prompts W − B ≤ t is impossible
+    # Bernstein: P(D − nπ ≥ s) ≤ exp(−L) for s = sqrt(2σ²L) + 2L/3, and below the mean sqrt(2σ²L) suffices.
+    spread = np.sqrt(2.0 * _TRUNCATION_LOG * n * pi * (1.0 - pi))
+    k_lo = max(k_needed, int(np.floor(np.min(n * pi - spread))))
+    k_hi = min(n, int(np.ceil(np.max(n * pi + spread + 2.0 * _TRUNCATION_LOG / 3.0))))
+    if k_hi < k_lo:
+        k_hi = k_lo
+    k = np.arange(k_lo, k_hi + 1, dtype=np.float64)
+    pmf = stats.binom.pmf(k[None, :], n, pi[:, None])
+    within = stats.binom.cdf(np.floor((t + k) / 2.0)[None, :], k[None, :], q[:, None])
+    total = np.sum(pmf * within, axis=1)
+    left_out = stats.binom.sf(k_hi, n, pi)
+    if k_lo > k_needed:
+        left_out = left_out + stats.binom.cdf(k_lo - 1, n, pi)
+    result: FloatArray = np.minimum(1.0, (total + left_out) * (1.0 + TAIL_SLACK))
+    return result
+
+
+def clopper_pearson_upper(k: int, n: int, gamma: float) -> float:
+    """One-sided Clopper–Pearson upper (1 − γ) limit of a binomial proportion from k successes in n trials.
+
+    Enlarged by 1e-12 relative so that rounding in the inverse incomplete beta cannot land below the exact limit.
+    """
+    if k >= n:
+        return 1.0
+    limit = float(stats.beta.isf(gamma, k + 1, n - k))
+    return min(1.0, math.nextafter(limit * (1.0 + 1e-12), math.inf))
+
+
+def _corner_params(g1: FloatArray, g2: FloatArray, delta0: float) -> tuple[FloatArray, FloatArray]:
+    """(π, q) of a trinomial that puts no more mass on "worse" and no less on "better" than any boundary point
+    (p_better + Δ0, p_better) with p_better ∈ [g1, g2]: the corner (g1 + Δ0, g2), rounded toward the safe side."""
+    worse = g1 + delta0  # ≥ 0 exactly: g1 ≥ max(0, -Δ0) and float addition is monotone
+    total = worse + g2
+    pi = np.minimum(1.0, np.nextafter(total * (1.0 + 4.0 * _UNIT), np.inf))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        q = np.where(pi > 0.0, worse / pi, 0.0)
+    q = np.maximum(0.0, np.nextafter(q * (1.0 - 4.0 * _UNIT), -np.inf))
+    return pi, q
+
+
+def _point_params(pb: FloatArray, delta0: float) -> tuple[FloatArray, FloatArray]:
+    """(π, q) of the boundary points (p_better + Δ0, p_better), without safe-side rounding (used only to refute)."""
+    pw = np.maximum(0.0, pb + delta0)
+    pi = np.minimum(1.0, pw + pb)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        q = np.where(pi > 0.0, pw / pi, 0.0)
+    return pi, q
+
+
+def _segment(delta0: float, pi_upper: float) -> tuple[float, float]:
+    """The p_better range of boundary points with π ≤ π_upper; empty when hi < lo."""
+    lo = max(0.0, -delta0)
+    hi = _up(min((pi_upper - delta0) * 0.5, (1.0 - delta0) * 0.5))
+    return lo, hi
+
+
+def anchor_tail(delta0: float, t: int, n: int, pi_upper: float) -> float:
+    """The tail at the point of H0(Δ0) ∩ {π ≤ π_upper} where it is usually largest: the top of the boundary
+    segment (largest π), or (0, min(-Δ0, π_upper)) when the segment is empty. A lower bound on the supremum;
+    non-increasing in Δ0."""
+    lo, hi = _segment(delta0, pi_upper)
+    if hi >= lo:
+        top = min((pi_upper - delta0) * 0.5, (1.0 - delta0) * 0.5)
+        pi, q = _point_params(np.array([max(lo, top)]), delta0)
+    elif delta0 < 0.0:
+        pi, q = np.array([min(-delta0, pi_upper)]), np.array([0.0])
+    else:
+        return 0.0  # H0 ∩ {π ≤ π_upper} is empty: Δ ≥ Δ0 > 0 needs π ≥ Δ0 > π_upper
+    return float(tails(t, n, pi, q)[0])
+
+
+def rejects(delta0: float, t: int, n: int, pi_upper: float, alpha: float) -> bool:
+    """Whether the test provably rejects H0: Δ ≥ Δ0 at level α + γ, i.e. sup P(W − B ≤ t) ≤ α over the boundary
+    points with π ≤ π_upper (and, for Δ0 < 0, the points with p_worse = 0).
+
+    True is a proof (every bound used is an upper bound). False means refuted (a point exceeds α) or not proven
+    at the finest cell width; both are the safe answer.
+    """
+    if delta0 <= -1.0:
+        return False
+    if anchor_tail(delta0, t, n, pi_upper) > alpha:
+        return False
+    if delta0 < 0.0:
+        edge = np.array([_up(min(-delta0, pi_upper))])
+        if tails(t, n, np.minimum(1.0, edge), np.array([0.0]))[0] > alpha:
+            return False
+    lo, hi = _segment(delta0, pi_upper)
+    if hi < lo:
+        return True
+    edges = np.linspace(lo, hi, 9)
+    edges[0], edges[-1] = lo, hi
+    g1, g2 = edges[:-1], edges[1:]
+    while g1.size:
+        pi, q = _corner_params(g1, g2, delta0)
+        corner = tails(t, n, pi, q)
+        open_ = corner > alpha
+        g1, g2 = g1[open_], g2[open_]
+        if not g1.size:
+            return True
+        if g1.size > _MAX_OPEN_CELLS or np.any(g2 - g1 <= _MIN_CELL):
+            return False
+        worst = int(np.argmax(corner[open_]))  # refute early if the supremum is not where the anchor sits
+        pi, q = _point_params(g2[worst : worst + 1], delta0)
+        if tails(t, n, pi, q)[0] > alpha:
+            return False
+        width = g2 - g1
+        parts = [g1 + width * f for f in (0.0, 0.25, 0.5, 0.75)] + [g2]
+        g1 = np.concatenate(parts[:-1])
+        g2 = np.concatenate(parts[1:])
+    return True
+
+
+def searched_tail(delta0: float, t: int, n: int, pi_upper: float) -> float:
+    """The largest tail found on H0(Δ0) ∩ {π ≤ π_upper} by a 33-point grid along the boundary segment, zoomed
+    eight times around its best point (plus the anchor). A lower bound on the supremum for when the supremum is
+    not at the anchor (small n, large π)."""
+    best = anchor_tail(delta0, t, n, pi_upper)
+    lo = max(0.0, -delta0)
+    top = min((pi_upper - delta0) * 0.5, (1.0 - delta0) * 0.5)
+    if top <= lo:
+        return best
+    points = np.linspace(lo, top, 33)
+    for _ in range(9):
+        values = tails(t, n, *_point_params(points, delta0))
+        best = max(best, float(values.max()))
+        i = int(np.argmax(values))
+        points = np.linspace(points[max(i - 1, 0)], points[min(i + 1, points.size - 1)], 9)
+    return best
+
+
+def _bisect(lo: float, hi: float, exceeds: Callable[[float], bool]) -> float:
+    """The upper end of [lo, hi] after bisecting it _BISECTIONS times: lo moves to points where exceeds(mid)."""
+    for _ in range(_BISECTIONS):
+        mid = 0.5 * (lo + hi)
+        if exceeds(mid):
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def upper_limit(worse: int, better: int, n: int, delta: float) -> float:
+    """One-sided (1 − δ) upper confidence limit on p_worse − p_better from trinomial counts.
+
+    A dyadic point of [-1, 1] at which the test provably rejects. Found in up to three passes, each a bisection
+    over Δ0 whose lower end always has a point with tail > α (so the exact Berger–Boos limit is above it):
+    (1) on the anchor tail, then certify 2^-36 higher (or 2^-30, 2^-24); (2) if that fails, on the searched tail,
+    certify again; (3) if that fails too, on the branch-and-bound proof itself. After (1) or (2) the exact limit
+    lies within 2^-24 + 2^-41 (almost always 2^-36 + 2^-41) below the returned value.
+    """
+    gamma = GAMMA_FRACTION * delta
+    alpha = delta - gamma
+    pi_upper = clopper_pearson_upper(worse + better, n, gamma)
+    t = worse - better
+    hi = _bisect(-1.0, 1.0, lambda d0: anchor_tail(d0, t, n, pi_upper) > alpha)
+    if hi >= 1.0:
+        return 1.0
+    certified = _certify(hi, t, n, pi_upper, alpha)
+    if certified is not None:
+        return certified
+    hi = _bisect(hi - 2.0**-41, 1.0, lambda d0: searched_tail(d0, t, n, pi_upper) > alpha)
+    certified = _certify(hi, t, n, pi_upper, alpha)
+    if certified is not None:
+        return certified
+    return _bisect(hi, 1.0, lambda d0: not rejects(d0, t, n, pi_upper, alpha))
+
+
+def _certify(hi: float, t: int, n: int, pi_upper: float, alpha: float) -> float | None:
+    """The first of hi + 2^-36, 2^-30, 2^-24 the branch-and-bound proves rejected (1.0 needs no proof)."""
+    for step in _CERTIFY_STEPS:
+        candidate = min(1.0, hi + step)
+        if candidate >= 1.0 or rejects(candidate, t, n, pi_upper, alpha):
+            return candidate
+    return None

@@ -1,0 +1,170 @@
+"""Sample-size planning: the powers it computes against brute force and simulation, and the table it renders."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from invar.stats import (
+    DEFAULT_BINARY_METHOD,
+    METHODS,
+    StatisticsError,
+    betting,
+    bound,
+    maurer_pontil,
+    paired_binary_exact,
+    plan_table,
+    power_at,
+    render_plan,
+    required_n,
+)
+
+
+def _pairs(n: int) -> list[tuple[int, int]]:
+    return [(w, b) for w in range(n + 1) for b in range(n + 1 - w)]
+
+
+def _counts_d(worse: int, better: int, n: int) -> np.ndarray:
+    return np.concatenate([np.ones(worse), -np.ones(better), np.zeros(n - worse - better)])
+
+
+def _brute_force_power(method: str, n: int, p_worse: float, p_better: float, epsilon: float, delta: float) -> float:
+    """P(upper ≤ ε) by running the public bound on every possible (worse, better)."""
+    total = 0.0
+    for w, b in _pairs(n):
+        probability = stats.multinomial.pmf([w, b, n - w - b], n, [p_worse, p_better, 1.0 - p_worse - p_better])
+        if bound(method, _counts_d(w, b, n), -1.0, 1.0, delta).upper <= epsilon:
+            total += float(probability)
+    return total
+
+
+@pytest.mark.parametrize(("method", "epsilon"), [("hoeffding", 0.45), ("maurer-pontil", 0.65)])
+def test_exact_power_matches_brute_force(method: str, epsilon: float) -> None:
+    args = (40, 0.15, 0.05, epsilon, 0.1)
+    computed = power_at(method, *args)
+    assert 0.05 < computed < 0.95
+    assert computed == pytest.approx(_brute_force_power(method, *args), abs=1e-11)
+
+
+def test_exact_method_power_matches_brute_force() -> None:
+    args = (8, 0.05, 0.3, 0.5, 0.05)
+    computed = power_at("paired-binary-exact", *args)
+    assert 0.05 < computed < 0.95
+    assert computed == pytest.approx(_brute_force_power("paired-binary-exact", *args), abs=1e-11)
+
+
+def test_required_n_is_where_power_crosses_the_target() -> None:
+    scenario = (0.05, 0.05, 0.1, 0.05)  # p_worse, p_better, epsilon, delta
+    n = required_n("maurer-pontil", *scenario)
+    assert n == 397
+    assert power_at("maurer-pontil", n, *scenario) >= 0.8 > power_at("maurer-pontil", n - 1, *scenario)
+    exact = required_n("paired-binary-exact", *scenario)
+    assert power_at("paired-binary-exact", exact, *scenario) >= 0.8
+    assert power_at("paired-binary-exact", exact - 1, *scenario) < 0.8
+    assert exact < n
+
+
+def _simulated_successes(method: str, n: int, p_worse: float, p_better: float, epsilon: float, reps: int) -> int:
+    rng = np.random.default_rng(2024)
+    u = rng.random((reps, n))
+    d = np.where(u < p_worse, 1.0, np.where(u >= 1.0 - p_better, -1.0, 0.0))
+    function = maurer_pontil if method == "maurer-pontil" else betting
+    return sum(function(row, -1.0, 1.0, 0.05).upper <= epsilon for row in d)
+
+
+def test_planned_power_matches_simulation_of_the_bound() -> None:
+    n, reps = 397, 2000
+    hits = _simulated_successes("maurer-pontil", n, 0.05, 0.05, 0.1, reps)
+    computed = power_at("maurer-pontil", n, 0.05, 0.05, 0.1, 0.05)
+    assert float(stats.binomtest(hits, reps, computed).pvalue) > 1e-3
+
+
+def test_betting_plan_reaches_its_power_in_simulation() -> None:
+    n = required_n("betting", 0.05, 0.05, 0.1, 0.05, reps=400)
+    reps = 1000
+    hits = _simulated_successes("betting", n, 0.05, 0.05, 0.1, reps)
+    # Fresh simulations at the planned n: not significantly below the target power.
+    assert float(stats.binom.cdf(hits, reps, 0.8)) > 1e-3
+    assert power_at("betting", n, 0.05, 0.05, 0.1, 0.05, reps=400) >= 0.8
+
+
+@pytest.mark.parametrize("method", ["hoeffding", "maurer-pontil"])
+def test_variance_plan_is_conservative(method: str) -> None:
+    """A stated variance plans conservatively: a distribution with that mean and variance admits more often."""
+    n = required_n(method, None, None, 0.1, 0.05, variance=0.1, mean=0.0)
+    reps = 1000
+    rng = np.random.default_rng(8)
+    u = rng.random((reps, n))
+    d = np.where(u < 0.05, 1.0, np.where(u >= 0.95, -1.0, 0.0))  # mean 0, variance 0.1
+    hits = sum(bound(method, row, -1.0, 1.0, 0.05).upper <= 0.1 for row in d)
+    assert hits / reps >= 0.8
+    assert power_at(method, n - 1, None, None, 0.1, 0.05, variance=0.1) < 0.8
+
+
+def test_plan_table_and_rendering() -> None:
+    rows = plan_table(0.05, 0.05, 0.1, 0.05, reps=400)
+    assert [row.method for row in rows] == list(METHODS)
+    by_method = {row.method: row for row in rows}
+    assert by_method[DEFAULT_BINARY_METHOD].n < by_method["maurer-pontil"].n < by_method["hoeffding"].n
+    for row in rows:
+        assert row.power >= row.power_target
+        assert row.version.startswith(row.method + "/")
+    text = render_plan(rows)
+    assert "p_worse=0.05, p_better=0.05" in text
+    for row in rows:
+        assert row.method in text
+        assert f"{row.n:,}" in text
+    encoded = json.loads(json.dumps([dataclasses.asdict(row) for row in rows]))
+    assert encoded[1]["n"] == by_method["maurer-pontil"].n
+    variance_rows = plan_table(None, None, 0.1, 0.05, variance=0.1)
+    assert [row.method for row in variance_rows] == ["hoeffding", "maurer-pontil"]
+    assert all(row.basis.startswith("conservative") for row in variance_rows)
+
+
+def test_exact_plan_agrees_with_the_bound_at_the_planned_n() -> None:
+    """Counts the planner calls successes give an upper limit ≤ ε from the public function, and vice versa."""
+    n, epsilon = 114, 0.1
+    assert required_n("paired-binary-exact", 0.05, 0.05, epsilon, 0.05) == n
+    for discordant in (6, 11, 16):
+        uppers = [paired_binary_exact(w, discordant - w, n, 0.05).upper for w in range(discordant + 1)]
+        admitted = [u <= epsilon for u in uppers]
+        assert admitted == sorted(admitted, reverse=True)  # a threshold in worse, as the planner assumes
+        assert any(admitted)
+
+
+def test_planning_errors() -> None:
+    cases: list[tuple[Callable[[], object], str]] = [
+        (lambda: required_n("wald", 0.01, 0.01, 0.005, 0.05), "unknown bound method"),
+        (lambda: required_n("maurer-pontil", 0.6, 0.6, 0.005, 0.05), "exceeds 1"),
+        (lambda: required_n("maurer-pontil", 0.02, 0.01, 0.005, 0.05), "not below epsilon"),
+        (lambda: required_n("maurer-pontil", 0.01, 0.01, 0.005, 0.05, power=1.0), "power"),
+        (lambda: required_n("maurer-pontil", 0.01, 0.01, 0.005, 1.0), "delta"),
+        (lambda: required_n("betting", None, None, 0.1, 0.05, variance=0.1), "needs a distribution"),
+        (lambda: required_n("maurer-pontil", None, None, 0.1, 0.05, variance=2.0), "impossible"),
+        (lambda: required_n("maurer-pontil", 0.01, 0.01, 0.1, 0.05, variance=0.1), "not both"),
+        (lambda: required_n("maurer-pontil", None, None, 0.1, 0.05), "state the assumption"),
+        (lambda: required_n("maurer-pontil", 0.01, 0.01, 0.005, 0.05, n_max=1000), "not reached with 1000"),
+        (lambda: required_n("maurer-pontil", 0.01, 0.01, 0.005, 0.05, a=0.0, b=1.0), "d in [-1, 1]"),
+        (lambda: required_n("hoeffding", float("nan"), 0.01, 0.005, 0.05), "finite"),
+    ]
+    for call, fragment in cases:
+        with pytest.raises(StatisticsError) as info:
+            call()
+        assert fragment in str(info.value)
+        assert "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_seed_scenario_table() -> None:
+    """p_worse = p_better = 0.01, ε = 0.005, δ = 0.05, power 0.8: the numbers docs/statistics.md reports."""
+    rows = {row.method: row for row in plan_table(0.01, 0.01, 0.005, 0.05)}
+    assert rows["hoeffding"].n == 263_494
+    assert rows["maurer-pontil"].n == 16_297
+    assert rows["paired-binary-exact"].n == 6_142
+    assert rows["betting"].n == 7_346
+    assert rows[DEFAULT_BINARY_METHOD].n <= 0.4 * rows["maurer-pontil"].n
