@@ -1,0 +1,744 @@
+"""The MLX worker: inference engine or learner on mlx + mlx-lm (the CPU device on Linux, Metal on a Mac).
+
+    python -m workers.mlx_worker --role inference|learner
+
+The role fixes the methods served: inference serves `load_model`, `load_adapter`, `generate`, `score`; the
+learner serves `load_model`, `load_adapter`, `score`, `learner_step`. A call to the other role's method is
+answered UnknownMethod. Decisions this worker embodies:
+
+- **Loading.** `mlx_lm.utils.load_model` builds the architecture and loads the weights; prompts are encoded
+  with the folder's `tokenizer.json` through the `tokenizers` library (its post-processor puts BOS in front),
+  the same tokenizer the other engines run, so prompt ids agree across engines. Not `mlx_lm.load`: it also
+  builds a streaming detokenizer, which probes the tokenizer with the text "a ,b" and so fails on a
+  character-level vocabulary without an unknown token, and the worker never returns text (the core decodes
+  token ids itself).
+- **A real batched decode.** Each batch of a `generate` layout is left-padded into one array and decoded
+  together through mlx-lm's `BatchKVCache` (a per-row offset keeps each row's positions). Finished rows stay
+  in the batch until all are done (their outputs are dropped), so a batch's shapes depend on its requests
+  only.
+- **One random generator per request.** A request's key is `mx.random.key(seed)`, split once per step; its
+  token is drawn by `mx.random.categorical` from that row's log-probabilities alone. The global `mx.random`
+  state is never used to sample, so a request's draw depends on its seed and its own logits only.
+- **Log-probabilities.** float32 `log_softmax(logits / T)` over each row's logits alone, at the sampled token,
+  before top-p truncation (top-p masks the distribution the token is then drawn from). T = 0 is greedy
+  (argmax) and reports log-probabilities at T = 1.
+- **Teacher forcing** (`score`, generate's `reference_logprobs`, the learner's proximal log-probabilities):
+  one forward pass over [prompt tokens, response[:-1]], each item in a batch of its own, so a score never
+  depends on what else the call holds. Generation decodes one step at a time through the KV cache instead; the
+  tests state how the two paths compare on the shipped model.
+- **Adapters** are held as arrays and applied by putting mlx-lm's `LoRALinear` (y = W·x + scale·(x·a)·b) on
+  the modules they adapt, so `generate` switches between policy and reference inside one call. Both formats
+  load (mlx-lm's `adapters.safetensors`, or PEFT's `adapter_model.safetensors`, transposed on load); each
+  folder is first checked by the core's `invar.loop.checkpoint.inspect_adapter` against the loaded base model,
+  so a corrupt adapter, or one for another base model, is one clear error. Names in calls: null is the model
+  as loaded (the adapter given to `load_model`, or on the learner the adapter under training), `"base"` the
+  base model alone, any other name one given to `load_adapter`.
+- **The learner** minimises `invar.loop.objective`'s loss (the clipped surrogate with the decoupled importance
+  weight exp(proximal − behavior), k3 KL to the engine's reference log-probabilities), with proximal = current
+  at the rollout temperature and its gradient stopped. Gradients are taken one sample at a time and summed in
+  sample order, so the step does not depend on how samples would be grouped. The reported terms are the
+  float32 per-token values MLX computed, summed in float64 and divided by N, as the core sums them. AdamW with
+  bias correction (torch's AdamW), its state kept across steps while the same adapter is trained. LoRA dropout
+  must be 0 (a dropout mask would make the step depend on random state the core cannot see).
+- **Saved adapters** hold both formats in one folder (`invar.loop.checkpoint`), with the base model's tree
+  digest in each file's metadata, so vLLM and HF (PEFT) load the very digest the MLX worker loads.
+- Bad input is a `MethodError` naming what to change, raised before any state changes, so the worker keeps
+  serving what it had.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_map, tree_unflatten
+from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.tuner.lora import LoRALinear
+from mlx_lm.tuner.utils import remove_lora_layers
+from mlx_lm.utils import load_model
+from tokenizers import Tokenizer
+
+from invar import __version__
+from invar.errors import InvarError
+from invar.loop.checkpoint import BASE_DIGEST_KEY, MLX_WEIGHTS, PEFT_WEIGHTS, inspect_adapter
+from invar.protocol import MethodError, Role, Server
+from workers.common import (
+    Request,
+    check_prompt_chars,
+    check_tokens,
+    parse_generate,
+    parse_load_model,
+    parse_score,
+    verify_dir,
+    versions,
+)
+
+DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+@dataclass
+class Adapter:
+    """A LoRA adapter held in memory, in MLX orientation, float32."""
+
+    weights: dict[str, tuple[mx.array, mx.array]]
+    """Module path (e.g. `model.layers.0.self_attn.q_proj`) → (a [in, r], b [r, out])."""
+    rank: int
+    scale: float
+    """The update's multiplier (PEFT's lora_alpha / r)."""
+    alpha: float
+    """PEFT's lora_alpha, written back when the adapter is saved."""
+    digest: str | None
+    """Tree digest of the folder it was read from or last saved to; None for a fresh, unsaved adapter."""
+
+
+@dataclass
+class Trainee:
+    """The learner's adapter under training and its optimizer (state kept across steps)."""
+
+    adapter: Adapter
+    optimizer: optim.AdamW | None = None
+    steps: int = 0
+
+
+@dataclass
+class Loaded:
+    """A loaded base model and what depends on it."""
+
+    model: Any
+    model_dir: str
+    model_digest: str
+    tokenizer: Tokenizer
+    vocab: dict[str, int]
+    """Ordinary tokens (no special tokens) → id."""
+    char_level: bool
+    vocab_size: int
+    eos_ids: frozenset[int]
+    pad_id: int
+    max_len: int
+    linears: dict[str, Any]
+    """Module path → the base model's own linear layer (what stays when no adapter applies)."""
+    adapters: dict[str, Adapter] = field(default_factory=dict)
+    loaded: Adapter | None = None
+    """The adapter a null name selects: load_model's, or on the learner the one under training."""
+    active: Adapter | None = None
+
+
+class Engine:
+    def __init__(self, role: Role) -> None:
+        self.role = role
+        self.m: Loaded | None = None
+        self.trainee: Trainee | None = None
+
+    def need(self, where: str) -> Loaded:
+        if self.m is None:
+            raise MethodError(f"{where}: no model is loaded; call load_model first")
+        return self.m
+
+    # -- loading --------------------------------------------------------------------------------------------
+
+    def load_model(self, params: dict[str, Any]) -> dict[str, Any]:
+        req = parse_load_model(params, tuple(DTYPES), ("none",))
+        digest = verify_dir(req.model_dir, req.model_digest, "model")
+        root = Path(req.model_dir)
+        for name in ("config.json", "tokenizer.json"):
+            if not (root / name).is_file():
+                raise MethodError(f"load_model: {root / name} is missing; the model folder must hold its "
+                                  "config and tokenizer")
+        try:
+            model, config = load_model(root)
+            tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+        except Exception as exc:  # mlx-lm and tokenizers raise plain exceptions for unreadable folders
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise MethodError(f"load_model: mlx-lm cannot load {str(root)!r} ({type(exc).__name__}: "
+                              f"{first}); pass an mlx-lm model folder") from None
+        if req.dtype != "float32":
+            model.set_dtype(DTYPES[req.dtype])
+        model.freeze()
+        mx.eval(model.parameters())
+        eos = config.get("eos_token_id")
+        eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
+        if not eos_ids:
+            raise MethodError(f"load_model: {root / 'config.json'} names no eos_token_id; the worker cannot "
+                              "tell where a response ends")
+        specials = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+        vocab = {t: i for t, i in tokenizer.get_vocab(with_added_tokens=False).items() if t not in specials}
+        pad = config.get("pad_token_id")
+        loaded = Loaded(
+            model=model, model_dir=str(root), model_digest=digest, tokenizer=tokenizer, vocab=vocab,
+            char_level=all(len(t) == 1 for t in vocab), vocab_size=int(config["vocab_size"]), eos_ids=eos_ids,
+            pad_id=int(pad) if isinstance(pad, int) else min(eos_ids),
+            max_len=int(config.get("max_position_embeddings", 0)),
+            linears={f"model.layers.{i}.{path}": module for i, layer in enumerate(model.layers)
+                     for path, module in layer.named_modules() if isinstance(module, nn.Linear)})
+        adapter = None
+        if req.adapter_path is not None:
+            adapter = _read_adapter(req.adapter_path, req.adapter_digest, loaded, "load_model.adapter")
+        # Everything is checked: now replace what was loaded (a new model drops adapters and the trainee).
+        loaded.loaded = adapter
+        self.m, self.trainee = loaded, None
+        if adapter is not None and self.role is Role.LEARNER:
+            self.trainee = Trainee(adapter)
+        return {"model_digest": digest, "adapter_digest": None if adapter is None else adapter.digest,
+                "vocab_size": loaded.vocab_size, "eos_token_id": min(eos_ids),
+                "max_model_len": loaded.max_len}
+
+    def load_adapter(self, params: dict[str, Any]) -> dict[str, Any]:
+        m = self.need("load_adapter")
+        name, path, digest = params.get("name"), params.get("path"), params.get("digest")
+        if not isinstance(name, str) or _NAME.fullmatch(name) is None or name == "base":
+            raise MethodError("load_adapter.name: expected 1-64 characters of [A-Za-z0-9_.-], not 'base' "
+                              "(which names the model without an adapter)")
+        if not isinstance(path, str):
+            raise MethodError("load_adapter.path: expected the adapter folder as a string")
+        if digest is not None and not isinstance(digest, str):
+            raise MethodError("load_adapter.digest: expected a hex string or null")
+        adapter = _read_adapter(path, digest, m, "load_adapter")
+        if m.active is m.adapters.get(name):
+            self.activate(None)
+        m.adapters[name] = adapter
+        return {"name": name, "adapter_digest": adapter.digest}
+
+    def select(self, name: Any, where: str) -> Adapter | None:
+        """The adapter a name selects: null → the model as loaded, "base" → none, else a loaded name."""
+        m = self.need(where)
+        if name is None:
+            return m.loaded
+        if name == "base":
+            return None
+        if not isinstance(name, str) or name not in m.adapters:
+            known = sorted(m.adapters)
+            raise MethodError(f"{where}: adapter {name!r} is not loaded; load it with load_adapter first "
+                              f"(loaded: {known or 'none'}; null is the model as loaded, 'base' the base "
+                              "model)")
+        return m.adapters[name]
+
+    def activate(self, adapter: Adapter | None) -> None:
+        """Put `adapter`'s LoRA layers on the model, or none: the base linears are restored first."""
+        m = self.need("call")
+        if adapter is m.active:
+            return
+        remove_lora_layers(m.model)
+        if adapter is not None:
+            for module, (a, b) in adapter.weights.items():
+                lora = LoRALinear.from_base(m.linears[module], r=adapter.rank, scale=adapter.scale)
+                lora.lora_a, lora.lora_b = a, b
+                _, _, index, rest = module.split(".", 3)
+                m.model.layers[int(index)].update_modules(tree_unflatten([(rest, lora)]))
+            m.model.freeze()
+            for _, child in m.model.named_modules():
+                if isinstance(child, LoRALinear):
+                    child.unfreeze(keys=["lora_a", "lora_b"], recurse=False)
+        m.active = adapter
+
+    # -- tokens ---------------------------------------------------------------------------------------------
+
+    def encode(self, prompt: str, budget: int, where: str) -> list[int]:
+        """Prompt token ids (BOS first, as the tokenizer adds it); prompt + budget must fit the model."""
+        m = self.need(where)
+        if m.char_level:
+            check_prompt_chars(prompt, m.vocab, f"{where}.prompt")
+        ids: list[int] = list(m.tokenizer.encode(prompt).ids)
+        if len(ids) + budget > m.max_len:
+            raise MethodError(f"{where}: {len(ids)} prompt tokens + {budget} response tokens exceed the "
+                              f"model's maximum length {m.max_len}; shorten the prompt or lower max_tokens")
+        return ids
+
+    # -- inference ------------------------------------------------------------------------------------------
+
+    def generate(self, params: dict[str, Any]) -> dict[str, Any]:
+        m = self.need("generate")
+        requests, layout = parse_generate(params)
+        policy = self.select(params.get("adapter"), "generate.adapter")
+        ref_name = params.get("reference_adapter")
+        reference = None if ref_name is None else self.select(ref_name, "generate.reference_adapter")
+        prompts = [self.encode(r.prompt, r.max_tokens, f"generate.requests[{i}]")
+                   for i, r in enumerate(requests)]
+        outputs: list[dict[str, Any]] = [{} for _ in requests]
+        for batch in layout:
+            self.activate(policy)
+            decoded = self.decode([requests[i] for i in batch], [prompts[i] for i in batch])
+            for i, (tokens, logprobs, finish) in zip(batch, decoded, strict=True):
+                outputs[i] = {"request_id": requests[i].request_id,
+                              "prompt_tokens": np.asarray(prompts[i], dtype=np.int32),
+                              "tokens": np.asarray(tokens, dtype=np.int32),
+                              "logprobs": np.asarray(logprobs, dtype=np.float32), "finish_reason": finish}
+            if ref_name is not None:
+                self.activate(reference)
+                for i in batch:
+                    lp = self.teacher(prompts[i], outputs[i]["tokens"], requests[i].temperature or 1.0)
+                    outputs[i]["reference_logprobs"] = _gather(lp, outputs[i]["tokens"])
+        return {"outputs": outputs, "model_digest": m.model_digest,
+                "adapter_digest": None if policy is None else policy.digest}
+
+    def decode(
+        self, requests: list[Request], prompts: list[list[int]]
+    ) -> list[tuple[list[int], list[float], str]]:
+        """Decode one batch together: a left-padded prefill, then one token per row per step."""
+        m = self.need("generate")
+        width = max(len(p) for p in prompts)
+        padding = [width - len(p) for p in prompts]
+        x = mx.array([[m.pad_id] * pad + p for pad, p in zip(padding, prompts, strict=True)], dtype=mx.int32)
+        cache = [BatchKVCache(padding) for _ in m.model.layers]
+        logits = m.model(x, cache=cache)[:, -1, :]
+        keys = [mx.random.key(r.seed) for r in requests]
+        tokens: list[list[int]] = [[] for _ in requests]
+        logprobs: list[list[float]] = [[] for _ in requests]
+        finish = ["length"] * len(requests)
+        done = [False] * len(requests)
+        for step in range(max(r.max_tokens for r in requests)):
+            picks = []
+            for i, r in enumerate(requests):
+                token, lp, keys[i] = _sample(logits[i], r, keys[i])
+                picks.append((token, lp))
+            mx.eval(picks)
+            feed = []
+            for i, (token, lp) in enumerate(picks):
+                t = int(token.item())
+                feed.append(t)
+                if done[i]:
+                    continue
+                tokens[i].append(t)
+                logprobs[i].append(float(lp.item()))
+                if t in m.eos_ids:
+                    done[i], finish[i] = True, "stop"
+                elif step + 1 >= requests[i].max_tokens:
+                    done[i] = True
+            if all(done):
+                break
+            logits = m.model(mx.array(feed, dtype=mx.int32)[:, None], cache=cache)[:, -1, :]
+        return list(zip(tokens, logprobs, finish, strict=True))
+
+    def teacher(self, prompt: list[int], tokens: np.ndarray, temperature: float) -> mx.array:
+        """Teacher-forced log-probabilities [T, V] at `temperature`, for each step of `tokens` after `prompt`.
+
+        prompt: token ids [P]; tokens: the response [T]; one forward over P + T − 1 positions, batch of 1."""
+        m = self.need("score")
+        ids = mx.array([prompt + [int(t) for t in tokens[:-1]]], dtype=mx.int32)
+        return _log_softmax(m.model(ids)[0, len(prompt) - 1:], temperature)
+
+    def score(self, params: dict[str, Any]) -> dict[str, Any]:
+        m = self.need("score")
+        items = parse_score(params)
+        adapter = self.select(params.get("adapter"), "score.adapter")
+        prompts = []
+        for i, item in enumerate(items):
+            check_tokens(item.response_tokens, m.vocab_size, f"score.items[{i}].response_tokens")
+            prompts.append(self.encode(item.prompt, int(item.response_tokens.size), f"score.items[{i}]"))
+        self.activate(adapter)
+        outputs = []
+        for item, prompt in zip(items, prompts, strict=True):
+            lp = self.teacher(prompt, item.response_tokens, item.temperature)
+            vocab = (np.array(lp[mx.array(item.vocab_steps, dtype=mx.int32)], dtype=np.float32)
+                     if item.vocab_steps else np.zeros((0, m.vocab_size), dtype=np.float32))
+            outputs.append({"item_id": item.item_id, "logprobs": _gather(lp, item.response_tokens),
+                            "vocab_logprobs": vocab})
+        return {"outputs": outputs, "model_digest": m.model_digest,
+                "adapter_digest": None if adapter is None else adapter.digest}
+
+    # -- the learner ----------------------------------------------------------------------------------------
+
+    def learner_step(self, params: dict[str, Any]) -> dict[str, Any]:
+        m = self.need("learner_step")
+        step = parse_learner_step(params)
+        rows = []
+        for i, s in enumerate(step.samples):
+            where = f"learner_step.samples[{i}]"
+            check_tokens(s.tokens, m.vocab_size, f"{where}.tokens")
+            rows.append((self.encode(s.prompt, int(s.tokens.size), where), s))
+        save_dir = Path(step.save_dir)
+        if save_dir.exists() and (not save_dir.is_dir() or any(save_dir.iterdir())):
+            raise MethodError(f"learner_step.save_dir: {step.save_dir!r} exists and is not an empty folder; "
+                              "name a new folder for the updated adapter")
+        if self.trainee is None:
+            if step.lora is None:
+                raise MethodError("learner_step.lora: no adapter is loaded, so send lora settings for a "
+                                  "fresh one")
+            fresh = self.fresh(step.lora, step.seed)  # checks target_modules before anything changes
+        else:
+            fresh = None
+            a = self.trainee.adapter
+            trained = sorted({name.rsplit(".", 1)[-1] for name in a.weights})
+            if step.lora is not None and (
+                    step.lora.r != a.rank or not math.isclose(step.lora.alpha, a.alpha, rel_tol=1e-12)
+                    or sorted(step.lora.target_modules) != trained):
+                raise MethodError(
+                    f"learner_step.lora: the adapter under training has r={a.rank}, alpha={a.alpha:g}, "
+                    f"target_modules={trained}; lora settings only shape a fresh adapter: send the same ones "
+                    "or none")
+        if fresh is not None:
+            self.trainee = Trainee(fresh)
+            m.loaded = fresh
+        trainee = self.trainee
+        assert trainee is not None
+        start_digest = trainee.adapter.digest
+        self.activate(trainee.adapter)
+
+        o = step.objective
+        n = sum(int(s.tokens.size) for s in step.samples)
+        lo, hi = float(np.float32(1.0 - o.clip_low)), float(np.float32(1.0 + o.clip_high))
+
+        def sample_loss(ids: mx.array, start: int, tokens: mx.array, behavior: mx.array, reference: mx.array,
+                        advantage: mx.array, with_kl: bool) -> tuple[mx.array, ...]:
+            lp = _log_softmax(m.model(ids)[0, start:], step.temperature)
+            current = mx.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]
+            proximal = mx.stop_gradient(current)
+            w = mx.exp(proximal - behavior)  # the importance weight: exactly 1 where the two are equal
+            r = mx.exp(current - proximal)  # the ratio: its value is 1 here, its gradient is not 0
+            policy = -(w * mx.minimum(r * advantage, mx.clip(r, lo, hi) * advantage))
+            kl = mx.zeros_like(policy)
+            if with_kl:
+                d = reference - current
+                kl = mx.exp(d) - d - 1.0
+            return mx.sum(policy + o.kl_coef * kl) / n, current, policy, kl, w
+
+        value_and_grad = nn.value_and_grad(m.model, sample_loss)
+        grads: Any = None
+        proximal, policy_terms, kl_terms, weights = [], [], [], []
+        for prompt, s in rows:
+            ids = mx.array([prompt + [int(t) for t in s.tokens[:-1]]], dtype=mx.int32)
+            behavior = mx.array(s.behavior)
+            reference = behavior if s.reference is None else mx.array(s.reference)
+            (_, current, policy, kl, w), g = value_and_grad(
+                ids, len(prompt) - 1, mx.array(s.tokens.astype(np.int32)), behavior, reference,
+                mx.array(np.float32(s.advantage)), s.reference is not None and o.kl_coef != 0.0)
+            grads = g if grads is None else tree_map(mx.add, grads, g)
+            mx.eval(grads, current, policy, kl, w)
+            proximal.append(np.array(current, dtype=np.float32))
+            policy_terms.append(np.array(policy, dtype=np.float32))
+            kl_terms.append(np.array(kl, dtype=np.float32))
+            weights.append(np.array(w, dtype=np.float32))
+
+        opt = step.optimizer
+        max_norm = math.inf if opt.max_grad_norm is None else opt.max_grad_norm
+        grads, grad_norm = optim.clip_grad_norm(grads, max_norm)  # the norm before clipping is reported
+        if trainee.optimizer is None:
+            trainee.optimizer = optim.AdamW(learning_rate=opt.lr, betas=list(opt.betas), eps=opt.eps,
+                                            weight_decay=opt.weight_decay, bias_correction=True)
+        trainee.optimizer.learning_rate = mx.array(opt.lr, dtype=mx.float32)
+        trainee.optimizer.betas, trainee.optimizer.eps = list(opt.betas), opt.eps
+        trainee.optimizer.weight_decay = opt.weight_decay
+        trainee.optimizer.update(m.model, grads)
+        mx.eval(m.model.parameters(), trainee.optimizer.state)
+        trainee.steps += 1
+        for module in trainee.adapter.weights:
+            lora = _module(m.model, module)
+            trainee.adapter.weights[module] = (lora.lora_a, lora.lora_b)
+
+        tensors = self.save(trainee.adapter, save_dir)
+        policy_mean = float(np.sum(np.concatenate(policy_terms), dtype=np.float64)) / n
+        kl_mean = float(np.sum(np.concatenate(kl_terms), dtype=np.float64)) / n
+        return {
+            "proximal_logprobs": proximal,
+            "loss": policy_mean + o.kl_coef * kl_mean,
+            "policy": policy_mean,
+            "kl": kl_mean,
+            "importance_weight_mean": float(np.sum(np.concatenate(weights), dtype=np.float64)) / n,
+            "tokens": n,
+            "grad_norm": float(grad_norm.item()),
+            "adapter_dir": str(save_dir),
+            "adapter_digest": trainee.adapter.digest,
+            "adapter_tensors": tensors,
+            "start_adapter_digest": start_digest,
+            "optimizer_steps": trainee.steps,
+            "model_digest": m.model_digest,
+        }
+
+    def fresh(self, lora: LoraSettings, seed: int) -> Adapter:
+        """A new adapter: a uniform in ±1/√in from the seed (the range of mlx-lm's and PEFT's default
+        init), b = 0, so the first update starts at the base model exactly."""
+        m = self.need("learner_step")
+        modules = sorted(name for name in m.linears if name.rsplit(".", 1)[-1] in lora.target_modules)
+        missing = set(lora.target_modules) - {name.rsplit(".", 1)[-1] for name in modules}
+        if missing:
+            short = sorted({name.rsplit(".", 1)[-1] for name in m.linears})
+            raise MethodError(f"learner_step.lora.target_modules: {sorted(missing)} match no linear layer of "
+                              f"the model; choose from {short}")
+        keys = mx.random.split(mx.random.key(seed), len(modules))
+        weights = {}
+        for key, module in zip(keys, modules, strict=True):
+            n_out, n_in = m.linears[module].weight.shape
+            bound = 1.0 / math.sqrt(n_in)
+            a = mx.random.uniform(-bound, bound, (n_in, lora.r), dtype=mx.float32, key=key)
+            weights[module] = (a, mx.zeros((lora.r, n_out), dtype=mx.float32))
+        mx.eval(weights)
+        return Adapter(weights, lora.r, lora.alpha / lora.r, lora.alpha, None)
+
+    def save(self, adapter: Adapter, folder: Path) -> dict[str, Any]:
+        """Write the adapter in both formats into `folder`, check it as the core will, and name it."""
+        m = self.need("learner_step")
+        mlx_tensors, peft_tensors = {}, {}
+        for module, (a, b) in sorted(adapter.weights.items()):
+            mlx_tensors[f"{module}.lora_a"] = a
+            mlx_tensors[f"{module}.lora_b"] = b
+            # PEFT keeps A [r, in] and B [out, r]; the numpy copies make the transposes contiguous.
+            peft_tensors[f"base_model.model.{module}.lora_A.weight"] = mx.array(np.array(a).T.copy())
+            peft_tensors[f"base_model.model.{module}.lora_B.weight"] = mx.array(np.array(b).T.copy())
+        folder.mkdir(parents=True, exist_ok=True)
+        metadata = {"format": "pt", BASE_DIGEST_KEY: m.model_digest}
+        mx.save_safetensors(str(folder / MLX_WEIGHTS), mlx_tensors, metadata=metadata)
+        mx.save_safetensors(str(folder / PEFT_WEIGHTS), peft_tensors, metadata=metadata)
+        short = sorted({name.rsplit(".", 1)[-1] for name in adapter.weights})
+        config = {
+            # PEFT's keys (read by peft, vLLM and this worker)
+            "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": adapter.rank, "lora_alpha": adapter.alpha,
+            "target_modules": short, "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+            "use_rslora": False, "use_dora": False, "modules_to_save": None, "init_lora_weights": True,
+            "inference_mode": True, "base_model_name_or_path": None,
+            # mlx-lm's keys (read by mlx_lm.tuner.utils.load_adapters)
+            "fine_tune_type": "lora", "num_layers": len(m.model.layers),
+            "lora_parameters": {"rank": adapter.rank, "scale": adapter.scale, "dropout": 0.0,
+                                "keys": sorted({name.split(".", 3)[3] for name in adapter.weights})},
+        }
+        (folder / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n",
+                                                    encoding="utf-8")
+        try:
+            checked = inspect_adapter(folder, m.model_dir, base_model_digest=m.model_digest)
+        except InvarError as exc:
+            raise RuntimeError(f"the saved adapter fails the core's check: {exc}") from None
+        adapter.digest = checked.digest
+        return checked.tensors
+
+
+def _read_adapter(path: str, digest: str | None, m: Loaded, where: str) -> Adapter:
+    """Read and check an adapter folder (either format) against the loaded model; the model is not touched."""
+    actual = verify_dir(path, digest, "adapter")
+    try:
+        checked = inspect_adapter(path, m.model_dir, base_model_digest=m.model_digest)
+    except InvarError as exc:
+        raise MethodError(f"{where}: {exc}") from None
+    # mlx-lm's own file when present; PEFT's otherwise, transposed into MLX orientation.
+    fmt = checked.formats.get("mlx") or checked.formats["peft"]
+    foreign = sorted(set(fmt.modules) - set(m.linears))
+    if foreign:
+        raise MethodError(f"{where}: adapter {path!r} adapts {foreign[0]}, which is not a linear layer of "
+                          "the loaded model; load the adapter with its own base model")
+    arrays = mx.load(str(fmt.file.path))
+    weights: dict[str, tuple[mx.array, mx.array]] = {}
+    for module, (a_name, b_name) in fmt.modules.items():
+        a, b = arrays[a_name].astype(mx.float32), arrays[b_name].astype(mx.float32)
+        weights[module] = (a, b) if fmt.transposed else (a.T, b.T)
+    mx.eval(weights)
+    return Adapter(weights, checked.rank, checked.scale, checked.scale * checked.rank, actual)
+
+
+# -- pure helpers ------------------------------------------------------------------------------------------
+
+
+def _log_softmax(logits: mx.array, temperature: float) -> mx.array:
+    """float32 log_softmax(logits / T) over the last axis (the vocabulary)."""
+    scaled = logits.astype(mx.float32) / temperature
+    return scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
+
+
+def _gather(lp: mx.array, tokens: np.ndarray) -> np.ndarray:
+    """float32 [T]: the log-probabilities of `tokens` [T] in a [T, V] table."""
+    idx = mx.array(np.asarray(tokens, dtype=np.int32))[:, None]
+    return np.array(mx.take_along_axis(lp, idx, axis=-1)[:, 0], dtype=np.float32)
+
+
+def _sample(logits: mx.array, request: Request, key: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """One token from one row of logits [V]: (token, its log-probability, the request's next key)."""
+    if request.temperature == 0:
+        lp = _log_softmax(logits, 1.0)
+        token = mx.argmax(lp)
+        return token, lp[token], key
+    lp = _log_softmax(logits, request.temperature)
+    key, sub = mx.random.split(key)
+    weights = lp if request.top_p >= 1.0 else _nucleus(lp, request.top_p)
+    token = mx.random.categorical(weights, key=sub)
+    return token, lp[token], key
+
+
+def _nucleus(lp: mx.array, top_p: float) -> mx.array:
+    """Keep the smallest set of most likely tokens whose probability reaches `top_p`; the rest get −inf."""
+    order = mx.argsort(-lp)
+    probs = mx.exp(lp[order])
+    keep_sorted = (mx.cumsum(probs) - probs) < top_p  # the most likely token is always kept
+    return mx.where(keep_sorted[mx.argsort(order)], lp, -mx.inf)
+
+
+def _module(model: Any, path: str) -> Any:
+    obj = model
+    for part in path.split("."):
+        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+    return obj
+
+
+# -- learner_step params -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    prompt: str
+    tokens: np.ndarray
+    behavior: np.ndarray
+    advantage: float
+    reference: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class ObjectiveParams:
+    clip_low: float
+    clip_high: float
+    kl_coef: float
+
+
+@dataclass(frozen=True)
+class OptimizerParams:
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    max_grad_norm: float | None
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    r: int
+    alpha: float
+    target_modules: list[str]
+
+
+@dataclass(frozen=True)
+class LearnerStep:
+    samples: list[Sample]
+    temperature: float
+    objective: ObjectiveParams
+    optimizer: OptimizerParams
+    lora: LoraSettings | None
+    seed: int
+    save_dir: str
+
+
+def _num(m: dict[str, Any], name: str, where: str, *, default: float | None = None) -> float:
+    value = m.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise MethodError(f"{where}.{name}: expected a finite number")
+    return float(value)
+
+
+def _map(m: dict[str, Any], name: str, where: str) -> dict[str, Any]:
+    value = m.get(name)
+    if not isinstance(value, dict):
+        raise MethodError(f"{where}.{name}: expected a map")
+    return value
+
+
+def _logprob_array(value: Any, length: int, where: str) -> np.ndarray:
+    if not isinstance(value, np.ndarray) or value.dtype != np.float32 or value.shape != (length,):
+        raise MethodError(f"{where}: expected a float32 array of {length} log-probabilities (one per token)")
+    if not np.all(np.isfinite(value)) or np.any(value > 0):
+        raise MethodError(f"{where}: log-probabilities must be finite and ≤ 0")
+    return value
+
+
+def parse_learner_step(params: dict[str, Any]) -> LearnerStep:
+    """Validate `learner_step` params (the HF worker's schema); every message names the field to change."""
+    where = "learner_step"
+    raw = params.get("samples")
+    if not isinstance(raw, list) or not raw:
+        raise MethodError(f"{where}.samples: expected a non-empty list of samples")
+    samples = []
+    for i, s in enumerate(raw):
+        w = f"{where}.samples[{i}]"
+        if not isinstance(s, dict) or not isinstance(s.get("prompt"), str):
+            raise MethodError(f"{w}: expected a map with prompt (str), tokens, behavior_logprobs, advantage")
+        tokens = s.get("tokens")
+        if (not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype.kind not in "iu"
+                or not tokens.size):
+            raise MethodError(f"{w}.tokens: expected a non-empty 1-D integer array")
+        ref = s.get("reference_logprobs")
+        samples.append(Sample(
+            prompt=s["prompt"], tokens=tokens.astype(np.int64),
+            behavior=_logprob_array(s.get("behavior_logprobs"), tokens.size, f"{w}.behavior_logprobs"),
+            advantage=_num(s, "advantage", w),
+            reference=None if ref is None else _logprob_array(ref, tokens.size, f"{w}.reference_logprobs")))
+    temperature = _num(params, "temperature", where)
+    if temperature <= 0:
+        raise MethodError(f"{where}.temperature: must be > 0 (the rollout temperature the behavior was "
+                          "drawn at)")
+    o = _map(params, "objective", where)
+    objective = ObjectiveParams(_num(o, "clip_low", f"{where}.objective"),
+                                _num(o, "clip_high", f"{where}.objective"),
+                                _num(o, "kl_coef", f"{where}.objective", default=0.0))
+    if not 0 <= objective.clip_low < 1 or objective.clip_high < 0 or objective.kl_coef < 0:
+        raise MethodError(f"{where}.objective: need 0 ≤ clip_low < 1, clip_high ≥ 0, kl_coef ≥ 0")
+    if objective.kl_coef != 0 and any(s.reference is None for s in samples):
+        raise MethodError(f"{where}: objective.kl_coef is not 0, so every sample needs reference_logprobs")
+    p = _map(params, "optimizer", where)
+    betas = p.get("betas", [0.9, 0.999])
+    if (not isinstance(betas, list) or len(betas) != 2
+            or not all(isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
+        raise MethodError(f"{where}.optimizer.betas: expected two numbers in [0, 1)")
+    mgn = p.get("max_grad_norm")
+    optimizer = OptimizerParams(
+        lr=_num(p, "lr", f"{where}.optimizer"), betas=(float(betas[0]), float(betas[1])),
+        eps=_num(p, "eps", f"{where}.optimizer", default=1e-8),
+        weight_decay=_num(p, "weight_decay", f"{where}.optimizer", default=0.0),
+        max_grad_norm=None if mgn is None else _num(p, "max_grad_norm", f"{where}.optimizer"))
+    if optimizer.lr <= 0 or optimizer.eps <= 0 or optimizer.weight_decay < 0 or (
+            optimizer.max_grad_norm is not None and optimizer.max_grad_norm <= 0):
+        raise MethodError(f"{where}.optimizer: need lr > 0, eps > 0, weight_decay ≥ 0, max_grad_norm > 0 "
+                          "or null")
+    lora = None
+    if params.get("lora") is not None:
+        lo = _map(params, "lora", where)
+        r, targets = lo.get("r"), lo.get("target_modules")
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise MethodError(f"{where}.lora.r: expected an integer ≥ 1")
+        if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+            raise MethodError(f"{where}.lora.target_modules: expected a non-empty list of module names")
+        if _num(lo, "dropout", f"{where}.lora", default=0.0) != 0:
+            raise MethodError(f"{where}.lora.dropout: must be 0; dropout would make the first step's ratio "
+                              "differ from 1 (current ≠ proximal)")
+        alpha = _num(lo, "alpha", f"{where}.lora")
+        if alpha <= 0:
+            raise MethodError(f"{where}.lora.alpha: must be > 0")
+        lora = LoraSettings(r, alpha, [str(t) for t in targets])
+    seed = params.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise MethodError(f"{where}.seed: expected an integer in [0, 2**63)")
+    save_dir = params.get("save_dir")
+    if not isinstance(save_dir, str) or not save_dir:
+        raise MethodError(f"{where}.save_dir: expected the folder to write the updated adapter to")
+    return LearnerStep(samples, temperature, objective, optimizer, lora, seed, save_dir)
+
+
+# -- process -----------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="workers.mlx_worker")
+    parser.add_argument("--role", choices=[r.value for r in Role], default=Role.INFERENCE.value)
+    args = parser.parse_args(argv)
+    engine = Engine(Role(args.role))
+    methods = {"load_model": engine.load_model, "load_adapter": engine.load_adapter, "score": engine.score}
+    if engine.role is Role.INFERENCE:
+        methods["generate"] = engine.generate
+    else:
+        methods["learner_step"] = engine.learner_step
+    server = Server(
+        engine="mlx",
+        engine_version={"invar": __version__,
+                        **versions("mlx", "mlx-cpu", "mlx-metal", "mlx-lm", "tokenizers", "numpy")},
+        role=Role(args.role),
+        settings={"device": str(mx.default_device()), "decode": "batched, BatchKVCache, left padded",
+                  "teacher_forcing": "one item per forward"},
+        methods=methods,
+    )
+    return server.serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
