@@ -11,7 +11,7 @@ import sys
 import typer
 
 from invar import __version__
-from invar.cli import inspect
+from invar.cli import evaluate, infer, inspect, use
 from invar.errors import InvarError
 
 app = typer.Typer(
@@ -22,6 +22,9 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(inspect.app, name="inspect")
+app.add_typer(use.app, name="use")
+app.command("infer")(infer.infer)
+app.command("evaluate")(evaluate.evaluate)
 
 
 @app.command("version")

@@ -1,0 +1,86 @@
+"""`invar infer` through the real command line and the real HF worker on the shipped model."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from invar.engines import DEFAULT_MODEL
+from invar.records import RunStore
+from invar.tasks import Vocabulary
+
+
+def _invar(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    path = Path(os.environ.get("INVAR_TEST_MODEL", str(DEFAULT_MODEL)))
+    if not (path / "config.json").is_file():
+        pytest.fail(f"{path} holds no model: build it with scripts/train_model.py")
+    return path
+
+
+@pytest.mark.engine
+def test_infer_prints_tokens_text_logprobs_and_keeps_the_records(tmp_path: Path, model: Path) -> None:
+    args = ["infer", "37+58=", "123+456=", "--seed", "5", "--max-tokens", "6", "--model", str(model)]
+    out = _invar(*args, "--json", "--run", str(tmp_path / "run"))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    vocab = Vocabulary.from_model_dir(model)
+    rows = doc["outputs"]
+    assert [r["prompt"] for r in rows] == ["37+58=", "123+456="]
+    assert [r["seed"] for r in rows] == [5, 6]
+    for r in rows:
+        assert r["text"] == vocab.decode(r["tokens"])
+        assert len(r["logprobs"]) == len(r["tokens"])
+        assert all(x <= 0 for x in r["logprobs"])
+        assert r["finish_reason"] in ("stop", "length")
+
+    with RunStore.open(tmp_path / "run") as store:
+        store.verify()
+        calls = store.calls()
+        meta = store.meta()
+    assert [c.call.method for c in calls] == ["load_model", "generate"]
+    assert meta["run"]["command"] == "infer"
+    assert meta["run"]["model_digest"] == doc["model_digest"]
+    recorded = calls[1].report
+    assert recorded is not None
+    assert recorded.report.result is not None
+    for r, o in zip(rows, recorded.report.result["outputs"], strict=True):
+        assert r["tokens"] == o["tokens"].tolist()
+        # JSON carries each float32 exactly (float64 repr of the float32 value).
+        assert np.array_equal(np.asarray(r["logprobs"], dtype=np.float32), o["logprobs"])
+
+    # The same call again, printed for people: the same tokens (the engine is deterministic for a seed).
+    text = _invar(*args, "--run", str(tmp_path / "again"))
+    assert text.returncode == 0, text.stderr
+    printed = [json.loads(m) for m in re.findall(r"tokens:\s+(\[[^\]]*\])", text.stdout)]
+    assert printed == [r["tokens"] for r in rows]
+    assert f"37+58={rows[0]['text']}" in text.stdout
+
+
+@pytest.mark.engine
+def test_a_worker_error_is_one_line_and_exit_2(tmp_path: Path, model: Path) -> None:
+    out = _invar("infer", "12+x=", "--model", str(model), "--run", str(tmp_path / "run"))
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0, out.stderr
+    assert "character 'x' at position 3 is not in the model's vocabulary" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_missing_model_folder_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    out = _invar("infer", "1+1=", "--model", str(tmp_path / "nowhere"), "--run", str(tmp_path / "run"))
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"invar: error: --model {tmp_path / 'nowhere'}: no such folder; pass the folder " \
+                                 "that holds the model"
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,898 @@
+"""The Hugging Face worker: transformers (with bitsandbytes for NF4) as an inference engine and as the learner.
+
+    python -m workers.hf_worker --role inference|learner [--threads N] [--device cpu|cuda]
+
+Decisions this worker embodies:
+
+- **Determinism first.** `torch.use_deterministic_algorithms(True)`, a fixed intra-op thread count (`--threads`,
+  default 1) and one inter-op thread; all three are in the identity's `settings`, since thread count can change how
+  a reduction is split. The same call on the same worker build gives the same bits.
+- **One code path for `generate` and `score`.** Both run a batch the same way: the prompts left-padded into one
+  prefill, then one token per step through a KV cache. They differ only in where each step's token comes from
+  (drawn, or given). So `score` of generated tokens, with the items in the same batch composition and order, gives
+  the bits `generate` reported: teacher forcing on this engine agrees with its own sampling exactly, by
+  construction. A request alone and the same request inside a larger batch are NOT bit-identical here: the
+  matrix products change their blocking with the batch shape (the tests measure and report the difference).
+- **Sampling.** Temperature T > 0 draws from softmax(logits/T), truncated to top-p when top_p < 1. `logprobs` are
+  log_softmax(logits/T) in float32 at the drawn token, before the top-p truncation. T = 0 is greedy (first
+  maximum) and its logprobs are at T = 1. Each request has its own `torch.Generator` seeded by the request's seed,
+  used for nothing else, so what shares its batch cannot change which uniforms it consumes.
+- **LoRA is applied by a small layer of this worker** (y = base(x) + (alpha/r)·B(A(x)), PEFT's formula), not by
+  PEFT's model wrapper, so adapters can be loaded, replaced and switched per call without PEFT's multi-adapter
+  state. Files are read and written in PEFT's format (`adapter_config.json` + `adapter_model.safetensors`, keys
+  `base_model.model.<module>.lora_A.weight`), so PEFT and vLLM read them. The adapter's weights are float32 whatever
+  the base (FP32, BF16 or NF4). The saved file records the base model's tree digest in its safetensors metadata,
+  and an adapter made for another base is refused.
+- **Adapter names in calls**: null is the model as loaded (the adapter given to `load_model`, or on the learner the
+  adapter being trained; the base model if there is none), `"base"` is the base model alone, any other name is one
+  given to `load_adapter`.
+- **The learner** scores the engine's sampled tokens itself in one teacher-forced forward (right padded) with
+  autograd on; those values, taken with the weights the update starts from, are the proximal log-probabilities.
+  The objective is `invar.loop.objective`'s, computed per token in float32 (importance weight exp(proximal −
+  behavior), exactly 1 where they are equal); the reported terms sum those float32 values in float64 as the core
+  does. One AdamW step on the adapter's float32 parameters follows. The optimizer state persists across
+  `learner_step` calls while the same adapter is trained (one update per cycle follows another); `load_model`
+  starts a new adapter and a new optimizer state. LoRA dropout must be 0, so the first step's ratio is exactly 1.
+- **One NF4 path.** bitsandbytes repacks NF4 weights for a CPU kernel in eval mode on CPUs with AVX512-BF16, and
+  that kernel has no backward (the learner's adapter would silently get no gradient). The worker turns the repacking
+  off, so inference and the learner both dequantize to the compute dtype and then multiply.
+- Bad input (missing or mismatched folders, unknown characters, a corrupt adapter, an over-long request) is a
+  `MethodError` naming what to change, raised before any state changes, so the worker keeps serving what it had.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+from torch import nn
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+from transformers.cache_utils import DynamicCache
+from transformers.utils import logging as hf_logging
+
+from invar import __version__, canonical
+from invar.protocol import MethodError, Role, Server
+from workers.common import (
+    check_prompt_chars,
+    check_tokens,
+    parse_generate,
+    parse_load_model,
+    parse_score,
+    verify_dir,
+    versions,
+)
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+BASE_DIGEST_KEY = "invar_base_model_digest"
+"""safetensors metadata key naming the tree digest of the base model an adapter was trained on."""
+PEFT_PREFIX = "base_model.model."
+LOADED = "@loaded"
+"""Internal key of the adapter a call names with null: the one `load_model` loaded, or the one being trained."""
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_KEY = re.compile(r"base_model\.model\.(.+)\.lora_([AB])(?:\.default)?\.weight")
+
+
+# -- LoRA -----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Adapter:
+    """A LoRA adapter held in memory: per module name, A [r, in] and B [out, r], float32."""
+
+    weights: dict[str, tuple[Any, Any]]
+    r: int
+    alpha: float
+    target_modules: list[str]
+    digest: str | None
+    """Tree digest of the folder it was read from or last saved to; None for a fresh, unsaved adapter."""
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.r
+
+
+class LoraLinear(nn.Module):
+    """A linear layer (float or NF4) plus the active LoRA adapter's low-rank update, if any."""
+
+    def __init__(self, base: nn.Linear) -> None:
+        super().__init__()
+        self.base = base
+        self.in_features = base.in_features
+        self.out_features = base.out_features
+        self.adapters: dict[str, tuple[torch.Tensor, torch.Tensor, float]] = {}
+        self.active: str | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.base(x)
+        if self.active is None or self.active not in self.adapters:
+            return y
+        a, b, scaling = self.adapters[self.active]
+        # PEFT's order of operations: B(A(x)) then the scale, in the adapter's float32.
+        update = F.linear(F.linear(x.to(a.dtype), a), b) * scaling
+        return y + update.to(y.dtype)
+
+
+def _target_names(model: Any, targets: list[str]) -> list[str]:
+    """Module names a LoRA `target_modules` list selects (PEFT's rule: the name or its last components), in order."""
+    names = []
+    for name, module in model.named_modules():
+        base = module.base if isinstance(module, LoraLinear) else module
+        if name.endswith(".base") or "lm_head" in name or not isinstance(base, nn.Linear):
+            continue
+        if any(name == t or name.endswith("." + t) for t in targets):
+            names.append(name)
+    return names
+
+
+def _read_adapter(path: str, digest: str, model: Any, model_digest: str, where: str) -> Adapter:
+    """Read and check a PEFT LoRA folder against the loaded model; nothing in the model changes here."""
+    config_path = Path(path) / ADAPTER_CONFIG
+    weights_path = Path(path) / ADAPTER_WEIGHTS
+    if not config_path.is_file() or not weights_path.is_file():
+        raise MethodError(f"{where}: adapter folder {path!r} must hold {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS} "
+                          "(a PEFT LoRA adapter saved with safetensors)")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MethodError(f"{where}: {config_path} is not valid JSON ({exc}); the adapter is corrupt") from None
+    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
+        raise MethodError(f"{where}: {config_path} is not a LoRA adapter config (peft_type must be LORA)")
+    unsupported = [k for k in ("use_dora", "use_rslora", "modules_to_save", "rank_pattern", "alpha_pattern")
+                   if config.get(k)]
+    if config.get("bias", "none") != "none":
+        unsupported.append("bias")
+    if unsupported:
+        raise MethodError(f"{where}: adapter {path!r} uses {', '.join(unsupported)}, which this worker does not "
+                          "apply; save a plain LoRA adapter")
+    r, alpha, targets = config.get("r"), config.get("lora_alpha"), config.get("target_modules")
+    if isinstance(targets, str):
+        targets = [targets]
+    if not isinstance(r, int) or r < 1 or not isinstance(alpha, int | float) or not isinstance(targets, list):
+        raise MethodError(f"{where}: {config_path} needs r (int ≥ 1), lora_alpha and target_modules")
+    try:
+        with safe_open(str(weights_path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise MethodError(f"{where}: {weights_path} cannot be read ({exc}); the adapter is corrupt") from None
+    trained_on = metadata.get(BASE_DIGEST_KEY)
+    if trained_on is not None and trained_on != model_digest:
+        raise MethodError(f"{where}: adapter {path!r} was trained on base model {trained_on[:16]}…, but the loaded "
+                          f"model is {model_digest[:16]}…: load the adapter's own base model, or another adapter")
+    modules = dict(model.named_modules())
+    pairs: dict[str, dict[str, Any]] = {}
+    for key, tensor in tensors.items():
+        m = _KEY.fullmatch(key)
+        if m is None:
+            raise MethodError(f"{where}: adapter tensor {key!r} is not a LoRA A/B weight; the adapter is not plain "
+                              "LoRA or is corrupt")
+        pairs.setdefault(m.group(1), {})[m.group(2)] = tensor
+    weights: dict[str, tuple[Any, Any]] = {}
+    for name, ab in sorted(pairs.items()):
+        module = modules.get(name)
+        if isinstance(module, LoraLinear):
+            module = module.base
+        if module is None or not isinstance(module, nn.Linear):
+            raise MethodError(f"{where}: adapter {path!r} targets module {name!r}, which this model does not have: "
+                              "the adapter is for another base model")
+        if set(ab) != {"A", "B"}:
+            raise MethodError(f"{where}: adapter {path!r} has only lora_{''.join(ab)} for {name!r}; it is corrupt")
+        a, b = ab["A"], ab["B"]
+        if tuple(a.shape) != (r, module.in_features) or tuple(b.shape) != (module.out_features, r):
+            raise MethodError(
+                f"{where}: adapter {path!r} has shapes A {tuple(a.shape)}, B {tuple(b.shape)} for {name!r}, but this "
+                f"model needs A ({r}, {module.in_features}), B ({module.out_features}, {r}): the adapter is for "
+                "another base model")
+        if not (a.is_floating_point() and b.is_floating_point()):
+            raise MethodError(f"{where}: adapter {path!r} weights for {name!r} are not floating point; it is corrupt")
+        weights[name] = (a.to(torch.float32).contiguous(), b.to(torch.float32).contiguous())
+    if not weights:
+        raise MethodError(f"{where}: adapter {path!r} holds no LoRA weights")
+    return Adapter(weights, r, float(alpha), sorted(str(t) for t in targets), digest)
+
+
+def _adapter_state(adapter: Adapter) -> dict[str, Any]:
+    """PEFT's key names, in a fixed order."""
+    out: dict[str, Any] = {}
+    for name in sorted(adapter.weights):
+        a, b = adapter.weights[name]
+        out[f"{PEFT_PREFIX}{name}.lora_A.weight"] = a.detach().to("cpu").contiguous()
+        out[f"{PEFT_PREFIX}{name}.lora_B.weight"] = b.detach().to("cpu").contiguous()
+    return out
+
+
+def _write_adapter(adapter: Adapter, folder: Path, model_digest: str) -> dict[str, Any]:
+    """Write the adapter in PEFT's format; the bytes depend only on the weights and settings (no paths, no times)."""
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": adapter.r,
+        "lora_alpha": adapter.alpha,
+        "lora_dropout": 0.0,
+        "target_modules": adapter.target_modules,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "init_lora_weights": True,
+        "inference_mode": True,
+        "base_model_name_or_path": None,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    state = _adapter_state(adapter)
+    save_file(state, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt", BASE_DIGEST_KEY: model_digest})
+    return {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")} for k, v in state.items()}
+
+
+# -- the engine -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One sequence of a batch: a generate request, or a score item (`forced` tokens given)."""
+
+    prompt_ids: list[int]
+    temperature: float
+    top_p: float = 1.0
+    max_tokens: int = 0
+    generator: Any = None
+    forced: np.ndarray | None = None
+    vocab_steps: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RowResult:
+    tokens: list[int]
+    logprobs: list[Any]
+    vocab: list[Any]
+    finish_reason: str
+
+
+@dataclass
+class Trainer:
+    """The learner's adapter under training and its optimizer (kept across steps)."""
+
+    adapter: Adapter
+    params: list[Any]
+    optimizer: Any = None
+    steps: int = 0
+
+
+@dataclass
+class Loaded:
+    model: Any
+    model_dir: str
+    model_digest: str
+    dtype: str
+    quantization: str
+    vocab: dict[str, int]
+    char_level: bool
+    tokenizer: Any
+    eos_ids: frozenset[int]
+    pad_id: int
+    vocab_size: int
+    max_len: int
+    layers: dict[str, Any] = field(default_factory=dict)
+    """Module name → LoraLinear, for every module any adapter targets."""
+    adapters: dict[str, Adapter] = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, role: Role, device: str) -> None:
+        self.role = role
+        self.device = device
+        self.m: Loaded | None = None
+        self.trainer: Trainer | None = None
+
+    # -- loading ----------------------------------------------------------------------------------------------
+
+    def loaded(self, where: str) -> Loaded:
+        if self.m is None:
+            raise MethodError(f"{where}: no model is loaded; call load_model first")
+        return self.m
+
+    def load_model(self, params: dict[str, Any]) -> dict[str, Any]:
+        req = parse_load_model(params, ("float32", "bfloat16"), ("none", "nf4"))
+        digest = verify_dir(req.model_dir, req.model_digest, "model")
+        dtype = getattr(torch, req.dtype)
+        tokenizer_path = Path(req.model_dir) / "tokenizer.json"
+        if not tokenizer_path.is_file():
+            raise MethodError(f"load_model: {tokenizer_path} is missing; the model folder must hold its tokenizer")
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer_path))
+            kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": "sdpa"}
+            if req.quantization == "nf4":
+                kwargs["quantization_config"] = BitsAndBytesConfig(
+                    load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype)
+                kwargs["device_map"] = self.device
+            model = AutoModelForCausalLM.from_pretrained(req.model_dir, **kwargs)
+        except (OSError, ValueError, RuntimeError, KeyError) as exc:
+            raise MethodError(f"load_model: {req.model_dir!r} cannot be loaded as a causal LM "
+                              f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                              "pass a transformers model folder") from None
+        if req.quantization == "none":
+            model = model.to(self.device)
+        if req.quantization == "nf4":
+            import bitsandbytes
+
+            for module in model.modules():
+                # bitsandbytes repacks NF4 weights for a CPU kernel (eval mode, AVX512-BF16) that has no backward and
+                # computes in bfloat16: the learner would silently get no gradient. One NF4 path for both roles.
+                if isinstance(module, bitsandbytes.nn.Linear4bit):
+                    module.support_avx512bf16_for_cpu = False
+        model.eval()
+        model.requires_grad_(False)
+        cfg = model.config
+        eos = cfg.eos_token_id
+        eos_ids = frozenset(eos if isinstance(eos, list) else [eos])
+        specials = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+        vocab = {t: i for t, i in tokenizer.get_vocab(with_added_tokens=False).items() if t not in specials}
+        loaded = Loaded(
+            model=model, model_dir=req.model_dir, model_digest=digest, dtype=req.dtype,
+            quantization=req.quantization, vocab=vocab, char_level=all(len(t) == 1 for t in vocab),
+            tokenizer=tokenizer, eos_ids=eos_ids, pad_id=cfg.pad_token_id if cfg.pad_token_id is not None else
+            min(eos_ids), vocab_size=int(cfg.vocab_size), max_len=int(cfg.max_position_embeddings))
+        adapter = None
+        if req.adapter_path is not None:
+            a_digest = verify_dir(req.adapter_path, req.adapter_digest, "adapter")
+            adapter = _read_adapter(req.adapter_path, a_digest, model, digest, "load_model.adapter")
+        # Everything is checked: now replace what was loaded.
+        self.m, self.trainer = loaded, None
+        if adapter is not None:
+            self._install(LOADED, adapter)
+            if self.role == Role.LEARNER:
+                self._train(adapter)
+        return {"model_digest": digest, "adapter_digest": None if adapter is None else adapter.digest,
+                "vocab_size": loaded.vocab_size, "eos_token_id": min(eos_ids), "max_model_len": loaded.max_len}
+
+    def load_adapter(self, params: dict[str, Any]) -> dict[str, Any]:
+        m = self.loaded("load_adapter")
+        name, path, digest = params.get("name"), params.get("path"), params.get("digest")
+        if not isinstance(name, str) or _NAME.fullmatch(name) is None or name == "base":
+            raise MethodError("load_adapter.name: expected 1-64 characters of [A-Za-z0-9_.-], not 'base' "
+                              "(which names the model without an adapter)")
+        if not isinstance(path, str):
+            raise MethodError("load_adapter.path: expected the adapter folder as a string")
+        if digest is not None and not isinstance(digest, str):
+            raise MethodError("load_adapter.digest: expected a hex string or null")
+        actual = verify_dir(path, digest, "adapter")
+        adapter = _read_adapter(path, actual, m.model, m.model_digest, "load_adapter")
+        self._install(name, adapter)
+        return {"name": name, "adapter_digest": actual}
+
+    def _install(self, name: str, adapter: Adapter) -> None:
+        m = self.loaded("load_adapter")
+        modules = dict(m.model.named_modules())
+        for module_name in adapter.weights:
+            if module_name not in m.layers:
+                parent_name, _, child = module_name.rpartition(".")
+                layer = LoraLinear(modules[module_name])
+                setattr(modules[parent_name] if parent_name else m.model, child, layer)
+                m.layers[module_name] = layer
+        for module_name, layer in m.layers.items():
+            layer.adapters.pop(name, None)
+            if module_name in adapter.weights:
+                a, b = adapter.weights[module_name]
+                layer.adapters[name] = (a.to(self.device), b.to(self.device), adapter.scaling)
+        adapter.weights = {k: (layer.adapters[name][0], layer.adapters[name][1])
+                           for k, layer in m.layers.items() if name in layer.adapters}
+        m.adapters[name] = adapter
+
+    def _key(self, name: Any, where: str) -> str | None:
+        """The internal adapter key a call's adapter name selects; None is the base model."""
+        m = self.loaded(where)
+        if name is None:
+            return LOADED if LOADED in m.adapters else None
+        if name == "base":
+            return None
+        if not isinstance(name, str) or name not in m.adapters or name == LOADED:
+            known = sorted(k for k in m.adapters if k != LOADED)
+            raise MethodError(f"{where}: adapter {name!r} is not loaded; load it with load_adapter first "
+                              f"(loaded: {known or 'none'}; null is the model as loaded, 'base' the base model)")
+        return name
+
+    @contextlib.contextmanager
+    def active(self, key: str | None) -> Iterator[None]:
+        m = self.loaded("call")
+        for layer in m.layers.values():
+            layer.active = key
+        try:
+            yield
+        finally:
+            for layer in m.layers.values():
+                layer.active = None
+
+    # -- tokens -----------------------------------------------------------------------------------------------
+
+    def encode(self, prompt: str, where: str) -> list[int]:
+        m = self.loaded(where)
+        if m.char_level:
+            check_prompt_chars(prompt, m.vocab, where)
+        return list(m.tokenizer.encode(prompt).ids)
+
+    def check_length(self, prompt_len: int, new_tokens: int, where: str) -> None:
+        m = self.loaded(where)
+        if prompt_len + new_tokens > m.max_len:
+            raise MethodError(f"{where}: {prompt_len} prompt tokens + {new_tokens} response tokens exceed the "
+                              f"model's maximum length {m.max_len}; shorten the prompt or lower max_tokens")
+
+    # -- the shared decoding loop -----------------------------------------------------------------------------
+
+    def run_batch(self, rows: list[Row]) -> list[RowResult]:
+        """Prefill the left-padded prompts, then one token per step through a KV cache, for every row together.
+
+        A row's token at step t is drawn from its own generator (generate) or given (score, `forced`); either way
+        the step's log-probabilities are log_softmax(logits / T) in float32, with T = 1 for greedy rows.
+        """
+        m = self.loaded("run")
+        n = len(rows)
+        width = max(len(r.prompt_ids) for r in rows)
+        ids = torch.full((n, width), m.pad_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            mask[i, width - len(r.prompt_ids):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
+        steps = max(len(r.forced) if r.forced is not None else r.max_tokens for r in rows)
+        results = [RowResult([], [], [], "length") for _ in rows]
+        done = [False] * n
+        cache = DynamicCache(config=m.model.config)
+        with torch.no_grad():
+            out = m.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                          use_cache=True, logits_to_keep=1)
+            for step in range(steps):
+                logits = out.logits[:, -1, :].float()
+                nxt = []
+                for i, r in enumerate(rows):
+                    if done[i]:
+                        nxt.append(m.pad_id)
+                        continue
+                    lp = torch.log_softmax(logits[i] / (r.temperature if r.temperature > 0 else 1.0), dim=-1)
+                    if r.forced is not None:
+                        token = int(r.forced[step])
+                    elif r.temperature == 0:
+                        token = int(torch.argmax(logits[i]))
+                    else:
+                        token = _draw(lp, r.top_p, r.generator)
+                    res = results[i]
+                    res.tokens.append(token)
+                    res.logprobs.append(lp[token])
+                    if step in r.vocab_steps:
+                        res.vocab.append(lp)
+                    if r.forced is not None:
+                        done[i] = step + 1 == len(r.forced)
+                    elif token in m.eos_ids:
+                        done[i], res.finish_reason = True, "stop"
+                    else:
+                        done[i] = step + 1 == r.max_tokens
+                    nxt.append(token)
+                if all(done):
+                    break
+                mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long, device=self.device)], dim=1)
+                positions = positions[:, -1:] + 1
+                out = m.model(input_ids=torch.tensor(nxt, device=self.device)[:, None], attention_mask=mask,
+                              position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return results
+
+    # -- methods ----------------------------------------------------------------------------------------------
+
+    def generate(self, params: dict[str, Any]) -> dict[str, Any]:
+        m = self.loaded("generate")
+        requests, layout = parse_generate(params)
+        key = self._key(params.get("adapter"), "generate.adapter")
+        ref = params.get("reference_adapter")
+        ref_key = self._key(ref, "generate.reference_adapter") if ref is not None else None
+        prompt_ids = []
+        for i, req in enumerate(requests):
+            where = f"generate.requests[{i}]"
+            prompt_ids.append(self.encode(req.prompt, f"{where}.prompt"))
+            self.check_length(len(prompt_ids[-1]), req.max_tokens, where)
+        outputs: list[dict[str, Any]] = [{} for _ in requests]
+        for batch in layout:
+            rows = [Row(prompt_ids[i], requests[i].temperature, requests[i].top_p, requests[i].max_tokens,
+                        torch.Generator(device=self.device).manual_seed(requests[i].seed)) for i in batch]
+            with self.active(key):
+                results = self.run_batch(rows)
+            if ref is not None:
+                forced = [Row(prompt_ids[i], requests[i].temperature or 1.0,
+                              forced=np.asarray(res.tokens, dtype=np.int64)) for i, res in zip(batch, results,
+                                                                                              strict=True)]
+                with self.active(ref_key):
+                    ref_results = self.run_batch(forced)
+            for j, i in enumerate(batch):
+                res = results[j]
+                outputs[i] = {
+                    "request_id": requests[i].request_id,
+                    "prompt_tokens": np.asarray(prompt_ids[i], dtype=np.int32),
+                    "tokens": np.asarray(res.tokens, dtype=np.int32),
+                    "logprobs": _f32(res.logprobs),
+                    "finish_reason": res.finish_reason,
+                }
+                if ref is not None:
+                    outputs[i]["reference_logprobs"] = _f32(ref_results[j].logprobs)
+        return {"outputs": outputs, "model_digest": m.model_digest, "adapter_digest": self._digest(key)}
+
+    def score(self, params: dict[str, Any]) -> dict[str, Any]:
+        m = self.loaded("score")
+        items = parse_score(params)
+        key = self._key(params.get("adapter"), "score.adapter")
+        rows = []
+        for i, it in enumerate(items):
+            where = f"score.items[{i}]"
+            check_tokens(it.response_tokens, m.vocab_size, f"{where}.response_tokens")
+            prompt_ids = self.encode(it.prompt, f"{where}.prompt")
+            self.check_length(len(prompt_ids), int(it.response_tokens.size), where)
+            rows.append(Row(prompt_ids, it.temperature, forced=it.response_tokens, vocab_steps=it.vocab_steps))
+        with self.active(key):
+            results = self.run_batch(rows)
+        outputs = []
+        for it, res in zip(items, results, strict=True):
+            vocab = (torch.stack(res.vocab).cpu().numpy().astype(np.float32) if res.vocab
+                     else np.zeros((0, m.vocab_size), dtype=np.float32))
+            outputs.append({"item_id": it.item_id, "logprobs": _f32(res.logprobs), "vocab_logprobs": vocab})
+        return {"outputs": outputs, "model_digest": m.model_digest, "adapter_digest": self._digest(key)}
+
+    def _digest(self, key: str | None) -> str | None:
+        m = self.loaded("call")
+        return None if key is None else m.adapters[key].digest
+
+    # -- the learner ------------------------------------------------------------------------------------------
+
+    def _train(self, adapter: Adapter) -> None:
+        """Make `adapter` the one under training: its A and B become parameters; a new optimizer state."""
+        m = self.loaded("learner_step")
+        params = []
+        for name in sorted(adapter.weights):
+            a, b = (nn.Parameter(t.detach().clone()) for t in adapter.weights[name])
+            m.layers[name].adapters[LOADED] = (a, b, adapter.scaling)
+            adapter.weights[name] = (a, b)
+            params += [a, b]
+        m.adapters[LOADED] = adapter
+        self.trainer = Trainer(adapter, params)
+
+    def _fresh(self, lora: LoraSettings, seed: int) -> None:
+        """A new adapter with PEFT's default init: A kaiming-uniform from a generator seeded by `seed`, B zero."""
+        m = self.loaded("learner_step")
+        names = _target_names(m.model, lora.target_modules)
+        if not names:
+            raise MethodError(f"learner_step.lora.target_modules: {lora.target_modules} match no linear layer of "
+                              "the model; name projections such as q_proj, v_proj")
+        g = torch.Generator().manual_seed(seed)
+        modules = dict(m.model.named_modules())
+        weights = {}
+        for name in names:
+            module = modules[name]
+            a = torch.empty((lora.r, module.in_features), dtype=torch.float32)
+            torch.nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=g)
+            weights[name] = (a, torch.zeros((module.out_features, lora.r), dtype=torch.float32))
+        adapter = Adapter(weights, lora.r, lora.alpha, sorted(lora.target_modules), None)
+        self._install(LOADED, adapter)
+        self._train(adapter)
+
+    def learner_step(self, params: dict[str, Any]) -> dict[str, Any]:
+        m = self.loaded("learner_step")
+        step = parse_learner_step(params)
+        rows: list[tuple[list[int], Any]] = []
+        for i, s in enumerate(step.samples):
+            where = f"learner_step.samples[{i}]"
+            check_tokens(s.tokens, m.vocab_size, f"{where}.tokens")
+            prompt_ids = self.encode(s.prompt, f"{where}.prompt")
+            self.check_length(len(prompt_ids), int(s.tokens.size), where)
+            rows.append((prompt_ids, s.tokens))
+        if step.objective.kl_coef != 0 and any(s.reference is None for s in step.samples):
+            raise MethodError("learner_step: objective.kl_coef is not 0, so every sample needs reference_logprobs")
+        save_dir = Path(step.save_dir)
+        if save_dir.exists() and (not save_dir.is_dir() or any(save_dir.iterdir())):
+            raise MethodError(f"learner_step.save_dir: {step.save_dir!r} exists and is not an empty folder; "
+                              "name a new folder for the updated adapter")
+        if self.trainer is None:
+            if step.lora is None:
+                raise MethodError("learner_step.lora: no adapter is loaded, so send lora settings for a fresh one")
+            self._fresh(step.lora, step.seed)
+        trainer = self.trainer
+        assert trainer is not None
+        if step.lora is not None and (step.lora.r, step.lora.alpha, sorted(step.lora.target_modules)) != (
+                trainer.adapter.r, trainer.adapter.alpha, trainer.adapter.target_modules):
+            raise MethodError(
+                f"learner_step.lora: the adapter under training has r={trainer.adapter.r}, "
+                f"alpha={trainer.adapter.alpha:g}, target_modules={trainer.adapter.target_modules}; lora settings "
+                "only shape a fresh adapter: send the same ones or none")
+        start_digest = trainer.adapter.digest
+
+        with self.active(LOADED):
+            current = self._teacher_forced(rows, step.temperature)
+        terms = _objective(current, step)
+        opt = step.optimizer
+        if trainer.optimizer is None:
+            trainer.optimizer = torch.optim.AdamW(trainer.params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
+                                                  weight_decay=opt.weight_decay)
+        for group in trainer.optimizer.param_groups:
+            group.update(lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
+        trainer.optimizer.zero_grad(set_to_none=True)
+        terms.pop("graph").backward()
+        if any(p.grad is None for p in trainer.params):
+            raise RuntimeError("learner_step: no gradient reached the adapter's weights; the engine's forward is not "
+                               "differentiable on this configuration")
+        if opt.max_grad_norm is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainer.params, opt.max_grad_norm)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in trainer.params])
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.steps += 1
+
+        tensors = _write_adapter(trainer.adapter, save_dir, m.model_digest)
+        trainer.adapter.digest = canonical.tree_digest(str(save_dir))
+        return {
+            "proximal_logprobs": [c.detach().cpu().numpy().astype(np.float32) for c in current],
+            **terms,
+            "grad_norm": float(grad_norm),
+            "adapter_dir": str(save_dir),
+            "adapter_digest": trainer.adapter.digest,
+            "adapter_tensors": tensors,
+            "start_adapter_digest": start_digest,
+            "optimizer_steps": trainer.steps,
+            "model_digest": m.model_digest,
+        }
+
+    def _teacher_forced(self, rows: list[tuple[list[int], Any]], temperature: float) -> list[Any]:
+        """One forward over [prompt, response] (right padded) with autograd: log p(token_t) at T, float32 [T_i]."""
+        m = self.loaded("learner_step")
+        seqs = [p + [int(t) for t in toks] for p, toks in rows]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), m.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+            mask[i, : len(s)] = 1
+        positions = torch.arange(width)[None, :].expand(len(seqs), width)
+        logits = m.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                         position_ids=positions.to(self.device)).logits.float()
+        out = []
+        for i, (prompt, toks) in enumerate(rows):
+            # Position t predicts token t + 1: the response's logits start at the prompt's last position.
+            lp = torch.log_softmax(logits[i, len(prompt) - 1 : len(prompt) - 1 + len(toks)] / temperature, dim=-1)
+            target = torch.as_tensor(np.asarray(toks, dtype=np.int64), device=self.device)
+            out.append(lp.gather(-1, target[:, None])[:, 0])
+        return out
+
+
+def _draw(lp: Any, top_p: float, generator: Any) -> int:
+    """One token from exp(lp), truncated to the smallest set of most likely tokens whose mass reaches top_p."""
+    probs = lp.exp()
+    if top_p < 1.0:
+        ordered, order = torch.sort(probs, descending=True, stable=True)
+        keep = (torch.cumsum(ordered, 0) - ordered) < top_p
+        probs = torch.zeros_like(probs).index_put_((order[keep],), ordered[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _f32(values: list[Any]) -> np.ndarray:
+    if not values:
+        return np.zeros(0, dtype=np.float32)
+    return torch.stack(values).cpu().numpy().astype(np.float32)
+
+
+# -- learner_step params ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    prompt: str
+    tokens: np.ndarray
+    behavior: np.ndarray
+    advantage: float
+    reference: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class ObjectiveParams:
+    clip_low: float
+    clip_high: float
+    kl_coef: float
+
+
+@dataclass(frozen=True)
+class OptimizerParams:
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    max_grad_norm: float | None
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    r: int
+    alpha: float
+    target_modules: list[str]
+
+
+@dataclass(frozen=True)
+class LearnerStep:
+    samples: list[Sample]
+    temperature: float
+    objective: ObjectiveParams
+    optimizer: OptimizerParams
+    lora: LoraSettings | None
+    seed: int
+    save_dir: str
+
+
+def _num(m: dict[str, Any], name: str, where: str, *, default: float | None = None) -> float:
+    value = m.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise MethodError(f"{where}.{name}: expected a finite number")
+    return float(value)
+
+
+def _map(m: dict[str, Any], name: str, where: str) -> dict[str, Any]:
+    value = m.get(name)
+    if not isinstance(value, dict):
+        raise MethodError(f"{where}.{name}: expected a map")
+    return value
+
+
+def _logprob_array(value: Any, length: int, where: str) -> np.ndarray:
+    if not isinstance(value, np.ndarray) or value.dtype != np.float32 or value.shape != (length,):
+        raise MethodError(f"{where}: expected a float32 array of {length} log-probabilities (one per token)")
+    if not np.all(np.isfinite(value)) or np.any(value > 0):
+        raise MethodError(f"{where}: log-probabilities must be finite and ≤ 0")
+    return value
+
+
+def parse_learner_step(params: dict[str, Any]) -> LearnerStep:
+    """Validate `learner_step` params (docs/objective.md); every message names the field and what to change."""
+    where = "learner_step"
+    raw = params.get("samples")
+    if not isinstance(raw, list) or not raw:
+        raise MethodError(f"{where}.samples: expected a non-empty list of samples")
+    samples = []
+    for i, s in enumerate(raw):
+        w = f"{where}.samples[{i}]"
+        if not isinstance(s, dict) or not isinstance(s.get("prompt"), str):
+            raise MethodError(f"{w}: expected a map with prompt (str), tokens, behavior_logprobs, advantage")
+        tokens = s.get("tokens")
+        if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype.kind not in "iu" or not tokens.size:
+            raise MethodError(f"{w}.tokens: expected a non-empty 1-D integer array")
+        ref = s.get("reference_logprobs")
+        samples.append(Sample(
+            prompt=s["prompt"], tokens=tokens.astype(np.int64),
+            behavior=_logprob_array(s.get("behavior_logprobs"), tokens.size, f"{w}.behavior_logprobs"),
+            advantage=_num(s, "advantage", w),
+            reference=None if ref is None else _logprob_array(ref, tokens.size, f"{w}.reference_logprobs")))
+    temperature = _num(params, "temperature", where)
+    if temperature <= 0:
+        raise MethodError(f"{where}.temperature: must be > 0 (the rollout temperature the behavior was drawn at)")
+    o = _map(params, "objective", where)
+    objective = ObjectiveParams(_num(o, "clip_low", f"{where}.objective"), _num(o, "clip_high", f"{where}.objective"),
+                                _num(o, "kl_coef", f"{where}.objective", default=0.0))
+    if not 0 <= objective.clip_low < 1 or objective.clip_high < 0 or objective.kl_coef < 0:
+        raise MethodError(f"{where}.objective: need 0 ≤ clip_low < 1, clip_high ≥ 0, kl_coef ≥ 0")
+    p = _map(params, "optimizer", where)
+    betas = p.get("betas", [0.9, 0.999])
+    if (not isinstance(betas, list) or len(betas) != 2
+            or not all(isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
+        raise MethodError(f"{where}.optimizer.betas: expected two numbers in [0, 1)")
+    mgn = p.get("max_grad_norm")
+    optimizer = OptimizerParams(
+        lr=_num(p, "lr", f"{where}.optimizer"), betas=(float(betas[0]), float(betas[1])),
+        eps=_num(p, "eps", f"{where}.optimizer", default=1e-8),
+        weight_decay=_num(p, "weight_decay", f"{where}.optimizer", default=0.0),
+        max_grad_norm=None if mgn is None else _num(p, "max_grad_norm", f"{where}.optimizer"))
+    if optimizer.lr <= 0 or optimizer.eps <= 0 or optimizer.weight_decay < 0 or (
+            optimizer.max_grad_norm is not None and optimizer.max_grad_norm <= 0):
+        raise MethodError(f"{where}.optimizer: need lr > 0, eps > 0, weight_decay ≥ 0, max_grad_norm > 0 or null")
+    lora = None
+    if params.get("lora") is not None:
+        lo = _map(params, "lora", where)
+        r, targets = lo.get("r"), lo.get("target_modules")
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise MethodError(f"{where}.lora.r: expected an integer ≥ 1")
+        if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+            raise MethodError(f"{where}.lora.target_modules: expected a non-empty list of module names")
+        if _num(lo, "dropout", f"{where}.lora", default=0.0) != 0:
+            raise MethodError(f"{where}.lora.dropout: must be 0; dropout would make the first step's ratio "
+                              "differ from 1 (current ≠ proximal)")
+        lora = LoraSettings(r, _num(lo, "alpha", f"{where}.lora"), [str(t) for t in targets])
+    seed = params.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise MethodError(f"{where}.seed: expected an integer in [0, 2**63)")
+    save_dir = params.get("save_dir")
+    if not isinstance(save_dir, str) or not save_dir:
+        raise MethodError(f"{where}.save_dir: expected the folder to write the updated adapter to")
+    return LearnerStep(samples, temperature, objective, optimizer, lora, seed, save_dir)
+
+
+def _objective(current: list[Any], step: LearnerStep) -> dict[str, Any]:
+    """invar.loop.objective's loss, per token in float32, at current = proximal (the update's first step).
+
+    current: one float32 tensor [T_i] per sample, with autograd. Returns the reported terms (float64 sums of the
+    float32 per-token values, divided by N, as the core computes them) and, under "graph", the float32 loss the
+    gradient is taken of.
+    """
+    o = step.objective
+    lo = float(np.float32(1.0 - o.clip_low))
+    hi = float(np.float32(1.0 + o.clip_high))
+    policy_terms, kl_terms, weights = [], [], []
+    for c, s in zip(current, step.samples, strict=True):
+        proximal = c.detach()
+        behavior = torch.as_tensor(s.behavior, device=c.device)
+        a = torch.tensor(float(np.float32(s.advantage)), dtype=torch.float32, device=c.device)
+        w = torch.exp(proximal - behavior)  # the importance weight: FP32, exactly 1 where the two are equal
+        r = torch.exp(c - proximal)  # the policy ratio: its value is exactly 1 here, its gradient is not 0
+        surrogate = torch.minimum(r * a, torch.clamp(r, lo, hi) * a)
+        policy_terms.append(-(w * surrogate))
+        weights.append(w)
+        if s.reference is not None and o.kl_coef != 0:
+            d = torch.as_tensor(s.reference, device=c.device) - c
+            kl_terms.append(torch.exp(d) - d - 1.0)
+    n = sum(int(t.numel()) for t in policy_terms)
+    policy_all = torch.cat(policy_terms)
+    graph = policy_all.sum() / n
+    kl = 0.0
+    if kl_terms:
+        kl_all = torch.cat(kl_terms)
+        graph = graph + o.kl_coef * (kl_all.sum() / n)
+        kl = float(np.sum(kl_all.detach().cpu().numpy(), dtype=np.float64)) / n
+    policy = float(np.sum(policy_all.detach().cpu().numpy(), dtype=np.float64)) / n
+    w_mean = float(np.sum(torch.cat(weights).cpu().numpy(), dtype=np.float64)) / n
+    return {"loss": policy + o.kl_coef * kl, "policy": policy, "kl": kl, "importance_weight_mean": w_mean,
+            "tokens": n, "graph": graph}
+
+
+# -- process --------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="workers.hf_worker")
+    parser.add_argument("--role", choices=[r.value for r in Role], default=Role.INFERENCE.value)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (fixed: numerics follow it)")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, or cuda where one is present")
+    args = parser.parse_args(argv)
+    # Deterministic cuBLAS needs its workspace fixed before the first CUDA matrix product.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    engine = Engine(Role(args.role), args.device)
+    methods = {"load_model": engine.load_model, "load_adapter": engine.load_adapter, "score": engine.score}
+    if engine.role == Role.INFERENCE:
+        methods["generate"] = engine.generate
+    else:
+        methods["learner_step"] = engine.learner_step
+    server = Server(
+        engine="hf",
+        engine_version={"invar": __version__, **versions("torch", "transformers", "bitsandbytes", "safetensors",
+                                                        "tokenizers")},
+        role=Role(args.role),
+        settings={"device": args.device, "threads": args.threads, "interop_threads": 1,
+                  "deterministic_algorithms": True, "attn_implementation": "sdpa"},
+        methods=methods,
+    )
+    return server.serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
