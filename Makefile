@@ -4,6 +4,10 @@
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+# This machine's pip configuration names local indexes that may be absent; their warnings are noise.
+QUIET_PIP := grep -v 'is ignored: it is neither a file nor a directory' || true
 
 .PHONY: install walkthrough test lint typecheck pytest quick bench
 
@@ -13,7 +17,7 @@ install: $(STAMP)
 # do not load beside the CPU torch (importing a transformers model then fails): they are removed straight away.
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[engines,dev]'
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[engines,dev]' 2>&1 | { $(QUIET_PIP); }
 	$(VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(VENV)/bin/python -c "import invar, torch, transformers, vllm, mlx.core, mlx_lm, peft, bitsandbytes"
 	touch $(STAMP)
