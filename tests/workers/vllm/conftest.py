@@ -8,6 +8,7 @@ dimensions and one whose weights file is cut short.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,9 +52,17 @@ def problems() -> list[Problem]:
 
 @pytest.fixture(scope="session")
 def worker(load_params: dict[str, Any]) -> Iterator[WorkerClient]:
+    """The session's vLLM worker, model loaded and warmed up by one greedy request (its start-up is printed)."""
+    started = time.perf_counter()
     client = start_worker("vllm")
     try:
+        handshake = time.perf_counter()
         client.call("load_model", load_params)
+        loaded = time.perf_counter()
+        client.call("generate", {"requests": [{"request_id": "warm-up", "prompt": "1+1=", "seed": 0,
+                                               "temperature": 0.0, "top_p": 1.0, "max_tokens": 2}]})
+        print(f"measured: worker start {handshake - started:.1f} s, first load_model {loaded - handshake:.1f} s, "
+              f"first generate {time.perf_counter() - loaded:.1f} s")
         yield client
     finally:
         client.close()

@@ -1,7 +1,8 @@
 """The vLLM inference worker on the shipped model, with the real engine on the CPU: its identity, seeded
 reproducibility, teacher-forced scores against the engine's own sampled log-probabilities, a request alone against
-the same request inside a batch of 32, LoRA adapters replaced without a restart, and one clear error per bad input
-after which the worker keeps serving.
+the same request inside a batch of 32, LoRA adapters replaced without a restart, the adapter one step of the HF or
+the MLX learner saves scoring in vLLM as in that learner, and one clear error per bad input after which the worker
+keeps serving.
 
 Measured numbers are printed with the prefix `measured:` (run pytest with -rP to see them) and are in docs/vllm.md.
 """
@@ -19,6 +20,8 @@ import pytest
 from invar import canonical
 from invar.engines import start_worker
 from invar.errors import ProtocolError, WorkerError
+from invar.loop.checkpoint import check_adapter
+from invar.loop.objective import group_advantages
 from invar.protocol import Role, WorkerClient
 from invar.tasks.arithmetic import MAX_ANSWER_CHARS, Problem, score
 from invar.tasks.vocabulary import Vocabulary
@@ -29,6 +32,11 @@ BUDGET = MAX_ANSWER_CHARS + 1
 SCORE_TOLERANCE = 1e-5
 """Teacher forcing recomputes the logits in one prefill where sampling computed them one decode step at a time;
 the two differ by float32 rounding, a few ulps of values below 16 nats (ulp 1.9e-6 there)."""
+
+
+LEARNER_ADAPTER_TOLERANCE = 1e-4
+"""vLLM vs the learner's engine (HF or MLX) under the learner's adapter: two implementations of the same float32
+forward with different kernels and summation orders, on log-probabilities below about 20 nats."""
 
 
 def requests(prompts: list[str], temperature: float = 1.0, seed0: int = 1000,
@@ -243,6 +251,56 @@ def test_reference_adapter_scores_the_sampled_tokens(worker: WorkerClient, probl
     diff = max_diff([o["logprobs"] for o in self_ref], [o["reference_logprobs"] for o in self_ref])
     print(f"measured: behavior vs reference log-probs under the same adapter, max |diff| {diff:.3g}")
     assert diff <= SCORE_TOLERANCE
+
+
+@pytest.mark.parametrize("learner_engine", ["hf", "mlx"])
+def test_an_adapter_trained_by_a_learner_scores_as_the_learner_does(
+        worker: WorkerClient, problems: list[Problem], vocab: Vocabulary, load_params: dict[str, Any],
+        model_dir: Path, learner_engine: str, tmp_path: Path) -> None:
+    """vLLM samples a cycle's rollout, the learner (HF or MLX) takes one step on it and saves its adapter, vLLM
+    loads that folder by its digest, and both engines then score the rollout's tokens under the new adapter."""
+    hard = [p for p in problems if p.kind == "mul"][:8]  # about 1 in 5 right: groups hold both outcomes
+    group = 4
+    reqs = [{"request_id": f"{p.id}/{g}", "prompt": p.prompt, "seed": 9000 + group * i + g, "temperature": 1.0,
+             "top_p": 1.0, "max_tokens": BUDGET} for i, p in enumerate(hard) for g in range(group)]
+    out = generate(worker, reqs)
+    rewards = np.array([1 - score(r["prompt"], vocab.decode(o["tokens"])) for r, o in zip(reqs, out, strict=True)])
+    advantages = group_advantages(rewards, group)
+    assert np.count_nonzero(advantages) >= group, "the rollout needs groups with both right and wrong answers"
+    samples = [{"prompt": r["prompt"], "tokens": o["tokens"], "behavior_logprobs": o["logprobs"],
+                "advantage": float(a)} for r, o, a in zip(reqs, out, advantages, strict=True)]
+    learner = start_worker(learner_engine, Role.LEARNER)
+    try:
+        learner.call("load_model", load_params)
+        step = learner.call("learner_step", {
+            "samples": samples, "temperature": 1.0, "seed": 11, "save_dir": str(tmp_path / "adapter"),
+            "objective": {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0},
+            "optimizer": {"lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "max_grad_norm": 1.0},
+            "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}})
+        # The learner's own reading under the adapter it just saved (null: the adapter under training).
+        learned = {t: learner.call("score", {"items": items(reqs, out, t), "adapter": None})["outputs"]
+                   for t in (1.0, 0.7)}
+    finally:
+        learner.close()
+    check_adapter(step["adapter_dir"], model_dir, reported_digest=step["adapter_digest"],
+                  reported_tensors=step["adapter_tensors"], base_model_digest=load_params["model_digest"])
+    name = f"learned-{learner_engine}"
+    loaded = worker.call("load_adapter", {"name": name, "path": step["adapter_dir"], "digest": step["adapter_digest"]})
+    assert loaded["adapter_digest"] == step["adapter_digest"]
+    for t, theirs in learned.items():
+        ours = worker.call("score", {"items": items(reqs, out, t), "adapter": name})
+        assert ours["adapter_digest"] == step["adapter_digest"]
+        base = worker.call("score", {"items": items(reqs, out, t), "adapter": "base"})["outputs"]
+        vllm_lp, learner_lp = [o["logprobs"] for o in ours["outputs"]], [o["logprobs"] for o in theirs]
+        moved = max_diff([o["logprobs"] for o in base], learner_lp)
+        diff = max_diff(vllm_lp, learner_lp)
+        exact = sum(int(np.sum(a.view(np.int32) == b.view(np.int32))) for a, b in zip(vllm_lp, learner_lp,
+                                                                                     strict=True))
+        print(f"measured: {learner_engine} learner's adapter in vLLM vs in the learner, T={t}: "
+              f"{exact}/{sum(a.size for a in vllm_lp)} bit-identical, max |diff| {diff:.3g} "
+              f"(the adapter moved the learner's log-probs by up to {moved:.3g})")
+        assert moved > 100 * LEARNER_ADAPTER_TOLERANCE, "the step must change the model for the check to mean much"
+        assert diff <= LEARNER_ADAPTER_TOLERANCE, f"T={t}: max |diff| {diff:.3g}"
 
 
 # -- bad input ------------------------------------------------------------------------------------------------------

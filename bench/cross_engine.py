@@ -1,0 +1,331 @@
+"""How far apart the three engines' log-probabilities are on the shipped model: one command, one table.
+
+    .venv/bin/python bench/cross_engine.py [--count 200] [--out docs/cross_engine.json]
+
+For a seeded sample of the evaluation population, at each temperature (1.0 and 0.7), every engine (Hugging Face,
+vLLM, MLX; float32, inference role) samples one response per prompt with the same per-problem seed, and then ALL
+THREE engines score every engine's sampled tokens, teacher forced, at that temperature. Reported, over every scored
+token:
+
+- **pairs** (HF vs vLLM, HF vs MLX, vLLM vs MLX): the two engines' teacher-forced log-probabilities of the same
+  tokens: the fraction bit-identical, max |diff| and p99 |diff| (nats);
+- **self**: each engine's `generate` log-probabilities against its own `score` of the same tokens;
+- **behavior vs another engine's reading**: engine A's `generate` log-probabilities against engine B's `score` of
+  A's tokens, the learner–engine gap when A generates and B learns.
+
+Decisions this script embodies:
+
+- **Same seeds, not coupled sampling.** Request seeds are `invar evaluate`'s (`request_seed(seed, problem id)`), so
+  a problem gets the same seed on every engine, but each engine draws with its own generator: responses differ. The
+  comparison of numbers is therefore made on the same tokens, by teacher forcing each engine's responses through all
+  three, never by comparing two engines' samples.
+- **Batches are the same everywhere**: the sample is cut into batches of `--batch-size` in population order; each
+  batch is one `generate` call (one batch) and one `score` call per scoring engine, so the Hugging Face worker, which
+  reproduces its bits only for the same batch composition, scores its own samples in the batch that drew them.
+- **Bit-identical** means the float32 bit patterns are equal; |diff| is computed in float64 from the float32 values
+  (exact). p99 is the 99th percentile taken as an observed value (`method="higher"`).
+- Every call and report is kept in a run store under `runs/` (the three workers share one store), so each number
+  in the table can be recomputed from the records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+for path in (REPO / "src", REPO):  # run from a checkout without installing the package
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import numpy as np  # noqa: E402
+
+from invar import canonical  # noqa: E402
+from invar.cli.evaluate import population_digest, request_seed, sample_indices  # noqa: E402
+from invar.engines import DEFAULT_MODEL, start_worker  # noqa: E402
+from invar.errors import EvidenceError, InvarError  # noqa: E402
+from invar.protocol import Role, WorkerClient  # noqa: E402
+from invar.records import RunStore  # noqa: E402
+from invar.tasks import MAX_ANSWER_CHARS, Problem, Vocabulary, load_population, score  # noqa: E402
+
+ENGINES = ("hf", "vllm", "mlx")
+TEMPERATURES = (1.0, 0.7)
+POPULATION = REPO / "data" / "arith-eval.jsonl"
+BUDGET = MAX_ANSWER_CHARS + 1
+"""Response tokens per request: the longest answer plus EOS."""
+
+
+# -- the numbers (pure) ---------------------------------------------------------------------------------------------
+
+
+def agreement(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
+    """How two readings of the same tokens agree.
+
+    a, b: float32 [N] log-probabilities (nats) of the same N tokens. Returns `tokens` N, `bit_identical` (count of
+    equal float32 bit patterns), `fraction_bit_identical`, `bit_identical_nonzero` (those equal bit patterns that are
+    not a log-probability of exactly 0, which every engine rounds a near-certain token to), `max_abs_diff`,
+    `p99_abs_diff` (an observed value) and `mean_abs_diff`, the differences in nats computed in float64.
+    """
+    if a.shape != b.shape or a.ndim != 1 or a.dtype != np.float32 or b.dtype != np.float32:
+        raise ValueError(f"need two float32 vectors of one length, got {a.dtype}{a.shape} and {b.dtype}{b.shape}")
+    if a.size == 0:
+        raise ValueError("no tokens to compare")
+    equal = a.view(np.int32) == b.view(np.int32)
+    same = int(np.count_nonzero(equal))
+    diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    return {"tokens": int(a.size), "bit_identical": same, "fraction_bit_identical": same / a.size,
+            "bit_identical_nonzero": int(np.count_nonzero(equal & (a != 0))),
+            "max_abs_diff": float(diff.max()), "p99_abs_diff": float(np.quantile(diff, 0.99, method="higher")),
+            "mean_abs_diff": float(diff.mean())}
+
+
+def abs_diffs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a − b| in float64 nats, for float32 [N] readings of the same N tokens."""
+    return np.abs(a.astype(np.float64) - b.astype(np.float64))
+
+
+# -- running the engines --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Readings:
+    """One temperature's raw numbers, each a float32 [N] vector over the sample's tokens in sample order."""
+
+    tokens: dict[str, list[np.ndarray]]
+    """Source engine → its sampled responses (int32 [T_i] each)."""
+    behavior: dict[str, np.ndarray]
+    """Source engine → the log-probabilities it reported when sampling."""
+    scored: dict[tuple[str, str], np.ndarray]
+    """(scoring engine, source engine) → the scorer's teacher-forced log-probabilities of the source's tokens."""
+    losses: dict[str, list[int]]
+    """Source engine → the core's task loss of each response."""
+
+
+def _check_outputs(outputs: Any, ids: list[str], key: str, what: str) -> list[dict[str, Any]]:
+    if not isinstance(outputs, list) or [o.get(key) for o in outputs] != ids:
+        raise EvidenceError(f"{what}: the outputs do not answer the requests in order")
+    return outputs
+
+
+def run_temperature(workers: dict[str, WorkerClient], problems: list[Problem], vocab: Vocabulary, *,
+                    temperature: float, seed: int, batch_size: int) -> Readings:
+    """Every engine samples every problem at `temperature`; every engine scores every engine's samples."""
+    tokens: dict[str, list[np.ndarray]] = {e: [] for e in ENGINES}
+    behavior: dict[str, list[np.ndarray]] = {e: [] for e in ENGINES}
+    scored: dict[tuple[str, str], list[np.ndarray]] = {(s, e): [] for s in ENGINES for e in ENGINES}
+    for start in range(0, len(problems), batch_size):
+        batch = problems[start:start + batch_size]
+        ids = [p.id for p in batch]
+        reqs = [{"request_id": p.id, "prompt": p.prompt, "seed": request_seed(seed, p.id),
+                 "temperature": temperature, "top_p": 1.0, "max_tokens": BUDGET} for p in batch]
+        pending = {e: workers[e].submit("generate", {"requests": reqs, "layout": [list(range(len(reqs)))],
+                                                     "adapter": None, "reference_adapter": None})
+                   for e in ENGINES}
+        drawn = {e: _check_outputs(p.result()["outputs"], ids, "request_id", f"{e} generate")
+                 for e, p in pending.items()}
+        for e in ENGINES:
+            tokens[e] += [o["tokens"] for o in drawn[e]]
+            behavior[e] += [o["logprobs"] for o in drawn[e]]
+        for source in ENGINES:
+            items = [{"item_id": p.id, "prompt": p.prompt, "response_tokens": o["tokens"],
+                      "temperature": temperature, "vocab_steps": []} for p, o in zip(batch, drawn[source],
+                                                                                      strict=True)]
+            waiting = {s: workers[s].submit("score", {"items": items, "adapter": None}) for s in ENGINES}
+            for s, p in waiting.items():
+                outs = _check_outputs(p.result()["outputs"], ids, "item_id", f"{s} score of {source}'s samples")
+                for o, t in zip(outs, drawn[source], strict=True):
+                    if o["logprobs"].shape != t["tokens"].shape:
+                        raise EvidenceError(f"{s} score: {o['item_id']} has {o['logprobs'].size} log-probabilities "
+                                            f"for {t['tokens'].size} tokens")
+                scored[(s, source)] += [o["logprobs"] for o in outs]
+    losses = {e: [score(p.prompt, vocab.decode(t)) for p, t in zip(problems, tokens[e], strict=True)]
+              for e in ENGINES}
+    return Readings(tokens, {e: np.concatenate(v) for e, v in behavior.items()},
+                    {k: np.concatenate(v) for k, v in scored.items()}, losses)
+
+
+def summarize(r: Readings) -> dict[str, Any]:
+    """The table's rows for one temperature, from its readings."""
+    pairs = {}
+    for a, b in combinations(ENGINES, 2):
+        row = agreement(np.concatenate([r.scored[(a, e)] for e in ENGINES]),
+                        np.concatenate([r.scored[(b, e)] for e in ENGINES]))
+        row["by_source"] = {e: agreement(r.scored[(a, e)], r.scored[(b, e)]) for e in ENGINES}
+        pairs[f"{a}-{b}"] = row
+    n = len(r.losses[ENGINES[0]])
+    same_tokens = {f"{a}-{b}": sum(x.tobytes() == y.tobytes() for x, y in zip(r.tokens[a], r.tokens[b], strict=True))
+                   for a, b in combinations(ENGINES, 2)}
+    return {
+        "pairs": pairs,
+        "self": {e: agreement(r.behavior[e], r.scored[(e, e)]) for e in ENGINES},
+        "behavior_vs_other": {f"{a}-by-{b}": agreement(r.behavior[a], r.scored[(b, a)])
+                              for a in ENGINES for b in ENGINES if a != b},
+        "identical_responses": same_tokens,
+        "accuracy": {e: 1 - sum(r.losses[e]) / n for e in ENGINES},
+        "response_tokens": {e: int(r.behavior[e].size) for e in ENGINES},
+    }
+
+
+# -- output ---------------------------------------------------------------------------------------------------------
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The measured tables, as markdown."""
+    lines = ["| T | pair | tokens scored | bit-identical | max \\|diff\\| (nats) | p99 \\|diff\\| (nats) |",
+             "|---|---|---|---|---|---|"]
+    for t, res in result["temperatures"].items():
+        for name, row in res["pairs"].items():
+            lines.append(f"| {t} | {name.replace('-', ' vs ')} | {row['tokens']} | {row['fraction_bit_identical']:.1%} "
+                         f"| {row['max_abs_diff']:.3g} | {row['p99_abs_diff']:.3g} |")
+    lines += ["",
+              "| T | engine: generate vs its own score | tokens | bit-identical | max \\|diff\\| | p99 \\|diff\\| |",
+              "|---|---|---|---|---|---|"]
+    for t, res in result["temperatures"].items():
+        for name, row in res["self"].items():
+            lines.append(f"| {t} | {name} | {row['tokens']} | {row['fraction_bit_identical']:.1%} | "
+                         f"{row['max_abs_diff']:.3g} | {row['p99_abs_diff']:.3g} |")
+    lines += ["", "| T | A's generate vs B's score of A's tokens | bit-identical | max \\|diff\\| | p99 \\|diff\\| |",
+              "|---|---|---|---|---|"]
+    for t, res in result["temperatures"].items():
+        for name, row in res["behavior_vs_other"].items():
+            a, b = name.split("-by-")
+            lines.append(f"| {t} | {a} by {b} | {row['fraction_bit_identical']:.1%} | {row['max_abs_diff']:.3g} | "
+                         f"{row['p99_abs_diff']:.3g} |")
+    lines += ["", "| T | accuracy (hf / vllm / mlx) | identical responses (hf-vllm / hf-mlx / vllm-mlx) |",
+              "|---|---|---|"]
+    for t, res in result["temperatures"].items():
+        acc = " / ".join(f"{res['accuracy'][e]:.3f}" for e in ENGINES)
+        same = " / ".join(str(v) for v in res["identical_responses"].values())
+        lines.append(f"| {t} | {acc} | {same} of {result['count']} |")
+    return "\n".join(lines)
+
+
+def plot(diffs: dict[str, dict[str, np.ndarray]], out: Path) -> None:
+    """ECDF of |diff| per engine pair, one panel per temperature, log x; the curve's height at the left edge is
+    the fraction of bit-identical tokens (|diff| = 0 cannot sit on a log axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(diffs), figsize=(6 * len(diffs), 4.8), sharey=True, squeeze=False)
+    every = np.concatenate([d for by_pair in diffs.values() for d in by_pair.values()])
+    positive = every[every > 0]
+    # The axis spans every nonzero difference, so the left edge holds exactly the zeros.
+    floor = 10.0 ** (np.floor(np.log10(positive.min())) - 1) if positive.size else 1e-12
+    ceiling = 10.0 ** np.ceil(np.log10(positive.max())) if positive.size else 1.0
+    for ax, (t, by_pair) in zip(axes[0], diffs.items(), strict=True):
+        all_zero = []
+        for name, d in by_pair.items():
+            x = np.sort(d)
+            y = np.arange(1, x.size + 1) / x.size
+            zero = float(np.mean(x == 0))
+            nz = x > 0
+            xs = np.concatenate([[floor, ceiling] if zero == 1 else [floor], x[nz]])
+            ys = np.concatenate([[1.0, 1.0] if zero == 1 else [zero], y[nz]])
+            style = "--" if name.endswith("(self)") else "-"
+            ax.step(xs, ys, where="post", linestyle=style, label=name)
+            if zero == 1:
+                all_zero.append(name)
+        if all_zero:  # such a curve lies on the top edge
+            ax.text(0.02, 0.97, "every token exactly equal:\n" + "\n".join(all_zero), transform=ax.transAxes,
+                    va="top", fontsize=8)
+        ax.set_xscale("log")
+        ax.set_xlim(floor, ceiling)
+        ax.set_ylim(0, 1.01)
+        ax.set_title(f"T = {t}: teacher-forced log-probabilities of the same tokens")
+        ax.set_xlabel("|diff| (nats); left edge: exactly 0")
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0][0].set_ylabel("fraction of tokens with |diff| ≤ x")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=200, help="problems in the seeded sample")
+    parser.add_argument("--sample-seed", type=int, default=0, help="seed of the sample")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (per problem: invar evaluate's)")
+    parser.add_argument("--batch-size", type=int, default=64, help="requests per generate / score call")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "cross_engine.json",
+                        help="JSON result; the plot is written beside it as .png")
+    parser.add_argument("--run", type=Path, default=None, help="run directory (default: runs/cross-engine-<time>)")
+    args = parser.parse_args(argv)
+    if args.batch_size < 1:
+        parser.error(f"--batch-size {args.batch_size}: must be at least 1")
+
+    started = time.perf_counter()
+    now = datetime.datetime.now(datetime.UTC)
+    pop_digest = population_digest(POPULATION, None)
+    problems = load_population(POPULATION, pop_digest)
+    chosen = [problems[i] for i in sample_indices(len(problems), args.count, args.sample_seed)]
+    model = DEFAULT_MODEL
+    vocab = Vocabulary.from_model_dir(model)
+    load = {"model_dir": str(model), "model_digest": canonical.tree_digest(model), "dtype": "float32",
+            "quantization": "none", "adapter": None}
+    run_dir = args.run or REPO / "runs" / f"cross-engine-{now:%Y%m%d-%H%M%S}"
+    settings = {"count": len(chosen), "sample_seed": args.sample_seed, "seed": args.seed,
+                "batch_size": args.batch_size, "temperatures": list(TEMPERATURES), "max_tokens": BUDGET,
+                "population": str(POPULATION.relative_to(REPO)), "population_sha256": pop_digest,
+                "model": str(model.relative_to(REPO)), "model_digest": load["model_digest"], "dtype": "float32"}
+    command = ".venv/bin/python bench/cross_engine.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    results: dict[str, Any] = {}
+    diffs: dict[str, dict[str, np.ndarray]] = {}
+    workers: dict[str, WorkerClient] = {}
+    with RunStore.create(run_dir, meta={"command": "bench/cross_engine", **settings}) as store:
+        try:
+            for e in ENGINES:
+                workers[e] = start_worker(e, Role.INFERENCE, recorder=store)
+            loading = {e: w.submit("load_model", load) for e, w in workers.items()}
+            for e, p in loading.items():
+                if p.result()["model_digest"] != load["model_digest"]:
+                    raise EvidenceError(f"{e} load_model: reported another model digest")
+            ready_s = time.perf_counter() - started
+            for t in TEMPERATURES:
+                r = run_temperature(workers, chosen, vocab, temperature=t, seed=args.seed,
+                                    batch_size=args.batch_size)
+                results[str(t)] = summarize(r)
+                by_pair = {f"{a} vs {b}": abs_diffs(np.concatenate([r.scored[(a, e)] for e in ENGINES]),
+                                                    np.concatenate([r.scored[(b, e)] for e in ENGINES]))
+                           for a, b in combinations(ENGINES, 2)}
+                by_pair.update({f"{e} generate vs score (self)": abs_diffs(r.behavior[e], r.scored[(e, e)])
+                                for e in ENGINES})
+                diffs[str(t)] = by_pair
+            identities = {e: {"engine_version": w.identity.engine_version, "settings": w.identity.settings,
+                              "identity_digest": w.worker_key} for e, w in workers.items()}
+        finally:
+            for w in workers.values():
+                w.close()
+        wall_s = time.perf_counter() - started
+        shown = run_dir.resolve().relative_to(REPO) if run_dir.resolve().is_relative_to(REPO) else run_dir
+        result = {"command": command, "date_utc": now.isoformat(timespec="seconds"), "run": str(shown),
+                  **settings, "engines": identities, "temperatures": results,
+                  "wall_s": round(wall_s, 1), "engines_ready_s": round(ready_s, 1)}
+        store.put_meta("cross_engine", result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    png = args.out.with_suffix(".png")
+    plot(diffs, png)
+    print(markdown(result))
+    print(f"\n{len(chosen)} problems, {wall_s:.0f} s ({ready_s:.0f} s starting engines); "
+          f"JSON {args.out}, plot {png}, records {run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except InvarError as exc:  # bad input or a worker's error: one line, no traceback
+        print(f"cross_engine: {exc}", file=sys.stderr)
+        sys.exit(2)
