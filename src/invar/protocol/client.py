@@ -140,6 +140,7 @@ class WorkerClient:
         self._closing = False
         self._proc: subprocess.Popen[bytes] | None = None
         self._identity: Identity | None = None
+        self._identity_digest = ""
         self._worker_key = ""
         self._reader: threading.Thread | None = None
         self._stderr_reader: threading.Thread | None = None
@@ -210,7 +211,8 @@ class WorkerClient:
             raise ProtocolError(f"{self.name}: worker is engine {identity.engine!r}, expected "
                                 f"{self._expected_engine!r}")
         self._identity = identity
-        self._worker_key = identity.digest
+        self._identity_digest = identity.digest
+        self._worker_key = self._identity_digest
         if self._recorder is not None:
             self._worker_key = self._recorder.record_worker(identity.to_wire())
         self._reader = threading.Thread(target=self._read_reports, name=f"{self.name}-reader", daemon=True)
@@ -368,9 +370,9 @@ class WorkerClient:
         if report.call_digest != pending.call_digest:
             raise ProtocolError(f"report for call {report.call_id} carries call digest "
                                 f"{report.call_digest[:16]}…, but the call sent has {pending.call_digest[:16]}…")
-        if report.identity_digest != self.identity.digest:
+        if report.identity_digest != self._identity_digest:
             raise ProtocolError(f"report for call {report.call_id} names identity {report.identity_digest[:16]}…, "
-                                f"not the handshake's {self.identity.digest[:16]}…")
+                                f"not the handshake's {self._identity_digest[:16]}…")
         if self._recorder is not None:
             self._recorder.record_report(bytes(payload), worker=self._worker_key)
         with self._lock:
