@@ -5,7 +5,9 @@ alone: maps are written with their keys sorted, floats always as 64-bit, integer
 their exact bits: each is an extension (code 1) in the msgpack document holding `[dtype, shape, offset, nbytes]`,
 and its raw little-endian bytes follow the document, in the order the arrays appear. An encoded value is therefore
 
-    4-byte big-endian document length | msgpack document | array bytes, back to back
+    4-byte big-endian document length | msgpack document | array bytes, each at a multiple of 16
+
+(zero padding in between, so arrays decode as aligned views)
 
 which lets a 64 MB array be written, hashed and read without being copied into or out of a msgpack buffer.
 Nothing is ever pickled.
@@ -44,6 +46,12 @@ class CanonicalError(ValueError):
 
 
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+_ALIGN = 16
+"""Array bytes start at multiples of 16 from the start of the value, so arrays decode as aligned views."""
+
+
+def _pad(offset: int) -> int:
+    return -offset % _ALIGN
 
 
 class _Encoder:
@@ -52,6 +60,10 @@ class _Encoder:
         self.offset = 0
 
     def array(self, dtype: str, shape: tuple[int, ...], raw: memoryview) -> msgpack.ExtType:
+        pad = _pad(self.offset)
+        if pad:
+            self.blobs.append(memoryview(bytes(pad)))
+            self.offset += pad
         ext = msgpack.ExtType(ARRAY_EXT, msgpack.packb([dtype, list(shape), self.offset, raw.nbytes]))
         self.blobs.append(raw)
         self.offset += raw.nbytes
@@ -95,7 +107,9 @@ def encode_parts(obj: Any) -> list[bytes | memoryview]:
     doc = msgpack.packb(enc.normalize(obj), use_bin_type=True, strict_types=True)
     if len(doc) >= 1 << 32:
         raise CanonicalError("the msgpack document exceeds 4 GiB")
-    return [len(doc).to_bytes(_DOC_LEN, "big"), doc, *enc.blobs]
+    if not enc.blobs:
+        return [len(doc).to_bytes(_DOC_LEN, "big"), doc]
+    return [len(doc).to_bytes(_DOC_LEN, "big"), doc, bytes(_pad(_DOC_LEN + len(doc))), *enc.blobs]
 
 
 def encode(obj: Any) -> bytes:
@@ -112,9 +126,13 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
     if len(view) < _DOC_LEN:
         raise CanonicalError("encoded value shorter than its 4-byte document length")
     doc_len = int.from_bytes(view[:_DOC_LEN], "big")
-    blob_start = _DOC_LEN + doc_len
-    if blob_start > len(view):
+    doc_end = _DOC_LEN + doc_len
+    if doc_end > len(view):
         raise CanonicalError(f"document length {doc_len} runs past the end of the {len(view)}-byte value")
+    # Array bytes, if any, begin at the next multiple of 16; the padding is zeros (one encoding per value).
+    blob_start = doc_end if doc_end == len(view) else doc_end + _pad(doc_end)
+    if blob_start > len(view) or any(view[doc_end:blob_start]):
+        raise CanonicalError("malformed padding between the document and the array bytes")
     blob_len = len(view) - blob_start
     expected = [0]  # the next array must start where the previous one ended
 
@@ -129,8 +147,12 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
             raise CanonicalError("malformed array extension: expected [dtype, shape, offset, nbytes]")
         if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in [*shape, offset, nbytes]):
             raise CanonicalError(f"malformed array extension: shape {shape!r}, offset {offset!r}, nbytes {nbytes!r}")
-        if offset != expected[0] or offset + nbytes > blob_len:
-            raise CanonicalError("array bytes out of place: arrays must follow the document back to back, in order")
+        gap = _pad(expected[0])
+        if offset != expected[0] + gap or offset + nbytes > blob_len:
+            raise CanonicalError("array bytes out of place: arrays must follow the document in order, each at the "
+                                 "next multiple of 16")
+        if any(view[blob_start + expected[0]:blob_start + offset]):
+            raise CanonicalError("malformed padding between arrays")
         expected[0] = offset + nbytes
         count = 1
         for x in shape:
@@ -152,7 +174,7 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
         return arr
 
     try:
-        value = msgpack.unpackb(view[_DOC_LEN:blob_start], raw=False, strict_map_key=True, ext_hook=ext_hook)
+        value = msgpack.unpackb(view[_DOC_LEN:doc_end], raw=False, strict_map_key=True, ext_hook=ext_hook)
     except CanonicalError:
         raise
     except Exception as exc:

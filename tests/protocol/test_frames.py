@@ -6,6 +6,7 @@ import contextlib
 import io
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -98,3 +99,19 @@ def test_canonical_encoding_is_order_independent() -> None:
     b = {"a": [1.5, {"x": 3, "y": 2}], "b": 1}
     assert canonical.encode(a) == canonical.encode(b)
     assert canonical.digest(a) == canonical.digest(b)
+
+
+def test_arrays_decode_as_aligned_read_only_views_and_padding_is_checked() -> None:
+    value = {"a": np.arange(3, dtype=np.int8), "b": "text", "c": np.arange(5, dtype=np.float64)}
+    data = bytearray(canonical.encode(value))
+    back = canonical.decode(data)
+    for key in ("a", "c"):
+        assert back[key].ctypes.data % 16 == 0
+        assert not back[key].flags.writeable
+        assert back[key].tobytes() == value[key].tobytes()
+    # A non-zero padding byte (between the 3-byte array and the next) makes a second encoding of the same value.
+    doc_len = int.from_bytes(data[:4], "big")
+    blob_start = 4 + doc_len + (-(4 + doc_len) % 16)
+    data[blob_start + 3] = 1
+    with pytest.raises(canonical.CanonicalError, match="padding"):
+        canonical.decode(data)

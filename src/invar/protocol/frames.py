@@ -6,7 +6,9 @@ worker's stdout (a library that prints) fail at once and by name instead of bein
 
 from __future__ import annotations
 
+import queue
 import struct
+import threading
 from typing import IO, Any, Protocol
 
 from invar import canonical
@@ -84,6 +86,32 @@ def _read_into(stream: IO[bytes], buf: memoryview, hasher: Hasher | None = None)
     return got
 
 
+def _read_hashing_aside(stream: IO[bytes], buf: memoryview, hasher: Hasher | None) -> int:
+    """Read into `buf` while a second thread hashes what has landed (hashing and reading both release the GIL)."""
+    if hasher is None:
+        return _read_into(stream, buf)
+    chunks: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
+
+    def digest_chunks() -> None:
+        while (chunk := chunks.get()) is not None:
+            hasher.update(chunk)
+
+    worker = threading.Thread(target=digest_chunks, name="frame-hasher", daemon=True)
+    worker.start()
+    got = 0
+    try:
+        while got < len(buf):
+            n = stream.readinto(buf[got:])  # type: ignore[attr-defined]
+            if not n:
+                break
+            chunks.put(buf[got:got + n])
+            got += n
+    finally:
+        chunks.put(None)
+        worker.join()
+    return got
+
+
 def read_frame(stream: IO[bytes], hasher: Hasher | None = None) -> bytearray | None:
     """Read one frame's payload; None at a clean end of stream (no byte of a new frame read).
 
@@ -108,7 +136,7 @@ def read_frame(stream: IO[bytes], hasher: Hasher | None = None) -> bytearray | N
     if got == len(first):
         payload = bytearray(length)
         payload[: len(first)] = first
-        got += _read_into(stream, memoryview(payload)[len(first):], hasher)
+        got += _read_hashing_aside(stream, memoryview(payload)[len(first):], hasher)
         if got == length:
             return payload
     raise ProtocolError(f"truncated frame: {got} of {length} payload bytes before end of stream")
