@@ -89,11 +89,14 @@ class Server:
             except ProtocolError as exc:
                 log(f"invar worker: stopping on a malformed call: {exc}")
                 return 3
-            self._send(out, self._answer(call, hasher.hexdigest()).to_wire())
+            frames.write_parts(out, self._answer(call, hasher.hexdigest()))
 
-    def _answer(self, call: Call, call_digest: str) -> Report:
-        def error(kind: str, message: str) -> Report:
-            return Report(call.call_id, call_digest, self.identity_digest, error=ErrorInfo(kind, message))
+    def _answer(self, call: Call, call_digest: str) -> list[bytes | memoryview]:
+        """The encoded report for `call`: its result, or its error."""
+
+        def error(kind: str, message: str) -> list[bytes | memoryview]:
+            report = Report(call.call_id, call_digest, self.identity_digest, error=ErrorInfo(kind, message))
+            return canonical.encode_parts(report.to_wire())
 
         method = self.methods.get(call.method)
         if method is None:
@@ -101,13 +104,14 @@ class Server:
             return error("UnknownMethod", f"method {call.method!r} is not served by this worker; it serves: {served}")
         try:
             result = method(call.params)
-            canonical.encode_parts(result)  # fail here, as an error report, rather than mid-write
+            # Encoded here, once, so a result that cannot be encoded becomes an error report, not a broken frame.
+            return canonical.encode_parts(
+                Report(call.call_id, call_digest, self.identity_digest, result=result).to_wire())
         except MethodError as exc:
             return error("BadRequest", str(exc))
         except Exception as exc:
             log(f"invar worker: {call.method} (call {call.call_id}) failed:\n{traceback.format_exc()}")
             return error(type(exc).__name__, str(exc) or repr(exc))
-        return Report(call.call_id, call_digest, self.identity_digest, result=result)
 
     @staticmethod
     def _send(out: BinaryIO, message: dict[str, Any]) -> None:
