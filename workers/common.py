@@ -6,6 +6,7 @@ params through these functions, so a malformed request gets the same message fro
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from invar import canonical
+from invar.loop.checkpoint import ADAPTER_CONFIG, BASE_DIGEST_KEY, PEFT_WEIGHTS
 from invar.protocol import MethodError
 
 
@@ -324,3 +326,44 @@ def parse_learner_step(params: dict[str, Any]) -> LearnerStep:
     if not isinstance(save_dir, str) or not save_dir:
         raise MethodError(f"{where}.save_dir: expected the folder to write the updated adapter to")
     return LearnerStep(samples, temperature, objective, optimizer, lora, seed, save_dir)
+
+
+# -- PEFT LoRA adapters: what every engine checks before it reads the weights --------------------------------------
+
+# The names are the core's, which checks every learner's adapter before it is published.
+ADAPTER_WEIGHTS = PEFT_WEIGHTS
+
+
+def read_lora_config(path: str, where: str, unsupported: tuple[str, ...]) -> tuple[dict[str, Any], str, str]:
+    """Read a PEFT LoRA folder's config; refuse what is missing, corrupt or not plain LoRA.
+
+    `unsupported`: config keys this engine cannot apply (a truthy value is refused). Returns the config and the
+    paths of the config and weights files.
+    """
+    config_path = os.path.join(path, ADAPTER_CONFIG)
+    weights_path = os.path.join(path, ADAPTER_WEIGHTS)
+    if not os.path.isfile(config_path) or not os.path.isfile(weights_path):
+        raise MethodError(f"{where}: adapter folder {path!r} must hold {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS} "
+                          "(a PEFT LoRA adapter saved with safetensors)")
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MethodError(f"{where}: {config_path} is not valid JSON ({exc}); the adapter is corrupt") from None
+    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
+        raise MethodError(f"{where}: {config_path} is not a LoRA adapter config (peft_type must be LORA)")
+    refused = [k for k in unsupported if config.get(k)]
+    if config.get("bias", "none") != "none":
+        refused.append("bias")
+    if refused:
+        raise MethodError(f"{where}: adapter {path!r} uses {', '.join(refused)}, which this worker does not "
+                          "apply; save a plain LoRA adapter")
+    return config, config_path, weights_path
+
+
+def check_trained_on(metadata: dict[str, str], model_digest: str, path: str, where: str) -> None:
+    """Refuse an adapter whose weights name another base model than the one loaded."""
+    trained_on = metadata.get(BASE_DIGEST_KEY)
+    if trained_on is not None and trained_on != model_digest:
+        raise MethodError(f"{where}: adapter {path!r} was trained on base model {trained_on[:16]}…, but the loaded "
+                          f"model is {model_digest[:16]}…: load the adapter's own base model, or another adapter")

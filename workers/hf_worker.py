@@ -68,22 +68,23 @@ from transformers.utils import logging as hf_logging
 from invar import __version__, canonical
 from invar.protocol import MethodError, Role, Server
 from workers.common import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    BASE_DIGEST_KEY,
     LearnerStep,
     LoraSettings,
     check_prompt_chars,
     check_tokens,
+    check_trained_on,
     parse_generate,
     parse_learner_step,
     parse_load_model,
     parse_score,
+    read_lora_config,
     verify_dir,
     versions,
 )
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-BASE_DIGEST_KEY = "invar_base_model_digest"
-"""safetensors metadata key naming the tree digest of the base model an adapter was trained on."""
 PEFT_PREFIX = "base_model.model."
 LOADED = "@loaded"
 """Internal key of the adapter a call names with null: the one `load_model` loaded, or the one being trained."""
@@ -145,24 +146,8 @@ def _target_names(model: Any, targets: list[str]) -> list[str]:
 
 def _read_adapter(path: str, digest: str, model: Any, model_digest: str, where: str) -> Adapter:
     """Read and check a PEFT LoRA folder against the loaded model; nothing in the model changes here."""
-    config_path = Path(path) / ADAPTER_CONFIG
-    weights_path = Path(path) / ADAPTER_WEIGHTS
-    if not config_path.is_file() or not weights_path.is_file():
-        raise MethodError(f"{where}: adapter folder {path!r} must hold {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS} "
-                          "(a PEFT LoRA adapter saved with safetensors)")
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MethodError(f"{where}: {config_path} is not valid JSON ({exc}); the adapter is corrupt") from None
-    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
-        raise MethodError(f"{where}: {config_path} is not a LoRA adapter config (peft_type must be LORA)")
-    unsupported = [k for k in ("use_dora", "use_rslora", "modules_to_save", "rank_pattern", "alpha_pattern")
-                   if config.get(k)]
-    if config.get("bias", "none") != "none":
-        unsupported.append("bias")
-    if unsupported:
-        raise MethodError(f"{where}: adapter {path!r} uses {', '.join(unsupported)}, which this worker does not "
-                          "apply; save a plain LoRA adapter")
+    config, config_path, weights_path = read_lora_config(
+        path, where, ("use_dora", "use_rslora", "modules_to_save", "rank_pattern", "alpha_pattern"))
     r, alpha, targets = config.get("r"), config.get("lora_alpha"), config.get("target_modules")
     if isinstance(targets, str):
         targets = [targets]
@@ -174,10 +159,7 @@ def _read_adapter(path: str, digest: str, model: Any, model_digest: str, where: 
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise MethodError(f"{where}: {weights_path} cannot be read ({exc}); the adapter is corrupt") from None
-    trained_on = metadata.get(BASE_DIGEST_KEY)
-    if trained_on is not None and trained_on != model_digest:
-        raise MethodError(f"{where}: adapter {path!r} was trained on base model {trained_on[:16]}…, but the loaded "
-                          f"model is {model_digest[:16]}…: load the adapter's own base model, or another adapter")
+    check_trained_on(metadata, model_digest, path, where)
     modules = dict(model.named_modules())
     pairs: dict[str, dict[str, Any]] = {}
     for key, tensor in tensors.items():

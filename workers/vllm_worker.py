@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import json
 import math
 import os
 import re
@@ -67,21 +66,20 @@ from safetensors import SafetensorError, safe_open
 from invar import __version__, canonical
 from invar.protocol import MethodError, Role, Server
 from workers.common import (
+    ADAPTER_WEIGHTS,
     Request,
     check_prompt_chars,
     check_tokens,
+    check_trained_on,
     parse_generate,
     parse_load_model,
     parse_score,
+    read_lora_config,
     verify_dir,
     versions,
 )
 
 LOGPROBS_MODE = "processed_logprobs"
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-BASE_DIGEST_KEY = "invar_base_model_digest"
-"""safetensors metadata key in which an Invar learner records the tree digest of the adapter's base model."""
 LOADED = "@loaded"
 """Internal key of the adapter `load_model` loaded (what a call's null adapter selects)."""
 SAMPLING_EPS = 1e-5
@@ -136,23 +134,9 @@ def check_adapter(path: str, model_shapes: dict[str, tuple[int, ...]], model_dig
 
     `model_shapes`: the base model's weight shapes by name ([out, in] for a linear layer's `.weight`).
     """
-    config_path = Path(path) / ADAPTER_CONFIG
-    weights_path = Path(path) / ADAPTER_WEIGHTS
-    if not config_path.is_file() or not weights_path.is_file():
-        raise MethodError(f"{where}: adapter folder {path!r} must hold {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS} "
-                          "(a PEFT LoRA adapter saved with safetensors)")
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MethodError(f"{where}: {config_path} is not valid JSON ({exc}); the adapter is corrupt") from None
-    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
-        raise MethodError(f"{where}: {config_path} is not a LoRA adapter config (peft_type must be LORA)")
-    unsupported = [k for k in ("use_dora", "modules_to_save", "rank_pattern", "alpha_pattern") if config.get(k)]
-    if config.get("bias", "none") != "none":
-        unsupported.append("bias")
-    if unsupported:
-        raise MethodError(f"{where}: adapter {path!r} uses {', '.join(unsupported)}, which this worker does not "
-                          "serve; save a plain LoRA adapter")
+    config, config_path, _ = read_lora_config(
+        path, where, ("use_dora", "modules_to_save", "rank_pattern", "alpha_pattern"))
+    weights_path = os.path.join(path, ADAPTER_WEIGHTS)
     r = config.get("r")
     if not isinstance(r, int) or isinstance(r, bool) or r < 1:
         raise MethodError(f"{where}: {config_path} needs r, an integer ≥ 1")
@@ -165,10 +149,7 @@ def check_adapter(path: str, model_shapes: dict[str, tuple[int, ...]], model_dig
             shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as exc:
         raise MethodError(f"{where}: {weights_path} cannot be read ({exc}); the adapter is corrupt") from None
-    trained_on = metadata.get(BASE_DIGEST_KEY)
-    if trained_on is not None and trained_on != model_digest:
-        raise MethodError(f"{where}: adapter {path!r} was trained on base model {trained_on[:16]}…, but the loaded "
-                          f"model is {model_digest[:16]}…: load the adapter's own base model, or another adapter")
+    check_trained_on(metadata, model_digest, path, where)
     pairs: dict[str, dict[str, tuple[int, ...]]] = {}
     for key, shape in shapes.items():
         m = _KEY.fullmatch(key)
