@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-out="runs/walkthrough-$(date +%Y%m%d-%H%M%S)"
+out="${INVAR_WALKTHROUGH_OUT:-runs/walkthrough-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$out"
 step() { printf '\n\033[1m== %s\033[0m\n$ %s\n' "$1" "${*:2}"; "${@:2}"; }
 
