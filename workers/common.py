@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -84,6 +85,22 @@ def parse_load_model(params: dict[str, Any], dtypes: tuple[str, ...], quantizati
         a_path = _get(adapter, "path", str, f"{where}.adapter")
         a_digest = adapter.get("digest")
     return LoadModel(model_dir, digest, dtype, quant, a_path, a_digest)
+
+
+_ADAPTER_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+def parse_load_adapter(params: dict[str, Any]) -> tuple[str, str, str | None]:
+    """The name, folder and expected digest of a `load_adapter` call."""
+    name, path, digest = params.get("name"), params.get("path"), params.get("digest")
+    if not isinstance(name, str) or _ADAPTER_NAME.fullmatch(name) is None or name == "base":
+        raise MethodError("load_adapter.name: expected 1-64 characters of [A-Za-z0-9_.-], not 'base' "
+                          "(which names the model without an adapter)")
+    if not isinstance(path, str):
+        raise MethodError("load_adapter.path: expected the adapter folder as a string")
+    if digest is not None and not isinstance(digest, str):
+        raise MethodError("load_adapter.digest: expected a hex string or null")
+    return name, path, digest
 
 
 @dataclass(frozen=True)

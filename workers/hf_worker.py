@@ -78,6 +78,7 @@ from workers.common import (
     check_trained_on,
     parse_generate,
     parse_learner_step,
+    parse_load_adapter,
     parse_load_model,
     parse_score,
     read_lora_config,
@@ -88,7 +89,6 @@ from workers.common import (
 PEFT_PREFIX = "base_model.model."
 LOADED = "@loaded"
 """Internal key of the adapter a call names with null: the one `load_model` loaded, or the one being trained."""
-_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _KEY = re.compile(r"base_model\.model\.(.+)\.lora_([AB])(?:\.default)?\.weight")
 
 
@@ -350,14 +350,7 @@ class Engine:
 
     def load_adapter(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.loaded("load_adapter")
-        name, path, digest = params.get("name"), params.get("path"), params.get("digest")
-        if not isinstance(name, str) or _NAME.fullmatch(name) is None or name == "base":
-            raise MethodError("load_adapter.name: expected 1-64 characters of [A-Za-z0-9_.-], not 'base' "
-                              "(which names the model without an adapter)")
-        if not isinstance(path, str):
-            raise MethodError("load_adapter.path: expected the adapter folder as a string")
-        if digest is not None and not isinstance(digest, str):
-            raise MethodError("load_adapter.digest: expected a hex string or null")
+        name, path, digest = parse_load_adapter(params)
         actual = verify_dir(path, digest, "adapter")
         adapter = _read_adapter(path, actual, m.model, m.model_digest, "load_adapter")
         self._install(name, adapter)

@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +78,7 @@ from workers.common import (
     check_tokens,
     parse_generate,
     parse_learner_step,
+    parse_load_adapter,
     parse_load_model,
     parse_score,
     verify_dir,
@@ -86,7 +86,6 @@ from workers.common import (
 )
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
-_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
 @dataclass
@@ -197,14 +196,7 @@ class Engine:
 
     def load_adapter(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.need("load_adapter")
-        name, path, digest = params.get("name"), params.get("path"), params.get("digest")
-        if not isinstance(name, str) or _NAME.fullmatch(name) is None or name == "base":
-            raise MethodError("load_adapter.name: expected 1-64 characters of [A-Za-z0-9_.-], not 'base' "
-                              "(which names the model without an adapter)")
-        if not isinstance(path, str):
-            raise MethodError("load_adapter.path: expected the adapter folder as a string")
-        if digest is not None and not isinstance(digest, str):
-            raise MethodError("load_adapter.digest: expected a hex string or null")
+        name, path, digest = parse_load_adapter(params)
         adapter = _read_adapter(path, digest, m, "load_adapter")
         if m.active is m.adapters.get(name):
             self.activate(None)

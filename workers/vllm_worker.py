@@ -72,6 +72,7 @@ from workers.common import (
     check_tokens,
     check_trained_on,
     parse_generate,
+    parse_load_adapter,
     parse_load_model,
     parse_score,
     read_lora_config,
@@ -89,7 +90,6 @@ LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 its prompt log-probabilities fail (the layer's per-request indices meet one row per prompt token), so the engine is
 built with LoRA on the attention and MLP projections only (`lora_target_modules`, vLLM's packed names)."""
 ENGINE_LORA_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _KEY = re.compile(r"base_model\.model\.(.+)\.lora_([AB])(?:\.default)?\.weight")
 
 
@@ -317,14 +317,7 @@ class Engine:
 
     def load_adapter(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.loaded("load_adapter")
-        name, path, digest = params.get("name"), params.get("path"), params.get("digest")
-        if not isinstance(name, str) or _NAME.fullmatch(name) is None or name == "base":
-            raise MethodError("load_adapter.name: expected 1-64 characters of [A-Za-z0-9_.-], not 'base' "
-                              "(which names the model without an adapter)")
-        if not isinstance(path, str):
-            raise MethodError("load_adapter.path: expected the adapter folder as a string")
-        if digest is not None and not isinstance(digest, str):
-            raise MethodError("load_adapter.digest: expected a hex string or null")
+        name, path, digest = parse_load_adapter(params)
         actual = verify_dir(path, digest, "adapter")
         check_adapter(path, m.shapes, m.model_digest, self.settings.max_lora_rank, "load_adapter")
         self._install(name, path, actual, "load_adapter")

@@ -42,6 +42,8 @@ from invar.cli.infer import (
     Quantization,
     QuantOpt,
     RunOpt,
+    TemperatureOpt,
+    TopPOpt,
     check_output,
     default_run_dir,
     engine_session,
@@ -107,8 +109,8 @@ def evaluate(
     sample_seed: Annotated[int, typer.Option("--sample-seed", help="Seed of the sample of --count problems.")] = 0,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed; each problem's request seed derives from it.")]
     = 0,
-    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature (0: greedy).")] = 1.0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].")] = 1.0,
+    temperature: TemperatureOpt = 1.0,
+    top_p: TopPOpt = 1.0,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Most response tokens per problem.")]
     = MAX_ANSWER_CHARS + 1,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Requests per generate call (one batch).")] = 64,

@@ -48,6 +48,8 @@ class Quantization(enum.StrEnum):
     NF4 = "nf4"
 
 
+TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature (0: greedy).")]
+TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].")]
 EngineOpt = Annotated[Engine, typer.Option("--engine", help="The engine whose worker runs the model.")]
 ModelOpt = Annotated[Path, typer.Option("--model", help="The model folder (named by its tree digest).")]
 DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="The dtype the engine computes in.")]
@@ -151,8 +153,8 @@ def check_output(output: dict[str, Any], request_id: str, model_digest: str, rep
 def infer(
     prompts: Annotated[list[str], typer.Argument(help="One or more prompts, sent as one generate call.")],
     seed: Annotated[int, typer.Option("--seed", help="Seed of the first request; request i uses seed + i.")] = 0,
-    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature (0: greedy).")] = 1.0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].")] = 1.0,
+    temperature: TemperatureOpt = 1.0,
+    top_p: TopPOpt = 1.0,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Most response tokens per request.")] = 16,
     engine: EngineOpt = Engine.HF,
     model: ModelOpt = DEFAULT_MODEL,

@@ -1,0 +1,39 @@
+"""What every engine worker's tests share: the shipped model, its vocabulary, and the evaluation population.
+
+Each engine's own conftest starts its workers once per test session on top of these.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from invar import canonical
+from invar.engines import DEFAULT_MODEL, REPO_ROOT
+from invar.tasks import Problem, Vocabulary, load_population
+
+EVAL_POPULATION = REPO_ROOT / "data" / "arith-eval.jsonl"
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    if not (DEFAULT_MODEL / "config.json").is_file():
+        pytest.fail(f"{DEFAULT_MODEL} holds no model: build it with scripts/train_model.py")
+    return DEFAULT_MODEL
+
+
+@pytest.fixture(scope="session")
+def model_digest(model_dir: Path) -> str:
+    return canonical.tree_digest(model_dir)
+
+
+@pytest.fixture(scope="session")
+def vocab(model_dir: Path) -> Vocabulary:
+    return Vocabulary.from_model_dir(model_dir)
+
+
+@pytest.fixture(scope="session")
+def problems() -> list[Problem]:
+    """The evaluation population (the task's declared prompts)."""
+    return load_population(EVAL_POPULATION, EVAL_POPULATION.with_suffix(".sha256").read_text().split()[0])
