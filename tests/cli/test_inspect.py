@@ -22,6 +22,7 @@ def _run_with_echo(run: Path) -> None:
     with start_worker("echo", recorder=store) as w:
         for i in range(3):
             w.call("echo", {"i": i, "marker": f"needle-{i}"})
+    store.close_run()
     store.close()
 
 
@@ -31,8 +32,11 @@ def test_lists_a_verified_run(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["verified"] is True
-    assert doc["calls"][0]["engine"] == "echo"
-    assert [c["status"] for c in doc["calls"]] == ["ok", "ok", "ok"]
+    assert doc["calls"] == 3  # the count; the listing is call_log
+    assert doc["call_log"][0]["engine"] == "echo"
+    assert [c["status"] for c in doc["call_log"]] == ["ok", "ok", "ok"]
+    assert doc["closed"] is True
+    assert re.fullmatch(r"[0-9a-f]{64}", doc["chain_head"])
     assert doc["meta"]["run"]["purpose"] == "cli test"
     text = _invar("inspect", "records", str(tmp_path / "run"))
     assert text.returncode == 0
@@ -63,3 +67,21 @@ def test_missing_run_is_one_line(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert out.stderr.strip() == f"invar: error: {tmp_path / 'nope'}: no run store here (expected records.sqlite); " \
         "pass a run directory"
+
+
+def test_incomplete_run_and_anchor_through_the_cli(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    store = RunStore.create(run)
+    with start_worker("echo", recorder=store) as w:
+        w.call("echo", {"i": 0})
+    store.close()  # not closed: as a run killed mid-way leaves it
+    out = _invar("inspect", "records", str(run))
+    assert out.returncode == 0, out.stderr
+    assert "INCOMPLETE" in out.stdout
+    with RunStore.open(run) as s:
+        head = s.verify().head
+    assert _invar("inspect", "records", str(run), "--expect-head", head).returncode == 0
+    wrong = _invar("inspect", "records", str(run), "--expect-head", "0" * 64)
+    assert wrong.returncode == 2
+    assert "re-chained, cut or extended" in wrong.stderr
+    assert "Traceback" not in wrong.stderr

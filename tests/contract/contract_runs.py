@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from invar import canonical
+from invar.contract.admit import run_inputs
 from invar.contract.model import Contract
 from invar.contract.plan import ExecutionPlan, PlannedCall
 from invar.contract.prepare import prepare
@@ -159,10 +160,13 @@ def response_text(prompt: str, wrong: bool) -> str:
 class RunWriter:
     """Writes a run through the record store: workers, their model loads, and generate calls with reports."""
 
-    def __init__(self, ws: Workspace, run_dir: Path, contract_sha256: str | None = None) -> None:
+    def __init__(self, ws: Workspace, run_dir: Path, contract_sha256: str | None = None, *,
+                 keep_inputs: bool = False) -> None:
         self.ws = ws
         self.path = run_dir
         self.store = RunStore.create(run_dir, meta={"contract_sha256": contract_sha256 or ws.sha256})
+        if keep_inputs:
+            self.store.put_meta("inputs", run_inputs(ws.contract, ws.contract_path.parent))
         self._next_id: dict[str, int] = {}
 
     def _call(self, worker: str, method: str, params: dict[str, Any], result: dict[str, Any] | None) -> int:
@@ -231,7 +235,10 @@ class RunWriter:
             self.generate(ref if planned.package == "reference" else cand, planned, wrong)
         return self
 
-    def close(self) -> Path:
+    def close(self, *, closed: bool = True) -> Path:
+        """Close the store; with `closed` (as every finished run is) append the closing record first."""
+        if closed:
+            self.store.close_run()
         self.store.close()
         return self.path
 

@@ -11,7 +11,7 @@ import sys
 import typer
 
 from invar import __version__
-from invar.cli import evaluate, infer, inspect, use
+from invar.cli import evaluate, infer, inspect, keys, use
 from invar.errors import InvarError
 
 app = typer.Typer(
@@ -23,6 +23,7 @@ app = typer.Typer(
 )
 app.add_typer(inspect.app, name="inspect")
 app.add_typer(use.app, name="use")
+app.add_typer(keys.app, name="keys")
 app.command("infer")(infer.infer)
 app.command("evaluate")(evaluate.evaluate)
 

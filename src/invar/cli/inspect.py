@@ -8,17 +8,21 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from invar.cli.common import JsonOpt, RunDir, emit_json
+from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json
 from invar.records import RunStore
 
 app = typer.Typer(help="Look into what a run recorded.", no_args_is_help=True)
 
 
 @app.command("records")
-def records(run: RunDir, as_json: JsonOpt = False) -> None:
-    """Verify every digest and binding of a run's records and list its calls."""
+def records(run: RunDir, expect_head: ExpectHeadOpt = None, as_json: JsonOpt = False) -> None:
+    """Verify every digest and binding of a run's records and list its calls.
+
+    Without --expect-head this shows the records are consistent with each other; only the head kept from when the
+    run closed (or from a receipt) shows they are the records that were written.
+    """
     with RunStore.open(run) as store:
-        v = store.verify()
+        v = store.verify(expect_head=expect_head)
         calls = store.calls()
         meta = store.meta()
     rows: list[dict[str, Any]] = []
@@ -36,14 +40,20 @@ def records(run: RunDir, as_json: JsonOpt = False) -> None:
             f"{rep.report.error.type}: {rep.report.error.message}",
             "elapsed_ms": None if rep is None else round((rep.at_ns - c.at_ns) / 1e6, 3),
         })
-    summary = {"run": str(run), "verified": True, "records": v.records, "workers": v.workers, "calls": v.calls,
+    summary = {"run": str(run), "verified": True, "closed": v.closed, "chain_head": v.head,
+               "anchored": expect_head is not None, "records": v.records, "workers": v.workers, "calls": v.calls,
                "reports": v.reports, "errors": v.errors, "unanswered": v.unanswered, "meta": meta}
     if as_json:
-        emit_json({**summary, "calls": rows})
+        emit_json({**summary, "call_log": rows})
         return
     console = Console()
+    state = "closed" if v.closed else "[bold yellow]INCOMPLETE[/] (no closing record: stopped before it finished, " \
+        "or its tail was cut)"
     console.print(f"[bold green]verified[/] {run}: {v.records} records, {v.workers} workers, {v.calls} calls, "
-                  f"{v.reports} reports ({v.errors} errors), {len(v.unanswered)} unanswered")
+                  f"{v.reports} reports ({v.errors} errors), {len(v.unanswered)} unanswered; {state}")
+    anchor = "matches the anchor given" if expect_head is not None else \
+        "not checked against an anchor: pass --expect-head with the head kept when the run closed"
+    console.print(f"chain head {v.head} ({anchor})")
     table = Table("seq", "call", "engine", "role", "method", "status", "ms", "call digest")
     for r in rows:
         table.add_row(str(r["seq"]), str(r["call_id"]), r["engine"], r["role"], r["method"],

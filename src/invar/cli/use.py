@@ -13,10 +13,11 @@ from typing import Annotated
 
 import typer
 
-from invar.cli.common import JsonOpt, RunDir, emit_json
+from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json
 from invar.contract.admit import EXIT_CODES, Decision, admit
 from invar.contract.prepare import load_contract, prepare
-from invar.errors import ContractError
+from invar.contract.receipt import fingerprint, load_private_key, make_receipt, verify_receipt, write_receipt
+from invar.errors import ContractError, InvarError
 from invar.stats.planning import plan_table, render_plan
 
 app = typer.Typer(
@@ -125,7 +126,7 @@ def render_decision(decision: Decision) -> str:
     d = decision
     lines = [f"{d.answer.value}: {d.reason}",
              f"contract   {d.contract_name} (sha256 {d.contract_sha256})",
-             f"run        {d.run}",
+             f"run        {d.run} ({d.records} records, head {d.chain_head})",
              f"decision   {d.decision_version}, plan {d.plan_version}, standard {d.standard}, ε = {d.epsilon}"
              + ("" if d.delta is None else f", δ = {d.delta}")]
     inv = d.invariance
@@ -158,11 +159,60 @@ def render_decision(decision: Decision) -> str:
 
 
 @app.command("admit")
-def admit_cmd(run: RunDir, contract: ContractOpt, json_out: JsonOpt = False) -> None:
+def admit_cmd(
+    run: RunDir,
+    contract: ContractOpt,
+    expect_head: ExpectHeadOpt = None,
+    receipt: Annotated[
+        Path | None, typer.Option("--receipt", help="Write a decision receipt (JSON) here; never overwrites.")
+    ] = None,
+    key: Annotated[
+        Path | None, typer.Option("--key", help="Sign the receipt with this Ed25519 key (`invar keys new`).")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
     """Decide admission of a run under the owner's contract: exit 0 Admitted, 10 Violated, 11 Unknown."""
-    decision = admit(contract, run)
+    if key is not None and receipt is None:
+        raise InvarError("--key signs a receipt; add --receipt PATH for the receipt to write")
+    private = load_private_key(key) if key is not None else None  # a bad key fails before the long part
+    decision = admit(contract, run, expect_head=expect_head)
+    if receipt is not None:
+        write_receipt(receipt, make_receipt(decision, private))
     if json_out:
-        emit_json(decision.to_json())
+        emit_json({**decision.to_json(), "receipt": None if receipt is None else str(receipt)})
     else:
         typer.echo(render_decision(decision))
+        if receipt is not None:
+            typer.echo(f"receipt    {receipt}" + ("" if private is None else
+                                                  f" (signed, key {fingerprint(private.public_key())[:16]}…)"))
     raise typer.Exit(EXIT_CODES[decision.answer])
+
+
+@app.command("verify")
+def verify_cmd(
+    receipt: Annotated[Path, typer.Argument(help="A receipt written by `invar use admit --receipt`.")],
+    run: Annotated[Path, typer.Option("--run", help="The run the receipt decided.")],
+    contract: ContractOpt,
+    public_key: Annotated[
+        Path | None, typer.Option("--public-key", help="The issuer's public key (.pub), held independently.")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Recompute a receipt's decision from the run's records, anchored at its head, and check its signature.
+
+    Exit 0 when every field matches and the signature (if any) is valid; 2, naming what differs, otherwise.
+    """
+    check = verify_receipt(receipt, run, contract, public_key)
+    if json_out:
+        emit_json(check.to_json())
+        return
+    d = check.decision
+    typer.echo(f"verified: {d.answer.value} under contract {d.contract_sha256[:16]}…, recomputed from {d.records} "
+               f"records ending at head {d.chain_head}")
+    if not check.signed:
+        typer.echo("signature: none (the receipt says what was decided, not who decided it)")
+    elif check.key_checked:
+        typer.echo(f"signature: valid, by the key you gave ({check.key_fingerprint})")
+    else:
+        typer.echo(f"signature: valid for the key embedded in the receipt ({check.key_fingerprint}); pass "
+                   "--public-key to check it is the key you expect")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import enum
 import math
 import os
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -35,14 +36,14 @@ from typing import Any
 import numpy as np
 
 from invar import canonical
-from invar.contract.model import Contract, Package
-from invar.contract.plan import ExecutionPlan, PlannedCall, Role
-from invar.contract.prepare import load_contract, tokenizer_digest
+from invar.contract.model import Contract, Package, read_contract
+from invar.contract.plan import ExecutionPlan, PlannedCall, Role, Unit, derive_plan
+from invar.contract.prepare import TOKENIZER_FILES, tokenizer_digest
 from invar.errors import ContractError, EvidenceError
 from invar.records.store import CallRecord, RunStore
 from invar.stats.bounds import VERSIONS, Bound, bound
 from invar.stats.diagnostics import PairedDiagnostics, paired_diagnostics
-from invar.tasks.arithmetic import SCORERS
+from invar.tasks.arithmetic import SCORERS, load_population
 from invar.tasks.vocabulary import Vocabulary
 
 DECISION_VERSION = "invar.admit/1"
@@ -233,6 +234,9 @@ def collect_evidence(
     repeated call, or a planned call with no successful record.
     """
     records = store.calls()  # verifies digests, the chain and every report's binding to its call, meta included
+    if not store.verify().closed:
+        raise EvidenceError(f"{store.path}: the run is incomplete (no closing record: it stopped before it finished, "
+                            "or its tail was cut); resume it with `invar use run CONTRACT --run RUN`")
     meta = store.meta().get("run", {})
     run_contract = meta.get("contract_sha256") if isinstance(meta, dict) else None
     if run_contract is None:
@@ -470,6 +474,10 @@ class Decision:
     """Population standard only: a finite-domain decision makes no inference beyond its units."""
     evidence: tuple[CallEvidence, ...]
     plan_version: str
+    chain_head: str
+    """The run's head when it was decided: the anchor a receipt keeps."""
+    records: int
+    """How many records the run holds (its closing record included)."""
     decision_version: str = DECISION_VERSION
 
     @property
@@ -486,6 +494,8 @@ class Decision:
             "plan_version": self.plan_version,
             "contract": {"name": self.contract_name, "sha256": self.contract_sha256},
             "run": self.run,
+            "chain_head": self.chain_head,
+            "records": self.records,
             "standard": self.standard,
             "epsilon": str(self.epsilon),
             "delta": None if self.delta is None else str(self.delta),
@@ -550,17 +560,75 @@ def diagnostics_json(diag: PairedDiagnostics) -> dict[str, Any]:
     }
 
 
+# --- inputs ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Where admission reads the files the contract fixes by digest: the population and each tokenizer folder."""
+
+    population: Path
+    tokenizers: Mapping[Role, Path]
+
+
+def run_inputs(contract: Contract, base: Path) -> dict[str, Any]:
+    """The files a contract fixes by digest, as bytes, for a run to keep beside its records (meta `inputs`).
+
+    A run that carries them can be decided from a folder holding only the run and the contract: every byte is still
+    checked against the contract's digests, so where the bytes come from does not matter.
+    """
+    population = (base / contract.population.path).read_bytes()
+    return {
+        "population": population,
+        "tokenizers": {role: {name: (base / contract.package(role).model_dir / name).read_bytes()
+                              for name in TOKENIZER_FILES} for role in ("reference", "candidate")},
+    }
+
+
+def resolve_inputs(contract: Contract, base: Path, kept: Any, scratch: Path) -> Inputs:
+    """The contract's files beside the contract if they are there, else the copies the run keeps (written into
+    `scratch`); the caller checks every one against the contract's digests."""
+    population = base / contract.population.path
+    tokenizers: dict[Role, Path] = {}
+    roles: tuple[Role, Role] = ("reference", "candidate")
+    for role in roles:
+        tokenizers[role] = base / contract.package(role).model_dir
+    if population.is_file() and all((tokenizers[r] / n).is_file() for r in roles for n in TOKENIZER_FILES):
+        return Inputs(population, tokenizers)
+    if not isinstance(kept, dict) or not isinstance(kept.get("population"), bytes) \
+            or not isinstance(kept.get("tokenizers"), dict):
+        raise ContractError(f"population: {population} or a tokenizer folder is missing beside the contract, and the "
+                            "run keeps no copy of them; put the contract beside the files it names")
+    population = scratch / "population.jsonl"
+    population.write_bytes(kept["population"])
+    for role in roles:
+        files = kept["tokenizers"].get(role)
+        folder = scratch / role
+        folder.mkdir()
+        for name in TOKENIZER_FILES:
+            data = files.get(name) if isinstance(files, dict) else None
+            if not isinstance(data, bytes):
+                raise EvidenceError(f"the run's kept inputs lack the {role}'s {name}; put the contract beside the "
+                                    "files it names")
+            (folder / name).write_bytes(data)
+        tokenizers[role] = folder
+    return Inputs(population, tokenizers)
+
+
 # --- the whole procedure ---------------------------------------------------------------------------------------------
 
 
-def admit(contract_path: str | os.PathLike[str], run_path: str | os.PathLike[str]) -> Decision:
+def admit(
+    contract_path: str | os.PathLike[str], run_path: str | os.PathLike[str], *, expect_head: str | None = None
+) -> Decision:
     """Decide admission of the run at `run_path` under the owner's contract file at `contract_path`.
 
+    With `expect_head`, the run's head must be that anchor (kept from when the run closed, or from a receipt).
     Raises `ContractError` for a bad contract, `RecordError` for a damaged store, `EvidenceError` (naming the
     record) for evidence the contract does not accept.
     """
     contract_file = Path(contract_path)
-    contract, sha, plan = load_contract(contract_file)
+    contract, sha = read_contract(contract_file)
     method = contract.requirement.method
     if method is not None and VERSIONS[method] != contract.method_version:
         raise ContractError(
@@ -568,16 +636,19 @@ def admit(contract_path: str | os.PathLike[str], run_path: str | os.PathLike[str
             "decide with the Invar version the contract names, or prepare a new contract"
         )
     base = contract_file.parent
-    vocab: dict[Role, Vocabulary] = {}
     roles: tuple[Role, Role] = ("reference", "candidate")
-    for role in roles:
-        pkg = contract.package(role)
-        model_dir = base / pkg.model_dir
-        if tokenizer_digest(model_dir) != pkg.tokenizer_digest:
-            raise ContractError(f"{role}.model_dir: the tokenizer files in {model_dir} are not the ones the contract "
-                                "names; point the contract at the right model folder")
-        vocab[role] = Vocabulary.from_model_dir(model_dir)
-    with RunStore.open(run_path) as store:
+    with RunStore.open(run_path) as store, tempfile.TemporaryDirectory(prefix="invar-admit-") as scratch:
+        verification = store.verify(expect_head=expect_head)  # walked once: collect_evidence reuses the walk
+        inputs = resolve_inputs(contract, base, store.meta().get("inputs"), Path(scratch))
+        problems = load_population(inputs.population, contract.population.sha256)
+        plan = derive_plan(contract, sha, [Unit(q.id, q.prompt) for q in problems])
+        vocab: dict[Role, Vocabulary] = {}
+        for role in roles:
+            model_dir = inputs.tokenizers[role]
+            if tokenizer_digest(model_dir) != contract.package(role).tokenizer_digest:
+                raise ContractError(f"{role}.model_dir: the tokenizer files in {model_dir} are not the ones the "
+                                    "contract names; point the contract at the right model folder")
+            vocab[role] = Vocabulary.from_model_dir(model_dir)
         found = collect_evidence(store, contract, sha, plan, {r: vocab[r].eos_token_id for r in roles})
 
     pairing = contract.pairing.layout
@@ -614,6 +685,7 @@ def admit(contract_path: str | os.PathLike[str], run_path: str | os.PathLike[str
         standard=req.standard, epsilon=req.epsilon, delta=delta, invariance=invariance,
         premises=premises, task_loss=loss, bound=task_bound, diagnostics=diag,
         evidence=tuple(found[c.key] for c in plan.calls), plan_version=plan.version,
+        chain_head=verification.head, records=verification.records,
     )
 
 

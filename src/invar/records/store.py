@@ -5,13 +5,27 @@ killed at any instant keeps every record committed before the kill. Each record 
 were sent or received, keyed by their sha256, and chained: record k stores sha256 of record k−1's chain value and
 its own fields, so an altered, inserted or reordered record is found by `verify`, which names it. Triggers refuse
 UPDATE and DELETE; nothing is ever rewritten.
+
+The chain alone cannot catch a forger who rewrites a record and recomputes every digest after it, nor one who cuts
+the tail: both leave a store that verifies. Two things close that gap. A finished run ends with a **closing
+record** (its counts and the chain value before it), so a cut or killed run reads as incomplete. And the chain value
+of the last record, the **head**, is printed when the run closes: whoever keeps it (the contract owner, a receipt)
+holds an anchor that any re-chaining, cut or extension changes (`verify(expect_head=...)`).
+
+One process writes a run at a time: a writer holds an exclusive `flock` on `writer.lock` for as long as the store
+is open for writing (the kernel releases it when the process dies, so a killed run can be resumed), and a new run's
+database file is created with O_EXCL, so two processes creating the same run cannot both succeed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
+import shutil
 import sqlite3
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -24,13 +38,15 @@ from invar.errors import ProtocolError, RecordError
 from invar.protocol.messages import Call, Identity, Kind, Report
 
 DB_NAME = "records.sqlite"
-SCHEMA_VERSION = 1
+LOCK_NAME = "writer.lock"
+SCHEMA_VERSION = 2
+"""2: adds the closing record (kind `close`). Stores of schema 1 still verify; they read as not closed."""
 GENESIS = "0" * 64
 
 _SCHEMA = """
 CREATE TABLE log(
     seq    INTEGER PRIMARY KEY,
-    kind   TEXT    NOT NULL CHECK (kind IN ('meta', 'worker', 'call', 'report')),
+    kind   TEXT    NOT NULL CHECK (kind IN ('meta', 'worker', 'call', 'report', 'close')),
     worker TEXT,
     digest TEXT    NOT NULL,
     body   BLOB    NOT NULL,
@@ -44,6 +60,19 @@ CREATE TRIGGER log_no_delete BEFORE DELETE ON log BEGIN SELECT RAISE(ABORT, 'rec
 
 def _chain(prev: str, seq: int, kind: str, worker: str | None, digest: str, at_ns: int) -> str:
     return canonical.digest([prev, seq, kind, worker, digest, at_ns])
+
+
+def _os_error(path: Path, exc: OSError, what: str) -> RecordError:
+    """One line for a file-system failure: where, what the system said, and what to do."""
+    reason = exc.strerror or type(exc).__name__
+    hint = {
+        errno.EROFS: "the file system is read-only; choose a run directory on writable storage",
+        errno.ENOSPC: "the disk is full; free space or choose another run directory",
+        errno.EACCES: "permission denied; choose a run directory you can write",
+        errno.ENOTDIR: "a path component is a file, not a folder; choose another run directory",
+        errno.EEXIST: "a file of that name is in the way; choose another run directory",
+    }.get(exc.errno or 0, "check the path")
+    return RecordError(f"{path}: cannot {what} ({reason}); {hint}")
 
 
 @dataclass(frozen=True)
@@ -74,7 +103,7 @@ class CallRecord:
 
 @dataclass
 class Verification:
-    """What `verify` found: counts, and calls that never got a report (a run stopped mid-call)."""
+    """What `verify` found: counts, calls that never got a report, whether the run was closed, and its head."""
 
     records: int = 0
     workers: int = 0
@@ -82,62 +111,158 @@ class Verification:
     reports: int = 0
     errors: int = 0
     unanswered: list[int] = field(default_factory=list)
+    closed: bool = False
+    """True when the last record is a closing record whose counts match the records before it."""
+    head: str = GENESIS
+    """The chain value of the last record: the anchor to keep for this run."""
 
 
 class RunStore:
     """One run's records. Create with `RunStore.create`, read with `RunStore.open`."""
 
-    def __init__(self, path: Path, conn: sqlite3.Connection, *, writable: bool) -> None:
+    def __init__(self, path: Path, conn: sqlite3.Connection, *, writable: bool, lock_fd: int | None = None,
+                 scratch: Path | None = None) -> None:
         self.path = path
         self._conn = conn
         self._writable = writable
+        self._lock_fd = lock_fd
+        self._scratch = scratch
         self._lock = threading.Lock()
-        row = conn.execute("SELECT seq, chain FROM log ORDER BY seq DESC LIMIT 1").fetchone()
+        row = conn.execute("SELECT seq, chain, kind FROM log ORDER BY seq DESC LIMIT 1").fetchone()
         self._seq, self._last = (int(row[0]), str(row[1])) if row else (0, GENESIS)
+        self._closed = bool(row) and row[2] == "close"
         self._workers: dict[str, Identity] = {}
+        self._walked: list[CallRecord] | None = None
+        self._counts = {"call": 0, "report": 0}
+        if row:
+            for kind, count in conn.execute("SELECT kind, count(*) FROM log GROUP BY kind"):
+                if kind in self._counts:
+                    self._counts[kind] = int(count)
 
     # -- opening ----------------------------------------------------------------------------------------------
 
+    @staticmethod
+    def _take_writer_lock(root: Path) -> int:
+        """Hold the run's writer lock (released by the kernel when this process ends, however it ends)."""
+        lock_path = root / LOCK_NAME
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise _os_error(lock_path, exc, "open the run's writer lock") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RecordError(f"{root}: another invar process is writing this run; wait for it to finish, "
+                              "or choose another run directory") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return fd
+
+    @staticmethod
+    def _connect(db: Path | str, *, uri: bool = False) -> sqlite3.Connection:
+        return sqlite3.connect(db, isolation_level=None, check_same_thread=False, uri=uri)
+
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None) -> RunStore:
-        """Make a new run directory; refuses one that already holds records."""
+        """Make a new run directory; refuses one that already holds records, or that another process is making."""
         root = Path(path)
         db = root / DB_NAME
-        if db.exists():
-            raise RecordError(f"{root}: a run already exists here; choose a new run directory")
-        root.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.executescript(_SCHEMA)
-        store = cls(root, conn, writable=True)
+        if root.exists() and not root.is_dir():
+            raise RecordError(f"{root}: is a file, not a folder; choose a new run directory")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _os_error(root, exc, "make the run directory") from None
+        fd = cls._take_writer_lock(root)
+        try:
+            try:
+                os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            except FileExistsError:
+                raise RecordError(f"{root}: a run already exists here; choose a new run directory, or resume it "
+                                  "with the command that made it") from None
+            except OSError as exc:
+                raise _os_error(db, exc, "create the run's database") from None
+            try:
+                conn = cls._connect(db)
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.executescript(_SCHEMA)
+            except sqlite3.Error as exc:
+                raise RecordError(f"{db}: cannot initialise the run's database ({exc}); check the disk") from None
+            store = cls(root, conn, writable=True, lock_fd=fd)
+        except BaseException:
+            os.close(fd)
+            raise
         store.put_meta("run", {"schema": SCHEMA_VERSION, "invar_version": __version__,
                                "created_ns": time.time_ns(), **dict(meta or {})})
         return store
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, writable: bool = False) -> RunStore:
-        """Open an existing run; read-only unless `writable`."""
+        """Open an existing run; read-only unless `writable` (which takes the writer lock and refuses a closed
+        run, since nothing may follow its closing record)."""
         root = Path(path)
         db = root / DB_NAME
         if not db.is_file():
             raise RecordError(f"{root}: no run store here (expected {DB_NAME}); pass a run directory")
-        try:
-            if writable:
-                conn = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+        if writable:
+            fd = cls._take_writer_lock(root)
+            try:
+                conn = cls._connect(db)
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=FULL")
-            else:
+                store = cls(root, conn, writable=True, lock_fd=fd)
+            except sqlite3.DatabaseError as exc:
+                os.close(fd)
+                raise RecordError(f"{db}: the database cannot be read ({exc}); the file is damaged") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            if store._closed:
+                store.close()
+                raise RecordError(f"{root}: the run is closed; nothing may be added to it. Start a new run")
+            return store
+        scratch: Path | None = None
+        try:
+            if os.access(root, os.W_OK) and os.access(db, os.W_OK):
                 # Not ?mode=ro: a WAL left by a killed writer must be replayed, which needs the -shm file.
-                conn = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
-                conn.execute("PRAGMA query_only=ON")
-            return cls(root, conn, writable=writable)
+                conn = cls._connect(db)
+            else:
+                conn, scratch = cls._open_on_read_only_media(db)
+            conn.execute("PRAGMA query_only=ON")
+            return cls(root, conn, writable=False, scratch=scratch)
         except sqlite3.DatabaseError as exc:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
             raise RecordError(f"{db}: the database cannot be read ({exc}); the file is damaged") from None
+
+    @classmethod
+    def _open_on_read_only_media(cls, db: Path) -> tuple[sqlite3.Connection, Path | None]:
+        """A run on media this process cannot write (a read-only mount, an archive): SQLite cannot make its -shm
+        file there. Without a write-ahead log the file is complete and is opened immutable; with one (a writer was
+        killed), database and log are copied to a scratch folder, where the log is replayed as usual."""
+        wal = db.with_name(db.name + "-wal")
+        if not wal.exists() or wal.stat().st_size == 0:
+            return cls._connect(f"{db.resolve().as_uri()}?immutable=1", uri=True), None
+        scratch = Path(tempfile.mkdtemp(prefix="invar-readonly-run-"))
+        try:
+            shutil.copy2(db, scratch / DB_NAME)
+            shutil.copy2(wal, scratch / wal.name)
+        except OSError as exc:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise _os_error(db, exc, "copy the run from read-only media to replay its log") from None
+        return cls._connect(scratch / DB_NAME), scratch
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+                self._scratch = None
 
     def __enter__(self) -> RunStore:
         return self
@@ -147,19 +272,38 @@ class RunStore:
 
     # -- writing ----------------------------------------------------------------------------------------------
 
+    @property
+    def head(self) -> str:
+        """The chain value of the last record written or read."""
+        return self._last
+
+    @property
+    def closed(self) -> bool:
+        """Whether the last record is a closing record (checked fully by `verify`)."""
+        return self._closed
+
     def _append(self, kind: str, body: bytes, worker: str | None = None) -> str:
         if not self._writable:
             raise RecordError(f"{self.path}: opened read-only")
         digest = canonical.sha256(body)
         with self._lock:
+            if self._closed:
+                raise RecordError(f"{self.path}: the run is closed; nothing may be added to it")
             seq = self._seq + 1
             at_ns = time.time_ns()
             chain = _chain(self._last, seq, kind, worker, digest, at_ns)
-            self._conn.execute(
-                "INSERT INTO log(seq, kind, worker, digest, body, at_ns, chain) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (seq, kind, worker, digest, body, at_ns, chain),
-            )
+            try:
+                self._conn.execute(
+                    "INSERT INTO log(seq, kind, worker, digest, body, at_ns, chain) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (seq, kind, worker, digest, body, at_ns, chain),
+                )
+            except sqlite3.Error as exc:
+                # Nothing was committed for this record; every earlier one stays whole (one transaction each).
+                raise RecordError(f"{self.path / DB_NAME}: cannot write record {seq} ({kind}): {exc}; records up to "
+                                  f"{self._seq} are kept. Free disk space or fix the storage, then resume") from None
             self._seq, self._last = seq, chain
+            if kind in self._counts:
+                self._counts[kind] += 1
         return digest
 
     def put_meta(self, key: str, value: Any) -> None:
@@ -185,29 +329,51 @@ class RunStore:
         """Record a report's exact payload, received from `worker`; returns the report digest."""
         return self._append("report", payload, worker)
 
+    def close_run(self) -> str:
+        """Append the closing record and return the run's head: the chain value to keep as its anchor.
+
+        The closing record states how many records, calls and reports precede it and the chain value before it, so
+        a run cut after it was closed no longer verifies, and a run without one reads as incomplete.
+        """
+        with self._lock:
+            body = canonical.encode({"records": self._seq, "calls": self._counts["call"],
+                                     "reports": self._counts["report"], "previous_chain": self._last,
+                                     "invar_version": __version__})
+        self._append("close", body)
+        with self._lock:
+            self._closed = True
+        return self._last
+
     def _known_workers(self) -> set[str]:
         return {str(r[0]) for r in self._conn.execute("SELECT digest FROM log WHERE kind = 'worker'")}
 
     # -- reading ----------------------------------------------------------------------------------------------
 
-    def _rows(self) -> Iterator[tuple[int, str, str | None, str, bytes, int, str]]:
+    def _rows(self, where: str = "") -> Iterator[tuple[int, str, str | None, str, bytes, int, str]]:
         try:
-            yield from self._conn.execute("SELECT seq, kind, worker, digest, body, at_ns, chain FROM log ORDER BY seq")
+            yield from self._conn.execute(
+                f"SELECT seq, kind, worker, digest, body, at_ns, chain FROM log {where} ORDER BY seq")
         except sqlite3.DatabaseError as exc:
             raise RecordError(f"{self.path / DB_NAME}: the database cannot be read ({exc}); "
                               "the file was damaged or tampered with") from None
 
     def meta(self) -> dict[str, Any]:
+        """The run's metadata entries (not verified: call `verify` first where it matters)."""
         out: dict[str, Any] = {}
-        for _seq, kind, _w, _d, body, _t, _c in self._rows():
-            if kind == "meta":
-                out.update(canonical.decode(body))
+        for seq, _kind, _w, _d, body, _t, _c in self._rows("WHERE kind = 'meta'"):
+            out.update(_meta_entry(seq, body))
         return out
 
-    def verify(self) -> Verification:
-        """Check every digest, the chain, every binding; raise `RecordError` naming the first bad record."""
-        self._verified_calls = self._walk()
-        return self._verification
+    def verify(self, *, expect_head: str | None = None) -> Verification:
+        """Check every digest, the chain, every binding and the closing record; raise `RecordError` naming the
+        first bad record. With `expect_head`, also demand that the run's head is that anchor."""
+        self._walk()
+        v = self._verification
+        if expect_head is not None and v.head != expect_head.strip().lower():
+            raise RecordError(
+                f"{self.path}: the run's head is {v.head}, but the anchor given is {expect_head.strip()}: the records "
+                "were re-chained, cut or extended after the anchor was taken (or the anchor is of another run)")
+        return v
 
     def calls(self) -> list[CallRecord]:
         """Every call in order, with its report; verifies the whole store first."""
@@ -218,36 +384,51 @@ class RunStore:
         return dict(self._workers)
 
     def _walk(self) -> list[CallRecord]:
+        # A store opened read-only by this process is walked once: its verdict cannot change under us, since a
+        # writer can only append, and appended records would be a different run state we were not asked about.
+        if not self._writable and self._walked is not None:
+            return self._walked
+        self._walked = self._walk_all()
+        return self._walked
+
+    def _walk_all(self) -> list[CallRecord]:
         v = Verification()
         prev = GENESIS
         workers: dict[str, Identity] = {}
         calls: dict[tuple[str, int], CallRecord] = {}
         order: list[tuple[str, int]] = []
+        close_seen: int | None = None
         for seq, kind, worker, digest, body, at_ns, chain in self._rows():
             v.records += 1
             where = f"record {seq} ({kind})"
             if seq != v.records:
                 raise RecordError(f"{where}: sequence gap, expected record {v.records}: records were removed")
-            if canonical.sha256(body) != digest:
-                raise RecordError(f"{where}: its bytes do not match its digest {digest[:16]}…: the record was altered")
+            if close_seen is not None:
+                raise RecordError(f"{where}: follows the closing record {close_seen}: records were added after the "
+                                  "run was closed")
+            if not isinstance(body, bytes) or canonical.sha256(body) != digest:
+                raise RecordError(f"{where}: its bytes do not match its digest {str(digest)[:16]}…: the record was "
+                                  "altered")
             if _chain(prev, seq, kind, worker, digest, at_ns) != chain:
                 raise RecordError(f"{where}: the chain does not match: the record or one before it was altered")
-            prev = chain
+            chain_before, prev = prev, chain
+            message = _canonical_body(where, body)
             try:
-                message = canonical.decode(body)
-            except canonical.CanonicalError as exc:
-                raise RecordError(f"{where}: undecodable ({exc})") from None
-            if canonical.encode(message) != body:
-                raise RecordError(f"{where}: not in canonical form")
-            try:
-                if kind == "worker":
+                if kind == "meta":
+                    _meta_entry(seq, body)
+                elif kind == "close":
+                    _check_close(where, message, v, chain_before=chain_before)
+                    close_seen = seq
+                elif kind == "worker":
                     ident = Identity.from_wire(message)
+                    if ident.digest != digest:
+                        raise RecordError(f"{where}: the identity does not re-encode to its recorded bytes")
                     workers[digest] = ident
                     v.workers += 1
                 elif kind == "call":
                     if worker not in workers:
                         raise RecordError(f"{where}: sent to worker {str(worker)[:16]}…, which has no record")
-                    if message.get("kind") != Kind.CALL.value:
+                    if not isinstance(message, dict) or message.get("kind") != Kind.CALL.value:
                         raise RecordError(f"{where}: the body is not a call")
                     call = Call.from_wire(message)
                     key = (worker, call.call_id)
@@ -259,7 +440,7 @@ class RunStore:
                 elif kind == "report":
                     if worker not in workers:
                         raise RecordError(f"{where}: from worker {str(worker)[:16]}…, which has no record")
-                    if message.get("kind") != Kind.REPORT.value:
+                    if not isinstance(message, dict) or message.get("kind") != Kind.REPORT.value:
                         raise RecordError(f"{where}: the body is not a report")
                     report = Report.from_wire(message)
                     key = (worker, report.call_id)
@@ -278,12 +459,55 @@ class RunStore:
                                             rec.at_ns, ReportRecord(seq, report, digest, at_ns))
                     v.reports += 1
                     v.errors += 0 if report.ok else 1
+                else:
+                    raise RecordError(f"{where}: unknown record kind {kind!r}")
             except ProtocolError as exc:
                 raise RecordError(f"{where}: malformed: {exc}") from None
+        v.head = prev
+        v.closed = close_seen is not None
         v.unanswered = [calls[k].seq for k in order if calls[k].report is None]
         self._workers = workers
         self._verification = v
         return [calls[k] for k in order]
+
+
+def _canonical_body(where: str, body: bytes) -> Any:
+    """Decode a record's body and demand that it is the one canonical encoding of its value."""
+    try:
+        message = canonical.decode(body)
+        if canonical.encode(message) != body:
+            raise RecordError(f"{where}: not in canonical form")
+    except canonical.CanonicalError as exc:
+        raise RecordError(f"{where}: undecodable ({exc})") from None
+    except RecursionError:
+        raise RecordError(f"{where}: undecodable (nested too deeply)") from None
+    return message
+
+
+def _meta_entry(seq: int, body: bytes) -> dict[str, Any]:
+    """A metadata record's one {key: value} entry; `RecordError` naming the record for anything else."""
+    try:
+        entry = canonical.decode(body)
+    except (canonical.CanonicalError, RecursionError) as exc:
+        raise RecordError(f"record {seq} (meta): undecodable ({exc})") from None
+    if not isinstance(entry, dict) or len(entry) != 1 or not all(isinstance(k, str) for k in entry):
+        raise RecordError(f"record {seq} (meta): malformed: a metadata record holds one {{name: value}} entry")
+    (key, value), = entry.items()
+    if key == "run" and not isinstance(value, dict):
+        raise RecordError(f"record {seq} (meta): malformed: the run's metadata must be a map")
+    return entry
+
+
+def _check_close(where: str, message: Any, v: Verification, *, chain_before: str) -> None:
+    """A closing record must state exactly the counts and the chain value of the records before it."""
+    if not isinstance(message, dict):
+        raise RecordError(f"{where}: malformed: a closing record is a map")
+    stated = (message.get("records"), message.get("calls"), message.get("reports"), message.get("previous_chain"))
+    actual = (v.records - 1, v.calls, v.reports, chain_before)
+    if stated != actual:
+        raise RecordError(f"{where}: the closing record states {stated[0]} records, {stated[1]} calls, "
+                          f"{stated[2]} reports before it, but {actual[0]}, {actual[1]}, {actual[2]} precede it "
+                          "(or its chain value differs): records were removed or forged")
 
 
 def is_run(path: str | os.PathLike[str]) -> bool:
