@@ -161,6 +161,15 @@ class Invariance(_Model):
     """The layouts (keys of `layouts`) the candidate must be invariant across."""
 
 
+class Execution(_Model):
+    """How the plan cuts each layout's requests into calls (plan `invar.plan/2`)."""
+
+    requests_per_call: int = Field(default=64, ge=1, le=1 << 20)
+    """The most requests one generate call carries. A call holds whole batches of its layout (one batch at least,
+    so a batch larger than this is one call), so batching is exactly the layout's; smaller calls mean finer
+    progress and less work repeated when a killed run resumes."""
+
+
 class Adapter(_Model):
     """A LoRA adapter folder and its tree digest."""
 
@@ -345,6 +354,8 @@ class Declaration(_Model):
     """The package proposed to replace it."""
     premises: list[Premise] = Field(default_factory=list)
     """Assumptions the decision may rest on."""
+    execution: Execution = Field(default_factory=Execution)
+    """How the plan's calls are cut; the defaults suit most uses."""
 
     @model_validator(mode="before")
     @classmethod
@@ -424,6 +435,9 @@ class Contract(_Model):
     """The package proposed to replace it."""
     premises: list[Premise] = Field(default_factory=list)
     """Assumptions the decision rests on."""
+    execution: Execution | None = None
+    """How the plan's calls are cut. Absent in contracts of plan `invar.plan/1` (one call per package and layout);
+    present, the plan is `invar.plan/2`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
 
