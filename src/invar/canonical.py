@@ -45,9 +45,28 @@ class CanonicalError(ValueError):
     """A value that has no canonical encoding, or bytes that do not decode."""
 
 
+class NotCanonicalError(CanonicalError):
+    """Bytes that decode, but are not the encoding `encode` gives their value: a second spelling of one value.
+
+    Accepting one would keep bytes whose digest no later re-encoding reproduces, so they are refused like garbage.
+    """
+
+
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 _ALIGN = 16
 """Array bytes start at multiples of 16 from the start of the value, so arrays decode as aligned views."""
+
+MAX_DEPTH = 64
+"""The deepest nesting of maps and lists a value may have (a flat map is depth 1). Messages nest a handful of
+levels; the bound keeps encoding and decoding clear of Python's recursion limit, whatever a peer sends."""
+
+_TOO_DEEP = f"maps and lists nested deeper than {MAX_DEPTH} levels"
+
+
+def show(value: Any, limit: int = 40) -> str:
+    """A bounded repr for messages: a hostile value must not turn an error into megabytes of text."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _pad(offset: int) -> int:
@@ -69,42 +88,70 @@ class _Encoder:
         self.offset += raw.nbytes
         return ext
 
-    def normalize(self, obj: Any) -> Any:
-        if obj is None or isinstance(obj, bool | str | bytes | float):
+    def normalize(self, obj: Any, depth: int = 0) -> Any:
+        """`obj` as plain msgpack types (exact str, int, float, …), maps sorted, arrays as extensions."""
+        t = type(obj)
+        # Exact types first: they are all a decoded value holds, and decode re-encodes every document.
+        if obj is None or t is str or t is float or t is bool or t is bytes:
             return obj
-        if isinstance(obj, int):
+        if t is int:
             if not _INT_MIN <= obj <= _INT_MAX:
-                raise CanonicalError(f"integer {obj} does not fit in 64 bits")
+                raise CanonicalError(f"integer {show(obj)} does not fit in 64 bits")
             return obj
-        if isinstance(obj, bytearray | memoryview):
-            return bytes(obj)
+        if t is dict or isinstance(obj, Mapping):
+            if depth >= MAX_DEPTH:
+                raise CanonicalError(_TOO_DEEP)
+            for key in obj:
+                if not isinstance(key, str):
+                    raise CanonicalError(f"map key {show(key)} is not a string")
+            # Sorted before the values are visited, so array bytes follow in the same (canonical) order. A str
+            # subclass (an enum member) is written as the plain string it is.
+            return {key if type(key) is str else str.__str__(key): self.normalize(obj[key], depth + 1)
+                    for key in sorted(obj)}
+        if t is list or t is tuple:
+            if depth >= MAX_DEPTH:
+                raise CanonicalError(_TOO_DEEP)
+            return [self.normalize(v, depth + 1) for v in obj]
         if isinstance(obj, np.ndarray):
-            a = np.ascontiguousarray(obj)
+            a = np.asarray(obj, order="C")  # not ascontiguousarray, which turns a 0-d array into shape (1,)
             dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
             if dt.str not in _ALLOWED_DTYPES:
                 raise CanonicalError(f"array dtype {a.dtype} is not supported on the wire")
             a = a.astype(dt, copy=False)
             return self.array(dt.str, a.shape, a.reshape(-1).data.cast("B"))
         if isinstance(obj, BFloat16Array):
-            bits = np.ascontiguousarray(obj.bits, dtype="<u2")
+            bits = np.asarray(obj.bits, dtype="<u2", order="C")
             return self.array("bfloat16", bits.shape, bits.reshape(-1).data.cast("B"))
+        # Subclasses of the plain types (enum members, numpy's float64) are written as the value they hold.
+        if isinstance(obj, str):
+            return str.__str__(obj)
+        if isinstance(obj, bytes | bytearray | memoryview):
+            return bytes(obj)
+        if isinstance(obj, int):
+            return self.normalize(int.__int__(obj), depth)
+        if isinstance(obj, float):
+            return float.__float__(obj)
         if isinstance(obj, np.generic):
-            return self.normalize(obj.item())
-        if isinstance(obj, Mapping):
-            for key in obj:
-                if not isinstance(key, str):
-                    raise CanonicalError(f"map key {key!r} is not a string")
-            # Sorted before the values are visited, so array bytes follow in the same (canonical) order.
-            return {key: self.normalize(obj[key]) for key in sorted(obj)}
+            return self.normalize(obj.item(), depth)
         if isinstance(obj, Sequence):
-            return [self.normalize(v) for v in obj]
+            if depth >= MAX_DEPTH:
+                raise CanonicalError(_TOO_DEEP)
+            return [self.normalize(v, depth + 1) for v in obj]
         raise CanonicalError(f"type {type(obj).__name__} has no canonical encoding")
+
+    def pack(self, obj: Any) -> bytes:
+        """The msgpack document of `obj`; its arrays' bytes are left in `blobs`."""
+        normal = self.normalize(obj)
+        try:
+            return msgpack.packb(normal, use_bin_type=True, strict_types=True)  # type: ignore[no-any-return]
+        except (ValueError, TypeError, OverflowError) as exc:  # a lone surrogate in a str, a str over 4 GiB
+            raise CanonicalError(f"no canonical encoding: {type(exc).__name__}: {exc}") from None
 
 
 def encode_parts(obj: Any) -> list[bytes | memoryview]:
     """The canonical encoding as segments: the document, then each array's bytes in place (not copied)."""
     enc = _Encoder()
-    doc = msgpack.packb(enc.normalize(obj), use_bin_type=True, strict_types=True)
+    doc = enc.pack(obj)
     if len(doc) >= 1 << 32:
         raise CanonicalError("the msgpack document exceeds 4 GiB")
     if not enc.blobs:
@@ -118,9 +165,13 @@ def encode(obj: Any) -> bytes:
 
 
 def decode(data: bytes | bytearray | memoryview) -> Any:
-    """Decode bytes written by `encode`; raises `CanonicalError` on anything malformed.
+    """Decode bytes written by `encode`; raises `CanonicalError` on anything else.
 
-    Arrays come back as read-only views of `data` (records are never changed in place).
+    Only `encode`'s own output decodes: bytes that are malformed, hold what `encode` never writes (a map key that
+    is not a string, an unknown extension, nesting deeper than `MAX_DEPTH`) or spell a value other than the one
+    way `encode` does (unsorted or repeated keys, a wider integer, a float32: `NotCanonicalError`) are refused,
+    so a value's digest is always the digest of its bytes. Arrays come back as read-only views of `data`
+    (records are never changed in place).
     """
     view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
     if len(view) < _DOC_LEN:
@@ -146,7 +197,8 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
         if not isinstance(dtype, str) or not isinstance(shape, list):
             raise CanonicalError("malformed array extension: expected [dtype, shape, offset, nbytes]")
         if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in [*shape, offset, nbytes]):
-            raise CanonicalError(f"malformed array extension: shape {shape!r}, offset {offset!r}, nbytes {nbytes!r}")
+            raise CanonicalError(f"malformed array extension: shape {show(shape)}, offset {show(offset)}, "
+                                 f"nbytes {show(nbytes)}")
         gap = _pad(expected[0])
         if offset != expected[0] + gap or offset + nbytes > blob_len:
             raise CanonicalError("array bytes out of place: arrays must follow the document in order, each at the "
@@ -165,7 +217,7 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
             bits.flags.writeable = False
             return BFloat16Array(bits)
         if dtype not in _ALLOWED_DTYPES:
-            raise CanonicalError(f"array dtype {dtype!r} is not supported on the wire")
+            raise CanonicalError(f"array dtype {show(dtype)} is not supported on the wire")
         dt = np.dtype(dtype)
         if nbytes != dt.itemsize * count:
             raise CanonicalError("array: byte count does not match its shape and dtype")
@@ -173,14 +225,28 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
         arr.flags.writeable = False
         return arr
 
+    doc = view[_DOC_LEN:doc_end]
     try:
-        value = msgpack.unpackb(view[_DOC_LEN:doc_end], raw=False, strict_map_key=True, ext_hook=ext_hook)
+        value = msgpack.unpackb(doc, raw=False, strict_map_key=True, ext_hook=ext_hook)
     except CanonicalError:
         raise
+    except msgpack.StackError:
+        raise CanonicalError(_TOO_DEEP) from None
     except Exception as exc:
         raise CanonicalError(f"malformed msgpack: {type(exc).__name__}: {exc}") from None
     if expected[0] != blob_len:
         raise CanonicalError(f"{blob_len - expected[0]} bytes after the last array belong to no array")
+    # One value, one encoding: the document must be exactly what encode writes for the value it decodes to. The
+    # array bytes need no second look: their places, sizes and padding were fixed above, and the offsets and
+    # sizes are part of the document compared here.
+    again = _Encoder().pack(value)
+    if again != doc:
+        at = next((i for i, (a, b) in enumerate(zip(again, doc, strict=False)) if a != b), min(len(again), doc_len))
+        raise NotCanonicalError(
+            f"not in canonical form: the {doc_len}-byte document departs from the canonical encoding of its value "
+            f"at byte {at} (canonical: keys sorted and unrepeated, integers in their shortest form, floats as "
+            "float64, strings as str and bytes as bin, each with its shortest header)"
+        )
     return value
 
 

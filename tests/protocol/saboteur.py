@@ -9,6 +9,8 @@ import os
 import sys
 import time
 
+import msgpack
+
 from invar import canonical
 from invar.protocol import frames
 from invar.protocol.messages import PROTOCOL_VERSION, Call, Handshake, Identity, Report, Role
@@ -20,6 +22,26 @@ IDENTITY = Identity(engine="saboteur", engine_version={"invar": "test"}, role=Ro
 def send(out: object, message: dict[str, object]) -> None:
     out.write(frames.encode_frame(canonical.encode(message)))  # type: ignore[attr-defined]
     out.flush()  # type: ignore[attr-defined]
+
+
+def send_document(out: object, doc: bytes) -> None:
+    """Send a frame whose msgpack document was written by hand (no arrays follow it)."""
+    out.write(frames.encode_frame(len(doc).to_bytes(4, "big") + doc))  # type: ignore[attr-defined]
+    out.flush()  # type: ignore[attr-defined]
+
+
+def spelled(mode: str, report: dict[str, object]) -> bytes:
+    """A document that decodes to (nearly) `report` but is not how `canonical.encode` writes it."""
+    canonical_doc = canonical.encode(report)[4:]
+    if mode == "unsorted-keys":
+        return msgpack.packb(dict(reversed(list(report.items()))), use_bin_type=True)  # type: ignore[no-any-return]
+    if mode == "wide-int":  # the call id 1 as a uint64 instead of a positive fixint
+        return canonical_doc.replace(b"\xa7call_id\x01", b"\xa7call_id\xcf" + (1).to_bytes(8, "big"))
+    if mode == "float32":  # 0.5 is exact in float32, so the value decodes unchanged
+        return msgpack.packb({**report, "result": {"x": 0.5}}, use_bin_type=True, use_single_float=True)  # type: ignore[no-any-return]
+    if mode == "bytes-key":
+        return msgpack.packb({**report, "result": {b"x": 0.5}}, use_bin_type=True)  # type: ignore[no-any-return]
+    raise SystemExit(f"unknown mode {mode}")
 
 
 def main() -> int:
@@ -75,6 +97,8 @@ def main() -> int:
             os._exit(139)
         elif mode == "hang":
             time.sleep(60)
+        elif mode in ("unsorted-keys", "wide-int", "float32", "bytes-key"):
+            send_document(out, spelled(mode, good.to_wire()))
         elif mode == "echo":
             send(out, good.to_wire())
         else:

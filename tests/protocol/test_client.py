@@ -110,7 +110,7 @@ def test_learner_role_is_declared() -> None:
         ("duplicate", "second report for call 1, which was already answered"),
         ("stray-bytes", "non-frame bytes on the stream"),
         ("truncated", "truncated frame"),
-        ("malformed", "undecodable frame payload"),
+        ("malformed", "undecodable report"),
         ("not-a-report", "expected a report, got kind 'call'"),
         ("die", r"worker exited \(exit code 139\); stderr tail:\s+segfault in the engine"),
     ],
@@ -133,6 +133,31 @@ def test_broken_reports_are_rejected(mode: str, message: str) -> None:
             w.submit("echo", {"x": 3})
     finally:
         w.close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        ("unsorted-keys", r"report is not in canonical form: the \d+-byte document departs from the canonical "
+                          "encoding of its value at byte 1 "),
+        ("wide-int", "report is not in canonical form: .* at byte 87 "),
+        ("float32", "report is not in canonical form"),
+        ("bytes-key", r"undecodable report: map key b'x' is not a string"),
+    ],
+)
+def test_report_not_in_canonical_form_is_refused_and_never_recorded(tmp_path: Path, mode: str, message: str) -> None:
+    # Each of these decodes, so it used to be accepted and recorded, leaving a store that fails verification.
+    store = RunStore.create(tmp_path / "run")
+    w = saboteur(mode, call_timeout=20, recorder=store)
+    w.start()
+    try:
+        with pytest.raises(ProtocolError, match=message):
+            w.call("echo", {"x": 1})
+    finally:
+        w.close()
+    v = store.verify()
+    assert (v.workers, v.calls, v.reports) == (1, 1, 0)
+    assert len(v.unanswered) == 1  # the call stays on record, unanswered: nothing unverifiable was kept
 
 
 def test_call_timeout_stops_the_worker() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import io
 
 import numpy as np
@@ -31,11 +32,15 @@ def _good_stream() -> bytes:
 
 
 def _drain(data: bytes) -> int:
-    """Read every frame of `data` as the client does; returns how many decoded."""
+    """Read every frame of `data` as the client does; returns how many decoded.
+
+    Whatever decodes must be exactly the canonical encoding of what it decodes to: that is what is recorded.
+    """
     stream = io.BytesIO(data)
     n = 0
     while (payload := frames.read_frame(stream)) is not None:
         message = frames.decode_payload(payload)
+        assert canonical.encode(message) == payload
         kind = message.get("kind")
         if kind == "call":
             Call.from_wire(message)
@@ -115,3 +120,126 @@ def test_arrays_decode_as_aligned_read_only_views_and_padding_is_checked() -> No
     data[blob_start + 3] = 1
     with pytest.raises(canonical.CanonicalError, match="padding"):
         canonical.decode(data)
+
+
+def _value(doc: bytes) -> bytes:
+    """An encoded value made of a hand-written msgpack document and no arrays."""
+    return len(doc).to_bytes(4, "big") + doc
+
+
+@pytest.mark.parametrize(
+    ("doc", "why"),
+    [
+        (b"\x82\xa1b\x01\xa1a\x02", "keys out of order"),
+        (b"\x82\xa1a\x01\xa1a\x02", "a repeated key"),
+        (b"\x81\xa1a\xcc\x05", "5 as a uint8"),
+        (b"\x81\xa1a\xd0\x05", "5 as an int8"),
+        (b"\x81\xa1a\xd1\xff\xff", "-1 as an int16"),
+        (b"\x81\xa1a\xcf" + (2**20).to_bytes(8, "big"), "2**20 as a uint64"),
+        (b"\x81\xa1a\xca\x3f\x00\x00\x00", "0.5 as a float32"),
+        (b"\x81\xd9\x01a\x01", "a key with a str8 header"),
+        (b"\x81\xa1a\xc5\x00\x01z", "bytes with a bin16 header"),
+        (b"\xdc\x00\x01\x01", "a list with an array16 header"),
+        (b"\xde\x00\x01\xa1a\x01", "a map with a map16 header"),
+    ],
+)
+def test_second_spellings_of_a_value_do_not_decode(doc: bytes, why: str) -> None:
+    # Every one of these decodes with plain msgpack: recording one would keep bytes no re-encoding reproduces.
+    with pytest.raises(canonical.NotCanonicalError, match="not in canonical form"):
+        canonical.decode(_value(doc))
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (b"\xd7\x01", b"\xc7\x08\x01"),  # the extension's fixext8 header written as ext8
+        # the array's offset 0 written as a uint8 inside the extension (whose header then says 9 bytes)
+        (b"\xd7\x01\x94\xa3|u1\x90\x00\x01", b"\xc7\x09\x01\x94\xa3|u1\x90\xcc\x00\x01"),
+    ],
+)
+def test_array_extension_spelled_twice_does_not_decode(old: bytes, new: bytes) -> None:
+    data = canonical.encode({"a": np.array(7, dtype=np.uint8)})
+    doc_len = int.from_bytes(data[:4], "big")
+    doc = data[4:4 + doc_len]
+    assert doc.count(old) == 1
+    doc = doc.replace(old, new)
+    blob = data[4 + doc_len + (-(4 + doc_len) % 16):]
+    respelled = _value(doc) + bytes(-(4 + len(doc)) % 16) + blob
+    assert canonical.decode(data)["a"] == 7
+    with pytest.raises(canonical.NotCanonicalError, match="not in canonical form"):
+        canonical.decode(respelled)
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (b"\x81\xc4\x01k\x01", "map key b'k' is not a string"),
+        (b"\x81\x01\x01", "malformed msgpack"),
+        (b"\xd6\xff\x00\x00\x00\x01", "type Timestamp has no canonical encoding"),
+        (b"\x91" * 64 + b"\x90", "nested deeper than 64 levels"),
+        (b"\x91" * 500 + b"\x90", "nested deeper than 64 levels"),
+        (b"\x91" * 5000 + b"\x90", "nested deeper than 64 levels"),
+        (b"\x81\xa1a" * 300 + b"\xc0", "nested deeper than 64 levels"),
+    ],
+)
+def test_what_encode_never_writes_does_not_decode(doc: bytes, message: str) -> None:
+    with pytest.raises(canonical.CanonicalError, match=message):
+        canonical.decode(_value(doc))
+
+
+def test_nesting_up_to_the_limit_round_trips_and_beyond_it_is_refused_both_ways() -> None:
+    value: object = []
+    for _ in range(canonical.MAX_DEPTH - 1):
+        value = [value]
+    assert canonical.decode(canonical.encode(value)) == value
+    with pytest.raises(canonical.CanonicalError, match="nested deeper than 64 levels"):
+        canonical.encode([value])
+    deep: object = {}
+    for _ in range(2000):  # past Python's recursion limit: still one clear error
+        deep = {"a": deep}
+    with pytest.raises(canonical.CanonicalError, match="nested deeper than 64 levels"):
+        canonical.encode(deep)
+    loop: list[object] = []
+    loop.append(loop)
+    with pytest.raises(canonical.CanonicalError, match="nested deeper than 64 levels"):
+        canonical.encode(loop)
+
+
+class _Colour(enum.StrEnum):
+    RED = "red"
+
+
+class _Size(enum.IntEnum):
+    BIG = 3
+
+
+def test_encode_refuses_what_has_no_encoding_with_canonical_error_only() -> None:
+    for value, message in [
+        ("\ud800", "UnicodeEncodeError"),
+        ({"\udfff": 1}, "UnicodeEncodeError"),
+        ({1: "a"}, "map key 1 is not a string"),
+        (2**64, "does not fit in 64 bits"),
+        (-(2**63) - 1, "does not fit in 64 bits"),
+        (object(), "type object has no canonical encoding"),
+        (np.array(["a"]), "dtype <U1 is not supported"),
+    ]:
+        with pytest.raises(canonical.CanonicalError, match=message):
+            canonical.encode(value)
+
+
+def test_subclasses_of_plain_types_encode_as_the_value_they_hold() -> None:
+    value = {_Colour.RED: [_Colour.RED, _Size.BIG, np.float64(0.25), np.float32(0.5), np.int16(-2), np.bool_(True)]}
+    plain = {"red": ["red", 3, 0.25, 0.5, -2, True]}
+    assert canonical.encode(value) == canonical.encode(plain)
+    back = canonical.decode(canonical.encode(value))
+    assert back == plain
+    assert [type(x) for x in back["red"]] == [str, int, float, float, int, bool]
+
+
+def test_zero_dimensional_arrays_keep_their_shape() -> None:
+    for value in (np.array(7, dtype=np.uint8), np.array(2.5, dtype=np.float32),
+                  canonical.BFloat16Array(np.array(0x3F80, dtype=np.uint16))):
+        back = canonical.decode(canonical.encode({"a": value}))["a"]
+        bits = back.bits if isinstance(back, canonical.BFloat16Array) else back
+        assert bits.shape == ()
+        assert bits.tobytes() == (value.bits if isinstance(value, canonical.BFloat16Array) else value).tobytes()

@@ -183,7 +183,7 @@ class WorkerClient:
                 payload = frames.read_frame(self._proc.stdout)
                 if payload is None:
                     raise ProtocolError("end of stream before the handshake")
-                box.append(Handshake.from_wire(frames.decode_payload(payload)))
+                box.append(Handshake.from_wire(frames.decode_payload(payload, "handshake")))
             except BaseException as exc:
                 box.append(exc)
 
@@ -356,9 +356,12 @@ class WorkerClient:
             self._abort(ProtocolError(f"{self.name}: worker exited{self._exit_suffix()}"))
 
     def _accept(self, payload: bytearray, report_digest: str) -> None:
-        message = frames.decode_payload(payload)
-        if message.get("kind") != Kind.REPORT.value:
-            raise ProtocolError(f"expected a report, got kind {message.get('kind')!r}")
+        # Strict decoding: what is recorded must be the canonical encoding of what is accepted, or the run's own
+        # store would fail verification on the report this command relied on.
+        message = frames.decode_payload(payload, "report")
+        kind = message.get("kind")
+        if kind != Kind.REPORT.value:
+            raise ProtocolError(f"expected a report, got kind {canonical.show(kind)}")
         report = Report.from_wire(message)
         with self._lock:
             pending = self._pending.get(report.call_id)

@@ -142,12 +142,19 @@ def read_frame(stream: IO[bytes], hasher: Hasher | None = None) -> bytearray | N
     raise ProtocolError(f"truncated frame: {got} of {length} payload bytes before end of stream")
 
 
-def decode_payload(payload: bytes | bytearray) -> dict[str, Any]:
-    """Decode a frame payload into a message map; any malformation is a `ProtocolError`."""
+def decode_payload(payload: bytes | bytearray, what: str = "frame payload") -> dict[str, Any]:
+    """Decode a frame payload into a message map; any malformation is a `ProtocolError` naming `what` it was.
+
+    Only canonical bytes decode (`canonical.decode`): a payload that is a second spelling of its value would be
+    recorded under a digest that no verification can reproduce, so it is refused before anything keeps it.
+    """
     try:
         message = canonical.decode(payload)
+    except canonical.NotCanonicalError as exc:
+        # The message reads "<what> is not in canonical form: …".
+        raise ProtocolError(f"{what} is {exc}; encode every message with invar.canonical.encode") from None
     except canonical.CanonicalError as exc:
-        raise ProtocolError(f"undecodable frame payload: {exc}") from None
+        raise ProtocolError(f"undecodable {what}: {exc}") from None
     if not isinstance(message, dict):
-        raise ProtocolError(f"frame payload is a {type(message).__name__}, expected a map")
+        raise ProtocolError(f"{what} is a {type(message).__name__}, expected a map")
     return message

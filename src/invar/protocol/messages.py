@@ -33,6 +33,19 @@ class Role(enum.StrEnum):
     LEARNER = "learner"
 
 
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+
+
+def _map(value: Any, what: str) -> dict[str, Any]:
+    """`value` if it is a map whose keys are all strings (what every message and every nested map must be)."""
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what} is a {type(value).__name__}, expected a map")
+    for key in value:
+        if not isinstance(key, str):
+            raise ProtocolError(f"{what} has the key {canonical.show(key)}, which is not a string")
+    return value
+
+
 def _field(message: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
     if name not in message:
         raise ProtocolError(f"{what} has no field {name!r}")
@@ -42,6 +55,10 @@ def _field(message: dict[str, Any], name: str, kind: type | tuple[type, ...], wh
         raise ProtocolError(f"{what} field {name!r} has type bool")
     if not isinstance(value, kind):
         raise ProtocolError(f"{what} field {name!r} has type {type(value).__name__}")
+    if isinstance(value, int) and not isinstance(value, bool) and not _INT_MIN <= value <= _INT_MAX:
+        raise ProtocolError(f"{what} field {name!r} is {canonical.show(value)}, which does not fit in 64 bits")
+    if isinstance(value, dict):
+        _map(value, f"{what} field {name!r}")
     return value
 
 
@@ -72,20 +89,19 @@ class Identity:
 
     @classmethod
     def from_wire(cls, m: Any) -> Identity:
-        if not isinstance(m, dict):
-            raise ProtocolError("handshake identity is not a map")
+        m = _map(m, "handshake identity")
         role = _field(m, "role", str, "identity")
         try:
             parsed_role = Role(role)
         except ValueError:
-            raise ProtocolError(f"identity role {role!r} is neither 'inference' nor 'learner'") from None
+            raise ProtocolError(f"identity role {canonical.show(role)} is neither 'inference' nor 'learner'") from None
         versions = _field(m, "engine_version", dict, "identity")
         methods = _field(m, "methods", list, "identity")
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in versions.items()):
+        if not all(isinstance(v, str) for v in versions.values()):
             raise ProtocolError("identity engine_version must map package names to version strings")
         if not all(isinstance(x, str) for x in methods):
             raise ProtocolError("identity methods must be strings")
-        return cls(
+        identity = cls(
             engine=_field(m, "engine", str, "identity"),
             engine_version=versions,
             role=parsed_role,
@@ -93,6 +109,13 @@ class Identity:
             methods=tuple(methods),
             pid=_field(m, "pid", int, "identity"),
         )
+        # Every report names the identity by its digest: an identity without one (settings holding a value with
+        # no canonical encoding, or nested past its depth limit) could never be bound to a report.
+        try:
+            identity.digest  # noqa: B018
+        except canonical.CanonicalError as exc:
+            raise ProtocolError(f"identity settings have no canonical encoding: {exc}") from None
+        return identity
 
 
 @dataclass(frozen=True)
@@ -104,9 +127,10 @@ class Handshake:
         return {"kind": Kind.HANDSHAKE.value, "protocol": self.protocol, "identity": self.identity.to_wire()}
 
     @classmethod
-    def from_wire(cls, m: dict[str, Any]) -> Handshake:
+    def from_wire(cls, m: Any) -> Handshake:
+        m = _map(m, "handshake")
         if m.get("kind") != Kind.HANDSHAKE.value:
-            raise ProtocolError(f"expected a handshake first, got kind {m.get('kind')!r}")
+            raise ProtocolError(f"expected a handshake first, got kind {canonical.show(m.get('kind'))}")
         version = _field(m, "protocol", int, "handshake")
         if version != PROTOCOL_VERSION:
             raise ProtocolError(f"worker speaks protocol {version}, this core speaks {PROTOCOL_VERSION}")
@@ -123,7 +147,8 @@ class Call:
         return {"kind": Kind.CALL.value, "call_id": self.call_id, "method": self.method, "params": self.params}
 
     @classmethod
-    def from_wire(cls, m: dict[str, Any]) -> Call:
+    def from_wire(cls, m: Any) -> Call:
+        m = _map(m, "call")
         return cls(
             call_id=_field(m, "call_id", int, "call"),
             method=_field(m, "method", str, "call"),
@@ -137,6 +162,11 @@ class ErrorInfo:
 
     type: str
     message: str
+
+    @classmethod
+    def from_wire(cls, m: Any) -> ErrorInfo:
+        m = _map(m, "report error")
+        return cls(type=_field(m, "type", str, "report error"), message=_field(m, "message", str, "report error"))
 
 
 @dataclass(frozen=True)
@@ -167,21 +197,22 @@ class Report:
         return m
 
     @classmethod
-    def from_wire(cls, m: dict[str, Any]) -> Report:
+    def from_wire(cls, m: Any) -> Report:
+        m = _map(m, "report")
         ok = _field(m, "ok", bool, "report")
         common = {
             "call_id": _field(m, "call_id", int, "report"),
             "call_digest": _field(m, "call_digest", str, "report"),
             "identity_digest": _field(m, "identity_digest", str, "report"),
         }
+        # A report carries a result or an error, as `ok` says; one carrying both is contradictory, not lenient.
         if ok:
+            if "error" in m:
+                raise ProtocolError("report says ok but carries an error")
             return cls(**common, result=_field(m, "result", dict, "report"))
-        err = _field(m, "error", dict, "report")
-        return cls(
-            **common,
-            error=ErrorInfo(type=_field(err, "type", str, "report error"),
-                            message=_field(err, "message", str, "report error")),
-        )
+        if "result" in m:
+            raise ProtocolError("report says not ok but carries a result")
+        return cls(**common, error=ErrorInfo.from_wire(_field(m, "error", dict, "report")))
 
 
 def shutdown_message() -> dict[str, Any]:
