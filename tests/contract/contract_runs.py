@@ -112,6 +112,8 @@ def declaration(pop_sha: str, model_digest: str, **changes: Any) -> dict[str, An
             "settings": {"device": "cpu", "threads": 1}, "patches": {"fixed-softmax": "c" * 64},
             "model_dir": "model", "model_digest": model_digest, "dtype": "float32", "quantization": "nf4",
         },
+        # One call per package and layout, so tests can name calls by layout; test_plan covers calls cut smaller.
+        "execution": {"requests_per_call": 1 << 20},
         "premises": [{
             "statement": "The population represents the prompts the loop will see.",
             "party": "data-team", "basis_sha256": "d" * 64, "reliance": "vouched",

@@ -59,7 +59,7 @@ def test_admitted(each_method: Workspace, tmp_path: Path) -> None:
     assert d.task_loss.mean_difference == 0
     assert d.invariance.holds
     assert d.invariance.layouts == ("solo", "b4r")
-    assert [e.key for e in d.evidence] == ["reference/solo", "candidate/solo", "candidate/b4r"]
+    assert [e.key for e in d.evidence] == ["reference/solo#0", "candidate/solo#0", "candidate/b4r#0"]
     assert all(len(e.call_digest) == 64 and len(e.report_digest) == 64 for e in d.evidence)
     out = d.to_json()
     assert out["answer"] == "Admitted"
@@ -143,13 +143,13 @@ def test_invariance_failure_is_a_violation(ws: Workspace, tmp_path: Path) -> Non
         lp[1] = np.float32(np.nextafter(lp[1], np.float32(0)))
 
     for planned in ws.plan.calls:
-        edit = flip_last_bit if planned.key == "candidate/b4r" else None
+        edit = flip_last_bit if planned.key == "candidate/b4r#0" else None
         writer.generate(ref if planned.package == "reference" else cand, planned, edit_outputs=edit)
     d = admit(ws.contract_path, writer.close())
     assert d.answer is Answer.VIOLATED
     assert not d.invariance.holds
     assert d.invariance.units_differing == 1
-    unit = ws.plan.units[7].unit_id
+    unit = ws.plan.units[ws.plan.call("candidate", "b4r").units[7]].unit_id  # the b4r call lists units reversed
     assert f"unit {unit}: log-probabilities differ at position 1 between layouts solo and b4r" in d.reason
     assert d.bound is not None
     assert d.bound.upper <= 0.05  # the task loss alone would have admitted it
@@ -158,7 +158,7 @@ def test_invariance_failure_is_a_violation(ws: Workspace, tmp_path: Path) -> Non
 def test_invariance_not_required_runs_only_the_pairing_calls(tmp_path: Path) -> None:
     ws = make_workspace(tmp_path / "w", units=N, layouts={"solo": {"batch_size": 1}},
                         invariance={"required": False, "layouts": []})
-    assert [c.key for c in ws.plan.calls] == ["reference/solo", "candidate/solo"]
+    assert [c.key for c in ws.plan.calls] == ["reference/solo#0", "candidate/solo#0"]
     d = admit(ws.contract_path, RunWriter(ws, tmp_path / "run").complete().close())
     assert d.answer is Answer.ADMITTED
     assert not d.invariance.required
@@ -192,7 +192,7 @@ def test_missing_call_is_refused(ws: Workspace, tmp_path: Path) -> None:
     ref, cand = writer.worker("reference"), writer.worker("candidate")
     for planned in ws.plan.calls[:2]:
         writer.generate(ref if planned.package == "reference" else cand, planned)
-    with pytest.raises(EvidenceError, match=r"planned call candidate/b4r \(generate, 600 requests\) has no "
+    with pytest.raises(EvidenceError, match=r"planned call candidate/b4r#0 \(generate, 600 requests\) has no "
                                             "successful record; run the whole plan"):
         admit(ws.contract_path, writer.close())
 
@@ -202,7 +202,7 @@ def test_unanswered_call_is_named_in_the_refusal(ws: Workspace, tmp_path: Path) 
     ref, cand = writer.worker("reference"), writer.worker("candidate")
     for planned in ws.plan.calls:
         worker = ref if planned.package == "reference" else cand
-        call_id = writer.generate(worker, planned, answered=planned.key != "candidate/b4r")
+        call_id = writer.generate(worker, planned, answered=planned.key != "candidate/b4r#0")
     run = writer.close()
     with pytest.raises(EvidenceError) as info:
         admit(ws.contract_path, run)
@@ -265,13 +265,13 @@ def test_seed_that_differs_from_the_contract_is_refused(ws: Workspace, tmp_path:
     ids = {}
     for planned in ws.plan.calls:
         worker = ref if planned.package == "reference" else cand
-        ids[planned.key] = writer.generate(worker, planned, edit_params=reseed if planned.key == "candidate/solo"
+        ids[planned.key] = writer.generate(worker, planned, edit_params=reseed if planned.key == "candidate/solo#0"
                                            else None)
     run = writer.close()
     with pytest.raises(EvidenceError) as info:
         admit(ws.contract_path, run)
     assert str(info.value) == (
-        f"{_name(run, cand, ids['candidate/solo'])}: does not match planned call candidate/solo: "
+        f"{_name(run, cand, ids['candidate/solo#0'])}: does not match planned call candidate/solo#0 (nor any other): "
         f"params.requests[5].seed is {expected + 1} in the record, {expected} in the contract"
     )
 
@@ -289,7 +289,7 @@ def test_repeated_call_is_refused(ws: Workspace, tmp_path: Path) -> None:
     run = writer.close()
     with pytest.raises(EvidenceError) as info:
         admit(ws.contract_path, run)
-    assert str(info.value).startswith(f"{_name(run, cand, call_id)}: repeats planned call candidate/b4r, "
+    assert str(info.value).startswith(f"{_name(run, cand, call_id)}: repeats planned call candidate/b4r#0, "
                                       "already answered by record 12")
 
 
@@ -318,12 +318,12 @@ def test_generate_report_naming_another_model_is_refused(ws: Workspace, tmp_path
     ids = {}
     for planned in ws.plan.calls:
         worker = ref if planned.package == "reference" else cand
-        other = {"model_digest": "e" * 64} if planned.key == "candidate/b4r" else {}
+        other = {"model_digest": "e" * 64} if planned.key == "candidate/b4r#0" else {}
         ids[planned.key] = writer.generate(worker, planned, result_changes=other)
     run = writer.close()
     with pytest.raises(EvidenceError) as info:
         admit(ws.contract_path, run)
-    assert str(info.value).startswith(f"{_name(run, cand, ids['candidate/b4r'])}: its report names model eeeeeeee")
+    assert str(info.value).startswith(f"{_name(run, cand, ids['candidate/b4r#0'])}: its report names model eeeeeeee")
 
 
 def test_generate_by_a_learner_worker_is_refused(ws: Workspace, tmp_path: Path) -> None:
@@ -371,7 +371,7 @@ def test_token_outside_the_vocabulary_is_refused(ws: Workspace, tmp_path: Path) 
     run = writer.close()
     with pytest.raises(EvidenceError) as info:
         admit(ws.contract_path, run)
-    assert str(info.value).startswith(f"{_name(run, ref, ids['reference/solo'])}: token id 999 is outside the "
+    assert str(info.value).startswith(f"{_name(run, ref, ids['reference/solo#0'])}: token id 999 is outside the "
                                       "vocabulary of 17 tokens")
 
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from invar.contract.model import Layout
-from invar.contract.plan import Unit, derive_plan, layout_batches, select_units, unit_seed
+from invar.contract.plan import Unit, cut_batches, derive_plan, layout_batches, select_units, unit_seed
 from invar.errors import ContractError
 
 
@@ -66,20 +66,62 @@ def test_plan_pairs_reference_and_candidate(tmp_path: Path) -> None:
                                  "b5s": {"batch_size": 5, "order": "shuffled"}},
                         invariance={"layouts": ["b4r", "b5s"]})
     plan = ws.plan
-    assert [c.key for c in plan.calls] == ["reference/solo", "candidate/solo", "candidate/b4r", "candidate/b5s"]
+    assert plan.version == "invar.plan/2"
+    assert [c.key for c in plan.calls] == ["reference/solo#0", "candidate/solo#0", "candidate/b4r#0",
+                                           "candidate/b5s#0"]
     assert [c.purposes for c in plan.calls] == [("pairing",), ("pairing",), ("invariance",), ("invariance",)]
     assert len(plan.units) == 12
     for c in plan.calls:
         reqs = c.params["requests"]
-        assert [r["request_id"] for r in reqs] == [u.unit_id for u in plan.units]
-        assert [r["seed"] for r in reqs] == list(plan.seeds)
+        assert [r["request_id"] for r in reqs] == [plan.units[i].unit_id for i in c.units]
+        assert sorted(c.units) == list(range(12))
+        assert [r["seed"] for r in reqs] == [plan.seeds[i] for i in c.units]
         assert all(r["temperature"] == 1.0 and r["max_tokens"] == 5 and r["top_p"] == 1.0 for r in reqs)
         assert set(c.params) == {"requests", "layout", "adapter", "reference_adapter"}
     assert plan.calls[0].params["requests"] == plan.calls[1].params["requests"]
     assert plan.calls[0].params_digest == plan.calls[1].params_digest  # same layout, same requests
-    assert plan.calls[2].batches == [[11, 10, 9, 8], [7, 6, 5, 4], [3, 2, 1, 0]]
+    # A call lists its requests in batch order: the reverse layout's batches are units 11..8, 7..4, 3..0.
+    assert plan.calls[2].units == (11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+    assert plan.calls[2].batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert plan.seeds == tuple(unit_seed(20240601, u.unit_id) for u in plan.units)
     assert plan.load_params["candidate"]["quantization"] == "nf4"
+
+
+def test_plan_version_1_contracts_keep_one_call_per_layout(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path, units=12, layouts={"solo": {"batch_size": 1},
+                                                     "b4r": {"batch_size": 4, "order": "reverse"}})
+    old = ws.contract.model_copy(update={"execution": None})
+    plan = derive_plan(old, ws.sha256, [Unit(u.unit_id, u.prompt) for u in ws.plan.units])
+    assert plan.version == "invar.plan/1"
+    assert [c.key for c in plan.calls] == ["reference/solo", "candidate/solo", "candidate/b4r"]
+    assert plan.calls[2].batches == [[11, 10, 9, 8], [7, 6, 5, 4], [3, 2, 1, 0]]
+    assert plan.calls[2].units == tuple(range(12))
+
+
+@given(
+    n=st.integers(min_value=1, max_value=120),
+    batch=st.integers(min_value=1, max_value=40),
+    per_call=st.integers(min_value=1, max_value=70),
+)
+def test_calls_cut_whole_batches_and_keep_the_layout(n: int, batch: int, per_call: int) -> None:
+    batches = layout_batches(n, "x", Layout(batch_size=batch, order="shuffled"), 7)
+    groups = cut_batches(batches, per_call)
+    assert [b for g in groups for b in g] == batches  # every batch once, in order, whole
+    for g in groups:
+        assert len(g) == 1 or sum(len(b) for b in g) <= per_call
+
+
+def test_small_calls_cover_each_layout_once(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path, units=12, layouts={"solo": {"batch_size": 1},
+                                                     "b4r": {"batch_size": 4, "order": "reverse"}},
+                        execution={"requests_per_call": 5})
+    plan = ws.plan
+    solo = plan.layout_calls("candidate", "solo")
+    b4r = plan.layout_calls("candidate", "b4r")
+    assert [len(c.units) for c in solo] == [5, 5, 2]
+    assert [len(c.units) for c in b4r] == [4, 4, 4]  # 4 + 4 > 5: one batch per call
+    assert [i for c in b4r for i in c.units] == list(range(11, -1, -1))
+    assert [c.key for c in b4r] == ["candidate/b4r#0", "candidate/b4r#1", "candidate/b4r#2"]
 
 
 def test_plan_is_a_pure_function_of_the_contract(tmp_path: Path) -> None:

@@ -68,15 +68,15 @@ def test_rechained_forgery_turning_violated_into_admitted_is_caught_by_the_recei
     conn = sqlite3.connect(db)
     conn.execute("DROP TRIGGER log_no_update")
     rows = conn.execute("SELECT seq, kind, worker, digest, body, at_ns FROM log ORDER BY seq").fetchall()
-    reference_outputs = None
+    reference_outputs: dict[str, object] | None = None
     prev = GENESIS
     for seq, kind, worker, digest, body, at_ns in rows:
         msg = canonical.decode(body) if kind in ("report", "close") else None
         if kind == "report" and "outputs" in msg.get("result", {}):
             if reference_outputs is None:
-                reference_outputs = msg["result"]["outputs"]
+                reference_outputs = {o["request_id"]: o for o in msg["result"]["outputs"]}
             else:
-                msg["result"]["outputs"] = reference_outputs
+                msg["result"]["outputs"] = [reference_outputs[o["request_id"]] for o in msg["result"]["outputs"]]
                 body = canonical.encode(msg)
         if kind == "close":
             msg["previous_chain"] = prev

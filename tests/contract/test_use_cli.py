@@ -26,8 +26,9 @@ def test_prepare_prints_the_sha256_and_the_plan(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     first, second, *calls = result.output.splitlines()
     assert first == f"{ws.sha256}  {ws.contract_path}"
-    assert second == "plan invar.plan/1: 30 units, 3 generate calls"
-    assert [line.split()[0] for line in calls] == ["reference/solo", "candidate/solo", "candidate/b4r"]
+    assert second == "plan invar.plan/2: 30 units, 3 generate calls"
+    assert [line.split()[:2] for line in calls] == [["reference/solo", "1"], ["candidate/solo", "1"],
+                                                    ["candidate/b4r", "1"]]
     doc = json.loads(RUNNER.invoke(use.app, ["prepare", str(tmp_path / "decl.toml"), "--json"]).output)
     assert doc["sha256"] == ws.sha256
     assert doc["units"] == 30

@@ -15,6 +15,7 @@ import typer
 
 from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json
 from invar.contract.admit import EXIT_CODES, Decision, admit
+from invar.contract.plan import PlannedCall
 from invar.contract.prepare import load_contract, prepare
 from invar.contract.receipt import fingerprint, load_private_key, make_receipt, verify_receipt, write_receipt
 from invar.errors import ContractError, InvarError
@@ -56,8 +57,12 @@ def prepare_cmd(
         return
     typer.echo(f"{prepared.sha256}  {prepared.path}")
     typer.echo(f"plan {plan.version}: {len(plan.units)} units, {len(plan.calls)} generate calls")
+    groups: dict[str, list[PlannedCall]] = {}
     for c in plan.calls:
-        typer.echo(f"  {c.key:<32} {len(c.batches):>6} batches  ({', '.join(c.purposes)})")
+        groups.setdefault(f"{c.package}/{c.layout}", []).append(c)
+    for name, calls in groups.items():
+        typer.echo(f"  {name:<28} {len(calls):>5} call{'s' if len(calls) > 1 else ' '} "
+                   f"{sum(len(c.batches) for c in calls):>6} batches  ({', '.join(calls[0].purposes)})")
 
 
 _ASSUMPTION = re.compile(r"([a-z_]+)=([^\s,]+)")

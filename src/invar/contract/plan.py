@@ -29,8 +29,13 @@ from invar import canonical
 from invar.contract.model import Contract, Layout
 from invar.errors import ContractError
 
-PLAN_VERSION = "invar.plan/1"
-"""Names the derivation below (seeds, sample, layouts); any change to it is a new version."""
+PLAN_VERSION_1 = "invar.plan/1"
+"""One generate call per package and layout, carrying every unit."""
+PLAN_VERSION = "invar.plan/2"
+"""As /1, but each layout's batches are cut, in batch order, into calls of whole batches holding at most
+`execution.requests_per_call` requests (at least one batch each). A call lists its requests in batch order and its
+layout re-indexes them, so which requests share a batch, and in what order, is exactly the layout's.
+The version of a contract's plan follows from the contract: /2 when it has `execution`, /1 when not."""
 
 Role = Literal["reference", "candidate"]
 Purpose = Literal["pairing", "invariance"]
@@ -53,11 +58,15 @@ class PlannedCall:
     purposes: tuple[Purpose, ...]
     params: dict[str, Any]
     """The exact `generate` params (docs/protocol.md): requests, layout, adapter, reference_adapter."""
+    units: tuple[int, ...] = ()
+    """The plan's unit index of each request, in the call's request order."""
+    part: int | None = None
+    """Which of the layout's calls this is (plan /2); None when one call carries the whole layout (plan /1)."""
 
     @property
     def key(self) -> str:
-        """A readable name for the call, unique within the plan: `<package>/<layout>`."""
-        return f"{self.package}/{self.layout}"
+        """A readable name for the call, unique within the plan: `<package>/<layout>`, `#<part>` under plan /2."""
+        return f"{self.package}/{self.layout}" + ("" if self.part is None else f"#{self.part}")
 
     @property
     def batches(self) -> list[list[int]]:
@@ -84,11 +93,15 @@ class ExecutionPlan:
     calls: tuple[PlannedCall, ...]
 
     def call(self, package: Role, layout: str) -> PlannedCall:
-        """The planned call of `package` under `layout`; KeyError if the plan has none."""
+        """The first planned call of `package` under `layout`; KeyError if the plan has none."""
         for c in self.calls:
             if c.package == package and c.layout == layout:
                 return c
         raise KeyError(f"{package}/{layout}")
+
+    def layout_calls(self, package: Role, layout: str) -> tuple[PlannedCall, ...]:
+        """Every planned call of `package` under `layout`, in plan order; together they cover each unit once."""
+        return tuple(c for c in self.calls if c.package == package and c.layout == layout)
 
 
 def _key(tag: str, seed: int, text: str) -> bytes:
@@ -132,6 +145,20 @@ def layout_batches(n: int, name: str, layout: Layout, contract_seed: int) -> lis
     return [order[i : i + layout.batch_size] for i in range(0, n, layout.batch_size)]
 
 
+def cut_batches(batches: list[list[int]], per_call: int) -> list[list[list[int]]]:
+    """Consecutive groups of whole batches, each holding at most `per_call` requests or else a single batch."""
+    groups: list[list[list[int]]] = []
+    size = 0
+    for batch in batches:
+        if groups and size + len(batch) <= per_call:
+            groups[-1].append(batch)
+            size += len(batch)
+        else:
+            groups.append([batch])
+            size = len(batch)
+    return groups
+
+
 def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[Unit]) -> ExecutionPlan:
     """The execution plan of `contract` over its (already digest-checked) population.
 
@@ -159,29 +186,45 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[U
         for u, s in zip(units, seeds, strict=True)
     ]
 
-    def call(package: Role, layout: str, purposes: tuple[Purpose, ...]) -> PlannedCall:
+    per_call = None if contract.execution is None else contract.execution.requests_per_call
+
+    def calls_of(package: Role, layout: str, purposes: tuple[Purpose, ...]) -> list[PlannedCall]:
         batches = layout_batches(len(units), layout, contract.layouts[layout], seed)
-        params = {"requests": requests, "layout": batches, "adapter": None, "reference_adapter": None}
-        return PlannedCall(package=package, layout=layout, purposes=purposes, params=params)
+        if per_call is None:
+            params = {"requests": requests, "layout": batches, "adapter": None, "reference_adapter": None}
+            return [PlannedCall(package, layout, purposes, params, tuple(range(len(units))))]
+        out: list[PlannedCall] = []
+        for group in cut_batches(batches, per_call):
+            order = [i for batch in group for i in batch]
+            relabel, start = [], 0
+            for batch in group:
+                relabel.append(list(range(start, start + len(batch))))
+                start += len(batch)
+            params = {"requests": [requests[i] for i in order], "layout": relabel, "adapter": None,
+                      "reference_adapter": None}
+            out.append(PlannedCall(package, layout, purposes, params, tuple(order), part=len(out)))
+        return out
 
     pairing = contract.pairing.layout
     invariant = contract.invariance.layouts if contract.invariance.required else []
-    calls = [call("reference", pairing, ("pairing",))]
-    calls.append(call("candidate", pairing, ("pairing", "invariance") if pairing in invariant else ("pairing",)))
-    calls.extend(call("candidate", name, ("invariance",)) for name in invariant if name != pairing)
+    calls = calls_of("reference", pairing, ("pairing",))
+    calls += calls_of("candidate", pairing, ("pairing", "invariance") if pairing in invariant else ("pairing",))
+    for name in invariant:
+        if name != pairing:
+            calls += calls_of("candidate", name, ("invariance",))
 
     candidate_batches: dict[str, str] = {}
-    for c in calls[1:]:
-        shape = canonical.digest(c.batches)
+    for name in dict.fromkeys(c.layout for c in calls if c.package == "candidate"):
+        shape = canonical.digest(layout_batches(len(units), name, contract.layouts[name], seed))
         if shape in candidate_batches:
             raise ContractError(
-                f"layouts.{c.layout}: gives the same batches as layouts.{candidate_batches[shape]} on these "
+                f"layouts.{name}: gives the same batches as layouts.{candidate_batches[shape]} on these "
                 f"{len(units)} units; declare layouts that differ"
             )
-        candidate_batches[shape] = c.layout
+        candidate_batches[shape] = name
 
     return ExecutionPlan(
-        version=PLAN_VERSION,
+        version=PLAN_VERSION_1 if per_call is None else PLAN_VERSION,
         contract_sha256=contract_sha256,
         units=units,
         seeds=seeds,
