@@ -28,6 +28,8 @@ ARRAY_EXT = 1
 
 _ALLOWED_DTYPES = frozenset({"<f2", "<f4", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "|b1"})
 _DOC_LEN = 4
+_WIRE_DTYPES = {**{name: np.dtype(name) for name in _ALLOWED_DTYPES}, "bfloat16": np.dtype("<u2")}
+"""What each dtype name on the wire decodes to (bfloat16 as its raw 16-bit patterns)."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,30 @@ def encode(obj: Any) -> bytes:
     return b"".join(encode_parts(obj))
 
 
+def _check_maps_and_depth(node: dict[Any, Any] | list[Any], depth: int = 1) -> None:
+    """Refuse a decoded container holding a map key that is not a string, keys out of order, or nesting past
+    MAX_DEPTH. Recursion is safe: it stops at MAX_DEPTH levels."""
+    if type(node) is dict:
+        keys = [*node]
+        try:
+            in_order = keys == sorted(keys)
+        except TypeError:  # str and bytes keys together (msgpack decodes no other key types here)
+            in_order = False
+        if not in_order or (keys and type(keys[0]) is not str):
+            bad = next((k for k in keys if type(k) is not str), None)
+            if bad is not None:
+                raise CanonicalError(f"map key {show(bad)} is not a string")
+            raise NotCanonicalError(f"not in canonical form: map keys {show(keys, 80)} are not sorted")
+        children: Any = node.values()
+    else:
+        children = node
+    for child in children:
+        if type(child) is dict or type(child) is list:
+            if depth == MAX_DEPTH:
+                raise CanonicalError(_TOO_DEEP)
+            _check_maps_and_depth(child, depth + 1)
+
+
 def decode(data: bytes | bytearray | memoryview) -> Any:
     """Decode bytes written by `encode`; raises `CanonicalError` on anything else.
 
@@ -186,48 +212,55 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
         raise CanonicalError("malformed padding between the document and the array bytes")
     blob_len = len(view) - blob_start
     expected = [0]  # the next array must start where the previous one ended
+    exts: dict[int, msgpack.ExtType] = {}  # id of each decoded array → its extension, to re-encode the document
 
     def ext_hook(code: int, payload: bytes) -> Any:
+        # Runs once per array (thousands in a generate report), so it checks with plain loops and cached dtypes.
         if code != ARRAY_EXT:
             raise CanonicalError(f"unknown msgpack extension {code}")
         try:
             dtype, shape, offset, nbytes = msgpack.unpackb(payload, raw=False)
         except Exception as exc:
             raise CanonicalError(f"malformed array extension: {exc}") from None
-        if not isinstance(dtype, str) or not isinstance(shape, list):
-            raise CanonicalError("malformed array extension: expected [dtype, shape, offset, nbytes]")
-        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in [*shape, offset, nbytes]):
-            raise CanonicalError(f"malformed array extension: shape {show(shape)}, offset {show(offset)}, "
-                                 f"nbytes {show(nbytes)}")
-        gap = _pad(expected[0])
-        if offset != expected[0] + gap or offset + nbytes > blob_len:
-            raise CanonicalError("array bytes out of place: arrays must follow the document in order, each at the "
-                                 "next multiple of 16")
-        if any(view[blob_start + expected[0]:blob_start + offset]):
-            raise CanonicalError("malformed padding between arrays")
-        expected[0] = offset + nbytes
+        dt = _WIRE_DTYPES.get(dtype) if type(dtype) is str else None
+        if type(shape) is not list or dt is None:
+            raise CanonicalError(f"malformed array extension: dtype {show(dtype)} is not supported on the wire"
+                                 if type(shape) is list else "malformed array extension: expected "
+                                 "[dtype, shape, offset, nbytes]")
         count = 1
         for x in shape:
+            if type(x) is not int or x < 0:
+                raise CanonicalError(f"malformed array extension: shape {show(shape)}")
             count *= x
-        start = blob_start + offset
-        if dtype == "bfloat16":
-            if nbytes != 2 * count:
-                raise CanonicalError("bfloat16 array: byte count does not match its shape")
-            bits = np.frombuffer(view, dtype="<u2", count=count, offset=start).reshape(shape)
-            bits.flags.writeable = False
-            return BFloat16Array(bits)
-        if dtype not in _ALLOWED_DTYPES:
-            raise CanonicalError(f"array dtype {show(dtype)} is not supported on the wire")
-        dt = np.dtype(dtype)
+        if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0:
+            raise CanonicalError(f"malformed array extension: offset {show(offset)}, nbytes {show(nbytes)}")
+        end = expected[0]
+        if offset != end + _pad(end) or offset + nbytes > blob_len:
+            raise CanonicalError("array bytes out of place: arrays must follow the document in order, each at the "
+                                 "next multiple of 16")
+        if offset != end and any(view[blob_start + end:blob_start + offset]):
+            raise CanonicalError("malformed padding between arrays")
+        expected[0] = offset + nbytes
         if nbytes != dt.itemsize * count:
-            raise CanonicalError("array: byte count does not match its shape and dtype")
-        arr = np.frombuffer(view, dtype=dt, count=count, offset=start).reshape(shape)
+            raise CanonicalError(f"array: {nbytes} bytes do not hold shape {show(shape)} of {dtype}")
+        arr = np.frombuffer(view, dtype=dt, count=count, offset=blob_start + offset)
+        if len(shape) != 1:
+            arr = arr.reshape(shape)
         arr.flags.writeable = False
-        return arr
+        value = BFloat16Array(arr) if dtype == "bfloat16" else arr
+        # Re-packed from its fields, so a payload spelled in a wider form fails the document comparison.
+        exts[id(value)] = msgpack.ExtType(ARRAY_EXT, msgpack.packb([dtype, shape, offset, nbytes]))
+        return value
+
+    def array_ext(obj: Any) -> msgpack.ExtType:
+        ext = exts.get(id(obj))
+        if ext is None:  # only a msgpack timestamp decodes to anything else (a datetime)
+            raise CanonicalError("unknown msgpack extension -1 (a timestamp)")
+        return ext
 
     doc = view[_DOC_LEN:doc_end]
     try:
-        value = msgpack.unpackb(doc, raw=False, strict_map_key=True, ext_hook=ext_hook)
+        value = msgpack.unpackb(doc, raw=False, strict_map_key=True, ext_hook=ext_hook, timestamp=3)
     except CanonicalError:
         raise
     except msgpack.StackError:
@@ -236,10 +269,18 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
         raise CanonicalError(f"malformed msgpack: {type(exc).__name__}: {exc}") from None
     if expected[0] != blob_len:
         raise CanonicalError(f"{blob_len - expected[0]} bytes after the last array belong to no array")
-    # One value, one encoding: the document must be exactly what encode writes for the value it decodes to. The
-    # array bytes need no second look: their places, sizes and padding were fixed above, and the offsets and
-    # sizes are part of the document compared here.
-    again = _Encoder().pack(value)
+    # One value, one encoding: the document must be exactly what encode writes for the value it decodes to. Maps
+    # are checked for string keys in sorted order (msgpack keeps a map's wire order); the rest is re-packed in C
+    # and compared. The array bytes need no second look: their places, sizes and padding were fixed above, and
+    # each array's extension is part of the document compared here.
+    if type(value) is dict or type(value) is list:
+        _check_maps_and_depth(value)
+    try:
+        again = msgpack.packb(value, use_bin_type=True, strict_types=True, default=array_ext)
+    except CanonicalError:
+        raise
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise CanonicalError(f"no canonical encoding: {type(exc).__name__}: {exc}") from None
     if again != doc:
         at = next((i for i, (a, b) in enumerate(zip(again, doc, strict=False)) if a != b), min(len(again), doc_len))
         raise NotCanonicalError(

@@ -38,9 +38,11 @@ def spelled(mode: str, report: dict[str, object]) -> bytes:
     if mode == "wide-int":  # the call id 1 as a uint64 instead of a positive fixint
         return canonical_doc.replace(b"\xa7call_id\x01", b"\xa7call_id\xcf" + (1).to_bytes(8, "big"))
     if mode == "float32":  # 0.5 is exact in float32, so the value decodes unchanged
-        return msgpack.packb({**report, "result": {"x": 0.5}}, use_bin_type=True, use_single_float=True)  # type: ignore[no-any-return]
+        message = dict(sorted({**report, "result": {"x": 0.5}}.items()))
+        return msgpack.packb(message, use_bin_type=True, use_single_float=True)  # type: ignore[no-any-return]
     if mode == "bytes-key":
-        return msgpack.packb({**report, "result": {b"x": 0.5}}, use_bin_type=True)  # type: ignore[no-any-return]
+        message = dict(sorted({**report, "result": {b"x": 0.5}}.items()))
+        return msgpack.packb(message, use_bin_type=True)  # type: ignore[no-any-return]
     raise SystemExit(f"unknown mode {mode}")
 
 
