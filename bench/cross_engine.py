@@ -49,11 +49,11 @@ for path in (REPO / "src", REPO):  # run from a checkout without installing the 
 import numpy as np  # noqa: E402
 
 from invar import canonical  # noqa: E402
-from invar.cli.evaluate import population_digest, request_seed, sample_indices  # noqa: E402
 from invar.engines import DEFAULT_MODEL, start_worker  # noqa: E402
 from invar.errors import EvidenceError, InvarError  # noqa: E402
 from invar.protocol import Role, WorkerClient  # noqa: E402
 from invar.records import RunStore  # noqa: E402
+from invar.runner.evaluate import population_digest, request_seed, sample_indices  # noqa: E402
 from invar.tasks import MAX_ANSWER_CHARS, Problem, Vocabulary, load_population, score  # noqa: E402
 
 ENGINES = ("hf", "vllm", "mlx")

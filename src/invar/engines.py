@@ -47,7 +47,9 @@ def worker_argv(engine: str, role: Role, args: list[str] | None = None) -> list[
     module = ENGINES.get(engine)
     if module is None:
         raise InvarError(f"unknown engine {engine!r}; choose one of: {', '.join(sorted(ENGINES))}")
-    return [sys.executable, "-m", module, "--role", role.value, *(args or [])]
+    # -P: never put the working directory on sys.path, so a `workers/` folder where `invar` runs cannot stand in
+    # for the installed worker (the module resolves through PYTHONPATH, set by `worker_env` to this installation).
+    return [sys.executable, "-P", "-m", module, "--role", role.value, *(args or [])]
 
 
 def start_worker(

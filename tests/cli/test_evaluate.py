@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from invar.cli.evaluate import clopper_pearson, request_seed, sample_indices, summarize
 from invar.engines import DEFAULT_MODEL
 from invar.errors import ContractError
 from invar.records import RunStore
+from invar.runner.evaluate import clopper_pearson, request_seed, sample_indices, summarize
 from invar.tasks import Problem, Vocabulary, score
 
 

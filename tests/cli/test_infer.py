@@ -69,13 +69,13 @@ def test_infer_prints_tokens_text_logprobs_and_keeps_the_records(tmp_path: Path,
     assert f"37+58={rows[0]['text']}" in text.stdout
 
 
-@pytest.mark.engine
-def test_a_worker_error_is_one_line_and_exit_2(tmp_path: Path, model: Path) -> None:
+def test_a_prompt_outside_the_vocabulary_is_one_line_before_any_worker(tmp_path: Path, model: Path) -> None:
     out = _invar("infer", "12+x=", "--model", str(model), "--run", str(tmp_path / "run"))
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0, out.stderr
-    assert "character 'x' at position 3 is not in the model's vocabulary" in out.stderr
+    assert "character 'x' at position 3 of '12+x=' is not in the model's vocabulary" in out.stderr
     assert "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists()  # refused by the core before a run or a worker was started
 
 
 def test_a_missing_model_folder_is_one_line_and_starts_nothing(tmp_path: Path) -> None:

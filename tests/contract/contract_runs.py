@@ -224,8 +224,11 @@ class RunWriter:
         if edit_outputs is not None:
             edit_outputs(outputs)
         role = planned.package
-        result = {"outputs": outputs, "model_digest": self.ws.contract.package(role).model_digest,
-                  "adapter_digest": None, **(result_changes or {})}
+        package = self.ws.contract.package(role)
+        # A patched package's worker reports how often each patch ran in the call (docs/protocol.md).
+        patch_calls = {"patch_calls": {name: len(outputs) for name in package.patches}} if package.patches else {}
+        result = {"outputs": outputs, "model_digest": package.model_digest, "adapter_digest": None,
+                  **patch_calls, **(result_changes or {})}
         return self._call(worker, "generate", params, result if answered else None)
 
     def complete(self, reference_wrong: Iterable[str] = (), candidate_wrong: Iterable[str] = ()) -> RunWriter:

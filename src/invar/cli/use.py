@@ -6,19 +6,38 @@ input is bad (an `InvarError`, printed as one line by the application).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    ProgressColumn,
+    Task,
+    TaskProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.progress import Progress as RichProgress
+from rich.text import Text
 
 from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json
+from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
 from invar.contract.admit import EXIT_CODES, Decision, admit
 from invar.contract.plan import PlannedCall
 from invar.contract.prepare import load_contract, prepare
 from invar.contract.receipt import fingerprint, load_private_key, make_receipt, verify_receipt, write_receipt
 from invar.errors import ContractError, InvarError
+from invar.records.store import is_run
+from invar.runner.engine import default_run_dir
+from invar.runner.options import check_sampling
+from invar.runner.use_run import Progress, admit_command, use_run
 from invar.stats.planning import plan_table, render_plan
 
 app = typer.Typer(
@@ -161,6 +180,66 @@ def render_decision(decision: Decision) -> str:
         lines.append(f"evidence   {e.key:<24} record {e.record_seq}, call {e.call_digest[:16]}…, "
                      f"report {e.report_digest[:16]}…")
     return "\n".join(lines)
+
+
+@app.command("run")
+def run_cmd(
+    contract: Annotated[Path, typer.Argument(help="The contract file (<name>.contract.json).")],
+    run: Annotated[
+        Path | None, typer.Option("--run", help="Run directory; an existing run of this contract is resumed. "
+                                                "Default: a fresh runs/use-<name>-<time>.")
+    ] = None,
+    call_timeout: CallTimeoutOpt = DEFAULT_CALL_TIMEOUT,
+    json_out: JsonOpt = False,
+) -> None:
+    """Execute a contract's plan through the packages' workers and keep every record; resume a stopped run.
+
+    Ends with the run's chain head (keep it) and the command that decides the run.
+    """
+    check_sampling(temperature=0.0, top_p=1.0, max_tokens=1, call_timeout=call_timeout)
+    run_dir = run if run is not None else default_run_dir(f"use-{contract.name.removesuffix('.contract.json')}")
+    try:
+        with _run_progress() as show:
+            outcome = use_run(contract, run_dir, call_timeout=call_timeout, progress=show)
+    except InvarError as exc:
+        if not is_run(run_dir):
+            raise
+        raise InvarError(f"{exc}. Every record so far is kept in {run_dir}; resume with: invar use run {contract} "
+                         f"--run {run_dir}") from None
+    if json_out:
+        emit_json(outcome.to_json())
+        return
+    if outcome.already_closed:
+        typer.echo(f"{run_dir}: the run is already complete; nothing to do")
+    else:
+        reused = f", {outcome.calls_reused} kept from before" if outcome.calls_reused else ""
+        typer.echo(f"ran {outcome.calls_issued} of {outcome.calls_total} planned calls{reused} in "
+                   f"{outcome.wall_s:.1f} s; records: {run_dir}")
+    typer.echo(f"chain head {outcome.head} (keep it: it anchors these records)")
+    typer.echo(f"decide with: {admit_command(run_dir, contract, outcome.head)}")
+
+
+class _RateColumn(ProgressColumn):
+    """Requests per second, as rich measures the task's speed."""
+
+    def render(self, task: Task) -> Text:
+        return Text("" if task.speed is None else f"{task.speed:.1f} req/s")
+
+
+@contextlib.contextmanager
+def _run_progress() -> Iterator[Callable[[Progress], None]]:
+    """Calls and requests done, rate and time left, on stderr (stdout stays clean for --json)."""
+    bar = RichProgress(TextColumn("use run"), BarColumn(), TextColumn("{task.fields[calls]} calls"),
+                       MofNCompleteColumn(), TextColumn("requests"), TaskProgressColumn(),
+                       _RateColumn(), TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+    with bar:
+        task = bar.add_task("run", total=None, calls="0/0")
+
+        def show(p: Progress) -> None:
+            bar.update(task, total=p.requests_total, completed=p.requests_done,
+                       calls=f"{p.calls_done}/{p.calls_total}")
+
+        yield show
 
 
 @app.command("admit")

@@ -41,6 +41,7 @@ from invar.contract.plan import ExecutionPlan, PlannedCall, Role, Unit, derive_p
 from invar.contract.prepare import TOKENIZER_FILES, tokenizer_digest
 from invar.errors import ContractError, EvidenceError
 from invar.records.store import CallRecord, RunStore
+from invar.runner.engine import check_patches_active
 from invar.stats.bounds import VERSIONS, Bound, bound
 from invar.stats.diagnostics import PairedDiagnostics, paired_diagnostics
 from invar.tasks.arithmetic import SCORERS, load_population
@@ -188,17 +189,16 @@ def _check_loaded(rec: CallRecord, load: CallRecord, package: Package, role: Rol
             )
 
 
-def _outputs(rec: CallRecord, planned: PlannedCall, eos: int) -> tuple[Output, ...]:
-    """Check a generate report's outputs against its planned requests; `EvidenceError` naming the record."""
-    result = _result(rec)
+def parse_outputs(result: Mapping[str, Any], planned: PlannedCall, eos: int, name: str) -> tuple[Output, ...]:
+    """Check a generate result's outputs against its planned requests; `EvidenceError` naming the record `name`."""
     requests = planned.params["requests"]
     outputs = result.get("outputs")
     if not isinstance(outputs, list) or len(outputs) != len(requests):
         n = len(outputs) if isinstance(outputs, list) else "no"
-        raise EvidenceError(f"{rec.name}: the report has {n} outputs for {len(requests)} requests")
+        raise EvidenceError(f"{name}: the report has {n} outputs for {len(requests)} requests")
     out: list[Output] = []
     for i, (o, req) in enumerate(zip(outputs, requests, strict=True)):
-        where = f"{rec.name}: output {i}"
+        where = f"{name}: output {i}"
         if not isinstance(o, dict) or o.get("request_id") != req["request_id"]:
             got = o.get("request_id") if isinstance(o, dict) else None
             raise EvidenceError(f"{where} answers request {got!r}, expected {req['request_id']!r}")
@@ -224,27 +224,26 @@ def _outputs(rec: CallRecord, planned: PlannedCall, eos: int) -> tuple[Output, .
     return tuple(out)
 
 
-def collect_evidence(
-    store: RunStore, contract: Contract, sha256: str, plan: ExecutionPlan, eos: Mapping[Role, int]
-) -> dict[str, CallEvidence]:
-    """Verify the store and bind every planned call to the one record that answered it, by plan call key.
-
-    Raises `RecordError` for a store that fails verification and `EvidenceError`, naming the record, for a run
-    of another contract, a call from a foreign package, a call or parameter the plan does not contain, a
-    repeated call, or a planned call with no successful record.
-    """
-    records = store.calls()  # verifies digests, the chain and every report's binding to its call, meta included
-    if not store.verify().closed:
-        raise EvidenceError(f"{store.path}: the run is incomplete (no closing record: it stopped before it finished, "
-                            "or its tail was cut); resume it with `invar use run CONTRACT --run RUN`")
+def run_contract_sha256(store: RunStore) -> str:
+    """The contract a run was made under (its meta `run.contract_sha256`); `EvidenceError` if it names none."""
     meta = store.meta().get("run", {})
     run_contract = meta.get("contract_sha256") if isinstance(meta, dict) else None
-    if run_contract is None:
+    if not isinstance(run_contract, str):
         raise EvidenceError(f"{store.path}: the run names no contract (meta run.contract_sha256); "
                             "admit only runs made with use run")
-    if run_contract != sha256:
-        raise EvidenceError(f"{store.path}: the run was made under contract {str(run_contract)[:16]}…, not the "
-                            f"given contract {sha256[:16]}…; give the contract the run was made for")
+    return run_contract
+
+
+def bind_evidence(
+    records: Sequence[CallRecord], contract: Contract, plan: ExecutionPlan, eos: Mapping[Role, int]
+) -> tuple[dict[str, CallEvidence], dict[str, str]]:
+    """Bind each answered generate record to the planned call it executes, by plan call key.
+
+    Returns the evidence found and, for planned calls with no successful record yet, why (unanswered, or answered
+    with an error). Raises `EvidenceError`, naming the record, for a call from a foreign package, a call or
+    parameter the plan does not contain, a repeated call, a report naming other files, or outputs the plan refuses.
+    A run that is still going (or was killed) binds as far as it got: `use run` resumes from this.
+    """
     by_params = {(c.package, c.params_digest): c for c in plan.calls}
     last_load: dict[str, CallRecord] = {}
     found: dict[str, CallEvidence] = {}
@@ -271,13 +270,36 @@ def collect_evidence(
             raise EvidenceError(f"{rec.name}: repeats planned call {planned.key}, already answered by record "
                                 f"{found[planned.key].record_seq}")
         load = last_load[rec.worker]
-        _check_loaded(rec, load, contract.package(role), role)
+        package = contract.package(role)
+        _check_loaded(rec, load, package, role)
+        check_patches_active(_result(rec), package.patches, rec.name)
         assert rec.report is not None
         found[planned.key] = CallEvidence(
             key=planned.key, package=role, layout=planned.layout, record_seq=rec.seq, call_id=rec.call.call_id,
             call_digest=rec.call_digest, report_digest=rec.report.report_digest,
-            outputs=_outputs(rec, planned, eos[role]),
+            outputs=parse_outputs(_result(rec), planned, eos[role], rec.name),
         )
+    return found, {k: v for k, v in failed.items() if k not in found}
+
+
+def collect_evidence(
+    store: RunStore, contract: Contract, sha256: str, plan: ExecutionPlan, eos: Mapping[Role, int]
+) -> dict[str, CallEvidence]:
+    """Verify the store and bind every planned call to the one record that answered it, by plan call key.
+
+    Raises `RecordError` for a store that fails verification and `EvidenceError`, naming the record, for a run
+    of another contract, an incomplete run, anything `bind_evidence` refuses, or a planned call with no successful
+    record.
+    """
+    records = store.calls()  # verifies digests, the chain and every report's binding to its call, meta included
+    if not store.verify().closed:
+        raise EvidenceError(f"{store.path}: the run is incomplete (no closing record: it stopped before it finished, "
+                            "or its tail was cut); resume it with `invar use run CONTRACT --run RUN`")
+    run_contract = run_contract_sha256(store)
+    if run_contract != sha256:
+        raise EvidenceError(f"{store.path}: the run was made under contract {str(run_contract)[:16]}…, not the "
+                            f"given contract {sha256[:16]}…; give the contract the run was made for")
+    found, failed = bind_evidence(records, contract, plan, eos)
     for c in plan.calls:
         if c.key not in found:
             why = f" ({failed[c.key]})" if c.key in failed else ""
@@ -714,7 +736,27 @@ def admit(
 
 
 __all__ = [
-    "DECISION_VERSION", "EXIT_CODES", "Answer", "CallEvidence", "Decision", "Invariance", "Output", "PremiseCheck",
-    "TaskLoss", "admit", "check_invariance", "check_premises", "collect_evidence", "decide", "diagnostics_json",
-    "layout_outputs", "paired_task_loss", "resolve_inputs", "run_inputs", "task_losses",
+    "DECISION_VERSION",
+    "EXIT_CODES",
+    "Answer",
+    "CallEvidence",
+    "Decision",
+    "Invariance",
+    "Output",
+    "PremiseCheck",
+    "TaskLoss",
+    "admit",
+    "bind_evidence",
+    "check_invariance",
+    "check_premises",
+    "collect_evidence",
+    "decide",
+    "diagnostics_json",
+    "layout_outputs",
+    "paired_task_loss",
+    "parse_outputs",
+    "resolve_inputs",
+    "run_contract_sha256",
+    "run_inputs",
+    "task_losses",
 ]

@@ -72,9 +72,11 @@ class Identity:
     settings: dict[str, Any]
     methods: tuple[str, ...]
     pid: int
+    worker: dict[str, str] | None = None
+    """The code that answers: the worker module's name and the sha256 of its file (absent in older records)."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        m: dict[str, Any] = {
             "engine": self.engine,
             "engine_version": dict(self.engine_version),
             "role": self.role.value,
@@ -82,6 +84,9 @@ class Identity:
             "methods": list(self.methods),
             "pid": self.pid,
         }
+        if self.worker is not None:
+            m["worker"] = dict(self.worker)
+        return m
 
     @property
     def digest(self) -> str:
@@ -101,7 +106,12 @@ class Identity:
             raise ProtocolError("identity engine_version must map package names to version strings")
         if not all(isinstance(x, str) for x in methods):
             raise ProtocolError("identity methods must be strings")
+        worker = m.get("worker")
+        if worker is not None and (not isinstance(worker, dict)
+                                   or not all(isinstance(v, str) for v in worker.values())):
+            raise ProtocolError("identity worker must map 'module' and 'sha256' to strings")
         identity = cls(
+            worker=worker,
             engine=_field(m, "engine", str, "identity"),
             engine_version=versions,
             role=parsed_role,

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
@@ -34,6 +37,37 @@ def take_stdout() -> BinaryIO:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     return proto
+
+
+def _worker_code() -> dict[str, str] | None:
+    """The running worker module and the sha256 of its file: the records say which code answered."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    spec = getattr(main, "__spec__", None)
+    if not isinstance(path, str) or not os.path.isfile(path):
+        return None
+    return {"module": spec.name if spec is not None else os.path.basename(path),
+            "sha256": canonical.file_sha256(path)}
+
+
+def _die_with_parent() -> None:
+    """Stop this worker, and every process it started, when the process that started it goes away.
+
+    A killed `invar` cannot close its workers; without this they would run on until they next read their input.
+    The client starts each worker as the leader of its own process group, so killing the group takes an engine's
+    own subprocesses (vLLM's engine core) with it. A worker not leading its group (run by hand) only exits itself.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.2)
+            if os.getppid() != parent:
+                if os.getpgrp() == os.getpid():
+                    os.killpg(0, signal.SIGKILL)
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def log(message: str) -> None:
@@ -60,11 +94,14 @@ class Server:
             settings=dict(settings),
             methods=tuple(sorted(self.methods)),
             pid=os.getpid(),
+            worker=_worker_code(),
         )
         self.identity_digest = self.identity.digest
 
     def serve(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> int:
         """Run until end of input or a shutdown message; returns the process exit code."""
+        if stdin is None and stdout is None:
+            _die_with_parent()
         out = stdout if stdout is not None else take_stdout()
         inp = stdin if stdin is not None else sys.stdin.buffer
         self._send(out, Handshake(PROTOCOL_VERSION, self.identity).to_wire())

@@ -1,0 +1,31 @@
+"""Option aliases shared by the commands that run an engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from invar.engines import DEFAULT_MODEL
+from invar.runner.engine import Dtype, Engine, Quantization
+
+TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature, in [0, 10] (0: greedy).")]
+TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].")]
+EngineOpt = Annotated[Engine, typer.Option("--engine", help="The engine whose worker runs the model.")]
+ModelOpt = Annotated[Path, typer.Option("--model", help="The model folder (named by its tree digest).")]
+DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="The dtype the engine computes in.")]
+QuantOpt = Annotated[
+    Quantization, typer.Option("--quantization", help="Weight quantization, where the engine has it (nf4: hf).")
+]
+AdapterOpt = Annotated[Path | None, typer.Option("--adapter", help="A LoRA adapter folder to sample from.")]
+RunOpt = Annotated[
+    Path | None, typer.Option("--run", help="Run directory for the records; default: a fresh runs/<command>-<time>.")
+]
+CallTimeoutOpt = Annotated[
+    float, typer.Option("--call-timeout", help="Seconds one worker call may take before the worker is stopped.")
+]
+DEFAULT_CALL_TIMEOUT = 1800.0
+
+__all__ = ["DEFAULT_MODEL", "AdapterOpt", "CallTimeoutOpt", "DtypeOpt", "EngineOpt", "ModelOpt", "QuantOpt",
+           "RunOpt", "TemperatureOpt", "TopPOpt"]

@@ -1,0 +1,233 @@
+"""Starting an engine for a package: one place that every command (`infer`, `evaluate`, `use run`, later `train`
+and `compare`) drives engines through.
+
+Decisions:
+- **A package is launched, then checked.** A package's launch settings become the worker's command line; the
+  worker then declares its identity (engine versions, settings, patches) at handshake. Where a contract names the
+  package, that identity must equal the contract's exactly, or the worker is stopped before any call is made: the
+  records must never hold evidence from a worker the contract did not name.
+- **The core names the files.** The model and adapter are named by the tree digests the core computes itself, and
+  the worker must report them back.
+- **Options are checked before any worker starts** (`invar.runner.options`): a model load takes seconds, and a bad
+  seed must not cost them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import enum
+import functools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from invar import canonical
+from invar.engines import start_worker
+from invar.errors import EvidenceError, InvarError
+from invar.protocol import Identity, Role, WorkerClient
+from invar.records import RunStore
+
+
+class Engine(enum.StrEnum):
+    """The engines a command can run."""
+
+    HF = "hf"
+    VLLM = "vllm"
+    MLX = "mlx"
+
+
+class Dtype(enum.StrEnum):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+
+class Quantization(enum.StrEnum):
+    NONE = "none"
+    NF4 = "nf4"
+
+
+ADAPTER_NAME = "policy"
+"""The name under which a session loads its adapter into the worker."""
+
+# Package settings that are launch options of a worker; every other setting is fixed by the worker itself and only
+# checked against its identity. Booleans map to a flag given when the value differs from the worker's default.
+_LAUNCH: dict[str, dict[str, str]] = {
+    "hf": {"device": "--device", "threads": "--threads"},
+    "vllm": {"device": "--device", "max_model_len": "--max-model-len",
+             "gpu_memory_utilization": "--gpu-memory-utilization", "max_num_seqs": "--max-num-seqs",
+             "max_lora_rank": "--max-lora-rank", "max_loras": "--max-loras", "engine_seed": "--seed"},
+    "mlx": {},
+}
+_LAUNCH_FLAGS: dict[str, dict[str, tuple[bool, str]]] = {"vllm": {"enforce_eager": (False, "--no-enforce-eager")}}
+
+
+def launch_args(engine: str, settings: Mapping[str, Any], patches: Mapping[str, str]) -> list[str]:
+    """The worker command-line options that make a worker of `engine` start with `settings` and `patches`."""
+    args: list[str] = []
+    for key, flag in _LAUNCH.get(engine, {}).items():
+        value = settings.get(key)
+        if value is not None:
+            args += [flag, str(value)]
+    for key, (when, flag) in _LAUNCH_FLAGS.get(engine, {}).items():
+        if settings.get(key) is when:
+            args.append(flag)
+    for name, sha in sorted(patches.items()):
+        args += ["--patch", f"{name}={sha}"]
+    return args
+
+
+def _difference(expected: Any, actual: Any, where: str) -> str | None:
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        for key in sorted(set(expected) | set(actual), key=str):
+            if key not in actual:
+                return f"{where}.{key} is missing from the worker's identity (the contract has {expected[key]!r})"
+            if key not in expected:
+                return f"{where}.{key} = {actual[key]!r} in the worker's identity is not in the contract"
+            found = _difference(expected[key], actual[key], f"{where}.{key}")
+            if found:
+                return found
+        return None
+    if expected != actual or type(expected) is not type(actual):
+        return f"{where} is {actual!r} in the worker's identity, {expected!r} in the contract"
+    return None
+
+
+def check_identity(identity: Identity, engine_version: Mapping[str, str], settings: Mapping[str, Any],
+                   who: str) -> None:
+    """The worker must be the package the contract names: engine versions and settings (patches included) equal."""
+    for what, expected, actual in (("engine_version", dict(engine_version), identity.engine_version),
+                                   ("settings", dict(settings), identity.settings)):
+        diff = _difference(expected, actual, f"{who}.{what}")
+        if diff is not None:
+            raise EvidenceError(f"the {who} worker is not the package the contract names: {diff}; run it with the "
+                                "package the contract fixes (or prepare a contract for this one)")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What a session starts and loads: the engine and its launch, the model, its dtype and quantization, an adapter.
+
+    The digests are the core's own (`digests`).
+    """
+
+    engine: Engine
+    model: Path
+    dtype: Dtype = Dtype.FLOAT32
+    quantization: Quantization = Quantization.NONE
+    adapter: Path | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """Launch settings (a package's `settings`); empty: the worker's defaults."""
+    patches: Mapping[str, str] = field(default_factory=dict)
+    """Patches to apply at start: name → sha256."""
+
+    @functools.cached_property
+    def digests(self) -> tuple[str, str | None]:
+        """Tree digests of the model and adapter folders (computed once); `InvarError` naming a missing folder."""
+        for what, path in (("--model", self.model), ("--adapter", self.adapter)):
+            if path is not None and not path.is_dir():
+                raise InvarError(f"{what} {path}: no such folder; pass the folder that holds the "
+                                 f"{'model' if what == '--model' else 'LoRA adapter'}")
+        model = canonical.tree_digest(str(self.model))
+        adapter = None if self.adapter is None else canonical.tree_digest(str(self.adapter))
+        return model, adapter
+
+    def meta(self) -> dict[str, Any]:
+        model, adapter = self.digests
+        return {"engine": self.engine.value, "model": str(self.model), "model_digest": model,
+                "dtype": self.dtype.value, "quantization": self.quantization.value,
+                "adapter": None if self.adapter is None else str(self.adapter), "adapter_digest": adapter,
+                **({"patches": dict(self.patches)} if self.patches else {})}
+
+
+@dataclass(frozen=True)
+class Session:
+    """A started worker with the model (and adapter) loaded as the core asked."""
+
+    client: WorkerClient
+    adapter: str | None
+    """The adapter name to pass in calls (None: the model as loaded)."""
+    model_digest: str
+    adapter_digest: str | None
+    eos_token_id: int
+    max_model_len: int | None
+
+
+def default_run_dir(command: str) -> Path:
+    """A fresh run directory under ./runs, named by the command and the local time to the microsecond."""
+    return Path("runs") / f"{command}-{datetime.datetime.now():%Y%m%d-%H%M%S-%f}"
+
+
+@contextlib.contextmanager
+def engine_session(
+    spec: EngineSpec,
+    store: RunStore,
+    *,
+    role: Role = Role.INFERENCE,
+    expect: tuple[Mapping[str, str], Mapping[str, Any], str] | None = None,
+    adapter_in_load: bool = False,
+    call_timeout: float | None = 1800.0,
+) -> Iterator[Session]:
+    """Start the engine's worker (recording into `store`), load the model and adapter; stop the worker after.
+
+    `expect` = (engine_version, settings, who): the identity the worker must declare, checked before any call.
+    `adapter_in_load`: load the adapter with the model (as a contract's package does) instead of by name.
+    """
+    model_digest, adapter_digest = spec.digests
+    args = launch_args(spec.engine.value, spec.settings, spec.patches)
+    client = start_worker(spec.engine.value, role, args=args, recorder=store, call_timeout=call_timeout)
+    try:
+        if expect is not None:
+            check_identity(client.identity, expect[0], expect[1], expect[2])
+        adapter_param = None
+        if adapter_in_load and spec.adapter is not None:
+            adapter_param = {"path": str(spec.adapter.resolve()), "digest": adapter_digest}
+        loaded = client.call("load_model", {
+            "model_dir": str(spec.model.resolve()), "model_digest": model_digest, "dtype": spec.dtype.value,
+            "quantization": spec.quantization.value, "adapter": adapter_param,
+        })
+        if loaded.get("model_digest") != model_digest:
+            raise EvidenceError(f"the {spec.engine.value} worker reports model digest "
+                                f"{str(loaded.get('model_digest'))[:16]}…, not {model_digest[:16]}…: it loaded "
+                                "other files than the core named")
+        name = None
+        if spec.adapter is not None and not adapter_in_load:
+            got = client.call("load_adapter", {"name": ADAPTER_NAME, "path": str(spec.adapter.resolve()),
+                                               "digest": adapter_digest})
+            if got.get("adapter_digest") != adapter_digest:
+                raise EvidenceError(f"the {spec.engine.value} worker reports adapter digest "
+                                    f"{str(got.get('adapter_digest'))[:16]}…, not {adapter_digest}")
+            name = ADAPTER_NAME
+        max_len = loaded.get("max_model_len")
+        yield Session(client, name, model_digest, adapter_digest, int(loaded["eos_token_id"]),
+                      int(max_len) if isinstance(max_len, int) else None)
+    finally:
+        client.close()
+
+
+def check_output(output: dict[str, Any], request_id: str, model_digest: str, report: dict[str, Any]) -> None:
+    """A generate output must answer the request it is listed for, from the model the core named."""
+    if report.get("model_digest") != model_digest:
+        raise EvidenceError(f"generate reports model digest {str(report.get('model_digest'))[:16]}…, not "
+                            f"{model_digest[:16]}…")
+    if output.get("request_id") != request_id:
+        raise EvidenceError(f"generate output for request {request_id!r} is labelled "
+                            f"{output.get('request_id')!r}: outputs must come back in request order")
+    tokens, logprobs = output.get("tokens"), output.get("logprobs")
+    if not isinstance(tokens, np.ndarray) or not isinstance(logprobs, np.ndarray) or tokens.shape != logprobs.shape:
+        raise EvidenceError(f"generate output for request {request_id!r} lacks tokens and logprobs of one length")
+
+
+def check_patches_active(report: Mapping[str, Any], patches: Mapping[str, str], where: str) -> None:
+    """Every declared patch must have run during the call: its reported call count is above zero."""
+    if not patches:
+        return
+    counts = report.get("patch_calls")
+    for name in patches:
+        count = counts.get(name) if isinstance(counts, dict) else None
+        if not isinstance(count, int) or count <= 0:
+            raise EvidenceError(f"{where}: patch {name!r} reports {count!r} calls: it was not active in this call, "
+                                "so the evidence is not of the patched package")

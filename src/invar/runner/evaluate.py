@@ -1,0 +1,149 @@
+"""Evaluating a fixed policy on the arithmetic population, scored by the core.
+
+Decisions:
+- **The core scores.** The engine returns token ids only; the core decodes them with its own `Vocabulary` and
+  scores them with `invar.tasks.arithmetic.score`. The accuracy is recomputable from the run's records alone.
+- **Seeds are per problem.** Request i for problem `id` is drawn with `request_seed(seed, id)`, a pure function of
+  the two, so a problem gets the same seed in any sample, batch size or engine: two engines evaluated with the same
+  seed are paired problem by problem.
+- **A seeded sample** of `count` problems (`sample_indices`, without replacement, in population order), or the
+  whole population.
+- **Clopper–Pearson interval** (exact binomial, two-sided): it never undercovers, which suits a number people
+  compare across engines; it is a little wider than Wilson's.
+- One `generate` call per batch (one batch per call), so progress moves per call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from invar.errors import ContractError, EvidenceError
+from invar.records import RunStore
+from invar.runner.engine import EngineSpec, Session, check_output, engine_session
+from invar.runner.options import check_context, model_context
+from invar.tasks import Problem, Vocabulary, score
+
+INTERVAL_METHOD = "clopper-pearson"
+
+
+def clopper_pearson(correct: int, n: int, confidence: float) -> tuple[float, float]:
+    """Two-sided exact binomial interval for a proportion: `correct` successes of `n` trials, at `confidence`.
+
+    Returns (lower, upper) in [0, 1]; lower is 0 when correct = 0 and upper is 1 when correct = n.
+    """
+    if n < 1 or not 0 <= correct <= n:
+        raise ValueError(f"need 0 ≤ correct ≤ n and n ≥ 1, got correct={correct}, n={n}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    alpha = 1.0 - confidence
+    lower = 0.0 if correct == 0 else float(stats.beta.ppf(alpha / 2, correct, n - correct + 1))
+    upper = 1.0 if correct == n else float(stats.beta.ppf(1 - alpha / 2, correct + 1, n - correct))
+    return lower, upper
+
+
+def request_seed(seed: int, problem_id: str) -> int:
+    """The sampling seed of one problem: the first 63 bits of sha256 over (seed, problem id)."""
+    digest = hashlib.sha256(f"invar-evaluate/{seed}/{problem_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def sample_indices(size: int, count: int | None, seed: int) -> list[int]:
+    """Indices of a seeded sample of `count` of `size` problems, without replacement, in population order.
+
+    `count` None (or equal to `size`) is the whole population.
+    """
+    if count is None or count == size:
+        return list(range(size))
+    if not 1 <= count <= size:
+        raise ContractError(f"--count {count}: the population has {size} problems; ask for 1 to {size}")
+    chosen = np.random.default_rng(seed).choice(size, size=count, replace=False)
+    return sorted(int(i) for i in chosen)
+
+
+def population_digest(population: Path, declared: str | None) -> str:
+    """The declared sha256 of the population file, or the one in its `.sha256` sibling."""
+    if declared is not None:
+        return declared
+    sibling = population.with_suffix(".sha256")
+    if not sibling.is_file():
+        raise ContractError(f"{population}: no {sibling.name} beside it; pass --population-sha256 with the digest "
+                            "you expect")
+    return sibling.read_text(encoding="ascii").split()[0]
+
+
+@dataclass(frozen=True)
+class EvaluationSettings:
+    """How a policy is evaluated: the sampling of each request and how requests are batched."""
+
+    seed: int
+    temperature: float
+    top_p: float
+    max_tokens: int
+    batch_size: int
+    confidence: float
+
+
+def evaluate_policy(
+    spec: EngineSpec,
+    problems: Sequence[Problem],
+    settings: EvaluationSettings,
+    store: RunStore,
+    *,
+    call_timeout: float | None = None,
+    advance: Callable[[int], None] = lambda done: None,
+) -> dict[str, Any]:
+    """Run every problem through the engine (one call per batch), score each response, and summarise."""
+    vocab = Vocabulary.from_model_dir(spec.model)
+    context = model_context(spec.model)
+    for p in problems:
+        check_context(len(vocab.encode(p.prompt)), settings.max_tokens, context, f"problem {p.id}")
+    losses: list[int] = []
+    with engine_session(spec, store, call_timeout=call_timeout) as session:
+        generating = time.perf_counter()
+        for start in range(0, len(problems), settings.batch_size):
+            batch = problems[start : start + settings.batch_size]
+            losses += _run_batch(session, vocab, batch, settings)
+            advance(len(batch))
+        generate_s = time.perf_counter() - generating
+    result = summarize(problems, losses, settings.confidence)
+    result["generate_s"] = round(generate_s, 3)
+    return result
+
+
+def _run_batch(session: Session, vocab: Vocabulary, batch: Sequence[Problem],
+               s: EvaluationSettings) -> list[int]:
+    """One generate call for `batch` (one batch, in order); returns each problem's task loss, scored by the core."""
+    requests = [{"request_id": p.id, "prompt": p.prompt, "seed": request_seed(s.seed, p.id),
+                 "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens} for p in batch]
+    report = session.client.call("generate", {"requests": requests, "layout": [list(range(len(requests)))],
+                                              "adapter": session.adapter, "reference_adapter": None})
+    outputs = report.get("outputs")
+    if not isinstance(outputs, list) or len(outputs) != len(batch):
+        raise EvidenceError(f"generate returned {len(outputs) if isinstance(outputs, list) else 'no'} outputs for "
+                            f"{len(batch)} requests")
+    losses = []
+    for p, out in zip(batch, outputs, strict=True):
+        check_output(out, p.id, session.model_digest, report)
+        losses.append(score(p.prompt, vocab.decode(out["tokens"])))
+    return losses
+
+
+def summarize(problems: Sequence[Problem], losses: Sequence[int], confidence: float) -> dict[str, Any]:
+    """Accuracy (1 − mean task loss), its Clopper–Pearson interval, and the count per problem kind."""
+    n = len(problems)
+    correct = n - sum(losses)
+    kinds: Counter[str] = Counter(p.kind for p in problems)
+    right: Counter[str] = Counter(p.kind for p, loss in zip(problems, losses, strict=True) if loss == 0)
+    lo, hi = clopper_pearson(correct, n, confidence)
+    return {"problems": n, "correct": correct, "accuracy": correct / n, "interval": [lo, hi],
+            "confidence": confidence, "interval_method": INTERVAL_METHOD,
+            "by_kind": {k: {"problems": kinds[k], "correct": right[k]} for k in sorted(kinds)}}

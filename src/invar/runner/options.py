@@ -1,0 +1,54 @@
+"""Request options, checked before any worker starts.
+
+A value a worker cannot honour exactly is refused here, never reinterpreted: a temperature of NaN that an engine
+would quietly treat as 1 would leave records saying T = NaN for samples drawn at T = 1. Every check names the option
+and the range it accepts, so a user can fix it from the message alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from invar.errors import InvarError
+
+SEED_MAX = (1 << 63) - 1
+"""Per-request seeds are 63-bit, as every engine's generator takes them (and as plan seeds are derived)."""
+TEMPERATURE_MAX = 10.0
+
+
+def check_sampling(*, temperature: float, top_p: float, max_tokens: int, seeds: tuple[int, ...] = (),
+                   batch_size: int | None = None, call_timeout: float | None = None) -> None:
+    """Refuse, with one line naming the option, anything an engine could not honour exactly."""
+    if not math.isfinite(temperature) or not 0.0 <= temperature <= TEMPERATURE_MAX:
+        raise InvarError(f"--temperature {temperature}: must be a finite number in [0, {TEMPERATURE_MAX:g}] "
+                         "(0 is greedy)")
+    if not math.isfinite(top_p) or not 0.0 < top_p <= 1.0:
+        raise InvarError(f"--top-p {top_p}: must be in (0, 1]")
+    if max_tokens < 1:
+        raise InvarError(f"--max-tokens {max_tokens}: must be at least 1")
+    for seed in seeds:
+        if not 0 <= seed <= SEED_MAX:
+            raise InvarError(f"--seed {seed}: request seeds must be in [0, 2^63 − 1]; choose a smaller seed")
+    if batch_size is not None and batch_size < 1:
+        raise InvarError(f"--batch-size {batch_size}: must be at least 1")
+    if call_timeout is not None and (not math.isfinite(call_timeout) or call_timeout <= 0):
+        raise InvarError(f"--call-timeout {call_timeout}: must be a positive number of seconds")
+
+
+def model_context(model_dir: Path) -> int | None:
+    """The model's context length (`max_position_embeddings` in config.json), or None where it is not stated."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def check_context(prompt_tokens: int, max_tokens: int, context: int | None, where: str) -> None:
+    """A prompt and its longest response must fit the model's context."""
+    if context is not None and prompt_tokens + max_tokens > context:
+        raise InvarError(f"{where}: {prompt_tokens} prompt tokens + --max-tokens {max_tokens} exceed the model's "
+                         f"context of {context} tokens; lower --max-tokens or shorten the prompt")

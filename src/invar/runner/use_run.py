@@ -1,0 +1,227 @@
+"""`use run`: execute a contract's finite plan exactly, keep every record, and resume a run that was stopped.
+
+Decisions:
+- **Only the plan runs.** Every generate call is a planned call with its exact params (`invar.contract.plan`);
+  nothing is chosen at run time, so admission can demand that the run did exactly the plan.
+- **Workers are the contract's packages or nothing.** Each package's worker is started with the package's launch
+  settings and patches; its handshake identity must equal the package's (engine versions, settings, patches)
+  before any call is made (`invar.runner.engine.check_identity`). Files are checked before workers start: the
+  model and adapter tree digests and each patch's digest must be the contract's.
+- **Resume from the records.** A run directory that already holds records is verified (a damaged store is refused,
+  naming the record), must have been made under this contract, and is bound against the plan with the same code
+  admission uses (`bind_evidence`); only planned calls without a successful record are issued again. Engines are
+  seeded per request, so a re-issued call gives what the lost one would have, and the decision equals that of an
+  uninterrupted run. The writer lock refuses a second `use run` on the same directory.
+- **Reference and candidate run side by side**, one worker thread each; their calls do not depend on each other.
+- A finished run gets its closing record; its head is returned for the caller to print and keep.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from invar import patches
+from invar.contract.admit import bind_evidence, parse_outputs, run_contract_sha256, run_inputs
+from invar.contract.model import Contract, Package
+from invar.contract.plan import ExecutionPlan, PlannedCall, Role
+from invar.contract.prepare import load_contract, method_version, tokenizer_digest
+from invar.errors import ContractError, EvidenceError
+from invar.records import RunStore
+from invar.records.store import is_run
+from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, check_patches_active, engine_session
+from invar.tasks import Vocabulary
+
+ROLES: tuple[Role, Role] = ("reference", "candidate")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a run is: planned calls and their requests done, of the totals."""
+
+    calls_done: int
+    calls_total: int
+    requests_done: int
+    requests_total: int
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What `use_run` did."""
+
+    run: Path
+    contract: Path
+    contract_sha256: str
+    head: str
+    calls_total: int
+    calls_reused: int
+    """Planned calls already answered in the records when this invocation started (a resumed run)."""
+    calls_issued: int
+    wall_s: float
+    already_closed: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": str(self.run), "contract": str(self.contract), "contract_sha256": self.contract_sha256,
+                "chain_head": self.head, "calls_total": self.calls_total, "calls_reused": self.calls_reused,
+                "calls_issued": self.calls_issued, "wall_s": round(self.wall_s, 3),
+                "already_closed": self.already_closed,
+                "admit": admit_command(self.run, self.contract, self.head)}
+
+
+def admit_command(run: Path, contract: Path, head: str) -> str:
+    """The command that decides a finished run, anchored at its head."""
+    return f"invar use admit {run} --contract {contract} --expect-head {head}"
+
+
+def package_spec(package: Package, base: Path, role: Role) -> EngineSpec:
+    """The engine spec of a contract's package, after checking every file it names against the contract."""
+    model = base / package.model_dir
+    adapter = None if package.adapter is None else base / package.adapter.path
+    spec = EngineSpec(Engine(package.engine), model, Dtype(package.dtype), Quantization(package.quantization),
+                      adapter, settings=dict(package.settings), patches=dict(package.patches))
+    model_digest, adapter_digest = spec.digests
+    if model_digest != package.model_digest:
+        raise ContractError(f"{role}.model_dir: {model} has tree digest {model_digest[:16]}…, the contract fixes "
+                            f"{package.model_digest[:16]}…; point the contract at the model it names")
+    if package.adapter is not None and adapter_digest != package.adapter.digest:
+        raise ContractError(f"{role}.adapter: {adapter} has tree digest {str(adapter_digest)[:16]}…, the contract "
+                            f"fixes {package.adapter.digest[:16]}…")
+    for name, sha in package.patches.items():
+        actual = patches.patch_digest(patches.patch_dir(name))
+        if actual != sha:
+            raise ContractError(f"{role}.patches.{name}: the patch's files have digest {actual[:16]}…, the contract "
+                                f"fixes {sha[:16]}…; restore the patch the contract names")
+    return spec
+
+
+def _open_run(run_dir: Path, contract: Contract, sha: str, base: Path, contract_path: Path) -> tuple[RunStore, bool]:
+    """A new run (with the contract's inputs kept), or an existing one of this contract opened to resume."""
+    if not is_run(run_dir):
+        store = RunStore.create(run_dir, meta={"command": "use run", "contract_sha256": sha,
+                                               "contract_name": contract.name, "contract": str(contract_path)})
+        store.put_meta("inputs", run_inputs(contract, base))
+        return store, False
+    store = RunStore.open(run_dir, writable=True)
+    try:
+        store.verify()
+        made_under = run_contract_sha256(store)
+        if made_under != sha:
+            raise EvidenceError(f"{run_dir}: the run was made under contract {made_under[:16]}…, not {sha[:16]}… "
+                                f"({contract_path}); resume it with its own contract, or choose a new run directory")
+    except BaseException:
+        store.close()
+        raise
+    return store, True
+
+
+def use_run(
+    contract_path: Path,
+    run_dir: Path,
+    *,
+    call_timeout: float | None = 1800.0,
+    progress: Callable[[Progress], None] = lambda p: None,
+) -> RunOutcome:
+    """Execute (or resume) the plan of the contract at `contract_path` into `run_dir`."""
+    started = time.perf_counter()
+    contract, sha, plan = load_contract(contract_path)
+    method = contract.requirement.method
+    if method is not None and method_version(method) != contract.method_version:
+        raise ContractError(f"method_version: the contract fixes {contract.method_version}, this Invar computes "
+                            f"{method_version(method)}; run with the Invar version the contract names")
+    base = contract_path.parent
+    specs = {role: package_spec(contract.package(role), base, role) for role in ROLES}
+    eos: dict[Role, int] = {}
+    for role in ROLES:
+        model_dir = specs[role].model
+        if tokenizer_digest(model_dir) != contract.package(role).tokenizer_digest:
+            raise ContractError(f"{role}.model_dir: the tokenizer files in {model_dir} are not the ones the contract "
+                                "names")
+        eos[role] = Vocabulary.from_model_dir(model_dir).eos_token_id
+
+    store, resumed = _open_run(run_dir, contract, sha, base, contract_path)
+    with store:
+        if store.closed:
+            return RunOutcome(run_dir, contract_path, sha, store.head, len(plan.calls), len(plan.calls), 0,
+                              time.perf_counter() - started, already_closed=True)
+        done, _failed = bind_evidence(store.calls(), contract, plan, eos) if resumed else ({}, {})
+        todo = {role: [c for c in plan.calls if c.package == role and c.key not in done] for role in ROLES}
+        counter = _Counter(plan, done, progress)
+        counter.report()
+        issued = _execute(contract, specs, todo, store, eos, counter, call_timeout)
+        head = store.close_run()
+    return RunOutcome(run_dir, contract_path, sha, head, len(plan.calls), len(done), issued,
+                      time.perf_counter() - started, already_closed=False)
+
+
+class _Counter:
+    """Progress across the worker threads."""
+
+    def __init__(self, plan: ExecutionPlan, done: Mapping[str, Any], sink: Callable[[Progress], None]) -> None:
+        self._lock = threading.Lock()
+        self._sink = sink
+        self.calls_total = len(plan.calls)
+        self.requests_total = sum(len(c.units) for c in plan.calls)
+        self.calls_done = len(done)
+        self.requests_done = sum(len(c.units) for c in plan.calls if c.key in done)
+
+    def add(self, planned: PlannedCall) -> None:
+        with self._lock:
+            self.calls_done += 1
+            self.requests_done += len(planned.units)
+        self.report()
+
+    def report(self) -> None:
+        self._sink(Progress(self.calls_done, self.calls_total, self.requests_done, self.requests_total))
+
+
+def _execute(contract: Contract, specs: Mapping[Role, EngineSpec], todo: Mapping[Role, Sequence[PlannedCall]],
+             store: RunStore, eos: Mapping[Role, int], counter: _Counter, call_timeout: float | None) -> int:
+    """Start a worker per package that has calls left and issue them; the first failure stops both."""
+    roles = [role for role in ROLES if todo[role]]
+    if not roles:
+        return 0
+    stop = threading.Event()
+    issued = [0]
+    lock = threading.Lock()
+
+    def drive(role: Role) -> None:
+        package = contract.package(role)
+        spec = specs[role]
+        expect = (package.engine_version, package.expected_settings(), role)
+        with engine_session(spec, store, expect=expect, adapter_in_load=True, call_timeout=call_timeout) as session:
+            if session.model_digest != package.model_digest:
+                raise EvidenceError(f"the {role} worker loaded model {session.model_digest[:16]}…, not the "
+                                    "contract's")
+            for planned in todo[role]:
+                if stop.is_set():
+                    return
+                answer = session.client.ask("generate", planned.params)
+                where = f"{role} call {planned.key} (call id {answer.call.call_id})"
+                result = answer.result  # raises the worker's error as WorkerError
+                for key, want in (("model_digest", package.model_digest),
+                                  ("adapter_digest", None if package.adapter is None else package.adapter.digest)):
+                    if result.get(key) != want:
+                        raise EvidenceError(f"{where}: the report names {key} {str(result.get(key))[:16]}…, not "
+                                            f"the contract's {str(want)[:16]}…")
+                check_patches_active(result, package.patches, where)
+                parse_outputs(result, planned, eos[role], where)
+                with lock:
+                    issued[0] += 1
+                counter.add(planned)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(roles), thread_name_prefix="use-run") as pool:
+        futures = [pool.submit(drive, role) for role in roles]
+        failure: BaseException | None = None
+        for future in concurrent.futures.as_completed(futures):
+            exc = future.exception()
+            if exc is not None and failure is None:
+                failure = exc
+                stop.set()
+        if failure is not None:
+            raise failure
+    return issued[0]
