@@ -67,7 +67,10 @@ _TOO_DEEP = f"maps and lists nested deeper than {MAX_DEPTH} levels"
 
 def show(value: Any, limit: int = 40) -> str:
     """A bounded repr for messages: a hostile value must not turn an error into megabytes of text."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception:  # an int past Python's digit limit, a structure past the recursion limit
+        text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

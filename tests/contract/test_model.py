@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -117,3 +118,67 @@ def test_example_declarations_are_valid(name: str) -> None:
     problems = load_population(ROOT / "contracts" / decl.population.path, decl.population.sha256)
     assert decl.population.sample is not None
     assert decl.population.sample <= len(problems)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"description": "d" * 4097}, "description: is 4,097 characters long; the limit is 4,096: shorten it"),
+        ({"premises": [{"statement": "s" * 1025, "party": "p", "basis_sha256": "d" * 64, "reliance": "vouched"}]},
+         "premises[0].statement: is 1,025 characters long; the limit is 1,024: shorten it"),
+        ({"premises": [{"statement": "s", "party": "p" * 257, "basis_sha256": "d" * 64, "reliance": "vouched"}]},
+         "premises[0].party: is 257 characters long; the limit is 256: shorten it"),
+        ({"premises": [{"statement": "s", "party": "p", "basis_sha256": "d" * 64, "reliance": "vouched"}] * 65},
+         "premises: has 65 entries; the limit is 64: remove some"),
+        ({"reference": {"engine_version": {f"pkg{i}": "1" for i in range(65)}}},
+         "reference.engine_version: has 65 entries; the limit is 64: remove some"),
+        ({"reference": {"engine_version": {"torch": "9" * 300}}},
+         "reference.engine_version.torch: is 300 characters long; the limit is 256"),
+        ({"reference": {"model_dir": "m" * 1025}}, "reference.model_dir: is 1,025 characters long; a path may have"),
+        ({"reference": {"model_dir": "mod\x00el"}}, "reference.model_dir: must not contain a NUL character"),
+        ({"population": {"path": ""}}, "population.path: must name a file or folder; got an empty path"),
+        ({"layouts": {f"l{i}": {"batch_size": 1} for i in range(17)}},
+         "layouts: has 17 entries; the limit is 16: remove some"),
+        ({"requirement": {"method": "m" * 300}}, "requirement.method: is 300 characters long; the limit is 256"),
+        ({"reference": {"settings": {"when": datetime.datetime(2024, 1, 1)}}},
+         "reference.settings: holds datetime.datetime(2024, 1, 1, 0, 0), a datetime; settings are strings"),
+        ({"reference": {"settings": {"x": [float("nan")]}}}, "reference.settings: holds nan; settings must be finite"),
+        ({"reference": {"settings": {"x": 2**64}}}, "reference.settings: holds the integer 18446744073709551616"),
+        ({"requirement": {"epsilon": "0.0100000000000000000000000000001"}},
+         "requirement.epsilon: has more than 28 digits after the decimal point; round it"),
+        ({"requirement": {"epsilon": "1E-999999999"}}, "requirement.epsilon: has more than 28 digits after"),
+        ({"requirement": {"confidence": "0.95000000000000000000000000001"}},
+         "requirement.confidence: has more than 28 digits after the decimal point"),
+        ({"requirement": {"epsilon": "9" * 5000}}, "requirement.epsilon: must be in (0, 1); got 99999"),
+    ],
+)
+def test_absurd_sizes_are_refused_naming_the_limit(changes: dict[str, Any], message: str) -> None:
+    text = _error(**changes)
+    assert message in text
+    assert "\n" not in text
+    assert len(text) < 400
+
+
+def test_epsilon_with_28_places_is_kept_exactly() -> None:
+    decl = parse_declaration(declaration(POP, MODEL, requirement={"epsilon": "0.0100000000000000000000000001"}))
+    assert str(decl.requirement.epsilon) == "0.0100000000000000000000000001"
+
+
+def test_hostile_keys_keep_the_message_to_one_short_line() -> None:
+    text = _error(**{"a\nb" * 30000: 1})
+    assert "\n" not in text
+    assert len(text) < 300
+    assert text.endswith("is not a known field; remove it or check its spelling")
+
+
+def test_hostile_contract_bytes_are_one_line() -> None:
+    for data, message in [
+        (b'{"schema":"invar.contract/1","x":' + b"[" * 100 + b"]" * 100 + b"}", "nest more than 32 levels deep"),
+        (b'{"schema":"invar.contract/1","seed":' + b"1" * 5000 + b"}", "a number has more than 4,300 digits"),
+        (b'{"schema":"invar.contract/1","name":"\xff"}', r"not UTF-8 text \(byte 0xff at offset 37\)"),
+        (b" " * (1 << 20) + b"{}", r"over the limit of 1 MiB \(1,048,576 bytes\) for a contract"),
+        (b'{"schema":"' + b"s" * 100000 + b'"}', r"schema is 'sssss.*…, this Invar reads"),
+    ]:
+        with pytest.raises(ContractError, match=message) as info:
+            parse_contract(data)
+        assert len(str(info.value)) < 300

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ import pytest
 from contract_runs import declaration, make_model, make_workspace, toml_text
 
 from invar import canonical
+from invar.cli.app import main
 from invar.contract.prepare import load_contract, prepare
 from invar.errors import ContractError
 from invar.tasks.arithmetic import population, population_bytes
@@ -126,3 +130,106 @@ def test_moved_population_is_refused_at_load(tmp_path: Path) -> None:
     shutil.move(tmp_path / "w" / "population.jsonl", tmp_path / "population.jsonl")
     with pytest.raises(ContractError, match=r"population: population file .* does not exist"):
         load_contract(ws.contract_path)
+
+
+# --- hostile files: each is one `ContractError` line, and the CLI prints it and exits 2 -----------------------------
+
+
+def _cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
+    """Run the real `invar` entry point; returns its one error line (and checks it exits 2 with nothing else)."""
+    monkeypatch.setattr(sys, "argv", ["invar", *args])
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    lines = out.err.splitlines()
+    assert len(lines) == 1, out.err
+    assert lines[0].startswith("invar: error: ")
+    return lines[0].removeprefix("invar: error: ")
+
+
+def _hostile_files(folder: Path) -> dict[str, tuple[Path, str]]:
+    """name → (file, what its one line must say), for a declaration and a contract alike."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cases: dict[str, tuple[Path, str]] = {}
+
+    def case(name: str, data: bytes | None, message: str) -> None:
+        path = folder / name
+        if data is not None:
+            path.write_bytes(data)
+        cases[name] = (path, message)
+
+    case("latin1", 'name = "café"\n'.encode("latin-1"), r"not UTF-8 text \(byte 0xe9 at offset 11\)")
+    case("deep-array", b"a = " + b"[" * 500 + b"]" * 500 + b"\n", "nest more than 32 levels deep")
+    case("deep-table", b"a = " + b"{b = " * 500 + b"1" + b"}" * 500 + b"\n", "nest more than 32 levels deep")
+    case("deep-dotted", b".".join([b"k"] * 100) + b" = 1\n", "nest more than 32 levels deep")
+    case("huge", b"# " + b"x" * (1 << 20) + b"\n", r"1,048,579 bytes, over the limit of 1 MiB \(1,048,576 bytes\)")
+    case("missing", None, r"cannot read the \w+ \(No such file or directory\); check the path")
+    (folder / "folder").mkdir()
+    case("folder", None, "it is a folder")
+    os.mkfifo(folder / "fifo")
+    case("fifo", None, "it is not a regular file")
+    return cases
+
+
+def test_hostile_declaration_files_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, (path, message) in _hostile_files(tmp_path).items():
+        with pytest.raises(ContractError, match=message):
+            prepare(path)
+        line = _cli(capsys, monkeypatch, "use", "prepare", str(path))
+        assert re.search(message, line), (name, line)
+
+
+def test_hostile_contract_files_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    cases = _hostile_files(tmp_path)
+    deep = b'{"schema":"invar.contract/1","name":' + b'{"a":' * 500 + b"1" + b"}" * 500 + b"}"
+    (tmp_path / "deep.json").write_bytes(deep)
+    cases["deep.json"] = (tmp_path / "deep.json", "objects and arrays nest more than 32 levels deep")
+    (tmp_path / "deeper.json").write_bytes(b'{"name":' + b"[" * 5000 + b"]" * 5000 + b"}")
+    cases["deeper.json"] = (tmp_path / "deeper.json", "objects and arrays nest more than 32 levels deep")
+    (tmp_path / "number.json").write_bytes(b'{"seed":' + b"9" * 5000 + b"}")
+    cases["number.json"] = (tmp_path / "number.json", "not valid JSON: a number has more than 4,300 digits")
+    for name, (path, message) in cases.items():
+        if name.startswith("deep-"):
+            continue  # TOML, not JSON: refused as not valid JSON, already covered
+        with pytest.raises(ContractError, match=message):
+            load_contract(path)
+        line = _cli(capsys, monkeypatch, "use", "plan", str(path), "--assume", "worse=0.01 better=0.01")
+        assert re.search(message, line), (name, line)
+
+
+def test_number_past_pythons_digit_limit_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "decl.toml").write_text("seed = " + "7" * 5000 + "\n")
+    with pytest.raises(ContractError, match="not valid TOML: a number has more than 4,300 digits"):
+        prepare(tmp_path / "decl.toml")
+
+
+def test_paths_the_system_cannot_read_are_one_line(tmp_path: Path) -> None:
+    # A path component longer than the file system allows fails with ENAMETOOLONG, not with "no such file".
+    msg = _prepare_with(tmp_path / "a", population={"path": "p" * 300 + "/population.jsonl"})
+    assert msg.startswith("population.path: cannot read")
+    assert "File name too long" in msg
+    msg = _prepare_with(tmp_path / "b", candidate={"model_dir": "m" * 300})
+    assert msg.startswith("candidate.model_digest: cannot read")
+    (tmp_path / "c" / "empty").mkdir(parents=True)
+    msg = _prepare_with(tmp_path / "c", candidate={"model_dir": "empty"})
+    assert msg.startswith("candidate.model_digest: ")
+    assert "the folder is empty" in msg
+
+
+def test_population_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "latin1.jsonl").write_bytes('{"id": "é"}\n'.encode("latin-1"))
+    digest = canonical.file_sha256(tmp_path / "latin1.jsonl")
+    msg = _prepare_with(tmp_path, population={"path": "latin1.jsonl", "sha256": digest})
+    assert msg.startswith("population.path: ")
+    assert "is not UTF-8 text" in msg
+
+
+def test_output_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    make_workspace(tmp_path, units=30)
+    (tmp_path / "taken").write_text("a file, not a folder")
+    with pytest.raises(ContractError, match="cannot create the output folder"):
+        prepare(tmp_path / "decl.toml", tmp_path / "taken" / "contracts")

@@ -8,13 +8,19 @@ canonical JSON whose sha256 names the contract. Seeds, the sample of units and e
 that contract alone, so nothing in them can be chosen after data exists.
 
 Numbers the decision compares exactly (ε, δ) are decimals, written as strings in the JSON, never binary floats.
+
+Every size is bounded (the `MAX_*` limits below, listed in docs/contract.md), so a hostile or mistaken file gets
+one line naming the limit, never a traceback, a recursion error or an unbounded message.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import stat
+import sys
 import tomllib
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
@@ -39,40 +45,119 @@ from invar.stats.bounds import METHODS
 CONTRACT_SCHEMA = "invar.contract/1"
 """Names the layout of the contract JSON; a contract of another schema is refused, never guessed at."""
 
+# --- limits: real declarations are a few kilobytes and nest four levels; these leave room and stop the absurd ----
+
+MAX_FILE_BYTES = 1 << 20
+"""A declaration or contract file holds at most 1 MiB."""
+MAX_NESTING = 32
+"""Tables and arrays (TOML), objects and arrays (JSON) nest at most 32 levels, the document itself being one."""
+MAX_DESCRIPTION = 4096
+"""Characters in `description`."""
+MAX_STATEMENT = 1024
+"""Characters in a premise's `statement`."""
+MAX_TEXT = 256
+"""Characters in a premise's `party`, a bound method's name, a package name or version, a patch name."""
+MAX_PATH = 1024
+"""Characters in a path (no NUL character)."""
+MAX_ENTRIES = 64
+"""Entries in `engine_version`, `patches`, `settings` (each map), `scorer.settings` and `premises`."""
+MAX_LAYOUTS = 16
+"""Layouts a contract declares."""
+MAX_PLACES = 28
+"""Digits after the decimal point in ε, δ or the confidence (kept exactly; more would be rounded silently)."""
+
 
 # --- field types -------------------------------------------------------------------------------------------------
 
 
+def _show(value: object) -> str:
+    """A bounded repr for messages: one line, however long or strange the value."""
+    return canonical.show(value, 60)
+
+
 def _hex64(value: str) -> str:
     if not re.fullmatch(r"[0-9a-f]{64}", value):
-        raise ValueError(f"must be a sha256 written as 64 lowercase hex digits; got {value!r}")
+        raise ValueError(f"must be a sha256 written as 64 lowercase hex digits; got {_show(value)}")
     return value
 
 
 def _name(value: str) -> str:
     if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", value):
         raise ValueError(
-            f"must be 1-64 characters of a-z, 0-9, '_', '.', '-', starting with a letter or digit; got {value!r}"
+            f"must be 1-64 characters of a-z, 0-9, '_', '.', '-', starting with a letter or digit; got {_show(value)}"
         )
+    return value
+
+
+def _path(value: str) -> str:
+    if not value:
+        raise ValueError("must name a file or folder; got an empty path")
+    if "\x00" in value:
+        raise ValueError(f"must not contain a NUL character; got {_show(value)}")
+    if len(value) > MAX_PATH:
+        raise ValueError(f"is {len(value):,} characters long; a path may have at most {MAX_PATH:,}: shorten it")
+    return value
+
+
+def _wire_value(value: Any, depth: int = 0) -> None:
+    """Refuse what a worker's identity cannot report (so could never match): a datetime, a non-finite number, an
+    integer past 64 bits. Only JSON's kinds of value pass, nested no deeper than the file may nest."""
+    if depth > MAX_NESTING:
+        raise ValueError(f"nests more than {MAX_NESTING} levels deep; flatten it")
+    if value is None or isinstance(value, bool | str):
+        return
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**64:
+            raise ValueError(f"holds the integer {_show(value)}, which does not fit in 64 bits")
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"holds {value}; settings must be finite numbers")
+        return
+    if isinstance(value, list):
+        for item in value:
+            _wire_value(item, depth + 1)
+        return
+    if isinstance(value, dict):
+        if len(value) > MAX_ENTRIES:
+            raise ValueError(f"has a map of {len(value):,} entries; the limit is {MAX_ENTRIES}")
+        for item in value.values():
+            _wire_value(item, depth + 1)
+        return
+    raise ValueError(f"holds {_show(value)}, a {type(value).__name__}; settings are strings, numbers, booleans, "
+                     "lists and tables, as the worker's identity reports them")
+
+
+def _wire_map(value: dict[str, Any]) -> dict[str, Any]:
+    _wire_value(value)
     return value
 
 
 def _to_decimal(value: object) -> Decimal:
     # A TOML float is read as the shortest decimal that round-trips (repr), so `0.01` means exactly 1/100.
     if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
-        raise ValueError(f"must be a number such as 0.01 or the string \"0.01\"; got {value!r}")
+        raise ValueError(f"must be a number such as 0.01 or the string \"0.01\"; got {_show(value)}")
     try:
         number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
-    except InvalidOperation:
-        raise ValueError(f"must be a number such as 0.01 or the string \"0.01\"; got {value!r}") from None
+    except (InvalidOperation, ValueError):
+        raise ValueError(f"must be a number such as 0.01 or the string \"0.01\"; got {_show(value)}") from None
     if not number.is_finite():
-        raise ValueError(f"must be a finite number; got {value!r}")
+        raise ValueError(f"must be a finite number; got {_show(value)}")
+    # Decimal arithmetic keeps 28 significant digits: more places would be rounded without a word, and a
+    # hostile exponent (1E-999999999) would make the contract's text a gigabyte.
+    _, digits, exponent = number.as_tuple()
+    assert isinstance(exponent, int)  # finite
+    zeros = len(digits) - len(bytes(digits).rstrip(b"\x00")) if any(digits) else len(digits)
+    if -(exponent + zeros) > MAX_PLACES:
+        raise ValueError(f"has more than {MAX_PLACES} digits after the decimal point; round it to {MAX_PLACES} "
+                         "or fewer")
     return number
 
 
 def _open_unit(value: Decimal) -> Decimal:
     if not Decimal(0) < value < Decimal(1):
-        raise ValueError(f"must be in (0, 1); got {value}")
+        text = str(value)
+        raise ValueError(f"must be in (0, 1); got {text if len(text) <= 60 else text[:59] + '…'}")
     return value
 
 
@@ -83,6 +168,9 @@ def _decimal_text(value: Decimal) -> str:
 
 Hex64 = Annotated[str, AfterValidator(_hex64)]
 Name = Annotated[str, AfterValidator(_name)]
+PathText = Annotated[str, AfterValidator(_path)]
+ShortText = Annotated[str, Field(max_length=MAX_TEXT)]
+WireMap = Annotated[dict[str, Any], Field(max_length=MAX_ENTRIES), AfterValidator(_wire_map)]
 Probability = Annotated[
     Decimal, BeforeValidator(_to_decimal), AfterValidator(_open_unit), PlainSerializer(_decimal_text, return_type=str)
 ]
@@ -103,7 +191,7 @@ class Scorer(_Model):
 
     name: Name
     """A key of the core's task scorers (`invar.tasks.arithmetic.SCORERS`)."""
-    settings: dict[str, Scalar] = Field(default_factory=dict)
+    settings: dict[ShortText, Scalar] = Field(default_factory=dict, max_length=MAX_ENTRIES)
     """Settings the scorer takes; empty for scorers that take none."""
 
 
@@ -128,7 +216,7 @@ class Requirement(_Model):
     """ε: the largest allowed increase of the mean task loss, in loss units (a fraction of units for 0/1 loss)."""
     delta: Probability | None = None
     """δ: the allowed error probability of the bound (confidence 1 − δ); population standard only."""
-    method: str | None = None
+    method: ShortText | None = None
     """The bound method (a key of `invar.stats.bounds.METHODS`); population standard only."""
 
 
@@ -173,7 +261,7 @@ class Execution(_Model):
 class Adapter(_Model):
     """A LoRA adapter folder and its tree digest."""
 
-    path: str
+    path: PathText
     """The adapter folder (relative to the declaration in a declaration, to the contract in a contract)."""
     digest: Hex64
     """`invar.canonical.tree_digest` of the folder."""
@@ -184,13 +272,13 @@ class PackageDeclaration(_Model):
 
     engine: Literal["hf", "vllm", "mlx"]
     """The worker's engine, as its handshake identity names it."""
-    engine_version: dict[str, str]
+    engine_version: dict[ShortText, ShortText] = Field(max_length=MAX_ENTRIES)
     """The engine's package versions, exactly as the worker's identity reports them."""
-    settings: dict[str, Any] = Field(default_factory=dict)
+    settings: WireMap = Field(default_factory=dict)
     """The worker's launch settings, exactly as its identity reports them (patches excluded, see `patches`)."""
-    patches: dict[str, Hex64] = Field(default_factory=dict)
+    patches: dict[ShortText, Hex64] = Field(default_factory=dict, max_length=MAX_ENTRIES)
     """Patches applied to the package: name → sha256. The worker reports them in its settings as `patches`."""
-    model_dir: str
+    model_dir: PathText
     """The model folder (relative to the declaration in a declaration, to the contract in a contract)."""
     model_digest: Hex64
     """`invar.canonical.tree_digest` of the model folder."""
@@ -241,16 +329,16 @@ class Package(PackageDeclaration):
 class Premise(_Model):
     """An assumption the decision rests on, and who vouches for it."""
 
-    statement: str = Field(min_length=1)
+    statement: str = Field(min_length=1, max_length=MAX_STATEMENT)
     """What is assumed, in one sentence."""
-    party: str = Field(min_length=1)
+    party: str = Field(min_length=1, max_length=MAX_TEXT)
     """Who vouches for it (a person, team or organisation)."""
     basis_sha256: Hex64
     """sha256 of the document or file the statement rests on."""
     reliance: Literal["vouched", "checked"]
     """`vouched`: the decision relies on the party's word; the core records the basis digest it cannot check.
     `checked`: the core re-hashes the basis file at every admission and relies on it only if it still matches."""
-    basis_path: str | None = None
+    basis_path: PathText | None = None
     """The basis file, for `checked` premises (relative to the declaration, then to the contract)."""
 
     @model_validator(mode="after")
@@ -268,7 +356,7 @@ class Premise(_Model):
 class PopulationDeclaration(_Model):
     """The prompts the use is about, and which of them are run."""
 
-    path: str
+    path: PathText
     """The population file, relative to the declaration."""
     sha256: Hex64
     """sha256 of the population file's bytes."""
@@ -332,7 +420,7 @@ class Declaration(_Model):
 
     name: Name
     """The contract's name; `prepare` writes `<name>.contract.json`."""
-    description: str = ""
+    description: str = Field(default="", max_length=MAX_DESCRIPTION)
     """What the use is, in the owner's words."""
     population: PopulationDeclaration
     """The prompts the use is about."""
@@ -344,7 +432,7 @@ class Declaration(_Model):
     """The allowed task-loss increase and the standard that decides it."""
     pairing: Pairing
     """The contract seed and the layout of the paired comparison."""
-    layouts: dict[str, Layout]
+    layouts: dict[str, Layout] = Field(max_length=MAX_LAYOUTS)
     """Batch layouts by name; each must be used by pairing or invariance."""
     invariance: Invariance
     """Which layouts the candidate must be bit-identical across."""
@@ -352,7 +440,7 @@ class Declaration(_Model):
     """The package that is trusted."""
     candidate: PackageDeclaration
     """The package proposed to replace it."""
-    premises: list[Premise] = Field(default_factory=list)
+    premises: list[Premise] = Field(default_factory=list, max_length=MAX_ENTRIES)
     """Assumptions the decision may rest on."""
     execution: Execution = Field(default_factory=Execution)
     """How the plan's calls are cut; the defaults suit most uses."""
@@ -386,7 +474,7 @@ class Declaration(_Model):
 class Population(_Model):
     """The population as the contract fixes it."""
 
-    path: str
+    path: PathText
     """The population file, relative to the contract file."""
     sha256: Hex64
     """sha256 of the population file's bytes."""
@@ -411,7 +499,7 @@ class Contract(_Model):
     """The layout of this JSON."""
     name: Name
     """The contract's name (also its file name)."""
-    description: str = ""
+    description: str = Field(default="", max_length=MAX_DESCRIPTION)
     """What the use is, in the owner's words."""
     population: Population
     """The population file, its digest and size, and the sample run."""
@@ -425,7 +513,7 @@ class Contract(_Model):
     """The version of the bound method's arithmetic the decision must use (population standard only)."""
     pairing: Pairing
     """The contract seed and the layout of the paired comparison."""
-    layouts: dict[str, Layout]
+    layouts: dict[str, Layout] = Field(max_length=MAX_LAYOUTS)
     """Batch layouts by name."""
     invariance: Invariance
     """Which layouts the candidate must be bit-identical across."""
@@ -433,7 +521,7 @@ class Contract(_Model):
     """The trusted package."""
     candidate: Package
     """The package proposed to replace it."""
-    premises: list[Premise] = Field(default_factory=list)
+    premises: list[Premise] = Field(default_factory=list, max_length=MAX_ENTRIES)
     """Assumptions the decision rests on."""
     execution: Execution | None = None
     """How the plan's calls are cut. Absent in contracts of plan `invar.plan/1` (one call per package and layout);
@@ -471,7 +559,9 @@ def _loc(loc: tuple[int | str, ...]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += part if not out else f".{part}"
+            # A key the owner wrote may be long or hold a newline: quoted and cut, so the message stays one line.
+            text = part if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", part) else canonical.show(part, 40)
+            out += text if not out else f".{text}"
     return out
 
 
@@ -482,14 +572,20 @@ def _one_line(exc: ValidationError, what: str) -> ContractError:
     field = _loc(tuple(first["loc"]))
     kind = first["type"]
     msg = str(first["msg"])
+    limit = first.get("ctx", {}).get("max_length")
+    given = first.get("input")
     if kind == "missing":
         text = "is required; add it"
     elif kind == "extra_forbidden":
         text = "is not a known field; remove it or check its spelling"
     elif kind in ("value_error", "assertion_error"):
         text = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    elif kind == "string_too_long" and isinstance(given, str):
+        text = f"is {len(given):,} characters long; the limit is {limit:,}: shorten it"
+    elif kind == "too_long" and isinstance(given, dict | list):
+        text = f"has {len(given):,} entries; the limit is {limit:,}: remove some"
     else:
-        text = f"{msg[:1].lower()}{msg[1:]}; got {first.get('input')!r}"
+        text = f"{msg[:1].lower()}{msg[1:]}; got {_show(given)}"
     if field and text.startswith(field):
         field = ""  # the message already names its field
     more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
@@ -497,8 +593,75 @@ def _one_line(exc: ValidationError, what: str) -> ContractError:
     return ContractError(f"{what}: {head}{text}{more}")
 
 
+def _too_deep(source: str, what: str) -> ContractError:
+    if what == "contract":
+        return ContractError(f"{source}: objects and arrays nest more than {MAX_NESTING} levels deep; give the file "
+                             "use prepare wrote")
+    return ContractError(f"{source}: tables and arrays nest more than {MAX_NESTING} levels deep, where a declaration "
+                         "needs about four: flatten it")
+
+
+def _check_nesting(data: Any, source: str, what: str) -> None:
+    """Refuse data nested deeper than MAX_NESTING before anything recursive (validation, JSON output) walks it."""
+    level = [data]
+    depth = 0
+    while level:
+        depth += 1
+        if depth > MAX_NESTING:
+            raise _too_deep(source, what)
+        below: list[Any] = []
+        for node in level:
+            below += [c for c in (node.values() if isinstance(node, dict) else node) if isinstance(c, dict | list)]
+        level = below
+
+
+def _read_file(path: Path, what: str) -> str:
+    """The text of a declaration or contract file: a regular file of at most MAX_FILE_BYTES, in UTF-8."""
+    try:
+        info = path.stat()
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ContractError(f"{path}: cannot read the {what} ({reason}); check the path") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ContractError(f"{path}: cannot read the {what}: it is a folder; give the {what} file")
+    if not stat.S_ISREG(info.st_mode):  # a pipe or device could block or never end
+        raise ContractError(f"{path}: cannot read the {what}: it is not a regular file; give the {what} file")
+    if info.st_size > MAX_FILE_BYTES:
+        raise _too_large(str(path), what, info.st_size)
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ContractError(f"{path}: cannot read the {what} ({exc.strerror or exc}); check the path") from None
+    return _text(raw, str(path), what)
+
+
+def _too_large(source: str, what: str, size: int | None) -> ContractError:
+    held = f"{size:,} bytes" if size is not None else f"more than {MAX_FILE_BYTES:,} bytes"
+    return ContractError(f"{source}: {held}, over the limit of 1 MiB ({MAX_FILE_BYTES:,} bytes) for a {what}; a "
+                         f"{what} is a few kilobytes: check that this is the {what} file")
+
+
+def _text(raw: bytes, source: str, what: str) -> str:
+    if len(raw) > MAX_FILE_BYTES:
+        raise _too_large(source, what, None if len(raw) == MAX_FILE_BYTES + 1 else len(raw))
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        advice = "give the file use prepare wrote" if what == "contract" else f"save the {what} as UTF-8"
+        raise ContractError(f"{source}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start:,}); "
+                            f"{advice}") from None
+
+
+def _unreadable_number(source: str, language: str) -> ContractError:
+    # Python refuses to read integers longer than this (int_max_str_digits); nothing here needs one.
+    return ContractError(f"{source}: not valid {language}: a number has more than {sys.get_int_max_str_digits():,} "
+                         "digits; shorten it")
+
+
 def parse_declaration(data: Mapping[str, Any], source: str = "declaration") -> Declaration:
     """Validate a declaration's data (as read from TOML); raises `ContractError` naming the field at fault."""
+    _check_nesting(dict(data), source, "declaration")
     try:
         return Declaration.model_validate(dict(data))
     except ValidationError as exc:
@@ -508,28 +671,35 @@ def parse_declaration(data: Mapping[str, Any], source: str = "declaration") -> D
 def read_declaration(path: str | os.PathLike[str]) -> Declaration:
     """Read and validate a TOML declaration file."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ContractError(f"{p}: cannot read the declaration ({exc.strerror}); check the path") from None
+    text = _read_file(p, "declaration")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ContractError(f"{p}: not valid TOML ({exc}); fix the syntax") from None
+    except RecursionError:  # the parser recurses once per nested array or inline table
+        raise _too_deep(str(p), "declaration") from None
+    except ValueError:
+        raise _unreadable_number(str(p), "TOML") from None
     return parse_declaration(data, str(p))
 
 
 def parse_contract(data: bytes, source: str = "contract") -> Contract:
     """Validate a contract's JSON bytes; raises `ContractError` naming the field at fault."""
+    text = _text(data, source, "contract")
     try:
-        obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise ContractError(f"{source}: not valid JSON ({exc}); give the file use prepare wrote") from None
+    except RecursionError:
+        raise _too_deep(source, "contract") from None
+    except ValueError:
+        raise _unreadable_number(source, "JSON") from None
     if not isinstance(obj, dict):
         raise ContractError(f"{source}: a contract is a JSON object; give the file use prepare wrote")
+    _check_nesting(obj, source, "contract")
     if obj.get("schema") != CONTRACT_SCHEMA:
         raise ContractError(
-            f"{source}: schema is {obj.get('schema')!r}, this Invar reads {CONTRACT_SCHEMA!r}; re-run use prepare"
+            f"{source}: schema is {_show(obj.get('schema'))}, this Invar reads {CONTRACT_SCHEMA!r}; re-run use prepare"
         )
     try:
         return Contract.model_validate(obj)
@@ -544,10 +714,7 @@ def read_contract(path: str | os.PathLike[str]) -> tuple[Contract, str]:
     hand-edited contract is refused rather than silently given a new name.
     """
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise ContractError(f"{p}: cannot read the contract ({exc.strerror}); check the path") from None
+    raw = _read_file(p, "contract").encode()  # UTF-8 checked; these are the file's exact bytes again
     contract = parse_contract(raw, str(p))
     if contract.canonical_json() != raw:
         raise ContractError(f"{p}: the file is not in canonical form (edited by hand?); re-run use prepare")

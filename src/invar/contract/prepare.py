@@ -8,10 +8,14 @@ layouts cannot be told apart on its units is refused before anything runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from pydantic import ValidationError
 
 from invar import canonical
 from invar.contract.model import (
@@ -22,6 +26,7 @@ from invar.contract.model import (
     PackageDeclaration,
     Population,
     Premise,
+    _one_line,
     read_contract,
     read_declaration,
 )
@@ -51,10 +56,36 @@ def _rel(target: Path, start: Path) -> str:
     return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()
 
 
+@contextlib.contextmanager
+def _reading(field: str, path: Path) -> Iterator[None]:
+    """A path the declaration names that cannot be read (a name too long, no permission, not UTF-8 where text is
+    expected) is one line naming the field, never a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        raise ContractError(f"{field}: cannot read {path} ({exc.strerror or exc}); check the path and its "
+                            "permissions") from None
+    except UnicodeDecodeError as exc:
+        raise ContractError(f"{field}: {path} is not UTF-8 text ({exc.reason} at byte {exc.start:,}); point it at "
+                            "the file the digest names") from None
+
+
+def _validated(model: type[Package] | type[Contract], fields: dict[str, Any]) -> Any:
+    # The declaration passed, but a rewritten path (relative to the output folder) can still break a limit.
+    try:
+        return model.model_validate(fields)
+    except ValidationError as exc:
+        raise _one_line(exc, "contract") from None
+
+
 def _tree(field: str, folder: Path, declared: str) -> None:
-    if not folder.is_dir():
-        raise ContractError(f"{field}: folder {folder} does not exist; point it at the folder")
-    actual = canonical.tree_digest(folder)
+    with _reading(field, folder):
+        if not folder.is_dir():
+            raise ContractError(f"{field}: folder {folder} does not exist; point it at the folder")
+        try:
+            actual = canonical.tree_digest(folder)
+        except canonical.CanonicalError as exc:
+            raise ContractError(f"{field}: {exc}; point it at the folder the digest names") from None
     if actual != declared:
         raise ContractError(
             f"{field}: folder {folder} has tree digest {actual}, but {declared} was declared; "
@@ -65,10 +96,11 @@ def _tree(field: str, folder: Path, declared: str) -> None:
 def _package(role: Literal["reference", "candidate"], decl: PackageDeclaration, base: Path, out: Path) -> Package:
     model_dir = base / decl.model_dir
     _tree(f"{role}.model_digest", model_dir, decl.model_digest)
-    try:
-        Vocabulary.from_model_dir(model_dir)
-    except ContractError as exc:
-        raise ContractError(f"{role}.model_dir: {exc}") from None
+    with _reading(f"{role}.model_dir", model_dir):
+        try:
+            Vocabulary.from_model_dir(model_dir)
+        except ContractError as exc:
+            raise ContractError(f"{role}.model_dir: {exc}") from None
     adapter = None
     if decl.adapter is not None:
         adapter_dir = base / decl.adapter.path
@@ -78,9 +110,11 @@ def _package(role: Literal["reference", "candidate"], decl: PackageDeclaration, 
         **decl.model_dump(),
         "model_dir": _rel(model_dir, out),
         "adapter": adapter,
-        "tokenizer_digest": tokenizer_digest(model_dir),
     }
-    return Package.model_validate(fields)
+    with _reading(f"{role}.model_dir", model_dir):
+        fields["tokenizer_digest"] = tokenizer_digest(model_dir)
+    package: Package = _validated(Package, fields)
+    return package
 
 
 def tokenizer_digest(model_dir: Path) -> str:
@@ -95,9 +129,10 @@ def _premise(index: int, premise: Premise, base: Path, out: Path) -> Premise:
     if premise.basis_path is None:
         return premise
     basis = base / premise.basis_path
-    if not basis.is_file():
-        raise ContractError(f"premises[{index}].basis_path: file {basis} does not exist; point it at the basis")
-    actual = canonical.file_sha256(basis)
+    with _reading(f"premises[{index}].basis_path", basis):
+        if not basis.is_file():
+            raise ContractError(f"premises[{index}].basis_path: file {basis} does not exist; point it at the basis")
+        actual = canonical.file_sha256(basis)
     if actual != premise.basis_sha256:
         raise ContractError(
             f"premises[{index}].basis_sha256: {basis} has sha256 {actual}, but {premise.basis_sha256} was declared"
@@ -117,10 +152,7 @@ def build_contract(declaration: Declaration, base: Path, out: Path) -> tuple[Con
     """
     pop = declaration.population
     pop_path = base / pop.path
-    try:
-        problems = load_population(pop_path, pop.sha256)
-    except ContractError as exc:
-        raise ContractError(f"population: {exc}") from None
+    problems = _population(pop_path, pop.sha256)
     if pop.sample is not None and pop.sample > len(problems):
         raise ContractError(
             f"population.sample: {pop.sample} exceeds the {len(problems)} units of {pop_path}; lower it"
@@ -141,8 +173,16 @@ def build_contract(declaration: Declaration, base: Path, out: Path) -> tuple[Con
         "candidate": _package("candidate", declaration.candidate, base, out),
         "premises": [_premise(i, p, base, out) for i, p in enumerate(declaration.premises)],
     }
-    contract = Contract.model_validate(fields)
+    contract: Contract = _validated(Contract, fields)
     return contract, [Unit(p.id, p.prompt) for p in problems]
+
+
+def _population(path: Path, sha256: str) -> list[Any]:
+    with _reading("population.path", path):
+        try:
+            return load_population(path, sha256)
+        except ContractError as exc:
+            raise ContractError(f"population: {exc}") from None
 
 
 def prepare(declaration_path: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None) -> Prepared:
@@ -154,20 +194,28 @@ def prepare(declaration_path: str | os.PathLike[str], out_dir: str | os.PathLike
     decl_path = Path(declaration_path)
     declaration = read_declaration(decl_path)
     out = Path(out_dir) if out_dir is not None else decl_path.parent
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ContractError(f"{out}: cannot create the output folder ({exc.strerror or exc}); choose another "
+                            "--out") from None
     contract, units = build_contract(declaration, decl_path.parent, out)
     data = contract.canonical_json()
     sha = canonical.sha256(data)
     plan = derive_plan(contract, sha, units)
     path = out / f"{contract.name}.contract.json"
     digest_path = out / f"{contract.name}.contract.json.sha256"
-    if path.exists() and path.read_bytes() != data:
-        raise ContractError(
-            f"{path}: a different contract of this name already exists; give the declaration a new name "
-            "or move the old contract away"
-        )
-    path.write_bytes(data)
-    digest_path.write_text(f"{sha}  {path.name}\n", encoding="ascii")
+    try:
+        if path.exists() and path.read_bytes() != data:
+            raise ContractError(
+                f"{path}: a different contract of this name already exists; give the declaration a new name "
+                "or move the old contract away"
+            )
+        path.write_bytes(data)
+        digest_path.write_text(f"{sha}  {path.name}\n", encoding="ascii")
+    except OSError as exc:
+        raise ContractError(f"{path}: cannot write the contract ({exc.strerror or exc}); choose another --out") \
+            from None
     return Prepared(contract=contract, sha256=sha, path=path, digest_path=digest_path, plan=plan)
 
 
@@ -178,8 +226,5 @@ def load_contract(path: str | os.PathLike[str]) -> tuple[Contract, str, Executio
     """
     p = Path(path)
     contract, sha = read_contract(p)
-    try:
-        problems = load_population(p.parent / contract.population.path, contract.population.sha256)
-    except ContractError as exc:
-        raise ContractError(f"population: {exc}") from None
+    problems = _population(p.parent / contract.population.path, contract.population.sha256)
     return contract, sha, derive_plan(contract, sha, [Unit(q.id, q.prompt) for q in problems])
