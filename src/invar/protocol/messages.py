@@ -107,8 +107,7 @@ class Identity:
         if not all(isinstance(x, str) for x in methods):
             raise ProtocolError("identity methods must be strings")
         worker = m.get("worker")
-        if worker is not None and (not isinstance(worker, dict)
-                                   or not all(isinstance(v, str) for v in worker.values())):
+        if worker is not None and not all(isinstance(v, str) for v in _map(worker, "identity worker").values()):
             raise ProtocolError("identity worker must map 'module' and 'sha256' to strings")
         identity = cls(
             worker=worker,
@@ -120,7 +119,8 @@ class Identity:
             pid=_field(m, "pid", int, "identity"),
         )
         # Every report names the identity by its digest: an identity without one (settings holding a value with
-        # no canonical encoding, or nested past its depth limit) could never be bound to a report.
+        # no canonical encoding, or nested past its depth limit) could never be bound to a report. The other
+        # fields were checked above, so the settings are what failed.
         try:
             identity.digest  # noqa: B018
         except canonical.CanonicalError as exc:
