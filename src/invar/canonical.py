@@ -327,6 +327,7 @@ def tree_digest(root: str | Any) -> str:
     Models and adapters are named by this digest, so any changed, added or removed file changes it.
     """
     import os
+    import stat
 
     files: dict[str, str] = {}
     for dirpath, dirnames, filenames in os.walk(root):
@@ -334,7 +335,17 @@ def tree_digest(root: str | Any) -> str:
         for name in sorted(filenames):
             full = os.path.join(dirpath, name)
             rel = os.path.relpath(full, root).replace(os.sep, "/")
-            files[rel] = file_sha256(full)
+            # Opened without blocking and checked before reading: a pipe in the folder would wait forever for a
+            # writer, a device (a link to /dev/zero) would never end.
+            fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK)
+            with open(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise CanonicalError(f"{full}: not a regular file (a pipe, device or socket); a model or adapter "
+                                         "folder holds files and folders only")
+                h = hashlib.sha256()
+                while block := f.read(1 << 20):
+                    h.update(block)
+            files[rel] = h.hexdigest()
     if not files:
         raise CanonicalError(f"{root}: the folder is empty or missing")
     return digest(files)

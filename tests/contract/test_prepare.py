@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -233,3 +234,23 @@ def test_output_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "taken").write_text("a file, not a folder")
     with pytest.raises(ContractError, match="cannot create the output folder"):
         prepare(tmp_path / "decl.toml", tmp_path / "taken" / "contracts")
+
+
+def test_model_folder_holding_a_pipe_is_refused_not_waited_on(tmp_path: Path) -> None:
+    # Hashing a pipe waits for a writer that never comes; a link to /dev/zero never ends. Both are refused at once.
+    def hang(signum: int, frame: object) -> None:
+        raise TimeoutError("prepare hung on a model folder holding a pipe")
+
+    for name, make in [("pipe", os.mkfifo), ("zero", lambda p: os.symlink("/dev/zero", p))]:
+        folder = tmp_path / name / "odd-model"
+        make_model(folder)
+        make(folder / name)
+        previous = signal.signal(signal.SIGALRM, hang)
+        signal.alarm(20)
+        try:
+            msg = _prepare_with(tmp_path / name, candidate={"model_dir": "odd-model"})
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+        assert msg.startswith("candidate.model_digest: ")
+        assert f"odd-model/{name}: not a regular file" in msg

@@ -6,6 +6,7 @@ import copy
 import re
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -77,6 +78,7 @@ def _with(base: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, 
         ("handshake", _with(HANDSHAKE, ("identity", "pid"), 2**70), "field 'pid' is 1180591620717411303424, which"),
         ("handshake", _with(HANDSHAKE, ("protocol",), True), "field 'protocol' has type bool"),
         ("handshake", _with(HANDSHAKE, ("kind",), {"a": 1}), "expected a handshake first, got kind {'a': 1}"),
+        ("handshake", _with(HANDSHAKE, ("kind",), np.zeros(0)), "expected a handshake first, got kind array([]"),
         ("call", None, "call is a NoneType, expected a map"),
         ("call", _with(CALL, ("params",), {1: 2}), "field 'params' has the key 1, which is not a string"),
         ("call", _with(CALL, ("params",), [1]), "field 'params' has type list"),
@@ -102,7 +104,7 @@ def test_malformed_message_is_one_protocol_error(parser: str, message: Any, matc
 
 _anything = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.binary(max_size=8)
-    | st.builds(object),
+    | st.builds(object) | st.sampled_from([np.zeros(0), np.arange(3), np.array("report"), np.float32(1)]),
     lambda children: st.lists(children, max_size=3) | st.tuples(children)
     | st.dictionaries(st.text(max_size=4) | st.integers() | st.binary(max_size=4) | st.none(), children, max_size=3),
     max_leaves=12,

@@ -360,7 +360,7 @@ class WorkerClient:
         # store would fail verification on the report this command relied on.
         message = frames.decode_payload(payload, "report")
         kind = message.get("kind")
-        if kind != Kind.REPORT.value:
+        if not isinstance(kind, str) or kind != Kind.REPORT.value:  # an array's == is elementwise, not a bool
             raise ProtocolError(f"expected a report, got kind {canonical.show(kind)}")
         report = Report.from_wire(message)
         with self._lock:

@@ -139,7 +139,7 @@ class Handshake:
     @classmethod
     def from_wire(cls, m: Any) -> Handshake:
         m = _map(m, "handshake")
-        if m.get("kind") != Kind.HANDSHAKE.value:
+        if not isinstance(m.get("kind"), str) or m["kind"] != Kind.HANDSHAKE.value:  # an array's == is elementwise
             raise ProtocolError(f"expected a handshake first, got kind {canonical.show(m.get('kind'))}")
         version = _field(m, "protocol", int, "handshake")
         if version != PROTOCOL_VERSION:
