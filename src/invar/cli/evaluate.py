@@ -112,8 +112,9 @@ def evaluate(
 @contextlib.contextmanager
 def _progress(total: int) -> Iterator[Callable[[int], None]]:
     """A progress bar on stderr (stdout stays clean for --json); yields the function that advances it."""
+    console = Console(stderr=True)
     bar = Progress(TextColumn("evaluating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=Console(stderr=True), transient=True)
+                   console=console, transient=True, disable=not console.is_terminal)
     with bar:
         task = bar.add_task("evaluate", total=total)
         yield lambda done: bar.advance(task, done)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -34,8 +35,9 @@ from invar.contract.plan import PlannedCall
 from invar.contract.prepare import load_contract, prepare
 from invar.contract.receipt import fingerprint, load_private_key, make_receipt, verify_receipt, write_receipt
 from invar.errors import ContractError, InvarError
+from invar.patches import patch_digest, patch_dir
 from invar.records.store import is_run
-from invar.runner.engine import default_run_dir
+from invar.runner.engine import Engine, default_run_dir, probe_identity
 from invar.runner.options import check_sampling
 from invar.runner.use_run import Progress, admit_command, use_run
 from invar.stats.planning import plan_table, render_plan
@@ -182,6 +184,52 @@ def render_decision(decision: Decision) -> str:
     return "\n".join(lines)
 
 
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in sorted(value.items())) + " }"
+    raise InvarError(f"the worker's identity holds {value!r}, which TOML cannot state; write the contract in JSON")
+
+
+@app.command("package")
+def package_cmd(
+    engine: Annotated[Engine, typer.Argument(help="The engine: hf, vllm or mlx.")],
+    patch: Annotated[
+        list[str] | None, typer.Option("--patch", help="A patch under patches/ to run with (repeatable).")
+    ] = None,
+    setting: Annotated[
+        list[str] | None, typer.Option("--setting", help="A launch setting, name=value (e.g. threads=1).")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Start an engine's worker once and print what a contract's package must state for it (TOML lines).
+
+    A package's engine_version and settings must equal the worker's identity exactly; this prints them.
+    """
+    settings: dict[str, Any] = {}
+    for item in setting or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise InvarError(f"--setting {item!r}: write name=value, e.g. threads=1")
+        settings[name] = value
+    patches = {name: patch_digest(patch_dir(name)) for name in patch or []}
+    identity = probe_identity(engine, settings, patches)
+    package: dict[str, Any] = {"engine": engine.value, "engine_version": identity.engine_version, "settings": {
+        k: v for k, v in identity.settings.items() if k != "patches"}, **({"patches": patches} if patches else {})}
+    if json_out:
+        emit_json(package)
+        return
+    for name, value in package.items():
+        typer.echo(f"{name} = {_toml_value(value)}")
+
+
 @app.command("run")
 def run_cmd(
     contract: Annotated[Path, typer.Argument(help="The contract file (<name>.contract.json).")],
@@ -229,9 +277,11 @@ class _RateColumn(ProgressColumn):
 @contextlib.contextmanager
 def _run_progress() -> Iterator[Callable[[Progress], None]]:
     """Calls and requests done, rate and time left, on stderr (stdout stays clean for --json)."""
+    console = Console(stderr=True)
     bar = RichProgress(TextColumn("use run"), BarColumn(), TextColumn("{task.fields[calls]} calls"),
                        MofNCompleteColumn(), TextColumn("requests"), TaskProgressColumn(),
-                       _RateColumn(), TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+                       _RateColumn(), TimeRemainingColumn(), console=console, transient=True,
+                       disable=not console.is_terminal)  # a log gets the closing lines, not a bar's frames
     with bar:
         task = bar.add_task("run", total=None, calls="0/0")
 

@@ -18,7 +18,7 @@ import contextlib
 import datetime
 import enum
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,11 +170,14 @@ def engine_session(
     expect: tuple[Mapping[str, str], Mapping[str, Any], str] | None = None,
     adapter_in_load: bool = False,
     call_timeout: float | None = 1800.0,
+    ready: Callable[[], object] = lambda: None,
 ) -> Iterator[Session]:
     """Start the engine's worker (recording into `store`), load the model and adapter; stop the worker after.
 
     `expect` = (engine_version, settings, who): the identity the worker must declare, checked before any call.
     `adapter_in_load`: load the adapter with the model (as a contract's package does) instead of by name.
+    `ready` is called after the identity check and before the first call (`use run` waits there until every
+    package's worker has passed its check).
     """
     model_digest, adapter_digest = spec.digests
     args = launch_args(spec.engine.value, spec.settings, spec.patches)
@@ -182,6 +185,7 @@ def engine_session(
     try:
         if expect is not None:
             check_identity(client.identity, expect[0], expect[1], expect[2])
+        ready()
         adapter_param = None
         if adapter_in_load and spec.adapter is not None:
             adapter_param = {"path": str(spec.adapter.resolve()), "digest": adapter_digest}
@@ -204,6 +208,19 @@ def engine_session(
         max_len = loaded.get("max_model_len")
         yield Session(client, name, model_digest, adapter_digest, int(loaded["eos_token_id"]),
                       int(max_len) if isinstance(max_len, int) else None)
+    finally:
+        client.close()
+
+
+def probe_identity(engine: Engine, settings: Mapping[str, Any] | None = None,
+                   patches: Mapping[str, str] | None = None) -> Identity:
+    """Start a worker with these launch settings and patches, read its handshake identity, and stop it.
+
+    What a contract's package must state (`engine_version`, `settings`) is exactly this identity's.
+    """
+    client = start_worker(engine.value, Role.INFERENCE, args=launch_args(engine.value, settings or {}, patches or {}))
+    try:
+        return client.identity
     finally:
         client.close()
 

@@ -78,6 +78,22 @@ def admit_command(run: Path, contract: Path, head: str) -> str:
     return f"invar use admit {run} --contract {contract} --expect-head {head}"
 
 
+def check_sha256_file(contract_path: Path, sha: str) -> None:
+    """A contract whose `.sha256` sibling (written by `use prepare`) names other bytes was changed since: refuse it."""
+    sibling = contract_path.with_name(contract_path.name + ".sha256")
+    if not sibling.is_file():
+        return
+    try:
+        recorded = sibling.read_text(encoding="ascii").split()[0]
+    except (OSError, UnicodeDecodeError, IndexError):
+        raise ContractError(f"{sibling}: unreadable; it should hold the contract's sha256 as use prepare wrote it")\
+            from None
+    if recorded != sha:
+        raise ContractError(f"{contract_path}: its sha256 is {sha[:16]}…, but {sibling.name} records {recorded[:16]}…: "
+                            "the contract was changed after use prepare wrote it; prepare it again from the "
+                            "declaration")
+
+
 def package_spec(package: Package, base: Path, role: Role) -> EngineSpec:
     """The engine spec of a contract's package, after checking every file it names against the contract."""
     model = base / package.model_dir
@@ -99,6 +115,15 @@ def package_spec(package: Package, base: Path, role: Role) -> EngineSpec:
     return spec
 
 
+def _check_run(store: RunStore, sha: str, contract_path: Path) -> None:
+    """An existing run must verify and have been made under this contract."""
+    store.verify()
+    made_under = run_contract_sha256(store)
+    if made_under != sha:
+        raise EvidenceError(f"{store.path}: the run was made under contract {made_under[:16]}…, not {sha[:16]}… "
+                            f"({contract_path}); resume it with its own contract, or choose a new run directory")
+
+
 def _open_run(run_dir: Path, contract: Contract, sha: str, base: Path, contract_path: Path) -> tuple[RunStore, bool]:
     """A new run (with the contract's inputs kept), or an existing one of this contract opened to resume."""
     if not is_run(run_dir):
@@ -108,15 +133,22 @@ def _open_run(run_dir: Path, contract: Contract, sha: str, base: Path, contract_
         return store, False
     store = RunStore.open(run_dir, writable=True)
     try:
-        store.verify()
-        made_under = run_contract_sha256(store)
-        if made_under != sha:
-            raise EvidenceError(f"{run_dir}: the run was made under contract {made_under[:16]}…, not {sha[:16]}… "
-                                f"({contract_path}); resume it with its own contract, or choose a new run directory")
+        _check_run(store, sha, contract_path)
     except BaseException:
         store.close()
         raise
     return store, True
+
+
+def _closed_head(run_dir: Path, sha: str, contract_path: Path) -> str | None:
+    """The head of an existing, closed run of this contract (nothing left to do), else None."""
+    if not is_run(run_dir):
+        return None
+    with RunStore.open(run_dir) as store:
+        if not store.closed:
+            return None
+        _check_run(store, sha, contract_path)
+        return store.verify().head
 
 
 def use_run(
@@ -129,6 +161,7 @@ def use_run(
     """Execute (or resume) the plan of the contract at `contract_path` into `run_dir`."""
     started = time.perf_counter()
     contract, sha, plan = load_contract(contract_path)
+    check_sha256_file(contract_path, sha)
     method = contract.requirement.method
     if method is not None and method_version(method) != contract.method_version:
         raise ContractError(f"method_version: the contract fixes {contract.method_version}, this Invar computes "
@@ -143,11 +176,12 @@ def use_run(
                                 "names")
         eos[role] = Vocabulary.from_model_dir(model_dir).eos_token_id
 
+    head = _closed_head(run_dir, sha, contract_path)
+    if head is not None:
+        return RunOutcome(run_dir, contract_path, sha, head, len(plan.calls), len(plan.calls), 0,
+                          time.perf_counter() - started, already_closed=True)
     store, resumed = _open_run(run_dir, contract, sha, base, contract_path)
     with store:
-        if store.closed:
-            return RunOutcome(run_dir, contract_path, sha, store.head, len(plan.calls), len(plan.calls), 0,
-                              time.perf_counter() - started, already_closed=True)
         done, _failed = bind_evidence(store.calls(), contract, plan, eos) if resumed else ({}, {})
         todo = {role: [c for c in plan.calls if c.package == role and c.key not in done] for role in ROLES}
         counter = _Counter(plan, done, progress)
@@ -186,14 +220,24 @@ def _execute(contract: Contract, specs: Mapping[Role, EngineSpec], todo: Mapping
     if not roles:
         return 0
     stop = threading.Event()
+    # No call is made until every package's worker has shown the identity the contract names.
+    checked = threading.Barrier(len(roles))
     issued = [0]
     lock = threading.Lock()
 
     def drive(role: Role) -> None:
+        try:
+            _drive(role)
+        except BaseException:
+            checked.abort()
+            raise
+
+    def _drive(role: Role) -> None:
         package = contract.package(role)
         spec = specs[role]
         expect = (package.engine_version, package.expected_settings(), role)
-        with engine_session(spec, store, expect=expect, adapter_in_load=True, call_timeout=call_timeout) as session:
+        with engine_session(spec, store, expect=expect, adapter_in_load=True, call_timeout=call_timeout,
+                            ready=checked.wait) as session:
             if session.model_digest != package.model_digest:
                 raise EvidenceError(f"the {role} worker loaded model {session.model_digest[:16]}…, not the "
                                     "contract's")
@@ -219,7 +263,8 @@ def _execute(contract: Contract, specs: Mapping[Role, EngineSpec], todo: Mapping
         failure: BaseException | None = None
         for future in concurrent.futures.as_completed(futures):
             exc = future.exception()
-            if exc is not None and failure is None:
+            # A worker released by another's refusal reports the broken barrier; the refusal is the cause.
+            if exc is not None and not isinstance(exc, threading.BrokenBarrierError) and failure is None:
                 failure = exc
                 stop.set()
         if failure is not None:

@@ -1,0 +1,245 @@
+"""`invar use run` on the real Hugging Face engine: a plan executed exactly, resumed after kills at random instants
+to the same decision and the same outputs, and every refusal one line before anything is lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from invar import canonical
+from invar.contract.admit import admit
+from invar.engines import DEFAULT_MODEL, REPO_ROOT
+from invar.records import RunStore
+from invar.runner.engine import Engine, probe_identity
+
+pytestmark = pytest.mark.engine
+
+POPULATION = REPO_ROOT / "data" / "arith-eval.jsonl"
+
+
+def _invar(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=600,
+                          cwd=cwd)
+
+
+def _toml(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, dict) else \
+        "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
+
+
+def write_declaration(folder: Path, name: str, *, units: int = 24, per_call: int = 4,
+                      candidate: dict[str, Any] | None = None) -> Path:
+    """A small HF contract: FP32 reference, NF4 candidate, layouts solo and b4, identities probed from the worker."""
+    ident = probe_identity(Engine.HF)
+    package = {"engine": "hf", "engine_version": ident.engine_version, "settings": ident.settings,
+               "model_dir": str(DEFAULT_MODEL), "model_digest": canonical.tree_digest(DEFAULT_MODEL),
+               "dtype": "float32"}
+    cand = {**package, "quantization": "nf4", **(candidate or {})}
+    lines = [
+        f'name = "{name}"',
+        "[population]", f'path = "{POPULATION}"',
+        f'sha256 = "{POPULATION.with_suffix(".sha256").read_text().split()[0]}"', f"sample = {units}",
+        "[scorer]", 'name = "arithmetic-exact"',
+        "[sampling]", "temperature = 1.0", "max_tokens = 5",
+        "[requirement]", 'standard = "population"', 'epsilon = "0.5"', 'confidence = "0.95"',
+        'method = "paired-binary-exact"',
+        "[pairing]", "seed = 11", 'layout = "solo"',
+        "[layouts.solo]", "batch_size = 1", "[layouts.b4]", "batch_size = 4",
+        "[invariance]", "required = true", 'layouts = ["solo", "b4"]',
+        "[execution]", f"requests_per_call = {per_call}",
+        "[reference]", *(f"{k} = {_toml(v)}" for k, v in package.items()),
+        "[candidate]", *(f"{k} = {_toml(v)}" for k, v in cand.items()),
+    ]
+    decl = folder / f"{name}.toml"
+    decl.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return decl
+
+
+@pytest.fixture(scope="module")
+def contract(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("use-run")
+    decl = write_declaration(folder, "small-nf4")
+    out = _invar("use", "prepare", str(decl))
+    assert out.returncode == 0, out.stderr
+    return folder / "small-nf4.contract.json"
+
+
+@pytest.fixture(scope="module")
+def baseline(contract: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("baseline") / "run"
+    out = _invar("use", "run", str(contract), "--run", str(run), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert (doc["calls_total"], doc["calls_issued"], doc["calls_reused"]) == (18, 18, 0)
+    assert doc["admit"].endswith(f"--expect-head {doc['chain_head']}")
+    return run
+
+
+def _outputs_by_call(run: Path, contract: Path) -> dict[str, str]:
+    """Each planned call's outputs, as a digest: what a resumed run must reproduce for every answered call."""
+    decision = admit(contract, run)
+    with RunStore.open(run) as store:
+        by_seq = {c.seq: c for c in store.calls()}
+    out = {}
+    for e in decision.evidence:
+        rep = by_seq[e.record_seq].report
+        assert rep is not None
+        out[e.key] = canonical.digest(rep.report.result["outputs"])  # type: ignore[index]
+    return out
+
+
+def _decision_figures(run: Path, contract: Path) -> dict[str, Any]:
+    d = admit(contract, run).to_json()
+    return {k: d[k] for k in ("answer", "reason", "task_loss", "bound", "invariance", "diagnostics")}
+
+
+def test_a_plan_runs_and_is_decided(contract: Path, baseline: Path) -> None:
+    out = _invar("use", "admit", str(baseline), "--contract", str(contract), "--json")
+    assert out.returncode in (0, 10, 11), out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["task_loss"]["n"] == 24
+    assert len(doc["evidence"]) == 18  # 3 layouts-of-packages × 6 calls of 4 requests
+    # Running it again on a closed run changes nothing.
+    again = _invar("use", "run", str(contract), "--run", str(baseline), "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["already_closed"] is True
+
+
+def _worker_pids(run: Path) -> list[int]:
+    try:
+        with RunStore.open(run) as store:
+            return [ident.pid for ident in store.workers().values()]
+    except Exception:  # the run may not exist yet at this instant
+        return []
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_killed_run_resumes_to_the_same_decision_and_outputs(contract: Path, baseline: Path, tmp_path: Path,
+                                                             trial: int) -> None:
+    rng = random.Random(1000 + trial)
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "invar.cli", "use", "run", str(contract), "--run", str(run)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    kill_worker = trial % 2 == 1  # alternately the CLI itself and one of its workers, mid-call or mid-report
+    deadline = time.monotonic() + rng.uniform(3.0, 9.0)
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    if proc.poll() is None:
+        if kill_worker and (pids := _worker_pids(run)):
+            os.kill(rng.choice(pids), signal.SIGKILL)
+            proc.wait(60)
+        else:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(60)
+    stderr = proc.stderr.read() if proc.stderr else ""
+    assert "Traceback" not in stderr
+    if kill_worker and proc.returncode == 2:
+        assert "resume with: invar use run" in stderr
+    resumed = _invar("use", "run", str(contract), "--run", str(run), "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert _decision_figures(run, contract) == _decision_figures(baseline, contract)
+    assert _outputs_by_call(run, contract) == _outputs_by_call(baseline, contract)
+    # The workers of the killed CLI did not outlive it.
+    for pid in _worker_pids(run):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_second_use_run_on_one_directory_is_refused(contract: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-m", "invar.cli", "use", "run", str(contract), "--run", str(run)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while not (run / "records.sqlite").exists() and first.poll() is None:
+        time.sleep(0.05)
+    second = _invar("use", "run", str(contract), "--run", str(run))
+    assert second.returncode == 2
+    assert "another invar process is writing this run" in second.stderr
+    assert first.wait(300) == 0
+    with RunStore.open(run) as store:
+        assert store.verify().closed
+
+
+def test_a_worker_that_is_not_the_package_is_refused_before_any_call(tmp_path: Path) -> None:
+    decl = write_declaration(tmp_path, "foreign", candidate={"engine_version": {"torch": "0.0.1"}})
+    assert _invar("use", "prepare", str(decl)).returncode == 0
+    out = _invar("use", "run", str(tmp_path / "foreign.contract.json"), "--run", str(tmp_path / "run"))
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "the candidate worker is not the package the contract names: candidate.engine_version" in out.stderr
+    with RunStore.open(tmp_path / "run") as store:
+        assert store.calls() == []  # neither package's worker was sent a single call
+        assert len(store.workers()) >= 1  # the refused identity is on record
+
+
+def test_bad_inputs_are_one_line(contract: Path, tmp_path: Path) -> None:
+    missing = _invar("use", "run", str(tmp_path / "none.contract.json"), "--run", str(tmp_path / "r1"))
+    assert missing.returncode == 2
+    assert "cannot read the contract" in missing.stderr
+    # A contract changed after use prepare wrote it (still canonical: ε raised from 0.5 to 0.6).
+    tampered = contract.with_name("t.contract.json")
+    tampered.write_bytes(contract.read_bytes().replace(b'"0.5"', b'"0.6"'))
+    tampered.with_name("t.contract.json.sha256").write_text(
+        contract.with_name(contract.name + ".sha256").read_text().replace(contract.name, tampered.name))
+    out = _invar("use", "run", str(tampered), "--run", str(tmp_path / "r2"))
+    assert out.returncode == 2
+    assert "the contract was changed after use prepare wrote it" in out.stderr
+    assert not (tmp_path / "r2").exists()
+    hand_edited = contract.with_name("h.contract.json")
+    hand_edited.write_bytes(contract.read_bytes().replace(b",", b", ", 1))
+    out = _invar("use", "run", str(hand_edited), "--run", str(tmp_path / "r3"))
+    assert out.returncode == 2
+    assert "not in canonical form" in out.stderr
+    (tmp_path / "afile").write_text("x")
+    out = _invar("use", "run", str(contract), "--run", str(tmp_path / "afile"))
+    assert out.returncode == 2
+    assert "is a file, not a folder" in out.stderr
+    for r in (missing, out):
+        assert "Traceback" not in r.stderr
+        assert r.stderr.count("\n") == 1
+
+
+def test_a_patch_whose_files_differ_is_refused_before_any_worker(tmp_path: Path) -> None:
+    decl = write_declaration(tmp_path, "patched", candidate={"patches": {"fixed-block": "0" * 64}})
+    assert _invar("use", "prepare", str(decl)).returncode == 0
+    out = _invar("use", "run", str(tmp_path / "patched.contract.json"), "--run", str(tmp_path / "run"))
+    assert out.returncode == 2
+    assert "candidate.patches.fixed-block: the patch's files have digest" in out.stderr
+    assert out.stderr.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_store_that_cannot_grow_is_one_line_and_the_run_resumes(contract: Path, baseline: Path,
+                                                                  tmp_path: Path) -> None:
+    """A full disk, as the store meets it: writes fail part-way (here: a file-size limit on the CLI's process)."""
+    import resource
+
+    # Room for the kept inputs (the population file) and about half of the records the whole run writes.
+    inputs = POPULATION.stat().st_size
+    whole = sum(f.stat().st_size for f in baseline.iterdir())
+    cap = inputs + (whole - inputs) // 2
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
+
+    run = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "invar.cli", "use", "run", str(contract), "--run", str(run)],
+                         capture_output=True, text=True, timeout=600, preexec_fn=limit)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "resume with: invar use run" in out.stderr
+    with RunStore.open(run) as store:
+        kept = store.verify()
+    assert not kept.closed
+    resumed = _invar("use", "run", str(contract), "--run", str(run), "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert _decision_figures(run, contract) == _decision_figures(baseline, contract)
