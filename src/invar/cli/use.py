@@ -178,9 +178,12 @@ def render_decision(decision: Decision) -> str:
         lines.append(f"diagnostic (never deciding) paired Wald {g.wald_confidence:g}: [{g.wald[0]:.6g}, "
                      f"{g.wald[1]:.6g}]; exact McNemar one-sided p = {g.mcnemar_p:.4g}; Hoeffding "
                      f"[{g.hoeffding.lower:.6g}, {g.hoeffding.upper:.6g}]")
+    groups: dict[str, list[int]] = {}
     for e in d.evidence:
-        lines.append(f"evidence   {e.key:<24} record {e.record_seq}, call {e.call_digest[:16]}…, "
-                     f"report {e.report_digest[:16]}…")
+        groups.setdefault(e.key.partition("#")[0], []).append(e.record_seq)
+    for name, seqs in groups.items():
+        where = f"record {seqs[0]}" if len(seqs) == 1 else f"{len(seqs)} calls, records {min(seqs)}–{max(seqs)}"
+        lines.append(f"evidence   {name:<24} {where} (--json lists each call and report digest)")
     return "\n".join(lines)
 
 
