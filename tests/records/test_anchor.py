@@ -118,7 +118,7 @@ def test_cut_before_a_kept_closing_record_is_caught_without_anchor(tmp_path: Pat
         s.verify()
 
 
-@pytest.mark.parametrize(("kind", "body"), [
+MALFORMED = [
     ("meta", canonical.encode([1, 2, 3])),
     ("meta", canonical.encode({"run": "not a map"})),
     ("meta", canonical.encode({"a": 1, "b": 2})),
@@ -129,8 +129,12 @@ def test_cut_before_a_kept_closing_record_is_caught_without_anchor(tmp_path: Pat
     ("call", canonical.encode(["call"])),
     ("report", canonical.encode({"kind": "report"})),
     ("close", canonical.encode({"records": "many"})),
-    ("call", b"\\x00\\x00\\x00\\x01\\xc1"),
-])
+    ("call", b"\x00\x00\x00\x01\xc1"),
+    ("call", b"\x00\x00\x00\x05\x81\xc4\x01k\x00"),  # a bytes map key
+]
+
+
+@pytest.mark.parametrize(("kind", "body"), MALFORMED)
 def test_malformed_bodies_are_one_record_error_naming_the_record(tmp_path: Path, kind: str, body: bytes) -> None:
     store = RunStore.create(tmp_path / "run")
     key = store.record_worker(IDENT.to_wire())
@@ -143,7 +147,7 @@ def test_malformed_bodies_are_one_record_error_naming_the_record(tmp_path: Path,
 def test_deeply_nested_body_is_a_record_error(tmp_path: Path) -> None:
     store = RunStore.create(tmp_path / "run")
     key = store.record_worker(IDENT.to_wire())
-    nested = b"\\x91" * 5000 + b"\\x00"  # 5000 nested one-element arrays, as raw msgpack
+    nested = b"\x91" * 5000 + b"\x00"  # 5000 nested one-element arrays, as raw msgpack
     store._append("call", len(nested).to_bytes(4, "big") + nested, key)
     store.close()
     with RunStore.open(tmp_path / "run") as s, pytest.raises(RecordError, match=r"record 3 \(call\)"):
@@ -247,3 +251,41 @@ def test_full_disk_is_one_line_and_keeps_what_was_written(tmpfs: Path) -> None:
     store.close()
     with RunStore.open(run) as s:
         assert s.verify().calls == written > 0
+
+
+def _invar(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_crafted_store_corpus_is_refused_by_the_cli_naming_the_record(tmp_path: Path) -> None:
+    """The corpus of crafted stores: malformed bodies, a cut tail, re-chained forgeries; `inspect records` refuses
+    each with one line naming the record (or, for what only an anchor catches, the head)."""
+    for i, (kind, body) in enumerate(MALFORMED):
+        run = tmp_path / f"malformed-{i}"
+        store = RunStore.create(run)
+        key = store.record_worker(IDENT.to_wire())
+        store._append(kind, body, key if kind in ("call", "report") else None)
+        store.close()
+        out = _invar("inspect", "records", str(run))
+        assert out.returncode == 2, (kind, body, out.stdout)
+        assert f"record 3 ({kind})" in out.stderr
+        assert out.stderr.count("\n") == 1
+        assert "Traceback" not in out.stderr
+    # A re-chained forgery and a cut tail: consistent alone, refused against the head kept at close.
+    forged = tmp_path / "forged"
+    head = _closed_run(forged)
+    conn = sqlite3.connect(forged / "records.sqlite")
+    call_digest, worker = conn.execute("SELECT digest, worker FROM log WHERE seq = 3").fetchone()
+    conn.close()
+    _rechain(forged / "records.sqlite", 4,
+             canonical.encode(Report(1, call_digest, worker, result={"x": 7}).to_wire()))
+    cut = tmp_path / "cut"
+    cut_head = _closed_run(cut)
+    _rechain(cut / "records.sqlite", 0, None, drop_from=9)
+    for run, anchor in ((forged, head), (cut, cut_head)):
+        assert _invar("inspect", "records", str(run)).returncode == 0  # the chain alone cannot tell
+        out = _invar("inspect", "records", str(run), "--expect-head", anchor)
+        assert out.returncode == 2
+        assert "re-chained, cut or extended" in out.stderr
+        assert out.stderr.count("\n") == 1
+    assert "INCOMPLETE" in _invar("inspect", "records", str(cut)).stdout
