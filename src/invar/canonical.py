@@ -11,6 +11,9 @@ and its raw little-endian bytes follow the document, in the order the arrays app
 
 which lets a 64 MB array be written, hashed and read without being copied into or out of a msgpack buffer.
 Nothing is ever pickled.
+
+The mapping is one-to-one both ways: `decode` accepts only bytes that `encode` writes, so whatever is decoded and
+recorded re-encodes to exactly its bytes and keeps its digest. Maps and lists nest at most `MAX_DEPTH` levels.
 """
 
 from __future__ import annotations
