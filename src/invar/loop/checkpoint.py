@@ -22,6 +22,13 @@ The MLX learner writes both formats into one folder, with one `adapter_config.js
 (each reader ignores the other's keys), so a single digest names an adapter that every engine loads. When both
 are present they must hold the same adapter: the same modules and rank, `lora_alpha / r` equal to `scale`, and
 A = aᵀ, B = bᵀ bit for bit (the core reads the tensors' bytes to check this).
+
+A training **checkpoint** is such an adapter folder plus the learner's optimizer state and a manifest
+(`check_checkpoint`): `optimizer.safetensors` holds AdamW's two moments of every adapter tensor, named and shaped
+as the PEFT tensor they belong to (`<PEFT name>.exp_avg`, `.exp_avg_sq`, float32), so a restarted learner continues
+exactly where the published one stopped; `invar-manifest.json` lists every tensor of every weights file with the
+sha256 of its bytes and the optimizer's step count. Learners write a checkpoint atomically (`save_atomically`: a
+temporary sibling folder, the manifest last, then one rename), so a folder under the final name is always whole.
 """
 
 from __future__ import annotations
@@ -45,6 +52,12 @@ MLX_WEIGHTS = "adapters.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 BASE_DIGEST_KEY = "invar_base_model_digest"
 """safetensors metadata key the learners write: tree digest of the base model the adapter was trained on."""
+
+OPTIMIZER_WEIGHTS = "optimizer.safetensors"
+MANIFEST = "invar-manifest.json"
+MANIFEST_FORMAT = "invar.checkpoint/1"
+MOMENTS = ("exp_avg", "exp_avg_sq")
+"""AdamW's first and second moments, as torch names them; the optimizer file's tensor suffixes."""
 
 _PEFT_PREFIX = "base_model.model."
 _MAX_HEADER = 100 * 1024 * 1024
@@ -91,6 +104,13 @@ class SafetensorsFile:
     tensors: Mapping[str, TensorInfo]
     metadata: Mapping[str, str]
     """The header's `__metadata__` (string → string), empty when absent."""
+
+    def raw(self, name: str) -> bytes:
+        """The tensor's bytes, as stored."""
+        info = self.tensors[name]
+        with open(self.path, "rb") as f:
+            f.seek(self.data_start + info.begin)
+            return f.read(info.end - info.begin)
 
     def array(self, name: str) -> np.ndarray:
         """The tensor's values: float32/float16 as such, bfloat16 as raw uint16 patterns (numpy has none)."""
@@ -474,3 +494,129 @@ def check_adapter(
             raise CheckpointError(f"adapter folder {adapter.path}: tensor {name} is {actual[name]} in its "
                                   f"files but {reported[name]} in the learner's report")
     return adapter
+
+
+# -- training checkpoints: adapter + optimizer state + manifest ----------------------------------------------------
+
+
+def manifest(folder: str | Path, *, optimizer_steps: int) -> dict[str, Any]:
+    """The manifest of a checkpoint folder: every tensor of every `.safetensors` file, with its dtype, shape and
+    the sha256 of its bytes, and the optimizer's step count."""
+    root = Path(folder)
+    files: dict[str, Any] = {}
+    for path in sorted(root.glob("*.safetensors")):
+        st = read_safetensors(path)
+        files[path.name] = {name: {**info.report(), "sha256": canonical.sha256(st.raw(name))}
+                            for name, info in sorted(st.tensors.items())}
+    return {"format": MANIFEST_FORMAT, "files": files, "optimizer_steps": optimizer_steps}
+
+
+def save_atomically(folder: str | Path, write: Any, *, optimizer_steps: int) -> None:
+    """Write a checkpoint into `folder` so that it appears whole or not at all.
+
+    `write(tmp)` writes the adapter and optimizer files into a temporary sibling folder; the manifest is written
+    last, every file is flushed to disk, and the folder is renamed into place (an empty `folder` is replaced).
+    A process killed before the rename leaves only the temporary folder, never a partial `folder`.
+    """
+    import os
+
+    final = Path(folder)
+    tmp = final.with_name(f".{final.name}.partial-{os.getpid()}")
+    tmp.mkdir(parents=True)
+    write(tmp)
+    (tmp / MANIFEST).write_text(json.dumps(manifest(tmp, optimizer_steps=optimizer_steps), indent=1,
+                                           sort_keys=True) + "\n", encoding="utf-8")
+    for path in sorted(tmp.iterdir()):
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+    os.rename(tmp, final)
+    fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checked training checkpoint: its adapter and the optimizer state saved with it."""
+
+    adapter: Adapter
+    optimizer_steps: int
+    """Optimizer steps the saved state has taken (one per cycle)."""
+
+
+def check_manifest(folder: str | Path, adapter: Adapter) -> int:
+    """Check a checkpoint's manifest against its files and its optimizer file against the adapter; returns the
+    optimizer's step count. Raises `CheckpointError` naming the file or tensor at fault."""
+    root = Path(folder)
+    data = _read_json(root / MANIFEST, "a training checkpoint holds its manifest; the learner did not finish "
+                                       "saving it")
+    where = root / MANIFEST
+    steps = data.get("optimizer_steps")
+    if data.get("format") != MANIFEST_FORMAT or not isinstance(data.get("files"), dict) \
+            or isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise CheckpointError(f"{where}: not a {MANIFEST_FORMAT} manifest with files and optimizer_steps ≥ 1")
+    listed: dict[str, Any] = data["files"]
+    present = sorted(p.name for p in root.glob("*.safetensors"))
+    if sorted(listed) != present:
+        raise CheckpointError(f"{where}: lists weights files {sorted(listed)}, the folder holds {present}; a file "
+                              "was added or removed after the learner saved it")
+    allowed = {ADAPTER_CONFIG, MANIFEST, *present}
+    for path in sorted(root.iterdir()):
+        if path.name not in allowed:
+            raise CheckpointError(f"{root}: holds {path.name}, which is no part of a checkpoint; a checkpoint holds "
+                                  f"only {sorted(allowed)}")
+    for name in present:
+        st = read_safetensors(root / name)
+        tensors = listed[name]
+        if not isinstance(tensors, dict) or sorted(tensors) != sorted(st.tensors):
+            raise CheckpointError(f"{root / name}: its tensors are not the ones the manifest lists")
+        for tensor, info in st.tensors.items():
+            entry = tensors[tensor]
+            actual = {**info.report(), "sha256": canonical.sha256(st.raw(tensor))}
+            if entry != actual:
+                what = "bytes" if isinstance(entry, dict) and entry.get("shape") == actual["shape"] \
+                    and entry.get("dtype") == actual["dtype"] else "shape or dtype"
+                raise CheckpointError(f"{root / name}: tensor {tensor} does not match the manifest: its {what} "
+                                      "changed after the learner saved it")
+    if OPTIMIZER_WEIGHTS not in present:
+        raise CheckpointError(f"{root}: holds no {OPTIMIZER_WEIGHTS}; a training checkpoint keeps the optimizer "
+                              "state its next update continues from")
+    opt = read_safetensors(root / OPTIMIZER_WEIGHTS)
+    peft = adapter.formats.get("peft")
+    if peft is None:
+        raise CheckpointError(f"{root}: a training checkpoint holds the adapter in PEFT's format ({PEFT_WEIGHTS})")
+    want = {f"{t}.{m}": peft.file.tensors[t].shape for t in peft.file.tensors for m in MOMENTS}
+    if sorted(opt.tensors) != sorted(want):
+        raise CheckpointError(f"{opt.path}: must hold {', '.join(MOMENTS)} for every adapter tensor and nothing "
+                              "else; the optimizer state belongs to another adapter")
+    for tensor, info in opt.tensors.items():
+        if info.shape != want[tensor] or info.dtype != "float32":
+            raise CheckpointError(f"{opt.path}: {tensor} is {info.dtype} {list(info.shape)}, its adapter tensor "
+                                  f"needs float32 {list(want[tensor])}")
+    return int(steps)
+
+
+def check_checkpoint(
+    folder: str | Path,
+    base_model_dir: str | Path,
+    *,
+    reported_digest: str,
+    reported_tensors: Mapping[str, Any],
+    reported_steps: int,
+    base_model_digest: str,
+) -> Checkpoint:
+    """Check a learner's checkpoint before the core publishes it: everything `check_adapter` checks, the
+    manifest against every tensor's bytes, the optimizer state against the adapter, and the step count the
+    learner reported. Raises `CheckpointError`."""
+    adapter = check_adapter(folder, base_model_dir, reported_digest=reported_digest,
+                            reported_tensors=reported_tensors, base_model_digest=base_model_digest)
+    steps = check_manifest(folder, adapter)
+    if steps != reported_steps:
+        raise CheckpointError(f"{Path(folder) / MANIFEST}: records {steps} optimizer steps, the learner reported "
+                              f"{reported_steps}")
+    # The manifest was read after the digest was taken; a change in between would differ from the digest.
+    if canonical.tree_digest(folder) != reported_digest:
+        raise CheckpointError(f"{folder}: its files changed while the core was checking them")
+    return Checkpoint(adapter, steps)

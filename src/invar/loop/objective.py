@@ -5,14 +5,18 @@ importance weight (the behaviour policy is the engine's, the proximal policy is 
 tokens with the weights the update starts from):
 
     w_t   = exp(proximal_t − behavior_t)                      importance weight, FP32; exactly 1 where equal
+    w_t   ← min(w_t, C) (truncate) | 0 if w_t > C (mask) | w_t  importance-weight handling, cap C
     r_t   = exp(current_t − proximal_t)                        policy ratio; its value is 1 at the first step
     s_t   = min(r_t·A, clip(r_t, 1 − clip_low, 1 + clip_high)·A)
     k_t   = exp(ref_t − current_t) − (ref_t − current_t) − 1  KL estimator (k3) to the reference policy
     loss  = (1/N) Σ_t [ −w_t·s_t + kl_coef·k_t ]               N = number of response tokens in the batch
 
-A is the sample's advantage, given by the core. The learner takes one optimizer step, so the loss it reports is
-evaluated where current = proximal: r_t = 1, and the core recomputes the same value from the reported proximal
-log-probabilities, its own advantages and the engine's behaviour (and reference) log-probabilities.
+A is the sample's advantage, given by the core. Truncating the importance weight at C is truncated importance
+sampling (Ionides 2008; for the learner–engine mismatch, Yao et al. 2025, "Your Efficient RL Framework Secretly
+Brings You Off-Policy RL Training"); masking drops the tokens whose weight exceeds C instead. The learner takes
+one optimizer step, so the loss it reports is evaluated where current = proximal: r_t = 1, and the core recomputes
+the same value from the reported proximal log-probabilities, its own advantages and the engine's behaviour (and
+reference) log-probabilities.
 """
 
 from __future__ import annotations
@@ -22,7 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-OBJECTIVE_VERSION = "clipped-decoupled-k3/1"
+from invar.loop import advantages
+
+OBJECTIVE_VERSION = "clipped-decoupled-k3/2"
+"""2: adds the importance-weight handling (truncate or mask at a cap); with `none` the values are version 1's."""
+
+IMPORTANCE_HANDLING = ("none", "truncate", "mask")
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,21 @@ class ObjectiveSettings:
     """Upper clip of the ratio, as 1 + clip_high."""
     kl_coef: float = 0.0
     """Weight of the k3 KL estimator to the reference policy (0 disables it)."""
+    importance: str = "none"
+    """`none`, `truncate` (w ← min(w, cap)) or `mask` (w ← 0 where w > cap)."""
+    importance_cap: float | None = None
+    """The cap of `truncate` and `mask` (> 1); None with `none`."""
+
+    def __post_init__(self) -> None:
+        if self.importance not in IMPORTANCE_HANDLING:
+            raise ValueError(f"importance must be one of {IMPORTANCE_HANDLING}, got {self.importance!r}")
+        if (self.importance == "none") != (self.importance_cap is None):
+            raise ValueError("importance_cap is given exactly when importance is truncate or mask")
+
+    def to_wire(self) -> dict[str, object]:
+        """The `objective` params of `learner_step`."""
+        return {"clip_low": self.clip_low, "clip_high": self.clip_high, "kl_coef": self.kl_coef,
+                "importance": self.importance, "importance_cap": self.importance_cap}
 
 
 @dataclass(frozen=True)
@@ -80,7 +104,7 @@ def loss_terms(
         if p32.shape != b32.shape or c32.shape != p32.shape:
             raise ValueError(f"sample {i}: log-probability arrays differ in length")
         a = np.float32(advantages[i])
-        w = np.exp(p32 - b32)
+        w = handle_importance(np.exp(p32 - b32), settings)
         r = np.exp(c32 - p32)
         s = np.minimum(r * a, np.clip(r, lo, hi) * a)
         policy_sum += float(np.sum(-(w * s), dtype=np.float64))
@@ -97,18 +121,22 @@ def loss_terms(
                      importance_weight_mean=w_sum / n, tokens=n)
 
 
+def handle_importance(w: np.ndarray, settings: ObjectiveSettings) -> np.ndarray:
+    """float32 importance weights [T] after the settings' handling: truncated or masked at the cap, or as given."""
+    w32 = np.asarray(w, dtype=np.float32)
+    if settings.importance == "none" or settings.importance_cap is None:
+        return w32
+    cap = np.float32(settings.importance_cap)
+    if settings.importance == "truncate":
+        return np.minimum(w32, cap)
+    return np.where(w32 > cap, np.float32(0.0), w32)
+
+
 def group_advantages(rewards: np.ndarray, group_size: int, *, scale_by_std: bool = False) -> np.ndarray:
-    """Advantages relative to each prompt's group of samples.
+    """Advantages relative to each prompt's group of samples (`invar.loop.advantages.group_advantages`).
 
     rewards: float [B] with B = prompts × group_size, samples of one prompt contiguous. Returns float32 [B]:
-    reward minus its group's mean, divided by the group's standard deviation (+1e-6) when `scale_by_std`.
+    reward minus its group's mean (Dr. GRPO), divided by the group's standard deviation (+1e-6) when
+    `scale_by_std` (GRPO).
     """
-    r = np.asarray(rewards, dtype=np.float64)
-    if group_size < 1 or r.shape[0] % group_size:
-        raise ValueError(f"{r.shape[0]} rewards do not split into groups of {group_size}")
-    g = r.reshape(-1, group_size)
-    adv = g - g.mean(axis=1, keepdims=True)
-    if scale_by_std:
-        adv = adv / (g.std(axis=1, keepdims=True) + 1e-6)
-    out: np.ndarray = adv.reshape(-1).astype(np.float32)
-    return out
+    return advantages.group_advantages(rewards, group_size, "mean-std" if scale_by_std else "mean").values

@@ -1,0 +1,253 @@
+"""A training run's configuration: what `invar train CONFIG.toml` reads, and every value the loop depends on.
+
+Decisions:
+- **One file fixes the run.** Everything a cycle's numbers depend on is here (the prompts, the sampling, the LoRA
+  shape, the optimizer, the objective, the advantages, the backend, the seed), so the run's records hold the
+  configuration once and a resumed run is refused unless it is given the same one.
+- **Paths are relative to the configuration file**, as a declaration's are, so a config folder can move with the
+  files it names.
+- **The evaluation population is never trained on.** The prompts file must hold only prompts of the task's
+  `train` split (`invar.tasks.arithmetic.split_of`); `data/arith-eval.jsonl` is refused by name.
+- **Refused, never reinterpreted.** Unknown fields, out-of-range values and combinations that cannot run (an
+  importance cap with no importance handling, NF4 on an engine without it) are one line naming the field
+  (`ConfigError`), before any worker starts.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from invar import canonical
+from invar.contract.model import Name, PathText, _one_line, _read_file
+from invar.errors import InvarError
+from invar.tasks import KINDS
+
+CONFIG_SCHEMA = "invar.train/1"
+"""Names the layout of the recorded configuration; a run recorded under another schema is not resumed."""
+
+Backend = Literal["mlx", "hf", "vllm+hf"]
+Target = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+DEFAULT_TARGETS: tuple[Target, ...] = ("q_proj", "v_proj")
+
+
+class ConfigError(InvarError):
+    """A training configuration that cannot run; the message names the field and what to change."""
+
+
+_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, strict=False)
+
+
+class _Model(BaseModel):
+    model_config = _CONFIG
+
+
+class Prompts(_Model):
+    """The training prompts: a population file of the task's `train` split, and how many each cycle draws."""
+
+    path: PathText = "../data/arith-train.jsonl"
+    """The prompts file (JSON lines `{id, prompt, answer, kind}`), relative to the configuration file. Every prompt
+    must belong to the `train` split: the evaluation population is never trained on."""
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """sha256 of the prompts file; omitted: the digest in the `.sha256` file beside it."""
+    per_cycle: int = Field(default=16, ge=1, le=4096)
+    """Prompts drawn for each cycle (without replacement within a cycle; seeded by the run seed and the cycle)."""
+    kinds: list[Name] | None = None
+    """Train only on these problem kinds (e.g. `["mul", "muladd"]`); omitted: every kind in the file."""
+
+    @model_validator(mode="after")
+    def _kinds(self) -> Prompts:
+        unknown = sorted(set(self.kinds or ()) - set(KINDS))
+        if unknown:
+            raise ValueError(f"prompts.kinds: {unknown} are not problem kinds; choose from {list(KINDS)}")
+        if self.kinds is not None and not self.kinds:
+            raise ValueError("prompts.kinds: empty; name at least one kind, or remove the field for every kind")
+        return self
+
+
+class Rollout(_Model):
+    """How the inference engine samples each cycle's responses."""
+
+    group_size: int = Field(default=8, ge=2, le=256)
+    """G: samples per prompt. Advantages are relative to a prompt's group, so G must be at least 2."""
+    temperature: float = Field(default=1.0, gt=0.0, le=10.0)
+    """T: the rollout temperature. The engine samples at T and reports log-probabilities at T; the learner scores
+    the same tokens at T. Greedy (0) is refused: it has no sampling distribution to correct for."""
+    max_tokens: int = Field(default=5, ge=1, le=65536)
+    """The most response tokens per sample, end-of-sequence included (5 fits every arithmetic answer)."""
+    batch_size: int | None = Field(default=None, ge=1, le=1 << 16)
+    """Requests per engine batch within the cycle's one generate call; omitted: the whole cycle in one batch."""
+
+
+class Lora(_Model):
+    """The LoRA adapter the learner trains (a fresh one at cycle 0: A random from the seed, B zero)."""
+
+    r: int = Field(default=8, ge=1, le=256)
+    """The adapter's rank (at most 8 when vLLM serves it: its `--max-lora-rank`)."""
+    alpha: float = Field(default=16.0, gt=0.0, le=1e6)
+    """lora_alpha; the update is scaled by alpha / r."""
+    targets: list[Target] = Field(default_factory=lambda: list(DEFAULT_TARGETS), min_length=1, max_length=7)
+    """The projections adapted in every decoder layer."""
+
+
+class Optimizer(_Model):
+    """The learner's optimizer, one step per cycle; its state is saved with every checkpoint."""
+
+    name: Literal["adamw"] = "adamw"
+    """AdamW with bias correction (torch's; mlx's with `bias_correction=True`)."""
+    lr: float = Field(default=1e-3, gt=0.0, le=1.0)
+    """Learning rate."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's β1, β2, each in [0, 1)."""
+    eps: float = Field(default=1e-8, gt=0.0, le=1.0)
+    """AdamW's ε."""
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Decoupled weight decay."""
+    max_grad_norm: float | None = Field(default=1.0, gt=0.0)
+    """Clip the gradient to this global L2 norm; null: no clipping."""
+
+    @model_validator(mode="after")
+    def _betas(self) -> Optimizer:
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"optimizer.betas: each must be in [0, 1); got {list(self.betas)}")
+        return self
+
+
+class Objective(_Model):
+    """The objective one update minimises (`invar.loop.objective`; formulas in docs/objective.md)."""
+
+    clip_low: float = Field(default=0.2, ge=0.0, lt=1.0)
+    """PPO clip below: the ratio is clipped at 1 − clip_low."""
+    clip_high: float = Field(default=0.28, ge=0.0, le=10.0)
+    """PPO clip above: the ratio is clipped at 1 + clip_high (DAPO's clip-higher when above clip_low)."""
+    importance: Literal["none", "truncate", "mask"] = "truncate"
+    """What is done with the importance weight w = exp(proximal − behavior) above `importance_cap`: `truncate`
+    uses min(w, cap) (truncated importance sampling), `mask` drops the token's policy term (w = 0), `none` uses w
+    as it is."""
+    importance_cap: float | None = Field(default=2.0, gt=1.0, le=1e6)
+    """The cap C of `truncate` and `mask`; must be null with `none`."""
+    kl_coef: float = Field(default=0.0, ge=0.0, le=100.0)
+    """β: weight of the k3 estimator of KL(current ‖ reference); 0 disables it (and the reference scoring)."""
+    reference: Literal["base"] = "base"
+    """The reference policy of the KL term: `base`, the model without an adapter (the policy cycle 0 starts
+    from). The engine scores the sampled tokens under it in the same rollout."""
+    loss_aggregation: Literal["token-mean"] = "token-mean"
+    """How per-token terms become the loss: the mean over every response token of the cycle's batch, N fixed by
+    the core before the learner splits the batch in any way."""
+
+    @model_validator(mode="after")
+    def _cap(self) -> Objective:
+        if self.importance == "none" and self.importance_cap is not None:
+            raise ValueError("objective.importance_cap: importance = \"none\" uses no cap; remove it or choose "
+                             "\"truncate\" or \"mask\"")
+        if self.importance != "none" and self.importance_cap is None:
+            raise ValueError(f"objective.importance_cap: importance = \"{self.importance}\" needs a cap above 1, "
+                             "e.g. 2.0")
+        return self
+
+
+class Advantage(_Model):
+    """How rewards become advantages within each prompt's group of G samples (`invar.loop.advantages`)."""
+
+    normalization: Literal["mean-std", "mean"] = "mean-std"
+    """`mean-std` (GRPO): (r − group mean) / (group std + eps), std with Bessel's correction; `mean` (Dr. GRPO):
+    r − group mean, no division. A group whose rewards are all equal gets A = 0 either way, and is counted."""
+    eps: float = Field(default=1e-6, gt=0.0, le=1.0)
+    """ε added to the group std (`mean-std` only)."""
+
+
+class TrainConfig(_Model):
+    """A training run: `invar train CONFIG.toml`."""
+
+    name: Name
+    """The run's name (runs go to runs/train-<name>-<time> unless --run is given)."""
+    backend: Backend
+    """`mlx`: MLX generates and learns. `hf`: Hugging Face generates and learns. `vllm+hf`: vLLM generates,
+    Hugging Face learns (through peft)."""
+    model: PathText = "../models/tiny-arith"
+    """The base model folder, relative to the configuration file (named in the records by its tree digest)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """The dtype both engines load the base model in."""
+    seed: int = Field(default=0, ge=0, lt=1 << 63)
+    """The run seed: each cycle's prompts, every request's sampling seed and the fresh adapter's init derive from
+    it."""
+    cycles: int = Field(default=20, ge=1, le=100_000)
+    """Cycles to run: each samples, updates once and publishes one checkpoint."""
+    prompts: Prompts = Field(default_factory=Prompts)
+    """The training prompts."""
+    rollout: Rollout = Field(default_factory=Rollout)
+    """The sampling of each cycle."""
+    lora: Lora = Field(default_factory=Lora)
+    """The adapter trained."""
+    optimizer: Optimizer = Field(default_factory=Optimizer)
+    """The optimizer."""
+    objective: Objective = Field(default_factory=Objective)
+    """The objective."""
+    advantage: Advantage = Field(default_factory=Advantage)
+    """The advantages."""
+
+    @model_validator(mode="after")
+    def _fits_backend(self) -> TrainConfig:
+        if self.backend == "vllm+hf" and self.lora.r > 8:
+            raise ValueError(f"lora.r: vLLM serves adapters of rank at most 8 (its --max-lora-rank); got "
+                             f"{self.lora.r}: lower r, or train on the mlx or hf backend")
+        return self
+
+    def canonical(self) -> dict[str, Any]:
+        """The configuration as recorded: every field, defaults included, in JSON kinds."""
+        return {"schema": CONFIG_SCHEMA, **self.model_dump(mode="json")}
+
+    def digest(self) -> str:
+        """sha256 of the canonical encoding of `canonical()`: what a resumed run must match."""
+        return canonical.digest(self.canonical())
+
+
+def parse_config(data: dict[str, Any], source: str = "config") -> TrainConfig:
+    """Validate a configuration's data (as read from TOML); `ConfigError` naming the field at fault."""
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(str(_one_line(exc, source))) from None
+
+
+def read_config(path: str | os.PathLike[str]) -> TrainConfig:
+    """Read and validate a TOML training configuration."""
+    p = Path(path)
+    try:
+        text = _read_file(p, "configuration")
+        data = tomllib.loads(text)
+    except InvarError as exc:
+        raise ConfigError(str(exc)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML ({exc}); fix the syntax") from None
+    except (RecursionError, ValueError):
+        raise ConfigError(f"{p}: not valid TOML (nested too deeply, or a number too long to read)") from None
+    return parse_config(data, str(p))
+
+
+def resolve(config_path: Path, relative: str) -> Path:
+    """A path of the configuration, relative to the configuration file's folder."""
+    p = Path(relative)
+    return p if p.is_absolute() else config_path.parent / p
+
+
+def field_help() -> list[tuple[str, str, str]]:
+    """(dotted name, default, docstring) for every field, for `invar train --help` and docs/training.md."""
+    rows: list[tuple[str, str, str]] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, info in model.model_fields.items():
+            sub = info.annotation
+            doc = " ".join((info.description or "").split())
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                walk(sub, f"{prefix}{name}.")
+                continue
+            default = "required" if info.is_required() else repr(info.get_default(call_default_factory=True))
+            rows.append((f"{prefix}{name}", default, doc))
+
+    walk(TrainConfig, "")
+    return rows

@@ -1,0 +1,313 @@
+"""One training cycle, as the core computes it: pure functions from records to numbers (no engine, no I/O).
+
+A cycle (docs/training.md, `../shared/DESIGN.md` flow 2) is: the core picks the cycle's prompts; the engine
+samples G responses to each at temperature T from the published policy; the core scores them, computes rewards and
+group advantages; the learner scores the engine's tokens itself (proximal), takes one step and saves a checkpoint;
+the core recomputes the objective from the recorded per-token numbers and compares; the checkpoint is checked and
+published. The runner (`invar.runner.train`) makes the calls; this module decides what they must say.
+
+Decisions:
+- **Seeds are derived, never drawn.** A cycle's prompts and every request's sampling seed are pure functions of
+  (run seed, cycle, problem id, sample index) through sha256, so a resumed cycle asks for exactly what the lost one
+  asked for, and the choice does not depend on numpy's generator across versions.
+- **A report is refused, not repaired.** A rollout that names another checkpoint than the one published last, an
+  output out of order, a learner that started from another adapter or reports other token counts: each is an
+  `EvidenceError` naming the cycle and what differs.
+- **The objective's tolerance is stated.** The learner and the core evaluate the same float32 per-token formula
+  on the same bits; they may differ by the last place of `exp` (torch's, MLX's and numpy's may round
+  differently), so each term may differ by a few float32 ulps of its per-token magnitude (`TOLERANCE`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from invar.errors import EvidenceError
+from invar.loop.objective import LossTerms, ObjectiveSettings, handle_importance
+from invar.tasks import Problem, Vocabulary, score
+
+TOLERANCE = 1e-6
+"""Relative tolerance of each objective term, against its per-token scale (`compare_objective`): about eight
+float32 ulps, where the measured differences are of order 1e-9 (HF) and 0 (MLX)."""
+
+
+class ObjectiveMismatch(EvidenceError):
+    """The learner's reported objective differs from the core's recomputation beyond the stated tolerance."""
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from the parts (run seed, purpose, cycle, ...): the first 8 bytes of sha256, shifted."""
+    text = "invar-train/" + "/".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+
+
+def cycle_prompts(problems: Sequence[Problem], per_cycle: int, seed: int, cycle: int) -> list[Problem]:
+    """The cycle's prompts: the `per_cycle` problems of smallest sha256 key over (seed, cycle, problem id).
+
+    A uniform sample without replacement within the cycle (problems may recur across cycles), in key order.
+    """
+    if not 1 <= per_cycle <= len(problems):
+        raise ValueError(f"per_cycle {per_cycle}: the prompts file holds {len(problems)} problems")
+    keys = sorted((hashlib.sha256(f"invar-train/{seed}/prompts/{cycle}/{p.id}".encode()).digest(), i)
+                  for i, p in enumerate(problems))
+    return [problems[i] for _, i in keys[:per_cycle]]
+
+
+def request_id(cycle: int, problem: Problem, sample: int) -> str:
+    return f"c{cycle}/{problem.id}/{sample}"
+
+
+def rollout_requests(prompts: Sequence[Problem], group_size: int, seed: int, cycle: int, temperature: float,
+                     max_tokens: int) -> list[dict[str, Any]]:
+    """The cycle's generate requests: G per prompt, contiguous, each with its derived seed."""
+    return [{"request_id": request_id(cycle, p, j), "prompt": p.prompt,
+             "seed": derive_seed(seed, "sample", cycle, p.id, j), "temperature": temperature, "top_p": 1.0,
+             "max_tokens": max_tokens} for p in prompts for j in range(group_size)]
+
+
+def generate_params(requests: list[dict[str, Any]], batch_size: int | None, policy: str | None,
+                    reference: str | None) -> dict[str, Any]:
+    """The cycle's one generate call: batches of `batch_size` in order, from `policy`, scored under `reference`."""
+    n = len(requests)
+    size = n if batch_size is None else batch_size
+    return {"requests": requests, "layout": [list(range(i, min(i + size, n))) for i in range(0, n, size)],
+            "adapter": policy, "reference_adapter": reference}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled response, as the engine reported it."""
+
+    prompt: str
+    tokens: np.ndarray
+    """int32 [T]: the response, with EOS when it stopped."""
+    behavior: np.ndarray
+    """float32 [T]: the engine's log-probabilities of `tokens` at T."""
+    reference: np.ndarray | None
+    """float32 [T]: under the reference policy, scored by the engine in the same rollout (when β > 0)."""
+
+
+def _policy(digest: object) -> str:
+    """How messages name a policy: its checkpoint's digest, or the base model (a fresh adapter)."""
+    return f"checkpoint {str(digest)[:16]}…" if digest else "the base model (no checkpoint)"
+
+
+def _logprobs(value: Any, length: int, where: str) -> np.ndarray:
+    if not isinstance(value, np.ndarray) or value.dtype != np.float32 or value.shape != (length,):
+        raise EvidenceError(f"{where}: expected float32 log-probabilities, one per token ({length})")
+    if not np.all(np.isfinite(value)) or np.any(value > 0):
+        raise EvidenceError(f"{where}: log-probabilities must be finite and ≤ 0")
+    return value
+
+
+def read_rollout(result: Mapping[str, Any], requests: Sequence[Mapping[str, Any]], *, cycle: int, model_digest: str,
+                 policy_digest: str | None, reference: bool, vocab_size: int) -> list[Sample]:
+    """The samples of a generate report, after checking it is the rollout the core asked for.
+
+    `policy_digest`: the checkpoint published last (None at cycle 0: the base model); the report must name it.
+    """
+    where = f"cycle {cycle}: generate"
+    if result.get("model_digest") != model_digest:
+        raise EvidenceError(f"{where} reports model {str(result.get('model_digest'))[:16]}…, not "
+                            f"{model_digest[:16]}…: the engine ran another base model")
+    if result.get("adapter_digest") != policy_digest:
+        raise EvidenceError(f"{where} reports policy {_policy(result.get('adapter_digest'))}, but the published "
+                            f"policy is {_policy(policy_digest)}: rollouts of any other policy are refused")
+    outputs = result.get("outputs")
+    if not isinstance(outputs, list) or len(outputs) != len(requests):
+        raise EvidenceError(f"{where} returned {len(outputs) if isinstance(outputs, list) else 'no'} outputs for "
+                            f"{len(requests)} requests")
+    samples = []
+    for req, out in zip(requests, outputs, strict=True):
+        at = f"{where} output {req['request_id']}"
+        if not isinstance(out, dict) or out.get("request_id") != req["request_id"]:
+            raise EvidenceError(f"{at}: labelled {out.get('request_id') if isinstance(out, dict) else out!r}; "
+                                "outputs must come back in request order")
+        tokens = out.get("tokens")
+        if (not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype != np.int32 or tokens.size == 0
+                or int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+            raise EvidenceError(f"{at}: tokens must be a non-empty int32 array of ids below {vocab_size}")
+        behavior = _logprobs(out.get("logprobs"), tokens.size, f"{at}.logprobs")
+        ref = _logprobs(out.get("reference_logprobs"), tokens.size, f"{at}.reference_logprobs") if reference \
+            else None
+        samples.append(Sample(str(req["prompt"]), tokens, behavior, ref))
+    return samples
+
+
+def rewards(samples: Sequence[Sample], vocab: Vocabulary) -> np.ndarray:
+    """float64 [B]: 1 − the task loss of each response, decoded and scored by the core."""
+    return np.array([1 - score(s.prompt, vocab.decode(s.tokens)) for s in samples], dtype=np.float64)
+
+
+def learner_params(samples: Sequence[Sample], advantages: np.ndarray, *, temperature: float,
+                   objective: ObjectiveSettings, optimizer: Mapping[str, Any], lora: Mapping[str, Any], seed: int,
+                   save_dir: str) -> dict[str, Any]:
+    """The cycle's `learner_step` params (docs/objective.md): the engine's tokens and log-probabilities, the core's
+    advantages, the objective and optimizer settings, and the folder for the checkpoint."""
+    out = []
+    for s, a in zip(samples, advantages, strict=True):
+        sample: dict[str, Any] = {"prompt": s.prompt, "tokens": s.tokens, "behavior_logprobs": s.behavior,
+                                  "advantage": float(a)}
+        if s.reference is not None:
+            sample["reference_logprobs"] = s.reference
+        out.append(sample)
+    return {"samples": out, "temperature": temperature, "objective": objective.to_wire(),
+            "optimizer": dict(optimizer), "lora": dict(lora), "seed": seed, "save_dir": save_dir}
+
+
+@dataclass(frozen=True)
+class LearnerReport:
+    """What the learner reported for one update."""
+
+    proximal: list[np.ndarray]
+    """float32 [T_i] per sample: the learner's log-probabilities of the engine's tokens at T, at the start weights."""
+    terms: LossTerms
+    grad_norm: float
+    adapter_dir: str
+    adapter_digest: str
+    adapter_tensors: Mapping[str, Any]
+    optimizer_steps: int
+
+
+def _number(result: Mapping[str, Any], key: str, where: str) -> float:
+    value = result.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value):
+        raise EvidenceError(f"{where}: {key} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def read_learner(result: Mapping[str, Any], samples: Sequence[Sample], *, cycle: int, model_digest: str,
+                 start_digest: str | None, optimizer_steps: int, save_dir: str) -> LearnerReport:
+    """The learner's report, after checking it answers this update: the start checkpoint, the model, one
+    proximal reading per sampled token, the token count, the folder it saved to, the optimizer's step count."""
+    where = f"cycle {cycle}: learner_step"
+    if result.get("model_digest") != model_digest:
+        raise EvidenceError(f"{where} reports model {str(result.get('model_digest'))[:16]}…, not the run's")
+    if result.get("start_adapter_digest") != start_digest:
+        raise EvidenceError(f"{where} started from {_policy(result.get('start_adapter_digest'))}, not the "
+                            f"published {_policy(start_digest)}: the update must start from the checkpoint "
+                            "published last")
+    proximal = result.get("proximal_logprobs")
+    if not isinstance(proximal, list) or len(proximal) != len(samples):
+        raise EvidenceError(f"{where}: proximal_logprobs must hold one array per sample ({len(samples)})")
+    arrays = [_logprobs(p, s.tokens.size, f"{where}.proximal_logprobs[{i}]")
+              for i, (p, s) in enumerate(zip(proximal, samples, strict=True))]
+    n = sum(int(s.tokens.size) for s in samples)
+    tokens = result.get("tokens")
+    if tokens != n or isinstance(tokens, bool):
+        raise EvidenceError(f"{where}: reports {tokens!r} tokens, the batch has {n}: the token mean's N is fixed by "
+                            "the core before the learner splits the batch")
+    steps = result.get("optimizer_steps")
+    if steps != optimizer_steps or isinstance(steps, bool):
+        raise EvidenceError(f"{where}: reports optimizer step {steps!r}, this is update {optimizer_steps}: the "
+                            "learner's optimizer state is not the one published with the last checkpoint")
+    if result.get("adapter_dir") != save_dir:
+        raise EvidenceError(f"{where}: saved to {result.get('adapter_dir')!r}, not the folder the core named")
+    digest, tensors = result.get("adapter_digest"), result.get("adapter_tensors")
+    if not isinstance(digest, str) or not isinstance(tensors, dict):
+        raise EvidenceError(f"{where}: adapter_digest and adapter_tensors are missing")
+    terms = LossTerms(loss=_number(result, "loss", where), policy=_number(result, "policy", where),
+                      kl=_number(result, "kl", where),
+                      importance_weight_mean=_number(result, "importance_weight_mean", where), tokens=n)
+    return LearnerReport(arrays, terms, _number(result, "grad_norm", where), save_dir, digest, tensors,
+                         optimizer_steps)
+
+
+def compare_objective(core: LossTerms, learner: LossTerms, *, proximal: Sequence[np.ndarray],
+                      samples: Sequence[Sample], advantages: np.ndarray, settings: ObjectiveSettings,
+                      cycle: int) -> dict[str, float]:
+    """|learner − core| per term; `ObjectiveMismatch` naming the cycle and the first term beyond its tolerance.
+
+    Tolerances (`TOLERANCE` = 1e-6, relative): policy and importance_weight_mean against max|A|·max(1, max w) and
+    max(1, max w); kl against max(1, max exp(ref − current)); loss against policy's + kl_coef · kl's; tokens
+    exactly. A masked token whose weight lies within one ulp of the cap may be kept on one side and dropped on
+    the other; the tolerance does not cover that case and the run stops naming it (never seen in the tests).
+    """
+    w_max = 1.0
+    ratio_max = 1.0
+    for p, s in zip(proximal, samples, strict=True):
+        w = handle_importance(np.exp(np.asarray(p, np.float32) - s.behavior), settings)
+        w_max = max(w_max, float(np.max(w)))
+        if s.reference is not None and settings.kl_coef:
+            ratio_max = max(ratio_max, float(np.max(np.exp(s.reference - np.asarray(p, np.float32)))))
+    a_max = float(np.max(np.abs(advantages))) if len(advantages) else 0.0
+    tol = {"policy": TOLERANCE * max(a_max, 1e-30) * w_max, "kl": TOLERANCE * ratio_max,
+           "importance_weight_mean": TOLERANCE * w_max}
+    tol["loss"] = tol["policy"] + settings.kl_coef * tol["kl"]
+    diffs = {name: abs(getattr(learner, name) - getattr(core, name)) for name in tol}
+    if learner.tokens != core.tokens:
+        raise ObjectiveMismatch(f"cycle {cycle}: objective term tokens: the learner counts {learner.tokens}, the core "
+                                f"{core.tokens}")
+    for name in ("loss", "policy", "kl", "importance_weight_mean"):
+        if not diffs[name] <= tol[name]:
+            raise ObjectiveMismatch(
+                f"cycle {cycle}: objective term {name}: the learner reports {getattr(learner, name)!r}, the core "
+                f"recomputes {getattr(core, name)!r} from the recorded numbers (|Δ| {diffs[name]:.3g} > tolerance "
+                f"{tol[name]:.3g}); the learner's arithmetic is not the objective's")
+    return diffs
+
+
+# -- per-cycle measurements (the history's columns) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gap:
+    """The learner–engine gap over a cycle's sampled tokens: g_t = proximal_t − behavior_t, in nats."""
+
+    tokens: int
+    equal: int
+    """Tokens where the learner's float32 log-probability equals the engine's bit for bit."""
+    p50: float
+    """Median |g|."""
+    p99: float
+    """99th percentile of |g| (numpy's linear interpolation)."""
+    max: float
+    """Largest |g|."""
+    k3_mean: float
+    """Mean of exp(g) − g − 1: the k3 estimate of KL(engine ‖ learner) per token (prime-rl's mismatch KL)."""
+    k3_max: float
+
+
+def gap(proximal: Sequence[np.ndarray], behavior: Sequence[np.ndarray]) -> Gap:
+    """The gap between the learner's and the engine's readings of the same tokens (float64 arithmetic on the
+    float32 values)."""
+    p = np.concatenate([np.asarray(x, np.float32) for x in proximal])
+    b = np.concatenate([np.asarray(x, np.float32) for x in behavior])
+    g = p.astype(np.float64) - b.astype(np.float64)
+    a = np.abs(g)
+    k3 = np.expm1(g) - g
+    return Gap(int(g.size), int(np.sum(p == b)), float(np.percentile(a, 50)), float(np.percentile(a, 99)),
+               float(a.max()), float(k3.mean()), float(k3.max()))
+
+
+@dataclass(frozen=True)
+class Importance:
+    """The importance weights w_t = exp(proximal_t − behavior_t) of a cycle (float32, as the objective has them)."""
+
+    min: float
+    mean: float
+    max: float
+    """Before truncation or masking."""
+    exactly_one: int
+    """Tokens with w exactly 1.0 (proximal equal to behavior bit for bit)."""
+    handled: int
+    """Tokens truncated or masked at the cap (0 with `none`)."""
+    ess: float
+    """Effective sample size of the weights the objective uses, as a fraction of the tokens: (Σw)² / (N·Σw²)."""
+
+
+def importance(proximal: Sequence[np.ndarray], behavior: Sequence[np.ndarray],
+               settings: ObjectiveSettings) -> Importance:
+    w = np.concatenate([np.exp(np.asarray(p, np.float32) - np.asarray(b, np.float32))
+                        for p, b in zip(proximal, behavior, strict=True)])
+    used = handle_importance(w, settings).astype(np.float64)
+    handled = int(np.sum(used != w))
+    square = float(np.sum(used * used))
+    ess = float(np.sum(used)) ** 2 / (w.size * square) if square > 0 else 0.0
+    return Importance(float(w.min()), float(np.mean(w, dtype=np.float64)), float(w.max()), int(np.sum(w == 1.0)),
+                      handled, ess)

@@ -1,0 +1,78 @@
+"""The training configuration: the shipped examples read, and every bad file is one line naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from invar.engines import REPO_ROOT
+from invar.loop.config import ConfigError, TrainConfig, field_help, parse_config, read_config
+
+CONFIGS = sorted((REPO_ROOT / "configs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_configs_read(path: Path) -> None:
+    config = read_config(path)
+    assert config.name == path.stem
+
+
+def test_shipped_configs_cover_every_backend() -> None:
+    assert {read_config(p).backend for p in CONFIGS} == {"mlx", "hf", "vllm+hf"}
+
+
+def test_defaults_fill_every_field_and_the_digest_follows_the_values() -> None:
+    a = parse_config({"name": "a", "backend": "mlx"})
+    b = parse_config({"name": "a", "backend": "mlx", "rollout": {"group_size": 8}})
+    c = parse_config({"name": "a", "backend": "mlx", "rollout": {"group_size": 4}})
+    assert a.digest() == b.digest() != c.digest()
+
+
+def test_every_field_has_a_docstring() -> None:
+    rows = field_help()
+    assert len(rows) >= 30
+    assert [name for name, _, doc in rows if not doc] == []
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"name": "x", "backend": "mlx", "learning_rate": 1e-3},
+     "c.toml: learning_rate: is not a known field; remove it or check its spelling"),
+    ({"name": "x", "backend": "mlx", "rollout": {"group_size": 1}},
+     "c.toml: rollout.group_size: input should be greater than or equal to 2; got 1"),
+    ({"name": "x", "backend": "mlx", "rollout": {"temperature": 0}},
+     "c.toml: rollout.temperature: input should be greater than 0; got 0"),
+    ({"name": "x", "backend": "mlx", "optimizer": {"lr": -1}},
+     "c.toml: optimizer.lr: input should be greater than 0; got -1"),
+    ({"name": "x", "backend": "tpu"}, "c.toml: backend: input should be 'mlx', 'hf' or 'vllm+hf'; got 'tpu'"),
+    ({"name": "x", "backend": "mlx", "objective": {"importance": "none"}},
+     'c.toml: objective.importance_cap: importance = "none" uses no cap; remove it or choose "truncate" or "mask"'),
+    ({"name": "x", "backend": "mlx", "objective": {"importance_cap": 1.0}},
+     "c.toml: objective.importance_cap: input should be greater than 1; got 1.0"),
+    ({"name": "x", "backend": "mlx", "prompts": {"kinds": ["div"]}},
+     "c.toml: prompts.kinds: ['div'] are not problem kinds; choose from ['add2', 'sub2', 'mul', 'muladd', "
+     "'add3', 'sub3']"),
+    ({"name": "x", "backend": "vllm+hf", "lora": {"r": 16}},
+     "c.toml: lora.r: vLLM serves adapters of rank at most 8 (its --max-lora-rank); got 16: lower r, or train on "
+     "the mlx or hf backend"),
+    ({"backend": "mlx"}, "c.toml: name: is required; add it"),
+])
+def test_a_bad_config_is_one_line_naming_the_field(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "c.toml")
+    assert str(err.value) == message
+
+
+def test_bad_toml_and_missing_files_are_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\nbackend = \n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"bad.toml: not valid TOML \(.*\); fix the syntax$"):
+        read_config(bad)
+    with pytest.raises(ConfigError, match="cannot read the configuration"):
+        read_config(tmp_path / "absent.toml")
+
+
+def test_the_canonical_form_round_trips() -> None:
+    config = read_config(CONFIGS[0])
+    again = TrainConfig.model_validate({k: v for k, v in config.canonical().items() if k != "schema"})
+    assert again == config
