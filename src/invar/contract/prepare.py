@@ -33,7 +33,7 @@ from invar.contract.model import (
 from invar.contract.plan import ExecutionPlan, Unit, derive_plan
 from invar.errors import ContractError
 from invar.stats.bounds import VERSIONS
-from invar.tasks.arithmetic import SCORERS, load_population
+from invar.tasks.arithmetic import SCORERS, Problem, load_population
 from invar.tasks.vocabulary import Vocabulary
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -177,7 +177,7 @@ def build_contract(declaration: Declaration, base: Path, out: Path) -> tuple[Con
     return contract, [Unit(p.id, p.prompt) for p in problems]
 
 
-def _population(path: Path, sha256: str) -> list[Any]:
+def _population(path: Path, sha256: str) -> list[Problem]:
     with _reading("population.path", path):
         try:
             return load_population(path, sha256)
