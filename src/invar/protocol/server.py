@@ -116,6 +116,9 @@ class Server:
                 log(f"invar worker: stopping on a broken input stream: {exc}")
                 return 3
             kind = message.get("kind")
+            if not isinstance(kind, str):  # an array here would make the comparisons below ambiguous
+                log(f"invar worker: stopping: a message kind must be a string, got {type(kind).__name__}")
+                return 3
             if kind == Kind.SHUTDOWN.value:
                 return 0
             if kind != Kind.CALL.value:

@@ -428,7 +428,7 @@ class RunStore:
                 elif kind == "call":
                     if worker not in workers:
                         raise RecordError(f"{where}: sent to worker {str(worker)[:16]}…, which has no record")
-                    if not isinstance(message, dict) or message.get("kind") != Kind.CALL.value:
+                    if not isinstance(message, dict) or not _kind_is(message, Kind.CALL):
                         raise RecordError(f"{where}: the body is not a call")
                     call = Call.from_wire(message)
                     key = (worker, call.call_id)
@@ -440,7 +440,7 @@ class RunStore:
                 elif kind == "report":
                     if worker not in workers:
                         raise RecordError(f"{where}: from worker {str(worker)[:16]}…, which has no record")
-                    if not isinstance(message, dict) or message.get("kind") != Kind.REPORT.value:
+                    if not isinstance(message, dict) or not _kind_is(message, Kind.REPORT):
                         raise RecordError(f"{where}: the body is not a report")
                     report = Report.from_wire(message)
                     key = (worker, report.call_id)
@@ -471,24 +471,24 @@ class RunStore:
         return [calls[k] for k in order]
 
 
+def _kind_is(message: dict[str, Any], kind: Kind) -> bool:
+    value = message.get("kind")  # may be any decoded value, an array included
+    return isinstance(value, str) and value == kind.value
+
+
 def _canonical_body(where: str, body: bytes) -> Any:
-    """Decode a record's body and demand that it is the one canonical encoding of its value."""
+    """Decode a record's body; decoding is strict, so only the one canonical encoding of a value decodes."""
     try:
-        message = canonical.decode(body)
-        if canonical.encode(message) != body:
-            raise RecordError(f"{where}: not in canonical form")
+        return canonical.decode(body)
     except canonical.CanonicalError as exc:
         raise RecordError(f"{where}: undecodable ({exc})") from None
-    except RecursionError:
-        raise RecordError(f"{where}: undecodable (nested too deeply)") from None
-    return message
 
 
 def _meta_entry(seq: int, body: bytes) -> dict[str, Any]:
     """A metadata record's one {key: value} entry; `RecordError` naming the record for anything else."""
     try:
         entry = canonical.decode(body)
-    except (canonical.CanonicalError, RecursionError) as exc:
+    except canonical.CanonicalError as exc:
         raise RecordError(f"record {seq} (meta): undecodable ({exc})") from None
     if not isinstance(entry, dict) or len(entry) != 1 or not all(isinstance(k, str) for k in entry):
         raise RecordError(f"record {seq} (meta): malformed: a metadata record holds one {{name: value}} entry")

@@ -228,7 +228,14 @@ def load_population(path: str | Path, expected_sha256: str) -> list[Problem]:
         )
     problems: list[Problem] = []
     ids: set[str] = set()
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ContractError(f"population file {path} is not UTF-8 text (byte {exc.start}): write it as UTF-8 JSON "
+                            "lines") from None
+    except OSError as exc:
+        raise ContractError(f"population file {path} cannot be read ({exc.strerror})") from None
+    for number, line in enumerate(text.splitlines(), start=1):
         where = f"population file {path} line {number}"
         try:
             row = json.loads(line)

@@ -68,7 +68,11 @@ class Vocabulary:
         if tokenizer.get("normalizer") is not None:
             raise ContractError(f"{where}: a normalizer rewrites text before lookup; save the tokenizer without one")
         vocab: dict[str, Any] = model["vocab"]
-        specials = {t["content"] for t in tokenizer.get("added_tokens", []) if t.get("special")}
+        added = tokenizer.get("added_tokens", [])
+        if not isinstance(added, list) or not all(isinstance(t, dict) and isinstance(t.get("content"), str)
+                                                  for t in added):
+            raise ContractError(f"{where}: added_tokens must be a list of objects with a string content")
+        specials = {t["content"] for t in added if t.get("special")}
         by_id: dict[int, str] = {}
         for text, token_id in vocab.items():
             if not isinstance(token_id, int) or token_id in by_id:
