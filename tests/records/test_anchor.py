@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from invar import canonical
@@ -131,6 +132,7 @@ MALFORMED = [
     ("close", canonical.encode({"records": "many"})),
     ("call", b"\x00\x00\x00\x01\xc1"),
     ("call", b"\x00\x00\x00\x05\x81\xc4\x01k\x00"),  # a bytes map key
+    ("report", canonical.encode({"kind": np.array([1, 2], dtype=np.int32)})),  # a kind that is an array
 ]
 
 
