@@ -6,6 +6,8 @@ params through these functions, so a malformed request gets the same message fro
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
 import math
 import os
@@ -384,3 +386,116 @@ def check_trained_on(metadata: dict[str, str], model_digest: str, path: str, whe
     if trained_on is not None and trained_on != model_digest:
         raise MethodError(f"{where}: adapter {path!r} was trained on base model {trained_on[:16]}…, but the loaded "
                           f"model is {model_digest[:16]}…: load the adapter's own base model, or another adapter")
+
+
+# -- candidate patches (patches/<name>/patch.py; the digest rule is invar.patches') --------------------------------
+
+
+def add_patch_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--patch NAME=SHA256` (repeatable) and the tests' poison switch `--patch-poison NAME`."""
+    parser.add_argument("--patch", action="append", default=[], metavar="NAME=SHA256",
+                        help="apply the patch folder patches/NAME before any model loads; refuse to start unless "
+                             "its digest (invar.patches.patch_digest) is SHA256")
+    parser.add_argument("--patch-poison", action="append", default=[], metavar="NAME",
+                        help="tests only: the named patch flips the last bit of its results (recorded in the "
+                             "identity as patch_poison)")
+
+
+class PatchRefused(Exception):
+    """A `--patch` argument the worker will not start with; the message names the patch and what to change."""
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass
+class Patches:
+    """The patches a worker runs with: verified, imported, and (after `apply`) installed in this process."""
+
+    modules: dict[str, Any]
+    digests: dict[str, str]
+    poison: list[str]
+
+    @property
+    def active(self) -> bool:
+        return bool(self.modules)
+
+    def settings(self) -> dict[str, Any]:
+        """What the identity's settings gain: nothing without patches, so unpatched identities are unchanged."""
+        if not self.modules:
+            return {}
+        out: dict[str, Any] = {"patches": dict(self.digests)}
+        if self.poison:
+            out["patch_poison"] = sorted(self.poison)
+        return out
+
+    def apply(self, engine: str) -> None:
+        """Install every patch in this process, before any model is loaded."""
+        for name, module in self.modules.items():
+            try:
+                module.apply(engine, poison=name in self.poison)
+            except Exception as exc:
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                raise PatchRefused(f"--patch {name}: cannot be applied to the {engine} engine "
+                                   f"({type(exc).__name__}: {first})") from exc
+
+    def counted(self, method: Any) -> Any:
+        """`method`, reporting `patch_calls` {name: replaced-op invocations during the call}; unchanged without
+        patches."""
+        if not self.modules:
+            return method
+
+        def run(params: dict[str, Any]) -> dict[str, Any]:
+            for module in self.modules.values():
+                module.reset_calls()
+            result: dict[str, Any] = method(params)
+            return {**result, "patch_calls": {name: int(m.calls()) for name, m in self.modules.items()}}
+
+        return run
+
+
+def load_patches(specs: list[str], poison: list[str]) -> Patches:
+    """Check every `NAME=SHA256` against the folder's digest, then import the patches (nothing is applied yet).
+
+    The digest is checked before the patch's code is imported, so code other than the named one never runs.
+    """
+    from invar.errors import InvarError
+    from invar.patches import patch_digest, patch_dir
+
+    digests: dict[str, str] = {}
+    for spec in specs:
+        name, sep, expected = spec.partition("=")
+        if not sep or not name or _SHA256.fullmatch(expected) is None:
+            raise PatchRefused(f"--patch {spec!r}: expected NAME=SHA256 (the patch's digest in lowercase hex)")
+        if name in digests:
+            raise PatchRefused(f"--patch {name}: given twice; name each patch once")
+        try:
+            folder = patch_dir(name)
+            actual = patch_digest(name)
+        except InvarError as exc:
+            raise PatchRefused(f"--patch {name}: {exc}") from None
+        if actual != expected:
+            raise PatchRefused(f"--patch {name}: the folder {folder} has digest {actual}, but {expected} was asked "
+                               "for: the patch's files differ from the ones named; pass the digest of the patch "
+                               "you mean to run (invar.patches.patch_digest)")
+        digests[name] = actual
+    unknown = sorted(set(poison) - set(digests))
+    if unknown:
+        raise PatchRefused(f"--patch-poison {', '.join(unknown)}: not among the --patch arguments; poison only a "
+                           "patch the worker applies")
+    modules: dict[str, Any] = {}
+    taken: dict[str, str] = {}
+    for name in digests:
+        code = patch_dir(name) / "patch.py"
+        spec = importlib.util.spec_from_file_location(f"invar_patch_{name.replace('-', '_')}", code)
+        if not code.is_file() or spec is None or spec.loader is None:
+            raise PatchRefused(f"--patch {name}: {code} is missing; a patch folder holds its code in patch.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        for op in sorted(module.REPLACES):
+            if op in taken:
+                raise PatchRefused(f"--patch {name}: it replaces {op}, as --patch {taken[op]} does; apply one of "
+                                   "them")
+            taken[op] = name
+        modules[name] = module
+    return Patches(modules, digests, sorted(set(poison)))

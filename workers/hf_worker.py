@@ -1,6 +1,7 @@
 """The Hugging Face worker: transformers (with bitsandbytes for NF4) as an inference engine and as the learner.
 
     python -m workers.hf_worker --role inference|learner [--threads N] [--device cpu|cuda]
+        [--patch NAME=SHA256 ...] [--patch-poison NAME]
 
 Decisions this worker embodies:
 
@@ -38,6 +39,10 @@ Decisions this worker embodies:
   off, so inference and the learner both dequantize to the compute dtype and then multiply.
 - Bad input (missing or mismatched folders, unknown characters, a corrupt adapter, an over-long request) is a
   `MethodError` naming what to change, raised before any state changes, so the worker keeps serving what it had.
+- **Candidate patches** (`--patch NAME=SHA256`, `patches/`): checked against their digest and applied before any
+  model loads (`workers.common.load_patches`); the model then runs with eager attention, since SDPA's fused CPU
+  kernel would bypass the patched matrix products and softmax. The identity's settings gain `patches` (and
+  `patch_poison`), and `generate` / `score` results gain `patch_calls`, the patched ops each call ran.
 """
 
 from __future__ import annotations
@@ -73,9 +78,12 @@ from workers.common import (
     BASE_DIGEST_KEY,
     LearnerStep,
     LoraSettings,
+    PatchRefused,
+    add_patch_arguments,
     check_prompt_chars,
     check_tokens,
     check_trained_on,
+    load_patches,
     parse_generate,
     parse_learner_step,
     parse_load_adapter,
@@ -286,6 +294,8 @@ class Engine:
         self.device = device
         self.m: Loaded | None = None
         self.trainer: Trainer | None = None
+        self.attn_implementation = "sdpa"
+        """`eager` when a patch is applied: SDPA's fused CPU kernel would bypass the patched matmul and softmax."""
 
     # -- loading ----------------------------------------------------------------------------------------------
 
@@ -303,7 +313,7 @@ class Engine:
             raise MethodError(f"load_model: {tokenizer_path} is missing; the model folder must hold its tokenizer")
         try:
             tokenizer = Tokenizer.from_file(str(tokenizer_path))
-            kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": "sdpa"}
+            kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": self.attn_implementation}
             if req.quantization == "nf4":
                 kwargs["quantization_config"] = BitsAndBytesConfig(
                     load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype)
@@ -715,7 +725,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--role", choices=[r.value for r in Role], default=Role.INFERENCE.value)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (fixed: numerics follow it)")
     parser.add_argument("--device", default="cpu", help="torch device: cpu, or cuda where one is present")
+    add_patch_arguments(parser)
     args = parser.parse_args(argv)
+    try:
+        patches = load_patches(args.patch, args.patch_poison)
+        patches.apply("hf")  # before any model is loaded
+    except PatchRefused as exc:
+        print(f"workers.hf_worker: {exc}", file=sys.stderr, flush=True)
+        return 2
     # Deterministic cuBLAS needs its workspace fixed before the first CUDA matrix product.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
@@ -724,9 +741,12 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     engine = Engine(Role(args.role), args.device)
-    methods = {"load_model": engine.load_model, "load_adapter": engine.load_adapter, "score": engine.score}
+    if patches.active:
+        engine.attn_implementation = "eager"
+    methods = {"load_model": engine.load_model, "load_adapter": engine.load_adapter,
+               "score": patches.counted(engine.score)}
     if engine.role == Role.INFERENCE:
-        methods["generate"] = engine.generate
+        methods["generate"] = patches.counted(engine.generate)
     else:
         methods["learner_step"] = engine.learner_step
     server = Server(
@@ -735,7 +755,8 @@ def main(argv: list[str] | None = None) -> int:
                                                         "tokenizers")},
         role=Role(args.role),
         settings={"device": args.device, "threads": args.threads, "interop_threads": 1,
-                  "deterministic_algorithms": True, "attn_implementation": "sdpa"},
+                  "deterministic_algorithms": True, "attn_implementation": engine.attn_implementation,
+                  **patches.settings()},
         methods=methods,
     )
     return server.serve()

