@@ -238,11 +238,13 @@ class Settings:
     seed: int
 
     def identity(self) -> dict[str, Any]:
+        # Unset values are left out rather than reported as null, which a TOML declaration cannot state.
+        optional = {} if self.max_model_len is None else {"max_model_len": self.max_model_len}
         return {
+            **optional,
             "device": self.device,
             "logprobs_mode": LOGPROBS_MODE,
             "prompt_logprobs": "temperature 1 from vLLM; rescaled to T by the worker (float64, rounded once)",
-            "max_model_len": self.max_model_len,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "max_num_seqs": self.max_num_seqs,
             "enable_prefix_caching": False,
@@ -253,8 +255,8 @@ class Settings:
             "enforce_eager": self.enforce_eager,
             "engine_seed": self.seed,
             "top_p": "1 only (processed log-probabilities are renormalized after top-p)",
-            "env": {k: os.environ.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_BATCH_INVARIANT",
-                                                    "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")},
+            "env": {k: os.environ[k] for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_BATCH_INVARIANT",
+                                                "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES") if k in os.environ},
         }
 
 
