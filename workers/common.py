@@ -64,6 +64,9 @@ class LoadModel:
     quantization: str
     adapter_path: str | None
     adapter_digest: str | None
+    adapter_resume: bool = False
+    """A learner continues training the adapter: it restores the optimizer state saved with it (a training
+    checkpoint: `invar.loop.checkpoint`)."""
 
 
 def parse_load_model(params: dict[str, Any], dtypes: tuple[str, ...], quantizations: tuple[str, ...]) -> LoadModel:
@@ -81,12 +84,20 @@ def parse_load_model(params: dict[str, Any], dtypes: tuple[str, ...], quantizati
                           f"use one of {list(quantizations)}")
     adapter = params.get("adapter")
     a_path = a_digest = None
+    resume = False
     if adapter is not None:
         if not isinstance(adapter, dict):
-            raise MethodError(f"{where}.adapter: expected {{path, digest}} or null")
+            raise MethodError(f"{where}.adapter: expected {{path, digest[, resume]}} or null")
+        unknown = sorted(set(adapter) - {"path", "digest", "resume"})
+        if unknown:
+            raise MethodError(f"{where}.adapter: unknown field {unknown[0]!r}; an adapter is {{path, digest, "
+                              "resume}")
         a_path = _get(adapter, "path", str, f"{where}.adapter")
         a_digest = adapter.get("digest")
-    return LoadModel(model_dir, digest, dtype, quant, a_path, a_digest)
+        resume = adapter.get("resume", False)
+        if not isinstance(resume, bool):
+            raise MethodError(f"{where}.adapter.resume: expected true or false")
+    return LoadModel(model_dir, digest, dtype, quant, a_path, a_digest, resume)
 
 
 _ADAPTER_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
@@ -224,6 +235,9 @@ class ObjectiveParams:
     clip_low: float
     clip_high: float
     kl_coef: float
+    importance: str = "none"
+    """`none`, `truncate` (w ← min(w, cap)) or `mask` (w ← 0 where w > cap): `invar.loop.objective`."""
+    importance_cap: float | None = None
 
 
 @dataclass(frozen=True)
@@ -301,11 +315,21 @@ def parse_learner_step(params: dict[str, Any]) -> LearnerStep:
         raise MethodError(f"{where}.temperature: must be > 0 (the rollout temperature the behavior was "
                           "drawn at)")
     o = _map(params, "objective", where)
+    importance = o.get("importance", "none")
+    if importance not in ("none", "truncate", "mask"):
+        raise MethodError(f"{where}.objective.importance: {importance!r}; use none, truncate or mask")
+    cap = o.get("importance_cap")
+    if (importance == "none") != (cap is None):
+        raise MethodError(f"{where}.objective.importance_cap: give a cap exactly when importance is truncate or "
+                          "mask")
     objective = ObjectiveParams(_num(o, "clip_low", f"{where}.objective"),
                                 _num(o, "clip_high", f"{where}.objective"),
-                                _num(o, "kl_coef", f"{where}.objective", default=0.0))
+                                _num(o, "kl_coef", f"{where}.objective", default=0.0), importance,
+                                None if cap is None else _num(o, "importance_cap", f"{where}.objective"))
     if not 0 <= objective.clip_low < 1 or objective.clip_high < 0 or objective.kl_coef < 0:
         raise MethodError(f"{where}.objective: need 0 ≤ clip_low < 1, clip_high ≥ 0, kl_coef ≥ 0")
+    if objective.importance_cap is not None and objective.importance_cap <= 1:
+        raise MethodError(f"{where}.objective.importance_cap: must be above 1 (weights of 1 are never cut)")
     if objective.kl_coef != 0 and any(s.reference is None for s in samples):
         raise MethodError(f"{where}: objective.kl_coef is not 0, so every sample needs reference_logprobs")
     p = _map(params, "optimizer", where)

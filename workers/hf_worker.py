@@ -18,22 +18,31 @@ Decisions this worker embodies:
   log_softmax(logits/T) in float32 at the drawn token, before the top-p truncation. T = 0 is greedy (first
   maximum) and its logprobs are at T = 1. Each request has its own `torch.Generator` seeded by the request's seed,
   used for nothing else, so what shares its batch cannot change which uniforms it consumes.
-- **LoRA is applied by a small layer of this worker** (y = base(x) + (alpha/r)·B(A(x)), PEFT's formula), not by
-  PEFT's model wrapper, so adapters can be loaded, replaced and switched per call without PEFT's multi-adapter
-  state. Files are read and written in PEFT's format (`adapter_config.json` + `adapter_model.safetensors`, keys
-  `base_model.model.<module>.lora_A.weight`), so PEFT and vLLM read them. The adapter's weights are float32 whatever
-  the base (FP32, BF16 or NF4). The saved file records the base model's tree digest in its safetensors metadata,
-  and an adapter made for another base is refused.
+- **LoRA runs through peft**: the first adapter wraps the model with `get_peft_model` (a `LoraConfig` per adapter,
+  targeting exactly the modules the adapter's file adapts), later ones are added with `add_adapter`, a call selects
+  its adapter with `set_adapter` or the base model with `disable_adapter`, and a replaced adapter is dropped with
+  `delete_adapter` (peft's names are the worker's own, `invar<n>`, so any name a caller gives is safe). peft's LoRA
+  layer computes y = base(x) + B(A(x))·alpha/r in the adapter's float32, as the worker's own layer did before it
+  (tests/workers/hf/test_hf_peft.py shows every log-probability and the saved weights unchanged by the switch). Each
+  folder is read and checked by the worker first (PEFT's format, shapes, the base model's digest in the weights'
+  metadata), then its tensors are copied into peft's layers. The adapter's weights are float32 whatever the base
+  (FP32, BF16 or NF4).
 - **Adapter names in calls**: null is the model as loaded (the adapter given to `load_model`, or on the learner the
   adapter being trained; the base model if there is none), `"base"` is the base model alone, any other name is one
   given to `load_adapter`.
 - **The learner** scores the engine's sampled tokens itself in one teacher-forced forward (right padded) with
   autograd on; those values, taken with the weights the update starts from, are the proximal log-probabilities.
   The objective is `invar.loop.objective`'s, computed per token in float32 (importance weight exp(proximal −
-  behavior), exactly 1 where they are equal); the reported terms sum those float32 values in float64 as the core
-  does. One AdamW step on the adapter's float32 parameters follows. The optimizer state persists across
-  `learner_step` calls while the same adapter is trained (one update per cycle follows another); `load_model`
-  starts a new adapter and a new optimizer state. LoRA dropout must be 0, so the first step's ratio is exactly 1.
+  behavior), exactly 1 where they are equal, then truncated or masked at the cap when asked); the reported terms sum
+  those float32 values in float64 as the core does. One AdamW step on the adapter's float32 parameters follows. The
+  optimizer state persists across `learner_step` calls while the same adapter is trained (one update per cycle
+  follows another); `load_model` starts a new adapter and a new optimizer state, or, with `adapter.resume`, restores
+  the state saved with the checkpoint. LoRA dropout must be 0, so the first step's ratio is exactly 1.
+- **Checkpoints** (`invar.loop.checkpoint`) are written atomically: peft's `LoraConfig.save_pretrained` writes the
+  config and `get_peft_model_state_dict` gives the weights, saved with the base model's tree digest in their
+  metadata (not `PeftModel.save_pretrained`, which also writes a model card naming local paths, puts each adapter
+  but "default" in a subfolder and has no place for that metadata); AdamW's moments go beside them, then the
+  manifest, then one rename.
 - **One NF4 path.** bitsandbytes repacks NF4 weights for a CPU kernel in eval mode on CPUs with AVX512-BF16, and
   that kernel has no backward (the learner's adapter would silently get no gradient). The worker turns the repacking
   off, so inference and the learner both dequantize to the compute dtype and then multiply.
@@ -61,9 +70,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from torch import nn
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
@@ -71,9 +81,9 @@ from transformers.cache_utils import DynamicCache
 from transformers.utils import logging as hf_logging
 
 from invar import __version__, canonical
+from invar.loop.checkpoint import MANIFEST, MOMENTS, OPTIMIZER_WEIGHTS, save_atomically
 from invar.protocol import MethodError, Role, Server
 from workers.common import (
-    ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     BASE_DIGEST_KEY,
     LearnerStep,
@@ -96,7 +106,7 @@ from workers.common import (
 
 PEFT_PREFIX = "base_model.model."
 LOADED = "@loaded"
-"""Internal key of the adapter a call names with null: the one `load_model` loaded, or the one being trained."""
+"""Internal name of the adapter a call names with null: the one `load_model` loaded, or the one being trained."""
 _KEY = re.compile(r"base_model\.model\.(.+)\.lora_([AB])(?:\.default)?\.weight")
 
 
@@ -105,47 +115,35 @@ _KEY = re.compile(r"base_model\.model\.(.+)\.lora_([AB])(?:\.default)?\.weight")
 
 @dataclass
 class Adapter:
-    """A LoRA adapter held in memory: per module name, A [r, in] and B [out, r], float32."""
+    """A LoRA adapter: per module name, A [r, in] and B [out, r], float32 (once installed, peft's own parameters)."""
 
     weights: dict[str, tuple[Any, Any]]
     r: int
     alpha: float
     target_modules: list[str]
+    """As its config names them (written back when it is saved)."""
     digest: str | None
     """Tree digest of the folder it was read from or last saved to; None for a fresh, unsaved adapter."""
+    key: str = ""
+    """peft's name for it, once installed."""
 
     @property
     def scaling(self) -> float:
         return self.alpha / self.r
 
 
-class LoraLinear(nn.Module):
-    """A linear layer (float or NF4) plus the active LoRA adapter's low-rank update, if any."""
-
-    def __init__(self, base: nn.Linear) -> None:
-        super().__init__()
-        self.base = base
-        self.in_features = base.in_features
-        self.out_features = base.out_features
-        self.adapters: dict[str, tuple[torch.Tensor, torch.Tensor, float]] = {}
-        self.active: str | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y: torch.Tensor = self.base(x)
-        if self.active is None or self.active not in self.adapters:
-            return y
-        a, b, scaling = self.adapters[self.active]
-        # PEFT's order of operations: B(A(x)) then the scale, in the adapter's float32.
-        update = F.linear(F.linear(x.to(a.dtype), a), b) * scaling
-        return y + update.to(y.dtype)
+def _base_layer(module: Any) -> Any:
+    """A module's own linear layer: the one peft wraps, or the module itself."""
+    return module.get_base_layer() if isinstance(module, LoraLayer) else module
 
 
 def _target_names(model: Any, targets: list[str]) -> list[str]:
     """Module names a LoRA `target_modules` list selects (PEFT's rule: the name or its last components), in order."""
     names = []
     for name, module in model.named_modules():
-        base = module.base if isinstance(module, LoraLinear) else module
-        if name.endswith(".base") or "lm_head" in name or not isinstance(base, nn.Linear):
+        if ".base_layer" in name or ".lora_" in name or "lm_head" in name:
+            continue
+        if not isinstance(_base_layer(module), nn.Linear):
             continue
         if any(name == t or name.endswith("." + t) for t in targets):
             names.append(name)
@@ -168,7 +166,7 @@ def _read_adapter(path: str, digest: str, model: Any, model_digest: str, where: 
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise MethodError(f"{where}: {weights_path} cannot be read ({exc}); the adapter is corrupt") from None
     check_trained_on(metadata, model_digest, path, where)
-    modules = dict(model.named_modules())
+    modules = {name: _base_layer(module) for name, module in model.named_modules()}
     pairs: dict[str, dict[str, Any]] = {}
     for key, tensor in tensors.items():
         m = _KEY.fullmatch(key)
@@ -179,8 +177,6 @@ def _read_adapter(path: str, digest: str, model: Any, model_digest: str, where: 
     weights: dict[str, tuple[Any, Any]] = {}
     for name, ab in sorted(pairs.items()):
         module = modules.get(name)
-        if isinstance(module, LoraLinear):
-            module = module.base
         if module is None or not isinstance(module, nn.Linear):
             raise MethodError(f"{where}: adapter {path!r} targets module {name!r}, which this model does not have: "
                               "the adapter is for another base model")
@@ -200,39 +196,17 @@ def _read_adapter(path: str, digest: str, model: Any, model_digest: str, where: 
     return Adapter(weights, r, float(alpha), sorted(str(t) for t in targets), digest)
 
 
-def _adapter_state(adapter: Adapter) -> dict[str, Any]:
-    """PEFT's key names, in a fixed order."""
-    out: dict[str, Any] = {}
-    for name in sorted(adapter.weights):
-        a, b = adapter.weights[name]
-        out[f"{PEFT_PREFIX}{name}.lora_A.weight"] = a.detach().to("cpu").contiguous()
-        out[f"{PEFT_PREFIX}{name}.lora_B.weight"] = b.detach().to("cpu").contiguous()
-    return out
-
-
-def _write_adapter(adapter: Adapter, folder: Path, model_digest: str) -> dict[str, Any]:
-    """Write the adapter in PEFT's format; the bytes depend only on the weights and settings (no paths, no times)."""
-    config = {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "r": adapter.r,
-        "lora_alpha": adapter.alpha,
-        "lora_dropout": 0.0,
-        "target_modules": adapter.target_modules,
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "use_rslora": False,
-        "use_dora": False,
-        "modules_to_save": None,
-        "init_lora_weights": True,
-        "inference_mode": True,
-        "base_model_name_or_path": None,
-    }
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    state = _adapter_state(adapter)
-    save_file(state, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt", BASE_DIGEST_KEY: model_digest})
-    return {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")} for k, v in state.items()}
+def _write_checkpoint(folder: Path, state: dict[str, Any], moments: dict[str, Any], adapter: Adapter,
+                      model_digest: str) -> None:
+    """The checkpoint's files (into the temporary folder `save_atomically` gives): peft's config, the weights with
+    the base model's digest in their metadata, AdamW's moments. The bytes depend only on the weights and settings
+    (no paths, no times)."""
+    LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=adapter.target_modules, lora_dropout=0.0,
+               bias="none", task_type="CAUSAL_LM", inference_mode=True).save_pretrained(str(folder))
+    # One metadata key: safetensors writes its metadata map in a random order per process, so two keys would give
+    # the same adapter two spellings (two digests).
+    save_file(state, str(folder / ADAPTER_WEIGHTS), metadata={BASE_DIGEST_KEY: model_digest})
+    save_file(moments, str(folder / OPTIMIZER_WEIGHTS))
 
 
 # -- the engine -----------------------------------------------------------------------------------------------------
@@ -265,6 +239,9 @@ class Trainer:
 
     adapter: Adapter
     params: list[Any]
+    """peft's LoRA parameters of the adapter, by module name in sorted order, A then B."""
+    names: list[str]
+    """Each parameter's tensor name in PEFT's saved format."""
     optimizer: Any = None
     steps: int = 0
 
@@ -283,8 +260,8 @@ class Loaded:
     pad_id: int
     vocab_size: int
     max_len: int
-    layers: dict[str, Any] = field(default_factory=dict)
-    """Module name → LoraLinear, for every module any adapter targets."""
+    peft: Any = None
+    """The `PeftModel` wrapping `model` once an adapter is installed (peft injects its LoRA layers into `model`)."""
     adapters: dict[str, Adapter] = field(default_factory=dict)
 
 
@@ -294,6 +271,8 @@ class Engine:
         self.device = device
         self.m: Loaded | None = None
         self.trainer: Trainer | None = None
+        self.installed = 0
+        """Adapters installed so far: peft's next adapter name is `invar<installed>`."""
         self.attn_implementation = "sdpa"
         """`eager` when a patch is applied: SDPA's fused CPU kernel would bypass the patched matmul and softmax."""
 
@@ -349,14 +328,24 @@ class Engine:
         if req.adapter_path is not None:
             a_digest = verify_dir(req.adapter_path, req.adapter_digest, "adapter")
             adapter = _read_adapter(req.adapter_path, a_digest, model, digest, "load_model.adapter")
+        if req.adapter_resume and self.role != Role.LEARNER:
+            raise MethodError("load_model.adapter.resume: only a learner continues training an adapter")
+        moments = None
+        if req.adapter_resume:
+            assert req.adapter_path is not None
+            assert adapter is not None
+            moments = _read_moments(Path(req.adapter_path), adapter)
         # Everything is checked: now replace what was loaded.
         self.m, self.trainer = loaded, None
         if adapter is not None:
             self._install(LOADED, adapter)
             if self.role == Role.LEARNER:
                 self._train(adapter)
+                if moments is not None:
+                    self._restore(*moments)
         return {"model_digest": digest, "adapter_digest": None if adapter is None else adapter.digest,
-                "vocab_size": loaded.vocab_size, "eos_token_id": min(eos_ids), "max_model_len": loaded.max_len}
+                "vocab_size": loaded.vocab_size, "eos_token_id": min(eos_ids), "max_model_len": loaded.max_len,
+                **({"optimizer_steps": self.trainer.steps} if self.trainer is not None else {})}
 
     def load_adapter(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.loaded("load_adapter")
@@ -367,22 +356,29 @@ class Engine:
         return {"name": name, "adapter_digest": actual}
 
     def _install(self, name: str, adapter: Adapter) -> None:
+        """Add `adapter` to peft under a fresh name and copy its tensors in; drop the adapter `name` replaces."""
         m = self.loaded("load_adapter")
+        key = f"invar{self.installed}"
+        config = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=sorted(adapter.weights),
+                            lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+        if m.peft is None:
+            m.peft = get_peft_model(m.model, config, adapter_name=key)
+        else:
+            m.peft.add_adapter(key, config)
+        self.installed += 1
         modules = dict(m.model.named_modules())
-        for module_name in adapter.weights:
-            if module_name not in m.layers:
-                parent_name, _, child = module_name.rpartition(".")
-                layer = LoraLinear(modules[module_name])
-                setattr(modules[parent_name] if parent_name else m.model, child, layer)
-                m.layers[module_name] = layer
-        for module_name, layer in m.layers.items():
-            layer.adapters.pop(name, None)
-            if module_name in adapter.weights:
-                a, b = adapter.weights[module_name]
-                layer.adapters[name] = (a.to(self.device), b.to(self.device), adapter.scaling)
-        adapter.weights = {k: (layer.adapters[name][0], layer.adapters[name][1])
-                           for k, layer in m.layers.items() if name in layer.adapters}
+        with torch.no_grad():
+            for module_name, (a, b) in sorted(adapter.weights.items()):
+                layer = modules[module_name]
+                layer.lora_A[key].weight.copy_(a)
+                layer.lora_B[key].weight.copy_(b)
+        adapter.weights = {k: (modules[k].lora_A[key].weight, modules[k].lora_B[key].weight)
+                           for k in sorted(adapter.weights)}
+        old = m.adapters.get(name)
+        adapter.key = key
         m.adapters[name] = adapter
+        if old is not None:
+            m.peft.delete_adapter(old.key)
 
     def _key(self, name: Any, where: str) -> str | None:
         """The internal adapter key a call's adapter name selects; None is the base model."""
@@ -399,14 +395,16 @@ class Engine:
 
     @contextlib.contextmanager
     def active(self, key: str | None) -> Iterator[None]:
+        """Run with the adapter `key` names (`set_adapter`), or with none (`disable_adapter`: the base model)."""
         m = self.loaded("call")
-        for layer in m.layers.values():
-            layer.active = key
-        try:
+        if m.peft is None:
             yield
-        finally:
-            for layer in m.layers.values():
-                layer.active = None
+        elif key is None:
+            with m.peft.disable_adapter():
+                yield
+        else:
+            m.peft.set_adapter(m.adapters[key].key)
+            yield
 
     # -- tokens -----------------------------------------------------------------------------------------------
 
@@ -546,16 +544,25 @@ class Engine:
     # -- the learner ------------------------------------------------------------------------------------------
 
     def _train(self, adapter: Adapter) -> None:
-        """Make `adapter` the one under training: its A and B become parameters; a new optimizer state."""
-        m = self.loaded("learner_step")
-        params = []
-        for name in sorted(adapter.weights):
-            a, b = (nn.Parameter(t.detach().clone()) for t in adapter.weights[name])
-            m.layers[name].adapters[LOADED] = (a, b, adapter.scaling)
-            adapter.weights[name] = (a, b)
+        """Make the installed `adapter` the one under training (peft's parameters); a new optimizer state."""
+        params, names = [], []
+        for module in sorted(adapter.weights):
+            a, b = adapter.weights[module]
             params += [a, b]
-        m.adapters[LOADED] = adapter
-        self.trainer = Trainer(adapter, params)
+            names += [f"{PEFT_PREFIX}{module}.lora_A.weight", f"{PEFT_PREFIX}{module}.lora_B.weight"]
+        self.trainer = Trainer(adapter, params, names)
+
+    def _restore(self, moments: dict[str, Any], steps: int) -> None:
+        """AdamW continuing from a checkpoint: its moments for every parameter and its step count."""
+        trainer = self.trainer
+        assert trainer is not None
+        trainer.optimizer = torch.optim.AdamW(trainer.params)
+        for param, name in zip(trainer.params, trainer.names, strict=True):
+            trainer.optimizer.state[param] = {
+                "step": torch.tensor(float(steps), dtype=torch.float32),
+                "exp_avg": moments[f"{name}.exp_avg"].to(param.device).clone(),
+                "exp_avg_sq": moments[f"{name}.exp_avg_sq"].to(param.device).clone()}
+        trainer.steps = steps
 
     def _fresh(self, lora: LoraSettings, seed: int) -> None:
         """A new adapter with PEFT's default init: A kaiming-uniform from a generator seeded by `seed`, B zero."""
@@ -573,7 +580,7 @@ class Engine:
             torch.nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=g)
             weights[name] = (a, torch.zeros((module.out_features, lora.r), dtype=torch.float32))
         adapter = Adapter(weights, lora.r, lora.alpha, sorted(lora.target_modules), None)
-        self._install(LOADED, adapter)
+        self._install(LOADED, adapter)  # peft's own init is overwritten by this seeded one
         self._train(adapter)
 
     def learner_step(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -628,7 +635,17 @@ class Engine:
         trainer.optimizer.zero_grad(set_to_none=True)
         trainer.steps += 1
 
-        tensors = _write_adapter(trainer.adapter, save_dir, m.model_digest)
+        assert m.peft is not None
+        state = {k: v.detach().to("cpu").contiguous()
+                 for k, v in get_peft_model_state_dict(m.peft, adapter_name=trainer.adapter.key).items()}
+        if sorted(state) != sorted(trainer.names):
+            raise RuntimeError(f"peft's state dict names {sorted(state)[:2]}…, not the adapter's tensors")
+        moments = {f"{name}.{moment}": trainer.optimizer.state[p][moment].detach().to("cpu").contiguous()
+                   for p, name in zip(trainer.params, trainer.names, strict=True) for moment in MOMENTS}
+        save_atomically(save_dir, lambda tmp: _write_checkpoint(tmp, state, moments, trainer.adapter,
+                                                                m.model_digest), optimizer_steps=trainer.steps)
+        tensors = {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
+                   for k, v in state.items()}
         trainer.adapter.digest = canonical.tree_digest(str(save_dir))
         return {
             "proximal_logprobs": [c.detach().cpu().numpy().astype(np.float32) for c in current],
@@ -664,6 +681,29 @@ class Engine:
         return out
 
 
+def _read_moments(folder: Path, adapter: Adapter) -> tuple[dict[str, Any], int]:
+    """AdamW's moments saved with a checkpoint and its step count (from the manifest); a folder without them is
+    refused, since there is no state to resume."""
+    where = "load_model.adapter.resume"
+    try:
+        steps = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["optimizer_steps"]
+        moments = load_file(str(folder / OPTIMIZER_WEIGHTS))
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as exc:
+        raise MethodError(f"{where}: {folder} holds no readable optimizer state ({type(exc).__name__}: {exc}); "
+                          "resume from a training checkpoint, which keeps its manifest and optimizer.safetensors")\
+            from None
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise MethodError(f"{where}: {folder / MANIFEST} records optimizer_steps {steps!r}; expected an integer ≥ 1")
+    for module in adapter.weights:
+        for which in ("A", "B"):
+            for moment in MOMENTS:
+                name = f"{PEFT_PREFIX}{module}.lora_{which}.weight.{moment}"
+                if name not in moments or moments[name].dtype != torch.float32:
+                    raise MethodError(f"{where}: {folder / OPTIMIZER_WEIGHTS} lacks float32 {name}; the optimizer "
+                                      "state is not this adapter's")
+    return moments, steps
+
+
 def _draw(lp: Any, top_p: float, generator: Any) -> int:
     """One token from exp(lp), truncated to the smallest set of most likely tokens whose mass reaches top_p."""
     probs = lp.exp()
@@ -696,6 +736,9 @@ def _objective(current: list[Any], step: LearnerStep) -> dict[str, Any]:
         behavior = torch.as_tensor(s.behavior, device=c.device)
         a = torch.tensor(float(np.float32(s.advantage)), dtype=torch.float32, device=c.device)
         w = torch.exp(proximal - behavior)  # the importance weight: FP32, exactly 1 where the two are equal
+        if o.importance_cap is not None:
+            cap = torch.tensor(float(np.float32(o.importance_cap)), dtype=torch.float32, device=c.device)
+            w = torch.minimum(w, cap) if o.importance == "truncate" else torch.where(w > cap, torch.zeros_like(w), w)
         r = torch.exp(c - proximal)  # the policy ratio: its value is exactly 1 here, its gradient is not 0
         surrogate = torch.minimum(r * a, torch.clamp(r, lo, hi) * a)
         policy_terms.append(-(w * surrogate))

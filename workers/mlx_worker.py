@@ -69,7 +69,16 @@ from tokenizers import Tokenizer
 
 from invar import __version__
 from invar.errors import InvarError
-from invar.loop.checkpoint import BASE_DIGEST_KEY, MLX_WEIGHTS, PEFT_WEIGHTS, inspect_adapter
+from invar.loop.checkpoint import (
+    BASE_DIGEST_KEY,
+    MANIFEST,
+    MLX_WEIGHTS,
+    MOMENTS,
+    OPTIMIZER_WEIGHTS,
+    PEFT_WEIGHTS,
+    inspect_adapter,
+    save_atomically,
+)
 from invar.protocol import MethodError, Role, Server
 from workers.common import (
     LoraSettings,
@@ -185,14 +194,24 @@ class Engine:
         adapter = None
         if req.adapter_path is not None:
             adapter = _read_adapter(req.adapter_path, req.adapter_digest, loaded, "load_model.adapter")
+        if req.adapter_resume and self.role is not Role.LEARNER:
+            raise MethodError("load_model.adapter.resume: only a learner continues training an adapter")
+        moments = None
+        if req.adapter_resume:
+            assert req.adapter_path is not None
+            assert adapter is not None
+            moments = _read_moments(Path(req.adapter_path), adapter)
         # Everything is checked: now replace what was loaded (a new model drops adapters and the trainee).
         loaded.loaded = adapter
         self.m, self.trainee = loaded, None
         if adapter is not None and self.role is Role.LEARNER:
             self.trainee = Trainee(adapter)
+            if moments is not None:
+                self.trainee.optimizer, self.trainee.steps = self.restore(adapter, *moments)
         return {"model_digest": digest, "adapter_digest": None if adapter is None else adapter.digest,
                 "vocab_size": loaded.vocab_size, "eos_token_id": min(eos_ids),
-                "max_model_len": loaded.max_len}
+                "max_model_len": loaded.max_len,
+                **({"optimizer_steps": self.trainee.steps} if self.trainee is not None else {})}
 
     def load_adapter(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.need("load_adapter")
@@ -381,6 +400,7 @@ class Engine:
         o = step.objective
         n = sum(int(s.tokens.size) for s in step.samples)
         lo, hi = float(np.float32(1.0 - o.clip_low)), float(np.float32(1.0 + o.clip_high))
+        cap = None if o.importance_cap is None else mx.array(np.float32(o.importance_cap))
 
         def sample_loss(ids: mx.array, start: int, tokens: mx.array, behavior: mx.array, reference: mx.array,
                         advantage: mx.array, with_kl: bool) -> tuple[mx.array, ...]:
@@ -388,6 +408,10 @@ class Engine:
             current = mx.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]
             proximal = mx.stop_gradient(current)
             w = mx.exp(proximal - behavior)  # the importance weight: exactly 1 where the two are equal
+            if o.importance == "truncate":
+                w = mx.minimum(w, cap)
+            elif o.importance == "mask":
+                w = mx.where(w > cap, mx.zeros_like(w), w)
             r = mx.exp(current - proximal)  # the ratio: its value is 1 here, its gradient is not 0
             policy = -(w * mx.minimum(r * advantage, mx.clip(r, lo, hi) * advantage))
             kl = mx.zeros_like(policy)
@@ -429,7 +453,7 @@ class Engine:
             lora = _module(m.model, module)
             trainee.adapter.weights[module] = (lora.lora_a, lora.lora_b)
 
-        tensors = self.save(trainee.adapter, save_dir)
+        tensors = self.save(trainee, save_dir)
         policy_mean = float(np.sum(np.concatenate(policy_terms), dtype=np.float64)) / n
         kl_mean = float(np.sum(np.concatenate(kl_terms), dtype=np.float64)) / n
         return {
@@ -468,20 +492,39 @@ class Engine:
         mx.eval(weights)
         return Adapter(weights, lora.r, lora.alpha / lora.r, lora.alpha, None)
 
-    def save(self, adapter: Adapter, folder: Path) -> dict[str, Any]:
-        """Write the adapter in both formats into `folder`, check it as the core will, and name it."""
+    def save(self, trainee: Trainee, folder: Path) -> dict[str, Any]:
+        """Write the checkpoint atomically into `folder` (the adapter in both formats, the optimizer's moments,
+        the manifest), check it as the core will, and name it."""
         m = self.need("learner_step")
-        mlx_tensors, peft_tensors = {}, {}
+        save_atomically(folder, lambda tmp: self.write(trainee, tmp), optimizer_steps=trainee.steps)
+        try:
+            checked = inspect_adapter(folder, m.model_dir, base_model_digest=m.model_digest)
+        except InvarError as exc:
+            raise RuntimeError(f"the saved adapter fails the core's check: {exc}") from None
+        trainee.adapter.digest = checked.digest
+        return checked.tensors
+
+    def write(self, trainee: Trainee, folder: Path) -> None:
+        """The checkpoint's files: PEFT's and mlx-lm's weights, one adapter_config.json, AdamW's moments."""
+        m = self.need("learner_step")
+        adapter = trainee.adapter
+        mlx_tensors, peft_tensors, moments = {}, {}, {}
         for module, (a, b) in sorted(adapter.weights.items()):
             mlx_tensors[f"{module}.lora_a"] = a
             mlx_tensors[f"{module}.lora_b"] = b
             # PEFT keeps A [r, in] and B [out, r]; the numpy copies make the transposes contiguous.
             peft_tensors[f"base_model.model.{module}.lora_A.weight"] = mx.array(np.array(a).T.copy())
             peft_tensors[f"base_model.model.{module}.lora_B.weight"] = mx.array(np.array(b).T.copy())
-        folder.mkdir(parents=True, exist_ok=True)
+            assert trainee.optimizer is not None
+            state = _module(trainee.optimizer.state, module)
+            for key, peft in (("lora_a", "lora_A"), ("lora_b", "lora_B")):
+                for moment, mlx_name in zip(MOMENTS, ("m", "v"), strict=True):
+                    value = np.array(state[key][mlx_name], dtype=np.float32).T.copy()
+                    moments[f"base_model.model.{module}.{peft}.weight.{moment}"] = mx.array(value)
         metadata = {"format": "pt", BASE_DIGEST_KEY: m.model_digest}
         mx.save_safetensors(str(folder / MLX_WEIGHTS), mlx_tensors, metadata=metadata)
         mx.save_safetensors(str(folder / PEFT_WEIGHTS), peft_tensors, metadata=metadata)
+        mx.save_safetensors(str(folder / OPTIMIZER_WEIGHTS), moments, metadata=metadata)
         short = sorted({name.rsplit(".", 1)[-1] for name in adapter.weights})
         config = {
             # PEFT's keys (read by peft, vLLM and this worker)
@@ -496,12 +539,23 @@ class Engine:
         }
         (folder / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n",
                                                     encoding="utf-8")
-        try:
-            checked = inspect_adapter(folder, m.model_dir, base_model_digest=m.model_digest)
-        except InvarError as exc:
-            raise RuntimeError(f"the saved adapter fails the core's check: {exc}") from None
-        adapter.digest = checked.digest
-        return checked.tensors
+
+    def restore(self, adapter: Adapter, moments: dict[str, tuple[mx.array, mx.array]],
+                steps: int) -> tuple[optim.AdamW, int]:
+        """An AdamW whose state is the checkpoint's: its moments for each adapter tensor and its step count.
+        The hyperparameters are set by each learner_step."""
+        m = self.need("load_model")
+        self.activate(adapter)
+        opt = optim.AdamW(learning_rate=0.0, bias_correction=True)
+        opt.init(m.model.trainable_parameters())
+        for module in adapter.weights:
+            state = _module(opt.state, module)
+            for key in ("lora_a", "lora_b"):
+                first, second = moments[f"{module}.{key}"]
+                state[key]["m"], state[key]["v"] = first, second
+        opt.state["step"] = mx.array(steps, dtype=mx.uint64)
+        mx.eval(opt.state)
+        return opt, steps
 
 
 def _read_adapter(path: str, digest: str | None, m: Loaded, where: str) -> Adapter:
@@ -562,11 +616,42 @@ def _nucleus(lp: mx.array, top_p: float) -> mx.array:
     return mx.where(keep_sorted[mx.argsort(order)], lp, -mx.inf)
 
 
-def _module(model: Any, path: str) -> Any:
-    obj = model
+def _module(tree: Any, path: str) -> Any:
+    """The node at a dotted module path in a model (attributes) or a parameter tree (dicts and lists)."""
+    obj = tree
     for part in path.split("."):
-        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+        if isinstance(obj, list | tuple):
+            obj = obj[int(part)]
+        elif isinstance(obj, dict):
+            obj = obj[part]
+        else:
+            obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
     return obj
+
+
+def _read_moments(folder: Path, adapter: Adapter) -> tuple[dict[str, tuple[mx.array, mx.array]], int]:
+    """AdamW's moments saved with a checkpoint, in MLX orientation per `<module>.lora_a|lora_b`, and the step
+    count from its manifest; a checkpoint without them is refused (there is no state to resume)."""
+    where = "load_model.adapter.resume"
+    try:
+        steps = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["optimizer_steps"]
+        arrays = mx.load(str(folder / OPTIMIZER_WEIGHTS))
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise MethodError(f"{where}: {folder} holds no readable optimizer state ({type(exc).__name__}: {exc}); "
+                          "resume from a training checkpoint, which keeps its manifest and optimizer.safetensors")\
+            from None
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise MethodError(f"{where}: {folder / MANIFEST} records optimizer_steps {steps!r}; expected an integer ≥ 1")
+    out: dict[str, tuple[mx.array, mx.array]] = {}
+    for module in adapter.weights:
+        for key, peft in (("lora_a", "lora_A"), ("lora_b", "lora_B")):
+            names = [f"base_model.model.{module}.{peft}.weight.{moment}" for moment in MOMENTS]
+            if not all(n in arrays for n in names):
+                raise MethodError(f"{where}: {folder / OPTIMIZER_WEIGHTS} lacks {names[0]}; the optimizer state is "
+                                  "not this adapter's")
+            out[f"{module}.{key}"] = (arrays[names[0]].astype(mx.float32).T, arrays[names[1]].astype(mx.float32).T)
+    mx.eval(out)
+    return out, steps
 
 
 # -- process -----------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pytest
 from hf_calls import bit_identical, generate, max_abs_diff, score
 
 from invar import canonical
-from invar.loop.checkpoint import check_adapter
+from invar.loop.checkpoint import check_checkpoint
 from invar.loop.objective import ObjectiveSettings, group_advantages, loss_terms
 from invar.protocol import WorkerClient
 from invar.tasks import Problem, Vocabulary
@@ -140,10 +140,12 @@ def test_the_saved_adapter_passes_the_core_checkpoint_check(stepped: Stepped, mo
                                                              model_digest: str) -> None:
     res = stepped.result
     folder = Path(res["adapter_dir"])
-    assert sorted(p.name for p in folder.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert sorted(p.name for p in folder.iterdir()) == ["adapter_config.json", "adapter_model.safetensors",
+                                                         "invar-manifest.json", "optimizer.safetensors"]
     assert res["adapter_digest"] == canonical.tree_digest(str(folder))
-    checked = check_adapter(folder, model_dir, reported_digest=res["adapter_digest"],
-                            reported_tensors=res["adapter_tensors"], base_model_digest=model_digest)
+    checked = check_checkpoint(folder, model_dir, reported_digest=res["adapter_digest"],
+                               reported_tensors=res["adapter_tensors"], reported_steps=res["optimizer_steps"],
+                               base_model_digest=model_digest).adapter
     assert checked.rank == LORA["r"]
     assert checked.scale == LORA["alpha"] / LORA["r"]
     assert res["start_adapter_digest"] is None

@@ -1,0 +1,120 @@
+"""The HF worker's LoRA runs through peft (LoraConfig, get_peft_model, set_adapter, disable_adapter, the config's
+save_pretrained) since it replaced the worker's own LoRA layer; this test shows that the switch changed no number.
+
+The reference values below were produced by the worker's own LoRA layer (the commit before the switch) on this
+machine's CPU build (torch 2.13.0+cpu, one thread), for one fixed scenario: a seeded rollout, two learner steps from
+a fresh seeded adapter (FP32, and one on the NF4 base), the saved adapters reloaded and scored by an inference
+worker and by the learner, and a generation under the adapter. The peft worker reproduces every one of them bit for
+bit: the log-probabilities (proximal, scored, generated), the reported loss and gradient norm, and every tensor of
+the saved weights file (`adapter_model.safetensors`: the same names, dtypes, shapes and bytes).
+
+What differs, and why:
+- `adapter_config.json` is now written by peft's `LoraConfig.save_pretrained`, so it holds every LoraConfig field
+  (peft_version included) instead of the fourteen the worker wrote; readers (peft, vLLM, the MLX worker, the core's
+  check) read the same values from both.
+- The weights file's metadata holds only `invar_base_model_digest`, no longer also `"format": "pt"`: safetensors
+  writes its metadata map in a random order per process (a Rust HashMap), so with two keys the same adapter had two
+  spellings, hence two digests, about half the time (measured: 6 and 4 of 10 processes). With one key the file's
+  bytes are a function of the weights, which resuming a run to the same checkpoint digests needs.
+- The checkpoint also holds the optimizer's moments and a manifest (`invar.loop.checkpoint`), which the old worker
+  did not save.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hf_calls import generate, load_params, score
+
+from invar import canonical
+from invar.loop.checkpoint import BASE_DIGEST_KEY, PEFT_WEIGHTS, read_safetensors
+from invar.loop.objective import group_advantages
+from invar.protocol import WorkerClient
+from invar.tasks import Problem, Vocabulary
+from invar.tasks import score as task_score
+
+pytestmark = pytest.mark.engine
+
+GROUP = 4
+LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+OPTIMIZER = {"lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "max_grad_norm": 1.0}
+
+BASE = "088d6f1a26c9b6e97c3dde7a36b36b9a68899a5e8ede14f3d3bc05cf531da3f6"
+"""The shipped model's tree digest, which the weights file names in its metadata."""
+REFERENCE: dict[str, Any] = {
+    "rollout": "b8e52b2f5948b77d3d367edd923aab91284a0f470f277639fe2fd6d6b684a41e",
+    "fp32-step1": {"proximal": "d61d16ebe642c9b6b6acb52ec1a4d405dc4017a3957bab52a1808a5bc44f423c",
+                   "loss": -5.0484106458466626e-08, "grad_norm": 0.31403788924217224,
+                   "weights": "bb086b7ffc6bcfe134135972120b977415841b7d7c31da9ef93ec50d0f2fc771", "metadata": BASE},
+    "fp32-step2": {"proximal": "4bde8587ffd8a06e35003bb2acb253597d01a547bc6abcbbc96bbf0e983bfc94",
+                   "loss": -0.00560774651453037, "grad_norm": 0.14179176092147827,
+                   "weights": "deee375dc8b037eec278f3486294fee72e8b8113cbf960601d7f2021d83819e7", "metadata": BASE},
+    "nf4-step1": {"proximal": "a6c61c1609a2fe75da4fe02310248d8b20ab04fa65d73c723d0c7f43b6dd534f",
+                  "loss": -0.000344808887818764, "grad_norm": 0.07767434418201447,
+                  "weights": "4a0d0eeb92d62ae1420d906a2d372911a56f71192f0b9cd3e1cfdda0a6f7ae0e", "metadata": BASE},
+    "inference_score": "7524ee8d28cead1d6571d4eb45ec35c4c44071fa57bd83cdaf531b1bd7429886",
+    "learner_score": "7524ee8d28cead1d6571d4eb45ec35c4c44071fa57bd83cdaf531b1bd7429886",
+    "inference_generate": "3a52b82c201811c171ef414c1b80cc3a9b930f7490eae9e435b33ffe727352dc",
+}
+"""Produced by the worker's own LoRA layer before the switch to peft (see the module docstring)."""
+
+
+def digest(arrays: list[np.ndarray]) -> str:
+    return canonical.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in arrays))
+
+
+def tensors_digest(path: Path) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order: what a weights file holds, without
+    the order of its metadata map (which safetensors writes in a random order per process)."""
+    st = read_safetensors(path)
+    return canonical.digest([[name, info.dtype, list(info.shape), canonical.sha256(st.raw(name))]
+                             for name, info in sorted(st.tensors.items())])
+
+
+def scenario(inference: WorkerClient, learner: WorkerClient, nf4_learner: WorkerClient, problems: list[Problem],
+             vocab: Vocabulary, model_dir: Path, model_digest: str, folder: Path) -> dict[str, Any]:
+    """Every number the switch must leave unchanged, for one fixed scenario."""
+    hard = [p for p in problems if p.kind in ("mul", "muladd")][:8]
+    reqs = [{"request_id": f"{p.id}/{g}", "prompt": p.prompt, "seed": 20_000 + GROUP * i + g, "temperature": 1.0,
+             "top_p": 1.0, "max_tokens": 5} for i, p in enumerate(hard) for g in range(GROUP)]
+    outs = generate(inference, reqs)
+    rewards = np.array([1 - task_score(r["prompt"], vocab.decode(o["tokens"])) for r, o in zip(reqs, outs,
+                                                                                               strict=True)])
+    adv = group_advantages(rewards, GROUP)
+    samples = [{"prompt": r["prompt"], "tokens": o["tokens"], "behavior_logprobs": o["logprobs"],
+                "advantage": float(a)} for r, o, a in zip(reqs, outs, adv, strict=True)]
+    out: dict[str, Any] = {"rollout": digest([o["tokens"] for o in outs] + [o["logprobs"] for o in outs])}
+
+    def step(worker: WorkerClient, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = worker.call("learner_step", {
+            "samples": samples, "temperature": 1.0, "objective": {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0},
+            "optimizer": OPTIMIZER, "lora": LORA, "seed": 7, "save_dir": str(folder / name)})
+        out[name] = {"proximal": digest(result["proximal_logprobs"]), "loss": result["loss"],
+                     "grad_norm": result["grad_norm"],
+                     "weights": tensors_digest(folder / name / PEFT_WEIGHTS),
+                     "metadata": read_safetensors(folder / name / PEFT_WEIGHTS).metadata.get(BASE_DIGEST_KEY)}
+        return result
+
+    learner.call("load_model", load_params(model_dir, model_digest))
+    nf4_learner.call("load_model", load_params(model_dir, model_digest, "nf4"))
+    step(learner, "fp32-step1")
+    second = step(learner, "fp32-step2")
+    step(nf4_learner, "nf4-step1")
+    inference.call("load_adapter", {"name": "peft-switch", "path": second["adapter_dir"],
+                                    "digest": second["adapter_digest"]})
+    out["inference_score"] = digest([o["logprobs"] for o in score(inference, reqs, outs, adapter="peft-switch")])
+    out["learner_score"] = digest([o["logprobs"] for o in score(learner, reqs, outs)])
+    under = generate(inference, reqs, adapter="peft-switch")
+    out["inference_generate"] = digest([o["tokens"] for o in under] + [o["logprobs"] for o in under])
+    return out
+
+
+def test_the_switch_to_peft_changed_no_number(inference: WorkerClient, learner: WorkerClient,
+                                             nf4_learner: WorkerClient, problems: list[Problem], vocab: Vocabulary,
+                                             model_dir: Path, model_digest: str, tmp_path: Path) -> None:
+    got = scenario(inference, learner, nf4_learner, problems, vocab, model_dir, model_digest, tmp_path)
+    print(f"measured: {got}")
+    assert got == REFERENCE
