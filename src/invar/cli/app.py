@@ -11,7 +11,7 @@ import sys
 import typer
 
 from invar import __version__
-from invar.cli import evaluate, infer, inspect, keys, use
+from invar.cli import evaluate, infer, inspect, keys, train, use
 from invar.errors import InvarError
 
 app = typer.Typer(
@@ -26,6 +26,7 @@ app.add_typer(use.app, name="use")
 app.add_typer(keys.app, name="keys")
 app.command("infer")(infer.infer)
 app.command("evaluate")(evaluate.evaluate)
+app.command("train")(train.train)
 
 
 @app.command("version")

@@ -12,6 +12,7 @@ from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json
 from invar.records import RunStore
 
 app = typer.Typer(help="Look into what a run recorded.", no_args_is_help=True)
+app.command("history")(__import__("invar.cli.history", fromlist=["history"]).history)
 
 
 @app.command("records")

@@ -169,6 +169,7 @@ def engine_session(
     role: Role = Role.INFERENCE,
     expect: tuple[Mapping[str, str], Mapping[str, Any], str] | None = None,
     adapter_in_load: bool = False,
+    resume_training: bool = False,
     call_timeout: float | None = 1800.0,
     ready: Callable[[], object] = lambda: None,
 ) -> Iterator[Session]:
@@ -176,6 +177,8 @@ def engine_session(
 
     `expect` = (engine_version, settings, who): the identity the worker must declare, checked before any call.
     `adapter_in_load`: load the adapter with the model (as a contract's package does) instead of by name.
+    `resume_training` (a learner, with `adapter_in_load`): continue training the adapter, restoring the optimizer
+    state saved with it (a training checkpoint).
     `ready` is called after the identity check and before the first call (`use run` waits there until every
     package's worker has passed its check).
     """
@@ -188,7 +191,8 @@ def engine_session(
         ready()
         adapter_param = None
         if adapter_in_load and spec.adapter is not None:
-            adapter_param = {"path": str(spec.adapter.resolve()), "digest": adapter_digest}
+            adapter_param = {"path": str(spec.adapter.resolve()), "digest": adapter_digest,
+                             **({"resume": True} if resume_training else {})}
         loaded = client.call("load_model", {
             "model_dir": str(spec.model.resolve()), "model_digest": model_digest, "dtype": spec.dtype.value,
             "quantization": spec.quantization.value, "adapter": adapter_param,

@@ -1,0 +1,94 @@
+"""`invar train`: run the training loop of a configuration, keep every record, resume a stopped run.
+
+The loop lives in `invar.runner.train` (cycles, checks, publication, resume); this module parses options, shows
+progress and prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
+
+from invar.cli.common import JsonOpt, emit_json
+from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
+from invar.errors import InvarError
+from invar.loop.config import field_help, read_config
+from invar.records.store import is_run
+from invar.runner.engine import default_run_dir
+from invar.runner.options import check_sampling
+from invar.runner.train import Progress
+from invar.runner.train import train as run_training
+
+
+def train(
+    config: Annotated[Path, typer.Argument(help="The training configuration (TOML); see configs/.")],
+    run: Annotated[
+        Path | None, typer.Option("--run", help="Run directory; an existing run of this configuration is resumed. "
+                                                "Default: a fresh runs/train-<name>-<time>.")
+    ] = None,
+    call_timeout: CallTimeoutOpt = DEFAULT_CALL_TIMEOUT,
+    json_out: JsonOpt = False,
+) -> None:
+    check_sampling(temperature=0.0, top_p=1.0, max_tokens=1, call_timeout=call_timeout)
+    run_dir = run if run is not None else default_run_dir(f"train-{read_config(config).name}")
+    try:
+        with _progress() as show:
+            outcome = run_training(config, run_dir, call_timeout=call_timeout, progress=show)
+    except InvarError as exc:
+        if not is_run(run_dir):
+            raise
+        raise InvarError(f"{exc}. Every record so far is kept in {run_dir}; resume with: invar train {config} "
+                         f"--run {run_dir}") from None
+    if json_out:
+        emit_json(outcome.to_json())
+        return
+    if outcome.already_closed:
+        typer.echo(f"{run_dir}: the run is already complete; nothing to do")
+    else:
+        kept = f", {outcome.cycles_reused} kept from before" if outcome.cycles_reused else ""
+        typer.echo(f"trained {outcome.cycles - outcome.cycles_reused} of {outcome.cycles} cycles{kept} in "
+                   f"{outcome.wall_s:.1f} s; records: {run_dir}")
+    ck = outcome.checkpoint
+    if ck is not None:
+        typer.echo(f"checkpoint of cycle {ck.cycle}: {ck.path} (digest {ck.digest})")
+    typer.echo(f"chain head {outcome.head} (keep it: it anchors these records)")
+    typer.echo(f"history: invar inspect history {run_dir}")
+
+
+def _help() -> str:
+    lines = ["Run the training loop the core owns: every cycle samples G responses per prompt from the published "
+             "checkpoint, the core scores them and computes advantages, the learner takes one step, the core "
+             "recomputes the objective and checks the checkpoint, then publishes it. Ends with the run's chain head.",
+             "Configuration fields (TOML; paths relative to the file; docs/training.md explains each):"]
+    for name, default, doc in field_help():
+        lines.append(f"{name} = {default}: {doc}")
+    return "\n\n".join(lines)
+
+
+train.__doc__ = _help()
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[Callable[[Progress], None]]:
+    """Cycles done, the phase of the current one and the last cycle's reward, on stderr (stdout stays clean for
+    --json); no bar's frames when stderr is not a terminal."""
+    console = Console(stderr=True)
+    bar = RichProgress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("cycles"),
+                       TextColumn("{task.fields[phase]}"), TextColumn("{task.fields[last]}"), TimeElapsedColumn(),
+                       TimeRemainingColumn(), console=console, transient=True, disable=not console.is_terminal)
+    with bar:
+        task = bar.add_task("train", total=None, phase="starting", last="")
+
+        def show(p: Progress) -> None:
+            bar.update(task, total=p.cycles, completed=p.cycle, phase=p.phase)
+            if p.reward is not None:
+                bar.update(task, last=f"reward {p.reward:.3f}, gap max {p.gap_max:.2g}")
+
+        yield show

@@ -1,0 +1,181 @@
+"""A training run's history, recomputed from its records alone (`invar inspect history RUN`).
+
+Decision: the history trusts no summary. For each published cycle it takes the generate and learner_step calls the
+publication names (by call digest), re-reads their reports, re-scores every response with the tokenizer the run
+kept, recomputes rewards, advantages (and checks they are the ones the learner was sent), the objective, the
+learner–engine gap and the importance weights, and checks that the published checkpoint is the one the learner
+reported. Only the wall time per phase is taken from the publication record, since the records' own timestamps
+measure only the calls.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from invar.contract.prepare import TOKENIZER_FILES
+from invar.errors import EvidenceError, RecordError
+from invar.loop import cycle as cyc
+from invar.loop.advantages import group_advantages
+from invar.loop.config import TrainConfig
+from invar.loop.objective import ObjectiveSettings, loss_terms
+from invar.records import RunStore
+from invar.records.store import CallRecord
+from invar.runner.evaluate import clopper_pearson
+from invar.tasks import Vocabulary
+
+CONFIDENCE = 0.95
+"""Confidence of each cycle's accuracy interval."""
+
+
+@dataclass(frozen=True)
+class CycleHistory:
+    """One cycle's numbers, recomputed from the records."""
+
+    cycle: int
+    prompts: int
+    samples: int
+    reward_mean: float
+    """Mean reward (1 − task loss) over the cycle's samples."""
+    accuracy: float
+    """Fraction of samples answered right (equal to the reward mean for the arithmetic task)."""
+    accuracy_interval: tuple[float, float]
+    """Clopper–Pearson interval at `CONFIDENCE`, treating the samples as independent (a prompt's G samples are
+    correlated, so it is narrower than an interval over prompts would be)."""
+    advantage_mean: float
+    advantage_std: float
+    advantage_min: float
+    advantage_max: float
+    zero_variance_groups: int
+    groups: int
+    loss_core: float
+    """The objective as the core recomputes it from the recorded per-token numbers."""
+    loss_learner: float
+    """The objective the learner reported."""
+    loss_abs_diff: float
+    policy_core: float
+    kl_core: float
+    grad_norm: float
+    gap: cyc.Gap
+    """Learner log-probability at T minus the engine's behavior log-probability, on every sampled token."""
+    importance: cyc.Importance
+    staleness: int
+    """Cycles between the policy the rollout sampled from and the one the update started from (0: synchronous)."""
+    policy: str | None
+    """Digest of the checkpoint the rollout sampled from (None: the base model)."""
+    checkpoint: str
+    """Digest of the checkpoint the cycle published."""
+    wall_s: Mapping[str, float]
+    """Seconds per phase: generate, learner, publish."""
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["accuracy_interval"] = list(self.accuracy_interval)
+        out["wall_s"] = dict(self.wall_s)
+        return out
+
+
+@dataclass(frozen=True)
+class History:
+    run: Path
+    config: TrainConfig
+    closed: bool
+    head: str
+    cycles: list[CycleHistory]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": str(self.run), "config": self.config.canonical(), "closed": self.closed,
+                "chain_head": self.head, "cycles": [c.to_json() for c in self.cycles]}
+
+
+def _vocabulary(kept: Any, run: Path) -> Vocabulary:
+    files = kept.get("tokenizer") if isinstance(kept, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(files.get(n), bytes) for n in TOKENIZER_FILES):
+        raise RecordError(f"{run}: the run keeps no tokenizer (metadata inputs.tokenizer); it is not a training run")
+    with tempfile.TemporaryDirectory(prefix="invar-history-") as scratch:
+        for name in TOKENIZER_FILES:
+            (Path(scratch) / name).write_bytes(files[name])
+        return Vocabulary.from_model_dir(scratch)
+
+
+def _answered(calls: Mapping[str, CallRecord], digest: Any, what: str, n: int) -> CallRecord:
+    rec = calls.get(str(digest))
+    if rec is None or rec.report is None or not rec.report.report.ok:
+        raise EvidenceError(f"cycle {n}: the publication names {what} call {str(digest)[:16]}…, which the records do "
+                            "not hold answered")
+    return rec
+
+
+def read_history(run: Path, *, expect_head: str | None = None) -> History:
+    """Verify the run's records and recompute every published cycle's numbers from them."""
+    with RunStore.open(run) as store:
+        v = store.verify(expect_head=expect_head)
+        meta = store.meta()
+        calls = {c.call_digest: c for c in store.calls()}
+    info = meta.get("run", {})
+    if info.get("command") != "train":
+        raise RecordError(f"{run}: holds a {info.get('command')!r} run; inspect history reads training runs")
+    config = TrainConfig.model_validate({k: v for k, v in info["config"].items() if k != "schema"})
+    vocab = _vocabulary(meta.get("inputs"), run)
+    o = config.objective
+    settings = ObjectiveSettings(o.clip_low, o.clip_high, o.kl_coef, o.importance, o.importance_cap)
+    model_digest = str(info.get("model_digest"))
+    rows: list[CycleHistory] = []
+    previous: str | None = None
+    for n in range(len([k for k in meta if k.startswith("cycle-")])):
+        entry = meta.get(f"cycle-{n:06d}")
+        if not isinstance(entry, dict):
+            raise RecordError(f"{run}: cycle {n} has no publication record; the publications have a gap")
+        gen = _answered(calls, entry.get("generate_call"), "generate", n)
+        step = _answered(calls, entry.get("learner_call"), "learner_step", n)
+        requests = gen.call.params.get("requests")
+        if not isinstance(requests, list):
+            raise EvidenceError(f"cycle {n}: the generate call holds no requests")
+        if entry.get("policy_digest") != previous:
+            raise EvidenceError(f"cycle {n}: sampled from {str(entry.get('policy_digest'))[:16]}…, not the checkpoint "
+                                "published by the cycle before")
+        with_reference = o.kl_coef > 0
+        assert gen.report is not None
+        assert step.report is not None
+        samples = cyc.read_rollout(gen.report.report.result or {}, requests, cycle=n, model_digest=model_digest,
+                                   policy_digest=previous, reference=with_reference, vocab_size=vocab.size)
+        rewards = cyc.rewards(samples, vocab)
+        adv = group_advantages(rewards, config.rollout.group_size, config.advantage.normalization,
+                               config.advantage.eps)
+        sent = step.call.params.get("samples")
+        sent_adv = [s.get("advantage") for s in sent] if isinstance(sent, list) else None
+        if sent_adv is None or len(sent_adv) != len(samples) or \
+                np.asarray(sent_adv, dtype=np.float32).tobytes() != adv.values.tobytes():
+            raise EvidenceError(f"cycle {n}: the advantages the learner was sent are not the ones the core computes "
+                                "from the recorded responses")
+        ck = entry.get("checkpoint")
+        save_dir = str(step.call.params.get("save_dir"))
+        report = cyc.read_learner(step.report.report.result or {}, samples, cycle=n, model_digest=model_digest,
+                                  start_digest=previous, optimizer_steps=n + 1, save_dir=save_dir)
+        if not isinstance(ck, dict) or ck.get("digest") != report.adapter_digest:
+            raise EvidenceError(f"cycle {n}: the published checkpoint is not the one the learner reported")
+        behavior = [s.behavior for s in samples]
+        core = loss_terms(report.proximal, behavior, adv.values, settings,
+                          reference=[s.reference for s in samples if s.reference is not None] if with_reference
+                          else None)
+        correct = int(np.sum(rewards == 1.0))
+        wall = entry.get("wall_s")
+        rows.append(CycleHistory(
+            cycle=n, prompts=adv.groups, samples=len(samples), reward_mean=float(np.mean(rewards)),
+            accuracy=correct / len(samples), accuracy_interval=clopper_pearson(correct, len(samples), CONFIDENCE),
+            advantage_mean=float(np.mean(adv.values)), advantage_std=float(np.std(adv.values)),
+            advantage_min=float(np.min(adv.values)), advantage_max=float(np.max(adv.values)),
+            zero_variance_groups=adv.zero_variance, groups=adv.groups,
+            loss_core=core.loss, loss_learner=report.terms.loss, loss_abs_diff=abs(core.loss - report.terms.loss),
+            policy_core=core.policy, kl_core=core.kl, grad_norm=report.grad_norm,
+            gap=cyc.gap(report.proximal, behavior), importance=cyc.importance(report.proximal, behavior, settings),
+            staleness=0, policy=previous, checkpoint=report.adapter_digest,
+            wall_s={k: float(wall[k]) for k in ("generate", "learner", "publish")} if isinstance(wall, dict)
+            else {}))
+        previous = report.adapter_digest
+    return History(run, config, v.closed, v.head, rows)

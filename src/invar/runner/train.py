@@ -1,0 +1,346 @@
+"""`invar train`: run the training loop the core owns, keep every record, and resume a stopped run.
+
+Decisions:
+- **Synchronous cycles.** Each cycle samples from the checkpoint published last and the update starts from that same
+  checkpoint, so the learner–engine gap (proximal − behavior) comes only from the two implementations; the staleness
+  is 0 in every cycle and rollouts of any other policy are refused (`invar.loop.cycle.read_rollout`).
+- **Two workers, started through `invar.runner.engine`**: the backend's inference engine and its learner, each
+  recording into the run's store. The learner saves each update as a checkpoint under `RUN/checkpoints/`; the
+  core checks it (`invar.loop.checkpoint.check_checkpoint`) and publishes it by recording `cycle-NNNNNN`: the
+  calls the cycle used, the checkpoint's path and digest, the core's own objective and the wall time per phase.
+  The next cycle's engine must load exactly that digest.
+- **Resume from the records.** A run directory that holds records is opened for writing (the writer lock refuses a
+  second process), must have been made by this configuration (its digest), and continues after the last published
+  cycle: the learner loads that checkpoint with its optimizer state, the engine loads it as the policy. Calls of an
+  unfinished cycle stay in the records, unused; the cycle runs again with the same derived seeds, so on engines
+  whose calls are deterministic the resumed run publishes the same checkpoints, bit for bit, as an uninterrupted
+  one.
+- **A refusal stops the run** with one line naming the cycle and what differs; every record written so far is kept
+  and the store is left open (not closed), so the run reads as incomplete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from invar import canonical
+from invar.contract.prepare import TOKENIZER_FILES
+from invar.errors import EvidenceError, RecordError
+from invar.loop import cycle as cyc
+from invar.loop.advantages import group_advantages
+from invar.loop.checkpoint import check_checkpoint
+from invar.loop.config import ConfigError, TrainConfig, read_config, resolve
+from invar.loop.objective import OBJECTIVE_VERSION, ObjectiveSettings, loss_terms
+from invar.protocol import Role
+from invar.records import RunStore
+from invar.records.store import is_run
+from invar.runner.engine import ADAPTER_NAME, Dtype, Engine, EngineSpec, Session, engine_session
+from invar.runner.evaluate import population_digest
+from invar.runner.options import check_context, model_context
+from invar.tasks import Problem, Vocabulary, load_population, split_of
+
+BACKENDS: dict[str, tuple[Engine, Engine]] = {
+    "mlx": (Engine.MLX, Engine.MLX),
+    "hf": (Engine.HF, Engine.HF),
+    "vllm+hf": (Engine.VLLM, Engine.HF),
+}
+"""Backend → (inference engine, learner engine)."""
+
+CYCLE_KEY = "cycle-{:06d}"
+"""The metadata key that publishes a cycle's checkpoint."""
+CHECKPOINTS = "checkpoints"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a run is: the cycle and its phase, and the last published cycle's reward and gap."""
+
+    cycle: int
+    cycles: int
+    phase: str
+    """`start`, `generate`, `learn`, `publish` or `done`."""
+    reward: float | None = None
+    gap_max: float | None = None
+
+
+@dataclass(frozen=True)
+class Published:
+    """A published cycle: its checkpoint, as the run's records name it."""
+
+    cycle: int
+    path: Path
+    digest: str
+    optimizer_steps: int
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    """What `train` did."""
+
+    run: Path
+    config: Path
+    config_digest: str
+    head: str
+    cycles: int
+    cycles_reused: int
+    """Cycles already published when this invocation started (a resumed run)."""
+    checkpoint: Published | None
+    wall_s: float
+    already_closed: bool
+
+    def to_json(self) -> dict[str, Any]:
+        ck = self.checkpoint
+        return {"run": str(self.run), "config": str(self.config), "config_digest": self.config_digest,
+                "chain_head": self.head, "cycles": self.cycles, "cycles_reused": self.cycles_reused,
+                "cycles_run": self.cycles - self.cycles_reused if not self.already_closed else 0,
+                "checkpoint": None if ck is None else {"cycle": ck.cycle, "path": str(ck.path),
+                                                       "digest": ck.digest},
+                "wall_s": round(self.wall_s, 3), "already_closed": self.already_closed,
+                "history": f"invar inspect history {self.run}"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A configuration read and checked, with everything the run needs before a worker starts."""
+
+    config: TrainConfig
+    path: Path
+    digest: str
+    model: Path
+    model_digest: str
+    prompts: list[Problem]
+    prompts_path: Path
+    prompts_sha256: str
+    vocab: Vocabulary
+    settings: ObjectiveSettings
+
+    def meta(self) -> dict[str, Any]:
+        return {"command": "train", "config": self.config.canonical(), "config_digest": self.digest,
+                "config_path": str(self.path), "model": str(self.model), "model_digest": self.model_digest,
+                "prompts": str(self.prompts_path), "prompts_sha256": self.prompts_sha256,
+                "prompts_count": len(self.prompts), "objective_version": OBJECTIVE_VERSION}
+
+
+def plan(config_path: Path) -> Plan:
+    """Read the configuration and check every file it names, before any worker starts."""
+    config = read_config(config_path)
+    model = resolve(config_path, config.model)
+    spec = EngineSpec(Engine.MLX, model)
+    try:
+        model_digest, _ = spec.digests
+    except Exception as exc:
+        raise ConfigError(f"{config_path}: model: {exc}") from None
+    prompts_path = resolve(config_path, config.prompts.path)
+    sha = population_digest(prompts_path, config.prompts.sha256)
+    problems = load_population(prompts_path, sha)
+    for p in problems:
+        if split_of(p.prompt) != "train":
+            raise ConfigError(f"{config_path}: prompts.path: {prompts_path} holds {p.prompt!r} ({p.id}), a prompt of "
+                              "the evaluation split; train on the training set (data/arith-train.jsonl), never on "
+                              "the evaluation population")
+    if config.prompts.kinds is not None:
+        problems = [p for p in problems if p.kind in config.prompts.kinds]
+    if len(problems) < config.prompts.per_cycle:
+        raise ConfigError(f"{config_path}: prompts.per_cycle: {config.prompts.per_cycle} prompts per cycle, but "
+                          f"{prompts_path} holds {len(problems)} of the kinds chosen; lower per_cycle")
+    vocab = Vocabulary.from_model_dir(model)
+    context = model_context(model)
+    longest = max(problems, key=lambda p: len(p.prompt))
+    # +1: vLLM scores a reference only for a prompt it could extend by one more token.
+    check_context(len(vocab.encode(longest.prompt, add_bos=True)), config.rollout.max_tokens + 1, context,
+                  f"{config_path}: rollout.max_tokens")
+    o = config.objective
+    settings = ObjectiveSettings(o.clip_low, o.clip_high, o.kl_coef, o.importance, o.importance_cap)
+    return Plan(config, config_path, config.digest(), model, model_digest, problems, prompts_path, sha, vocab,
+                settings)
+
+
+def published_cycles(store: RunStore, run_dir: Path) -> list[Published]:
+    """The cycles a run published, in order; a gap or a malformed entry is a `RecordError`."""
+    meta = store.meta()
+    out: list[Published] = []
+    for key in sorted(k for k in meta if k.startswith("cycle-")):
+        entry = meta[key]
+        ck = entry.get("checkpoint") if isinstance(entry, dict) else None
+        if (not isinstance(ck, dict) or entry.get("cycle") != len(out) or key != CYCLE_KEY.format(len(out))
+                or not isinstance(ck.get("path"), str) or not isinstance(ck.get("digest"), str)):
+            raise RecordError(f"{run_dir}: metadata {key} is not the publication of cycle {len(out)}")
+        out.append(Published(len(out), run_dir / ck["path"], ck["digest"], int(ck["optimizer_steps"])))
+    return out
+
+
+def _check_made_by(store: RunStore, run_dir: Path, p: Plan) -> None:
+    """An existing run must verify and be a training run of this configuration."""
+    store.verify()
+    run = store.meta().get("run", {})
+    if run.get("command") != "train":
+        raise EvidenceError(f"{run_dir}: holds a {run.get('command')!r} run, not a training run; choose a new run "
+                            "directory")
+    if run.get("config_digest") != p.digest:
+        made = str(run.get("config_digest"))[:16]
+        raise EvidenceError(f"{run_dir}: the run was made with configuration {made}…, not {p.digest[:16]}… "
+                            f"({p.path}); resume it with its own configuration, or choose a new run directory")
+
+
+def _open(run_dir: Path, p: Plan) -> tuple[RunStore, list[Published]]:
+    """A new run, or an existing run of this configuration opened to continue."""
+    if not is_run(run_dir):
+        store = RunStore.create(run_dir, meta=p.meta())
+        store.put_meta("inputs", {"tokenizer": {name: (p.model / name).read_bytes() for name in TOKENIZER_FILES}})
+        return store, []
+    store = RunStore.open(run_dir, writable=True)
+    try:
+        _check_made_by(store, run_dir, p)
+        done = published_cycles(store, run_dir)
+        if done and canonical.tree_digest(done[-1].path) != done[-1].digest:
+            raise EvidenceError(f"{done[-1].path}: the published checkpoint of cycle {done[-1].cycle} no longer has "
+                                f"its digest {done[-1].digest[:16]}…; restore it to resume the run")
+    except BaseException:
+        store.close()
+        raise
+    return store, done
+
+
+def _save_dir(run_dir: Path, n: int) -> Path:
+    """A folder name for cycle n's checkpoint that no earlier attempt used."""
+    base = run_dir / CHECKPOINTS / f"cycle-{n:06d}"
+    attempt = 1
+    path = base
+    while path.exists():
+        attempt += 1
+        path = base.with_name(f"{base.name}.{attempt}")
+    return path
+
+
+def train(
+    config_path: Path,
+    run_dir: Path,
+    *,
+    call_timeout: float | None = 1800.0,
+    progress: Callable[[Progress], None] = lambda p: None,
+) -> TrainOutcome:
+    """Run (or resume) the training run of the configuration at `config_path` in `run_dir`."""
+    started = time.perf_counter()
+    p = plan(config_path)
+    cfg = p.config
+    if is_run(run_dir):
+        with RunStore.open(run_dir) as existing:
+            _check_made_by(existing, run_dir, p)
+            if existing.closed:
+                done = published_cycles(existing, run_dir)
+                return TrainOutcome(run_dir, config_path, p.digest, existing.verify().head, len(done), len(done),
+                                    done[-1] if done else None, time.perf_counter() - started, already_closed=True)
+    store, done = _open(run_dir, p)
+    with store:
+        reused = len(done)
+        if reused < cfg.cycles:
+            done = _run_cycles(p, run_dir, store, done, call_timeout, progress)
+        head = store.close_run()
+    progress(Progress(len(done), cfg.cycles, "done"))
+    return TrainOutcome(run_dir, config_path, p.digest, head, len(done), reused, done[-1] if done else None,
+                        time.perf_counter() - started, already_closed=False)
+
+
+def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], call_timeout: float | None,
+                progress: Callable[[Progress], None]) -> list[Published]:
+    cfg = p.config
+    inference_engine, learner_engine = BACKENDS[cfg.backend]
+    last = done[-1] if done else None
+    progress(Progress(len(done), cfg.cycles, "start"))
+    inference_spec = EngineSpec(inference_engine, p.model, Dtype(cfg.dtype))
+    learner_spec = EngineSpec(learner_engine, p.model, Dtype(cfg.dtype), adapter=None if last is None else last.path)
+    with contextlib.ExitStack() as stack:
+        engine = stack.enter_context(engine_session(inference_spec, store, call_timeout=call_timeout))
+        learner = stack.enter_context(engine_session(learner_spec, store, role=Role.LEARNER, adapter_in_load=True,
+                                                     resume_training=True, call_timeout=call_timeout))
+        if last is not None and learner.adapter_digest != last.digest:
+            raise EvidenceError(f"the learner loaded adapter {str(learner.adapter_digest)[:16]}…, not the published "
+                                f"checkpoint {last.digest[:16]}…")
+        loaded: str | None = None
+        for n in range(len(done), cfg.cycles):
+            policy = done[-1] if done else None
+            if policy is not None and loaded != policy.digest:
+                got = engine.client.call("load_adapter", {"name": ADAPTER_NAME, "path": str(policy.path.resolve()),
+                                                          "digest": policy.digest})
+                if got.get("adapter_digest") != policy.digest:
+                    raise EvidenceError(f"cycle {n}: the engine loaded {str(got.get('adapter_digest'))[:16]}…, not "
+                                        f"the published checkpoint {policy.digest[:16]}…")
+                loaded = policy.digest
+            done.append(_cycle(p, n, run_dir, store, engine, learner, policy, progress))
+    return done
+
+
+def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, engine: Session, learner: Session,
+           policy: Published | None, progress: Callable[[Progress], None]) -> Published:
+    """One cycle: sample, score, update, check, publish. Returns the published checkpoint."""
+    cfg = p.config
+    progress(Progress(n, cfg.cycles, "generate"))
+    t0 = time.perf_counter()
+    prompts = cyc.cycle_prompts(p.prompts, cfg.prompts.per_cycle, cfg.seed, n)
+    requests = cyc.rollout_requests(prompts, cfg.rollout.group_size, cfg.seed, n, cfg.rollout.temperature,
+                                    cfg.rollout.max_tokens)
+    with_reference = cfg.objective.kl_coef > 0
+    gen = engine.client.ask("generate", cyc.generate_params(
+        requests, cfg.rollout.batch_size, None if policy is None else ADAPTER_NAME,
+        "base" if with_reference else None))
+    samples = cyc.read_rollout(gen.result, requests, cycle=n, model_digest=p.model_digest,
+                               policy_digest=None if policy is None else policy.digest, reference=with_reference,
+                               vocab_size=p.vocab.size)
+    rewards = cyc.rewards(samples, p.vocab)
+    adv = group_advantages(rewards, cfg.rollout.group_size, cfg.advantage.normalization, cfg.advantage.eps)
+    t1 = time.perf_counter()
+
+    progress(Progress(n, cfg.cycles, "learn"))
+    save_dir = _save_dir(run_dir, n)
+    save_dir.parent.mkdir(parents=True, exist_ok=True)
+    o, lo = cfg.optimizer, cfg.lora
+    params = cyc.learner_params(
+        samples, adv.values, temperature=cfg.rollout.temperature, objective=p.settings,
+        optimizer={"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
+                   "max_grad_norm": o.max_grad_norm},
+        lora={"r": lo.r, "alpha": lo.alpha, "dropout": 0.0, "target_modules": list(lo.targets)},
+        seed=cyc.derive_seed(cfg.seed, "lora-init"), save_dir=str(save_dir.resolve()))
+    step = learner.client.ask("learner_step", params)
+    report = cyc.read_learner(step.result, samples, cycle=n, model_digest=p.model_digest,
+                              start_digest=None if policy is None else policy.digest, optimizer_steps=n + 1,
+                              save_dir=str(save_dir.resolve()))
+    t2 = time.perf_counter()
+
+    progress(Progress(n, cfg.cycles, "publish"))
+    core = loss_terms(report.proximal, [s.behavior for s in samples], adv.values, p.settings,
+                      reference=[s.reference for s in samples if s.reference is not None] if with_reference
+                      else None)
+    diffs = cyc.compare_objective(core, report.terms, proximal=report.proximal, samples=samples,
+                                  advantages=adv.values, settings=p.settings, cycle=n)
+    try:
+        checkpoint = check_checkpoint(save_dir, p.model, reported_digest=report.adapter_digest,
+                                      reported_tensors=report.adapter_tensors, reported_steps=n + 1,
+                                      base_model_digest=p.model_digest)
+    except EvidenceError as exc:
+        raise EvidenceError(f"cycle {n}: checkpoint refused: {exc}") from None
+    gap = cyc.gap(report.proximal, [s.behavior for s in samples])
+    store.put_meta(CYCLE_KEY.format(n), {
+        "cycle": n,
+        "generate_call": gen.call_digest,
+        "learner_call": step.call_digest,
+        "policy_digest": None if policy is None else policy.digest,
+        "checkpoint": {"path": str(save_dir.relative_to(run_dir)), "digest": checkpoint.adapter.digest,
+                       "optimizer_steps": checkpoint.optimizer_steps},
+        "core": {"loss": core.loss, "policy": core.policy, "kl": core.kl,
+                 "importance_weight_mean": core.importance_weight_mean, "tokens": core.tokens},
+        "abs_diff": diffs,
+        "reward_mean": float(np.mean(rewards)),
+        "zero_variance_groups": adv.zero_variance,
+        "wall_s": {"generate": t1 - t0, "learner": t2 - t1, "publish": time.perf_counter() - t2},
+    })
+    published = Published(n, save_dir, checkpoint.adapter.digest, checkpoint.optimizer_steps)
+    progress(Progress(n + 1, cfg.cycles, "generate" if n + 1 < cfg.cycles else "done",
+                      reward=float(np.mean(rewards)), gap_max=gap.max))
+    return published

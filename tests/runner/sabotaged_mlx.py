@@ -1,0 +1,53 @@
+"""The MLX worker with one sabotage, chosen by the environment variable INVAR_SABOTAGE, so the training loop's
+refusals can be tested on real engine numbers:
+
+- `wrong-loss`: the learner reports its loss 1e-3 too high;
+- `other-digest`: the inference engine names another checkpoint than the one it sampled from (from cycle 1 on);
+- `corrupt-adapter`: the learner flips one byte of a tensor in its saved adapter and reports the folder's new
+  digest, as a learner whose file was damaged after it checked it would.
+
+    python -m tests.runner.sabotaged_mlx --role inference|learner
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from invar import canonical
+from invar.loop.checkpoint import PEFT_WEIGHTS
+from workers import mlx_worker
+
+MODE = os.environ.get("INVAR_SABOTAGE", "")
+
+_learner_step = mlx_worker.Engine.learner_step
+_generate = mlx_worker.Engine.generate
+
+
+def learner_step(self: mlx_worker.Engine, params: dict[str, Any]) -> dict[str, Any]:
+    result = _learner_step(self, params)
+    if MODE == "wrong-loss":
+        result["loss"] += 1e-3
+    if MODE == "corrupt-adapter":
+        weights = Path(result["adapter_dir"]) / PEFT_WEIGHTS
+        raw = bytearray(weights.read_bytes())
+        raw[-3] ^= 0x01
+        weights.write_bytes(bytes(raw))
+        result["adapter_digest"] = canonical.tree_digest(result["adapter_dir"])
+    return result
+
+
+def generate(self: mlx_worker.Engine, params: dict[str, Any]) -> dict[str, Any]:
+    result = _generate(self, params)
+    if MODE == "other-digest" and result["adapter_digest"] is not None:
+        result["adapter_digest"] = "0" * 64
+    return result
+
+
+mlx_worker.Engine.learner_step = learner_step  # type: ignore[method-assign]
+mlx_worker.Engine.generate = generate  # type: ignore[method-assign]
+
+if __name__ == "__main__":
+    sys.exit(mlx_worker.main())

@@ -1,0 +1,107 @@
+"""What the training tests share: small configurations on the shipped model, the `invar` command, and a training
+run killed at random instants and resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from invar.engines import DEFAULT_MODEL, REPO_ROOT
+from invar.loop.history import History, read_history
+from invar.records import RunStore
+
+TRAIN_PROMPTS = REPO_ROOT / "data" / "arith-train.jsonl"
+
+
+def write_config(folder: Path, name: str, backend: str, *, cycles: int = 3, **sections: dict[str, Any]) -> Path:
+    """A small configuration: 4 prompts of the weak kinds × G = 4 per cycle, lr 5e-3, a KL term (so the engine
+    also scores under the reference), overridable per section."""
+    base: dict[str, dict[str, Any]] = {
+        "prompts": {"path": str(TRAIN_PROMPTS), "per_cycle": 4, "kinds": ["mul", "muladd"]},
+        "rollout": {"group_size": 4, "temperature": 1.0, "max_tokens": 5},
+        "optimizer": {"lr": 5e-3},
+        "objective": {"kl_coef": 0.05},
+    }
+    for key, value in sections.items():
+        base[key] = {**base.get(key, {}), **value}
+    lines = [f'name = "{name}"', f'backend = "{backend}"', f'model = "{DEFAULT_MODEL}"', "seed = 5",
+             f"cycles = {cycles}"]
+    for section, values in base.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+    path = folder / f"{name}.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def invar(*args: str | Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def published(run: Path) -> list[str]:
+    """The checkpoint digests a run published, in cycle order."""
+    with RunStore.open(run) as store:
+        meta = store.meta()
+    return [meta[k]["checkpoint"]["digest"] for k in sorted(meta) if k.startswith("cycle-")]
+
+
+def _worker_pids(run: Path) -> list[int]:
+    try:
+        with RunStore.open(run) as store:
+            return [ident.pid for ident in store.workers().values()]
+    except Exception:  # the run may not exist yet at this instant
+        return []
+
+
+def kill_and_resume(config: Path, run: Path, kills: int, window: tuple[float, float], seed: int) -> list[str]:
+    """Start `invar train` and SIGKILL it, or one of its workers, at a random instant in `window` seconds; `kills`
+    times, resuming each time; then resume it to the end. Returns what was killed when, for the test's message."""
+    rng = random.Random(seed)
+    what = []
+    for k in range(kills):
+        proc = subprocess.Popen([sys.executable, "-m", "invar.cli", "train", str(config), "--run", str(run)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + rng.uniform(*window)
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        pids = _worker_pids(run)
+        while k % 2 == 1 and not pids and proc.poll() is None:  # odd kills hit a worker, once one is running
+            time.sleep(0.05)
+            pids = _worker_pids(run)
+        if proc.poll() is None:
+            if k % 2 == 1 and pids:
+                os.kill(rng.choice(pids), signal.SIGKILL)
+                what.append("worker")
+            else:
+                proc.send_signal(signal.SIGKILL)
+                what.append("cli")
+            proc.wait(120)
+        stderr = proc.stderr.read() if proc.stderr else ""
+        assert "Traceback" not in stderr, stderr
+        if proc.returncode == 2:
+            assert "resume with: invar train" in stderr, stderr
+        # The workers of a killed CLI do not outlive it.
+        for pid in _worker_pids(run):
+            for _ in range(100):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"worker {pid} outlived its killed parent")
+    out = invar("train", config, "--run", run, "--json")
+    assert out.returncode == 0, out.stderr
+    return what
+
+
+def history(run: Path) -> History:
+    return read_history(run)
