@@ -105,3 +105,27 @@ def kill_and_resume(config: Path, run: Path, kills: int, window: tuple[float, fl
 
 def history(run: Path) -> History:
     return read_history(run)
+
+
+def check_finished(run: Path, head: str, cycles: int, kl_coef: float) -> History:
+    """A finished run: closed at `head`, every cycle published a checkpoint whose folder has its digest, each cycle
+    sampled the checkpoint published before it, and the core's objective equals the learner's within tolerance."""
+    from invar import canonical
+
+    with RunStore.open(run) as store:
+        assert store.verify(expect_head=head).closed
+    h = history(run)
+    digests = published(run)
+    assert len(digests) == cycles
+    assert [c.checkpoint for c in h.cycles] == digests
+    assert [c.policy for c in h.cycles] == [None, *digests[:-1]]
+    for n, digest in enumerate(digests):
+        assert canonical.tree_digest(run / "checkpoints" / f"cycle-{n:06d}") == digest
+    for c in h.cycles:
+        g = c.gap
+        print(f"measured: {h.config.backend} cycle {c.cycle}: {g.equal}/{g.tokens} tokens equal "
+              f"({g.equal / g.tokens:.1%}), p99 {g.p99:.3g}, max {g.max:.3g} nats; loss |Δ| {c.loss_abs_diff:.3g}")
+        assert c.staleness == 0
+        assert c.importance.exactly_one == g.equal  # w = exp(proximal − behavior) is 1 exactly where they agree
+        assert c.loss_abs_diff <= 1e-6 * (max(abs(c.advantage_min), abs(c.advantage_max)) * 2.0 + kl_coef)
+    return h
