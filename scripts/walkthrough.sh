@@ -21,10 +21,19 @@ step "4. How many prompts each bound needs to admit, if 1% of prompts get worse 
 contract="$out/walkthrough.contract.json"
 run="$out/use-run"
 printf '\n\033[1m== 5. Run the contract'"'"'s plan, and kill the run part-way (kill -9), as a crash would\033[0m\n'
-printf '$ invar use run %s --run %s &   # then kill -9 after a few seconds\n' "$contract" "$run"
+printf '$ invar use run %s --run %s &   # then kill -9 once 8 of its 28 calls are answered\n' "$contract" "$run"
 invar use run "$contract" --run "$run" > /dev/null 2>&1 &
 pid=$!
-sleep "${INVAR_WALKTHROUGH_KILL_AFTER:-12}"
+# Wait (up to 10 minutes) until the run has answered 8 calls, reading its records as they are written.
+for _ in $(seq 600); do
+  python -c 'import sys
+from invar.records import RunStore
+with RunStore.open(sys.argv[1]) as s:
+    done = sum(c.report is not None for c in s.calls() if c.call.method == "generate")
+sys.exit(0 if done >= 8 else 1)' "$run" 2>/dev/null && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 1
+done
 kill -9 "$pid" 2>/dev/null || true
 wait "$pid" 2>/dev/null || true
 step "6. What the killed run kept: every record committed before the kill, verified; the run reads INCOMPLETE" \
