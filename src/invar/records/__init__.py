@@ -1,5 +1,5 @@
 """The append-only run store: every call and report, verifiable from the records alone."""
 
-from invar.records.store import CallRecord, ReportRecord, RunStore, Verification
+from invar.records.store import CallRecord, CallStream, ReportRecord, RunStore, Verification
 
-__all__ = ["CallRecord", "ReportRecord", "RunStore", "Verification"]
+__all__ = ["CallRecord", "CallStream", "ReportRecord", "RunStore", "Verification"]

@@ -351,8 +351,12 @@ class RunStore:
 
     def _rows(self, where: str = "") -> Iterator[tuple[int, str, str | None, str, bytes, int, str]]:
         try:
-            yield from self._conn.execute(
+            # Not `yield from`: closing an abandoned walk would close the cursor, which fails once the store is
+            # closed; the rows are simply no longer read.
+            cursor = self._conn.execute(
                 f"SELECT seq, kind, worker, digest, body, at_ns, chain FROM log {where} ORDER BY seq")
+            while (row := cursor.fetchone()) is not None:
+                yield row
         except sqlite3.DatabaseError as exc:
             raise RecordError(f"{self.path / DB_NAME}: the database cannot be read ({exc}); "
                               "the file was damaged or tampered with") from None
@@ -391,12 +395,30 @@ class RunStore:
         self._walked = self._walk_all()
         return self._walked
 
+    def stream(self) -> CallStream:
+        """Every call with its report, read and verified record by record: `iter` it once.
+
+        Answered calls come in the order their reports were recorded, each as soon as its report is read; calls
+        never answered follow at the end. Only calls still awaiting their report are held, so a store of any size
+        is read in bounded memory. Each record is verified as `verify` does, and the first bad one raises
+        `RecordError`; the whole store has been verified only when the stream is exhausted (its `verification` is
+        then set). Several streams of one store may be read side by side.
+        """
+        return CallStream(self)
+
     def _walk_all(self) -> list[CallRecord]:
-        v = Verification()
+        stream = self.stream()
+        found = sorted(stream, key=lambda rec: rec.seq)  # call order
+        assert stream.verification is not None
+        self._verification = stream.verification
+        return found
+
+    def _walk_records(self, v: Verification) -> Iterator[CallRecord]:
+        """The walk behind `stream`: fills `v` as it goes; see `stream`."""
         prev = GENESIS
         workers: dict[str, Identity] = {}
-        calls: dict[tuple[str, int], CallRecord] = {}
-        order: list[tuple[str, int]] = []
+        pending: dict[tuple[str, int], CallRecord] = {}
+        answered: dict[tuple[str, int], str] = {}  # what messages call each answered call
         close_seen: int | None = None
         for seq, kind, worker, digest, body, at_ns, chain in self._rows():
             v.records += 1
@@ -413,6 +435,7 @@ class RunStore:
                 raise RecordError(f"{where}: the chain does not match: the record or one before it was altered")
             chain_before, prev = prev, chain
             message = _canonical_body(where, body)
+            done: CallRecord | None = None
             try:
                 if kind == "meta":
                     _meta_entry(seq, body)
@@ -432,10 +455,9 @@ class RunStore:
                         raise RecordError(f"{where}: the body is not a call")
                     call = Call.from_wire(message)
                     key = (worker, call.call_id)
-                    if key in calls:
+                    if key in pending or key in answered:
                         raise RecordError(f"{where}: call id {call.call_id} is used twice for one worker")
-                    calls[key] = CallRecord(seq, worker, workers[worker], call, digest, at_ns)
-                    order.append(key)
+                    pending[key] = CallRecord(seq, worker, workers[worker], call, digest, at_ns)
                     v.calls += 1
                 elif kind == "report":
                     if worker not in workers:
@@ -444,31 +466,51 @@ class RunStore:
                         raise RecordError(f"{where}: the body is not a report")
                     report = Report.from_wire(message)
                     key = (worker, report.call_id)
-                    rec = calls.get(key)
+                    rec = pending.get(key)
                     if rec is None:
+                        if key in answered:
+                            raise RecordError(f"{where}: a second report for {answered[key]}")
                         raise RecordError(f"{where}: answers call {report.call_id}, which was never recorded")
-                    if rec.report is not None:
-                        raise RecordError(f"{where}: a second report for {rec.name}")
                     if report.call_digest != rec.call_digest:
                         raise RecordError(f"{where}: bound to call digest {report.call_digest[:16]}…, but "
                                           f"{rec.name} has digest {rec.call_digest[:16]}…")
                     if report.identity_digest != worker:
                         raise RecordError(f"{where}: names identity {report.identity_digest[:16]}…, not the "
                                           f"worker {worker[:16]}… the call was sent to")
-                    calls[key] = CallRecord(rec.seq, rec.worker, rec.identity, rec.call, rec.call_digest,
-                                            rec.at_ns, ReportRecord(seq, report, digest, at_ns))
+                    del pending[key]
+                    answered[key] = rec.name
+                    done = CallRecord(rec.seq, rec.worker, rec.identity, rec.call, rec.call_digest,
+                                      rec.at_ns, ReportRecord(seq, report, digest, at_ns))
                     v.reports += 1
                     v.errors += 0 if report.ok else 1
                 else:
                     raise RecordError(f"{where}: unknown record kind {kind!r}")
             except ProtocolError as exc:
                 raise RecordError(f"{where}: malformed: {exc}") from None
+            if done is not None:
+                yield done
         v.head = prev
         v.closed = close_seen is not None
-        v.unanswered = [calls[k].seq for k in order if calls[k].report is None]
+        v.unanswered = sorted(rec.seq for rec in pending.values())
         self._workers = workers
-        self._verification = v
-        return [calls[k] for k in order]
+        yield from sorted(pending.values(), key=lambda rec: rec.seq)
+
+
+class CallStream:
+    """One verified pass over a store's calls (see `RunStore.stream`); `verification` is set once it is exhausted."""
+
+    def __init__(self, store: RunStore) -> None:
+        self._store = store
+        self._v = Verification()
+        self._started = False
+        self.verification: Verification | None = None
+
+    def __iter__(self) -> Iterator[CallRecord]:
+        if self._started:
+            raise RuntimeError("a CallStream is read once; ask the store for another")
+        self._started = True
+        yield from self._store._walk_records(self._v)
+        self.verification = self._v
 
 
 def _kind_is(message: dict[str, Any], kind: Kind) -> bool:
