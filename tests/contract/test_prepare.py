@@ -225,8 +225,8 @@ def test_population_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "latin1.jsonl").write_bytes('{"id": "é"}\n'.encode("latin-1"))
     digest = canonical.file_sha256(tmp_path / "latin1.jsonl")
     msg = _prepare_with(tmp_path, population={"path": "latin1.jsonl", "sha256": digest})
-    assert msg.startswith("population.path: ")
-    assert "is not UTF-8 text" in msg
+    assert msg.startswith("population")  # the population loader names the file and the byte
+    assert "latin1.jsonl is not UTF-8 text" in msg
 
 
 def test_output_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
