@@ -11,7 +11,7 @@ import sys
 import typer
 
 from invar import __version__
-from invar.cli import evaluate, infer, inspect, keys, train, use
+from invar.cli import compare, evaluate, infer, inspect, keys, score, train, use
 from invar.errors import InvarError
 
 app = typer.Typer(
@@ -24,8 +24,10 @@ app = typer.Typer(
 app.add_typer(inspect.app, name="inspect")
 app.add_typer(use.app, name="use")
 app.add_typer(keys.app, name="keys")
+app.add_typer(compare.app, name="compare")
 app.command("infer")(infer.infer)
 app.command("evaluate")(evaluate.evaluate)
+app.command("score")(score.score)
 app.command("train")(train.train)
 
 

@@ -1,0 +1,191 @@
+"""`invar compare numerical`: where and how far a candidate's numbers part from the reference's, from the records.
+
+Two ways in: a use run and its contract (whose plan says which calls measure what), or two `infer`/`evaluate` runs
+made with the same requests and seeds, with optional `invar score` runs for teacher forcing and captures. The
+computation is the core's (`invar.compare`), from verified records alone; no engine runs. This module parses,
+prints and writes the report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from invar.cli.common import JsonOpt, emit_json
+from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, NumericalComparison, compare
+from invar.compare.runs import pair_runs, read_generate_run, read_score_run
+from invar.errors import InvarError
+
+app = typer.Typer(
+    name="compare",
+    help="Compare a candidate's numbers with the reference's, from the records alone.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.3f}"
+
+
+def _positions(d: dict[str, Any], limit: int = 8) -> str:
+    parts = [f"none {d['none']}"] + [f"at {k}: {v}" for k, v in list(d["positions"].items())[:limit]]
+    more = len(d["positions"]) - limit
+    return "; ".join(parts) + (f"; … {more} more positions" if more > 0 else "")
+
+
+def _llama_block(label: str, dist: dict[str, Any], scale: float = 1.0, unit: str = "") -> list[str]:
+    """A distribution in llama.cpp's layout (`Mean KLD: x ± y`, `Maximum`, percentiles, `Minimum`)."""
+    def v(x: float) -> str:
+        return f"{scale * x:10.6f}{unit}"
+
+    lines = [f"Mean    {label}: {v(dist['mean'])} ± {scale * dist['stderr']:10.6f}{unit}",
+             f"Maximum {label}: {v(dist['max'])}"]
+    for name, value in dist["percentiles"].items():
+        title = "Median " if name == "50" else f"{float(name):4.1f}%".rjust(6) + " "
+        lines.append(f"{title} {label}: {v(value)}")
+    lines.append(f"Minimum {label}: {v(dist['min'])}")
+    return lines
+
+
+def render_comparison(result: NumericalComparison) -> str:
+    """The comparison as text: the responses, the teacher forcing, the captures (llama.cpp's layout), the worst."""
+    doc = result.to_json(per_unit=False)
+    g = doc["generation"]
+    n = g["units"]
+    src = doc["sources"]
+    lines = [f"compare numerical: {n} units; reference {src.get('reference', {}).get('label', '?')}, candidate "
+             f"{src.get('candidate', {}).get('label', '?')}"]
+    lines.append("== sampled responses (same requests, same seeds: paired, not coupled) ==")
+    lines.append(f"bit-identical units        {g['identical']} / {n} ({_pct(g['fraction_identical'])} %): tokens, "
+                 "log-probability bits and finish reason")
+    lines.append(f"tokens identical           {g['tokens_identical']} / {n}")
+    lines.append(f"log-probs bit-identical    {g['logprobs_identical_over_shared_prefix']} / {n} over the shared "
+                 "prefix")
+    lines.append(f"first divergence           {_positions(g['first_divergence'])}")
+    for key, title in (("max_ulp", "max ULP per unit"), ("max_abs_delta", "max |Δ logprob| per unit"),
+                       ("sum_delta", "Σ Δ logprob per unit")):
+        d = g[key]
+        if d is not None:
+            lines.append(f"{title:<26} mean {_fmt(d['mean'])} ± {_fmt(d['stderr'])}, median "
+                         f"{_fmt(d['percentiles']['50'])}, max {_fmt(d['max'])} (shared prefix, nats; "
+                         f"{d['n']} units)")
+    t = doc["task"]
+    if t is not None:
+        lines.append(f"task loss                  reference {t['reference_loss']}, candidate {t['candidate_loss']} "
+                     f"of {t['units']}; worse {t['worse']}, better {t['better']}")
+    tf = doc["teacher_forcing"]
+    if tf is not None:
+        lines.append("== teacher forcing: the candidate scores the reference's responses ==")
+        lines.append(f"units                      {tf['units']}, bit-identical at every step: {tf['identical']}")
+        lines.append(f"first |Δ| > {tf['large_step']:g} nats      {_positions(tf['first_large_step'])}")
+        d = tf["delta"]
+        lines.append(f"Δ per step (cand − ref)    mean {_fmt(d['mean'])} ± {_fmt(d['stderr'])}, min "
+                     f"{_fmt(d['min'])}, max {_fmt(d['max'])} ({d['n']} steps)")
+        for row in tf["per_step"][:12]:
+            lines.append(f"  step {row['step']:>3}  n {row['n']:>6}  mean {_fmt(row['mean']):>12}  mean |Δ| "
+                         f"{_fmt(row['mean_abs']):>12}  max |Δ| {_fmt(row['max_abs']):>12}")
+    c = doc["captures"]
+    if c is not None:
+        where = "along the reference's responses" if c["context"] == "reference" else \
+            "along each package's own response, within the shared prefix"
+        lines.append(f"== full-vocabulary captures: {c['captures']} at {c['units']} units, {where} ==")
+        lines.append(f"identical captures         {c['identical']}; KL within its numerical error bound of 0 "
+                     f"(both directions): {c['indistinguishable_from_0']}")
+        for key, label in (("kl_ref_cand", "KLD"), ("kl_cand_ref", "KLD(cand‖ref)")):
+            d = c[key]
+            lines.extend(_llama_block(label if key == "kl_cand_ref" else "KLD", d))
+            verdict = "indistinguishable from 0" if d["mean_indistinguishable_from_0"] else "above it"
+            lines.append(f"numerical error of the mean ≤ {d['mean_bound']:.3g} (from the capture's precision): "
+                         f"{verdict}")
+        lines.extend(_llama_block("Δp", c["delta_p"], 100.0, "%"))
+        lines.append(f"RMS Δp    : {100 * c['rms_delta_p']['value']:6.3f} ± {100 * c['rms_delta_p']['stderr']:5.3f} %")
+        lines.append(f"Same top p: {100 * c['same_top']['fraction']:6.3f} ± {100 * c['same_top']['stderr']:5.3f} %")
+    s = doc["reference_self_consistency"]
+    if s is not None:
+        lines.append(f"reference self-check       its teacher-forced scores equal its sampled log-probabilities bit "
+                     f"for bit on {s['identical']} of {s['units']} units")
+    worst = doc["worst"]
+    if worst:
+        lines.append("== units that part most ==")
+        for u in worst[:5]:
+            kl = max((cap["kl_ref_cand"] for cap in u["captures"]), default=None)
+            lines.append(f"{u['unit_id']}: {u['prompt']!r} → reference {u['reference_text']!r}, candidate "
+                         f"{u['candidate_text']!r}; first divergence {u['first_divergence']}, max |Δ| "
+                         f"{_fmt(u['max_abs_delta'])}" + ("" if kl is None else f", max KL {_fmt(kl)}"))
+    return "\n".join(lines)
+
+
+def _label(desc: dict[str, Any]) -> str:
+    parts = [str(desc.get("engine")), str(desc.get("dtype")), str(desc.get("quantization"))]
+    if desc.get("patches"):
+        parts.append("patches " + ",".join(sorted(desc["patches"])))
+    return f"{desc.get('run')} ({' '.join(parts)})"
+
+
+@app.command("numerical")
+def numerical(
+    runs: Annotated[list[Path], typer.Argument(help="A use run (with --contract), or REF_RUN CAND_RUN: two infer or "
+                                                    "evaluate runs made with the same requests and seeds.")],
+    contract: Annotated[
+        Path | None, typer.Option("--contract", help="The use run's contract; default: the one the run names.")
+    ] = None,
+    cand_scores: Annotated[
+        Path | None, typer.Option("--cand-scores", help="An invar score run of REF_RUN's responses by the "
+                                                       "candidate: teacher forcing (and its captures).")
+    ] = None,
+    ref_scores: Annotated[
+        Path | None, typer.Option("--ref-scores", help="An invar score run of REF_RUN's responses by the "
+                                                      "reference: its captures, for KL.")
+    ] = None,
+    large_step: Annotated[
+        float, typer.Option("--large-step", help="|Δ| in nats above which a teacher-forced step counts as large.")
+    ] = DEFAULT_LARGE_STEP,
+    report: Annotated[
+        Path | None, typer.Option("--report", help="Write a self-contained HTML report here (and PNGs beside it).")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Where the candidate's tokens first part from the reference's, whether the bits agree before that, how the
+    candidate scores the reference's responses, and how far the full next-token distributions are apart."""
+    if not large_step > 0:
+        raise InvarError(f"--large-step {large_step}: must be a positive number of nats")
+    try:
+        if len(runs) == 2:
+            if contract is not None:
+                raise InvarError("--contract goes with one use run; two runs are compared by their records alone")
+            ref = read_generate_run(runs[0], "REF_RUN")
+            cand = read_generate_run(runs[1], "CAND_RUN")
+            cand_s = None if cand_scores is None else read_score_run(cand_scores, "--cand-scores")
+            ref_s = None if ref_scores is None else read_score_run(ref_scores, "--ref-scores")
+            pairs, captures = pair_runs(ref, cand, cand_s, ref_s)
+            sources: dict[str, Any] = {
+                "mode": "runs",
+                "reference": {**ref.describe(), "label": _label(ref.describe())},
+                "candidate": {**cand.describe(), "label": _label(cand.describe())},
+                "cand_scores": None if cand_s is None else cand_s.describe(),
+                "ref_scores": None if ref_s is None else ref_s.describe(),
+            }
+            result = compare(pairs, captures, context="reference", large_step=large_step, sources=sources)
+        else:
+            raise InvarError(f"give REF_RUN CAND_RUN; got {len(runs)} runs")
+    except InputError as exc:
+        raise InvarError(str(exc)) from None
+    if report is not None:
+        from invar.compare.report import write_report
+
+        written = write_report(result, report)
+        result.sources["report"] = [str(p) for p in written]
+    if json_out:
+        emit_json(result.to_json())
+        return
+    typer.echo(render_comparison(result))
+    if report is not None:
+        typer.echo(f"report     {report} (+ {len(result.sources['report']) - 1} PNGs beside it)")

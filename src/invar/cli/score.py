@@ -1,0 +1,130 @@
+"""`invar score`: teacher-forced log-probabilities of given tokens, and whole-vocabulary captures at chosen steps.
+
+The scoring itself (items, batches, checks) is `invar.runner.score`; this module parses options and prints. The
+tokens come from a JSON-lines file (`--tokens`) or from a run's sampled responses (`--from-run`, each scored at its
+request's temperature in the batches it was sampled in). Every call and report is kept in the run's records.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+
+from invar.cli.common import JsonOpt, emit_json
+from invar.cli.options import (
+    DEFAULT_CALL_TIMEOUT,
+    DEFAULT_MODEL,
+    AdapterOpt,
+    CallTimeoutOpt,
+    DtypeOpt,
+    EngineOpt,
+    ModelOpt,
+    QuantOpt,
+    RunOpt,
+)
+from invar.compare.steps import parse_steps, show_steps
+from invar.errors import InvarError
+from invar.patches import patch_digest, patch_dir
+from invar.records import RunStore
+from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, default_run_dir
+from invar.runner.options import check_sampling
+from invar.runner.score import ScoredOutput, batches_from_run, items_from_file, score_batches, verify_source
+from invar.tasks import Vocabulary
+
+_SHOWN = 50
+"""Items printed one by one in text mode; --json lists every item."""
+
+
+def score(
+    tokens: Annotated[
+        Path | None, typer.Option("--tokens", help="JSON lines: {\"item_id\", \"prompt\", \"tokens\": [ids], "
+                                                   "\"temperature\"?}.")
+    ] = None,
+    from_run: Annotated[
+        Path | None, typer.Option("--from-run", help="Score the sampled responses of this infer or evaluate run, "
+                                                     "at each request's temperature, in its batches.")
+    ] = None,
+    capture_steps: Annotated[
+        str, typer.Option("--capture-steps", help="Steps with a whole-vocabulary capture: numbers, 'last', "
+                                                  "'every:K', comma-separated (e.g. 0,1,last); '' for none.")
+    ] = "",
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="Temperature of --tokens items that state none (> 0).")
+    ] = 1.0,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Items per score call (--tokens).")] = 64,
+    engine: EngineOpt = Engine.HF,
+    model: ModelOpt = DEFAULT_MODEL,
+    dtype: DtypeOpt = Dtype.FLOAT32,
+    quantization: QuantOpt = Quantization.NONE,
+    adapter: AdapterOpt = None,
+    patch: Annotated[
+        list[str] | None, typer.Option("--patch", help="A patch under patches/ the worker runs with (repeatable), "
+                                                       "as a contract's patched package.")
+    ] = None,
+    run: RunOpt = None,
+    call_timeout: CallTimeoutOpt = DEFAULT_CALL_TIMEOUT,
+    as_json: JsonOpt = False,
+) -> None:
+    """Score given tokens teacher-forced: each token's log-probability and, at the capture steps, the whole
+    vocabulary's; keep the records."""
+    if (tokens is None) == (from_run is None):
+        raise InvarError("give the tokens to score: --tokens FILE or --from-run RUN (one of them)")
+    check_sampling(temperature=temperature if temperature > 0 else float("nan"), top_p=1.0, max_tokens=1,
+                   batch_size=batch_size, call_timeout=call_timeout)
+    try:
+        spec_steps = parse_steps(capture_steps) if capture_steps.strip() else ()
+    except ValueError as exc:
+        raise InvarError(f"--capture-steps {capture_steps!r}: {exc}") from None
+    patches = {name: patch_digest(patch_dir(name)) for name in patch or []}
+    spec = EngineSpec(engine, model, dtype, quantization, adapter, patches=patches)
+    meta: dict[str, Any] = {"command": "score", **spec.meta(), "capture_steps": show_steps(spec_steps)}
+    if from_run is not None:
+        source = verify_source(from_run)
+        meta["source"] = {"run": str(from_run), "head": source.head, "command": source.command}
+        batches = batches_from_run(source, spec_steps)
+        # Every item is checked before a worker starts: a step past a response's end costs no model load.
+        for _ in batches_from_run(source, spec_steps):
+            pass
+    else:
+        assert tokens is not None
+        listed = items_from_file(tokens, temperature, spec_steps, batch_size)
+        meta["source"] = {"tokens": str(tokens)}
+        batches = iter(listed)
+    vocab = Vocabulary.from_model_dir(model)
+    run_dir = run if run is not None else default_run_dir("score")
+    rows: list[dict[str, Any]] = []
+
+    def keep(out: ScoredOutput) -> None:
+        if as_json or len(rows) < _SHOWN:
+            rows.append({
+                "item_id": out.item.item_id, "prompt": out.item.prompt, "temperature": out.item.temperature,
+                "tokens": [int(t) for t in out.item.tokens], "text": vocab.decode(out.item.tokens, stop_at_eos=False),
+                "logprobs": [float(x) for x in out.logprobs],
+                "captures": [{"step": s, "vocab_logprobs": [float(x) for x in row]}
+                             for s, row in zip(out.item.steps, out.vocab_logprobs, strict=True)],
+            })
+
+    with RunStore.create(run_dir, meta=meta) as store:
+        counts = score_batches(spec, batches, store, call_timeout=call_timeout, on_output=keep)
+        head = store.close_run()
+    result = {"run": str(run_dir), "chain_head": head, **meta, **counts, "items": rows}
+    if as_json:
+        emit_json(result)
+        return
+    typer.echo(f"{engine.value} on {model} ({meta['model_digest'][:12]}…): {counts['items']} items in "
+               f"{counts['calls']} score calls, {counts['captures']} captures of {counts['vocab_size']} tokens; "
+               f"records: {run_dir}")
+    typer.echo(f"chain head {head} (keep it to check these records later: --expect-head)")
+    for r in rows:
+        typer.echo(f"[{r['item_id']}] {r['prompt']}{r['text']}   (T={r['temperature']:g})")
+        typer.echo(f"    logprobs: [{', '.join(f'{x:.6g}' for x in r['logprobs'])}]")
+        for cap in r["captures"]:
+            row = np.array(cap["vocab_logprobs"])
+            top = np.argsort(-row, kind="stable")[:3]
+            typer.echo(f"    step {cap['step']}: top " + ", ".join(
+                f"{vocab.tokens[int(i)]!r} {row[int(i)]:.6g}" for i in top))
+    if counts["items"] > len(rows):
+        typer.echo(f"… {counts['items'] - len(rows)} more items (--json lists them all)")

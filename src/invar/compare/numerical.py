@@ -1,0 +1,417 @@
+"""A numerical comparison of a reference and a candidate over many units, streamed unit by unit.
+
+Every number comes from the records: each unit's two sampled responses, the candidate's teacher-forced scoring of
+the reference's response, and whole-vocabulary captures from both sides at chosen steps. Only scalars are kept per
+unit; the captures, the one part that grows with the vocabulary, are consumed as they stream from the store and
+dropped (`zip_captures`), so memory follows the number of units, not the number of units × the vocabulary.
+
+Pure: the caller supplies the units and the capture streams (`invar.compare.runs` reads them from run stores).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from invar.compare.metrics import (
+    CaptureComparison,
+    Distribution,
+    SequenceComparison,
+    compare_capture,
+    compare_sequences,
+    distribution,
+    first_large_step,
+    fraction_and_uncertainty,
+    rms_and_uncertainty,
+    teacher_forced_deltas,
+)
+
+DEFAULT_LARGE_STEP = 0.01
+"""|Δ| in nats above which a teacher-forced step counts as a large difference (`--large-step`)."""
+
+CaptureContext = Literal["reference", "own"]
+"""Where the captures were taken: both along the reference's response (teacher forcing), or each package along
+its own response (then only steps within the shared prefix see the same context and are compared)."""
+
+
+@dataclass(frozen=True)
+class Response:
+    """One sampled response as reported: token ids int32[T], log-probabilities float32[T] (nats), finish reason."""
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class UnitPair:
+    """Everything one unit's comparison needs besides its captures."""
+
+    unit_id: str
+    prompt: str
+    reference: Response
+    candidate: Response
+    reference_loss: int | None = None
+    candidate_loss: int | None = None
+    reference_text: str | None = None
+    candidate_text: str | None = None
+    teacher_forced: np.ndarray | None = None
+    """The candidate's log-probabilities (float32[T_ref]) of the reference's tokens, on the reference's context."""
+    reference_scored: np.ndarray | None = None
+    """The reference's own teacher-forced log-probabilities of its response (float32[T_ref]), when it scored it."""
+
+
+@dataclass(frozen=True)
+class Capture:
+    """Whole-vocabulary log-probabilities of one unit at some steps: float[k, V], one row per step."""
+
+    unit_id: str
+    steps: tuple[int, ...]
+    values: np.ndarray
+
+
+@dataclass(frozen=True)
+class TeacherForcing:
+    """The candidate's reading of the reference's response against the reference's own, step by step."""
+
+    deltas: np.ndarray
+    """float64[T]: candidate − reference log-probability of the reference's token, nats."""
+    identical: bool
+    """Every step's two log-probabilities have the same bits."""
+    first_large: int | None
+    """First step with |Δ| above the threshold, or None."""
+
+    @property
+    def max_abs(self) -> float:
+        return float(np.abs(self.deltas).max()) if self.deltas.size else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"identical": self.identical, "first_large_step": self.first_large, "max_abs_delta": self.max_abs,
+                "sum_delta": float(self.deltas.sum()), "deltas": [float(x) for x in self.deltas]}
+
+
+@dataclass(frozen=True)
+class UnitResult:
+    """One unit, compared."""
+
+    unit_id: str
+    prompt: str
+    reference_text: str | None
+    candidate_text: str | None
+    reference_tokens: tuple[int, ...]
+    candidate_tokens: tuple[int, ...]
+    sequence: SequenceComparison
+    reference_loss: int | None
+    candidate_loss: int | None
+    teacher: TeacherForcing | None
+    captures: tuple[CaptureComparison, ...]
+    reference_self_identical: bool | None
+    """The reference's own teacher-forced scores equal the log-probabilities it sampled with, bit for bit (None:
+    it did not score its response)."""
+
+    @property
+    def max_kl(self) -> float:
+        return max((c.kl_ref_cand for c in self.captures), default=0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"unit_id": self.unit_id, "prompt": self.prompt, "reference_text": self.reference_text,
+                "candidate_text": self.candidate_text, **self.sequence.to_json(),
+                "reference_loss": self.reference_loss, "candidate_loss": self.candidate_loss,
+                "teacher_forcing": None if self.teacher is None else self.teacher.to_json(),
+                "captures": [c.to_json() for c in self.captures],
+                "reference_self_identical": self.reference_self_identical}
+
+
+class InputError(ValueError):
+    """Inputs that cannot be compared (a capture of another vocabulary size, a step past a response's end…);
+    the message names the unit."""
+
+
+def zip_captures(reference: Iterable[Capture], candidate: Iterable[Capture]) -> Iterator[tuple[Capture, Capture]]:
+    """Pair two capture streams by unit, reading them alternately; only a capture whose partner has not arrived yet
+    is held (none when both streams list units in the same order). `InputError` for a unit only one side has."""
+    held: tuple[dict[str, Capture], dict[str, Capture]] = ({}, {})
+    streams = (iter(reference), iter(candidate))
+    alive = [True, True]
+    while any(alive):
+        for side in (0, 1):
+            if not alive[side]:
+                continue
+            item = next(streams[side], None)
+            if item is None:
+                alive[side] = False
+                continue
+            other = held[1 - side].pop(item.unit_id, None)
+            if other is None:
+                if item.unit_id in held[side]:
+                    raise InputError(f"unit {item.unit_id}: captured twice by the "
+                                     f"{('reference', 'candidate')[side]}")
+                held[side][item.unit_id] = item
+            else:
+                yield (item, other) if side == 0 else (other, item)
+    for side, name in ((0, "reference"), (1, "candidate")):
+        if held[side]:
+            unit = next(iter(held[side]))
+            raise InputError(f"unit {unit}: the {name} has captures and the "
+                             f"{('candidate', 'reference')[side]} has none")
+
+
+def compare_captures(pair: UnitPair, reference: Capture, candidate: Capture,
+                     context: CaptureContext) -> tuple[CaptureComparison, ...]:
+    """The captures of one unit, step by step. `context` says where they were taken (see `CaptureContext`)."""
+    where = f"unit {pair.unit_id}"
+    for cap, name in ((reference, "reference"), (candidate, "candidate")):
+        if cap.values.ndim != 2 or cap.values.shape[0] != len(cap.steps):
+            raise InputError(f"{where}: the {name} capture has shape {cap.values.shape} for {len(cap.steps)} steps")
+    if reference.values.shape[1] != candidate.values.shape[1]:
+        raise InputError(f"{where}: the reference's capture covers a vocabulary of {reference.values.shape[1]} "
+                         f"tokens, the candidate's {candidate.values.shape[1]}; compare packages of one vocabulary")
+    ref_tokens = pair.reference.tokens
+    for cap, name, length in ((reference, "reference", len(ref_tokens)),
+                              (candidate, "candidate", len(ref_tokens) if context == "reference"
+                               else len(pair.candidate.tokens))):
+        beyond = [s for s in cap.steps if not 0 <= s < length]
+        if beyond:
+            raise InputError(f"{where}: the {name} capture is at step {beyond[0]}, beyond the response's end "
+                             f"({length} tokens, steps 0–{length - 1})")
+    if context == "reference":
+        if reference.steps != candidate.steps:
+            raise InputError(f"{where}: captured at steps {list(reference.steps)} by the reference and "
+                             f"{list(candidate.steps)} by the candidate; both must capture the same steps")
+        steps = list(reference.steps)
+    else:
+        # Each side's distribution at step s conditions on its own tokens before s: the same context only up to
+        # the first divergence.
+        fd = pair_first_divergence(pair)
+        steps = [s for s in reference.steps if s in candidate.steps and (fd is None or s <= fd)]
+    out = []
+    for s in steps:
+        r = reference.values[reference.steps.index(s)]
+        c = candidate.values[candidate.steps.index(s)]
+        try:
+            out.append(compare_capture(s, r, c, int(ref_tokens[s])))
+        except ValueError as exc:
+            raise InputError(f"{where}, step {s}: {exc}") from None
+    return tuple(out)
+
+
+def pair_first_divergence(pair: UnitPair) -> int | None:
+    return compare_sequences(pair.reference.tokens, pair.reference.logprobs, pair.candidate.tokens,
+                             pair.candidate.logprobs).first_divergence
+
+
+def compare_unit(pair: UnitPair, captures: tuple[CaptureComparison, ...] = (),
+                 large_step: float = DEFAULT_LARGE_STEP) -> UnitResult:
+    """One unit: its two responses, the teacher forcing, and its (already compared) captures."""
+    ref, cand = pair.reference, pair.candidate
+    seq = compare_sequences(ref.tokens, ref.logprobs, cand.tokens, cand.logprobs, ref.finish_reason,
+                            cand.finish_reason)
+    teacher = None
+    if pair.teacher_forced is not None:
+        if pair.teacher_forced.shape != ref.logprobs.shape:
+            raise InputError(f"unit {pair.unit_id}: the candidate scored {pair.teacher_forced.size} steps of a "
+                             f"{ref.logprobs.size}-token reference response")
+        deltas = teacher_forced_deltas(ref.logprobs, pair.teacher_forced)
+        teacher = TeacherForcing(deltas, bool(np.array_equal(ref.logprobs.view(np.uint32),
+                                                             pair.teacher_forced.view(np.uint32))),
+                                 first_large_step(deltas, large_step))
+    self_identical = None
+    if pair.reference_scored is not None:
+        self_identical = pair.reference_scored.shape == ref.logprobs.shape and bool(
+            np.array_equal(pair.reference_scored.view(np.uint32), ref.logprobs.view(np.uint32)))
+    return UnitResult(pair.unit_id, pair.prompt, pair.reference_text, pair.candidate_text,
+                      tuple(int(t) for t in ref.tokens), tuple(int(t) for t in cand.tokens), seq,
+                      pair.reference_loss, pair.candidate_loss, teacher, captures, self_identical)
+
+
+def _positions(values: Iterable[int | None]) -> dict[str, Any]:
+    counts = Counter(values)
+    none = counts.pop(None, 0)
+    return {"none": none, "positions": {str(k): counts[k] for k in sorted(counts)}}  # type: ignore[type-var]
+
+
+@dataclass(frozen=True)
+class NumericalComparison:
+    """Every unit compared, and the aggregates."""
+
+    units: tuple[UnitResult, ...]
+    large_step: float
+    context: CaptureContext | None
+    sources: dict[str, Any] = field(default_factory=dict)
+    """What was compared (runs, heads, packages), for the reader."""
+
+    # -- aggregates ----------------------------------------------------------------------------------------------
+
+    @property
+    def captures(self) -> list[CaptureComparison]:
+        return [c for u in self.units for c in u.captures]
+
+    def generation(self) -> dict[str, Any]:
+        n = len(self.units)
+        seqs = [u.sequence for u in self.units]
+        shared = [s for s in seqs if s.shared > 0]
+
+        def dist(values: list[float]) -> dict[str, Any] | None:
+            d = distribution(values)
+            return None if d is None else d.to_json()
+
+        return {
+            "units": n,
+            "identical": sum(s.identical for s in seqs),
+            "fraction_identical": sum(s.identical for s in seqs) / n if n else 0.0,
+            "tokens_identical": sum(s.tokens_identical for s in seqs),
+            "logprobs_identical_over_shared_prefix": sum(s.logprobs_identical for s in seqs),
+            "first_divergence": _positions(s.first_divergence for s in seqs),
+            "max_ulp": dist([float(s.max_ulp) for s in shared]),
+            "max_abs_delta": dist([s.max_abs_delta for s in shared]),
+            "sum_delta": dist([s.sum_delta for s in shared]),
+        }
+
+    def task(self) -> dict[str, Any] | None:
+        losses = [(u.reference_loss, u.candidate_loss) for u in self.units]
+        scored = [(r, c) for r, c in losses if r is not None and c is not None]
+        if not scored:
+            return None
+        return {"units": len(scored), "reference_loss": sum(r for r, _ in scored),
+                "candidate_loss": sum(c for _, c in scored), "worse": sum(c > r for r, c in scored),
+                "better": sum(c < r for r, c in scored)}
+
+    def teacher_forcing(self) -> dict[str, Any] | None:
+        taught = [u.teacher for u in self.units if u.teacher is not None]
+        if not taught:
+            return None
+        width = max(t.deltas.size for t in taught)
+        per_step = []
+        for s in range(width):
+            col = np.array([t.deltas[s] for t in taught if t.deltas.size > s])
+            per_step.append({"step": s, "n": int(col.size), "mean": float(col.mean()),
+                             "mean_abs": float(np.abs(col).mean()), "max_abs": float(np.abs(col).max())})
+        every = np.concatenate([t.deltas for t in taught])
+        d = distribution(every)
+        ad = distribution(np.abs(every))
+        return {"units": len(taught), "identical": sum(t.identical for t in taught),
+                "large_step": self.large_step, "first_large_step": _positions(t.first_large for t in taught),
+                "delta": None if d is None else d.to_json(), "abs_delta": None if ad is None else ad.to_json(),
+                "per_step": per_step}
+
+    def capture_summary(self) -> dict[str, Any] | None:
+        caps = self.captures
+        if not caps:
+            return None
+        n = len(caps)
+        kl_rc = [c.kl_ref_cand for c in caps]
+        kl_cr = [c.kl_cand_ref for c in caps]
+        bound_rc = float(np.mean([c.bound_ref_cand for c in caps]))
+        bound_cr = float(np.mean([c.bound_cand_ref for c in caps]))
+        same = sum(c.same_top for c in caps)
+        top, top_err = fraction_and_uncertainty(same, n)
+        dps = [c.delta_p for c in caps]
+        rms, rms_err = rms_and_uncertainty(dps)
+
+        def dist(values: list[float]) -> dict[str, Any]:
+            d = distribution(values)
+            assert d is not None
+            return d.to_json()
+
+        kl_rc_d = distribution(kl_rc)
+        kl_cr_d = distribution(kl_cr)
+        assert kl_rc_d is not None
+        assert kl_cr_d is not None
+        return {
+            "captures": n, "context": self.context,
+            "units": sum(1 for u in self.units if u.captures),
+            "identical": sum(c.identical for c in caps),
+            "indistinguishable_from_0": sum(c.indistinguishable for c in caps),
+            "kl_ref_cand": {**kl_rc_d.to_json(), "mean_bound": bound_rc,
+                            "max_bound": max(c.bound_ref_cand for c in caps),
+                            "mean_indistinguishable_from_0": abs(kl_rc_d.mean) <= bound_rc},
+            "kl_cand_ref": {**kl_cr_d.to_json(), "mean_bound": bound_cr,
+                            "max_bound": max(c.bound_cand_ref for c in caps),
+                            "mean_indistinguishable_from_0": abs(kl_cr_d.mean) <= bound_cr},
+            "same_top": {"count": same, "fraction": top, "stderr": top_err},
+            "delta_p": dist(dps),
+            "rms_delta_p": {"value": rms, "stderr": rms_err},
+            "by_step": _by_step(caps),
+        }
+
+    def reference_self_consistency(self) -> dict[str, Any] | None:
+        checked = [u.reference_self_identical for u in self.units if u.reference_self_identical is not None]
+        if not checked:
+            return None
+        return {"units": len(checked), "identical": sum(checked)}
+
+    def worst(self, count: int = 10) -> list[UnitResult]:
+        """The units that part most: largest KL(ref ‖ cand) at a capture, then largest teacher-forced |Δ|, then
+        earliest first divergence, then largest |Δ| over the shared prefix."""
+        def key(u: UnitResult) -> tuple[float, float, float, float]:
+            fd = u.sequence.first_divergence
+            return (u.max_kl, u.teacher.max_abs if u.teacher is not None else 0.0,
+                    -float(fd) if fd is not None else -float("inf"), u.sequence.max_abs_delta)
+
+        return sorted((u for u in self.units if not u.sequence.identical or (u.captures and u.max_kl > 0)),
+                      key=key, reverse=True)[:count]
+
+    def to_json(self, *, per_unit: bool = True) -> dict[str, Any]:
+        return {
+            "sources": self.sources,
+            "generation": self.generation(),
+            "task": self.task(),
+            "teacher_forcing": self.teacher_forcing(),
+            "captures": self.capture_summary(),
+            "reference_self_consistency": self.reference_self_consistency(),
+            "worst": [u.to_json() for u in self.worst()],
+            **({"units": [u.to_json() for u in self.units]} if per_unit else {}),
+        }
+
+
+def _by_step(caps: list[CaptureComparison]) -> list[dict[str, Any]]:
+    steps: dict[int, list[CaptureComparison]] = {}
+    for c in caps:
+        steps.setdefault(c.step, []).append(c)
+    out = []
+    for s in sorted(steps):
+        group = steps[s]
+        out.append({"step": s, "n": len(group), "mean_kl_ref_cand": float(np.mean([c.kl_ref_cand for c in group])),
+                    "max_kl_ref_cand": max(c.kl_ref_cand for c in group),
+                    "same_top": sum(c.same_top for c in group)})
+    return out
+
+
+def compare(pairs: Iterable[UnitPair], captures: Iterable[tuple[Capture, Capture]] | None = None, *,
+            context: CaptureContext | None = "reference", large_step: float = DEFAULT_LARGE_STEP,
+            sources: dict[str, Any] | None = None) -> NumericalComparison:
+    """Compare every unit of `pairs`; `captures` (from `zip_captures`) are consumed as they stream, each unit's
+    compared at once and dropped. `InputError` names the unit of anything that cannot be compared."""
+    units = {p.unit_id: p for p in pairs}
+    compared: dict[str, tuple[CaptureComparison, ...]] = {}
+    if captures is not None:
+        assert context is not None
+        for ref_cap, cand_cap in captures:
+            pair = units.get(ref_cap.unit_id)
+            if pair is None:
+                raise InputError(f"unit {ref_cap.unit_id}: captured, but not among the units compared")
+            compared[ref_cap.unit_id] = compare_captures(pair, ref_cap, cand_cap, context)
+    results = tuple(compare_unit(p, compared.get(uid, ()), large_step) for uid, p in units.items())
+    return NumericalComparison(results, large_step, context if compared else None, dict(sources or {}))
+
+
+__all__ = [
+    "DEFAULT_LARGE_STEP",
+    "Capture",
+    "CaptureContext",
+    "Distribution",
+    "InputError",
+    "NumericalComparison",
+    "Response",
+    "TeacherForcing",
+    "UnitPair",
+    "UnitResult",
+    "compare",
+    "compare_captures",
+    "compare_unit",
+    "zip_captures",
+]

@@ -1,0 +1,215 @@
+"""Teacher-forced scoring of given token sequences through an engine: `invar score`, and the source of the
+candidate's side of a numerical comparison.
+
+Decisions:
+- **Given tokens, the engine's numbers.** The worker's `score` method (docs/protocol.md) returns, per item, the
+  log-probability of each given token on the context of the prompt and the tokens before it, at the item's
+  temperature, and the whole vocabulary's log-probabilities at the requested steps, as float32 arrays. They are
+  kept in the run's records bit for bit, once.
+- **A run's responses are scored in the batches they were sampled in.** From a run (`--from-run`), each batch of
+  each generate call becomes one score call holding exactly that batch's requests in order, at the request's
+  temperature (1 for greedy requests, whose log-probabilities are at 1): an engine whose numbers depend on the batch
+  (Hugging Face) then scores its own samples to the bit, and any difference another package shows is its own.
+- **The source run is verified first** (a whole streamed pass), then read again to issue the calls; its head must
+  not change in between.
+- **Steps are checked before any worker starts**: a requested step past a response's end is refused, naming the item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from invar.compare.runs import check_score_output, open_verified
+from invar.compare.steps import Step, resolve_steps
+from invar.errors import EvidenceError, InvarError
+from invar.records import RunStore
+from invar.runner.engine import EngineSpec, check_patches_active, engine_session
+from invar.runner.options import check_context, model_context
+from invar.tasks import Vocabulary
+
+
+@dataclass(frozen=True)
+class ScoreItem:
+    """One sequence to score: the prompt, the given response tokens int32[T], the temperature, the capture steps."""
+
+    item_id: str
+    prompt: str
+    tokens: np.ndarray
+    temperature: float
+    steps: tuple[int, ...]
+
+    def params(self) -> dict[str, Any]:
+        """The item as the `score` method takes it."""
+        return {"item_id": self.item_id, "prompt": self.prompt, "response_tokens": self.tokens,
+                "temperature": self.temperature, "vocab_steps": list(self.steps)}
+
+
+@dataclass(frozen=True)
+class ScoredOutput:
+    """One item's result: log-probabilities float32[T] and captures float32[len(steps), V]."""
+
+    item: ScoreItem
+    logprobs: np.ndarray
+    vocab_logprobs: np.ndarray
+
+
+def _item(item_id: str, prompt: str, tokens: Any, temperature: float, spec: Sequence[Step], where: str) -> ScoreItem:
+    array = np.asarray(tokens)
+    if array.ndim != 1 or array.size == 0 or array.dtype.kind not in "iu":
+        raise InvarError(f"{where}: tokens must be a non-empty list of token ids")
+    try:
+        steps = resolve_steps(spec, int(array.size), strict=True)
+    except ValueError as exc:
+        raise InvarError(f"{where}: capture {exc}; ask for steps within every response (e.g. 0,last)") from None
+    return ScoreItem(item_id, prompt, array.astype(np.int32), temperature, steps)
+
+
+def items_from_file(path: Path, temperature: float, spec: Sequence[Step], batch_size: int) -> list[list[ScoreItem]]:
+    """Items from a JSON-lines file of `{"item_id", "prompt", "tokens"[, "temperature"]}`, cut into batches."""
+    import json
+
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvarError(f"--tokens {path}: cannot read it ({exc}); give a JSON-lines file") from None
+    items: list[ScoreItem] = []
+    seen: set[str] = set()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"--tokens {path} line {number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvarError(f"{where}: not JSON ({exc.msg}); write one object per line") from None
+        if not isinstance(row, dict) or not isinstance(row.get("item_id"), str) or \
+                not isinstance(row.get("prompt"), str) or not isinstance(row.get("tokens"), list) or \
+                not all(isinstance(t, int) and not isinstance(t, bool) for t in row["tokens"]):
+            raise InvarError(f"{where}: expected {{\"item_id\": str, \"prompt\": str, \"tokens\": [ids], "
+                             "\"temperature\"?: number}")
+        if row["item_id"] in seen:
+            raise InvarError(f"{where}: item_id {row['item_id']!r} repeats; give every item its own id")
+        seen.add(row["item_id"])
+        t = row.get("temperature", temperature)
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= 10:
+            raise InvarError(f"{where}: temperature must be a number in (0, 10]")
+        items.append(_item(row["item_id"], row["prompt"], np.array(row["tokens"], dtype=np.int64), float(t), spec,
+                           where))
+    if not items:
+        raise InvarError(f"--tokens {path}: no items")
+    return [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
+
+
+@dataclass(frozen=True)
+class SourceRun:
+    """A verified infer or evaluate run whose responses are to be scored."""
+
+    path: Path
+    head: str
+    command: str
+    units: int
+
+
+def verify_source(path: Path) -> SourceRun:
+    """Verify a run in one streamed pass: closed, made by infer or evaluate, every generate call answered."""
+    with open_verified(path, "--from-run") as store:
+        meta = store.meta().get("run", {})
+        command = meta.get("command")
+        if command not in ("infer", "evaluate"):
+            raise InvarError(f"--from-run {path}: a {command!r} run; give a run made by invar infer or evaluate")
+        stream = store.stream()
+        units = 0
+        for rec in stream:
+            if rec.call.method == "generate":
+                if rec.report is None or not rec.report.report.ok:
+                    raise EvidenceError(f"--from-run {path}: {rec.name} has no successful report")
+                units += len(rec.call.params.get("requests", []))
+        v = stream.verification
+        if v is None or not v.closed:
+            raise EvidenceError(f"--from-run {path}: the run is incomplete (no closing record); score finished runs")
+        return SourceRun(path, v.head, str(command), units)
+
+
+def batches_from_run(source: SourceRun, spec: Sequence[Step]) -> Iterator[list[ScoreItem]]:
+    """Each batch of each generate call of `source`, as the items that score its responses (see the module
+    docstring); streams the run, and refuses it if its head changed since `verify_source`."""
+    with open_verified(source.path, "--from-run") as store:
+        stream = store.stream()
+        for rec in stream:
+            if rec.call.method != "generate" or rec.report is None or rec.report.report.result is None:
+                continue
+            requests = rec.call.params["requests"]
+            outputs = rec.report.report.result["outputs"]
+            for batch in rec.call.params["layout"]:
+                items = []
+                for i in batch:
+                    req, out = requests[i], outputs[i]
+                    where = f"--from-run {source.path}: {rec.name}, request {req['request_id']}"
+                    t = float(req["temperature"])
+                    items.append(_item(req["request_id"], req["prompt"], np.array(out["tokens"], copy=True),
+                                       t if t > 0 else 1.0, spec, where))
+                yield items
+        if stream.verification is None or stream.verification.head != source.head:
+            raise EvidenceError(f"--from-run {source.path}: the run changed while it was read; score it again")
+
+
+def check_items(items: Sequence[ScoreItem], vocab: Vocabulary, context: int | None) -> None:
+    """Every item's tokens are ids of the model's vocabulary and fit its context with the prompt."""
+    for it in items:
+        if int(it.tokens.min()) < 0 or int(it.tokens.max()) >= vocab.size:
+            raise InvarError(f"item {it.item_id}: token ids must be in [0, {vocab.size}), the model's vocabulary")
+        check_context(len(vocab.encode(it.prompt)), int(it.tokens.size), context, f"item {it.item_id}")
+
+
+def score_batches(spec: EngineSpec, batches: Iterator[list[ScoreItem]], store: RunStore, *,
+                  call_timeout: float | None = None,
+                  on_output: Callable[[ScoredOutput], None] = lambda out: None) -> dict[str, Any]:
+    """One `score` call per batch through the engine's worker; each item's result is checked and handed to
+    `on_output` as it arrives. Returns counts: calls, items, captures, vocab_size."""
+    vocab = Vocabulary.from_model_dir(spec.model)
+    context = model_context(spec.model)
+    calls = items = captures = 0
+    width: int | None = None
+    with engine_session(spec, store, call_timeout=call_timeout) as session:
+        for batch in batches:
+            check_items(batch, vocab, context)
+            answer = session.client.ask("score", {"items": [it.params() for it in batch], "adapter": session.adapter})
+            result = answer.result
+            where = f"score call {answer.call.call_id}"
+            if result.get("model_digest") != session.model_digest:
+                raise EvidenceError(f"{where}: the report names model {str(result.get('model_digest'))[:16]}…, not "
+                                    f"{session.model_digest[:16]}…")
+            check_patches_active(result, spec.patches, where)
+            outputs = result.get("outputs")
+            if not isinstance(outputs, list) or len(outputs) != len(batch):
+                raise EvidenceError(f"{where}: the report does not answer its {len(batch)} items")
+            for it, sent, out in zip(batch, answer.call.params["items"], outputs, strict=True):
+                scored = check_score_output(sent, out, where)
+                vocab_lp = out["vocab_logprobs"]
+                if scored.vocab_size is not None:
+                    if width is not None and scored.vocab_size != width:
+                        raise EvidenceError(f"{where} ({it.item_id}): captures of {scored.vocab_size} tokens after "
+                                            f"captures of {width}")
+                    width = scored.vocab_size
+                on_output(ScoredOutput(it, scored.logprobs, vocab_lp))
+                items += 1
+                captures += len(it.steps)
+            calls += 1
+    return {"calls": calls, "items": items, "captures": captures, "vocab_size": width}
+
+
+__all__ = [
+    "ScoreItem",
+    "ScoredOutput",
+    "SourceRun",
+    "batches_from_run",
+    "check_items",
+    "items_from_file",
+    "score_batches",
+    "verify_source",
+]

@@ -1,0 +1,172 @@
+"""`invar compare numerical REF_RUN CAND_RUN`: figures known in advance from runs written with chosen numbers, and
+every refusal one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from compare_builders import Scored, capture, generate_run, score_run, units
+from scipy.special import rel_entr
+
+
+def _invar(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def _json(*args: str | Path) -> dict[str, Any]:
+    out = _invar("compare", "numerical", *args, "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def _one_line_refusal(out: subprocess.CompletedProcess[str], *phrases: str) -> None:
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    for phrase in phrases:
+        assert phrase in out.stderr, out.stderr
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A reference run, an identical candidate, a candidate that differs, and score runs of the reference's
+    responses by each side, with captures at steps 0 and 1."""
+    root = tmp_path_factory.mktemp("compare")
+    ref_units = units(8)
+    cand_units = units(8, {2: "7"})  # unit 2 answers "7": tokens part at step 0 (or later)
+    for u, c in zip(ref_units, cand_units, strict=True):
+        if len(c.tokens) == len(u.tokens):
+            c.logprobs = u.lp().copy()
+    moved = cand_units[5].logprobs
+    assert moved is not None
+    moved[0] = np.nextafter(moved[0], np.float32(0))  # one ulp on unit 5, step 0
+    out = {"ref": generate_run(root / "ref", ref_units), "same": generate_run(root / "same", units(8)),
+           "cand": generate_run(root / "cand", cand_units)}
+    ref_caps = [capture(i, 2) for i in range(8)]
+    cand_caps = [c.copy() for c in ref_caps]
+    cand_caps[3] = capture(100, 2)  # unit 3's captures: another distribution
+    out["ref_scores"] = score_run(root / "ref_scores", [Scored(u, u.lp(), [0, 1], ref_caps[i])
+                                                        for i, u in enumerate(ref_units)], out["ref"])
+    taught = [u.lp().copy() for u in ref_units]
+    taught[4][1] -= np.float32(0.5)
+    out["cand_scores"] = score_run(root / "cand_scores", [Scored(u, taught[i], [0, 1], cand_caps[i])
+                                                          for i, u in enumerate(ref_units)], out["ref"])
+    out["self_scores"] = score_run(root / "self_scores", [Scored(u, u.lp(), [0, 1], ref_caps[i])
+                                                          for i, u in enumerate(ref_units)], out["ref"])
+    return out
+
+
+def test_a_run_against_an_identical_one_is_identical_everywhere_with_kl_zero(runs: dict[str, Path]) -> None:
+    doc = _json(runs["ref"], runs["same"], "--cand-scores", runs["self_scores"], "--ref-scores", runs["ref_scores"])
+    g = doc["generation"]
+    assert (g["units"], g["identical"], g["fraction_identical"]) == (8, 8, 1.0)
+    assert g["first_divergence"] == {"none": 8, "positions": {}}
+    tf = doc["teacher_forcing"]
+    assert (tf["units"], tf["identical"]) == (8, 8)
+    assert tf["delta"]["max"] == tf["delta"]["min"] == 0.0
+    c = doc["captures"]
+    assert (c["captures"], c["identical"], c["indistinguishable_from_0"]) == (16, 16, 16)
+    assert c["kl_ref_cand"]["max"] == c["kl_cand_ref"]["max"] == 0.0
+    assert (c["same_top"]["fraction"], c["rms_delta_p"]["value"]) == (1.0, 0.0)
+    assert doc["reference_self_consistency"] == {"units": 8, "identical": 8}
+
+
+def test_a_candidate_that_differs_is_located_and_measured(runs: dict[str, Path]) -> None:
+    doc = _json(runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"], "--ref-scores",
+                runs["ref_scores"])
+    by_id = {u["unit_id"]: u for u in doc["units"]}
+    ids = list(by_id)
+    g = doc["generation"]
+    assert (g["identical"], g["tokens_identical"]) == (6, 7)
+    u2 = by_id[ids[2]]
+    assert u2["first_divergence"] is not None
+    assert u2["candidate_text"] == "7"
+    assert (u2["reference_loss"], u2["candidate_loss"]) == (0, 1)
+    u5 = by_id[ids[5]]
+    assert (u5["first_divergence"], u5["logprobs_identical"], u5["max_ulp"]) == (None, False, 1)
+    assert doc["task"] == {"units": 8, "reference_loss": 0, "candidate_loss": 1, "worse": 1, "better": 0}
+    tf = by_id[ids[4]]["teacher_forcing"]
+    assert tf["first_large_step"] == 1
+    assert tf["deltas"][1] == pytest.approx(-0.5)
+    assert doc["teacher_forcing"]["identical"] == 7
+    # Unit 3: KL of the two known captures, as scipy computes it.
+    ref_cap, cand_cap = capture(3, 2), capture(100, 2)
+    for step in (0, 1):
+        p = np.exp(ref_cap[step].astype(np.float64))
+        q = np.exp(cand_cap[step].astype(np.float64))
+        got = by_id[ids[3]]["captures"][step]
+        assert got["kl_ref_cand"] == pytest.approx(float(rel_entr(p / p.sum(), q / q.sum()).sum()), rel=1e-9)
+        assert got["kl_cand_ref"] == pytest.approx(float(rel_entr(q / q.sum(), p / p.sum()).sum()), rel=1e-9)
+        assert not got["indistinguishable_from_0"]
+    assert doc["captures"]["identical"] == 14
+    assert doc["worst"][0]["unit_id"] == ids[3]  # the largest KL first
+
+
+def test_the_report_is_self_contained_html_with_pngs(runs: dict[str, Path], tmp_path: Path) -> None:
+    report = tmp_path / "out.html"
+    out = _invar("compare", "numerical", runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"],
+                 "--ref-scores", runs["ref_scores"], "--report", report)
+    assert out.returncode == 0, out.stderr
+    html = report.read_text(encoding="utf-8")
+    assert html.startswith("<!DOCTYPE html>")
+    assert "http://" not in html  # nothing is fetched
+    assert "https://" not in html
+    assert html.count("data:image/png;base64,") >= 3
+    pngs = sorted(p.name for p in tmp_path.glob("out-*.png"))
+    assert pngs == ["out-first-divergence.png", "out-kl.png", "out-teacher-forcing.png"]
+    for name in pngs:
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_with_other_requests_or_seeds_are_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
+    other = units(8)
+    other[6].seed += 1
+    out = _invar("compare", "numerical", runs["ref"], generate_run(tmp_path / "seeds", other))
+    _one_line_refusal(out, "different requests", "seed")
+    out = _invar("compare", "numerical", runs["ref"], generate_run(tmp_path / "fewer", units(6)))
+    _one_line_refusal(out, "different requests", "in REF_RUN only")
+
+
+def test_a_run_whose_records_fail_verification_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
+    bad = generate_run(tmp_path / "bad", units(8))
+    conn = sqlite3.connect(bad / "records.sqlite")
+    conn.execute("DROP TRIGGER log_no_update")
+    seq, body = conn.execute("SELECT seq, body FROM log WHERE kind = 'report' ORDER BY seq DESC LIMIT 1").fetchone()
+    conn.execute("UPDATE log SET body = ? WHERE seq = ?", (body[:-1] + bytes([body[-1] ^ 1]), seq))
+    conn.commit()
+    conn.close()
+    _one_line_refusal(_invar("compare", "numerical", runs["ref"], bad), f"record {seq}", "altered")
+
+
+def test_a_capture_of_another_vocabulary_size_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
+    ref_units = units(8)
+    wide = [Scored(u, u.lp(), [0], np.zeros((1, 30), np.float32) - np.log(np.float32(30))) for u in ref_units]
+    scores = score_run(tmp_path / "wide", wide, runs["ref"])
+    out = _invar("compare", "numerical", runs["ref"], runs["same"], "--cand-scores", scores, "--ref-scores",
+                 runs["ref_scores"])
+    _one_line_refusal(out, "vocabulary of 18 tokens", "30")
+
+
+def test_a_step_beyond_a_responses_end_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
+    ref_units = units(8)
+    far = [Scored(u, u.lp(), [9], capture(i, 1)) for i, u in enumerate(ref_units)]
+    scores = score_run(tmp_path / "far", far, runs["ref"])
+    out = _invar("compare", "numerical", runs["ref"], runs["same"], "--cand-scores", scores)
+    _one_line_refusal(out, "step 9 is beyond the response's end")
+    # invar score refuses such a step before any worker starts.
+    out = _invar("score", "--from-run", runs["ref"], "--capture-steps", "0,9", "--run", tmp_path / "never")
+    _one_line_refusal(out, "step 9 is beyond the response's end")
+    assert not (tmp_path / "never").exists()
+
+
+def test_scores_of_other_tokens_than_the_references_are_one_line(runs: dict[str, Path]) -> None:
+    out = _invar("compare", "numerical", runs["cand"], runs["ref"], "--cand-scores", runs["cand_scores"])
+    _one_line_refusal(out, "other tokens than REF_RUN's response")
