@@ -136,8 +136,9 @@ class Objective(_Model):
     """The reference policy of the KL term: `base`, the model without an adapter (the policy cycle 0 starts
     from). The engine scores the sampled tokens under it in the same rollout."""
     loss_aggregation: Literal["token-mean"] = "token-mean"
-    """How per-token terms become the loss: the mean over every response token of the cycle's batch, N fixed by
-    the core before the learner splits the batch in any way."""
+    """How per-token terms become the loss: the mean over every response token of the cycle's batch. N counts the
+    whole batch before any micro-batching (the learners divide every sample's sum by it; the core checks the
+    count), so the step does not depend on how a learner splits the batch."""
 
     @model_validator(mode="after")
     def _cap(self) -> Objective:
