@@ -16,6 +16,7 @@ import typer
 from invar.cli.common import JsonOpt, emit_json
 from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, NumericalComparison, compare
 from invar.compare.runs import pair_runs, read_generate_run, read_score_run
+from invar.compare.use_runs import compare_use_run
 from invar.errors import InvarError
 
 app = typer.Typer(
@@ -174,8 +175,13 @@ def numerical(
                 "ref_scores": None if ref_s is None else ref_s.describe(),
             }
             result = compare(pairs, captures, context="reference", large_step=large_step, sources=sources)
+        elif len(runs) == 1:
+            if cand_scores is not None or ref_scores is not None:
+                raise InvarError("--cand-scores and --ref-scores go with REF_RUN CAND_RUN; a use run carries its "
+                                 "measurements in its records")
+            result = compare_use_run(runs[0], contract, large_step=large_step)
         else:
-            raise InvarError(f"give REF_RUN CAND_RUN; got {len(runs)} runs")
+            raise InvarError(f"give one use run, or REF_RUN CAND_RUN; got {len(runs)} runs")
     except InputError as exc:
         raise InvarError(str(exc)) from None
     if report is not None:

@@ -71,6 +71,7 @@ def prepare_cmd(
         "sha256": prepared.sha256,
         "units": len(plan.units),
         "calls": [{"call": c.key, "purposes": list(c.purposes), "batches": len(c.batches)} for c in plan.calls],
+        "measurements": len(plan.measurements),
         "plan_version": plan.version,
     }
     if json_out:
@@ -84,6 +85,13 @@ def prepare_cmd(
     for name, calls in groups.items():
         typer.echo(f"  {name:<28} {len(calls):>5} call{'s' if len(calls) > 1 else ' '} "
                    f"{sum(len(c.batches) for c in calls):>6} batches  ({', '.join(calls[0].purposes)})")
+    if plan.measurements and plan.measure is not None:
+        units = sum(len(m.units) for m in plan.measurements if m.package == "reference")
+        what = "teacher forcing of the reference's responses" if plan.measure.teacher_forcing else \
+            "each package's own responses"
+        steps = ", ".join(str(x) for x in plan.measure.capture_steps) or "none"
+        typer.echo(f"  measurements                 {len(plan.measurements):>5} score calls on {units} units "
+                   f"({what}; captures at steps {steps})")
 
 
 _ASSUMPTION = re.compile(r"([a-z_]+)=([^\s,]+)")
@@ -178,9 +186,29 @@ def render_decision(decision: Decision) -> str:
         lines.append(f"diagnostic (never deciding) paired Wald {g.wald_confidence:g}: [{g.wald[0]:.6g}, "
                      f"{g.wald[1]:.6g}]; exact McNemar one-sided p = {g.mcnemar_p:.4g}; Hoeffding "
                      f"[{g.hoeffding.lower:.6g}, {g.hoeffding.upper:.6g}]")
+    m = d.measurements
+    if m is not None:
+        tf = m.teacher_forcing()
+        caps = m.capture_summary()
+        parts = []
+        if tf is not None:
+            parts.append(f"teacher forcing on {tf['units']} units, {tf['identical']} bit-identical at every step, "
+                         f"max |Δ| {tf['abs_delta']['max']:.3g} nats")
+        if caps is not None:
+            kl = caps["kl_ref_cand"]
+            parts.append(f"{caps['captures']} captures: KL(ref‖cand) mean {kl['mean']:.3g} ± {kl['stderr']:.2g}, max "
+                         f"{kl['max']:.3g} (numerical error ≤ {kl['mean_bound']:.2g} on average), same top "
+                         f"{100 * caps['same_top']['fraction']:.2f} %")
+        rule = "decides through max_kl" if d.kl is not None else "beside the decision, deciding nothing"
+        lines.append(f"measure    {'; '.join(parts)} ({rule}; invar compare numerical for the rest)")
+        if d.kl is not None:
+            state = "holds" if d.kl.holds else ("violated" if d.kl.violated else "undecided")
+            lines.append(f"max_kl     {d.kl.max_kl} nats at each of {d.kl.captures} captures: {state}"
+                         + ("" if d.kl.worst is None else f" ({d.kl.worst})"))
     groups: dict[str, list[int]] = {}
-    for e in d.evidence:
-        groups.setdefault(e.key.partition("#")[0], []).append(e.record_seq)
+    for key, seq in [*((e.key, e.record_seq) for e in d.evidence),
+                     *((e.key, e.record_seq) for e in d.measurement_evidence)]:
+        groups.setdefault(key.partition("#")[0], []).append(seq)
     for name, seqs in groups.items():
         where = f"record {seqs[0]}" if len(seqs) == 1 else f"{len(seqs)} calls, records {min(seqs)}–{max(seqs)}"
         lines.append(f"evidence   {name:<24} {where} (--json lists each call and report digest)")

@@ -26,7 +26,7 @@ import enum
 import math
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -36,8 +36,11 @@ from typing import Any
 import numpy as np
 
 from invar import canonical
+from invar.compare.measured import KlRequirement, MeasuredItem, MeasurementRecord, kl_requirement, measured_comparison
+from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, NumericalComparison, Response
+from invar.compare.runs import check_score_output
 from invar.contract.model import Contract, Package, read_contract
-from invar.contract.plan import ExecutionPlan, PlannedCall, Role, Unit, derive_plan
+from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, Unit, derive_plan, measurement_params
 from invar.contract.prepare import TOKENIZER_FILES, tokenizer_digest
 from invar.errors import ContractError, EvidenceError
 from invar.records.store import CallRecord, RunStore
@@ -108,6 +111,14 @@ class CallEvidence:
 
 def _first_difference(expected: Any, actual: Any, where: str) -> str | None:
     """The first place two decoded values differ (types included), as `where: what`; None if equal."""
+    if isinstance(expected, np.ndarray) or isinstance(actual, np.ndarray):
+        if not isinstance(expected, np.ndarray) or not isinstance(actual, np.ndarray):
+            return f"{where} is {canonical.show(actual)} in the record, {canonical.show(expected)} in the contract"
+        if expected.dtype != actual.dtype or expected.shape != actual.shape or \
+                expected.tobytes() != actual.tobytes():
+            return (f"{where} is a {actual.dtype} array of shape {actual.shape} in the record, not the "
+                    f"{expected.dtype} array of shape {expected.shape} the plan and the recorded responses give")
+        return None
     if isinstance(expected, dict) and isinstance(actual, dict):
         for key in sorted(set(expected) | set(actual)):
             if key not in actual:
@@ -234,27 +245,113 @@ def run_contract_sha256(store: RunStore) -> str:
     return run_contract
 
 
-def bind_evidence(
-    records: Sequence[CallRecord], contract: Contract, plan: ExecutionPlan, eos: Mapping[Role, int]
-) -> tuple[dict[str, CallEvidence], dict[str, str]]:
-    """Bind each answered generate record to the planned call it executes, by plan call key.
+@dataclass
+class BoundEvidence:
+    """What a run's records bind to the plan: generate evidence and measurement records by plan call key, and why
+    planned calls without a successful record have none (unanswered, or answered with an error)."""
 
-    Returns the evidence found and, for planned calls with no successful record yet, why (unanswered, or answered
-    with an error). Raises `EvidenceError`, naming the record, for a call from a foreign package, a call or
-    parameter the plan does not contain, a repeated call, a report naming other files, or outputs the plan refuses.
-    A run that is still going (or was killed) binds as far as it got: `use run` resumes from this.
+    found: dict[str, CallEvidence]
+    measured: dict[str, MeasurementRecord]
+    failed: dict[str, str]
+
+
+class _PairingIndex:
+    """Where each unit's pairing-layout response of each package is: (planned call key, position in its outputs)."""
+
+    def __init__(self, plan: ExecutionPlan) -> None:
+        self.where: dict[tuple[Role, int], tuple[str, int]] = {}
+        roles: tuple[Role, Role] = ("reference", "candidate")
+        for role in roles:
+            for c in plan.layout_calls(role, plan.pairing_layout):
+                for pos, index in enumerate(c.units):
+                    self.where[(role, index)] = (c.key, pos)
+
+
+def _bind_measurement(rec: CallRecord, load: CallRecord | None, contract: Contract, plan: ExecutionPlan,
+                      pairing: _PairingIndex, by_items: Mapping[tuple[Role, tuple[Any, ...]], MeasurementCall],
+                      bound: BoundEvidence) -> None:
+    """Bind one score record of a plan /3 run to its planned measurement call (see `bind_records`)."""
+    role = _attribute(rec, load, contract)
+    params = rec.call.params
+    items = params.get("items")
+    ids = tuple(it.get("item_id") if isinstance(it, dict) else None for it in items) if isinstance(items, list) \
+        else ()
+    planned = by_items.get((role, ids))
+    if planned is None:
+        raise EvidenceError(f"{rec.name}: a score call of the {role} that is no planned measurement (its items are not "
+                            "the units of a measured batch of the pairing layout)")
+
+    def tokens(index: int) -> np.ndarray:
+        key, pos = pairing.where[(planned.source, index)]
+        evidence = bound.found.get(key)
+        if evidence is None:
+            raise EvidenceError(f"{rec.name}: measures unit {plan.units[index].unit_id} before the {planned.source}'s "
+                                f"response to it is on record (planned call {key})")
+        return evidence.outputs[pos].tokens
+
+    expected = measurement_params(plan, planned, tokens)
+    if canonical.digest(expected) != canonical.digest(params):
+        diff = _first_difference(expected, params, "params") or "params are encoded differently"
+        raise EvidenceError(f"{rec.name}: does not match planned measurement call {planned.key}: {diff}")
+    answered = rec.report is not None and rec.report.report.ok
+    if not answered:
+        reason = "was never answered" if rec.report is None else "was answered with an error"
+        bound.failed.setdefault(planned.key, f"{rec.name} {reason}")
+        return
+    if planned.key in bound.measured:
+        raise EvidenceError(f"{rec.name}: repeats planned call {planned.key}, already answered by record "
+                            f"{bound.measured[planned.key].record_seq}")
+    assert load is not None  # _attribute refuses a record without a load
+    assert rec.report is not None
+    package = contract.package(role)
+    _check_loaded(rec, load, package, role)
+    result = _result(rec)
+    check_patches_active(result, package.patches, rec.name)
+    outputs = result.get("outputs")
+    if not isinstance(outputs, list) or len(outputs) != len(planned.units):
+        raise EvidenceError(f"{rec.name}: the report does not answer its {len(planned.units)} items")
+    width = _result(load).get("vocab_size")
+    scored: list[MeasuredItem] = []
+    for index, item, out in zip(planned.units, params["items"], outputs, strict=True):
+        got = check_score_output(item, out, rec.name)
+        if got.vocab_size is not None and isinstance(width, int) and got.vocab_size != width:
+            raise EvidenceError(f"{rec.name} ({plan.units[index].unit_id}): captures of {got.vocab_size} tokens from "
+                                f"a model whose worker reported a vocabulary of {width}")
+        scored.append(MeasuredItem(index, got.logprobs, got.steps, got.vocab_size))
+    bound.measured[planned.key] = MeasurementRecord(
+        key=planned.key, package=role, source=planned.source, record_seq=rec.seq, report_seq=rec.report.seq,
+        call_id=rec.call.call_id, call_digest=rec.call_digest, report_digest=rec.report.report_digest,
+        items=tuple(scored))
+
+
+def bind_records(
+    records: Iterable[CallRecord], contract: Contract, plan: ExecutionPlan, eos: Mapping[Role, int]
+) -> BoundEvidence:
+    """Bind each answered generate record, and under plan /3 each measurement (score) record, to the planned call
+    it executes, by plan call key.
+
+    Raises `EvidenceError`, naming the record, for a call from a foreign package, a call or parameter the plan does
+    not contain, a repeated call, a report naming other files, or outputs the plan refuses. A measurement record
+    must carry exactly the recorded responses the plan says it scores. A run that is still going (or was killed)
+    binds as far as it got: `use run` resumes from this. Records may come in call order (`RunStore.calls`) or
+    report order (`RunStore.stream`).
     """
     by_params = {(c.package, c.params_digest): c for c in plan.calls}
+    by_items = {(m.package, tuple(plan.units[i].unit_id for i in m.units)): m for m in plan.measurements}
+    pairing = _PairingIndex(plan)
     last_load: dict[str, CallRecord] = {}
-    found: dict[str, CallEvidence] = {}
-    failed: dict[str, str] = {}
+    bound = BoundEvidence({}, {}, {})
+    found, failed = bound.found, bound.failed
     for rec in records:
         method = rec.call.method
         answered = rec.report is not None and rec.report.report.ok
         if method == "load_model" and answered:
             last_load[rec.worker] = rec
+        if method == "score" and plan.measurements:
+            _bind_measurement(rec, last_load.get(rec.worker), contract, plan, pairing, by_items, bound)
+            continue
         if method != "generate":
-            continue  # teacher-forced scoring and other measurements do not enter the decision
+            continue  # scoring outside a plan's measurements does not enter the decision
         role = _attribute(rec, last_load.get(rec.worker), contract)
         params = rec.call.params
         planned = by_params.get((role, canonical.digest(params)))
@@ -279,33 +376,71 @@ def bind_evidence(
             call_digest=rec.call_digest, report_digest=rec.report.report_digest,
             outputs=parse_outputs(_result(rec), planned, eos[role], rec.name),
         )
-    return found, {k: v for k, v in failed.items() if k not in found}
+    bound.failed = {k: v for k, v in failed.items() if k not in found and k not in bound.measured}
+    return bound
+
+
+def bind_evidence(
+    records: Sequence[CallRecord], contract: Contract, plan: ExecutionPlan, eos: Mapping[Role, int]
+) -> tuple[dict[str, CallEvidence], dict[str, str]]:
+    """The generate evidence of `bind_records`, and why planned calls have none."""
+    bound = bind_records(records, contract, plan, eos)
+    return bound.found, bound.failed
 
 
 def collect_evidence(
     store: RunStore, contract: Contract, sha256: str, plan: ExecutionPlan, eos: Mapping[Role, int]
-) -> dict[str, CallEvidence]:
+) -> BoundEvidence:
     """Verify the store and bind every planned call to the one record that answered it, by plan call key.
 
     Raises `RecordError` for a store that fails verification and `EvidenceError`, naming the record, for a run
-    of another contract, an incomplete run, anything `bind_evidence` refuses, or a planned call with no successful
+    of another contract, an incomplete run, anything `bind_records` refuses, or a planned call with no successful
     record.
     """
     records = store.calls()  # verifies digests, the chain and every report's binding to its call, meta included
     if not store.verify().closed:
-        raise EvidenceError(f"{store.path}: the run is incomplete (no closing record: it stopped before it finished, "
-                            "or its tail was cut); resume it with `invar use run CONTRACT --run RUN`")
+        raise _incomplete(store)
+    _check_run_contract(store, sha256)
+    return _complete(store, plan, bind_records(records, contract, plan, eos))
+
+
+def stream_evidence(
+    store: RunStore, contract: Contract, sha256: str, plan: ExecutionPlan, eos: Mapping[Role, int]
+) -> BoundEvidence:
+    """As `collect_evidence`, reading the store once as a stream (`RunStore.stream`) instead of holding every record:
+    the same checks, though a record the plan refuses may be named before a damaged record later in the store."""
+    stream = store.stream()
+    bound = bind_records(stream, contract, plan, eos)
+    if stream.verification is None or not stream.verification.closed:
+        raise _incomplete(store)
+    _check_run_contract(store, sha256)
+    return _complete(store, plan, bound)
+
+
+def _incomplete(store: RunStore) -> EvidenceError:
+    return EvidenceError(f"{store.path}: the run is incomplete (no closing record: it stopped before it finished, "
+                         "or its tail was cut); resume it with `invar use run CONTRACT --run RUN`")
+
+
+def _check_run_contract(store: RunStore, sha256: str) -> None:
     run_contract = run_contract_sha256(store)
     if run_contract != sha256:
         raise EvidenceError(f"{store.path}: the run was made under contract {str(run_contract)[:16]}…, not the "
                             f"given contract {sha256[:16]}…; give the contract the run was made for")
-    found, failed = bind_evidence(records, contract, plan, eos)
+
+
+def _complete(store: RunStore, plan: ExecutionPlan, bound: BoundEvidence) -> BoundEvidence:
     for c in plan.calls:
-        if c.key not in found:
-            why = f" ({failed[c.key]})" if c.key in failed else ""
+        if c.key not in bound.found:
+            why = f" ({bound.failed[c.key]})" if c.key in bound.failed else ""
             raise EvidenceError(f"{store.path}: planned call {c.key} (generate, {len(c.params['requests'])} requests) "
                                 f"has no successful record{why}; run the whole plan")
-    return found
+    for m in plan.measurements:
+        if m.key not in bound.measured:
+            why = f" ({bound.failed[m.key]})" if m.key in bound.failed else ""
+            raise EvidenceError(f"{store.path}: planned measurement {m.key} (score, {len(m.units)} items) has no "
+                                f"successful record{why}; run the whole plan")
+    return bound
 
 
 def _nearest_call(plan: ExecutionPlan, role: Role, params: Any) -> PlannedCall:
@@ -408,7 +543,7 @@ def task_losses(
     )
 
 
-def _losses(
+def layout_losses(
     plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role, layout: str, prompts: Sequence[str],
     vocabulary: Vocabulary, scorer: Callable[[str, str], int],
 ) -> np.ndarray:
@@ -526,6 +661,12 @@ class Decision:
     records: int
     """How many records the run holds (its closing record included)."""
     decision_version: str = DECISION_VERSION
+    measurements: NumericalComparison | None = None
+    """Plan /3: the measured units compared (teacher forcing, captures); beside the decision, never deciding it
+    unless the contract sets `max_kl`."""
+    measurement_evidence: tuple[MeasurementRecord, ...] = ()
+    kl: KlRequirement | None = None
+    """The contract's `max_kl` requirement, checked at every capture (only when it sets one)."""
 
     @property
     def exit_code(self) -> int:
@@ -554,20 +695,31 @@ class Decision:
                 "estimate": b.estimate, "lower": b.lower, "upper": b.upper,
             },
             "diagnostics": None if self.diagnostics is None else diagnostics_json(self.diagnostics),
-            "evidence": [e.to_json() for e in self.evidence],
+            "evidence": [e.to_json() for e in self.evidence] + [m.to_json() for m in self.measurement_evidence],
+            **({} if self.measurements is None else {"measurements": {
+                **self.measurements.to_json(per_unit=False),
+                "requirement": None if self.kl is None else self.kl.to_json(),
+                "note": "measurements only; they decide nothing unless the contract sets max_kl"}}),
         }
 
 
 def decide(
     contract: Contract, invariance: Invariance, premises: Sequence[PremiseCheck], loss: TaskLoss,
-    task_bound: Bound | None,
+    task_bound: Bound | None, kl: KlRequirement | None = None,
 ) -> tuple[Answer, str]:
-    """The answer and its one-line reason, in the contract's order: invariance, premises, task loss. Pure."""
+    """The answer and its one-line reason, in the contract's order: invariance, the measurements' `max_kl` (when
+    the contract sets one), premises, task loss. Pure."""
     eps_text = contract.requirement.epsilon
     eps = Fraction(eps_text)
     if invariance.required and not invariance.holds:
         return Answer.VIOLATED, (f"invariance: {invariance.units_differing} of {invariance.units} units differ "
                                  f"across layouts {', '.join(invariance.layouts)}; {invariance.first_difference}")
+    if kl is not None and kl.violated:
+        return Answer.VIOLATED, (f"measurements: {kl.worst} exceeds max_kl = {kl.max_kl} nats by more than its "
+                                 "numerical error bound")
+    if kl is not None and not kl.holds:
+        return Answer.UNKNOWN, (f"measurements: {kl.worst} is within its numerical error bound of max_kl = "
+                                f"{kl.max_kl} nats; the captures' precision cannot decide it")
     missing = [p for p in premises if not p.holds]
     if missing:
         return Answer.UNKNOWN, f"premise not held as declared ({missing[0].reliance}): {missing[0].note}"
@@ -665,6 +817,24 @@ def resolve_inputs(contract: Contract, base: Path, kept: Any, scratch: Path) -> 
 # --- the whole procedure ---------------------------------------------------------------------------------------------
 
 
+def read_anchors(contract: Contract, sha: str, base: Path, store: RunStore, scratch: Path) -> tuple[
+        ExecutionPlan, dict[Role, Vocabulary]]:
+    """The plan and each package's vocabulary, from the files the contract fixes by digest (beside the contract at
+    `base`, or the copies the run keeps, written into `scratch`), every one checked against the contract."""
+    inputs = resolve_inputs(contract, base, store.meta().get("inputs"), scratch)
+    problems = load_population(inputs.population, contract.population.sha256)
+    plan = derive_plan(contract, sha, [Unit(q.id, q.prompt) for q in problems])
+    vocab: dict[Role, Vocabulary] = {}
+    roles: tuple[Role, Role] = ("reference", "candidate")
+    for role in roles:
+        model_dir = inputs.tokenizers[role]
+        if tokenizer_digest(model_dir) != contract.package(role).tokenizer_digest:
+            raise ContractError(f"{role}.model_dir: the tokenizer files in {model_dir} are not the ones the "
+                                "contract names; point the contract at the right model folder")
+        vocab[role] = Vocabulary.from_model_dir(model_dir)
+    return plan, vocab
+
+
 def admit(
     contract_path: str | os.PathLike[str], run_path: str | os.PathLike[str], *, expect_head: str | None = None
 ) -> Decision:
@@ -686,23 +856,16 @@ def admit(
     roles: tuple[Role, Role] = ("reference", "candidate")
     with RunStore.open(run_path) as store, tempfile.TemporaryDirectory(prefix="invar-admit-") as scratch:
         verification = store.verify(expect_head=expect_head)  # walked once: collect_evidence reuses the walk
-        inputs = resolve_inputs(contract, base, store.meta().get("inputs"), Path(scratch))
-        problems = load_population(inputs.population, contract.population.sha256)
-        plan = derive_plan(contract, sha, [Unit(q.id, q.prompt) for q in problems])
-        vocab: dict[Role, Vocabulary] = {}
-        for role in roles:
-            model_dir = inputs.tokenizers[role]
-            if tokenizer_digest(model_dir) != contract.package(role).tokenizer_digest:
-                raise ContractError(f"{role}.model_dir: the tokenizer files in {model_dir} are not the ones the "
-                                    "contract names; point the contract at the right model folder")
-            vocab[role] = Vocabulary.from_model_dir(model_dir)
-        found = collect_evidence(store, contract, sha, plan, {r: vocab[r].eos_token_id for r in roles})
-
-    pairing = contract.pairing.layout
-    prompts = [u.prompt for u in plan.units]
-    scorer = SCORERS[contract.scorer.name]
-    ref_loss = _losses(plan, found, "reference", pairing, prompts, vocab["reference"], scorer)
-    cand_loss = _losses(plan, found, "candidate", pairing, prompts, vocab["candidate"], scorer)
+        plan, vocab = read_anchors(contract, sha, base, store, Path(scratch))
+        bound_evidence = collect_evidence(store, contract, sha, plan, {r: vocab[r].eos_token_id for r in roles})
+        found = bound_evidence.found
+        pairing = contract.pairing.layout
+        prompts = [u.prompt for u in plan.units]
+        scorer = SCORERS[contract.scorer.name]
+        ref_loss = layout_losses(plan, found, "reference", pairing, prompts, vocab["reference"], scorer)
+        cand_loss = layout_losses(plan, found, "candidate", pairing, prompts, vocab["candidate"], scorer)
+        measured = measurement_comparison(store, contract, plan, bound_evidence, vocab, ref_loss, cand_loss) \
+            if plan.measurements else None
     d = cand_loss - ref_loss
     loss = paired_task_loss(ref_loss, cand_loss)
     inv_layouts = tuple(contract.invariance.layouts)
@@ -725,20 +888,61 @@ def admit(
         delta = req.delta
         task_bound = bound(req.method, d.astype(np.float64), -1.0, 1.0, conservative_delta(delta))
         diag = paired_diagnostics(loss.worse, loss.better, loss.n, conservative_delta(delta))
-    answer, reason = decide(contract, invariance, premises, loss, task_bound)
+    max_kl = None if contract.measurements is None else contract.measurements.max_kl
+    kl = None if max_kl is None or measured is None else kl_requirement(measured, max_kl)
+    answer, reason = decide(contract, invariance, premises, loss, task_bound, kl)
     return Decision(
         answer=answer, reason=reason, contract_name=contract.name, contract_sha256=sha, run=str(run_path),
         standard=req.standard, epsilon=req.epsilon, delta=delta, invariance=invariance,
         premises=premises, task_loss=loss, bound=task_bound, diagnostics=diag,
         evidence=tuple(found[c.key] for c in plan.calls), plan_version=plan.version,
-        chain_head=verification.head, records=verification.records,
+        chain_head=verification.head, records=verification.records, measurements=measured,
+        measurement_evidence=tuple(bound_evidence.measured[m.key] for m in plan.measurements), kl=kl,
     )
+
+
+def _label(package: Package) -> str:
+    parts: list[str] = [package.engine, package.dtype, package.quantization]
+    if package.patches:
+        parts.append("patches " + ",".join(sorted(package.patches)))
+    return " ".join(parts)
+
+
+def measurement_comparison(
+    store: RunStore, contract: Contract, plan: ExecutionPlan, bound: BoundEvidence, vocab: Mapping[Role, Vocabulary],
+    reference_loss: np.ndarray, candidate_loss: np.ndarray, *, large_step: float = DEFAULT_LARGE_STEP,
+) -> NumericalComparison:
+    """Every unit's pairing-layout responses compared, with the measurements of a plan /3 run (teacher forcing,
+    captures streamed from `store`) on the units they cover (`invar.compare.measured`). `EvidenceError` for
+    measurements that cannot be compared."""
+    roles: tuple[Role, Role] = ("reference", "candidate")
+    outputs: dict[Role, list[Response]] = {}
+    texts: dict[Role, list[str | None]] = {}
+    for role in roles:
+        outs = layout_outputs(plan, bound.found, role, plan.pairing_layout)
+        outputs[role] = [Response(o.tokens, o.logprobs, o.finish_reason) for o in outs]
+        texts[role] = [vocab[role].decode(o.tokens.tolist()) for o in outs]
+    losses: dict[Role, list[int | None]] = {"reference": [int(x) for x in reference_loss],
+                                            "candidate": [int(x) for x in candidate_loss]}
+    sources = {"mode": "use run", "run": str(store.path), "contract": contract.name, "plan_version": plan.version,
+               "reference": {"label": f"{contract.name} reference ({_label(contract.reference)})"},
+               "candidate": {"label": f"{contract.name} candidate ({_label(contract.candidate)})"},
+               "measurements": None if plan.measure is None else plan.measure.model_dump(mode="json")}
+    try:
+        return measured_comparison(
+            store, [u.unit_id for u in plan.units], [u.prompt for u in plan.units], outputs,
+            [bound.measured[m.key] for m in plan.measurements],
+            teacher_forcing=plan.measure is None or plan.measure.teacher_forcing,
+            texts=texts, losses=losses, large_step=large_step, sources=sources)
+    except InputError as exc:
+        raise EvidenceError(f"{store.path}: measurements: {exc}") from None
 
 
 __all__ = [
     "DECISION_VERSION",
     "EXIT_CODES",
     "Answer",
+    "BoundEvidence",
     "CallEvidence",
     "Decision",
     "Invariance",
@@ -747,16 +951,21 @@ __all__ = [
     "TaskLoss",
     "admit",
     "bind_evidence",
+    "bind_records",
     "check_invariance",
     "check_premises",
     "collect_evidence",
     "decide",
     "diagnostics_json",
+    "layout_losses",
     "layout_outputs",
+    "measurement_comparison",
     "paired_task_loss",
     "parse_outputs",
+    "read_anchors",
     "resolve_inputs",
     "run_contract_sha256",
     "run_inputs",
+    "stream_evidence",
     "task_losses",
 ]

@@ -39,6 +39,7 @@ from pydantic import (
 )
 
 from invar import canonical
+from invar.compare.steps import MAX_STEPS, check_step
 from invar.errors import ContractError
 from invar.stats.bounds import METHODS
 
@@ -161,6 +162,12 @@ def _open_unit(value: Decimal) -> Decimal:
     return value
 
 
+def _non_negative(value: Decimal) -> Decimal:
+    if value < 0:
+        raise ValueError(f"must be 0 or more; got {value}")
+    return value
+
+
 def _decimal_text(value: Decimal) -> str:
     # One spelling per value, so equal contracts have equal digests: 0.010 and 1E-2 both become "0.01".
     return format(value.normalize(), "f")
@@ -174,6 +181,11 @@ WireMap = Annotated[dict[str, Any], Field(max_length=MAX_ENTRIES), AfterValidato
 Probability = Annotated[
     Decimal, BeforeValidator(_to_decimal), AfterValidator(_open_unit), PlainSerializer(_decimal_text, return_type=str)
 ]
+NonNegative = Annotated[
+    Decimal, BeforeValidator(_to_decimal), AfterValidator(_non_negative),
+    PlainSerializer(_decimal_text, return_type=str),
+]
+CaptureStep = Annotated[int | str, BeforeValidator(check_step)]
 Scalar = str | int | float | bool
 
 _CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, strict=False)
@@ -256,6 +268,36 @@ class Execution(_Model):
     """The most requests one generate call carries. A call holds whole batches of its layout (one batch at least,
     so a batch larger than this is one call), so batching is exactly the layout's; smaller calls mean finer
     progress and less work repeated when a killed run resumes."""
+
+
+class Measurements(_Model):
+    """Numerical measurements the plan adds (plan `invar.plan/3`): teacher forcing and whole-vocabulary captures.
+
+    They are reported beside the decision and decide nothing, unless `max_kl` is set."""
+
+    teacher_forcing: bool = True
+    """The candidate scores the reference's sampled responses (of the pairing layout) step by step, on the
+    reference's context, and the captures of both packages are taken along the reference's responses. False: each
+    package scores its own responses and the captures are compared only within the prefix both responses share."""
+    capture_steps: list[CaptureStep] = Field(default_factory=list, max_length=MAX_STEPS)
+    """Steps with a whole-vocabulary capture from both packages: step numbers (0 is the first response token),
+    "last", or "every:K". A step number past a unit's response is not captured for that unit."""
+    units: int | None = Field(default=None, ge=1)
+    """Measure only the first units of the pairing layout: its batches in order, whole, until at least this many
+    units are covered. Omit to measure every unit."""
+    max_kl: NonNegative | None = None
+    """If set, a requirement: KL(reference ‖ candidate), in nats, at most this at every capture. A capture whose KL
+    exceeds it by more than the KL's numerical error bound violates the contract; one within that bound of it
+    leaves the decision Unknown."""
+
+    @model_validator(mode="after")
+    def _measures_something(self) -> Measurements:
+        if not self.teacher_forcing and not self.capture_steps:
+            raise ValueError("measurements: with teacher_forcing = false and no capture_steps nothing is measured; "
+                             "add capture_steps or remove the section")
+        if self.max_kl is not None and not self.capture_steps:
+            raise ValueError("measurements.max_kl: KL is measured at the capture steps; add capture_steps")
+        return self
 
 
 class Adapter(_Model):
@@ -444,6 +486,8 @@ class Declaration(_Model):
     """Assumptions the decision may rest on."""
     execution: Execution = Field(default_factory=Execution)
     """How the plan's calls are cut; the defaults suit most uses."""
+    measurements: Measurements | None = None
+    """Teacher forcing and captures the plan adds (plan `invar.plan/3`); omit for none."""
 
     @model_validator(mode="before")
     @classmethod
@@ -526,6 +570,9 @@ class Contract(_Model):
     execution: Execution | None = None
     """How the plan's calls are cut. Absent in contracts of plan `invar.plan/1` (one call per package and layout);
     present, the plan is `invar.plan/2`."""
+    measurements: Measurements | None = None
+    """Teacher forcing and captures (plan `invar.plan/3`). Absent (the key is left out of the JSON, so contracts
+    without it keep their bytes and digest), the plan has none."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
 
@@ -534,6 +581,8 @@ class Contract(_Model):
         _check_common(self.requirement, self.pairing, self.invariance, self.layouts, self.reference, self.candidate)
         if (self.requirement.standard == "population") != (self.method_version is not None):
             raise ValueError("method_version: present exactly when the standard is population; re-run use prepare")
+        if self.measurements is not None and self.execution is None:
+            raise ValueError("measurements: need the execution section of plan invar.plan/2; re-run use prepare")
         return self
 
     def package(self, role: Literal["reference", "candidate"]) -> Package:
@@ -543,6 +592,8 @@ class Contract(_Model):
     def canonical_json(self) -> bytes:
         """The contract's canonical bytes: sorted keys, no insignificant whitespace, UTF-8, one final newline."""
         data = self.model_dump(mode="json", by_alias=True)
+        if data["measurements"] is None:
+            del data["measurements"]  # contracts prepared before measurements existed keep their bytes
         return (json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
 
     def sha256(self) -> str:

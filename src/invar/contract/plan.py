@@ -15,18 +15,25 @@ Decisions:
   outputs (returned in request order) line up across layouts without any reindexing.
 - The reference runs the pairing layout; the candidate runs the pairing layout and every invariance layout
   (one call serving both when the pairing layout is among them).
+- Measurements (plan /3) are `score` calls whose structure the plan fixes and whose tokens are the recorded
+  responses: for each measured batch of the pairing layout, one call per package holding exactly that batch's
+  units in order, so a package whose numbers depend on the batch scores its own samples in the batch it sampled
+  them in. With teacher forcing both packages score the reference's responses; without, each scores its own.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from invar import canonical
-from invar.contract.model import Contract, Layout
+from invar.compare.steps import resolve_steps
+from invar.contract.model import Contract, Layout, Measurements
 from invar.errors import ContractError
 
 PLAN_VERSION_1 = "invar.plan/1"
@@ -35,7 +42,11 @@ PLAN_VERSION = "invar.plan/2"
 """As /1, but each layout's batches are cut, in batch order, into calls of whole batches holding at most
 `execution.requests_per_call` requests (at least one batch each). A call lists its requests in batch order and its
 layout re-indexes them, so which requests share a batch, and in what order, is exactly the layout's.
-The version of a contract's plan follows from the contract: /2 when it has `execution`, /1 when not."""
+The version of a contract's plan follows from the contract: /3 when it has `measurements`, else /2 when it has
+`execution`, /1 when not."""
+PLAN_VERSION_3 = "invar.plan/3"
+"""As /2, plus the measurement calls of the contract's `measurements`: per measured batch of the pairing layout,
+one `score` call per package (see the module docstring and `measurement_params`)."""
 
 Role = Literal["reference", "candidate"]
 Purpose = Literal["pairing", "invariance"]
@@ -80,6 +91,23 @@ class PlannedCall:
 
 
 @dataclass(frozen=True)
+class MeasurementCall:
+    """One `score` call of the plan's measurements: which package, which units, whose responses it scores."""
+
+    package: Role
+    part: int
+    units: tuple[int, ...]
+    """The plan's unit indices, in the order of the pairing batch they form."""
+    source: Role
+    """Whose pairing-layout responses the items carry: the reference's (teacher forcing), or the package's own."""
+
+    @property
+    def key(self) -> str:
+        """`<package>/measure#<part>`, unique within the plan."""
+        return f"{self.package}/measure#{self.part}"
+
+
+@dataclass(frozen=True)
 class ExecutionPlan:
     """Every call a run of the contract makes, in execution order."""
 
@@ -91,6 +119,14 @@ class ExecutionPlan:
     load_params: dict[Role, dict[str, Any]]
     """The `load_model` params each package's worker is called with (paths relative to the contract file)."""
     calls: tuple[PlannedCall, ...]
+    measurements: tuple[MeasurementCall, ...] = ()
+    """The measurement calls (plan /3), reference's and candidate's alternating batch by batch; () before /3."""
+    measure: Measurements | None = None
+    """The contract's measurements section (plan /3)."""
+    score_temperature: float = 1.0
+    """The temperature measurement calls score at: the sampling temperature, or 1 for greedy sampling (whose
+    log-probabilities are at 1)."""
+    pairing_layout: str = ""
 
     def call(self, package: Role, layout: str) -> PlannedCall:
         """The first planned call of `package` under `layout`; KeyError if the plan has none."""
@@ -102,6 +138,41 @@ class ExecutionPlan:
     def layout_calls(self, package: Role, layout: str) -> tuple[PlannedCall, ...]:
         """Every planned call of `package` under `layout`, in plan order; together they cover each unit once."""
         return tuple(c for c in self.calls if c.package == package and c.layout == layout)
+
+
+def measurement_params(plan: ExecutionPlan, call: MeasurementCall, responses: Callable[[int], np.ndarray]) -> dict[
+        str, Any]:
+    """The exact `score` params of a measurement call, given the source package's pairing-layout response tokens
+    (int32[T]) of each unit index: one item per unit, in the call's order, at the plan's score temperature, captured
+    at the contract's steps as they resolve on that response (a step number past its end is left out). Pure."""
+    assert plan.measure is not None
+    items = []
+    for index in call.units:
+        tokens = responses(index)
+        items.append({
+            "item_id": plan.units[index].unit_id, "prompt": plan.units[index].prompt, "response_tokens": tokens,
+            "temperature": plan.score_temperature,
+            "vocab_steps": list(resolve_steps(plan.measure.capture_steps, int(tokens.size), strict=False)),
+        })
+    return {"items": items, "adapter": None}
+
+
+def _measurement_calls(contract: Contract, n: int) -> tuple[MeasurementCall, ...]:
+    measure = contract.measurements
+    if measure is None:
+        return ()
+    pairing = contract.pairing.layout
+    calls: list[MeasurementCall] = []
+    covered = 0
+    for part, batch in enumerate(layout_batches(n, pairing, contract.layouts[pairing], contract.pairing.seed)):
+        if measure.units is not None and covered >= measure.units:
+            break
+        covered += len(batch)
+        roles: tuple[Role, Role] = ("reference", "candidate")
+        for package in roles:
+            source: Role = "reference" if measure.teacher_forcing else package
+            calls.append(MeasurementCall(package, part, tuple(batch), source))
+    return tuple(calls)
 
 
 def _key(tag: str, seed: int, text: str) -> bytes:
@@ -223,11 +294,16 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[U
             )
         candidate_batches[shape] = name
 
+    version = PLAN_VERSION_1 if per_call is None else PLAN_VERSION
     return ExecutionPlan(
-        version=PLAN_VERSION_1 if per_call is None else PLAN_VERSION,
+        version=PLAN_VERSION_3 if contract.measurements is not None else version,
         contract_sha256=contract_sha256,
         units=units,
         seeds=seeds,
         load_params={"reference": contract.reference.load_params(), "candidate": contract.candidate.load_params()},
         calls=tuple(calls),
+        measurements=_measurement_calls(contract, len(units)),
+        measure=contract.measurements,
+        score_temperature=sampling.temperature if sampling.temperature > 0 else 1.0,
+        pairing_layout=contract.pairing.layout,
     )

@@ -12,7 +12,12 @@ Decisions:
   admission uses (`bind_evidence`); only planned calls without a successful record are issued again. Engines are
   seeded per request, so a re-issued call gives what the lost one would have, and the decision equals that of an
   uninterrupted run. The writer lock refuses a second `use run` on the same directory.
-- **Reference and candidate run side by side**, one worker thread each; their calls do not depend on each other.
+- **Reference and candidate run side by side**, one worker thread each; their generate calls do not depend on
+  each other.
+- **Measurements follow the generate calls** (plan /3): once both packages have sampled, each scores the
+  responses the plan names (with teacher forcing, the reference's) in the batches they were sampled in, with the
+  same worker. Their params are `invar.contract.plan.measurement_params` of the recorded responses, exactly what
+  admission recomputes.
 - A finished run gets its closing record; its head is returned for the caller to print and keep.
 """
 
@@ -26,10 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from invar import patches
-from invar.contract.admit import bind_evidence, parse_outputs, run_contract_sha256, run_inputs
+from invar.compare.runs import check_score_output
+from invar.contract.admit import bind_records, parse_outputs, run_contract_sha256, run_inputs
 from invar.contract.model import Contract, Package
-from invar.contract.plan import ExecutionPlan, PlannedCall, Role
+from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
 from invar.contract.prepare import load_contract, method_version, tokenizer_digest
 from invar.errors import ContractError, EvidenceError
 from invar.records import RunStore
@@ -176,34 +184,45 @@ def use_run(
                                 "names")
         eos[role] = Vocabulary.from_model_dir(model_dir).eos_token_id
 
+    total = len(plan.calls) + len(plan.measurements)
     head = _closed_head(run_dir, sha, contract_path)
     if head is not None:
-        return RunOutcome(run_dir, contract_path, sha, head, len(plan.calls), len(plan.calls), 0,
+        return RunOutcome(run_dir, contract_path, sha, head, total, total, 0,
                           time.perf_counter() - started, already_closed=True)
     store, resumed = _open_run(run_dir, contract, sha, base, contract_path)
     with store:
-        done, _failed = bind_evidence(store.calls(), contract, plan, eos) if resumed else ({}, {})
+        tokens: dict[tuple[Role, int], np.ndarray] = {}
+        done: set[str] = set()
+        if resumed:
+            bound = bind_records(store.calls(), contract, plan, eos)
+            done = set(bound.found) | set(bound.measured)
+            for c in plan.calls:
+                if c.layout == plan.pairing_layout and c.key in bound.found:
+                    for index, out in zip(c.units, bound.found[c.key].outputs, strict=True):
+                        tokens[(c.package, index)] = np.array(out.tokens, copy=True)
         todo = {role: [c for c in plan.calls if c.package == role and c.key not in done] for role in ROLES}
+        measure = {role: [m for m in plan.measurements if m.package == role and m.key not in done] for role in ROLES}
         counter = _Counter(plan, done, progress)
         counter.report()
-        issued = _execute(contract, specs, todo, store, eos, counter, call_timeout)
+        issued = _execute(contract, plan, specs, todo, measure, tokens, store, eos, counter, call_timeout)
         head = store.close_run()
-    return RunOutcome(run_dir, contract_path, sha, head, len(plan.calls), len(done), issued,
+    return RunOutcome(run_dir, contract_path, sha, head, total, len(done), issued,
                       time.perf_counter() - started, already_closed=False)
 
 
 class _Counter:
     """Progress across the worker threads."""
 
-    def __init__(self, plan: ExecutionPlan, done: Mapping[str, Any], sink: Callable[[Progress], None]) -> None:
+    def __init__(self, plan: ExecutionPlan, done: set[str], sink: Callable[[Progress], None]) -> None:
         self._lock = threading.Lock()
         self._sink = sink
-        self.calls_total = len(plan.calls)
-        self.requests_total = sum(len(c.units) for c in plan.calls)
+        every: list[PlannedCall | MeasurementCall] = [*plan.calls, *plan.measurements]
+        self.calls_total = len(every)
+        self.requests_total = sum(len(c.units) for c in every)
         self.calls_done = len(done)
-        self.requests_done = sum(len(c.units) for c in plan.calls if c.key in done)
+        self.requests_done = sum(len(c.units) for c in every if c.key in done)
 
-    def add(self, planned: PlannedCall) -> None:
+    def add(self, planned: PlannedCall | MeasurementCall) -> None:
         with self._lock:
             self.calls_done += 1
             self.requests_done += len(planned.units)
@@ -213,15 +232,21 @@ class _Counter:
         self._sink(Progress(self.calls_done, self.calls_total, self.requests_done, self.requests_total))
 
 
-def _execute(contract: Contract, specs: Mapping[Role, EngineSpec], todo: Mapping[Role, Sequence[PlannedCall]],
-             store: RunStore, eos: Mapping[Role, int], counter: _Counter, call_timeout: float | None) -> int:
-    """Start a worker per package that has calls left and issue them; the first failure stops both."""
-    roles = [role for role in ROLES if todo[role]]
+def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, EngineSpec],
+             todo: Mapping[Role, Sequence[PlannedCall]], measure: Mapping[Role, Sequence[MeasurementCall]],
+             tokens: dict[tuple[Role, int], np.ndarray], store: RunStore, eos: Mapping[Role, int],
+             counter: _Counter, call_timeout: float | None) -> int:
+    """Start a worker per package that has calls left and issue them, generate calls first, then (once every
+    package has sampled) measurements; the first failure stops both. `tokens` holds the pairing layout's response
+    tokens already on record, by (package, unit index), and gains those sampled now."""
+    roles = [role for role in ROLES if todo[role] or measure[role]]
     if not roles:
         return 0
     stop = threading.Event()
     # No call is made until every package's worker has shown the identity the contract names.
     checked = threading.Barrier(len(roles))
+    # No measurement is made until every package has sampled: the candidate scores the reference's responses.
+    sampled = threading.Barrier(len(roles))
     issued = [0]
     lock = threading.Lock()
 
@@ -230,6 +255,7 @@ def _execute(contract: Contract, specs: Mapping[Role, EngineSpec], todo: Mapping
             _drive(role)
         except BaseException:
             checked.abort()
+            sampled.abort()
             raise
 
     def _drive(role: Role) -> None:
@@ -241,22 +267,47 @@ def _execute(contract: Contract, specs: Mapping[Role, EngineSpec], todo: Mapping
             if session.model_digest != package.model_digest:
                 raise EvidenceError(f"the {role} worker loaded model {session.model_digest[:16]}…, not the "
                                     "contract's")
+
+            def ask(method: str, params: dict[str, Any], key: str) -> tuple[dict[str, Any], str]:
+                answer = session.client.ask(method, params)
+                where = f"{role} call {key} (call id {answer.call.call_id})"
+                result = answer.result  # raises the worker's error as WorkerError
+                for field, want in (("model_digest", package.model_digest),
+                                    ("adapter_digest", None if package.adapter is None else package.adapter.digest)):
+                    if result.get(field) != want:
+                        raise EvidenceError(f"{where}: the report names {field} {str(result.get(field))[:16]}…, "
+                                            f"not the contract's {str(want)[:16]}…")
+                check_patches_active(result, package.patches, where)
+                return result, where
+
             for planned in todo[role]:
                 if stop.is_set():
                     return
-                answer = session.client.ask("generate", planned.params)
-                where = f"{role} call {planned.key} (call id {answer.call.call_id})"
-                result = answer.result  # raises the worker's error as WorkerError
-                for key, want in (("model_digest", package.model_digest),
-                                  ("adapter_digest", None if package.adapter is None else package.adapter.digest)):
-                    if result.get(key) != want:
-                        raise EvidenceError(f"{where}: the report names {key} {str(result.get(key))[:16]}…, not "
-                                            f"the contract's {str(want)[:16]}…")
-                check_patches_active(result, package.patches, where)
-                parse_outputs(result, planned, eos[role], where)
+                result, where = ask("generate", planned.params, planned.key)
+                outputs = parse_outputs(result, planned, eos[role], where)
+                if planned.layout == plan.pairing_layout:
+                    with lock:
+                        for index, out in zip(planned.units, outputs, strict=True):
+                            tokens[(role, index)] = np.array(out.tokens, copy=True)
                 with lock:
                     issued[0] += 1
                 counter.add(planned)
+            sampled.wait()
+            for m in measure[role]:
+                if stop.is_set():
+                    return
+                with lock:
+                    source = {index: tokens[(m.source, index)] for index in m.units}
+                params = measurement_params(plan, m, source.__getitem__)
+                result, where = ask("score", params, m.key)
+                scored = result.get("outputs")
+                if not isinstance(scored, list) or len(scored) != len(m.units):
+                    raise EvidenceError(f"{where}: the report does not answer its {len(m.units)} items")
+                for item, out in zip(params["items"], scored, strict=True):
+                    check_score_output(item, out, where)
+                with lock:
+                    issued[0] += 1
+                counter.add(m)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(roles), thread_name_prefix="use-run") as pool:
         futures = [pool.submit(drive, role) for role in roles]
@@ -267,6 +318,8 @@ def _execute(contract: Contract, specs: Mapping[Role, EngineSpec], todo: Mapping
             if exc is not None and not isinstance(exc, threading.BrokenBarrierError) and failure is None:
                 failure = exc
                 stop.set()
+                checked.abort()
+                sampled.abort()
         if failure is not None:
             raise failure
     return issued[0]
