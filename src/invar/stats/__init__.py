@@ -2,8 +2,10 @@
 reported beside them, and sample-size planning. Pure functions of the recorded numbers; no I/O."""
 
 from invar.stats.bounds import (
+    BINARY_METHODS,
     DEFAULT_BINARY_METHOD,
     METHODS,
+    ORDERS,
     VERSIONS,
     Bound,
     StatisticsError,
@@ -12,13 +14,16 @@ from invar.stats.bounds import (
     hoeffding,
     maurer_pontil,
     paired_binary_exact,
+    paired_binary_score,
 )
 from invar.stats.diagnostics import PairedDiagnostics, mcnemar_exact_one_sided, paired_diagnostics, paired_wald
 from invar.stats.planning import PlanRow, plan_row, plan_table, power_at, render_plan, required_n
 
 __all__ = [
+    "BINARY_METHODS",
     "DEFAULT_BINARY_METHOD",
     "METHODS",
+    "ORDERS",
     "VERSIONS",
     "Bound",
     "PairedDiagnostics",
@@ -30,6 +35,7 @@ __all__ = [
     "maurer_pontil",
     "mcnemar_exact_one_sided",
     "paired_binary_exact",
+    "paired_binary_score",
     "paired_diagnostics",
     "paired_wald",
     "plan_row",

@@ -3,14 +3,20 @@
 Decision: a use contract compares reference and candidate on n paired prompts; d_i = loss_cand_i − loss_ref_i lies
 in a declared [a, b]. The decision takes the upper bound on E[d] (Admitted when ≤ ε) and the lower bound (Violated
 when > ε), so each must be a valid one-sided (1 − δ) bound on its own, and every float it returns is rounded outward
-so that rounding can only make it more conservative. Four methods, each with a version string that changes whenever
+so that rounding can only make it more conservative. Five methods, each with a version string that changes whenever
 its arithmetic does, so a recorded decision can be replayed bit for bit:
 
 * ``hoeffding``: range only; the diagnostic that shows what ignoring the variance costs.
 * ``maurer-pontil``: the empirical Bernstein bound of Maurer and Pontil (2009), the product's seed decider.
 * ``betting``: the betting confidence bound of Waudby-Smith and Ramdas (2023), valid for any bounded d.
-* ``paired-binary-exact``: an exact unconditional test for 0/1 losses (d ∈ {-1, 0, 1}), inverted
-  (see `invar.stats.trinomial`); the recommended method for binary task losses.
+* ``paired-binary-exact``: an exact unconditional test for 0/1 losses (d ∈ {-1, 0, 1}) ordered by W − B,
+  inverted (see `invar.stats.trinomial`); kept, with its version, for contracts that name it.
+* ``paired-binary-score``: an exact unconditional test for 0/1 losses ordered by Tango's score limit, inverted
+  (see `invar.stats.score`); within a few percent of the normal limit, and the default for binary task losses.
+
+Betting is the one method whose result depends on the order of the units; `bound` and `betting` take the order's
+origin (``order="plan"`` when the plan fixed it before the data existed) and a Bound computed on any other order
+carries a warning saying so.
 
 Bounds never leave [a, b]: E[d] lies there, so clipping keeps validity and a method without enough data to say
 more answers [a, b]. NaN or infinity in the input, or an input outside [a, b], is a `StatisticsError`, never a
@@ -26,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from invar.errors import InvarError
-from invar.stats import trinomial
+from invar.stats import score, trinomial
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -35,14 +41,23 @@ class StatisticsError(InvarError):
     """Input a bound or plan cannot use (NaN, out of range, too few units, bad δ); the message says what to fix."""
 
 
-METHODS: tuple[str, ...] = ("hoeffding", "maurer-pontil", "betting", "paired-binary-exact")
-DEFAULT_BINARY_METHOD = "paired-binary-exact"
+METHODS: tuple[str, ...] = ("hoeffding", "maurer-pontil", "betting", "paired-binary-exact", "paired-binary-score")
+DEFAULT_BINARY_METHOD = "paired-binary-score"
+BINARY_METHODS: tuple[str, ...] = ("paired-binary-exact", "paired-binary-score")
+"""Methods for 0/1 losses only: [a, b] = [-1, 1] and d ∈ {-1, 0, 1}."""
 VERSIONS: dict[str, str] = {
     "hoeffding": "hoeffding/1",
     "maurer-pontil": "maurer-pontil/1",
     "betting": "betting/1",
     "paired-binary-exact": "paired-binary-exact/1",
+    "paired-binary-score": "paired-binary-score/1",
 }
+ORDERS: tuple[str, ...] = ("plan", "unverified")
+"""Where the order of d came from: "plan" (fixed by the plan before the data existed) or "unverified"."""
+UNPLANNED_ORDER_WARNING = (
+    "betting used the units in an order the plan did not fix; its bounds hold only if that order was fixed before "
+    "the data existed (an order that depends on the values can give lower > upper, with the mean outside both)"
+)
 
 BET_CAP = 0.5
 """Betting: a bet never risks more than half the capital (WSR's truncation c = 1/2)."""
@@ -70,6 +85,8 @@ class Bound:
     """Lower confidence bound on E[d], rounded toward -inf, ≥ a."""
     upper: float
     """Upper confidence bound on E[d], rounded toward +inf, ≤ b."""
+    warnings: tuple[str, ...] = ()
+    """What the caller must know to rely on the bound (betting on an order the plan did not fix)."""
 
 
 # --- validation -------------------------------------------------------------------------------------------------
@@ -146,11 +163,20 @@ def check_data(d: object, a: float, b: float) -> FloatArray:
     return values
 
 
-def _finished(method: str, n: int, delta: float, estimate: float, lower: float, upper: float) -> Bound:
+def _finished(
+    method: str, n: int, delta: float, estimate: float, lower: float, upper: float, warnings: tuple[str, ...] = ()
+) -> Bound:
     for name, value in (("estimate", estimate), ("lower", lower), ("upper", upper)):
         if not math.isfinite(value):
             raise StatisticsError(f"{method} produced a non-finite {name} ({value!r}); no decision can use it")
-    return Bound(method, VERSIONS[method], n, delta, estimate, lower, upper)
+    return Bound(method, VERSIONS[method], n, delta, estimate, lower, upper, warnings)
+
+
+def check_order(order: object) -> str:
+    """The order's origin, one of ORDERS."""
+    if order not in ORDERS:
+        raise StatisticsError(f"order must be one of {', '.join(ORDERS)}; got {order!r}")
+    return str(order)
 
 
 # --- outward rounding ---------------------------------------------------------------------------------------------
@@ -326,19 +352,22 @@ def unscale_limits(lower_x: FloatArray, upper_x: FloatArray, a: float, b: float)
     return lower, upper
 
 
-def betting(d: npt.ArrayLike, a: float, b: float, delta: float) -> Bound:
+def betting(d: npt.ArrayLike, a: float, b: float, delta: float, *, order: str = "unverified") -> Bound:
     """Betting confidence bound (Waudby-Smith & Ramdas 2023), each side a one-sided (1 − δ) bound.
 
     d: (n,) paired differences in [a, b], in the order fixed before the data (the plan's unit order). Each side
     uses its own capital process with threshold 1/δ (the hedged process with all weight on that side), so the two
-    sides together form a two-sided (1 − 2δ) interval.
+    sides together form a two-sided (1 − 2δ) interval. order: "plan" when the plan fixed the order before the data
+    existed; otherwise the Bound carries UNPLANNED_ORDER_WARNING.
     """
     a, b = check_range(a, b)
     delta = check_delta(delta)
+    origin = check_order(order)
     values = check_data(d, a, b)
     lower_x, upper_x = betting_limits_rescaled(rescale(values, a, b)[None, :], delta)
     lower, upper = unscale_limits(lower_x, upper_x, a, b)
-    return _finished("betting", values.size, delta, mean_of(values), float(lower[0]), float(upper[0]))
+    warnings = () if origin == "plan" else (UNPLANNED_ORDER_WARNING,)
+    return _finished("betting", values.size, delta, mean_of(values), float(lower[0]), float(upper[0]), warnings)
 
 
 # --- paired binary exact -------------------------------------------------------------------------------------------
@@ -358,37 +387,56 @@ def paired_binary_exact(worse: int, better: int, n: int, delta: float) -> Bound:
     return _finished("paired-binary-exact", total, delta, (w - bt) / total, lower, upper)
 
 
-def trinomial_counts(d: FloatArray) -> tuple[int, int]:
+def paired_binary_score(worse: int, better: int, n: int, delta: float) -> Bound:
+    """Exact one-sided bounds on p_worse − p_better from trinomial counts, by the score-ordered test.
+
+    The upper limit inverts the exact unconditional test of `invar.stats.score` (outcomes ordered by Tango's
+    asymptotic limit, Berger–Boos restriction with γ = δ/100, supremum proven by branch-and-bound); the lower limit
+    is minus the upper limit with worse and better swapped. Valid for every n ≥ 1 and every true
+    (p_worse, p_better), boundary included. Limits lie on the grid 2^-(17 + ⌊bit_length(n − 1)/2⌋) of [-1, 1].
+    """
+    w, bt, total = check_counts(worse, better, n)
+    delta = check_delta(delta)
+    upper = score.upper_limit(w, bt, total, delta)
+    lower = -score.upper_limit(bt, w, total, delta)
+    return _finished("paired-binary-score", total, delta, (w - bt) / total, lower, upper)
+
+
+def trinomial_counts(d: FloatArray, method: str = "paired-binary-exact") -> tuple[int, int]:
     """(worse, better) of d ∈ {-1, 0, 1}^n, or a StatisticsError when another value occurs."""
     other = (d != -1.0) & (d != 0.0) & (d != 1.0)
     if other.any():
         first = int(np.flatnonzero(other)[0])
         raise StatisticsError(
-            f"paired-binary-exact needs 0/1 losses, so d in {{-1, 0, 1}}; d[{first}] = {float(d[first])!r}. "
+            f"{method} needs 0/1 losses, so d in {{-1, 0, 1}}; d[{first}] = {float(d[first])!r}. "
             "Use maurer-pontil or betting for graded losses"
         )
     return int(np.sum(d == 1.0)), int(np.sum(d == -1.0))
 
 
-def bound(method: str, d: npt.ArrayLike, a: float, b: float, delta: float) -> Bound:
+def bound(method: str, d: npt.ArrayLike, a: float, b: float, delta: float, *, order: str = "unverified") -> Bound:
     """The bound `method` (one of METHODS) on E[d] for d in [a, b].
 
-    paired-binary-exact requires [a, b] = [-1, 1] and d ∈ {-1, 0, 1} (0/1 losses).
+    The binary methods (BINARY_METHODS) require [a, b] = [-1, 1] and d ∈ {-1, 0, 1} (0/1 losses). order: where
+    the order of d came from ("plan" or "unverified"); only betting depends on it, and warns unless it is "plan".
     """
+    origin = check_order(order)
     if method == "hoeffding":
         return hoeffding(d, a, b, delta)
     if method == "maurer-pontil":
         return maurer_pontil(d, a, b, delta)
     if method == "betting":
-        return betting(d, a, b, delta)
-    if method == "paired-binary-exact":
+        return betting(d, a, b, delta, order=origin)
+    if method in BINARY_METHODS:
         a, b = check_range(a, b)
         if (a, b) != (-1.0, 1.0):
             raise StatisticsError(
-                f"paired-binary-exact models 0/1 losses, so d lies in [-1, 1]; got a={a!r}, b={b!r}. "
+                f"{method} models 0/1 losses, so d lies in [-1, 1]; got a={a!r}, b={b!r}. "
                 "Declare a=-1, b=1 or use maurer-pontil or betting"
             )
         values = check_data(d, a, b)
-        worse, better = trinomial_counts(values)
-        return paired_binary_exact(worse, better, values.size, delta)
+        worse, better = trinomial_counts(values, method)
+        if method == "paired-binary-exact":
+            return paired_binary_exact(worse, better, values.size, delta)
+        return paired_binary_score(worse, better, values.size, delta)
     raise StatisticsError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")

@@ -6,32 +6,41 @@ feasible and conservative where it is not, and each row says which:
 
 * trinomial assumption (0/1 losses: p_worse, p_better), Hoeffding and Maurer–Pontil: exact, by summing the
   probabilities of every (worse, better) count whose bound is ≤ ε (the bound depends on the data only through the
-  counts). Mass beyond 1e-13 in the tails of the count distributions is counted as failure, so the power is a lower
-  bound that is exact to 1e-12.
+  counts). Hoeffding depends only on W − B, so its successes are W − B ≤ t* and its power one trinomial tail.
+  Mass beyond TAIL_CUT in the tails of the count distributions is counted as failure, so the power is a lower
+  bound exact to about 1e-12.
 * trinomial, paired-binary-exact: exact in the same way; a count "succeeds" when the test proves H0: Δ ≥ ε − 2^-30,
   which implies the reported upper limit is ≤ ε (see `invar.stats.trinomial`).
-* trinomial, betting: the bound depends on the order of the units, so power is simulated (fixed seed) and n is
-  where the one-sided 95% Clopper–Pearson lower limit of the simulated power reaches the target: conservative with
-  95% confidence.
+* trinomial, paired-binary-score: exact in the same way; a count succeeds when the proof at the largest grid point
+  ≤ ε succeeds, which is exactly when the reported upper limit is ≤ ε (the proof is monotone; see
+  `invar.stats.score`). A failure at a discordant count k also settles every outcome at larger k with an extreme
+  set at least as large (the proof's domain only grows with k), so most counts need one proof.
+* trinomial, betting: the bound depends on the order of the units, so power is simulated: n is searched on runs
+  with common random numbers (smooth in n), checked on independent runs (n grows by 1 % until the independent
+  estimate reaches the target), and the power reported is a third, fresh independent estimate with its standard
+  error, so no selection inflates it.
 * variance assumption (general [a, b], Hoeffding and Maurer–Pontil only): a lower bound on power from the
   Berry–Esseen inequality for the mean (C = 0.4748, E|X − μ|³ ≤ (b − a)σ²) and, for Maurer–Pontil, a Bernstein
   upper bound on the sample variance that fails with probability β = (1 − power)/20, charged to the power.
 
-The search doubles n until the power is reached, then bisects; power is taken as non-decreasing in n, which holds
-up to the small ripples of discrete distributions (the reported n reaches the target, n − 1 does not).
+The search is a secant on probit(power) against sqrt(n) (nearly linear), kept inside a bracket, so a plan needs a
+handful of power evaluations; power is taken as non-decreasing in n, which holds up to the small ripples of
+discrete distributions (the reported n reaches the target, n − 1 does not).
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from statistics import NormalDist
 
 import numpy as np
 from scipy import stats
 
-from invar.stats import bounds, trinomial
+from invar.stats import bounds, score, trinomial
 from invar.stats.bounds import METHODS, VERSIONS, StatisticsError
 
 DECISION_MARGIN = 2.0**-30
@@ -39,9 +48,12 @@ DECISION_MARGIN = 2.0**-30
 the bisection resolution of the bound (2^-41 to 2^-36)."""
 TAIL_CUT = 1e-13
 """Count-distribution mass left out of the exact power sums (counted as failure)."""
+SCORE_TAIL_CUT = 1e-10
+"""The same for paired-binary-score, whose counts each need a proof: the power is exact to 1e-10."""
+CHECK_RUNS_FACTOR = 2
+"""Betting: the independent check and the reported estimate each use this many times the search's runs."""
 BERRY_ESSEEN_C = 0.4748
 """Shevtsova (2011), iid summands."""
-MONTE_CARLO_CONFIDENCE = 0.95
 _CHUNK = 256  # simulated runs per vectorised block
 
 _NORMAL = NormalDist()
@@ -129,14 +141,14 @@ def _assumption(
 # --- exact power under a trinomial ------------------------------------------------------------------------------
 
 
-def _count_range(n: int, p: float) -> tuple[int, int]:
-    """Counts of Bin(n, p) outside which at most TAIL_CUT of the mass lies."""
+def _count_range(n: int, p: float, cut: float = TAIL_CUT) -> tuple[int, int]:
+    """Counts of Bin(n, p) outside which at most `cut` of the mass lies."""
     if p <= 0.0:
         return 0, 0
     if p >= 1.0:
         return n, n
-    lo = int(stats.binom.ppf(TAIL_CUT / 2, n, p))
-    hi = int(stats.binom.ppf(1.0 - TAIL_CUT / 2, n, p))
+    lo = int(stats.binom.ppf(cut / 2, n, p))
+    hi = int(stats.binom.ppf(1.0 - cut / 2, n, p))
     return max(0, lo), min(n, hi)
 
 
@@ -162,21 +174,46 @@ def _power_by_counts(n: int, assumption: _Assumption, succeeds: Callable[[int, n
 
 
 def _hoeffding_power(n: int, assumption: _Assumption, epsilon: float, delta: float) -> float:
-    def succeeds(k: int, w: np.ndarray) -> np.ndarray:
-        _, upper = bounds.hoeffding_limits((2 * w - k) / n, n, -1.0, 1.0, delta)
-        return np.asarray(upper <= epsilon)
+    """Hoeffding's upper bound is ≤ ε exactly when W − B ≤ t* (its mean is (W − B)/n, correctly rounded as the
+    bound computes it), so the power is one trinomial tail."""
 
-    return _power_by_counts(n, assumption, succeeds)
+    def admits(t: int) -> bool:
+        _, upper = bounds.hoeffding_limits(t / n, n, -1.0, 1.0, delta)
+        return bool(upper <= epsilon)
+
+    lo, hi = -n - 1, n + 1  # admits(lo) by convention, not admits(hi)
+    if not admits(-n):
+        return 0.0
+    lo = -n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if admits(mid):
+            lo = mid
+        else:
+            hi = mid
+    pi, q = _discordance(assumption)
+    k_lo, k_hi = _count_range(n, pi)
+    k = np.arange(k_lo, k_hi + 1)
+    within = stats.binom.cdf(np.floor((lo + k) / 2.0), k, q)
+    return min(1.0, float(np.sum(stats.binom.pmf(k, n, pi) * within)))
 
 
 def _maurer_pontil_power(n: int, assumption: _Assumption, epsilon: float, delta: float) -> float:
-    def succeeds(k: int, w: np.ndarray) -> np.ndarray:
-        t = (2 * w - k).astype(np.float64)
-        variance = (k - t * t / n) / (n - 1)
-        _, upper = bounds.maurer_pontil_limits(t / n, variance, n, -1.0, 1.0, delta)
-        return np.asarray(upper <= epsilon)
-
-    return _power_by_counts(n, assumption, succeeds)
+    """Every (k, w) count in range at once: the bound from the counts' mean and variance, as the bound computes it."""
+    pi, q = _discordance(assumption)
+    k_lo, k_hi = _count_range(n, pi)
+    ks, ws = [], []
+    for k in range(k_lo, k_hi + 1):
+        w_lo, w_hi = _count_range(k, q)
+        ws.append(np.arange(w_lo, w_hi + 1))
+        ks.append(np.full(w_hi - w_lo + 1, k))
+    k_all, w_all = np.concatenate(ks), np.concatenate(ws)
+    t = (2 * w_all - k_all).astype(np.float64)
+    variance = (k_all - t * t / n) / (n - 1)
+    _, upper = bounds.maurer_pontil_limits(t / n, variance, n, -1.0, 1.0, delta)
+    ok = upper <= epsilon
+    weight = stats.binom.pmf(k_all[ok], n, pi) * stats.binom.pmf(w_all[ok], k_all[ok], q)
+    return min(1.0, float(np.sum(weight)))
 
 
 def _exact_power(n: int, assumption: _Assumption, epsilon: float, delta: float) -> float:
@@ -205,25 +242,173 @@ def _exact_power(n: int, assumption: _Assumption, epsilon: float, delta: float) 
     return _power_by_counts(n, assumption, succeeds)
 
 
+@dataclass
+class _ScorePlanner:
+    """Exact power of paired-binary-score at any n, remembering each n's thresholds as the next n's first guesses.
+
+    Per discordant count k the admitted outcomes are w ≤ w*_k (the extreme set grows with w). All counts are
+    settled together in rounds: each round proves one candidate w per unsettled k in one batch (`prove_many`),
+    then narrows every k by what is known: a failure with statistic t at count k refuses every outcome with
+    statistic ≥ t at counts ≥ k (larger U_π, the proof is monotone in both), a success admits every outcome with
+    statistic ≤ t at counts ≤ k. The candidates gallop from the guess until bracketed, then bisect.
+    """
+
+    assumption: _Assumption
+    epsilon: float
+    delta: float
+    previous: dict[int, int] = field(default_factory=dict)
+
+    def power(self, n: int) -> float:
+        pi, q = _discordance(self.assumption)
+        if self.epsilon >= 1.0:
+            return 1.0
+        ordering = score.Ordering(n, score.order_z(self.delta))
+        bits = score.grid_bits(n)
+        delta0 = score.grid_point(score.grid_floor(self.epsilon, bits), bits)
+        bounder = score.Bounder(n, delta0)
+        gamma = score.GAMMA_FRACTION * self.delta
+        alpha = self.delta - gamma
+        k_lo, k_hi = (0, 0) if pi <= 0.0 else _count_range(n, pi, SCORE_TAIL_CUT)
+        ks = list(range(k_lo, k_hi + 1))
+        uppers = np.array([trinomial.clopper_pearson_upper(k, n, gamma) for k in ks])
+        reach = int(score.k_ranges(n, uppers[-1:], uppers[-1:])[1][0])
+        stats_cache: dict[tuple[int, int], float] = {}
+
+        def statistic(w: int, k: int) -> float:
+            key = (w, k)
+            if key not in stats_cache:
+                stats_cache[key] = ordering.statistic(w, k - w)
+            return stats_cache[key]
+
+        # every statistic a candidate can have lies well above this: the rows the table keeps start low enough
+        ordering.prepare(delta0 - 4.0 * (1.0 + ordering.z) * math.sqrt(max(float(uppers[-1]), 1.0 / n) / n), reach)
+        if self.previous:
+            guess = {k: self.previous.get(k, self.previous[min(self.previous, key=lambda j: abs(j - k))]) for k in ks}
+        else:
+            asymptotic = ordering.thresholds(delta0, max(ks))  # where the score test at level δ would stop
+            guess = {k: int(asymptotic[k]) for k in ks}
+        lo = {k: -1 for k in ks}  # every w ≤ lo[k] admitted (−1: none known)
+        hi = {k: k + 1 for k in ks}  # every w ≥ hi[k] refused (k + 1: none known)
+        step = {k: 1 for k in ks}
+        last: dict[int, bool] = {}
+        oks: dict[int, float] = {}  # per k, the largest statistic proven admitted
+        fails: dict[int, float] = {}  # per k, the smallest statistic proven refused
+        while True:
+            pending = [k for k in ks if hi[k] - lo[k] > 1]
+            if not pending:
+                break
+            chosen = []
+            for k in pending:
+                if k not in last:
+                    w = guess[k]
+                elif lo[k] >= 0 and hi[k] <= k and (k in oks and k in fails):
+                    w = (lo[k] + hi[k]) // 2
+                elif last[k]:
+                    w = lo[k] + step[k]
+                    step[k] *= 2
+                else:
+                    w = hi[k] - step[k]
+                    step[k] *= 2
+                chosen.append(min(hi[k] - 1, max(lo[k] + 1, w)))
+            regions = np.array([statistic(w, k) for w, k in zip(chosen, pending, strict=True)])
+            matrix = np.stack([ordering.thresholds(float(t), reach) for t in regions])
+            at = np.array([uppers[k - k_lo] for k in pending])
+            proven = score.prove_many(bounder, matrix, at, alpha)
+            for k, w, t, ok in zip(pending, chosen, regions.tolist(), proven.tolist(), strict=True):
+                last[k] = ok
+                if ok:
+                    lo[k] = max(lo[k], w)
+                    oks[k] = max(oks.get(k, -math.inf), t)
+                else:
+                    hi[k] = min(hi[k], w)
+                    fails[k] = min(fails.get(k, math.inf), t)
+            # what one count's proofs say about the others (monotone in the extreme set and in U_π)
+            refused, admitted = math.inf, -math.inf
+            for k in ks:
+                refused = min(refused, fails.get(k, math.inf))
+                if refused < math.inf and hi[k] - lo[k] > 1:
+                    hi[k] = _first(partial(statistic, k=k), lo[k] + 1, hi[k], partial(operator.le, refused))
+            for k in reversed(ks):
+                admitted = max(admitted, oks.get(k, -math.inf))
+                if admitted > -math.inf and hi[k] - lo[k] > 1:
+                    above = _first(partial(statistic, k=k), lo[k] + 1, hi[k], partial(operator.lt, admitted))
+                    lo[k] = max(lo[k], above - 1)
+        self.previous = {k: lo[k] for k in ks}
+        total = 0.0
+        for k in ks:
+            if lo[k] >= 0:
+                total += float(stats.binom.pmf(k, n, pi)) * float(stats.binom.cdf(lo[k], k, q))
+        return min(1.0, total)
+
+
+def _first(value: Callable[[int], float], lo: int, hi: int, holds: Callable[[float], bool]) -> int:
+    """The first w in [lo, hi) where holds(value(w)), for a property that, once it holds, holds for every larger w
+    (value non-decreasing, holds a threshold from below); hi when none."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if holds(value(mid)):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 # --- simulated power (betting) ----------------------------------------------------------------------------------
 
 
-def _betting_power(
-    n: int, assumption: _Assumption, epsilon: float, delta: float, reps: int, seed: int
-) -> tuple[float, float]:
-    """(simulated power, its one-sided Clopper–Pearson lower limit) for the betting upper bound."""
+def _betting_hits(n: int, assumption: _Assumption, epsilon: float, delta: float, reps: int, stream: list[int]) -> int:
+    """How many of `reps` simulated runs of n units admit by betting (upper bound ≤ ε), random stream `stream`.
+
+    The runs are simulated in float32: a plan needs the frequency, not the last bits of each capital."""
     pw, pb = float(assumption.p_worse or 0.0), float(assumption.p_better or 0.0)
     m_star = (epsilon + 1.0) / 2.0 - DECISION_MARGIN  # ε on the rescaled [0, 1] axis, minus the margin
+    log_threshold = -math.log(delta)
+    cap = bounds.BET_CAP / (1.0 - m_star)
     hits = 0
     for start in range(0, reps, _CHUNK):
         rows = min(_CHUNK, reps - start)
-        # Common random numbers: run r of every n starts with the same units, so power is smooth in n.
-        u = np.random.default_rng([seed, start]).random((n, rows)).T
-        x = np.where(u < pw, 1.0, np.where(u >= 1.0 - pb, 0.0, 0.5))
-        bets = bounds.plugin_bets(x, delta)
-        hits += int(np.sum(bounds.betting_crosses(x, bets, np.full(rows, m_star), "upper", delta)))
-    lower = 0.0 if hits == 0 else float(stats.beta.ppf(1.0 - MONTE_CARLO_CONFIDENCE, hits, reps - hits + 1))
-    return hits / reps, lower
+        # Common random numbers within a stream: run r of every n starts with the same units.
+        u = np.random.default_rng([*stream, start]).random((n, rows), dtype=np.float32).T
+        x = np.where(u < pw, np.float32(1.0), np.where(u >= 1.0 - pb, np.float32(0.0), np.float32(0.5)))
+        steps = np.arange(1, n + 1, dtype=np.float32)
+        mu = (np.float32(0.5) + np.cumsum(x, axis=1, dtype=np.float32)) / (steps + 1)
+        var = (np.float32(0.25) + np.cumsum((x - mu) ** 2, axis=1, dtype=np.float32)) / (steps + 1)
+        previous = np.concatenate([np.full((rows, 1), 0.25, dtype=np.float32), var[:, :-1]], axis=1)
+        lam = np.minimum(np.sqrt(np.float32(2.0 * log_threshold / n) / previous), np.float32(cap))
+        capital = np.cumsum(np.log1p(-lam * (x - np.float32(m_star))), axis=1, dtype=np.float32)
+        hits += int(np.sum(np.max(capital, axis=1) >= log_threshold))
+    return hits
+
+
+@dataclass(frozen=True)
+class _BettingPlan:
+    n: int
+    power: float
+    standard_error: float
+    runs: int
+
+
+def _betting_plan(
+    assumption: _Assumption, epsilon: float, delta: float, target: float, n_min: int, n_max: int, reps: int, seed: int
+) -> _BettingPlan:
+    """Search on common random numbers, check on independent runs (n grows by 1 % until the check reaches the
+    target), then report a fresh independent estimate of the power at n."""
+
+    def searched(k: int) -> tuple[float, float]:
+        value = _betting_hits(k, assumption, epsilon, delta, reps, [seed, 0]) / reps
+        return value, value
+
+    start = round(START_FACTORS["betting"] * _normal_guess(assumption, epsilon, delta, target))
+    n, _ = _search(searched, target, n_min, n_max, start)
+    runs = CHECK_RUNS_FACTOR * reps
+    while _betting_hits(n, assumption, epsilon, delta, runs, [seed, 1, n]) < target * runs:
+        if n >= n_max:
+            raise StatisticsError(
+                f"the target power is not reached with {n_max} units; relax epsilon or delta, or raise n_max"
+            )
+        n = min(n_max, n + max(1, n // 100))
+    power = _betting_hits(n, assumption, epsilon, delta, runs, [seed, 2, n]) / runs
+    return _BettingPlan(n, power, math.sqrt(max(power * (1.0 - power), 1.0 / runs) / runs), runs)
 
 
 # --- conservative power under a variance assumption ---------------------------------------------------------------
@@ -257,55 +442,76 @@ def _variance_power(method: str, n: int, assumption: _Assumption, epsilon: float
 # --- search -------------------------------------------------------------------------------------------------------
 
 
+def _probit(p: float) -> float:
+    return _NORMAL.inv_cdf(min(max(p, 1e-12), 1.0 - 1e-12))
+
+
 def _search(
     power_at: Callable[[int], tuple[float, float]], target: float, n_min: int, n_max: int, start: int
 ) -> tuple[int, float]:
     """Smallest n in [n_min, n_max] whose certified power (second element) reaches target; (n, reported power).
 
-    Brackets from `start` by halving or doubling, then narrows by regula falsi (power is smooth in n), falling
-    back to halving whenever the same end of the bracket moved twice in a row.
+    probit(power) is nearly linear in sqrt(n), so each step is a secant (Newton from the z-test's slope at first)
+    on that scale, kept inside the bracket (fail, reach); when the same end moves twice in a row the step is the
+    bracket's midpoint instead (Illinois), so ripples cannot stall it.
     """
     seen: dict[int, tuple[float, float]] = {}
 
-    def at(n: int) -> tuple[float, float]:
+    def gap(n: int) -> float:
         if n not in seen:
             seen[n] = power_at(n)
-        return seen[n]
+        return _probit(seen[n][1]) - _probit(target)
 
-    fail, reach = n_min - 1, min(n_max, max(n_min, start))
-    if at(reach)[1] >= target:
-        while reach > n_min:
-            lower = max(n_min, reach // 2)
-            if at(lower)[1] < target:
-                fail = lower
-                break
-            reach = lower
-    else:
-        while at(reach)[1] < target:
-            if reach >= n_max:
-                raise StatisticsError(
-                    f"the target power is not reached with {n_max} units; relax epsilon or delta, or raise n_max"
-                )
-            fail, reach = reach, min(n_max, 2 * reach)
+    fail, reach = n_min - 1, n_max + 1  # fail: known below target (or none), reach: known at it (or none)
+    n = min(n_max, max(n_min, start))
+    last: tuple[int, float] | None = None
     moved: list[str] = []
     while reach - fail > 1:
-        mid = (fail + reach) // 2
-        if fail in seen and moved[-2:] not in (["fail", "fail"], ["reach", "reach"]):
-            low, high = at(fail)[1], at(reach)[1]
-            if high > low:
-                guess = fail + round((target - low) / (high - low) * (reach - fail))
-                mid = min(reach - 1, max(fail + 1, guess))
-        if at(mid)[1] >= target:
-            reach = mid
+        value = gap(n)
+        if value >= 0.0:
+            reach = n
             moved.append("reach")
         else:
-            fail = mid
+            fail = n
             moved.append("fail")
-    return reach, at(reach)[0]
+        if reach - fail <= 1:
+            break
+        if fail >= n_max:
+            raise StatisticsError(
+                f"the target power is not reached with {n_max} units; relax epsilon or delta, or raise n_max"
+            )
+        slope = 2.5 / math.sqrt(n)  # the z-test's: probit(power) = sqrt(n)·gap/sigma − z_δ
+        if last is not None and last[0] != n and value != last[1]:
+            secant = (value - last[1]) / (math.sqrt(n) - math.sqrt(last[0]))
+            if secant > 0.0:
+                slope = secant
+        last = (n, value)
+        guess = round((math.sqrt(n) - value / slope) ** 2)
+        if reach > n_max:  # no upper end yet: at least 1 % further, at most 4 times as far
+            guess = min(n_max, max(guess, n + max(1, n // 100)), 4 * n)
+        elif reach - fail <= 16 or (moved[-2:] in (["fail", "fail"], ["reach", "reach"]) and len(moved) > 2):
+            guess = (fail + reach) // 2  # ripples make secants unreliable over a few units
+        n = min(reach - 1, max(fail + 1, guess))
+    if reach > n_max:
+        raise StatisticsError(
+            f"the target power is not reached with {n_max} units; relax epsilon or delta, or raise n_max"
+        )
+    gap(reach)
+    return reach, seen[reach][0]
+
+
+START_FACTORS: dict[str, float] = {
+    "hoeffding": 50.0,
+    "maurer-pontil": 3.0,
+    "betting": 1.45,
+    "paired-binary-exact": 1.2,
+    "paired-binary-score": 1.03,
+}
+"""Where each method's search starts, as a multiple of the z-test's n (typical ratios; only speed depends on it)."""
 
 
 def _normal_guess(assumption: _Assumption, epsilon: float, delta: float, power: float) -> int:
-    """n of a one-sided z-test with known variance: a lower-side starting point for every method's search."""
+    """n of a one-sided z-test with known variance: the normal limit, and the scale of every method's search."""
     if assumption.trinomial:
         pw, pb = float(assumption.p_worse or 0.0), float(assumption.p_better or 0.0)
         variance = pw + pb - (pw - pb) ** 2
@@ -351,11 +557,18 @@ def _power_function(
             1,
             exact_basis + ", test at epsilon - 2^-30",
         )
-    confidence = f"{MONTE_CARLO_CONFIDENCE:.0%}"
+    if method == "paired-binary-score":
+        planner = _ScorePlanner(assumption, epsilon, delta)
+        return (
+            _twice(planner.power),
+            1,
+            exact_basis + ", proof at the grid point of epsilon",
+        )
+    # betting is planned by `_betting_plan`; this is the search's estimate, for `power_at`
     return (
-        lambda k: _betting_power(k, assumption, epsilon, delta, reps, seed),
+        _twice(lambda k: _betting_hits(k, assumption, epsilon, delta, reps, [seed, 2, k]) / reps),
         1,
-        f"Monte Carlo: {reps} runs (seed {seed}); the {confidence} lower limit reaches the target",
+        f"Monte Carlo: {reps} independent runs (seed {seed})",
     )
 
 
@@ -447,8 +660,22 @@ def plan_row(
     assumption, eps, dlt, target = _validated(method, p_worse, p_better, epsilon, delta, power, variance, mean, a, b)
     n_cap = bounds.check_count("n_max", n_max, 2)
     runs = bounds.check_count("reps", reps, 1)
+    if method == "betting":
+        if not assumption.trinomial:
+            raise StatisticsError(
+                "betting needs a distribution, not only a variance; state p_worse and p_better for 0/1 losses"
+            )
+        plan = _betting_plan(assumption, eps, dlt, target, 1, n_cap, runs, int(seed))
+        basis = (
+            f"Monte Carlo: n searched on {runs} runs with common random numbers (seed {int(seed)}) and checked on "
+            f"{plan.runs} independent runs; power estimated on {plan.runs} fresh runs, standard error "
+            f"{plan.standard_error:.4f}"
+        )
+        return PlanRow(method, VERSIONS[method], plan.n, plan.power, target, eps, dlt, assumption.words(), basis)
     power_of, n_min, basis = _power_function(method, assumption, eps, dlt, target, runs, int(seed))
-    n, achieved = _search(power_of, target, n_min, n_cap, _normal_guess(assumption, eps, dlt, target))
+    factor = START_FACTORS[method] if assumption.trinomial else 1.0
+    start = round(factor * _normal_guess(assumption, eps, dlt, target))
+    n, achieved = _search(power_of, target, n_min, n_cap, start)
     return PlanRow(method, VERSIONS[method], n, achieved, target, eps, dlt, assumption.words(), basis)
 
 
