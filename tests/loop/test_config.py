@@ -76,3 +76,8 @@ def test_the_canonical_form_round_trips() -> None:
     config = read_config(CONFIGS[0])
     again = TrainConfig.model_validate({k: v for k, v in config.canonical().items() if k != "schema"})
     assert again == config
+
+
+def test_docs_training_lists_every_field() -> None:
+    text = (REPO_ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    assert [name for name, _, _ in field_help() if f"| `{name}` |" not in text] == []
