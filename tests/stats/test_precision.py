@@ -15,7 +15,7 @@ import mpmath as mp
 import numpy as np
 import pytest
 
-from invar.stats import bounds, trinomial
+from invar.stats import bounds, score, trinomial
 
 mp.mp.dps = 120
 RANGE_TOLERANCE = 1e-12
@@ -199,3 +199,56 @@ def test_outward_rounding_allowance_is_small() -> None:
     got = bounds.hoeffding(d, -1.0, 1.0, 0.05)
     plain = 0.0005 + 2.0 * math.sqrt(math.log(20.0) / 4000.0)
     assert plain < got.upper < plain + 1e-15
+
+
+# --- paired-binary-score: the proof's numbers against 120 digits -------------------------------------------------
+
+
+def _extreme_set_tail(n: int, c: np.ndarray, pi: float, delta0: float) -> mp.mpf:
+    """P(T ≤ t) at the boundary point (π, q = (1 + Δ0/π)/2 clipped), every count whose probability exceeds 1e-130."""
+    p = mp.mpf(pi)
+    q = (1 + mp.mpf(delta0) / p) / 2 if p > 0 else (mp.mpf(0) if delta0 < 0 else mp.mpf(1) / 2)
+    q = min(max(q, mp.mpf(0)), mp.mpf(1))
+    pmf = _binomial_pmfs(n, p)
+    floor = mp.mpf(10) ** -130
+    return mp.fsum(
+        pmf[k] * _binomial_cdf(int(c[k]), k, q) for k in range(min(n, c.size - 1) + 1) if pmf[k] > floor
+    )
+
+
+@pytest.mark.parametrize(("worse", "better", "n"), [(3, 7, 10), (12, 2, 150), (21, 20, 2000)])
+def test_score_limit_is_sound_and_tight(worse: int, better: int, n: int) -> None:
+    """At the reported upper limit the 120-digit probability of the extreme set stays ≤ α = δ − γ along the
+    nuisance range (41 points); ten grid steps lower it exceeds α somewhere, and one step lower the proof fails."""
+    delta = 0.05
+    test = score.make_test(worse, better, n, delta)
+    upper = score.upper_limit(worse, better, n, delta)
+    step = 2.0 ** -score.grid_bits(n)
+    lo, hi = test.domain(upper)
+    assert max(_extreme_set_tail(n, test.c, p, upper) for p in np.linspace(lo, hi, 41)) <= test.alpha
+    below = upper - 10 * step
+    lo, hi = test.domain(below)
+    assert max(_extreme_set_tail(n, test.c, p, below) for p in np.linspace(lo, hi, 201)) > test.alpha
+    assert not test.proves(upper - step)
+
+
+@pytest.mark.parametrize(("worse", "better", "n", "delta0"), [(20, 21, 2000, 0.004), (6, 1, 40, -0.1)])
+def test_score_cell_bounds_above_120_digits(worse: int, better: int, n: int, delta0: float) -> None:
+    """Each cell bound (first and third order) is at or above the 120-digit tail at points of its cell, and a cell
+    of width zero is its tail to within TAIL_SLACK."""
+    test = score.make_test(worse, better, n, 0.05)
+    lo, hi = test.domain(delta0)
+    u1, u2 = score.fixed_cells(n, lo, hi)
+    a1, a2 = np.maximum(u1, lo), np.minimum(u2, hi)
+    bounder = score.Bounder(n, delta0, remember=False)
+    for fraction in (1.0, 0.1):
+        ends = a1 + (a2 - a1) * fraction
+        cells = bounder.bounds(test.c, a1, ends, test.alpha)
+        for i in range(a1.size):
+            for p in np.linspace(a1[i], ends[i], 5):
+                # a probability of exactly 1 may come out 1 + 1e-120 at 120 digits
+                assert mp.mpf(float(cells[i])) >= min(_extreme_set_tail(n, test.c, float(p), delta0), mp.mpf(1))
+    points = bounder.bounds(test.c, a2, a2, test.alpha)
+    for i in range(a2.size):
+        exact = min(_extreme_set_tail(n, test.c, float(a2[i]), delta0), mp.mpf(1))
+        assert exact <= mp.mpf(float(points[i])) <= exact * (1 + mp.mpf("1e-10")) + mp.mpf("1e-20")
