@@ -55,8 +55,8 @@ def _kl_chart(result: NumericalComparison) -> bytes | None:
         ax.hist(shown, bins=40, histtype="step", linewidth=1.5,
                 label=f"{label}: {sum(abs(v) <= b for v, b in zip(values, bounds, strict=True))} of {len(values)} "
                       "within the error bound of 0")
-    ax.axvline(math.log10(max(float(np.mean([c.bound_ref_cand for c in caps])), floor)), color="grey",
-               linestyle="--", label="mean numerical error bound")
+    ax.axvline(math.log10(max(float(np.median([c.bound_ref_cand for c in caps])), floor)), color="grey",
+               linestyle="--", label="median numerical error bound of KL(ref ‖ cand)")
     ax.set_xlabel(f"log10 KL (nats); values ≤ {floor:g} drawn at {math.log10(floor):g}")
     ax.set_ylabel("captures")
     ax.set_title("KL divergence at the capture steps")
@@ -83,6 +83,8 @@ def _teacher_chart(result: NumericalComparison) -> bytes | None:
     tf = result.teacher_forcing()
     if tf is None:
         return None
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = _figure()
     steps = [r["step"] for r in tf["per_step"]]
     floor = 1e-12
@@ -90,9 +92,10 @@ def _teacher_chart(result: NumericalComparison) -> bytes | None:
         ax.plot(steps, [max(r[key], floor) for r in tf["per_step"]], marker="o", label=label)
     ax.set_yscale("log")
     ax.axhline(tf["large_step"], color="grey", linestyle="--", label=f"large step ({tf['large_step']:g} nats)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step of the reference's response")
-    ax.set_ylabel(f"|candidate − reference| log-prob, nats (0 drawn at {floor:g})")
-    ax.set_title("Teacher forcing: the candidate scores the reference's responses")
+    ax.set_ylabel("|Δ log-prob| (nats)")
+    ax.set_title(f"Teacher forcing: candidate − reference per step (0 drawn at {floor:g})")
     ax.legend(fontsize=7)
     return _png(fig)
 
