@@ -30,7 +30,7 @@ from invar.errors import InvarError
 from invar.patches import patch_digest, patch_dir
 from invar.records import RunStore
 from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, default_run_dir
-from invar.runner.options import check_sampling
+from invar.runner.options import TEMPERATURE_MAX, check_sampling
 from invar.runner.score import ScoredOutput, batches_from_run, items_from_file, score_batches, verify_source
 from invar.tasks import Vocabulary
 
@@ -72,8 +72,10 @@ def score(
     vocabulary's; keep the records."""
     if (tokens is None) == (from_run is None):
         raise InvarError("give the tokens to score: --tokens FILE or --from-run RUN (one of them)")
-    check_sampling(temperature=temperature if temperature > 0 else float("nan"), top_p=1.0, max_tokens=1,
-                   batch_size=batch_size, call_timeout=call_timeout)
+    if not 0 < temperature <= TEMPERATURE_MAX:  # also refuses NaN
+        raise InvarError(f"--temperature {temperature}: scoring needs a temperature in (0, {TEMPERATURE_MAX:g}]")
+    check_sampling(temperature=temperature, top_p=1.0, max_tokens=1, batch_size=batch_size,
+                   call_timeout=call_timeout)
     try:
         spec_steps = parse_steps(capture_steps) if capture_steps.strip() else ()
     except ValueError as exc:
