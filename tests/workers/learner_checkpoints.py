@@ -1,38 +1,27 @@
-"""Both learners (MLX and Hugging Face) save training checkpoints that the core's check accepts, and a learner
-restarted from a checkpoint (`load_model` with `adapter.resume`) takes exactly the step the uninterrupted learner
-takes: same proximal log-probabilities, same loss, same saved files (the same tree digest). Importance-weight
-truncation and masking reach the learner's objective as the core computes it.
-
-One learner worker per engine, started once for the module."""
+"""What the MLX and HF learner tests check alike (tests/workers/{mlx,hf}/test_*_checkpoints.py): both learners save
+training checkpoints that the core's check accepts, and a learner restarted from a checkpoint (`load_model` with
+`adapter.resume`) takes exactly the step the uninterrupted learner takes: same proximal log-probabilities, same
+loss, same saved files (the same tree digest). Importance-weight truncation and masking reach the learner's
+objective as the core computes it. Each engine's test module runs these on its session's learner worker and leaves
+it holding the base model."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from invar.engines import start_worker
 from invar.errors import WorkerError
 from invar.loop.checkpoint import check_checkpoint
 from invar.loop.objective import ObjectiveSettings, loss_terms
-from invar.protocol import Role, WorkerClient
+from invar.protocol import WorkerClient
 from invar.tasks import Problem
-
-pytestmark = pytest.mark.engine
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
 ADVANTAGES = [0.9, -0.4, 1.3, -0.7, 0.2, -1.1]
 OPTIMIZER = {"lr": 2e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "max_grad_norm": 1.0}
-
-
-@pytest.fixture(scope="module", params=["mlx", "hf"])
-def learner(request: pytest.FixtureRequest, model_dir: Path, model_digest: str) -> Iterator[tuple[str,
-                                                                                                   WorkerClient]]:
-    with start_worker(request.param, Role.LEARNER) as worker:
-        yield request.param, worker
 
 
 def _load(model_dir: Path, digest: str, adapter: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -60,10 +49,8 @@ def _step(worker: WorkerClient, samples: list[dict[str, Any]], folder: Path,
     return result
 
 
-def test_a_resumed_learner_takes_the_uninterrupted_step(learner: tuple[str, WorkerClient], model_dir: Path,
-                                                        model_digest: str, problems: list[Problem],
-                                                        tmp_path: Path) -> None:
-    engine, worker = learner
+def resumed_learner_takes_the_uninterrupted_step(engine: str, worker: WorkerClient, model_dir: Path,
+                                                 model_digest: str, problems: list[Problem], tmp_path: Path) -> None:
     samples = _samples(problems, 0.0)
     worker.call("load_model", _load(model_dir, model_digest))
     first = _step(worker, samples, tmp_path / "1")
@@ -89,11 +76,11 @@ def test_a_resumed_learner_takes_the_uninterrupted_step(learner: tuple[str, Work
     fresh = _step(worker, samples, tmp_path / "3-fresh-moments")
     assert fresh["optimizer_steps"] == 1
     assert fresh["adapter_digest"] != third["adapter_digest"]
+    worker.call("load_model", _load(model_dir, model_digest))
 
 
-def test_resume_needs_a_training_checkpoint(learner: tuple[str, WorkerClient], model_dir: Path, model_digest: str,
-                                            problems: list[Problem], tmp_path: Path) -> None:
-    _, worker = learner
+def resume_needs_a_training_checkpoint(worker: WorkerClient, model_dir: Path, model_digest: str,
+                                       problems: list[Problem], tmp_path: Path) -> None:
     worker.call("load_model", _load(model_dir, model_digest))
     result = _step(worker, _samples(problems, 0.0), tmp_path / "ck")
     bare = tmp_path / "bare"
@@ -108,11 +95,9 @@ def test_resume_needs_a_training_checkpoint(learner: tuple[str, WorkerClient], m
                                                                   "resume": True}))
 
 
-@pytest.mark.parametrize("handling", ["truncate", "mask"])
-def test_importance_handling_reaches_the_learners_objective(learner: tuple[str, WorkerClient], model_dir: Path,
-                                                            model_digest: str, problems: list[Problem],
-                                                            tmp_path: Path, handling: str) -> None:
-    _, worker = learner
+def importance_handling_reaches_the_learners_objective(worker: WorkerClient, model_dir: Path, model_digest: str,
+                                                       problems: list[Problem], tmp_path: Path,
+                                                       handling: str) -> None:
     worker.call("load_model", _load(model_dir, model_digest))
     # Behavior far below the learner's reading: weights exp(proximal − behavior) well above the cap of 1.5.
     samples = _samples(problems, 0.4)
@@ -133,3 +118,4 @@ def test_importance_handling_reaches_the_learners_objective(learner: tuple[str, 
     assert abs(plain.loss - result["loss"]) > 1e-4  # the handling changed the objective
     with pytest.raises(WorkerError, match="importance_cap: give a cap exactly when"):
         _step(worker, samples, tmp_path / "x", {**objective, "importance_cap": None})
+    worker.call("load_model", _load(model_dir, model_digest))  # leave the session's learner as it found it
