@@ -31,6 +31,7 @@ from rich.text import Text
 from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
 from invar.contract.admit import EXIT_CODES, Decision, admit
+from invar.contract.model import Contract
 from invar.contract.plan import PlannedCall
 from invar.contract.prepare import load_contract, prepare
 from invar.contract.receipt import fingerprint, load_private_key, make_receipt, verify_receipt, write_receipt
@@ -41,6 +42,7 @@ from invar.runner.engine import Engine, default_run_dir, probe_identity
 from invar.runner.options import check_sampling
 from invar.runner.use_run import Progress, admit_command, use_run
 from invar.stats.planning import plan_table, render_plan
+from invar.stats.sequential import SequentialPlan, render_sequential, sequential_plan
 
 app = typer.Typer(
     name="use",
@@ -133,6 +135,10 @@ def plan_cmd(
     method: Annotated[
         list[str] | None, typer.Option("--method", help="Plan only these bound methods (default: every method).")
     ] = None,
+    sequential_max: Annotated[
+        int | None, typer.Option("--sequential-max", min=1, help="Also plan sequential admission stopping at most "
+                                 "at this n: expected and 90th-percentile stopping n (0/1 losses).")
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """The sample size each bound method needs to admit under stated assumptions, at a stated power."""
@@ -146,13 +152,32 @@ def plan_cmd(
         stated.get("p_worse"), stated.get("p_better"), float(req.epsilon), float(req.delta), power,
         methods=method or None, variance=stated.get("variance"), mean=stated.get("mean", 0.0),
     )
+    stops = _sequential_plan(c, stated, sequential_max)
     if json_out:
         emit_json({"contract": str(contract), "contract_method": req.method, "epsilon": str(req.epsilon),
-                   "delta": str(req.delta), "rows": [dataclasses.asdict(r) for r in rows]})
+                   "delta": str(req.delta), "rows": [dataclasses.asdict(r) for r in rows],
+                   "sequential": None if stops is None else dataclasses.asdict(stops)})
         return
     typer.echo(render_plan(rows), nl=False)
+    if stops is not None:
+        typer.echo(render_sequential(stops), nl=False)
     units = len(plan.units)
     typer.echo(f"the contract decides with {req.method} and runs {units:,} units")
+
+
+def _sequential_plan(c: Contract, stated: dict[str, float], n_max: int | None) -> SequentialPlan | None:
+    """The stopping-n plan for --sequential-max (or a contract that declares `requirement.max_n`), looking after each
+    batch of the pairing layout; None when neither asks for one."""
+    declared = getattr(c.requirement, "max_n", None)  # sequential contracts (not declarable yet) name their n_max
+    horizon = n_max if n_max is not None else declared
+    if horizon is None:
+        return None
+    if "p_worse" not in stated or "p_better" not in stated:
+        raise InvarError("--sequential-max plans 0/1 losses: state --assume 'worse=... better=...'")
+    assert c.requirement.delta is not None
+    return sequential_plan("paired-binary-sequence", stated["p_worse"], stated["p_better"],
+                           float(c.requirement.epsilon), float(c.requirement.delta), int(horizon),
+                           batch=min(int(horizon), c.layouts[c.pairing.layout].batch_size), runs=1000)
 
 
 def render_decision(decision: Decision) -> str:

@@ -16,9 +16,9 @@ feasible and conservative where it is not, and each row says which:
   `invar.stats.score`). A failure at a discordant count k also settles every outcome at larger k with an extreme
   set at least as large (the proof's domain only grows with k), so most counts need one proof.
 * trinomial, betting: the bound depends on the order of the units, so power is simulated: n is searched on runs
-  with common random numbers (smooth in n), checked on independent runs (n grows by 1 % until the independent
-  estimate reaches the target), and the power reported is a third, fresh independent estimate with its standard
-  error, so no selection inflates it.
+  with common random numbers (smooth in n; to 0.5 % of n, below the simulation's own resolution), checked on
+  independent runs (n grows by 1 % until the independent estimate reaches the target), and the power reported is a
+  third, fresh independent estimate with its standard error, so no selection inflates it.
 * variance assumption (general [a, b], Hoeffding and Maurer–Pontil only): a lower bound on power from the
   Berry–Esseen inequality for the mean (C = 0.4748, E|X − μ|³ ≤ (b − a)σ²) and, for Maurer–Pontil, a Bernstein
   upper bound on the sample variance that fails with probability β = (1 − power)/20, charged to the power.
@@ -399,7 +399,7 @@ def _betting_plan(
         return value, value
 
     start = round(START_FACTORS["betting"] * _normal_guess(assumption, epsilon, delta, target))
-    n, _ = _search(searched, target, n_min, n_max, start)
+    n, _ = _search(searched, target, n_min, n_max, start, tolerance=max(1, start // 200))
     runs = CHECK_RUNS_FACTOR * reps
     while _betting_hits(n, assumption, epsilon, delta, runs, [seed, 1, n]) < target * runs:
         if n >= n_max:
@@ -447,9 +447,12 @@ def _probit(p: float) -> float:
 
 
 def _search(
-    power_at: Callable[[int], tuple[float, float]], target: float, n_min: int, n_max: int, start: int
+    power_at: Callable[[int], tuple[float, float]], target: float, n_min: int, n_max: int, start: int,
+    tolerance: int = 1,
 ) -> tuple[int, float]:
     """Smallest n in [n_min, n_max] whose certified power (second element) reaches target; (n, reported power).
+    With `tolerance` > 1 (a simulated power, whose ripples are noise) the search stops once the bracket is that
+    narrow and returns its upper end.
 
     probit(power) is nearly linear in sqrt(n), so each step is a secant (Newton from the z-test's slope at first)
     on that scale, kept inside the bracket (fail, reach); when the same end moves twice in a row the step is the
@@ -466,7 +469,7 @@ def _search(
     n = min(n_max, max(n_min, start))
     last: tuple[int, float] | None = None
     moved: list[str] = []
-    while reach - fail > 1:
+    while reach - fail > tolerance:
         value = gap(n)
         if value >= 0.0:
             reach = n
@@ -474,7 +477,7 @@ def _search(
         else:
             fail = n
             moved.append("fail")
-        if reach - fail <= 1:
+        if reach - fail <= tolerance:
             break
         if fail >= n_max:
             raise StatisticsError(

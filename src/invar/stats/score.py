@@ -226,11 +226,11 @@ class _Cells:
     """Everything about a batch of cells [a1, a2] of the boundary at one Δ0 that does not depend on the extreme set.
 
     Per cell (rows) and summed count k (columns, masked beyond the cell's range): the first-order bound's pmf
-    maxima and q_min; the third-order bound's centre m, radius r, the pmf f and its log-derivative s = f'/f and
-    its derivative ds at m, their bounds over the cell (d1 for |s|, e2 for |ds|, e3 for the next derivative),
-    and q' and q'' at m with bounds on the first three derivatives of q over the cell. `smooth` marks cells
-    narrower than one standard deviation of k/n on which q(π) is smooth and inside [0, 1] (a1 > 0, a2 < 1, and
-    π ≥ −Δ0 when Δ0 < 0).
+    maxima and q_min; the third-order bound's centre m, radius r, the pmf f and f·s, f·(s² + s') at m (s = f'/f),
+    the pmf maxima times the bounds over the cell of the first three derivatives of f divided by f (p1, p2, p3, see
+    `_bounds`), and q' and q'' at m with bounds on the first three derivatives of q over the cell. `smooth` marks
+    cells narrower than 1.25 standard deviations of k/n on which q(π) is smooth and inside [0, 1] (a1 > 0,
+    a2 < 1, and π ≥ −Δ0 when Δ0 < 0).
     """
 
     a1: FloatArray
@@ -246,13 +246,13 @@ class _Cells:
     q_lo: FloatArray
     q_hi: FloatArray
     f_m: FloatArray
-    s_m: FloatArray
-    ds_m: FloatArray
+    fs_m: FloatArray
+    fss_m: FloatArray
     dq_m: FloatArray
     ddq_m: FloatArray
-    d1: FloatArray
-    e2: FloatArray
-    e3: FloatArray
+    p1: FloatArray
+    p2: FloatArray
+    p3: FloatArray
     dq1: FloatArray
     dq2: FloatArray
     dq3: FloatArray
@@ -303,14 +303,17 @@ def _cells(n: int, a1: FloatArray, a2: FloatArray, delta0: float) -> _Cells:
     d1 = np.maximum(np.abs(kf - nf * safe_lo), np.abs(kf - nf * safe_hi)) / np.minimum(
         safe_lo * (1.0 - safe_lo), safe_hi * (1.0 - safe_hi)
     )
+    f_m = np.where(mask, stats.binom.pmf(k, n, m), 0.0)
+    s_m = (kf - nf * m) / (m * (1.0 - m))
+    ds_m = -kf / (m * m) - (nf - kf) / ((1.0 - m) * (1.0 - m))
+    e2 = kf / (safe_lo * safe_lo) + (nf - kf) / ((1.0 - safe_hi) * (1.0 - safe_hi))
+    e3 = 2.0 * kf / safe_lo**3 + 2.0 * (nf - kf) / (1.0 - safe_hi) ** 3
     return _Cells(
         a1=a1, a2=a2, k=k, mask=mask, left=left, pmf_max=pmf_max, q_min=q_min, smooth=smooth, r=r[:, 0],
         q_m=np.clip(0.5 * (1.0 + delta0 / m), 0.0, 1.0), q_lo=_down(np.minimum(q_a, q_b)),
-        q_hi=_up(np.maximum(q_a, q_b)), f_m=np.where(mask, stats.binom.pmf(k, n, m), 0.0),
-        s_m=(kf - nf * m) / (m * (1.0 - m)), ds_m=-kf / (m * m) - (nf - kf) / ((1.0 - m) * (1.0 - m)),
-        dq_m=-delta0 / (2.0 * m * m), ddq_m=delta0 / (m * m * m), d1=d1,
-        e2=kf / (safe_lo * safe_lo) + (nf - kf) / ((1.0 - safe_hi) * (1.0 - safe_hi)),
-        e3=2.0 * kf / safe_lo**3 + 2.0 * (nf - kf) / (1.0 - safe_hi) ** 3,
+        q_hi=_up(np.maximum(q_a, q_b)), f_m=f_m, fs_m=f_m * s_m, fss_m=f_m * (s_m * s_m + ds_m),
+        dq_m=-delta0 / (2.0 * m * m), ddq_m=delta0 / (m * m * m),
+        p1=3.0 * pmf_max * d1, p2=3.0 * pmf_max * (d1 * d1 + e2), p3=pmf_max * (d1 * d1 * d1 + 3.0 * d1 * e2 + e3),
         dq1=abs(delta0) / (2.0 * safe_lo * safe_lo), dq2=abs(delta0) / safe_lo**3, dq3=3.0 * abs(delta0) / safe_lo**4,
     )
 
@@ -387,14 +390,15 @@ def _bounds(cells: _Cells, ck: IntArray, alpha: float, values: _ValueSource) -> 
         big_f, g_m, g_max = values(third, c3, (1, 2, 3))
         mask = cells.mask[third]
         kf = cells.k[third].astype(np.float64)
-        f, s, ds = cells.f_m[third], cells.s_m[third], cells.ds_m[third]
+        f, fs, fss = cells.f_m[third], cells.fs_m[third], cells.fss_m[third]
         q_m, q_lo, q_hi = cells.q_m[third], cells.q_lo[third], cells.q_hi[third]
         dq, ddq = cells.dq_m[third], cells.ddq_m[third]
         below, above = c3.astype(np.float64), kf - 1.0 - c3
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             h_m = np.where(g_m > 0.0, below / q_m - above / (1.0 - q_m), 0.0)
-            first_terms = f * s * big_f - f * g_m * dq
-            second_terms = f * (s * s + ds) * big_f - 2.0 * f * s * g_m * dq - f * g_m * (h_m * dq * dq + ddq)
+            f_g = f * g_m
+            first_terms = fs * big_f - f_g * dq
+            second_terms = fss * big_f - 2.0 * fs * g_m * dq - f_g * (h_m * dq * dq + ddq)
             value = _row_sum(np.where(mask, f * big_f, 0.0))
             slope = np.abs(_row_sum(np.where(mask, first_terms, 0.0)))
             slope += 1e-10 * _row_sum(np.where(mask, np.abs(first_terms), 0.0))
@@ -407,15 +411,12 @@ def _bounds(cells: _Cells, ck: IntArray, alpha: float, values: _ValueSource) -> 
             spread = h_max * h_max + below / (q_lo * q_lo) + above / ((1.0 - q_hi) * (1.0 - q_hi))
             gqq_max = np.where(inner, g_max * spread, 0.0)
             f_cap = np.minimum(1.0, big_f * (1.0 + 1e-12) + g_max * (q_m - q_lo))
-            d1, e2, e3 = cells.d1[third], cells.e2[third], cells.e3[third]
             dq1, dq2, dq3 = cells.dq1[third], cells.dq2[third], cells.dq3[third]
-            terms = cells.pmf_max[third] * (
-                (d1 * d1 * d1 + 3.0 * d1 * e2 + e3) * f_cap
-                + 3.0 * (d1 * d1 + e2) * g_max * dq1
-                + 3.0 * d1 * (gq_max * dq1 * dq1 + g_max * dq2)
-                + gqq_max * dq1 * dq1 * dq1
-                + 3.0 * gq_max * dq1 * dq2
-                + g_max * dq3
+            terms = (
+                cells.p3[third] * f_cap
+                + cells.p2[third] * (g_max * dq1)
+                + cells.p1[third] * (gq_max * (dq1 * dq1) + g_max * dq2)
+                + cells.pmf_max[third] * (gqq_max * (dq1 * dq1 * dq1) + gq_max * (3.0 * dq1 * dq2) + g_max * dq3)
             )
             m3 = _row_sum(np.where(mask, terms, 0.0)) * (1.0 + 1e-10)
             r = cells.r[third]
@@ -432,7 +433,7 @@ def _bounds(cells: _Cells, ck: IntArray, alpha: float, values: _ValueSource) -> 
 
 
 _FRESH = -(2**62)
-_PER_COUNT = frozenset({"k", "mask", "pmf_max", "f_m", "s_m", "ds_m", "d1", "e2", "e3"})  # fields with a count axis
+_PER_COUNT = frozenset({"k", "mask", "pmf_max", "f_m", "fs_m", "fss_m", "p1", "p2", "p3"})  # fields with a count axis
 
 
 @dataclass

@@ -479,3 +479,12 @@ def sequential_max_n(
         else:
             lo = mid
     return at(hi)
+
+
+def render_sequential(plan: SequentialPlan) -> str:
+    """One line for a person: the stopping n and the answers' frequencies, and how they were obtained."""
+    return (
+        f"sequential {plan.version}, n_max {plan.n_max:,}, looks every {plan.batch:,}: expected stop "
+        f"{plan.expected_n:,.0f} (±{plan.expected_n_error:,.0f}), 90th percentile {plan.p90_n:,}; Admitted "
+        f"{plan.admitted:.3f}, Violated {plan.violated:.3f}, Unknown {plan.unknown:.3f} ({plan.basis})\n"
+    )
