@@ -5,10 +5,11 @@
 For each number of units and vocabulary size V it writes, through the record store as `invar evaluate` and
 `invar score` write them, a reference run and a candidate run of that many units (the same responses), and two score
 runs of the reference's responses with whole-vocabulary captures at `--steps` steps (float32[steps, V] per unit;
-the candidate's perturbed), 64 items per score call. It then runs `invar compare numerical REF CAND --cand-scores … --ref-scores … --json`
-under `/usr/bin/time` and reports its peak resident memory next to the size of the captures on disk. Memory that
-held every record would grow with the captures; streamed, it follows the size of one score call's captures (64
-items × steps × V), whatever the number of units. Results go to docs/compare/memory.json.
+the candidate's perturbed), 64 items per score call. It then runs
+`invar compare numerical REF CAND --cand-scores … --ref-scores … --json` under `/usr/bin/time` and reports its
+peak resident memory next to the size of the captures on disk. Memory that held every record would grow with the
+captures; streamed, it follows the size of one score call's captures (64 items × steps × V), whatever the number of
+units. Results go to docs/compare/memory.json.
 """
 
 from __future__ import annotations
