@@ -217,16 +217,25 @@ def _maurer_pontil_power(n: int, assumption: _Assumption, epsilon: float, delta:
 
 
 def _exact_power(n: int, assumption: _Assumption, epsilon: float, delta: float) -> float:
+    """Exact power of paired-binary-exact. Counts come in increasing k, so U_π grows: a refutation at W − B = t
+    (a point of H0 with a tail above α) refutes every t' ≥ t at every later k without another proof."""
     gamma = trinomial.GAMMA_FRACTION * delta
     alpha = delta - gamma
     delta0 = epsilon - DECISION_MARGIN
     last = [-1]  # the largest succeeding w at the previous k: a warm start, the threshold moves slowly with k
+    refuted = [math.inf]  # the smallest W − B refuted so far
 
     def succeeds(k: int, w: np.ndarray) -> np.ndarray:
         pi_upper = trinomial.clopper_pearson_upper(k, n, gamma)
 
         def ok(worse: int) -> bool:
-            return trinomial.rejects(delta0, 2 * worse - k, n, pi_upper, alpha)
+            t = 2 * worse - k
+            if t >= refuted[0]:
+                return False
+            status = trinomial.proof_status(delta0, t, n, pi_upper, alpha)
+            if status == "refuted":
+                refuted[0] = t
+            return status == "proven"
 
         # The test's p-value grows with W − B at fixed k, so the successes are w ≤ threshold.
         guess = min(k, max(0, last[0] + 1))

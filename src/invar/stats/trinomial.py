@@ -141,17 +141,23 @@ def rejects(delta0: float, t: int, n: int, pi_upper: float, alpha: float) -> boo
     True is a proof (every bound used is an upper bound). False means refuted (a point exceeds α) or not proven
     at the finest cell width; both are the safe answer.
     """
+    return proof_status(delta0, t, n, pi_upper, alpha) == "proven"
+
+
+def proof_status(delta0: float, t: int, n: int, pi_upper: float, alpha: float) -> str:
+    """`rejects` with its reason: "proven"; "refuted" (a point of H0 ∩ {π ≤ π_upper} has a tail above α, so no
+    proof exists at any larger t or π_upper either); or "abandoned" (no proof within the cell limits)."""
     if delta0 <= -1.0:
-        return False
+        return "refuted"
     if anchor_tail(delta0, t, n, pi_upper) > alpha:
-        return False
+        return "refuted"
     if delta0 < 0.0:
         edge = np.array([_up(min(-delta0, pi_upper))])
         if tails(t, n, np.minimum(1.0, edge), np.array([0.0]))[0] > alpha:
-            return False
+            return "refuted"
     lo, hi = _segment(delta0, pi_upper)
     if hi < lo:
-        return True
+        return "proven"
     edges = np.linspace(lo, hi, 9)
     edges[0], edges[-1] = lo, hi
     g1, g2 = edges[:-1], edges[1:]
@@ -161,18 +167,18 @@ def rejects(delta0: float, t: int, n: int, pi_upper: float, alpha: float) -> boo
         open_ = corner > alpha
         g1, g2 = g1[open_], g2[open_]
         if not g1.size:
-            return True
+            return "proven"
         if g1.size > _MAX_OPEN_CELLS or np.any(g2 - g1 <= _MIN_CELL):
-            return False
+            return "abandoned"
         worst = int(np.argmax(corner[open_]))  # refute early if the supremum is not where the anchor sits
         pi, q = _point_params(g2[worst : worst + 1], delta0)
         if tails(t, n, pi, q)[0] > alpha:
-            return False
+            return "refuted"
         width = g2 - g1
         parts = [g1 + width * f for f in (0.0, 0.25, 0.5, 0.75)] + [g2]
         g1 = np.concatenate(parts[:-1])
         g2 = np.concatenate(parts[1:])
-    return True
+    return "proven"
 
 
 def searched_tail(delta0: float, t: int, n: int, pi_upper: float) -> float:
