@@ -41,22 +41,22 @@ def write_run(ws: Workspace, path: Path, *, candidate_capture: Callable[[int, in
     the reference's recorded responses; the candidate's captures and teacher-forced scores may be changed."""
     w = RunWriter(ws, path)
     keys = {"reference": w.worker("reference"), "candidate": w.worker("candidate")}
-    responses: dict[int, dict[str, Any]] = {}
+    responses: dict[tuple[str, int], dict[str, Any]] = {}
     for planned in ws.plan.calls:
         w.generate(keys[planned.package], planned)
-        if planned.package == "reference" and planned.layout == ws.plan.pairing_layout:
+        if planned.layout == ws.plan.pairing_layout:
             for index, out in zip(planned.units, w.outputs(planned, ()), strict=True):
-                responses[index] = out
+                responses[(planned.package, index)] = out
     width = ws.vocab.size
     for m in ws.plan.measurements:
         if m.key == skip:
             continue
-        params = measurement_params(ws.plan, m, lambda i: responses[i]["tokens"])
+        params = measurement_params(ws.plan, m, lambda i, m=m: responses[(m.source, i)]["tokens"])
         if tokens_of is not None and m.package == "candidate":
             tokens_of(params)
         outputs = []
         for index, item in zip(m.units, params["items"], strict=True):
-            lp = responses[index]["logprobs"].copy()
+            lp = responses[(m.source, index)]["logprobs"].copy()
             if teach is not None and m.package == "candidate":
                 lp = teach(lp, index)
             steps = item["vocab_steps"]
@@ -185,3 +185,18 @@ def test_compare_numerical_reads_a_use_run_with_its_contract(ws: Workspace, tmp_
                            capture_output=True, text=True, timeout=300)
     assert wrong.returncode == 2
     assert "not a use run" in wrong.stderr
+
+
+def test_without_teacher_forcing_each_package_captures_along_its_own_responses(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path / "w", units=UNITS, requirement=FINITE,
+                        measurements={"teacher_forcing": False, "capture_steps": [0, 1]})
+    assert {(m.package, m.source) for m in ws.plan.measurements} == {("reference", "reference"),
+                                                                    ("candidate", "candidate")}
+    d = admit(ws.contract_path, write_run(ws, tmp_path / "run"))
+    assert d.measurements is not None
+    assert d.measurements.context == "own"
+    assert d.measurements.teacher_forcing() is None  # the candidate scored only its own responses
+    caps = d.measurements.capture_summary()
+    assert caps is not None
+    assert caps["captures"] == 2 * UNITS  # every response has steps 0 and 1, and the responses agree
+    assert caps["identical"] == caps["captures"]
