@@ -119,7 +119,8 @@ def read_history(run: Path, *, expect_head: str | None = None) -> History:
         calls = {c.call_digest: c for c in store.calls()}
     info = meta.get("run", {})
     if info.get("command") != "train":
-        raise RecordError(f"{run}: holds a {info.get('command')!r} run; inspect history reads training runs")
+        raise RecordError(f"{run}: is a run of {info.get('command')!r}, not a training run; inspect history reads "
+                          "the runs invar train makes")
     config = TrainConfig.model_validate({k: v for k, v in info["config"].items() if k != "schema"})
     vocab = _vocabulary(meta.get("inputs"), run)
     o = config.objective

@@ -181,7 +181,7 @@ def _check_made_by(store: RunStore, run_dir: Path, p: Plan) -> None:
     store.verify()
     run = store.meta().get("run", {})
     if run.get("command") != "train":
-        raise EvidenceError(f"{run_dir}: holds a {run.get('command')!r} run, not a training run; choose a new run "
+        raise EvidenceError(f"{run_dir}: is a run of {run.get('command')!r}, not a training run; choose a new run "
                             "directory")
     if run.get("config_digest") != p.digest:
         made = str(run.get("config_digest"))[:16]
