@@ -212,3 +212,26 @@ def test_coverage_simulated(name: str) -> None:
         lower_misses += count * (result.lower > true)
     for misses in (upper_misses, lower_misses):
         assert float(stats.binom.sf(misses - 1, reps, DELTA)) >= 1e-3, f"{name}: {misses} misses of {reps}"
+
+
+def test_bad_counts_are_one_line() -> None:
+    from invar.errors import InvarError
+    from invar.stats import StatisticsError
+
+    cases = [
+        (lambda: paired_binary_score(5, 6, 10, DELTA), "exceeds n"),
+        (lambda: paired_binary_score(0, 0, 0, DELTA), "at least 1"),
+        (lambda: paired_binary_score(-1, 0, 10, DELTA), "at least 0"),
+        (lambda: paired_binary_score(True, 0, 10, DELTA), "integer"),
+        (lambda: paired_binary_score(1, 1, 10, 1.0), "delta"),
+        (lambda: bound("paired-binary-score", np.array([0.5]), -1.0, 1.0, DELTA), "{-1, 0, 1}"),
+        (lambda: bound("paired-binary-score", np.zeros(3), -2.0, 2.0, DELTA), "a=-1, b=1"),
+        (lambda: bound("paired-binary-score", np.array([0.0, math.nan]), -1.0, 1.0, DELTA), "NaN"),
+        (lambda: bound("paired-binary-score", np.array([]), -1.0, 1.0, DELTA), "empty"),
+    ]
+    for call, fragment in cases:
+        with pytest.raises(StatisticsError) as info:
+            call()
+        assert fragment in str(info.value)
+        assert "\n" not in str(info.value)
+        assert isinstance(info.value, InvarError)
