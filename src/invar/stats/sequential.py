@@ -441,8 +441,9 @@ def sequential_max_n(
     batch: int = 100, *, runs: int = 2000, seed: int = 0, n_limit: int = 10_000_000,
 ) -> SequentialPlan:
     """The plan at the smallest n_max (a multiple of `batch`) whose simulated P(Admitted) reaches `power` under the
-    assumption: the sequential design with the power of a fixed-n plan. Each n_max is simulated on its own fresh
-    stream (seed, n_max), so the reported frequencies are not selected from one lucky stream."""
+    assumption: the sequential design with the power of a fixed-n plan. Every n_max is simulated on the same
+    stream (common random numbers: the power is then smooth in n_max, and the search does not pick one lucky
+    stream among many); report a plan at the n_max found on a fresh seed for unselected frequencies."""
     target = bounds.check_real("power", power)
     if not 0.0 < target < 1.0:
         raise StatisticsError(f"power must lie strictly between 0 and 1 (e.g. 0.8); got {target!r}")
@@ -451,9 +452,8 @@ def sequential_max_n(
 
     def at(blocks: int) -> SequentialPlan:
         if blocks not in seen:
-            stream = seed * 1_000_003 + blocks
             seen[blocks] = sequential_plan(
-                method, p_worse, p_better, epsilon, delta, blocks * size, size, runs=runs, seed=stream
+                method, p_worse, p_better, epsilon, delta, blocks * size, size, runs=runs, seed=seed
             )
         return seen[blocks]
 
