@@ -16,11 +16,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
-from invar.cli.common import JsonOpt, emit_json
+from invar.cli.common import JsonOpt, emit_json, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
-from invar.errors import InvarError
 from invar.loop.config import field_help, read_config
-from invar.records.store import is_run
 from invar.runner.engine import default_run_dir
 from invar.runner.options import check_sampling
 from invar.runner.train import Progress
@@ -38,14 +36,8 @@ def train(
 ) -> None:
     check_sampling(temperature=0.0, top_p=1.0, max_tokens=1, call_timeout=call_timeout)
     run_dir = run if run is not None else default_run_dir(f"train-{read_config(config).name}")
-    try:
-        with _progress() as show:
-            outcome = run_training(config, run_dir, call_timeout=call_timeout, progress=show)
-    except InvarError as exc:
-        if not is_run(run_dir):
-            raise
-        raise InvarError(f"{exc}. Every record so far is kept in {run_dir}; resume with: invar train {config} "
-                         f"--run {run_dir}") from None
+    with resumable(run_dir, f"invar train {config}"), _progress() as show:
+        outcome = run_training(config, run_dir, call_timeout=call_timeout, progress=show)
     if json_out:
         emit_json(outcome.to_json())
         return

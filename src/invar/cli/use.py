@@ -28,7 +28,7 @@ from rich.progress import (
 from rich.progress import Progress as RichProgress
 from rich.text import Text
 
-from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json
+from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
 from invar.contract.admit import EXIT_CODES, Decision, admit
 from invar.contract.model import Contract
@@ -37,7 +37,6 @@ from invar.contract.prepare import load_contract, prepare
 from invar.contract.receipt import fingerprint, load_private_key, make_receipt, verify_receipt, write_receipt
 from invar.errors import ContractError, InvarError
 from invar.patches import patch_digest, patch_dir
-from invar.records.store import is_run
 from invar.runner.engine import Engine, default_run_dir, probe_identity
 from invar.runner.options import check_sampling
 from invar.runner.use_run import Progress, admit_command, use_run
@@ -302,14 +301,8 @@ def run_cmd(
     """
     check_sampling(temperature=0.0, top_p=1.0, max_tokens=1, call_timeout=call_timeout)
     run_dir = run if run is not None else default_run_dir(f"use-{contract.name.removesuffix('.contract.json')}")
-    try:
-        with _run_progress() as show:
-            outcome = use_run(contract, run_dir, call_timeout=call_timeout, progress=show)
-    except InvarError as exc:
-        if not is_run(run_dir):
-            raise
-        raise InvarError(f"{exc}. Every record so far is kept in {run_dir}; resume with: invar use run {contract} "
-                         f"--run {run_dir}") from None
+    with resumable(run_dir, f"invar use run {contract}"), _run_progress() as show:
+        outcome = use_run(contract, run_dir, call_timeout=call_timeout, progress=show)
     if json_out:
         emit_json(outcome.to_json())
         return
