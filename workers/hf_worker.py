@@ -203,6 +203,12 @@ def _write_checkpoint(folder: Path, state: dict[str, Any], moments: dict[str, An
     (no paths, no times)."""
     LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=adapter.target_modules, lora_dropout=0.0,
                bias="none", task_type="CAUSAL_LM", inference_mode=True).save_pretrained(str(folder))
+    # peft keeps target_modules as a set and writes it in the process's hash order: sort it, or one adapter would
+    # have two spellings (two digests) across processes.
+    config_path = folder / "adapter_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["target_modules"] = sorted(config["target_modules"])
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
     # One metadata key: safetensors writes its metadata map in a random order per process, so two keys would give
     # the same adapter two spellings (two digests).
     save_file(state, str(folder / ADAPTER_WEIGHTS), metadata={BASE_DIGEST_KEY: model_digest})

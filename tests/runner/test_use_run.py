@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from train_helpers import live_workers
 
 from invar import canonical
 from invar.contract.admit import admit
@@ -134,7 +135,7 @@ def test_killed_run_resumes_to_the_same_decision_and_outputs(contract: Path, bas
     while time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
     if proc.poll() is None:
-        if kill_worker and (pids := _worker_pids(run)):
+        if kill_worker and (pids := live_workers(run, proc.pid)):
             os.kill(rng.choice(pids), signal.SIGKILL)
             proc.wait(60)
         else:

@@ -61,6 +61,19 @@ def _worker_pids(run: Path) -> list[int]:
         return []
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def live_workers(run: Path, parent: int) -> list[int]:
+    """The workers of this attempt: the store also names the (dead, maybe reused) pids of earlier attempts."""
+    return [pid for pid in _worker_pids(run) if _parent(pid) == parent]
+
+
 def kill_and_resume(config: Path, run: Path, kills: int, window: tuple[float, float], seed: int) -> list[str]:
     """Start `invar train` and SIGKILL it, or one of its workers, at a random instant in `window` seconds; `kills`
     times, resuming each time; then resume it to the end. Returns what was killed when, for the test's message."""
@@ -72,10 +85,10 @@ def kill_and_resume(config: Path, run: Path, kills: int, window: tuple[float, fl
         deadline = time.monotonic() + rng.uniform(*window)
         while time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
-        pids = _worker_pids(run)
+        pids = live_workers(run, proc.pid)
         while k % 2 == 1 and not pids and proc.poll() is None:  # odd kills hit a worker, once one is running
             time.sleep(0.05)
-            pids = _worker_pids(run)
+            pids = live_workers(run, proc.pid)
         if proc.poll() is None:
             if k % 2 == 1 and pids:
                 os.kill(rng.choice(pids), signal.SIGKILL)

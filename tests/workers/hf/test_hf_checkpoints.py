@@ -4,11 +4,15 @@ takes the uninterrupted step bit for bit, and importance-weight truncation and m
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from invar import canonical
+from invar.engines import REPO_ROOT
 from invar.protocol import WorkerClient
 from invar.tasks import Problem
 
@@ -34,3 +38,27 @@ def test_importance_handling_reaches_the_learners_objective(learner: WorkerClien
                                                             handling: str) -> None:
     shared.importance_handling_reaches_the_learners_objective(learner, model_dir, model_digest, problems, tmp_path,
                                                               handling)
+
+
+_WRITE = """
+import sys
+from pathlib import Path
+import torch
+from workers.hf_worker import Adapter, _write_checkpoint
+modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+a = Adapter({}, 4, 8.0, modules, None)
+_write_checkpoint(Path(sys.argv[1]), {"w": torch.zeros(2)}, {"m": torch.zeros(2)}, a, "0" * 64)
+"""
+
+
+def test_a_checkpoints_bytes_do_not_depend_on_the_processs_hash_seed(tmp_path: Path) -> None:
+    """peft holds target_modules as a set; written as it comes, one adapter had a spelling (a digest) per process."""
+    digests = set()
+    for seed in range(4):
+        folder = tmp_path / f"seed-{seed}"
+        folder.mkdir()
+        out = subprocess.run([sys.executable, "-c", _WRITE, str(folder)], cwd=REPO_ROOT, capture_output=True,
+                             text=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}, timeout=300)
+        assert out.returncode == 0, out.stderr
+        digests.add(canonical.tree_digest(folder))
+    assert len(digests) == 1
