@@ -195,3 +195,23 @@ def numerical(
     typer.echo(render_comparison(result))
     if report is not None:
         typer.echo(f"report     {report} (+ {len(result.sources['report']) - 1} PNGs beside it)")
+
+
+@app.command("histories")
+def histories(
+    run_a: Annotated[Path, typer.Argument(help="A training run (invar train --run).")],
+    run_b: Annotated[Path, typer.Argument(help="A training run of the same configuration, scheduled differently.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Whether two training runs that scheduled their work differently published the same checkpoints, bit for bit,
+    from the same consumed rollouts, cycle by cycle; where not, the first cycle and tensor that differ and which
+    schedule knob differs. Exit 0 identical, 10 differ, 2 refused (configurations that differ in more than the
+    schedule, records that do not verify)."""
+    from invar.compare.histories import compare_histories, render
+
+    result = compare_histories(run_a, run_b)
+    if json_out:
+        emit_json(result.to_json())
+    else:
+        typer.echo(render(result))
+    raise typer.Exit(result.exit_code)
