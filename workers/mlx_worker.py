@@ -420,22 +420,50 @@ class Engine:
                 kl = mx.exp(d) - d - 1.0
             return mx.sum(policy + o.kl_coef * kl) / n, current, policy, kl, w
 
-        value_and_grad = nn.value_and_grad(m.model, sample_loss)
+        def inputs(prompt: list[int], s: Any) -> tuple[Any, ...]:
+            behavior = mx.array(s.behavior)
+            return (mx.array([prompt + [int(t) for t in s.tokens[:-1]]], dtype=mx.int32), len(prompt) - 1,
+                    mx.array(s.tokens.astype(np.int32)), behavior,
+                    behavior if s.reference is None else mx.array(s.reference), mx.array(np.float32(s.advantage)),
+                    s.reference is not None and o.kl_coef != 0.0)
+
+        def micro_loss(batch: list[tuple[Any, ...]]) -> tuple[mx.array, ...]:
+            """The summed loss of a micro-batch in one graph (the float32-microbatch control), then each
+            sequence's current, policy, kl and weight terms."""
+            outs = [sample_loss(*args) for args in batch]
+            total = outs[0][0]
+            for out in outs[1:]:
+                total = total + out[0]
+            return (total, *[x for out in outs for x in out[1:]])
+
+        micro_batch, reduction = _schedule(params.get("schedule"), len(rows))
         grads: Any = None
         proximal, policy_terms, kl_terms, weights = [], [], [], []
-        for prompt, s in rows:
-            ids = mx.array([prompt + [int(t) for t in s.tokens[:-1]]], dtype=mx.int32)
-            behavior = mx.array(s.behavior)
-            reference = behavior if s.reference is None else mx.array(s.reference)
-            (_, current, policy, kl, w), g = value_and_grad(
-                ids, len(prompt) - 1, mx.array(s.tokens.astype(np.int32)), behavior, reference,
-                mx.array(np.float32(s.advantage)), s.reference is not None and o.kl_coef != 0.0)
-            grads = g if grads is None else tree_map(mx.add, grads, g)
-            mx.eval(grads, current, policy, kl, w)
-            proximal.append(np.array(current, dtype=np.float32))
-            policy_terms.append(np.array(policy, dtype=np.float32))
-            kl_terms.append(np.array(kl, dtype=np.float32))
-            weights.append(np.array(w, dtype=np.float32))
+        for first in range(0, len(rows), micro_batch):
+            chunk = rows[first:first + micro_batch]
+            per_row: list[tuple[mx.array, ...]] = []
+            if reduction == "float32-microbatch":
+                (_, *aux), g = nn.value_and_grad(m.model, micro_loss)([inputs(p, s) for p, s in chunk])
+                per_row = [tuple(aux[4 * i:4 * i + 4]) for i in range(len(chunk))]
+                grads = g if grads is None else tree_map(mx.add, grads, g)
+            else:
+                value_and_grad = nn.value_and_grad(m.model, sample_loss)
+                for prompt, s in chunk:
+                    (_, *aux), g = value_and_grad(*inputs(prompt, s))
+                    per_row.append(tuple(aux))
+                    if reduction == "float64-sequence":
+                        # Each sequence's gradient alone, summed in float64 in sequence order: no split of the
+                        # batch changes an operand or the order of a sum, so any micro-batch size gives the same bits.
+                        g = tree_map(lambda x: x.astype(mx.float64), g)
+                    grads = g if grads is None else tree_map(mx.add, grads, g)
+            mx.eval(grads, per_row)
+            for current, policy, kl, w in per_row:
+                proximal.append(np.array(current, dtype=np.float32))
+                policy_terms.append(np.array(policy, dtype=np.float32))
+                kl_terms.append(np.array(kl, dtype=np.float32))
+                weights.append(np.array(w, dtype=np.float32))
+        if reduction == "float64-sequence":
+            grads = tree_map(lambda x: x.astype(mx.float32), grads)  # rounded once, after the whole sum
 
         opt = step.optimizer
         max_norm = math.inf if opt.max_grad_norm is None else opt.max_grad_norm
@@ -581,6 +609,26 @@ def _read_adapter(path: str, digest: str | None, m: Loaded, where: str) -> Adapt
 
 
 # -- pure helpers ------------------------------------------------------------------------------------------
+
+
+REDUCTIONS = ("float64-sequence", "float32-microbatch", "float32-sequence")
+
+
+def _schedule(raw: Any, rows: int) -> tuple[int, str]:
+    """`learner_step.schedule`: (sequences per micro-batch, reduction). Absent: the whole batch, per-sequence
+    gradients summed in float32 in sequence order (the learner's behaviour before schedules existed)."""
+    if raw is None:
+        return rows, "float32-sequence"
+    if not isinstance(raw, dict) or set(raw) - {"micro_batch", "reduction"}:
+        raise MethodError("learner_step.schedule: expected a map with micro_batch (integer ≥ 1 or null) and "
+                          f"reduction (one of {list(REDUCTIONS)})")
+    size, reduction = raw.get("micro_batch"), raw.get("reduction", "float64-sequence")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise MethodError(f"learner_step.schedule.micro_batch: {size!r}; expected an integer ≥ 1, or null for the "
+                          "whole batch")
+    if reduction not in REDUCTIONS:
+        raise MethodError(f"learner_step.schedule.reduction: {reduction!r}; choose one of {list(REDUCTIONS)}")
+    return (rows if size is None else min(size, rows)), str(reduction)
 
 
 def _log_softmax(logits: mx.array, temperature: float) -> mx.array:

@@ -161,6 +161,25 @@ class Advantage(_Model):
     """ε added to the group std (`mean-std` only)."""
 
 
+Reduction = Literal["float64-sequence", "float32-microbatch"]
+
+
+class Learner(_Model):
+    """How the learner schedules one update's work. Schedule knobs: with the default reduction they change how the
+    work is split, never the published policy (`invar compare histories` checks it)."""
+
+    micro_batch: int | None = Field(default=None, ge=1, le=1 << 16)
+    """Sequences per micro-batch (gradient accumulation); omitted: the whole batch in one. The token mean's N is
+    fixed before the batch is split, so the loss is the same for any split."""
+    reduction: Reduction | None = None
+    """How per-sequence gradients become the step's gradient. `float64-sequence` (the MLX learner's default): each
+    sequence's gradient is computed on its own and summed in float64 in sequence order, then rounded once to
+    float32, so any micro-batch size gives the same bits. `float32-microbatch` is a negative control, not for
+    training: one float32 gradient per micro-batch, summed in float32 in micro-batch order, so the policy depends
+    on the micro-batch size. Omitted: `float64-sequence` on mlx; on hf and vllm+hf the HF learner takes the whole
+    batch in one backward pass and takes neither option."""
+
+
 class TrainConfig(_Model):
     """A training run: `invar train CONFIG.toml`."""
 
@@ -190,17 +209,33 @@ class TrainConfig(_Model):
     """The objective."""
     advantage: Advantage = Field(default_factory=Advantage)
     """The advantages."""
+    learner: Learner = Field(default_factory=Learner)
+    """The learner's schedule."""
 
     @model_validator(mode="after")
     def _fits_backend(self) -> TrainConfig:
         if self.backend == "vllm+hf" and self.lora.r > 8:
             raise ValueError(f"lora.r: vLLM serves adapters of rank at most 8 (its --max-lora-rank); got "
                              f"{self.lora.r}: lower r, or train on the mlx or hf backend")
+        if self.backend != "mlx" and (self.learner.micro_batch is not None or self.learner.reduction is not None):
+            field = "micro_batch" if self.learner.micro_batch is not None else "reduction"
+            raise ValueError(f"learner.{field}: the HF learner ({self.backend}) takes the whole batch in one backward "
+                             "pass and has no schedule-invariant micro-batching; remove the field, or train on the "
+                             "mlx backend")
         return self
 
+    def schedule(self) -> dict[str, Any]:
+        """The learner's schedule as `learner_step` takes it."""
+        reduction = self.learner.reduction or ("float64-sequence" if self.backend == "mlx" else None)
+        return {"micro_batch": self.learner.micro_batch, "reduction": reduction}
+
     def canonical(self) -> dict[str, Any]:
-        """The configuration as recorded: every field, defaults included, in JSON kinds."""
-        return {"schema": CONFIG_SCHEMA, **self.model_dump(mode="json")}
+        """The configuration as recorded: every field, defaults included (but a default `learner` section), in
+        JSON kinds."""
+        out = {"schema": CONFIG_SCHEMA, **self.model_dump(mode="json")}
+        if self.learner == Learner():
+            del out["learner"]  # the default schedule keeps the digest configurations had before it existed
+        return out
 
     def digest(self) -> str:
         """sha256 of the canonical encoding of `canonical()`: what a resumed run must match."""

@@ -307,6 +307,9 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, engine: Session, lea
                    "max_grad_norm": o.max_grad_norm},
         lora={"r": lo.r, "alpha": lo.alpha, "dropout": 0.0, "target_modules": list(lo.targets)},
         seed=cyc.derive_seed(cfg.seed, "lora-init"), save_dir=str(save_dir.resolve()))
+    schedule = cfg.schedule()
+    if schedule["reduction"] is not None:
+        params["schedule"] = schedule
     step = learner.client.ask("learner_step", params)
     report = cyc.read_learner(step.result, samples, cycle=n, model_digest=p.model_digest,
                               start_digest=None if policy is None else policy.digest, optimizer_steps=n + 1,
