@@ -32,7 +32,7 @@ from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json, resumabl
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
 from invar.contract.admit import EXIT_CODES, Decision, admit
 from invar.contract.model import Contract
-from invar.contract.plan import PlannedCall
+from invar.contract.plan import ExecutionPlan, PlannedCall
 from invar.contract.prepare import load_contract, prepare
 from invar.contract.receipt import fingerprint, load_private_key, make_receipt, verify_receipt, write_receipt
 from invar.errors import ContractError, InvarError
@@ -74,6 +74,7 @@ def prepare_cmd(
         "calls": [{"call": c.key, "purposes": list(c.purposes), "batches": len(c.batches)} for c in plan.calls],
         "measurements": len(plan.measurements),
         "plan_version": plan.version,
+        "sequential": None if plan.sequential is None else plan.sequential.to_json(),
     }
     if json_out:
         emit_json(summary)
@@ -86,6 +87,10 @@ def prepare_cmd(
     for name, calls in groups.items():
         typer.echo(f"  {name:<28} {len(calls):>5} call{'s' if len(calls) > 1 else ' '} "
                    f"{sum(len(c.batches) for c in calls):>6} batches  ({', '.join(calls[0].purposes)})")
+    if plan.sequential is not None:
+        seq = plan.sequential
+        typer.echo(f"  sequential                   {len(seq.boundaries):>5} looks  ({seq.version}: stops at the first "
+                   f"look that decides, at n_max = {seq.n_max:,} at the latest)")
     if plan.measurements and plan.measure is not None:
         units = sum(len(m.units) for m in plan.measurements if m.package == "reference")
         what = "teacher forcing of the reference's responses" if plan.measure.teacher_forcing else \
@@ -151,7 +156,7 @@ def plan_cmd(
         stated.get("p_worse"), stated.get("p_better"), float(req.epsilon), float(req.delta), power,
         methods=method or None, variance=stated.get("variance"), mean=stated.get("mean", 0.0),
     )
-    stops = _sequential_plan(c, stated, sequential_max)
+    stops = _sequential_plan(c, plan, stated, sequential_max)
     if json_out:
         emit_json({"contract": str(contract), "contract_method": req.method, "epsilon": str(req.epsilon),
                    "delta": str(req.delta), "rows": [dataclasses.asdict(r) for r in rows],
@@ -161,22 +166,29 @@ def plan_cmd(
     if stops is not None:
         typer.echo(render_sequential(stops), nl=False)
     units = len(plan.units)
-    typer.echo(f"the contract decides with {req.method} and runs {units:,} units")
+    if plan.sequential is not None:
+        typer.echo(f"the contract decides sequentially with {plan.sequential.version}, looking after each of "
+                   f"{len(plan.sequential.boundaries)} pairing calls, and runs at most {units:,} units")
+    else:
+        typer.echo(f"the contract decides with {req.method} and runs {units:,} units")
 
 
-def _sequential_plan(c: Contract, stated: dict[str, float], n_max: int | None) -> SequentialPlan | None:
+def _sequential_plan(c: Contract, plan: ExecutionPlan, stated: dict[str, float], n_max: int | None) -> \
+        SequentialPlan | None:
     """The stopping-n plan for --sequential-max (or a contract that declares `requirement.max_n`), looking after each
     batch of the pairing layout; None when neither asks for one."""
-    declared = getattr(c.requirement, "max_n", None)  # sequential contracts (not declarable yet) name their n_max
-    horizon = n_max if n_max is not None else declared
+    req = c.requirement
+    horizon = n_max if n_max is not None else req.max_n
     if horizon is None:
         return None
     if "p_worse" not in stated or "p_better" not in stated:
         raise InvarError("--sequential-max plans 0/1 losses: state --assume 'worse=... better=...'")
-    assert c.requirement.delta is not None
-    return sequential_plan("paired-binary-sequence", stated["p_worse"], stated["p_better"],
-                           float(c.requirement.epsilon), float(c.requirement.delta), int(horizon),
-                           batch=min(int(horizon), c.layouts[c.pairing.layout].batch_size), runs=1000)
+    assert req.delta is not None
+    method = req.method if req.sequential and req.method is not None else "paired-binary-sequence"
+    # A sequential contract looks after each pairing call (its plan's first look); else after each pairing batch.
+    look = c.layouts[c.pairing.layout].batch_size if plan.sequential is None else plan.sequential.boundaries[0]
+    return sequential_plan(method, stated["p_worse"], stated["p_better"], float(req.epsilon), float(req.delta),
+                           int(horizon), batch=min(int(horizon), look), runs=1000)
 
 
 def render_decision(decision: Decision) -> str:
@@ -204,7 +216,14 @@ def render_decision(decision: Decision) -> str:
     if d.bound is not None:
         b = d.bound
         lines.append(f"bound      {b.method} {b.version}, δ = {b.delta:.6g}: estimate {b.estimate:.6g}, "
-                     f"[{b.lower:.6g}, {b.upper:.6g}]")
+                     f"[{b.lower:.6g}, {b.upper:.6g}]" + (" (anytime-valid, at the stopping look)"
+                                                         if d.sequential is not None else ""))
+    if d.sequential is not None:
+        s = d.sequential
+        lines.append(f"sequential {s.version} decided at look {len(s.looks)}: {s.stop:,} of n_max = {s.n_max:,} "
+                     f"units used; bounds at each look: " + ", ".join(
+                         f"{look.n}: [{look.lower:.3g}, {look.upper:.3g}]" for look in s.looks[-4:])
+                     + (" (last four)" if len(s.looks) > 4 else ""))
     g = d.diagnostics
     if g is not None:
         lines.append(f"diagnostic (never deciding) paired Wald {g.wald_confidence:g}: [{g.wald[0]:.6g}, "

@@ -41,12 +41,13 @@ from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, NumericalCom
 from invar.compare.runs import check_score_output
 from invar.contract.model import Contract, Package, read_contract
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, Unit, derive_plan, measurement_params
-from invar.contract.prepare import TOKENIZER_FILES, tokenizer_digest
+from invar.contract.prepare import TOKENIZER_FILES, method_version, tokenizer_digest
 from invar.errors import ContractError, EvidenceError
 from invar.records.store import CallRecord, RunStore
 from invar.runner.engine import check_patches_active
-from invar.stats.bounds import VERSIONS, Bound, bound
+from invar.stats.bounds import Bound, StatisticsError, bound
 from invar.stats.diagnostics import PairedDiagnostics, paired_diagnostics
+from invar.stats.sequential import SequentialDecision, check_stop, sequential_decision
 from invar.tasks.arithmetic import SCORERS, load_population
 from invar.tasks.vocabulary import Vocabulary
 
@@ -429,7 +430,29 @@ def _check_run_contract(store: RunStore, sha256: str) -> None:
                             f"given contract {sha256[:16]}…; give the contract the run was made for")
 
 
+def recorded_looks(plan: ExecutionPlan, found: Mapping[str, CallEvidence], where: str, *,
+                   running: bool = False) -> int:
+    """Plan /4: how many looks the records complete. The answered calls must be exactly the calls of looks 0..K-1
+    (both packages'), since the run issues look after look; anything else is refused naming the first call out of
+    place. `running`: a run being resumed may also hold part of look K (it was killed during it)."""
+    assert plan.sequential is not None
+    looks = len(plan.sequential.boundaries)
+    complete = 0
+    while complete < looks and all(c.key in found for c in plan.look_calls(complete)):
+        complete += 1
+    for c in plan.calls:
+        if c.key in found and (c.part is None or c.part >= complete + running):
+            missing = next(m.key for m in plan.look_calls(complete) if m.key not in found)
+            raise EvidenceError(f"{where}: planned call {c.key} (look {(c.part or 0) + 1}) is on record, but look "
+                                f"{complete + 1} lacks {missing}; a sequential run completes each look before the next")
+    return complete
+
+
 def _complete(store: RunStore, plan: ExecutionPlan, bound: BoundEvidence) -> BoundEvidence:
+    if plan.sequential is not None:
+        # The stopping rule, not the plan's length, says how many looks a run holds: admit checks that.
+        recorded_looks(plan, bound.found, str(store.path))
+        return bound
     for c in plan.calls:
         if c.key not in bound.found:
             why = f" ({bound.failed[c.key]})" if c.key in bound.failed else ""
@@ -549,6 +572,8 @@ def layout_losses(
 ) -> np.ndarray:
     losses = np.zeros(len(prompts), dtype=np.int64)
     for c in plan.layout_calls(package, layout):
+        if plan.sequential is not None and c.key not in found:
+            continue  # a look the run did not reach (recorded_looks checked the prefix)
         evidence = found[c.key]
         try:
             part = task_losses([prompts[i] for i in c.units], evidence.outputs, vocabulary, scorer)
@@ -667,6 +692,8 @@ class Decision:
     measurement_evidence: tuple[MeasurementRecord, ...] = ()
     kl: KlRequirement | None = None
     """The contract's `max_kl` requirement, checked at every capture (only when it sets one)."""
+    sequential: SequentialDecision | None = None
+    """Plan /4: where the stopping rule stopped (recomputed from the records), every look it evaluated."""
 
     @property
     def exit_code(self) -> int:
@@ -700,15 +727,24 @@ class Decision:
                 **self.measurements.to_json(per_unit=False),
                 "requirement": None if self.kl is None else self.kl.to_json(),
                 "note": "measurements only; they decide nothing unless the contract sets max_kl"}}),
+            **({} if self.sequential is None else {"sequential": sequential_json(self.sequential)}),
         }
+
+
+def sequential_json(decision: SequentialDecision) -> dict[str, Any]:
+    """The stopping rule's decision as JSON: which method version decided, at which look, and every look's bounds."""
+    return {"method": decision.method, "version": decision.version, "answer": decision.answer,
+            "look": len(decision.looks), "stop": decision.stop, "n_max": decision.n_max, "delta": decision.delta,
+            "reason": decision.reason,
+            "looks": [{"n": look.n, "lower": look.lower, "upper": look.upper} for look in decision.looks]}
 
 
 def decide(
     contract: Contract, invariance: Invariance, premises: Sequence[PremiseCheck], loss: TaskLoss,
-    task_bound: Bound | None, kl: KlRequirement | None = None,
+    task_bound: Bound | None, kl: KlRequirement | None = None, sequential: SequentialDecision | None = None,
 ) -> tuple[Answer, str]:
     """The answer and its one-line reason, in the contract's order: invariance, the measurements' `max_kl` (when
-    the contract sets one), premises, task loss. Pure."""
+    the contract sets one), premises, task loss (a sequential contract's: the stopping rule's answer). Pure."""
     eps_text = contract.requirement.epsilon
     eps = Fraction(eps_text)
     if invariance.required and not invariance.holds:
@@ -723,6 +759,10 @@ def decide(
     missing = [p for p in premises if not p.holds]
     if missing:
         return Answer.UNKNOWN, f"premise not held as declared ({missing[0].reliance}): {missing[0].note}"
+    if sequential is not None:
+        looks = len(sequential.looks)
+        return Answer(sequential.answer), (f"{sequential.reason}; stopped at look {looks} with {sequential.stop} of "
+                                           f"n_max = {sequential.n_max} units")
     if contract.requirement.standard == "finite-domain":
         mean = loss.mean_difference
         verdict = Answer.ADMITTED if mean <= eps else Answer.VIOLATED
@@ -847,10 +887,10 @@ def admit(
     contract_file = Path(contract_path)
     contract, sha = read_contract(contract_file)
     method = contract.requirement.method
-    if method is not None and VERSIONS[method] != contract.method_version:
+    if method is not None and method_version(method) != contract.method_version:
         raise ContractError(
-            f"method_version: the contract fixes {contract.method_version}, this Invar computes {VERSIONS[method]}; "
-            "decide with the Invar version the contract names, or prepare a new contract"
+            f"method_version: the contract fixes {contract.method_version}, this Invar computes "
+            f"{method_version(method)}; decide with the Invar version the contract names, or prepare a new contract"
         )
     base = contract_file.parent
     roles: tuple[Role, Role] = ("reference", "candidate")
@@ -866,6 +906,12 @@ def admit(
         cand_loss = layout_losses(plan, found, "candidate", pairing, prompts, vocab["candidate"], scorer)
         measured = measurement_comparison(store, contract, plan, bound_evidence, vocab, ref_loss, cand_loss) \
             if plan.measurements else None
+        stopped = None
+        if plan.sequential is not None:
+            used = list(plan.sequential.look_units(recorded_looks(plan, found, str(store.path))))
+            ref_loss, cand_loss = ref_loss[used], cand_loss[used]
+            stopped = sequential_stop(contract, plan, cand_loss - ref_loss, str(store.path))
+            check_stop_record(store, stopped, plan, found)
     d = cand_loss - ref_loss
     loss = paired_task_loss(ref_loss, cand_loss)
     inv_layouts = tuple(contract.invariance.layouts)
@@ -886,19 +932,76 @@ def admit(
         assert req.method is not None
         assert req.delta is not None
         delta = req.delta
-        task_bound = bound(req.method, d.astype(np.float64), -1.0, 1.0, conservative_delta(delta))
+        if stopped is None:
+            task_bound = bound(req.method, d.astype(np.float64), -1.0, 1.0, conservative_delta(delta))
+        else:
+            final = stopped.final
+            task_bound = Bound(stopped.method, stopped.version, final.n, stopped.delta, float(np.mean(d)),
+                               final.lower, final.upper)
         diag = paired_diagnostics(loss.worse, loss.better, loss.n, conservative_delta(delta))
     max_kl = None if contract.measurements is None else contract.measurements.max_kl
     kl = None if max_kl is None or measured is None else kl_requirement(measured, max_kl)
-    answer, reason = decide(contract, invariance, premises, loss, task_bound, kl)
+    answer, reason = decide(contract, invariance, premises, loss, task_bound, kl, stopped)
     return Decision(
         answer=answer, reason=reason, contract_name=contract.name, contract_sha256=sha, run=str(run_path),
         standard=req.standard, epsilon=req.epsilon, delta=delta, invariance=invariance,
         premises=premises, task_loss=loss, bound=task_bound, diagnostics=diag,
-        evidence=tuple(found[c.key] for c in plan.calls), plan_version=plan.version,
+        evidence=tuple(found[c.key] for c in plan.calls if c.key in found), plan_version=plan.version,
         chain_head=verification.head, records=verification.records, measurements=measured,
         measurement_evidence=tuple(bound_evidence.measured[m.key] for m in plan.measurements), kl=kl,
+        sequential=stopped,
     )
+
+
+def sequential_rule(contract: Contract, plan: ExecutionPlan, d: np.ndarray) -> SequentialDecision:
+    """Plan /4: the stopping rule on the differences of the first looks (`d` in the rule's unit order): the method
+    and looks the plan fixes, ε exactly, δ rounded down. "Running" when it has not stopped on these units."""
+    section = plan.sequential
+    req = contract.requirement
+    assert section is not None
+    assert req.delta is not None
+    return sequential_decision(section.method, np.asarray(d, dtype=np.float64), section.boundaries, req.epsilon,
+                               conservative_delta(req.delta), section.n_max)
+
+
+def sequential_stop(contract: Contract, plan: ExecutionPlan, d: np.ndarray, where: str) -> SequentialDecision:
+    """Plan /4: the stopping rule on the differences of the looks recorded (`d` in the rule's unit order), which must
+    stop exactly where the records end; `EvidenceError` (one line) for a run that stopped where the rule does not
+    stop, or went on after it stopped."""
+    if not len(d):
+        raise EvidenceError(f"{where}: the run holds no complete look, where the stopping rule does not stop; resume "
+                            "it with `invar use run CONTRACT --run RUN`")
+    decision = sequential_rule(contract, plan, d)
+    try:
+        check_stop(len(d), decision)
+    except StatisticsError as exc:
+        raise EvidenceError(f"{where}: {exc}") from None
+    return decision
+
+
+SEQUENTIAL_META = "sequential_stop"
+"""The run's meta entry where `use run` records where the stopping rule stopped and the calls it used."""
+
+
+def stop_record(decision: SequentialDecision, plan: ExecutionPlan, found: Mapping[str, CallEvidence]) -> dict[
+        str, Any]:
+    """The meta entry `use run` writes when the rule stops: the answer, look, units and the call digests it used."""
+    looks = len(decision.looks)
+    calls = [c for look in range(looks) for c in plan.look_calls(look)]
+    return {"answer": decision.answer, "version": decision.version, "look": looks, "units": decision.stop,
+            "calls": [[c.key, found[c.key].call_digest] for c in calls]}
+
+
+def check_stop_record(store: RunStore, decision: SequentialDecision, plan: ExecutionPlan,
+                      found: Mapping[str, CallEvidence]) -> None:
+    """The stop `use run` recorded must be the one recomputed from the records (when the run recorded one)."""
+    kept = store.meta().get(SEQUENTIAL_META)
+    if kept is None:
+        return
+    expected = stop_record(decision, plan, found)
+    if kept != expected:
+        diff = _first_difference(expected, kept, SEQUENTIAL_META) or "it is encoded differently"
+        raise EvidenceError(f"{store.path}: the stop the run recorded is not the one its records give: {diff}")
 
 
 def _label(package: Package) -> str:
@@ -963,9 +1066,14 @@ __all__ = [
     "paired_task_loss",
     "parse_outputs",
     "read_anchors",
+    "recorded_looks",
     "resolve_inputs",
     "run_contract_sha256",
     "run_inputs",
+    "sequential_json",
+    "sequential_rule",
+    "sequential_stop",
+    "stop_record",
     "stream_evidence",
     "task_losses",
 ]

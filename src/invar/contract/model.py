@@ -42,6 +42,7 @@ from invar import canonical
 from invar.compare.steps import MAX_STEPS, check_step
 from invar.errors import ContractError
 from invar.stats.bounds import METHODS
+from invar.stats.sequential import SEQUENTIAL_METHODS
 
 CONTRACT_SCHEMA = "invar.contract/1"
 """Names the layout of the contract JSON; a contract of another schema is refused, never guessed at."""
@@ -229,7 +230,15 @@ class Requirement(_Model):
     delta: Probability | None = None
     """δ: the allowed error probability of the bound (confidence 1 − δ); population standard only."""
     method: ShortText | None = None
-    """The bound method (a key of `invar.stats.bounds.METHODS`); population standard only."""
+    """The bound method (a key of `invar.stats.bounds.METHODS`; with `sequential`, of
+    `invar.stats.sequential.SEQUENTIAL_METHODS`); population standard only."""
+    sequential: bool | None = None
+    """True: sequential admission (plan `invar.plan/4`). The pairing calls run look by look in the plan's order and
+    the run stops at the first look where the anytime-valid bound decides, or at `max_n`. Omitted (or false): the
+    fixed-n decision on every planned unit; the key is left out of the JSON, so older contracts keep their digest."""
+    max_n: int | None = Field(default=None, ge=1, le=1 << 24)
+    """The most units a sequential run uses: exactly the units the plan runs (`population.sample`, or the whole
+    population). Sequential contracts only."""
 
 
 class Layout(_Model):
@@ -422,12 +431,25 @@ def _check_common(
             raise ValueError("requirement.delta: the population standard needs δ (or confidence = 1 − δ); add it")
         if requirement.method is None:
             raise ValueError("requirement.method: the population standard needs a bound method; name one")
-        _check_method(requirement.method)
+        _check_method(requirement.method, bool(requirement.sequential))
     else:
         if requirement.delta is not None:
             raise ValueError("requirement.delta: the finite-domain standard makes no confidence claim; remove it")
         if requirement.method is not None:
             raise ValueError("requirement.method: the finite-domain standard uses no bound; remove it")
+    if requirement.sequential:
+        if requirement.standard != "population":
+            raise ValueError("requirement.sequential: the finite-domain standard decides on every declared unit; "
+                             "remove sequential or use the population standard")
+        if requirement.max_n is None:
+            raise ValueError("requirement.max_n: sequential admission needs the most units a run may use; add it")
+        if invariance.required:
+            raise ValueError("requirement.sequential: a sequential run stops its pairing calls early, so it cannot "
+                             "cover every unit under the invariance layouts; set invariance.required = false or "
+                             "remove sequential")
+    elif requirement.max_n is not None:
+        raise ValueError("requirement.max_n: only a sequential contract has a maximum n; add sequential = true or "
+                         "remove max_n")
     for name in layouts:
         _name(name)
     if pairing.layout not in layouts:
@@ -452,9 +474,21 @@ def _check_common(
         raise ValueError("candidate: is identical to the reference package; a contract compares two packages")
 
 
-def _check_method(method: str) -> None:
-    if method not in METHODS:
-        raise ValueError(f"requirement.method: unknown bound method {method!r}; use one of {', '.join(METHODS)}")
+def _check_method(method: str, sequential: bool) -> None:
+    if sequential:
+        if method not in SEQUENTIAL_METHODS:
+            raise ValueError(f"requirement.method: {_show(method)} is not a sequential method; with sequential = true "
+                             f"use one of {', '.join(SEQUENTIAL_METHODS)}")
+    elif method not in METHODS:
+        hint = " (a sequential method: add sequential = true and max_n)" if method in SEQUENTIAL_METHODS else ""
+        raise ValueError(f"requirement.method: unknown bound method {_show(method)}{hint}; use one of "
+                         f"{', '.join(METHODS)}")
+
+
+def _check_sequential(requirement: Requirement, measurements: Measurements | None) -> None:
+    if requirement.sequential and measurements is not None:
+        raise ValueError("requirement.sequential: measurements cover batches a sequential run may never reach; remove "
+                         "the measurements section or sequential")
 
 
 class Declaration(_Model):
@@ -509,6 +543,7 @@ class Declaration(_Model):
     @model_validator(mode="after")
     def _consistent(self) -> Declaration:
         _check_common(self.requirement, self.pairing, self.invariance, self.layouts, self.reference, self.candidate)
+        _check_sequential(self.requirement, self.measurements)
         return self
 
 
@@ -583,6 +618,10 @@ class Contract(_Model):
             raise ValueError("method_version: present exactly when the standard is population; re-run use prepare")
         if self.measurements is not None and self.execution is None:
             raise ValueError("measurements: need the execution section of plan invar.plan/2; re-run use prepare")
+        _check_sequential(self.requirement, self.measurements)
+        if self.requirement.sequential and self.execution is None:
+            raise ValueError("requirement.sequential: needs the execution section (its calls are the looks); re-run "
+                             "use prepare")
         return self
 
     def package(self, role: Literal["reference", "candidate"]) -> Package:
@@ -594,6 +633,9 @@ class Contract(_Model):
         data = self.model_dump(mode="json", by_alias=True)
         if data["measurements"] is None:
             del data["measurements"]  # contracts prepared before measurements existed keep their bytes
+        for key in ("sequential", "max_n"):  # likewise for contracts prepared before sequential admission
+            if not data["requirement"][key]:
+                del data["requirement"][key]
         return (json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
 
     def sha256(self) -> str:

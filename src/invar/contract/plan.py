@@ -24,6 +24,7 @@ Decisions:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,12 @@ The version of a contract's plan follows from the contract: /3 when it has `meas
 PLAN_VERSION_3 = "invar.plan/3"
 """As /2, plus the measurement calls of the contract's `measurements`: per measured batch of the pairing layout,
 one `score` call per package (see the module docstring and `measurement_params`)."""
+
+PLAN_VERSION_4 = "invar.plan/4"
+"""As /2, for a sequential contract (`requirement.sequential`): the pairing layout's calls are the looks. Look k is
+part k of the reference's and of the candidate's pairing calls (the same units); the rule's unit order is the units
+of part 0, then part 1, and so on, and its batch boundaries are the cumulative unit counts at each part's end. The
+run issues look after look and stops at the first look where the rule stops (see `SequentialSection`)."""
 
 Role = Literal["reference", "candidate"]
 Purpose = Literal["pairing", "invariance"]
@@ -108,6 +115,30 @@ class MeasurementCall:
 
 
 @dataclass(frozen=True)
+class SequentialSection:
+    """Sequential admission (plan /4): the method, n_max, the rule's unit order and its looks, all fixed by the
+    contract before any data exists."""
+
+    method: str
+    """A key of `invar.stats.sequential.SEQUENTIAL_METHODS`."""
+    version: str
+    """The method's version the contract fixes."""
+    n_max: int
+    order: tuple[int, ...]
+    """The plan's unit indices in the order the rule reads them: the pairing calls' units, part after part."""
+    boundaries: tuple[int, ...]
+    """Cumulative units at the end of each look, increasing, the last equal to n_max."""
+
+    def look_units(self, looks: int) -> tuple[int, ...]:
+        """The unit indices the first `looks` looks cover, in the rule's order."""
+        return self.order[: self.boundaries[looks - 1]] if looks else ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"method": self.method, "version": self.version, "n_max": self.n_max,
+                "looks": len(self.boundaries), "boundaries": list(self.boundaries)}
+
+
+@dataclass(frozen=True)
 class ExecutionPlan:
     """Every call a run of the contract makes, in execution order."""
 
@@ -127,6 +158,12 @@ class ExecutionPlan:
     """The temperature measurement calls score at: the sampling temperature, or 1 for greedy sampling (whose
     log-probabilities are at 1)."""
     pairing_layout: str = ""
+    sequential: SequentialSection | None = None
+    """Plan /4: the stopping rule's section; the pairing calls of part k of both packages are look k."""
+
+    def look_calls(self, look: int) -> tuple[PlannedCall, ...]:
+        """Plan /4: the calls of look `look` (0-based): part `look` of each package's pairing calls."""
+        return tuple(c for c in self.calls if c.layout == self.pairing_layout and c.part == look)
 
     def call(self, package: Role, layout: str) -> PlannedCall:
         """The first planned call of `package` under `layout`; KeyError if the plan has none."""
@@ -295,8 +332,11 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[U
         candidate_batches[shape] = name
 
     version = PLAN_VERSION_1 if per_call is None else PLAN_VERSION
+    if contract.measurements is not None:
+        version = PLAN_VERSION_3
+    sequential = _sequential_section(contract, len(units), calls)
     return ExecutionPlan(
-        version=PLAN_VERSION_3 if contract.measurements is not None else version,
+        version=PLAN_VERSION_4 if sequential is not None else version,
         contract_sha256=contract_sha256,
         units=units,
         seeds=seeds,
@@ -306,4 +346,22 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[U
         measure=contract.measurements,
         score_temperature=sampling.temperature if sampling.temperature > 0 else 1.0,
         pairing_layout=contract.pairing.layout,
+        sequential=sequential,
     )
+
+
+def _sequential_section(contract: Contract, n: int, calls: Sequence[PlannedCall]) -> SequentialSection | None:
+    req = contract.requirement
+    if not req.sequential:
+        return None
+    # The model's validators ensure these for a sequential contract.
+    assert req.method is not None
+    assert req.max_n is not None
+    assert contract.method_version is not None
+    if req.max_n != n:
+        raise ContractError(f"requirement.max_n: {req.max_n} units, but the plan runs {n}; set population.sample (or "
+                            f"max_n) so that the two agree")
+    parts = [c for c in calls if c.package == "reference" and c.layout == contract.pairing.layout]
+    order = tuple(i for c in parts for i in c.units)
+    boundaries = tuple(itertools.accumulate(len(c.units) for c in parts))
+    return SequentialSection(req.method, contract.method_version, n, order, boundaries)

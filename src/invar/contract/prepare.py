@@ -33,6 +33,7 @@ from invar.contract.model import (
 from invar.contract.plan import ExecutionPlan, Unit, derive_plan
 from invar.errors import ContractError
 from invar.stats.bounds import VERSIONS
+from invar.stats.sequential import SEQUENTIAL_VERSIONS
 from invar.tasks.arithmetic import SCORERS, Problem, load_population
 from invar.tasks.vocabulary import Vocabulary
 
@@ -141,8 +142,8 @@ def _premise(index: int, premise: Premise, base: Path, out: Path) -> Premise:
 
 
 def method_version(method: str) -> str:
-    """The version of a bound method's arithmetic, as the statistics module names it."""
-    return VERSIONS[method]
+    """The version of a bound method's arithmetic (fixed-n or sequential), as the statistics module names it."""
+    return VERSIONS[method] if method in VERSIONS else SEQUENTIAL_VERSIONS[method]
 
 
 def build_contract(declaration: Declaration, base: Path, out: Path) -> tuple[Contract, list[Unit]]:

@@ -43,7 +43,7 @@ def receipt_body(decision: Decision) -> dict[str, Any]:
     """The receipt's body for a decision: everything `verify_receipt` recomputes and compares. Pure."""
     d = decision.to_json()
     bound = d["bound"]
-    return {
+    body: dict[str, Any] = {
         "schema": RECEIPT_SCHEMA,
         "contract": d["contract"],
         "run": {"head": decision.chain_head, "records": decision.records},
@@ -63,6 +63,10 @@ def receipt_body(decision: Decision) -> dict[str, Any]:
         },
         "evidence": canonical.digest([[e["call"], e["call_digest"], e["report_digest"]] for e in d["evidence"]]),
     }
+    if "sequential" in d:  # plan /4 only, so receipts of fixed-n decisions keep their bytes
+        seq = d["sequential"]
+        body["figures"]["sequential"] = {k: seq[k] for k in ("version", "answer", "look", "stop", "n_max")}
+    return body
 
 
 # --- keys ----------------------------------------------------------------------------------------------------------

@@ -18,6 +18,11 @@ Decisions:
   responses the plan names (with teacher forcing, the reference's) in the batches they were sampled in, with the
   same worker. Their params are `invar.contract.plan.measurement_params` of the recorded responses, exactly what
   admission recomputes.
+- **Sequential contracts (plan /4) run look by look.** Look k is part k of both packages' pairing calls; after each
+  look the stopping rule (`invar.contract.admit.sequential_rule`, the function admission recomputes) is evaluated
+  on the losses of every unit so far, in the plan's order, and no call of the next look is issued once it stops.
+  The stop (answer, look, units, and the digests of the calls it used) is recorded in the run's meta before the
+  closing record. A resumed run first evaluates the rule on the looks already recorded, so it reaches the same stop.
 - A finished run gets its closing record; its head is returned for the caller to print and keep.
 """
 
@@ -35,7 +40,17 @@ import numpy as np
 
 from invar import patches
 from invar.compare.runs import check_score_output
-from invar.contract.admit import bind_records, parse_outputs, run_contract_sha256, run_inputs
+from invar.contract.admit import (
+    SEQUENTIAL_META,
+    bind_records,
+    layout_losses,
+    parse_outputs,
+    recorded_looks,
+    run_contract_sha256,
+    run_inputs,
+    sequential_rule,
+    stop_record,
+)
 from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
 from invar.contract.prepare import load_contract, method_version, tokenizer_digest
@@ -43,7 +58,10 @@ from invar.errors import ContractError, EvidenceError
 from invar.records import RunStore
 from invar.records.store import is_run
 from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, check_patches_active, engine_session
+from invar.stats.bounds import StatisticsError
+from invar.stats.sequential import SequentialDecision, check_stop
 from invar.tasks import Vocabulary
+from invar.tasks.arithmetic import SCORERS
 
 ROLES: tuple[Role, Role] = ("reference", "candidate")
 
@@ -72,12 +90,14 @@ class RunOutcome:
     calls_issued: int
     wall_s: float
     already_closed: bool
+    stop: dict[str, Any] | None = None
+    """Sequential contracts: where the stopping rule stopped (the run's meta `sequential_stop`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"run": str(self.run), "contract": str(self.contract), "contract_sha256": self.contract_sha256,
                 "chain_head": self.head, "calls_total": self.calls_total, "calls_reused": self.calls_reused,
                 "calls_issued": self.calls_issued, "wall_s": round(self.wall_s, 3),
-                "already_closed": self.already_closed,
+                "already_closed": self.already_closed, "sequential_stop": self.stop,
                 "admit": admit_command(self.run, self.contract, self.head)}
 
 
@@ -177,22 +197,27 @@ def use_run(
     base = contract_path.parent
     specs = {role: package_spec(contract.package(role), base, role) for role in ROLES}
     eos: dict[Role, int] = {}
+    vocab: dict[Role, Vocabulary] = {}
     for role in ROLES:
         model_dir = specs[role].model
         if tokenizer_digest(model_dir) != contract.package(role).tokenizer_digest:
             raise ContractError(f"{role}.model_dir: the tokenizer files in {model_dir} are not the ones the contract "
                                 "names")
-        eos[role] = Vocabulary.from_model_dir(model_dir).eos_token_id
+        vocab[role] = Vocabulary.from_model_dir(model_dir)
+        eos[role] = vocab[role].eos_token_id
 
     total = len(plan.calls) + len(plan.measurements)
     head = _closed_head(run_dir, sha, contract_path)
     if head is not None:
+        with RunStore.open(run_dir) as closed:
+            kept = closed.meta().get(SEQUENTIAL_META)
         return RunOutcome(run_dir, contract_path, sha, head, total, total, 0,
-                          time.perf_counter() - started, already_closed=True)
+                          time.perf_counter() - started, already_closed=True, stop=kept)
     store, resumed = _open_run(run_dir, contract, sha, base, contract_path)
     with store:
         tokens: dict[tuple[Role, int], np.ndarray] = {}
         done: set[str] = set()
+        first_look = 0
         if resumed:
             bound = bind_records(store.calls(), contract, plan, eos)
             done = set(bound.found) | set(bound.measured)
@@ -200,14 +225,73 @@ def use_run(
                 if c.layout == plan.pairing_layout and c.key in bound.found:
                     for index, out in zip(c.units, bound.found[c.key].outputs, strict=True):
                         tokens[(c.package, index)] = np.array(out.tokens, copy=True)
+            if plan.sequential is not None:
+                first_look = recorded_looks(plan, bound.found, str(run_dir), running=True)
+        rule = None if plan.sequential is None else _Rule(contract, plan, vocab, tokens)
         todo = {role: [c for c in plan.calls if c.package == role and c.key not in done] for role in ROLES}
         measure = {role: [m for m in plan.measurements if m.package == role and m.key not in done] for role in ROLES}
         counter = _Counter(plan, done, progress)
         counter.report()
-        issued = _execute(contract, plan, specs, todo, measure, tokens, store, eos, counter, call_timeout)
+        if rule is not None and first_look and rule.stops(first_look):
+            todo = {role: [] for role in ROLES}  # stopped before the kill: only the stop and the close are left
+        issued = _execute(contract, plan, specs, todo, measure, tokens, store, eos, counter, call_timeout,
+                          rule, first_look)
+        stop = None if rule is None else _record_stop(store, contract, plan, vocab, eos)
         head = store.close_run()
     return RunOutcome(run_dir, contract_path, sha, head, total, len(done), issued,
-                      time.perf_counter() - started, already_closed=False)
+                      time.perf_counter() - started, already_closed=False, stop=stop)
+
+
+class _Rule:
+    """The stopping rule during a run: evaluated after each look on the pairing responses sampled so far."""
+
+    def __init__(self, contract: Contract, plan: ExecutionPlan, vocab: Mapping[Role, Vocabulary],
+                 tokens: Mapping[tuple[Role, int], np.ndarray]) -> None:
+        self._contract, self._plan, self._vocab, self._tokens = contract, plan, vocab, tokens
+        self._scorer = SCORERS[contract.scorer.name]
+        self._loss: dict[tuple[Role, int], int] = {}
+        self.decision: SequentialDecision | None = None
+
+    def _unit_loss(self, role: Role, index: int) -> int:
+        if (role, index) not in self._loss:
+            text = self._vocab[role].decode(self._tokens[(role, index)].tolist())
+            self._loss[(role, index)] = int(self._scorer(self._plan.units[index].prompt, text))
+        return self._loss[(role, index)]
+
+    def stops(self, looks: int) -> bool:
+        """Whether the rule stops on the first `looks` looks (every one of their responses sampled)."""
+        assert self._plan.sequential is not None
+        units = self._plan.sequential.look_units(looks)
+        d = np.array([self._unit_loss("candidate", i) - self._unit_loss("reference", i) for i in units],
+                     dtype=np.float64)
+        self.decision = sequential_rule(self._contract, self._plan, d)
+        return self.decision.answer != "Running"
+
+
+def _record_stop(store: RunStore, contract: Contract, plan: ExecutionPlan, vocab: Mapping[Role, Vocabulary],
+                 eos: Mapping[Role, int]) -> dict[str, Any]:
+    """Recompute the stop from the records, exactly as admission does, and record it in the run's meta (once)."""
+    found = bind_records(store.calls(), contract, plan, eos).found
+    assert plan.sequential is not None
+    looks = recorded_looks(plan, found, str(store.path))
+    scorer = SCORERS[contract.scorer.name]
+    prompts = [u.prompt for u in plan.units]
+    losses = {role: layout_losses(plan, found, role, plan.pairing_layout, prompts, vocab[role], scorer)
+              for role in ROLES}
+    used = list(plan.sequential.look_units(looks))
+    decision = sequential_rule(contract, plan, losses["candidate"][used] - losses["reference"][used])
+    try:
+        check_stop(len(used), decision)
+    except StatisticsError as exc:
+        raise EvidenceError(f"{store.path}: {exc}") from None
+    entry = stop_record(decision, plan, found)
+    kept = store.meta().get(SEQUENTIAL_META)
+    if kept is None:
+        store.put_meta(SEQUENTIAL_META, entry)
+    elif kept != entry:
+        raise EvidenceError(f"{store.path}: the run records a stop ({kept.get('answer')} at look {kept.get('look')}) "
+                            "its records do not give; choose a new run directory")
+    return entry
 
 
 class _Counter:
@@ -235,10 +319,11 @@ class _Counter:
 def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, EngineSpec],
              todo: Mapping[Role, Sequence[PlannedCall]], measure: Mapping[Role, Sequence[MeasurementCall]],
              tokens: dict[tuple[Role, int], np.ndarray], store: RunStore, eos: Mapping[Role, int],
-             counter: _Counter, call_timeout: float | None) -> int:
+             counter: _Counter, call_timeout: float | None, rule: _Rule | None = None, first_look: int = 0) -> int:
     """Start a worker per package that has calls left and issue them, generate calls first, then (once every
     package has sampled) measurements; the first failure stops both. `tokens` holds the pairing layout's response
-    tokens already on record, by (package, unit index), and gains those sampled now."""
+    tokens already on record, by (package, unit index), and gains those sampled now. With a stopping `rule`
+    (plan /4) the generate calls go look by look from `first_look`, the rule evaluated after each."""
     roles = [role for role in ROLES if todo[role] or measure[role]]
     if not roles:
         return 0
@@ -249,13 +334,34 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
     sampled = threading.Barrier(len(roles))
     issued = [0]
     lock = threading.Lock()
+    # Sequential: both packages finish look k before the rule looks, and no call of look k + 1 precedes its verdict.
+    finished = threading.Event()
+    look_at = [first_look]
+    ruled: list[BaseException] = []
+
+    def evaluate() -> None:
+        assert rule is not None
+        look_at[0] += 1
+        try:
+            if rule.stops(look_at[0]):
+                finished.set()
+        except BaseException as exc:  # reported by the thread that sees the broken barrier
+            ruled.append(exc)
+            raise
+
+    looked = threading.Barrier(len(roles), action=evaluate)
 
     def drive(role: Role) -> None:
         try:
             _drive(role)
+        except threading.BrokenBarrierError:
+            if ruled:
+                raise ruled[0] from None
+            raise
         except BaseException:
             checked.abort()
             sampled.abort()
+            looked.abort()
             raise
 
     def _drive(role: Role) -> None:
@@ -280,9 +386,7 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
                 check_patches_active(result, package.patches, where)
                 return result, where
 
-            for planned in todo[role]:
-                if stop.is_set():
-                    return
+            def generate(planned: PlannedCall) -> None:
                 result, where = ask("generate", planned.params, planned.key)
                 outputs = parse_outputs(result, planned, eos[role], where)
                 if planned.layout == plan.pairing_layout:
@@ -292,6 +396,24 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
                 with lock:
                     issued[0] += 1
                 counter.add(planned)
+
+            if rule is None:
+                for planned in todo[role]:
+                    if stop.is_set():
+                        return
+                    generate(planned)
+            else:
+                left = {c.key for c in todo[role]}
+                assert plan.sequential is not None
+                for look in range(first_look, len(plan.sequential.boundaries)):
+                    if stop.is_set():
+                        return
+                    for planned in plan.look_calls(look):
+                        if planned.package == role and planned.key in left:
+                            generate(planned)
+                    looked.wait()
+                    if finished.is_set():
+                        break
             sampled.wait()
             for m in measure[role]:
                 if stop.is_set():
@@ -320,6 +442,7 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
                 stop.set()
                 checked.abort()
                 sampled.abort()
+                looked.abort()
         if failure is not None:
             raise failure
     return issued[0]
