@@ -1,11 +1,20 @@
 """Run the acceptance contracts end to end with the real commands and keep what each decided.
 
     .venv/bin/python scripts/acceptance.py [NAME ...] [--out runs/acceptance]
+    .venv/bin/python scripts/acceptance.py --redecide [NAME ...] [--out runs/acceptance]
 
 For each contract in contracts/ (all of ACCEPTANCE, or the names given): `invar use prepare`, `invar use plan`
 (population standard), `invar use run`, `invar use admit --json --expect-head HEAD`. The admit output is kept in
 docs/acceptance/<name>.admit.json, and docs/acceptance/summary.json gathers the figures docs/acceptance.md reports
 (answer, counts, bound, wall times, the run's head).
+
+`--redecide` runs no engine: it decides the runs kept under --out again, from the same records. `use admit` (the
+function) checks every record against the contract the run was made under, exactly as the command does; then the
+task-loss bound is computed again with the default method for 0/1 losses (`DEFAULT_BINARY_METHOD`, today
+paired-binary-score/1) on the same paired differences, and the decision procedure is applied to it. The contracts fix
+paired-binary-exact/1, so this is what a contract naming the new default would decide on these records (its sha256
+would differ, so the run itself cannot be admitted under it). Both methods depend on the counts of worse and better
+units only, never on their order. The result is kept in summary.json as `redecided`, naming the method version.
 """
 
 from __future__ import annotations
@@ -61,16 +70,53 @@ def run_one(name: str, out: Path) -> dict[str, object]:
                        f"--run runs/{name} && invar use admit runs/{name} --contract contracts/{name}.contract.json"}
 
 
+def redecide(name: str, out: Path) -> dict[str, object]:
+    """The kept run of `name` decided again with the default method for 0/1 losses (see the module docstring)."""
+    import numpy as np
+
+    from invar.contract.admit import admit, conservative_delta, decide
+    from invar.contract.model import read_contract
+    from invar.stats.bounds import DEFAULT_BINARY_METHOD, bound
+
+    contract_path = out / f"{name}.contract.json"
+    run_dir = out / f"run-{name}"
+    kept = admit(contract_path, run_dir)  # every record checked against the run's own contract
+    contract, _sha = read_contract(contract_path)
+    loss = kept.task_loss
+    entry: dict[str, object] = {"chain_head": kept.chain_head, "records": kept.records,
+                                "contract_method": None if kept.bound is None else kept.bound.version,
+                                "contract_answer": kept.answer.value}
+    if contract.requirement.standard != "population" or contract.requirement.delta is None:
+        entry.update({"method": None, "answer": kept.answer.value, "reason": kept.reason,
+                      "note": "finite domain: decided exactly, no bound method"})
+        print(f"{name}: {kept.answer.value}, finite domain (no bound method to change)", flush=True)
+        return entry
+    d = np.array([1.0] * loss.worse + [-1.0] * loss.better + [0.0] * (loss.n - loss.worse - loss.better))
+    new = bound(DEFAULT_BINARY_METHOD, d, -1.0, 1.0, conservative_delta(contract.requirement.delta))
+    answer, reason = decide(contract, kept.invariance, kept.premises, loss, new)
+    entry.update({"method": new.version, "answer": answer.value, "reason": reason,
+                  "bound": {"method": new.method, "version": new.version, "n": new.n, "delta": new.delta,
+                            "estimate": new.estimate, "lower": new.lower, "upper": new.upper}})
+    print(f"{name}: {kept.answer.value} with {entry['contract_method']} -> {answer.value} with {new.version} "
+          f"({reason})", flush=True)
+    return entry
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", default=ACCEPTANCE)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "acceptance")
+    parser.add_argument("--redecide", action="store_true", help="decide the kept runs again with the default "
+                        "method for 0/1 losses; runs no engine")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     summary_path = ROOT / "docs" / "acceptance" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     for name in args.names:
-        summary[name] = run_one(name, args.out)
+        if args.redecide:
+            summary.setdefault(name, {})["redecided"] = redecide(name, args.out)
+        else:
+            summary[name] = run_one(name, args.out)
         summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
