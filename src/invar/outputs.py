@@ -9,6 +9,8 @@ are open by nature.
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 from pydantic import BaseModel, ConfigDict
 
 OUTPUT_SCHEMA_VERSION = "invar.outputs/1"
@@ -18,7 +20,7 @@ OUTPUT_SCHEMA_VERSION = "invar.outputs/1"
 class Closed(BaseModel):
     """An output object whose fields are all named: another field is an error."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class EngineVersions(Closed):
@@ -40,3 +42,586 @@ class VersionOutput(Closed):
     protocol: int
     record_schema: int
     engines: dict[str, EngineVersions]
+
+
+# --- engine commands: infer, evaluate, score -----------------------------------------------------------------------
+
+
+class EngineFields(Closed):
+    """What every engine command states about the implementation it ran (`EngineSpec.meta()`)."""
+
+    engine: str
+    model: str
+    model_digest: str
+    dtype: str
+    quantization: str
+    adapter: str | None
+    adapter_digest: str | None
+
+
+class InferOutputRow(Closed):
+    request_id: str
+    prompt: str
+    seed: int
+    tokens: list[int]
+    text: str
+    logprobs: list[float]
+    finish_reason: str | None
+
+
+class InferOutput(EngineFields):
+    """`invar infer --json`."""
+
+    run: str
+    chain_head: str
+    temperature: float
+    top_p: float
+    outputs: list[InferOutputRow]
+
+
+class KindAccuracy(Closed):
+    correct: int
+    problems: int
+
+
+class EvaluateOutput(EngineFields):
+    """`invar evaluate --json`."""
+
+    run: str
+    chain_head: str
+    accuracy: float
+    correct: int
+    problems: int
+    interval: tuple[float, float]
+    interval_method: str
+    confidence: float
+    by_kind: dict[str, KindAccuracy]
+    population: str
+    population_sha256: str
+    count: int
+    sample_seed: int
+    seed: int
+    temperature: float
+    top_p: float
+    max_tokens: int
+    batch_size: int
+    generate_s: float
+    wall_s: float
+
+
+class ScoreCapture(Closed):
+    step: int
+    vocab_logprobs: list[float]
+
+
+class ScoreItem(Closed):
+    item_id: str
+    prompt: str
+    temperature: float
+    tokens: list[int]
+    text: str
+    logprobs: list[float]
+    captures: list[ScoreCapture]
+
+
+class ScoreSourceRun(Closed):
+    run: str
+    head: str
+    command: str
+
+
+class ScoreSourceTokens(Closed):
+    tokens: str
+
+
+class ScoreOutput(EngineFields):
+    """`invar score --json`."""
+
+    run: str
+    chain_head: str
+    command: str
+    capture_steps: str
+    patches: dict[str, str] | None = None
+    """Only when the worker ran with patches."""
+    source: ScoreSourceRun | ScoreSourceTokens
+    items: list[ScoreItem]
+    calls: int
+    captures: int
+    vocab_size: int
+
+
+# --- records and training ------------------------------------------------------------------------------------------
+
+
+class CallLogRow(Closed):
+    seq: int
+    call_id: int
+    engine: str
+    role: str
+    method: str
+    call_digest: str
+    status: str
+    error: str | None
+    elapsed_ms: float | None
+
+
+class InspectRecordsOutput(Closed):
+    """`invar inspect records --json`."""
+
+    run: str
+    verified: bool
+    closed: bool
+    chain_head: str
+    anchored: bool
+    records: int
+    workers: int
+    calls: int
+    reports: int
+    errors: int
+    unanswered: list[Any]
+    meta: dict[str, Any]
+    """The run's meta records as written (the command, its settings, its inputs): open, as each command writes its
+    own."""
+    call_log: list[CallLogRow]
+
+
+class TrainCheckpoint(Closed):
+    cycle: int
+    path: str
+    digest: str
+
+
+class TrainOutput(Closed):
+    """`invar train --json`."""
+
+    run: str
+    config: str
+    config_digest: str
+    chain_head: str
+    cycles: int
+    cycles_reused: int
+    cycles_run: int
+    checkpoint: TrainCheckpoint | None
+    wall_s: float
+    already_closed: bool
+    history: str
+
+
+class GapFigures(Closed):
+    tokens: int
+    equal: int
+    p50: float
+    p99: float
+    max: float
+    k3_mean: float
+    k3_max: float
+
+
+class ImportanceFigures(Closed):
+    min: float
+    mean: float
+    max: float
+    exactly_one: int
+    handled: int
+    ess: float
+
+
+class HistoryCycle(Closed):
+    cycle: int
+    prompts: int
+    samples: int
+    groups: int
+    reward_mean: float
+    accuracy: float
+    accuracy_interval: tuple[float, float]
+    advantage_mean: float
+    advantage_std: float
+    advantage_min: float
+    advantage_max: float
+    zero_variance_groups: int
+    loss_core: float
+    loss_learner: float
+    loss_abs_diff: float
+    policy_core: float
+    kl_core: float
+    grad_norm: float
+    gap: GapFigures
+    importance: ImportanceFigures
+    staleness: int
+    policy: str | None
+    checkpoint: str
+    wall_s: dict[str, float]
+
+
+class InspectHistoryOutput(Closed):
+    """`invar inspect history --json`."""
+
+    run: str
+    chain_head: str
+    closed: bool
+    config: dict[str, Any]
+    """The training configuration as the run recorded it (its own schema, `config.schema`)."""
+    cycles: list[HistoryCycle]
+    plot: str | None
+
+
+# --- use contracts -------------------------------------------------------------------------------------------------
+
+
+class PreparedCall(Closed):
+    call: str
+    purposes: list[str]
+    batches: int
+
+
+class UsePrepareOutput(Closed):
+    """`invar use prepare --json`."""
+
+    contract: str
+    sha256: str
+    units: int
+    calls: list[PreparedCall]
+    measurements: int
+    plan_version: str
+    sequential: dict[str, Any] | None
+    """Sequential contracts (plan /4): the stopping rule's method, n_max and looks, as the plan states them."""
+
+
+class PlanRow(Closed):
+    method: str
+    version: str
+    n: int | None
+    power: float | None
+    power_target: float
+    epsilon: float
+    delta: float
+    assumption: str
+    basis: str
+
+
+class SequentialPlanRow(Closed):
+    method: str
+    version: str
+    n_max: int
+    batch: int
+    runs: int
+    admitted: float
+    violated: float
+    unknown: float
+    expected_n: float
+    expected_n_error: float
+    p90_n: int
+    basis: str
+
+
+class UsePlanOutput(Closed):
+    """`invar use plan --json`."""
+
+    contract: str
+    contract_method: str
+    epsilon: str
+    delta: str
+    rows: list[PlanRow]
+    sequential: SequentialPlanRow | None
+
+
+class UsePackageOutput(Closed):
+    """`invar use package --json`: what a contract's package must state for that engine's worker."""
+
+    engine: str
+    engine_version: dict[str, str]
+    settings: dict[str, Any]
+    patches: dict[str, str] | None = None
+    """Only with --patch: each patch's name and digest."""
+
+
+class UseRunOutput(Closed):
+    """`invar use run --json`."""
+
+    run: str
+    contract: str
+    contract_sha256: str
+    chain_head: str
+    calls_total: int
+    calls_reused: int
+    calls_issued: int
+    wall_s: float
+    already_closed: bool
+    sequential_stop: dict[str, Any] | None
+    admit: str
+    """The command that decides this run, anchored at its head."""
+
+
+class DecisionContract(Closed):
+    name: str
+    sha256: str
+
+
+class InvarianceOutput(Closed):
+    required: bool
+    layouts: list[str]
+    holds: bool
+    units: int
+    units_differing: int
+    first_difference: str | None
+    covers: str
+
+
+class PremiseOutput(Closed):
+    statement: str
+    party: str
+    basis_sha256: str
+    reliance: str
+    holds: bool
+    note: str
+
+
+class TaskLossOutput(Closed):
+    n: int
+    reference_loss: int
+    candidate_loss: int
+    worse: int
+    better: int
+    mean_difference: str
+    """Exact, as a fraction (e.g. "3/200"): the number the decision compares with ε."""
+    mean_difference_float: float
+
+
+class BoundOutput(Closed):
+    method: str
+    version: str
+    n: int
+    delta: float
+    estimate: float
+    lower: float
+    upper: float
+
+
+class WaldOutput(Closed):
+    confidence: float
+    lower: float
+    upper: float
+
+
+class McNemarOutput(Closed):
+    worse: int
+    better: int
+    p: float
+
+
+class HoeffdingOutput(Closed):
+    version: str
+    delta: float
+    lower: float
+    upper: float
+
+
+class DiagnosticsOutput(Closed):
+    paired_wald: WaldOutput
+    mcnemar_exact_one_sided: McNemarOutput
+    hoeffding: HoeffdingOutput
+    note: str
+
+
+class EvidenceOutput(Closed):
+    """One planned call (generate or score) and the record that answered it."""
+
+    call: str
+    record: int
+    call_id: int
+    call_digest: str
+    report_digest: str
+
+
+class KlRequirementOutput(Closed):
+    max_kl: str
+    holds: bool
+    violated: bool
+    captures: int
+    worst: str | None
+
+
+# --- numerical comparison ------------------------------------------------------------------------------------------
+# Summary statistics (min, mean, max, n, stderr, percentiles) stay open maps: their fields follow the numbers present.
+
+
+class GenerationSummary(Closed):
+    units: int
+    identical: int
+    fraction_identical: float
+    tokens_identical: int
+    logprobs_identical_over_shared_prefix: int
+    first_divergence: dict[str, Any]
+    max_ulp: dict[str, Any]
+    max_abs_delta: dict[str, Any]
+    sum_delta: dict[str, Any]
+
+
+class TaskSummary(Closed):
+    units: int
+    reference_loss: int
+    candidate_loss: int
+    worse: int
+    better: int
+
+
+class TeacherForcingSummary(Closed):
+    units: int
+    identical: int
+    large_step: float
+    delta: dict[str, Any]
+    abs_delta: dict[str, Any]
+    first_large_step: dict[str, Any]
+    per_step: list[dict[str, Any]]
+
+
+class CaptureSummary(Closed):
+    units: int
+    captures: int
+    context: str
+    identical: int
+    indistinguishable_from_0: int
+    kl_ref_cand: dict[str, Any]
+    kl_cand_ref: dict[str, Any]
+    delta_p: dict[str, Any]
+    rms_delta_p: dict[str, Any]
+    same_top: dict[str, Any]
+    by_step: list[dict[str, Any]]
+
+
+class SelfConsistency(Closed):
+    units: int
+    identical: int
+
+
+class UnitComparison(Closed):
+    unit_id: str
+    prompt: str
+    reference_text: str | None
+    candidate_text: str | None
+    first_divergence: int | None
+    shared: int
+    tokens_identical: bool
+    logprobs_identical: bool
+    identical: bool
+    max_ulp: int
+    max_abs_delta: float
+    sum_delta: float
+    reference_loss: int | None
+    candidate_loss: int | None
+    teacher_forcing: dict[str, Any] | None
+    captures: list[dict[str, Any]]
+    reference_self_identical: bool | None
+
+
+class ComparisonBody(Closed):
+    sources: dict[str, Any]
+    """Which runs (or which use run and contract) were compared: open, as each mode names its own sources."""
+    generation: GenerationSummary
+    task: TaskSummary | None
+    teacher_forcing: TeacherForcingSummary | None
+    captures: CaptureSummary | None
+    reference_self_consistency: SelfConsistency | None
+    worst: list[UnitComparison]
+
+
+class CompareNumericalOutput(ComparisonBody):
+    """`invar compare numerical --json`."""
+
+    units: list[UnitComparison]
+
+
+class DecisionMeasurements(ComparisonBody):
+    requirement: KlRequirementOutput | None
+    note: str
+
+
+class SequentialLook(Closed):
+    n: int
+    lower: float
+    upper: float
+
+
+class SequentialDecisionOutput(Closed):
+    method: str
+    version: str
+    answer: str
+    look: int
+    stop: int
+    n_max: int
+    delta: float
+    reason: str
+    looks: list[SequentialLook]
+
+
+class DecisionOutput(Closed):
+    """A use decision (`Decision.to_json()`): what `use admit --json` prints, less the receipt's path."""
+
+    answer: Literal["Admitted", "Violated", "Unknown"]
+    exit_code: Literal[0, 10, 11]
+    reason: str
+    decision_version: str
+    plan_version: str
+    contract: DecisionContract
+    run: str
+    chain_head: str
+    records: int
+    standard: Literal["population", "finite-domain"]
+    epsilon: str
+    delta: str | None
+    invariance: InvarianceOutput
+    premises: list[PremiseOutput]
+    task_loss: TaskLossOutput
+    bound: BoundOutput | None
+    diagnostics: DiagnosticsOutput | None
+    evidence: list[EvidenceOutput]
+    measurements: DecisionMeasurements | None = None
+    """Plan /3 contracts only."""
+    sequential: SequentialDecisionOutput | None = None
+    """Sequential contracts only."""
+
+
+class UseAdmitOutput(DecisionOutput):
+    """`invar use admit --json` (exit 0 Admitted, 10 Violated, 11 Unknown)."""
+
+    receipt: str | None
+
+
+class UseVerifyOutput(Closed):
+    """`invar use verify --json`."""
+
+    verified: Literal[True]
+    answer: Literal["Admitted", "Violated", "Unknown"]
+    chain_head: str
+    contract_sha256: str
+    signed: bool
+    key_sha256: str | None
+    key_checked: bool
+
+
+class KeysNewOutput(Closed):
+    """`invar keys new --json`."""
+
+    private_key: str
+    public_key: str
+    key_sha256: str
+
+
+OUTPUTS: dict[str, type[BaseModel]] = {
+    "version": VersionOutput,
+    "infer": InferOutput,
+    "evaluate": EvaluateOutput,
+    "score": ScoreOutput,
+    "train": TrainOutput,
+    "inspect-records": InspectRecordsOutput,
+    "inspect-history": InspectHistoryOutput,
+    "use-prepare": UsePrepareOutput,
+    "use-plan": UsePlanOutput,
+    "use-package": UsePackageOutput,
+    "use-run": UseRunOutput,
+    "use-admit": UseAdmitOutput,
+    "use-verify": UseVerifyOutput,
+    "keys-new": KeysNewOutput,
+    "compare-numerical": CompareNumericalOutput,
+}
+"""Each command's `--json` output (file stem under docs/schemas/ → its model)."""

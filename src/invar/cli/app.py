@@ -106,8 +106,8 @@ the installed metadata, so `--version` never imports an engine."""
 
 def versions() -> VersionOutput:
     """The core's version, the versions of the decision arithmetic, and each engine's installed packages."""
+    from invar.contract import plan
     from invar.contract.admit import DECISION_VERSION
-    from invar.contract.plan import PLAN_VERSION, PLAN_VERSION_1, PLAN_VERSION_3
     from invar.loop.objective import OBJECTIVE_VERSION
     from invar.protocol.messages import PROTOCOL_VERSION
     from invar.records.store import SCHEMA_VERSION
@@ -123,9 +123,11 @@ def versions() -> VersionOutput:
             except metadata.PackageNotFoundError:
                 continue
         engines[engine] = EngineVersions(installed=packages[0] in found, packages=found)
+    # Every plan version the core reads is a PLAN_VERSION* constant of the plan module.
+    plans = sorted({str(v) for k, v in vars(plan).items() if k.startswith("PLAN_VERSION")})
     return VersionOutput(
-        invar=__version__, output_schemas=OUTPUT_SCHEMA_VERSION, decision=DECISION_VERSION,
-        plans=[PLAN_VERSION_1, PLAN_VERSION, PLAN_VERSION_3], methods={**VERSIONS, **SEQUENTIAL_VERSIONS},
+        invar=__version__, output_schemas=OUTPUT_SCHEMA_VERSION, decision=DECISION_VERSION, plans=plans,
+        methods={**VERSIONS, **SEQUENTIAL_VERSIONS},
         objective=OBJECTIVE_VERSION, protocol=PROTOCOL_VERSION, record_schema=SCHEMA_VERSION, engines=engines,
     )
 

@@ -1,0 +1,85 @@
+"""`invar --version` (and `version --json`): the core's, the decision arithmetic's and each engine's versions, read
+without importing an engine; shell completion is offered; every command's help ends with examples."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from importlib import metadata
+from typing import Any
+
+import typer.main
+
+from invar import __version__
+from invar.cli.app import EXAMPLES, app
+from invar.contract.admit import DECISION_VERSION
+from invar.stats.bounds import VERSIONS
+
+
+def _invar(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_version_names_the_core_the_arithmetic_and_the_engines() -> None:
+    started = time.perf_counter()
+    out = _invar("--version")
+    print(f"measured: invar --version in {time.perf_counter() - started:.2f} s")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"invar {__version__}"
+    assert DECISION_VERSION in out.stdout
+    assert "invar.plan/1" in out.stdout
+    for version in VERSIONS.values():
+        assert version in out.stdout
+    assert any(line.startswith("engine   hf: torch ") for line in lines), out.stdout
+    doc = json.loads(_invar("--version", "--json").stdout)
+    assert doc["invar"] == __version__
+    assert doc["decision"] == DECISION_VERSION
+    assert doc["methods"]["paired-binary-exact"] == VERSIONS["paired-binary-exact"]
+    assert doc["engines"]["hf"]["packages"]["torch"] == metadata.version("torch")
+    assert doc["engines"]["mlx"]["installed"] is True
+    assert json.loads(_invar("version", "--json").stdout) == doc
+    assert _invar("version").stdout.strip() == __version__
+
+
+def test_versions_are_read_without_importing_an_engine() -> None:
+    code = ("import sys\nfrom invar.cli.app import versions\nv = versions()\n"
+            "assert v.engines['hf'].installed, v\n"
+            "print(sorted({'torch', 'vllm', 'mlx', 'transformers', 'peft'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_help_offers_completion_and_version() -> None:
+    out = _invar("--help")
+    assert out.returncode == 0, out.stderr
+    assert "Usage:" in out.stdout
+    assert "--install-completion" in out.stdout
+    assert "--version" in out.stdout
+
+
+def _leaves(group: Any, prefix: str = "") -> dict[str, Any]:
+    """Every command under a group, by its full name (typer's groups and commands)."""
+    found: dict[str, Any] = {}
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            found.update(_leaves(cmd, f"{prefix}{name} "))
+        else:
+            found[f"{prefix}{name}"] = cmd
+    return found
+
+
+def test_every_command_help_ends_with_examples_of_itself() -> None:
+    leaves = _leaves(typer.main.get_command(app))
+    assert sorted(leaves) == sorted(EXAMPLES), "every command has examples, and every example a command"
+    for name, cmd in leaves.items():
+        assert cmd.epilog is not None, name
+        assert cmd.epilog.startswith("Examples:"), name
+        assert all(line.startswith(f"invar {name}") or line.startswith("invar --version")
+                   for line in EXAMPLES[name]), name
+    out = _invar("use", "admit", "--help")
+    assert "Examples:" in out.stdout
+    assert "invar use admit" in out.stdout.split("Examples:")[1]
