@@ -36,6 +36,7 @@ from typing import Any
 from invar import __version__, canonical
 from invar.errors import ProtocolError, RecordError
 from invar.protocol.messages import Call, Identity, Kind, Report
+from invar.records.digests import CallDigest, ReportDigest
 
 DB_NAME = "records.sqlite"
 LOCK_NAME = "writer.lock"
@@ -79,7 +80,7 @@ def _os_error(path: Path, exc: OSError, what: str) -> RecordError:
 class ReportRecord:
     seq: int
     report: Report
-    report_digest: str
+    report_digest: ReportDigest
     at_ns: int
 
 
@@ -321,13 +322,13 @@ class RunStore:
         self._workers[key] = ident
         return key
 
-    def record_call(self, payload: bytes, *, worker: str) -> str:
+    def record_call(self, payload: bytes, *, worker: str) -> CallDigest:
         """Record a call's exact payload, sent to `worker`; returns the call digest."""
-        return self._append("call", payload, worker)
+        return CallDigest(self._append("call", payload, worker))
 
-    def record_report(self, payload: bytes, *, worker: str) -> str:
+    def record_report(self, payload: bytes, *, worker: str) -> ReportDigest:
         """Record a report's exact payload, received from `worker`; returns the report digest."""
-        return self._append("report", payload, worker)
+        return ReportDigest(self._append("report", payload, worker))
 
     def close_run(self) -> str:
         """Append the closing record and return the run's head: the chain value to keep as its anchor.
@@ -480,7 +481,7 @@ class RunStore:
                     del pending[key]
                     answered[key] = rec.name
                     done = CallRecord(rec.seq, rec.worker, rec.identity, rec.call, rec.call_digest,
-                                      rec.at_ns, ReportRecord(seq, report, digest, at_ns))
+                                      rec.at_ns, ReportRecord(seq, report, ReportDigest(digest), at_ns))
                     v.reports += 1
                     v.errors += 0 if report.ok else 1
                 else:

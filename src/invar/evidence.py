@@ -1,0 +1,108 @@
+"""Typed evidence: the numbers a decision may rest on, bound to the records that hold them and tagged with the
+package (reference or candidate) that produced them.
+
+At run time a loss is an integer and a role is a string, so nothing stops a reference's losses standing in for the
+candidate's, a bare array standing in for recorded evidence, or a float ε standing in for the contract's exact one.
+These types make each of those a type error where it is written (`mypy --strict`; tests/typing holds the cases):
+`Losses` is built only from recorded, answered calls (`recorded_losses`), carries its package in its type, and the
+comparisons take the contract's `Decimal` ε and exact fractions only; `task_bound` accepts, per method, only the
+range that method supports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from decimal import Decimal
+from fractions import Fraction
+from typing import Generic, Literal, TypeVar, final, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from invar.contract.admit import TaskLoss, paired_task_loss
+from invar.errors import EvidenceError
+from invar.records.store import CallRecord
+from invar.stats.bounds import Bound, bound
+
+
+@final
+class Reference:
+    """Type tag: evidence from the contract's reference package."""
+
+
+@final
+class Candidate:
+    """Type tag: evidence from the contract's candidate package."""
+
+
+RoleT = TypeVar("RoleT", Reference, Candidate)
+
+
+@final
+class _Seal:
+    """Only this module holds one: `Losses` is built by `recorded_losses`, never from bare numbers."""
+
+
+_SEAL = _Seal()
+
+
+@final
+class Losses(Generic[RoleT]):
+    """One package's per-unit task losses, each bound to the answered call record it was scored from."""
+
+    __slots__ = ("records", "role", "values")
+
+    def __init__(self, seal: _Seal, role: type[RoleT], values: npt.NDArray[np.int64],
+                 records: tuple[CallRecord, ...]) -> None:
+        if seal is not _SEAL:
+            raise EvidenceError("losses are evidence only when bound to records: build them with recorded_losses")
+        self.role: type[RoleT] = role
+        self.values: npt.NDArray[np.int64] = values
+        self.records: tuple[CallRecord, ...] = records
+
+
+def recorded_losses(role: type[RoleT], records: Sequence[CallRecord], values: Sequence[int]) -> Losses[RoleT]:
+    """Losses of `role`'s package, unit i scored from the output `records[i]` holds (one record may hold several
+    units); refuses a record with no successful report."""
+    if len(records) != len(values):
+        raise EvidenceError(f"{len(values)} losses for {len(records)} records: each loss names the record it came from")
+    for rec in records:
+        if rec.report is None or not rec.report.report.ok:
+            raise EvidenceError(f"{rec.name} has no successful report: no loss can be read from it")
+    return Losses(_SEAL, role, np.asarray(values, dtype=np.int64), tuple(records))
+
+
+def paired_loss(reference: Losses[Reference], candidate: Losses[Candidate]) -> TaskLoss:
+    """The paired task-loss comparison: the reference's losses first, the candidate's second, by type."""
+    if reference.values.shape != candidate.values.shape:
+        raise EvidenceError(f"{reference.values.size} reference losses against {candidate.values.size} candidate "
+                            "losses: pair the same units")
+    return paired_task_loss(reference.values, candidate.values)
+
+
+def within_epsilon(increase: Fraction, epsilon: Decimal) -> bool:
+    """Whether an exact mean loss increase is at most the contract's ε, compared exactly (no float rounding)."""
+    return increase <= Fraction(epsilon)
+
+
+BinaryMethod = Literal["paired-binary-exact", "paired-binary-score"]
+"""Methods for 0/1 losses: d in [-1, 1] only."""
+RangeMethod = Literal["hoeffding", "maurer-pontil", "betting"]
+"""Methods for any bounded d in a declared [a, b]."""
+
+
+@overload
+def task_bound(method: BinaryMethod, d: npt.ArrayLike, a: Literal[-1], b: Literal[1], delta: float, *,
+               order: Literal["plan", "unverified"] = "unverified") -> Bound: ...
+
+
+@overload
+def task_bound(method: RangeMethod, d: npt.ArrayLike, a: float, b: float, delta: float, *,
+               order: Literal["plan", "unverified"] = "unverified") -> Bound: ...
+
+
+def task_bound(method: BinaryMethod | RangeMethod, d: npt.ArrayLike, a: float, b: float, delta: float, *,
+               order: Literal["plan", "unverified"] = "unverified") -> Bound:
+    """`invar.stats.bounds.bound`, typed: a binary method is called with [-1, 1] only, a method name is one the
+    core knows."""
+    return bound(method, d, a, b, delta, order=order)
