@@ -27,8 +27,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ACCEPTANCE = ["arith-split-k", "arith-fixed-block", "arith-nf4-fixed-block", "arith-vllm", "arith-finite"]
-"""The decisions of docs/acceptance.md: invariance broken, batch-invariant FP32, NF4, cross-engine, finite domain."""
+ACCEPTANCE = ["arith-split-k", "arith-fixed-block", "arith-nf4-fixed-block", "arith-vllm", "arith-finite",
+              "arith-fixed-block-sequential"]
+"""The decisions of docs/acceptance.md: invariance broken, batch-invariant FP32, NF4, cross-engine, finite domain,
+and fixed-block decided sequentially."""
 
 
 def invar(*args: str) -> subprocess.CompletedProcess[str]:
@@ -66,6 +68,7 @@ def run_one(name: str, out: Path) -> dict[str, object]:
             "invariance": decision["invariance"], "diagnostics": decision["diagnostics"],
             "calls": outcome["calls_total"], "use_run_s": round(run_s, 1), "chain_head": outcome["chain_head"],
             "contract_sha256": outcome["contract_sha256"], "plan": planned,
+            "sequential": decision.get("sequential"), "sequential_stop": outcome.get("sequential_stop"),
             "command": f"invar use prepare contracts/{name}.toml && invar use run contracts/{name}.contract.json "
                        f"--run runs/{name} && invar use admit runs/{name} --contract contracts/{name}.contract.json"}
 
@@ -90,6 +93,12 @@ def redecide(name: str, out: Path) -> dict[str, object]:
         entry.update({"method": None, "answer": kept.answer.value, "reason": kept.reason,
                       "note": "finite domain: decided exactly, no bound method"})
         print(f"{name}: {kept.answer.value}, finite domain (no bound method to change)", flush=True)
+        return entry
+    if contract.requirement.sequential:
+        # The data chose where this run stopped; a fixed-n bound on its units would not have its guarantee.
+        entry.update({"method": kept.bound.version if kept.bound else None, "answer": kept.answer.value,
+                      "reason": kept.reason, "note": "sequential: decided by its stopping rule, not re-decided"})
+        print(f"{name}: {kept.answer.value}, sequential (its stopping rule decides)", flush=True)
         return entry
     d = np.array([1.0] * loss.worse + [-1.0] * loss.better + [0.0] * (loss.n - loss.worse - loss.better))
     new = bound(DEFAULT_BINARY_METHOD, d, -1.0, 1.0, conservative_delta(contract.requirement.delta))

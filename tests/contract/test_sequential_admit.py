@@ -104,6 +104,8 @@ def _declare(tmp_path: Path, units: int = UNITS, **changes: Any) -> Path:
       "layouts": {"solo": {"batch_size": 1}, "b4r": {"batch_size": 4, "order": "reverse"}}},
      "requirement.sequential: a sequential run stops its pairing calls early"),
     ({"requirement": {"max_n": 40}}, "requirement.max_n: 40 units, but the plan runs 48"),
+    ({"measurements": {"teacher_forcing": True}}, "requirement.sequential: measurements cover batches a sequential "
+                                                  "run may never reach"),
     ({"requirement": {"standard": "finite-domain", "confidence": None, "method": None}},
      "requirement.sequential: the finite-domain standard decides on every declared unit"),
 ])
