@@ -331,6 +331,9 @@ def run_cmd(
         reused = f", {outcome.calls_reused} kept from before" if outcome.calls_reused else ""
         typer.echo(f"ran {outcome.calls_issued} of {outcome.calls_total} planned calls{reused} in "
                    f"{outcome.wall_s:.1f} s; records: {run_dir}")
+    if outcome.stop is not None:
+        typer.echo(f"sequential: the stopping rule ({outcome.stop['version']}) stopped at look {outcome.stop['look']} "
+                   f"after {outcome.stop['units']:,} units ({outcome.stop['answer']}; use admit recomputes it)")
     typer.echo(f"chain head {outcome.head} (keep it: it anchors these records)")
     typer.echo(f"decide with: {admit_command(run_dir, contract, outcome.head)}")
 
