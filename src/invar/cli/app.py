@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from importlib import metadata
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,7 +16,9 @@ from invar import __version__
 from invar.cli import compare, evaluate, infer, inspect, keys, score, train, use
 from invar.cli.common import JsonOpt, emit_json
 from invar.errors import InvarError
-from invar.outputs import OUTPUT_SCHEMA_VERSION, EngineVersions, VersionOutput
+
+if TYPE_CHECKING:
+    from invar.outputs import VersionOutput
 
 app = typer.Typer(
     name="invar",
@@ -109,6 +111,7 @@ def versions() -> VersionOutput:
     from invar.contract import plan
     from invar.contract.admit import DECISION_VERSION
     from invar.loop.objective import OBJECTIVE_VERSION
+    from invar.outputs import OUTPUT_SCHEMA_VERSION, EngineVersions, VersionOutput  # pydantic models: built on use
     from invar.protocol.messages import PROTOCOL_VERSION
     from invar.records.store import SCHEMA_VERSION
     from invar.stats.bounds import VERSIONS
