@@ -619,9 +619,7 @@ class Engine:
                 "only shape a fresh adapter: send the same ones or none")
         start_digest = trainer.adapter.digest
 
-        with self.active(LOADED):
-            current = self._teacher_forced(rows, step.temperature)
-        terms = _objective(current, step)
+        schedule = _schedule(params.get("schedule"), len(rows))
         opt = step.optimizer
         if trainer.optimizer is None:
             trainer.optimizer = torch.optim.AdamW(trainer.params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
@@ -629,7 +627,13 @@ class Engine:
         for group in trainer.optimizer.param_groups:
             group.update(lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
         trainer.optimizer.zero_grad(set_to_none=True)
-        terms.pop("graph").backward()
+        if schedule is None:
+            with self.active(LOADED):
+                current = self._teacher_forced(rows, step.temperature)
+            terms = _objective(current, step)
+            terms.pop("graph").backward()
+        else:
+            current, terms = self._scheduled_gradients(rows, step, *schedule)
         if any(p.grad is None for p in trainer.params):
             raise RuntimeError("learner_step: no gradient reached the adapter's weights; the engine's forward is not "
                                "differentiable on this configuration")
@@ -664,6 +668,42 @@ class Engine:
             "optimizer_steps": trainer.steps,
             "model_digest": m.model_digest,
         }
+
+    def _scheduled_gradients(self, rows: list[tuple[list[int], Any]], step: LearnerStep, micro_batch: int,
+                             reduction: str) -> tuple[list[Any], dict[str, Any]]:
+        """The gradient of the batch's loss, in micro-batches of `micro_batch` sequences, left in `.grad`.
+
+        `float64-sequence`: each sequence is scored alone (a batch of one: the HF forward is not batch-invariant)
+        and its gradient summed in float64 in sequence order, then rounded once, so the split does not change a
+        bit. `float32-microbatch` (the negative control): one padded forward and backward per micro-batch, its
+        float32 gradient added to `.grad` in micro-batch order."""
+        trainer = self.trainer
+        assert trainer is not None
+        n = sum(int(s.tokens.size) for s in step.samples)
+        current: list[Any] = []
+        total: list[Any] | None = None
+        for first in range(0, len(rows), micro_batch):
+            chunk = list(range(first, min(first + micro_batch, len(rows))))
+            if reduction == "float64-sequence":
+                for i in chunk:
+                    with self.active(LOADED):
+                        scored = self._teacher_forced([rows[i]], step.temperature)
+                    loss = _objective(scored, step, samples=[step.samples[i]], n=n)["graph"]
+                    grads = torch.autograd.grad(loss, trainer.params)
+                    total = [g.double() for g in grads] if total is None else \
+                        [t + g.double() for t, g in zip(total, grads, strict=True)]
+                    current.extend(c.detach() for c in scored)
+            else:
+                with self.active(LOADED):
+                    scored = self._teacher_forced([rows[i] for i in chunk], step.temperature)
+                _objective(scored, step, samples=[step.samples[i] for i in chunk], n=n)["graph"].backward()
+                current.extend(c.detach() for c in scored)
+        if total is not None:
+            for p, t in zip(trainer.params, total, strict=True):
+                p.grad = t.float()
+        terms = _objective(current, step)
+        terms.pop("graph")
+        return current, terms
 
     def _teacher_forced(self, rows: list[tuple[list[int], Any]], temperature: float) -> list[Any]:
         """One forward over [prompt, response] (right padded) with autograd: log p(token_t) at T, float32 [T_i]."""
@@ -726,18 +766,40 @@ def _f32(values: list[Any]) -> np.ndarray:
     return torch.stack(values).cpu().numpy().astype(np.float32)
 
 
-def _objective(current: list[Any], step: LearnerStep) -> dict[str, Any]:
+REDUCTIONS = ("float64-sequence", "float32-microbatch")
+
+
+def _schedule(raw: Any, rows: int) -> tuple[int, str] | None:
+    """`learner_step.schedule`: (sequences per micro-batch, reduction); absent: None, the whole batch in one padded
+    forward and one backward (the learner's behaviour before schedules existed)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"micro_batch", "reduction"}:
+        raise MethodError("learner_step.schedule: expected a map with micro_batch (integer ≥ 1 or null) and "
+                          f"reduction (one of {list(REDUCTIONS)})")
+    size, reduction = raw.get("micro_batch"), raw.get("reduction", "float64-sequence")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise MethodError(f"learner_step.schedule.micro_batch: {size!r}; expected an integer ≥ 1, or null for the "
+                          "whole batch")
+    if reduction not in REDUCTIONS:
+        raise MethodError(f"learner_step.schedule.reduction: {reduction!r}; choose one of {list(REDUCTIONS)}")
+    return (rows if size is None else min(size, rows)), str(reduction)
+
+
+def _objective(current: list[Any], step: LearnerStep, *, samples: list[Any] | None = None,
+               n: int | None = None) -> dict[str, Any]:
     """invar.loop.objective's loss, per token in float32, at current = proximal (the update's first step).
 
-    current: one float32 tensor [T_i] per sample, with autograd. Returns the reported terms (float64 sums of the
-    float32 per-token values, divided by N, as the core computes them) and, under "graph", the float32 loss the
-    gradient is taken of.
+    current: one float32 tensor [T_i] per sample (of `samples`, default the step's), with autograd. Returns the
+    reported terms (float64 sums of the float32 per-token values, divided by N, as the core computes them) and,
+    under "graph", the float32 loss the gradient is taken of. `n`: the batch's token count N when `samples` is a
+    part of it (a micro-batch's loss is its share of the batch's token mean).
     """
     o = step.objective
     lo = float(np.float32(1.0 - o.clip_low))
     hi = float(np.float32(1.0 + o.clip_high))
     policy_terms, kl_terms, weights = [], [], []
-    for c, s in zip(current, step.samples, strict=True):
+    for c, s in zip(current, step.samples if samples is None else samples, strict=True):
         proximal = c.detach()
         behavior = torch.as_tensor(s.behavior, device=c.device)
         a = torch.tensor(float(np.float32(s.advantage)), dtype=torch.float32, device=c.device)
@@ -752,7 +814,8 @@ def _objective(current: list[Any], step: LearnerStep) -> dict[str, Any]:
         if s.reference is not None and o.kl_coef != 0:
             d = torch.as_tensor(s.reference, device=c.device) - c
             kl_terms.append(torch.exp(d) - d - 1.0)
-    n = sum(int(t.numel()) for t in policy_terms)
+    if n is None:
+        n = sum(int(t.numel()) for t in policy_terms)
     policy_all = torch.cat(policy_terms)
     graph = policy_all.sum() / n
     kl = 0.0

@@ -40,10 +40,13 @@ def test_a_folder_that_is_not_a_training_run_is_refused(tmp_path: Path) -> None:
         compare_histories(tmp_path / "infer", tmp_path / "infer")
 
 
-def test_the_hf_learner_refuses_schedule_options_in_one_line() -> None:
+def test_the_hf_learner_takes_the_fixed_order_reduction_when_a_micro_batch_is_given() -> None:
+    assert parse_config({"name": "x", "backend": "vllm+hf"}).schedule() == {"micro_batch": None, "reduction": None}
+    micro = parse_config({"name": "x", "backend": "hf", "learner": {"micro_batch": 4}})
+    assert micro.schedule() == {"micro_batch": 4, "reduction": "float64-sequence"}
     with pytest.raises(ConfigError) as err:
-        parse_config({"name": "x", "backend": "vllm+hf", "learner": {"micro_batch": 4}})
-    assert "learner.micro_batch: the HF learner (vllm+hf) takes the whole batch in one backward pass" in str(err.value)
+        parse_config({"name": "x", "backend": "hf", "learner": {"reduction": "float16"}})
+    assert "learner.reduction" in str(err.value)
     assert "\n" not in str(err.value)
 
 

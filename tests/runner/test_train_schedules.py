@@ -3,7 +3,8 @@ into micro-batches of 4 or take it whole, and that generate in engine batches of
 checkpoints bit for bit; the negative control (float32 accumulation in micro-batch order) is reported as different
 from its first cycle; histories of another seed or learning rate, and a tampered history, are refused in one line.
 
-Five training runs of 2 cycles × 16 samples (4 prompts × G = 4) on the shipped model, about 20 s each here.
+Five MLX training runs of 2 cycles × 16 samples (4 prompts × G = 4) on the shipped model, about 15 s each here,
+and (slow) two HF runs showing the same for the HF learner.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from train_helpers import history, invar, published, write_config
 
+from invar.compare.histories import compare_histories
 from invar.records import RunStore
 from invar.runner.train import train
 
@@ -44,7 +46,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def compare(a: Path, b: Path) -> tuple[int, dict[str, Any]]:
+def compare(a: Path, b: Path, *, cli: bool = False) -> tuple[int, dict[str, Any]]:
+    """`invar compare histories A B --json` (in this process unless `cli`: the command is run for one pair)."""
+    if not cli:
+        result = compare_histories(a, b)
+        return result.exit_code, json.loads(json.dumps(result.to_json()))
     out = invar("compare", "histories", a, b, "--json")
     assert out.returncode in (0, 10), out.stderr
     return out.returncode, json.loads(out.stdout)
@@ -55,7 +61,7 @@ def compare(a: Path, b: Path) -> tuple[int, dict[str, Any]]:
     ("engine1", {"rollout.batch_size": [32, 1]}),
 ])
 def test_schedules_publish_identical_policies(runs: dict[str, Path], other: str, knobs: dict[str, Any]) -> None:
-    code, doc = compare(runs["whole"], runs[other])
+    code, doc = compare(runs["whole"], runs[other], cli=other == "micro4")
     print(f"measured: whole vs {other}: {doc['verdict']} over {doc['cycles_compared']} cycles")
     assert (code, doc["verdict"]) == (0, "identical")
     assert doc["schedule_knobs_differing"] == knobs
@@ -86,7 +92,20 @@ def test_the_negative_control_is_reported_different_at_its_first_cycle(runs: dic
     # Against the schedule-invariant reduction it differs as well, and both knobs are named.
     code, doc = compare(runs["whole"], runs["control4"])
     assert (code, doc["first_differing_cycle"]) == (10, 0)
-    assert set(doc["schedule_knobs_differing"]) == {"learner.micro_batch", "learner.reduction"}
+    assert doc["schedule_knobs_differing"] == {"learner.micro_batch": [None, 4],
+                                               "learner.reduction": ["float64-sequence", "float32-microbatch"]}
+
+
+@pytest.mark.slow
+def test_the_hf_learner_publishes_the_same_policy_for_any_micro_batch(tmp_path: Path) -> None:
+    """HF's forward is not batch-invariant, so float64-sequence scores each sequence alone; micro-batches of 4
+    and the whole batch then give the same adapter. Two HF runs of 2 cycles (about 30 s each here)."""
+    for name, learner in (("whole", {"reduction": "float64-sequence"}), ("micro4", {"micro_batch": 4})):
+        train(write_config(tmp_path, f"hf-{name}", "hf", cycles=2, learner=learner), tmp_path / name)
+    code, doc = compare(tmp_path / "whole", tmp_path / "micro4")
+    print(f"measured: hf whole vs micro-batch 4: {doc['verdict']}")
+    assert (code, doc["verdict"], doc["cycles_compared"]) == (0, "identical", 2)
+    assert doc["schedule_knobs_differing"] == {"learner.micro_batch": [None, 4]}
 
 
 def _copy_with_config(run: Path, dest: Path, **changes: Any) -> Path:

@@ -189,6 +189,8 @@ def read_run(path: Path, label: str) -> RunHistory:
     except ValueError as exc:
         raise NotComparable(f"{label} {path}: its recorded configuration does not read ({exc})") from None
     flat = {k: x for k, x in _flatten(config.model_dump(mode="json")).items() if k not in _IGNORED}
+    # The reduction the learner ran, not the field as written (omitted means float64-sequence on mlx).
+    flat["learner.reduction"] = config.schedule()["reduction"] or "whole-batch"
     flat["model_digest"] = info.get("model_digest")
     flat["prompts_sha256"] = info.get("prompts_sha256")
     flat["objective_version"] = info.get("objective_version")

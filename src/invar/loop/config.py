@@ -176,8 +176,10 @@ class Learner(_Model):
     sequence's gradient is computed on its own and summed in float64 in sequence order, then rounded once to
     float32, so any micro-batch size gives the same bits. `float32-microbatch` is a negative control, not for
     training: one float32 gradient per micro-batch, summed in float32 in micro-batch order, so the policy depends
-    on the micro-batch size. Omitted: `float64-sequence` on mlx; on hf and vllm+hf the HF learner takes the whole
-    batch in one backward pass and takes neither option."""
+    on the micro-batch size. Omitted: `float64-sequence` on mlx, and on hf and vllm+hf when `micro_batch` is
+    given; with neither field, the HF learner scores the whole batch in one padded forward and takes one backward
+    (its rows then depend on the batch's padding: HF is not batch-invariant), so give a reduction to compare
+    schedules on hf."""
 
 
 class TrainConfig(_Model):
@@ -217,16 +219,14 @@ class TrainConfig(_Model):
         if self.backend == "vllm+hf" and self.lora.r > 8:
             raise ValueError(f"lora.r: vLLM serves adapters of rank at most 8 (its --max-lora-rank); got "
                              f"{self.lora.r}: lower r, or train on the mlx or hf backend")
-        if self.backend != "mlx" and (self.learner.micro_batch is not None or self.learner.reduction is not None):
-            field = "micro_batch" if self.learner.micro_batch is not None else "reduction"
-            raise ValueError(f"learner.{field}: the HF learner ({self.backend}) takes the whole batch in one backward "
-                             "pass and has no schedule-invariant micro-batching; remove the field, or train on the "
-                             "mlx backend")
         return self
 
     def schedule(self) -> dict[str, Any]:
-        """The learner's schedule as `learner_step` takes it."""
-        reduction = self.learner.reduction or ("float64-sequence" if self.backend == "mlx" else None)
+        """The learner's schedule as `learner_step` takes it; `reduction` None: the HF learner's one padded
+        forward and backward over the whole batch."""
+        reduction = self.learner.reduction
+        if reduction is None and (self.backend == "mlx" or self.learner.micro_batch is not None):
+            reduction = "float64-sequence"
         return {"micro_batch": self.learner.micro_batch, "reduction": reduction}
 
     def canonical(self) -> dict[str, Any]:
