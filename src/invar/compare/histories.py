@@ -36,10 +36,10 @@ from invar.records.store import is_run
 
 EXIT_IDENTICAL, EXIT_DIFFER = 0, 10
 
-SCHEDULE_KNOBS = ("rollout.batch_size", "learner.micro_batch", "learner.reduction")
-"""Configuration fields that only decide how a cycle's work is scheduled (engine batch layout, learner micro-batch
-and its reduction). `learner.reduction = "float32-microbatch"` is the negative control: a schedule-dependent
-reduction, which this comparison must report as different."""
+SCHEDULE_KNOBS = ("rollout.batch_size", "rollout.workers", "learner.micro_batch", "learner.reduction")
+"""Configuration fields that only decide how a cycle's work is scheduled (engine batch layout, inference workers,
+learner micro-batch and its reduction). `learner.reduction = "float32-microbatch"` is the negative control: a
+schedule-dependent reduction, which this comparison must report as different."""
 
 _IGNORED = ("name", "cycles", "model", "prompts.path", "prompts.sha256")
 """Not compared as written: the run's name and length, and the paths (the digests behind them are compared)."""
@@ -199,10 +199,12 @@ def read_run(path: Path, label: str) -> RunHistory:
     n = 0
     while (entry := meta.get(f"cycle-{n:06d}")) is not None:
         ck = entry.get("checkpoint") if isinstance(entry, dict) else None
-        gen = calls.get(str(entry.get("generate_call"))) if isinstance(entry, dict) else None
-        if not isinstance(ck, dict) or gen is None or gen.report is None or not gen.report.report.ok:
-            raise NotComparable(f"{label} {path}: the publication of cycle {n} does not name a checkpoint and an "
-                                "answered generate call")
+        names = (entry.get("generate_calls") or [entry.get("generate_call")]) if isinstance(entry, dict) else []
+        gens = [calls.get(str(name)) for name in names]
+        if not isinstance(ck, dict) or not gens or any(g is None or g.report is None or not g.report.report.ok
+                                                       for g in gens):
+            raise NotComparable(f"{label} {path}: the publication of cycle {n} does not name a checkpoint and "
+                                "answered generate calls")
         folder = path / str(ck.get("path"))
         digest = str(ck.get("digest"))
         if not folder.is_dir() or canonical.tree_digest(folder) != digest:
@@ -213,11 +215,16 @@ def read_run(path: Path, label: str) -> RunHistory:
             raise NotComparable(f"{label} {path}: cycle {n} sampled from {str(policy)[:16]}…, which the run did not "
                                 "publish before it")
         version = versions[policy]
-        requests = gen.call.params.get("requests")
-        result = gen.report.report.result or {}
-        outputs = result.get("outputs")
-        if not isinstance(requests, list) or not isinstance(outputs, list):
-            raise NotComparable(f"{label} {path}: the generate call of cycle {n} holds no requests or outputs")
+        requests: list[Any] = []
+        outputs: list[Any] = []
+        for gen in gens:
+            assert gen is not None
+            assert gen.report is not None
+            asked, answered = gen.call.params.get("requests"), (gen.report.report.result or {}).get("outputs")
+            if not isinstance(asked, list) or not isinstance(answered, list):
+                raise NotComparable(f"{label} {path}: a generate call of cycle {n} holds no requests or outputs")
+            requests += asked
+            outputs += answered
         consumed = frozenset((str(r["prompt"]), int(str(r["request_id"]).rsplit("/", 1)[1]), int(r["seed"]), version)
                              for r in requests)
         cycles.append(Cycle(n, digest, folder, consumed, _responses_digest(outputs)))

@@ -80,7 +80,13 @@ class Rollout(_Model):
     max_tokens: int = Field(default=5, ge=1, le=65536)
     """The most response tokens per sample, end-of-sequence included (5 fits every arithmetic answer)."""
     batch_size: int | None = Field(default=None, ge=1, le=1 << 16)
-    """Requests per engine batch within the cycle's one generate call; omitted: the whole cycle in one batch."""
+    """Requests per engine batch within each generate call; omitted: each call's requests in one batch. A schedule
+    knob: every request carries its own seed, and the engines are batch-invariant on CPU (MLX, vLLM; HF is not:
+    on hf, the rollouts depend on the batch layout)."""
+    workers: int = Field(default=1, ge=1, le=8)
+    """Inference workers generating each cycle's rollouts: the cycle's prompt groups are split into this many
+    contiguous shards, one generate call per worker (one after the other; the records are written by one
+    process). A schedule knob."""
 
 
 class Lora(_Model):
@@ -233,8 +239,11 @@ class TrainConfig(_Model):
         """The configuration as recorded: every field, defaults included (but a default `learner` section), in
         JSON kinds."""
         out = {"schema": CONFIG_SCHEMA, **self.model_dump(mode="json")}
+        # The default schedule keeps the digest configurations had before these fields existed.
         if self.learner == Learner():
-            del out["learner"]  # the default schedule keeps the digest configurations had before it existed
+            del out["learner"]
+        if self.rollout.workers == 1:
+            del out["rollout"]["workers"]
         return out
 
     def digest(self) -> str:

@@ -70,6 +70,18 @@ def rollout_requests(prompts: Sequence[Problem], group_size: int, seed: int, cyc
              "max_tokens": max_tokens} for p in prompts for j in range(group_size)]
 
 
+def shards(requests: int, group_size: int, workers: int) -> list[range]:
+    """The request ranges of each inference worker: whole prompt groups, contiguous, as even as they split, in
+    worker order (an empty range where there are fewer groups than workers)."""
+    groups = requests // group_size
+    out, start = [], 0
+    for w in range(workers):
+        size = (groups // workers + (1 if w < groups % workers else 0)) * group_size
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
 def generate_params(requests: list[dict[str, Any]], batch_size: int | None, policy: str | None,
                     reference: str | None) -> dict[str, Any]:
     """The cycle's one generate call: batches of `batch_size` in order, from `policy`, scored under `reference`."""

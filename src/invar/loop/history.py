@@ -132,19 +132,26 @@ def read_history(run: Path, *, expect_head: str | None = None) -> History:
         entry = meta.get(f"cycle-{n:06d}")
         if not isinstance(entry, dict):
             raise RecordError(f"{run}: cycle {n} has no publication record; the publications have a gap")
-        gen = _answered(calls, entry.get("generate_call"), "generate", n)
+        # One generate call per inference worker (`generate_calls`, in shard order), or the one call.
+        names = entry.get("generate_calls") or [entry.get("generate_call")]
+        gens = [_answered(calls, name, "generate", n) for name in names]
         step = _answered(calls, entry.get("learner_call"), "learner_step", n)
-        requests = gen.call.params.get("requests")
-        if not isinstance(requests, list):
-            raise EvidenceError(f"cycle {n}: the generate call holds no requests")
+        shards: list[list[Any]] = []
+        for g in gens:
+            requests = g.call.params.get("requests")
+            if not isinstance(requests, list):
+                raise EvidenceError(f"cycle {n}: a generate call holds no requests")
+            shards.append(requests)
         if entry.get("policy_digest") != previous:
             raise EvidenceError(f"cycle {n}: sampled from {str(entry.get('policy_digest'))[:16]}…, not the checkpoint "
                                 "published by the cycle before")
         with_reference = o.kl_coef > 0
-        assert gen.report is not None
         assert step.report is not None
-        samples = cyc.read_rollout(gen.report.report.result or {}, requests, cycle=n, model_digest=model_digest,
-                                   policy_digest=previous, reference=with_reference, vocab_size=vocab.size)
+        samples = []
+        for gen, requests in zip(gens, shards, strict=True):
+            assert gen.report is not None
+            samples += cyc.read_rollout(gen.report.report.result or {}, requests, cycle=n, model_digest=model_digest,
+                                        policy_digest=previous, reference=with_reference, vocab_size=vocab.size)
         rewards = cyc.rewards(samples, vocab)
         adv = group_advantages(rewards, config.rollout.group_size, config.advantage.normalization,
                                config.advantage.eps)

@@ -257,27 +257,30 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
     inference_spec = EngineSpec(inference_engine, p.model, Dtype(cfg.dtype))
     learner_spec = EngineSpec(learner_engine, p.model, Dtype(cfg.dtype), adapter=None if last is None else last.path)
     with contextlib.ExitStack() as stack:
-        engine = stack.enter_context(engine_session(inference_spec, store, call_timeout=call_timeout))
+        engines = [stack.enter_context(engine_session(inference_spec, store, call_timeout=call_timeout))
+                   for _ in range(cfg.rollout.workers)]
         learner = stack.enter_context(engine_session(learner_spec, store, role=Role.LEARNER, adapter_in_load=True,
                                                      resume_training=True, call_timeout=call_timeout))
         if last is not None and learner.adapter_digest != last.digest:
             raise EvidenceError(f"the learner loaded adapter {str(learner.adapter_digest)[:16]}…, not the published "
                                 f"checkpoint {last.digest[:16]}…")
-        loaded: str | None = None
+        loaded: list[str | None] = [None] * len(engines)
         for n in range(len(done), cfg.cycles):
             policy = done[-1] if done else None
-            if policy is not None and loaded != policy.digest:
-                got = engine.client.call("load_adapter", {"name": ADAPTER_NAME, "path": str(policy.path.resolve()),
-                                                          "digest": policy.digest})
-                if got.get("adapter_digest") != policy.digest:
-                    raise EvidenceError(f"cycle {n}: the engine loaded {str(got.get('adapter_digest'))[:16]}…, not "
-                                        f"the published checkpoint {policy.digest[:16]}…")
-                loaded = policy.digest
-            done.append(_cycle(p, n, run_dir, store, engine, learner, policy, progress))
+            for i, engine in enumerate(engines):
+                if policy is not None and loaded[i] != policy.digest:
+                    got = engine.client.call("load_adapter", {"name": ADAPTER_NAME,
+                                                              "path": str(policy.path.resolve()),
+                                                              "digest": policy.digest})
+                    if got.get("adapter_digest") != policy.digest:
+                        raise EvidenceError(f"cycle {n}: the engine loaded {str(got.get('adapter_digest'))[:16]}…, "
+                                            f"not the published checkpoint {policy.digest[:16]}…")
+                    loaded[i] = policy.digest
+            done.append(_cycle(p, n, run_dir, store, engines, learner, policy, progress))
     return done
 
 
-def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, engine: Session, learner: Session,
+def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, engines: list[Session], learner: Session,
            policy: Published | None, progress: Callable[[Progress], None]) -> Published:
     """One cycle: sample, score, update, check, publish. Returns the published checkpoint."""
     cfg = p.config
@@ -287,12 +290,18 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, engine: Session, lea
     requests = cyc.rollout_requests(prompts, cfg.rollout.group_size, cfg.seed, n, cfg.rollout.temperature,
                                     cfg.rollout.max_tokens)
     with_reference = cfg.objective.kl_coef > 0
-    gen = engine.client.ask("generate", cyc.generate_params(
-        requests, cfg.rollout.batch_size, None if policy is None else ADAPTER_NAME,
-        "base" if with_reference else None))
-    samples = cyc.read_rollout(gen.result, requests, cycle=n, model_digest=p.model_digest,
-                               policy_digest=None if policy is None else policy.digest, reference=with_reference,
-                               vocab_size=p.vocab.size)
+    gens, samples = [], []
+    for engine, part in zip(engines, cyc.shards(len(requests), cfg.rollout.group_size, len(engines)), strict=True):
+        if not part:
+            continue
+        shard = requests[part.start:part.stop]
+        gen = engine.client.ask("generate", cyc.generate_params(
+            shard, cfg.rollout.batch_size, None if policy is None else ADAPTER_NAME,
+            "base" if with_reference else None))
+        gens.append(gen)
+        samples += cyc.read_rollout(gen.result, shard, cycle=n, model_digest=p.model_digest,
+                                    policy_digest=None if policy is None else policy.digest,
+                                    reference=with_reference, vocab_size=p.vocab.size)
     rewards = cyc.rewards(samples, p.vocab)
     adv = group_advantages(rewards, cfg.rollout.group_size, cfg.advantage.normalization, cfg.advantage.eps)
     t1 = time.perf_counter()
@@ -331,7 +340,8 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, engine: Session, lea
     gap = cyc.gap(report.proximal, [s.behavior for s in samples])
     store.put_meta(CYCLE_KEY.format(n), {
         "cycle": n,
-        "generate_call": gen.call_digest,
+        "generate_call": gens[0].call_digest,
+        **({"generate_calls": [g.call_digest for g in gens]} if len(gens) > 1 else {}),
         "learner_call": step.call_digest,
         "policy_digest": None if policy is None else policy.digest,
         "checkpoint": {"path": str(save_dir.relative_to(run_dir)), "digest": checkpoint.adapter.digest,
