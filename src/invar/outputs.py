@@ -290,8 +290,9 @@ class UsePrepareOutput(Closed):
 class PlanRow(Closed):
     method: str
     version: str
-    n: int | None
-    power: float | None
+    n: int
+    """Smallest number of paired units at which P(upper bound ≤ ε) ≥ power_target."""
+    power: float
     power_target: float
     epsilon: float
     delta: float
@@ -607,6 +608,48 @@ class KeysNewOutput(Closed):
     key_sha256: str
 
 
+class TensorDiffOutput(Closed):
+    """Where two checkpoints' tensors part: the first differing tensor and the totals over all of them."""
+
+    file: str
+    tensor: str
+    elements: int
+    size: int
+    max_abs_delta: float
+    tensors_differing: int
+    elements_differing: int
+
+
+class CycleHistoriesRow(Closed):
+    cycle: int
+    identical: bool
+    checkpoint_a: str
+    checkpoint_b: str
+    checkpoints_identical: bool
+    consumed_same: bool
+    responses_same: bool
+    diff: TensorDiffOutput | None
+
+
+class HistoriesRun(Closed):
+    run: str
+    closed: bool
+    chain_head: str
+    cycles: int
+
+
+class CompareHistoriesOutput(Closed):
+    """`invar compare histories --json` (exit 0 identical, 10 differ)."""
+
+    verdict: Literal["identical", "differ"]
+    runs: list[HistoriesRun]
+    schedule_knobs_differing: dict[str, list[Any]]
+    """Knob → [run A's value, run B's value], for the schedule knobs that differ."""
+    cycles_compared: int
+    first_differing_cycle: int | None
+    cycles: list[CycleHistoriesRow]
+
+
 OUTPUTS: dict[str, type[BaseModel]] = {
     "version": VersionOutput,
     "infer": InferOutput,
@@ -623,5 +666,6 @@ OUTPUTS: dict[str, type[BaseModel]] = {
     "use-verify": UseVerifyOutput,
     "keys-new": KeysNewOutput,
     "compare-numerical": CompareNumericalOutput,
+    "compare-histories": CompareHistoriesOutput,
 }
 """Each command's `--json` output (file stem under docs/schemas/ → its model)."""

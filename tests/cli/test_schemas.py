@@ -110,6 +110,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str
     invar("train", "train", config, "--run", out / "train", "--json")
     invar("train", "train", config, "--run", out / "train", "--json")  # already complete
     invar("inspect-history", "inspect", "history", out / "train", "--json")
+    invar("compare-histories", "compare", "histories", out / "train", out / "train", "--json")
     return got
 
 
