@@ -2,9 +2,10 @@
 into micro-batches of 4 or take it whole, and that generate in engine batches of 1 or 32 (on two inference workers
 or one), publish the same checkpoints bit for bit; the negative control (float32 accumulation in micro-batch
 order) is reported as different from its first cycle; histories of another seed or learning rate, and a
-tampered history, are refused in one line.
+tampered history, are refused in one line; a run of declared staleness K = 1 samples cycle 1 from the base model
+while the learner makes the first update, and differs from K = 0 from that cycle, as it should.
 
-Four MLX training runs of 2 cycles × 16 samples (4 prompts × G = 4) on the shipped model, about 15 s each here,
+Five MLX training runs of 2 cycles × 16 samples (4 prompts × G = 4) on the shipped model, about 15 s each here,
 and (slow) two HF runs showing the same for the HF learner.
 """
 
@@ -31,6 +32,7 @@ SCHEDULES: dict[str, dict[str, dict[str, Any]]] = {
     "micro4": {"rollout": {"batch_size": 32}, "learner": {"micro_batch": 4}},
     "engine1": {"rollout": {"batch_size": 1, "workers": 2}},
     "control4": {"rollout": {"batch_size": 32}, "learner": {"micro_batch": 4, "reduction": "float32-microbatch"}},
+    "stale1": {"rollout": {"batch_size": 32, "staleness": 1}},
 }
 
 
@@ -93,6 +95,32 @@ def test_the_negative_control_is_reported_different_at_its_first_cycle(runs: dic
     assert text.returncode == 10
     assert "verdict: differ, first at cycle 0" in text.stdout
     assert "learner.micro_batch (null vs 4), learner.reduction (float64-sequence vs float32-microbatch)" in text.stdout
+
+
+def test_staleness_one_samples_the_policy_before_the_last_while_the_learner_updates(runs: dict[str, Path]) -> None:
+    h = history(runs["stale1"])
+    assert [c.staleness for c in h.cycles] == [0, 1]
+    assert [c.policy for c in h.cycles] == [None, None]  # cycle 1 sampled version 0, the base model
+    stale = h.cycles[1]
+    print(f"measured: K = 1, cycle 1: {stale.gap.equal}/{stale.gap.tokens} tokens with learner = behavior, max |gap| "
+          f"{stale.gap.max:.3g}, importance weights {stale.importance.min:.4f}–{stale.importance.max:.4f}")
+    # The update starts from cycle 0's checkpoint, the rollouts came from the base model: they differ.
+    assert stale.gap.equal < stale.gap.tokens
+    assert stale.gap.max > 0
+    # Cycle 1's generate call left before cycle 0's learner step was answered: the two ran at once.
+    with RunStore.open(runs["stale1"]) as store:
+        meta = store.meta()
+        calls = {c.call_digest: c for c in store.calls()}
+    learner0 = calls[meta["cycle-000000"]["learner_call"]]
+    generate1 = calls[meta["cycle-000001"]["generate_call"]]
+    assert learner0.report is not None
+    assert generate1.seq < learner0.report.seq
+    assert (meta["cycle-000001"]["policy_version"], meta["cycle-000001"]["staleness"]) == (0, 1)
+    code, doc = compare(runs["whole"], runs["stale1"])
+    assert (code, doc["first_differing_cycle"]) == (10, 1)
+    assert doc["schedule_knobs_differing"] == {"rollout.staleness": [0, 1]}
+    assert doc["cycles"][0]["identical"]
+    assert not doc["cycles"][1]["consumed_same"]  # (prompt, sample, seed) the same, the policy version not
 
 
 @pytest.mark.slow

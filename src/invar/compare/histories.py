@@ -41,6 +41,10 @@ SCHEDULE_KNOBS = ("rollout.batch_size", "rollout.workers", "learner.micro_batch"
 learner micro-batch and its reduction). `learner.reduction = "float32-microbatch"` is the negative control: a
 schedule-dependent reduction, which this comparison must report as different."""
 
+DECLARED_KNOBS = ("rollout.staleness",)
+"""Configuration fields that may differ between comparable runs but are expected to change the policies: the
+declared staleness K (asynchronous mode) samples older policies by design."""
+
 _IGNORED = ("name", "cycles", "model", "prompts.path", "prompts.sha256")
 """Not compared as written: the run's name and length, and the paths (the digests behind them are compared)."""
 
@@ -241,12 +245,12 @@ def check_comparable(a: RunHistory, b: RunHistory) -> dict[str, tuple[Any, Any]]
     """The schedule knobs that differ; `NotComparable` naming every other field that does."""
     keys = sorted(set(a.config) | set(b.config))
     differ = [k for k in keys if a.config.get(k) != b.config.get(k)]
-    others = [k for k in differ if k not in SCHEDULE_KNOBS]
+    others = [k for k in differ if k not in SCHEDULE_KNOBS + DECLARED_KNOBS]
     if others:
         shown = ", ".join(f"{k} ({_shown(a.config.get(k))[:24]} vs {_shown(b.config.get(k))[:24]})" for k in others)
         raise NotComparable(f"the runs are not comparable: their configurations differ in {shown}, which is not a "
-                            f"schedule knob ({', '.join(SCHEDULE_KNOBS)}); compare runs made with the same "
-                            "configuration but for their schedule")
+                            f"schedule knob ({', '.join(SCHEDULE_KNOBS + DECLARED_KNOBS)}); compare runs made with the "
+                            "same configuration but for their schedule")
     return {k: (a.config.get(k), b.config.get(k)) for k in differ}
 
 

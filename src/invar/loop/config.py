@@ -83,6 +83,12 @@ class Rollout(_Model):
     """Requests per engine batch within each generate call; omitted: each call's requests in one batch. A schedule
     knob: every request carries its own seed, and the engines are batch-invariant on CPU (MLX, vLLM; HF is not:
     on hf, the rollouts depend on the batch layout)."""
+    staleness: int = Field(default=0, ge=0, le=16)
+    """K, the declared staleness: cycle c samples the policy published by cycle c − K − 1 (version max(0, c − K)),
+    so with K ≥ 1 the engines generate the next cycles' rollouts while the learner updates (asynchronous mode);
+    the learner still starts from the checkpoint published last, and the importance weight corrects for the lag.
+    Rollouts of any other policy are refused. 0: synchronous. Changes the policies (a run of K = 1 is not a
+    reschedule of a run of K = 0)."""
     workers: int = Field(default=1, ge=1, le=8)
     """Inference workers generating each cycle's rollouts: the cycle's prompt groups are split into this many
     contiguous shards, one generate call per worker (one after the other; the records are written by one
@@ -242,8 +248,9 @@ class TrainConfig(_Model):
         # The default schedule keeps the digest configurations had before these fields existed.
         if self.learner == Learner():
             del out["learner"]
-        if self.rollout.workers == 1:
-            del out["rollout"]["workers"]
+        for key, default in (("workers", 1), ("staleness", 0)):
+            if out["rollout"][key] == default:
+                del out["rollout"][key]
         return out
 
     def digest(self) -> str:

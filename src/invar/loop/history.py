@@ -128,6 +128,7 @@ def read_history(run: Path, *, expect_head: str | None = None) -> History:
     model_digest = str(info.get("model_digest"))
     rows: list[CycleHistory] = []
     previous: str | None = None
+    published: list[str] = []
     for n in range(len([k for k in meta if k.startswith("cycle-")])):
         entry = meta.get(f"cycle-{n:06d}")
         if not isinstance(entry, dict):
@@ -142,16 +143,20 @@ def read_history(run: Path, *, expect_head: str | None = None) -> History:
             if not isinstance(requests, list):
                 raise EvidenceError(f"cycle {n}: a generate call holds no requests")
             shards.append(requests)
-        if entry.get("policy_digest") != previous:
-            raise EvidenceError(f"cycle {n}: sampled from {str(entry.get('policy_digest'))[:16]}…, not the checkpoint "
-                                "published by the cycle before")
+        # Cycle n samples policy version max(0, n − K): the checkpoint published by cycle n − K − 1 (K = 0: the one
+        # published last), or the base model.
+        version = max(0, n - config.rollout.staleness)
+        sampled = published[version - 1] if version else None
+        if entry.get("policy_digest") != sampled:
+            raise EvidenceError(f"cycle {n}: sampled from {str(entry.get('policy_digest'))[:16]}…, not policy version "
+                                f"{version} (rollout.staleness = {config.rollout.staleness})")
         with_reference = o.kl_coef > 0
         assert step.report is not None
         samples = []
         for gen, requests in zip(gens, shards, strict=True):
             assert gen.report is not None
             samples += cyc.read_rollout(gen.report.report.result or {}, requests, cycle=n, model_digest=model_digest,
-                                        policy_digest=previous, reference=with_reference, vocab_size=vocab.size)
+                                        policy_digest=sampled, reference=with_reference, vocab_size=vocab.size)
         rewards = cyc.rewards(samples, vocab)
         adv = group_advantages(rewards, config.rollout.group_size, config.advantage.normalization,
                                config.advantage.eps)
@@ -182,8 +187,9 @@ def read_history(run: Path, *, expect_head: str | None = None) -> History:
             loss_core=core.loss, loss_learner=report.terms.loss, loss_abs_diff=abs(core.loss - report.terms.loss),
             policy_core=core.policy, kl_core=core.kl, grad_norm=report.grad_norm,
             gap=cyc.gap(report.proximal, behavior), importance=cyc.importance(report.proximal, behavior, settings),
-            staleness=0, policy=previous, checkpoint=report.adapter_digest,
+            staleness=n - version, policy=sampled, checkpoint=report.adapter_digest,
             wall_s={k: float(wall[k]) for k in ("generate", "learner", "publish")} if isinstance(wall, dict)
             else {}))
         previous = report.adapter_digest
+        published.append(previous)
     return History(run, config, v.closed, v.head, rows)

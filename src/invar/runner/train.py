@@ -264,41 +264,94 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
         if last is not None and learner.adapter_digest != last.digest:
             raise EvidenceError(f"the learner loaded adapter {str(learner.adapter_digest)[:16]}…, not the published "
                                 f"checkpoint {last.digest[:16]}…")
-        loaded: list[str | None] = [None] * len(engines)
+        rollouts = _Rollouts(p, engines)
         for n in range(len(done), cfg.cycles):
-            policy = done[-1] if done else None
-            for i, engine in enumerate(engines):
-                if policy is not None and loaded[i] != policy.digest:
-                    got = engine.client.call("load_adapter", {"name": ADAPTER_NAME,
-                                                              "path": str(policy.path.resolve()),
-                                                              "digest": policy.digest})
-                    if got.get("adapter_digest") != policy.digest:
-                        raise EvidenceError(f"cycle {n}: the engine loaded {str(got.get('adapter_digest'))[:16]}…, "
-                                            f"not the published checkpoint {policy.digest[:16]}…")
-                    loaded[i] = policy.digest
-            done.append(_cycle(p, n, run_dir, store, engines, learner, policy, progress))
+            done.append(_cycle(p, n, run_dir, store, rollouts, learner, done, progress))
     return done
 
 
-def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, engines: list[Session], learner: Session,
-           policy: Published | None, progress: Callable[[Progress], None]) -> Published:
+@dataclass
+class _Pending:
+    """A cycle's rollouts in flight: one generate call per inference worker, and the policy they sample."""
+
+    version: int
+    policy: Published | None
+    shards: list[list[dict[str, Any]]]
+    calls: list[Any]
+    started: float
+
+
+class _Rollouts:
+    """Starts each cycle's generate calls as soon as the policy they must sample is published: cycle m samples
+    policy version max(0, m − K) (version v: the checkpoint published by cycle v − 1; 0: the base model). With
+    K = 0 that is the checkpoint published last (synchronous); with K ≥ 1 the engines generate the next cycles'
+    rollouts while the learner updates. The rule is fixed by the configuration, never by timing, so a resumed or
+    rescheduled run consumes the same rollouts."""
+
+    def __init__(self, p: Plan, engines: list[Session]) -> None:
+        self.p = p
+        self.engines = engines
+        self.loaded: list[str | None] = [None] * len(engines)
+        self.pending: dict[int, _Pending] = {}
+
+    def version(self, m: int) -> int:
+        return max(0, m - self.p.config.rollout.staleness)
+
+    def start(self, m: int, done: list[Published]) -> None:
+        """Submit cycle m's generate calls (its policy must be published)."""
+        cfg = self.p.config
+        version = self.version(m)
+        policy = done[version - 1] if version else None
+        for i, engine in enumerate(self.engines):
+            if policy is not None and self.loaded[i] != policy.digest:
+                got = engine.client.call("load_adapter", {"name": ADAPTER_NAME, "path": str(policy.path.resolve()),
+                                                          "digest": policy.digest})
+                if got.get("adapter_digest") != policy.digest:
+                    raise EvidenceError(f"cycle {m}: the engine loaded {str(got.get('adapter_digest'))[:16]}…, not "
+                                        f"the published checkpoint {policy.digest[:16]}…")
+                self.loaded[i] = policy.digest
+        prompts = cyc.cycle_prompts(self.p.prompts, cfg.prompts.per_cycle, cfg.seed, m)
+        requests = cyc.rollout_requests(prompts, cfg.rollout.group_size, cfg.seed, m, cfg.rollout.temperature,
+                                        cfg.rollout.max_tokens)
+        reference = "base" if cfg.objective.kl_coef > 0 else None
+        shards, calls = [], []
+        for engine, part in zip(self.engines, cyc.shards(len(requests), cfg.rollout.group_size, len(self.engines)),
+                                strict=True):
+            if part:
+                shards.append(requests[part.start:part.stop])
+                calls.append(engine.client.submit("generate", cyc.generate_params(
+                    shards[-1], cfg.rollout.batch_size, None if policy is None else ADAPTER_NAME, reference)))
+        self.pending[m] = _Pending(version, policy, shards, calls, time.perf_counter())
+
+    def ahead(self, n: int, done: list[Published]) -> None:
+        """While cycle n's learner works: start every later cycle (within K) whose policy is already published."""
+        for m in range(n + 1, min(n + self.p.config.rollout.staleness, self.p.config.cycles - 1) + 1):
+            if m not in self.pending and self.version(m) <= len(done):
+                self.start(m, done)
+
+    def take(self, n: int, done: list[Published]) -> tuple[_Pending, list[Any]]:
+        """Cycle n's rollouts: its pending calls (started now if they were not), answered."""
+        if n not in self.pending:
+            self.start(n, done)
+        pending = self.pending.pop(n)
+        return pending, [c.answer() for c in pending.calls]
+
+
+def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, rollouts: _Rollouts, learner: Session,
+           done: list[Published], progress: Callable[[Progress], None]) -> Published:
     """One cycle: sample, score, update, check, publish. Returns the published checkpoint."""
     cfg = p.config
     progress(Progress(n, cfg.cycles, "generate"))
     t0 = time.perf_counter()
-    prompts = cyc.cycle_prompts(p.prompts, cfg.prompts.per_cycle, cfg.seed, n)
-    requests = cyc.rollout_requests(prompts, cfg.rollout.group_size, cfg.seed, n, cfg.rollout.temperature,
-                                    cfg.rollout.max_tokens)
+    pending, gens = rollouts.take(n, done)  # already generated, with K ≥ 1, while the last update ran
+    policy, start = pending.policy, (done[-1] if done else None)
+    staleness = n - pending.version
+    if staleness > cfg.rollout.staleness:  # the rule above never asks for one; a rollout this old is refused
+        raise EvidenceError(f"cycle {n}: rollouts of policy version {pending.version} are {staleness} versions old, "
+                            f"beyond rollout.staleness = {cfg.rollout.staleness}")
     with_reference = cfg.objective.kl_coef > 0
-    gens, samples = [], []
-    for engine, part in zip(engines, cyc.shards(len(requests), cfg.rollout.group_size, len(engines)), strict=True):
-        if not part:
-            continue
-        shard = requests[part.start:part.stop]
-        gen = engine.client.ask("generate", cyc.generate_params(
-            shard, cfg.rollout.batch_size, None if policy is None else ADAPTER_NAME,
-            "base" if with_reference else None))
-        gens.append(gen)
+    samples = []
+    for gen, shard in zip(gens, pending.shards, strict=True):
         samples += cyc.read_rollout(gen.result, shard, cycle=n, model_digest=p.model_digest,
                                     policy_digest=None if policy is None else policy.digest,
                                     reference=with_reference, vocab_size=p.vocab.size)
@@ -319,9 +372,12 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, engines: list[Sessio
     schedule = cfg.schedule()
     if schedule["reduction"] is not None:
         params["schedule"] = schedule
-    step = learner.client.ask("learner_step", params)
+    submitted = learner.client.submit("learner_step", params)
+    rollouts.ahead(n, done)  # with K ≥ 1 the engines generate the next cycles while the learner updates
+    step = submitted.answer()
+    # The update starts from the checkpoint published last, whatever policy the rollouts sampled.
     report = cyc.read_learner(step.result, samples, cycle=n, model_digest=p.model_digest,
-                              start_digest=None if policy is None else policy.digest, optimizer_steps=n + 1,
+                              start_digest=None if start is None else start.digest, optimizer_steps=n + 1,
                               save_dir=str(save_dir.resolve()))
     t2 = time.perf_counter()
 
@@ -344,6 +400,8 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, engines: list[Sessio
         **({"generate_calls": [g.call_digest for g in gens]} if len(gens) > 1 else {}),
         "learner_call": step.call_digest,
         "policy_digest": None if policy is None else policy.digest,
+        "policy_version": pending.version,
+        "staleness": staleness,
         "checkpoint": {"path": str(save_dir.relative_to(run_dir)), "digest": checkpoint.adapter.digest,
                        "optimizer_steps": checkpoint.optimizer_steps},
         "core": {"loss": core.loss, "policy": core.policy, "kl": core.kl,
