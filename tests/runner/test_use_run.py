@@ -244,3 +244,29 @@ def test_a_store_that_cannot_grow_is_one_line_and_the_run_resumes(contract: Path
     resumed = _invar("use", "run", str(contract), "--run", str(run), "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert _decision_figures(run, contract) == _decision_figures(baseline, contract)
+
+
+def test_two_workers_per_package_give_the_records_and_decision_of_one(contract: Path, baseline: Path,
+                                                                     tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    out = _invar("use", "run", str(contract), "--run", str(run), "--workers", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["calls_issued"] == 18
+    assert _decision_figures(run, contract) == _decision_figures(baseline, contract)
+    assert _outputs_by_call(run, contract) == _outputs_by_call(baseline, contract)
+    with RunStore.open(run) as store:
+        workers = store.workers()
+        answered_by = {c.worker for c in store.calls() if c.call.method == "generate"}
+    assert len(workers) == 4  # two per package, each with its own identity record
+    assert len(answered_by) == 4  # and every one of them answered planned calls
+
+
+def test_workers_below_one_is_one_line_and_starts_nothing(contract: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    for bad in ("0", "-3"):
+        out = _invar("use", "run", str(contract), "--run", str(run), "--workers", bad)
+        assert out.returncode == 2
+        assert "Traceback" not in out.stderr
+        assert f"--workers {bad}: must be ≥ 1" in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+        assert not run.exists()

@@ -312,6 +312,10 @@ def run_cmd(
                                                 "Default: a fresh runs/use-<name>-<time>.")
     ] = None,
     call_timeout: CallTimeoutOpt = DEFAULT_CALL_TIMEOUT,
+    workers: Annotated[
+        int, typer.Option("--workers", help="Worker processes per package; the plan's calls are spread over them "
+                                            "(the records and the decision are those of one worker).")
+    ] = 1,
     json_out: JsonOpt = False,
 ) -> None:
     """Execute a contract's plan through the packages' workers and keep every record; resume a stopped run.
@@ -319,9 +323,11 @@ def run_cmd(
     Ends with the run's chain head (keep it) and the command that decides the run.
     """
     check_sampling(temperature=0.0, top_p=1.0, max_tokens=1, call_timeout=call_timeout)
+    if workers < 1:
+        raise InvarError(f"--workers {workers}: must be ≥ 1 (worker processes per package)")
     run_dir = run if run is not None else default_run_dir(f"use-{contract.name.removesuffix('.contract.json')}")
     with resumable(run_dir, f"invar use run {contract}"), _run_progress() as show:
-        outcome = use_run(contract, run_dir, call_timeout=call_timeout, progress=show)
+        outcome = use_run(contract, run_dir, call_timeout=call_timeout, progress=show, workers=workers)
     if json_out:
         emit_json(outcome.to_json())
         return

@@ -28,13 +28,14 @@ Decisions:
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -54,7 +55,7 @@ from invar.contract.admit import (
 from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
 from invar.contract.prepare import load_contract, method_version, tokenizer_digest
-from invar.errors import ContractError, EvidenceError
+from invar.errors import ContractError, EvidenceError, InvarError
 from invar.records import RunStore
 from invar.records.store import is_run
 from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, check_patches_active, engine_session
@@ -64,6 +65,7 @@ from invar.tasks import Vocabulary
 from invar.tasks.arithmetic import SCORERS
 
 ROLES: tuple[Role, Role] = ("reference", "candidate")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -185,8 +187,13 @@ def use_run(
     *,
     call_timeout: float | None = 1800.0,
     progress: Callable[[Progress], None] = lambda p: None,
+    workers: int = 1,
 ) -> RunOutcome:
-    """Execute (or resume) the plan of the contract at `contract_path` into `run_dir`."""
+    """Execute (or resume) the plan of the contract at `contract_path` into `run_dir`, over `workers` worker
+    processes per package (each started from the package and checked against it; a call is answered by one of
+    them and bound to the one that answered it)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InvarError(f"--workers {workers}: must be a whole number ≥ 1 (worker processes per package)")
     started = time.perf_counter()
     contract, sha, plan = load_contract(contract_path)
     check_sha256_file(contract_path, sha)
@@ -235,7 +242,7 @@ def use_run(
         if rule is not None and first_look and rule.stops(first_look):
             todo = {role: [] for role in ROLES}  # stopped before the kill: only the stop and the close are left
         issued = _execute(contract, plan, specs, todo, measure, tokens, store, eos, counter, call_timeout,
-                          rule, first_look)
+                          rule, first_look, workers)
         stop = None if rule is None else _record_stop(store, contract, plan, vocab, eos)
         head = store.close_run()
     return RunOutcome(run_dir, contract_path, sha, head, total, len(done), issued,
@@ -294,6 +301,18 @@ def _record_stop(store: RunStore, contract: Contract, plan: ExecutionPlan, vocab
     return entry
 
 
+class _Share(Generic[T]):
+    """Work handed out to the threads of one package: each item to exactly one of them, in order."""
+
+    def __init__(self, items: Sequence[T]) -> None:
+        self._items = collections.deque(items)
+        self._lock = threading.Lock()
+
+    def take(self) -> T | None:
+        with self._lock:
+            return self._items.popleft() if self._items else None
+
+
 class _Counter:
     """Progress across the worker threads."""
 
@@ -319,19 +338,32 @@ class _Counter:
 def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, EngineSpec],
              todo: Mapping[Role, Sequence[PlannedCall]], measure: Mapping[Role, Sequence[MeasurementCall]],
              tokens: dict[tuple[Role, int], np.ndarray], store: RunStore, eos: Mapping[Role, int],
-             counter: _Counter, call_timeout: float | None, rule: _Rule | None = None, first_look: int = 0) -> int:
-    """Start a worker per package that has calls left and issue them, generate calls first, then (once every
-    package has sampled) measurements; the first failure stops both. `tokens` holds the pairing layout's response
-    tokens already on record, by (package, unit index), and gains those sampled now. With a stopping `rule`
-    (plan /4) the generate calls go look by look from `first_look`, the rule evaluated after each."""
+             counter: _Counter, call_timeout: float | None, rule: _Rule | None = None, first_look: int = 0,
+             workers: int = 1) -> int:
+    """Start `workers` workers per package that has calls left and issue its calls over them, generate calls first,
+    then (once every package has sampled) measurements; the first failure stops all. `tokens` holds the pairing
+    layout's response tokens already on record, by (package, unit index), and gains those sampled now. With a
+    stopping `rule` (plan /4) the generate calls go look by look from `first_look`, the rule evaluated after each."""
     roles = [role for role in ROLES if todo[role] or measure[role]]
     if not roles:
         return 0
+    # One thread per worker; a package's threads take its calls from shared queues, each call exactly once.
+    threads = [(role, n) for role in roles for n in range(workers)]
+    generate_share = {role: _Share(todo[role]) for role in roles}
+    measure_share = {role: _Share(measure[role]) for role in roles}
+    look_share: dict[tuple[Role, int], _Share[PlannedCall]] = {}
+    if rule is not None:
+        assert plan.sequential is not None
+        for role in roles:
+            left = {c.key for c in todo[role]}
+            for look in range(first_look, len(plan.sequential.boundaries)):
+                look_share[(role, look)] = _Share([c for c in plan.look_calls(look)
+                                                   if c.package == role and c.key in left])
     stop = threading.Event()
-    # No call is made until every package's worker has shown the identity the contract names.
-    checked = threading.Barrier(len(roles))
+    # No call is made until every worker has shown the identity the contract names.
+    checked = threading.Barrier(len(threads))
     # No measurement is made until every package has sampled: the candidate scores the reference's responses.
-    sampled = threading.Barrier(len(roles))
+    sampled = threading.Barrier(len(threads))
     issued = [0]
     lock = threading.Lock()
     # Sequential: both packages finish look k before the rule looks, and no call of look k + 1 precedes its verdict.
@@ -349,7 +381,7 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
             ruled.append(exc)
             raise
 
-    looked = threading.Barrier(len(roles), action=evaluate)
+    looked = threading.Barrier(len(threads), action=evaluate)
 
     def drive(role: Role) -> None:
         try:
@@ -398,24 +430,22 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
                 counter.add(planned)
 
             if rule is None:
-                for planned in todo[role]:
+                while (planned := generate_share[role].take()) is not None:
                     if stop.is_set():
                         return
                     generate(planned)
             else:
-                left = {c.key for c in todo[role]}
                 assert plan.sequential is not None
                 for look in range(first_look, len(plan.sequential.boundaries)):
                     if stop.is_set():
                         return
-                    for planned in plan.look_calls(look):
-                        if planned.package == role and planned.key in left:
-                            generate(planned)
+                    while (planned := look_share[(role, look)].take()) is not None:
+                        generate(planned)
                     looked.wait()
                     if finished.is_set():
                         break
             sampled.wait()
-            for m in measure[role]:
+            while (m := measure_share[role].take()) is not None:
                 if stop.is_set():
                     return
                 with lock:
@@ -431,8 +461,8 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
                     issued[0] += 1
                 counter.add(m)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(roles), thread_name_prefix="use-run") as pool:
-        futures = [pool.submit(drive, role) for role in roles]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(threads), thread_name_prefix="use-run") as pool:
+        futures = [pool.submit(drive, role) for role, _ in threads]
         failure: BaseException | None = None
         for future in concurrent.futures.as_completed(futures):
             exc = future.exception()
