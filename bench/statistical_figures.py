@@ -2,7 +2,7 @@
 
 Run from the repository root (one run; about an hour on 2 shared cores, most of it the exact enumeration):
 
-    nice -n 10 .venv/bin/python bench/statistics.py [--quick] [--enumerate 40] [--runs 10000]
+    nice -n 10 .venv/bin/python bench/statistical_figures.py [--quick] [--enumerate 40] [--runs 10000]
 
 Sections: the fixed-n plans of the seed case (n per method, ratio to the z-test's n, plan time), the ratio table
 over a grid of assumptions, the betting row's power against independent replications, sequential admission's
