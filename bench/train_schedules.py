@@ -50,6 +50,7 @@ SCHEDULES: dict[str, dict[str, dict[str, Any]]] = {
     "workers2": {"rollout": {"workers": 2}},
     "plain": {"learner": {"reduction": "float32-microbatch"}},
     "control16": {"learner": {"micro_batch": 16, "reduction": "float32-microbatch"}},
+    "stale1": {"rollout": {"staleness": 1}},
 }
 """Schedule name → configuration sections changed from the base configuration."""
 
