@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from invar.compare.histories import SCHEDULE_KNOBS, NotComparable, RunHistory, check_comparable, compare_histories
+from invar.compare.histories import (
+    SCHEDULE_KNOBS,
+    NotComparable,
+    RunHistory,
+    check_comparable,
+    compare_histories,
+    render,
+)
 from invar.loop.config import ConfigError, parse_config
 from invar.records import RunStore
 
@@ -58,3 +65,23 @@ def test_the_default_schedule_keeps_the_configuration_digest() -> None:
     micro = parse_config({"name": "x", "backend": "mlx", "learner": {"micro_batch": 4}})
     assert micro.canonical()["learner"] == {"micro_batch": 4, "reduction": None}
     assert micro.digest() != plain.digest()
+
+
+def _train_store(path: Path, *, close: bool) -> Path:
+    config = parse_config({"name": "x", "backend": "mlx"}).canonical()
+    store = RunStore.create(path, meta={"command": "train", "config": config, "model_digest": "0" * 64,
+                                        "prompts_sha256": "1" * 64})
+    if close:
+        store.close_run()
+    store.close()
+    return path
+
+
+def test_a_run_without_a_close_record_reads_as_incomplete_and_never_identical(tmp_path: Path) -> None:
+    closed = _train_store(tmp_path / "closed", close=True)
+    assert compare_histories(closed, closed).exit_code == 0
+    result = compare_histories(closed, _train_store(tmp_path / "open", close=False))
+    assert (result.identical, result.exit_code) == (False, 10)
+    text = render(result)
+    assert "0 cycles, incomplete (no close record)" in text
+    assert "verdict: differ: the compared cycles agree, but the runs are not both complete" in text
