@@ -16,30 +16,25 @@ batch (proximal), saves and hashes the checkpoint: the ratio is of the whole ste
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
+import tempfile
+import time
+import tomllib
 from pathlib import Path
+from typing import Any
 
-# Run as a script, this folder comes first on sys.path and bench/statistics.py would hide the standard library's
-# `statistics` (which invar imports): take the folder off before importing anything else.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import numpy as np
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import tomllib  # noqa: E402
-from typing import Any  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from invar.compare.histories import compare_histories  # noqa: E402
-from invar.engines import REPO_ROOT  # noqa: E402
-from invar.loop.config import resolve  # noqa: E402
-from invar.loop.history import read_history  # noqa: E402
-from invar.protocol import Role  # noqa: E402
-from invar.records import RunStore  # noqa: E402
-from invar.runner.engine import Engine, EngineSpec, engine_session  # noqa: E402
-from invar.runner.train import train  # noqa: E402
+from invar.compare.histories import compare_histories
+from invar.engines import REPO_ROOT
+from invar.loop.config import resolve
+from invar.loop.history import read_history
+from invar.protocol import Role
+from invar.records import RunStore
+from invar.runner.engine import Engine, EngineSpec, engine_session
+from invar.runner.train import train
 
 SCHEDULES: dict[str, dict[str, dict[str, Any]]] = {
     "whole": {},
