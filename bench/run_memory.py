@@ -1,0 +1,148 @@
+"""Memory and storage of a use decision at scale: a real 20,000-unit plan through `use prepare`, `use run`, `use admit`.
+
+    .venv/bin/python bench/run_memory.py [--units 20000] [--json OUT]
+
+The contract (written and prepared here, identities probed from the installed worker): the shipped model on Hugging
+Face, FP32 with 1 thread as the reference against FP32 with 2 threads as the candidate, `--units` seeded prompts of
+the evaluation population at T = 1 in one pairing layout of batches of 16, 64 requests per call. Each command runs in
+a process of its own; reported for each: wall time and the peak resident memory of the core's process alone
+(`ru_maxrss` of that process, read as it exits: the engine workers are other processes and are not counted), and
+for the run: bytes in the store (database and write-ahead log) per unit and per call, and the records' count.
+
+What it shows: the core's memory stays flat while the run and its records grow, because `use run` keeps only the
+pairing responses' tokens it needs and `use admit` reads the records as a stream (`RunStore.stream`), one call and
+its report at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+for path in (REPO / "src", REPO):  # run from a checkout without installing the package
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from invar import canonical  # noqa: E402
+from invar.engines import DEFAULT_MODEL  # noqa: E402
+from invar.records import RunStore  # noqa: E402
+from invar.runner.engine import Engine, probe_identity  # noqa: E402
+
+POPULATION = REPO / "data" / "arith-eval.jsonl"
+# Runs the CLI in this process and prints its own peak RSS (KiB on Linux) on stderr's last line as it exits.
+MEASURED = ("import resource, runpy, sys\n"
+            "sys.argv = ['invar'] + sys.argv[1:]\n"
+            "try:\n"
+            "    runpy.run_module('invar.cli', run_name='__main__')\n"
+            "finally:\n"
+            "    print(f'peak-rss-kib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}', file=sys.stderr)\n")
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
+    return json.dumps(value)
+
+
+def declaration(folder: Path, units: int) -> Path:
+    packages = []
+    for threads in (1, 2):
+        ident = probe_identity(Engine.HF, {"threads": threads})
+        packages.append({"engine": "hf", "engine_version": ident.engine_version, "settings": ident.settings,
+                         "model_dir": str(DEFAULT_MODEL), "model_digest": canonical.tree_digest(DEFAULT_MODEL),
+                         "dtype": "float32", "quantization": "none"})
+    lines = [
+        'name = "bench-memory"',
+        "[population]", f'path = "{POPULATION}"',
+        f'sha256 = "{POPULATION.with_suffix(".sha256").read_text().split()[0]}"', f"sample = {units}",
+        "[scorer]", 'name = "arithmetic-exact"',
+        "[sampling]", "temperature = 1.0", "max_tokens = 5",
+        "[requirement]", 'standard = "population"', 'epsilon = "0.01"', 'confidence = "0.95"',
+        'method = "paired-binary-score"',
+        "[pairing]", "seed = 3", 'layout = "b16"',
+        "[layouts.b16]", "batch_size = 16",
+        "[invariance]", "required = false",
+        "[execution]", "requests_per_call = 64",
+        "[reference]", *(f"{k} = {_toml(v)}" for k, v in packages[0].items()),
+        "[candidate]", *(f"{k} = {_toml(v)}" for k, v in packages[1].items()),
+    ]
+    path = folder / "bench-memory.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _bytes_in(value: Any) -> int:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_bytes_in(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_bytes_in(v) for v in value)
+    return 0
+
+
+def measured(*args: str | Path, ok: tuple[int, ...] = (0,)) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", MEASURED, *map(str, args)], capture_output=True, text=True, cwd=REPO)
+    wall = time.perf_counter() - t0
+    if out.returncode not in ok:
+        raise SystemExit(f"bench/run_memory.py: invar {' '.join(map(str, args))} exited {out.returncode}: "
+                         f"{out.stderr.strip()[-2000:]}")
+    rss = [line for line in out.stderr.splitlines() if line.startswith("peak-rss-kib ")][-1]
+    return {"wall_s": round(wall, 2), "peak_rss_mib": round(int(rss.split()[1]) / 1024, 1),
+            "exit": out.returncode, "stdout": out.stdout}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--units", type=int, default=20000)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    result: dict[str, Any] = {"units": args.units}
+    with tempfile.TemporaryDirectory(prefix="invar-memory-") as tmp:
+        folder = Path(tmp)
+        decl = declaration(folder, args.units)
+        contract = folder / "bench-memory.contract.json"
+        run = folder / "run"
+        steps = {
+            "use prepare": ("use", "prepare", decl),
+            "use run": ("use", "run", contract, "--run", run),
+            "use admit": ("use", "admit", run, "--contract", contract, "--json"),
+        }
+        for name, command in steps.items():
+            got = measured(*command, ok=(0, 10, 11) if name == "use admit" else (0,))
+            if name == "use admit":
+                decision = json.loads(got["stdout"])
+                result["decision"] = {"answer": decision["answer"], "bound": decision.get("bound")}
+            del got["stdout"]
+            result[name] = got
+            print(f"{name}: {got['wall_s']} s, core peak RSS {got['peak_rss_mib']} MiB", flush=True)
+        files = [run / "records.sqlite", run / "records.sqlite-wal"]
+        size = sum(f.stat().st_size for f in files if f.exists())
+        with RunStore.open(run) as store:
+            calls = sum(1 for c in store.calls() if c.call.method == "generate")
+            records = store.verify().records
+            # The population file and tokenizer kept once per run (so the run verifies on its own): a fixed cost.
+            inputs = _bytes_in(store.meta().get("inputs"))
+    per_unit = (size - inputs) / (2 * args.units)
+    result["store"] = {"bytes": size, "inputs_bytes": inputs, "generate_calls": calls, "records": records,
+                       "bytes_per_unit_per_package": round(per_unit, 1),
+                       "bytes_per_generate_call": round((size - inputs) / calls, 1)}
+    print(f"store: {size / 2**20:.1f} MiB for {args.units} units × 2 packages ({calls} generate calls, "
+          f"{records} records), of which {inputs / 2**20:.2f} MiB the run's inputs: {per_unit:.0f} bytes per unit "
+          "per package")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
