@@ -4,25 +4,72 @@ package (reference or candidate) that produced them.
 At run time a loss is an integer and a role is a string, so nothing stops a reference's losses standing in for the
 candidate's, a bare array standing in for recorded evidence, or a float ε standing in for the contract's exact one.
 These types make each of those a type error where it is written (`mypy --strict`; tests/typing holds the cases):
-`Losses` is built only from recorded, answered calls (`recorded_losses`), carries its package in its type, and the
-comparisons take the contract's `Decimal` ε and exact fractions only; `task_bound` accepts, per method, only the
-range that method supports.
+`Losses` is built only from recorded, answered calls (`recorded_losses` from store records, `bound_losses` from the
+planned-call evidence admission binds), carries its package in its type, and the comparisons take the contract's
+`Decimal` ε and exact fractions only; `task_bound` accepts, per method, only the range that method supports.
+`use admit` decides through these types: its paired losses are `paired_loss(Losses[Reference], Losses[Candidate])`
+and its ε comparisons `within_epsilon`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
-from typing import Generic, Literal, TypeVar, final, overload
+from typing import Any, Generic, Literal, Protocol, TypeVar, final, overload
 
 import numpy as np
 import numpy.typing as npt
 
-from invar.contract.admit import TaskLoss, paired_task_loss
 from invar.errors import EvidenceError
 from invar.records.store import CallRecord
 from invar.stats.bounds import Bound, bound
+
+
+@dataclass(frozen=True)
+class TaskLoss:
+    """The paired task-loss comparison over the planned units."""
+
+    n: int
+    reference_loss: int
+    candidate_loss: int
+    worse: int
+    """Units where the candidate's loss exceeds the reference's."""
+    better: int
+    """Units where it is lower."""
+
+    @property
+    def mean_difference(self) -> Fraction:
+        """Mean of candidate loss minus reference loss, exactly."""
+        return Fraction(self.candidate_loss - self.reference_loss, self.n)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n": self.n, "reference_loss": self.reference_loss, "candidate_loss": self.candidate_loss,
+            "worse": self.worse, "better": self.better,
+            "mean_difference": str(self.mean_difference), "mean_difference_float": float(self.mean_difference),
+        }
+
+
+def paired_task_loss(reference: np.ndarray, candidate: np.ndarray) -> TaskLoss:
+    """Summaries of per-unit losses `reference`, `candidate` (int64[n] each, aligned by unit)."""
+    d = candidate - reference
+    return TaskLoss(
+        n=len(d), reference_loss=int(reference.sum()), candidate_loss=int(candidate.sum()),
+        worse=int((d > 0).sum()), better=int((d < 0).sum()),
+    )
+
+
+class Answered(Protocol):
+    """A planned call's evidence as admission binds it (`invar.contract.admit.CallEvidence`): only made from a
+    recorded call whose report answered it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def report_digest(self) -> str: ...
 
 
 @final
@@ -53,12 +100,12 @@ class Losses(Generic[RoleT]):
     __slots__ = ("records", "role", "values")
 
     def __init__(self, seal: _Seal, role: type[RoleT], values: npt.NDArray[np.int64],
-                 records: tuple[CallRecord, ...]) -> None:
+                 records: tuple[CallRecord | Answered, ...]) -> None:
         if seal is not _SEAL:
             raise EvidenceError("losses are evidence only when bound to records: build them with recorded_losses")
         self.role: type[RoleT] = role
         self.values: npt.NDArray[np.int64] = values
-        self.records: tuple[CallRecord, ...] = records
+        self.records: tuple[CallRecord | Answered, ...] = records
 
 
 def recorded_losses(role: type[RoleT], records: Sequence[CallRecord], values: Sequence[int]) -> Losses[RoleT]:
@@ -70,6 +117,17 @@ def recorded_losses(role: type[RoleT], records: Sequence[CallRecord], values: Se
         if rec.report is None or not rec.report.report.ok:
             raise EvidenceError(f"{rec.name} has no successful report: no loss can be read from it")
     return Losses(_SEAL, role, np.asarray(values, dtype=np.int64), tuple(records))
+
+
+def bound_losses(role: type[RoleT], records: Sequence[Answered | None], values: Any) -> Losses[RoleT]:
+    """Losses of `role`'s package as admission reads them: unit i scored from the planned call `records[i]` that
+    answered it; refuses a unit no recorded call answered."""
+    if len(records) != len(values):
+        raise EvidenceError(f"{len(values)} losses for {len(records)} records: each loss names the record it came from")
+    missing = [i for i, rec in enumerate(records) if rec is None]
+    if missing:
+        raise EvidenceError(f"unit {missing[0]} has no recorded call that answered it: no loss can be read for it")
+    return Losses(_SEAL, role, np.asarray(values, dtype=np.int64), tuple(r for r in records if r is not None))
 
 
 def paired_loss(reference: Losses[Reference], candidate: Losses[Candidate]) -> TaskLoss:

@@ -43,6 +43,15 @@ from invar.contract.model import Contract, Package, read_contract
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, Unit, derive_plan, measurement_params
 from invar.contract.prepare import TOKENIZER_FILES, method_version, tokenizer_digest
 from invar.errors import ContractError, EvidenceError
+from invar.evidence import (
+    Candidate,
+    Reference,
+    TaskLoss,
+    bound_losses,
+    paired_loss,
+    paired_task_loss,
+    within_epsilon,
+)
 from invar.records.store import CallRecord, RunStore
 from invar.runner.engine import check_patches_active
 from invar.stats.bounds import Bound, StatisticsError, bound
@@ -583,6 +592,18 @@ def layout_losses(
     return losses
 
 
+def unit_evidence(plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role,
+                  layout: str) -> list[CallEvidence | None]:
+    """For each planned unit, the recorded call of `package` under `layout` that answered it (None where the run
+    did not reach it: a sequential run's later looks)."""
+    records: list[CallEvidence | None] = [None] * len(plan.units)
+    for c in plan.layout_calls(package, layout):
+        if c.key in found:
+            for index in c.units:
+                records[index] = found[c.key]
+    return records
+
+
 @dataclass(frozen=True)
 class PremiseCheck:
     """One premise as the decision relied on it."""
@@ -623,40 +644,6 @@ def conservative_delta(delta: Decimal) -> float:
     """δ as the largest float not above it: rounding must never grant more error probability than declared."""
     x = float(delta)
     return math.nextafter(x, 0.0) if Fraction(x) > Fraction(delta) else x
-
-
-@dataclass(frozen=True)
-class TaskLoss:
-    """The paired task-loss comparison over the planned units."""
-
-    n: int
-    reference_loss: int
-    candidate_loss: int
-    worse: int
-    """Units where the candidate's loss exceeds the reference's."""
-    better: int
-    """Units where it is lower."""
-
-    @property
-    def mean_difference(self) -> Fraction:
-        """Mean of candidate loss minus reference loss, exactly."""
-        return Fraction(self.candidate_loss - self.reference_loss, self.n)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "n": self.n, "reference_loss": self.reference_loss, "candidate_loss": self.candidate_loss,
-            "worse": self.worse, "better": self.better,
-            "mean_difference": str(self.mean_difference), "mean_difference_float": float(self.mean_difference),
-        }
-
-
-def paired_task_loss(reference: np.ndarray, candidate: np.ndarray) -> TaskLoss:
-    """Summaries of per-unit losses `reference`, `candidate` (int64[n] each, aligned by unit)."""
-    d = candidate - reference
-    return TaskLoss(
-        n=len(d), reference_loss=int(reference.sum()), candidate_loss=int(candidate.sum()),
-        worse=int((d > 0).sum()), better=int((d < 0).sum()),
-    )
 
 
 @dataclass(frozen=True)
@@ -765,7 +752,7 @@ def decide(
                                            f"n_max = {sequential.n_max} units")
     if contract.requirement.standard == "finite-domain":
         mean = loss.mean_difference
-        verdict = Answer.ADMITTED if mean <= eps else Answer.VIOLATED
+        verdict = Answer.ADMITTED if within_epsilon(mean, contract.requirement.epsilon) else Answer.VIOLATED
         relation = "≤" if verdict is Answer.ADMITTED else ">"
         return verdict, (f"finite domain: mean loss increase over exactly the {loss.n} declared units is {mean} "
                          f"= {float(mean):.6g} {relation} ε = {eps_text}; no claim beyond these units")
@@ -778,7 +765,7 @@ def decide(
         return Answer.UNKNOWN, (f"the one-sided bounds cross: lower {task_bound.lower:.6g} > upper "
                                 f"{task_bound.upper:.6g} ({task_bound.method} {task_bound.version}); "
                                 "this evidence does not decide")
-    if Fraction(task_bound.upper) <= eps:
+    if within_epsilon(Fraction(task_bound.upper), contract.requirement.epsilon):
         return Answer.ADMITTED, (f"upper bound {task_bound.upper:.6g} on the mean loss increase ≤ ε = {eps_text} "
                                  f"at confidence {conf} ({task_bound.method} {task_bound.version})")
     if Fraction(task_bound.lower) > eps:
@@ -907,13 +894,21 @@ def admit(
         measured = measurement_comparison(store, contract, plan, bound_evidence, vocab, ref_loss, cand_loss) \
             if plan.measurements else None
         stopped = None
+        used: list[int] = []
         if plan.sequential is not None:
             used = list(plan.sequential.look_units(recorded_looks(plan, found, str(store.path))))
             ref_loss, cand_loss = ref_loss[used], cand_loss[used]
             stopped = sequential_stop(contract, plan, cand_loss - ref_loss, str(store.path))
             check_stop_record(store, stopped, plan, found)
-    d = cand_loss - ref_loss
-    loss = paired_task_loss(ref_loss, cand_loss)
+    # The decision's losses are evidence: each unit's loss typed by its package and bound to the record it was
+    # scored from (invar.evidence), so the reference's cannot stand in for the candidate's.
+    units = list(range(len(plan.units))) if stopped is None else used
+    ref_evidence = unit_evidence(plan, found, "reference", pairing)
+    cand_evidence = unit_evidence(plan, found, "candidate", pairing)
+    reference = bound_losses(Reference, [ref_evidence[i] for i in units], ref_loss)
+    candidate = bound_losses(Candidate, [cand_evidence[i] for i in units], cand_loss)
+    d = candidate.values - reference.values
+    loss = paired_loss(reference, candidate)
     inv_layouts = tuple(contract.invariance.layouts)
     if contract.invariance.required:
         differing, first = check_invariance({name: layout_outputs(plan, found, "candidate", name)
