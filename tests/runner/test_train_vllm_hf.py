@@ -10,18 +10,37 @@ import json
 from pathlib import Path
 
 import pytest
-from train_helpers import check_finished, invar, write_config
+from train_helpers import check_finished, invar, published, write_config
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
-def test_a_short_run_publishes_a_verified_chain(tmp_path: Path) -> None:
-    config = write_config(tmp_path, "vllm-hf-small", "vllm+hf", cycles=2)
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    folder = tmp_path_factory.mktemp("vllm-hf")
+    config = write_config(folder, "vllm-hf-small", "vllm+hf", cycles=2)
+    run = folder / "run"
     out = invar("train", config, "--run", run, "--json")
     assert out.returncode == 0, out.stderr
-    h = check_finished(run, json.loads(out.stdout)["chain_head"], 2, kl_coef=0.05)
+    return run, json.loads(out.stdout)["chain_head"]
+
+
+def test_a_short_run_publishes_a_verified_chain(finished: tuple[Path, str]) -> None:
+    run, head = finished
+    h = check_finished(run, head, 2, kl_coef=0.05)
     first = h.cycles[0]
     # vLLM and HF agree on the tokens to float32 rounding (docs/cross_engine.md): a gap, but a small one.
     assert first.gap.max < 1e-3
     assert h.cycles[1].kl_core > 0  # the engine scored the reference (the base model) in the same rollout
+
+
+def test_two_vllm_workers_publish_the_policies_of_one(finished: tuple[Path, str], tmp_path: Path) -> None:
+    """A cycle's prompt groups split over two vLLM engines (rollout.workers = 2): vLLM is batch-invariant on the
+    CPU, so the rollouts, and so every published checkpoint, are those of one engine, bit for bit."""
+    config = write_config(tmp_path, "vllm-hf-small", "vllm+hf", cycles=2, rollout={"workers": 2})
+    run = tmp_path / "run"
+    out = invar("train", config, "--run", run, "--json")
+    assert out.returncode == 0, out.stderr
+    compared = invar("compare", "histories", finished[0], run, "--json")
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    assert published(run) == published(finished[0])
