@@ -332,7 +332,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.axhline(1.07, color="#dd8452", linestyle=":", label="1.07")
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
     ax.set_ylabel("wall time, invar / direct (median)")
-    ax.set_ylim(0.9, max(1.1, max(ratios) * 1.05))
+    ax.set_ylim(min(0.9, min(ratios) * 0.95), max(1.1, max(ratios) * 1.05))
+    for i, r in enumerate(ratios):
+        ax.text(i, r, f"{r:.2f}", ha="center", va="bottom", fontsize=7)
     ax.legend()
     ax.set_title("Invar's overhead on generate calls")
     fig.tight_layout()
