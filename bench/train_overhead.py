@@ -113,17 +113,7 @@ def run_direct(config: Path, out: Path) -> dict[str, Any]:
         adv = group_advantages(cyc.rewards(samples, p.vocab), cfg.rollout.group_size, cfg.advantage.normalization,
                                cfg.advantage.eps)
         save = out / f"cycle-{n:06d}"
-        o, lo = cfg.optimizer, cfg.lora
-        params = cyc.learner_params(
-            samples, adv.values, temperature=cfg.rollout.temperature, objective=p.settings,
-            optimizer={"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
-                       "max_grad_norm": o.max_grad_norm},
-            lora={"r": lo.r, "alpha": lo.alpha, "dropout": 0.0, "target_modules": list(lo.targets)},
-            seed=cyc.derive_seed(cfg.seed, "lora-init"), save_dir=str(save))
-        schedule = cfg.schedule()
-        if schedule["reduction"] is not None:
-            params["schedule"] = schedule
-        learner.learner_step(params)
+        learner.learner_step(tr.learner_step_params(p, samples, adv.values, save))
         seconds.append(time.perf_counter() - t0)
         digests.append(canonical.tree_digest(str(save)))
         policy = save

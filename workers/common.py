@@ -377,6 +377,23 @@ def parse_learner_step(params: dict[str, Any]) -> LearnerStep:
 ADAPTER_WEIGHTS = PEFT_WEIGHTS
 
 
+def parse_schedule(raw: Any, rows: int, reductions: tuple[str, ...]) -> tuple[int, str] | None:
+    """`learner_step.schedule` (docs/training.md, "Reproducible schedules"): (sequences per micro-batch, reduction);
+    None when absent, for the learner's own default."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"micro_batch", "reduction"}:
+        raise MethodError("learner_step.schedule: expected a map with micro_batch (integer ≥ 1 or null) and "
+                          f"reduction (one of {list(reductions)})")
+    size, reduction = raw.get("micro_batch"), raw.get("reduction", "float64-sequence")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise MethodError(f"learner_step.schedule.micro_batch: {size!r}; expected an integer ≥ 1, or null for the "
+                          "whole batch")
+    if reduction not in reductions:
+        raise MethodError(f"learner_step.schedule.reduction: {reduction!r}; choose one of {list(reductions)}")
+    return (rows if size is None else min(size, rows)), str(reduction)
+
+
 def read_lora_config(path: str, where: str, unsupported: tuple[str, ...]) -> tuple[dict[str, Any], str, str]:
     """Read a PEFT LoRA folder's config; refuse what is missing, corrupt or not plain LoRA.
 

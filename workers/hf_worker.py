@@ -98,6 +98,7 @@ from workers.common import (
     parse_learner_step,
     parse_load_adapter,
     parse_load_model,
+    parse_schedule,
     parse_score,
     read_lora_config,
     verify_dir,
@@ -770,20 +771,9 @@ REDUCTIONS = ("float64-sequence", "float32-microbatch")
 
 
 def _schedule(raw: Any, rows: int) -> tuple[int, str] | None:
-    """`learner_step.schedule`: (sequences per micro-batch, reduction); absent: None, the whole batch in one padded
-    forward and one backward (the learner's behaviour before schedules existed)."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or set(raw) - {"micro_batch", "reduction"}:
-        raise MethodError("learner_step.schedule: expected a map with micro_batch (integer ≥ 1 or null) and "
-                          f"reduction (one of {list(REDUCTIONS)})")
-    size, reduction = raw.get("micro_batch"), raw.get("reduction", "float64-sequence")
-    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-        raise MethodError(f"learner_step.schedule.micro_batch: {size!r}; expected an integer ≥ 1, or null for the "
-                          "whole batch")
-    if reduction not in REDUCTIONS:
-        raise MethodError(f"learner_step.schedule.reduction: {reduction!r}; choose one of {list(REDUCTIONS)}")
-    return (rows if size is None else min(size, rows)), str(reduction)
+    """`learner_step.schedule`; absent: None, the whole batch in one padded forward and one backward (the learner's
+    behaviour before schedules existed)."""
+    return parse_schedule(raw, rows, REDUCTIONS)
 
 
 def _objective(current: list[Any], step: LearnerStep, *, samples: list[Any] | None = None,

@@ -89,6 +89,7 @@ from workers.common import (
     parse_learner_step,
     parse_load_adapter,
     parse_load_model,
+    parse_schedule,
     parse_score,
     verify_dir,
     versions,
@@ -615,20 +616,10 @@ REDUCTIONS = ("float64-sequence", "float32-microbatch", "float32-sequence")
 
 
 def _schedule(raw: Any, rows: int) -> tuple[int, str]:
-    """`learner_step.schedule`: (sequences per micro-batch, reduction). Absent: the whole batch, per-sequence
-    gradients summed in float32 in sequence order (the learner's behaviour before schedules existed)."""
-    if raw is None:
-        return rows, "float32-sequence"
-    if not isinstance(raw, dict) or set(raw) - {"micro_batch", "reduction"}:
-        raise MethodError("learner_step.schedule: expected a map with micro_batch (integer ≥ 1 or null) and "
-                          f"reduction (one of {list(REDUCTIONS)})")
-    size, reduction = raw.get("micro_batch"), raw.get("reduction", "float64-sequence")
-    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-        raise MethodError(f"learner_step.schedule.micro_batch: {size!r}; expected an integer ≥ 1, or null for the "
-                          "whole batch")
-    if reduction not in REDUCTIONS:
-        raise MethodError(f"learner_step.schedule.reduction: {reduction!r}; choose one of {list(REDUCTIONS)}")
-    return (rows if size is None else min(size, rows)), str(reduction)
+    """`learner_step.schedule`. Absent: the whole batch, per-sequence gradients summed in float32 in sequence order
+    (the learner's behaviour before schedules existed)."""
+    parsed = parse_schedule(raw, rows, REDUCTIONS)
+    return (rows, "float32-sequence") if parsed is None else parsed
 
 
 def _log_softmax(logits: mx.array, temperature: float) -> mx.array:

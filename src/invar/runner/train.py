@@ -337,6 +337,23 @@ class _Rollouts:
         return pending, [c.answer() for c in pending.calls]
 
 
+def learner_step_params(p: Plan, samples: list[cyc.Sample], advantages: np.ndarray, save_dir: Path) -> dict[str, Any]:
+    """The `learner_step` params of a cycle: its samples and advantages, the configuration's objective, optimizer,
+    LoRA and schedule, the checkpoint folder."""
+    cfg = p.config
+    o, lo = cfg.optimizer, cfg.lora
+    params = cyc.learner_params(
+        samples, advantages, temperature=cfg.rollout.temperature, objective=p.settings,
+        optimizer={"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
+                   "max_grad_norm": o.max_grad_norm},
+        lora={"r": lo.r, "alpha": lo.alpha, "dropout": 0.0, "target_modules": list(lo.targets)},
+        seed=cyc.derive_seed(cfg.seed, "lora-init"), save_dir=str(save_dir.resolve()))
+    schedule = cfg.schedule()
+    if schedule["reduction"] is not None:
+        params["schedule"] = schedule
+    return params
+
+
 def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, rollouts: _Rollouts, learner: Session,
            done: list[Published], progress: Callable[[Progress], None]) -> Published:
     """One cycle: sample, score, update, check, publish. Returns the published checkpoint."""
@@ -362,16 +379,7 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, rollouts: _Rollouts,
     progress(Progress(n, cfg.cycles, "learn"))
     save_dir = _save_dir(run_dir, n)
     save_dir.parent.mkdir(parents=True, exist_ok=True)
-    o, lo = cfg.optimizer, cfg.lora
-    params = cyc.learner_params(
-        samples, adv.values, temperature=cfg.rollout.temperature, objective=p.settings,
-        optimizer={"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
-                   "max_grad_norm": o.max_grad_norm},
-        lora={"r": lo.r, "alpha": lo.alpha, "dropout": 0.0, "target_modules": list(lo.targets)},
-        seed=cyc.derive_seed(cfg.seed, "lora-init"), save_dir=str(save_dir.resolve()))
-    schedule = cfg.schedule()
-    if schedule["reduction"] is not None:
-        params["schedule"] = schedule
+    params = learner_step_params(p, samples, adv.values, save_dir)
     submitted = learner.client.submit("learner_step", params)
     rollouts.ahead(n, done)  # with K ≥ 1 the engines generate the next cycles while the learner updates
     step = submitted.answer()
