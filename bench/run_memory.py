@@ -30,12 +30,10 @@ for path in (REPO / "src", REPO):  # run from a checkout without installing the 
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from invar import canonical  # noqa: E402
-from invar.engines import DEFAULT_MODEL  # noqa: E402
-from invar.records import RunStore  # noqa: E402
-from invar.runner.engine import Engine, probe_identity  # noqa: E402
+from declarations import hf_package, write_declaration  # noqa: E402
 
-POPULATION = REPO / "data" / "arith-eval.jsonl"
+from invar.records import RunStore  # noqa: E402
+
 # Runs the CLI in this process and prints its own peak RSS (KiB on Linux) on stderr's last line as it exits.
 MEASURED = ("import resource, runpy, sys\n"
             "sys.argv = ['invar'] + sys.argv[1:]\n"
@@ -45,37 +43,9 @@ MEASURED = ("import resource, runpy, sys\n"
             "    print(f'peak-rss-kib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}', file=sys.stderr)\n")
 
 
-def _toml(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
-    return json.dumps(value)
-
-
 def declaration(folder: Path, units: int) -> Path:
-    packages = []
-    for threads in (1, 2):
-        ident = probe_identity(Engine.HF, {"threads": threads})
-        packages.append({"engine": "hf", "engine_version": ident.engine_version, "settings": ident.settings,
-                         "model_dir": str(DEFAULT_MODEL), "model_digest": canonical.tree_digest(DEFAULT_MODEL),
-                         "dtype": "float32", "quantization": "none"})
-    lines = [
-        'name = "bench-memory"',
-        "[population]", f'path = "{POPULATION}"',
-        f'sha256 = "{POPULATION.with_suffix(".sha256").read_text().split()[0]}"', f"sample = {units}",
-        "[scorer]", 'name = "arithmetic-exact"',
-        "[sampling]", "temperature = 1.0", "max_tokens = 5",
-        "[requirement]", 'standard = "population"', 'epsilon = "0.01"', 'confidence = "0.95"',
-        'method = "paired-binary-score"',
-        "[pairing]", "seed = 3", 'layout = "b16"',
-        "[layouts.b16]", "batch_size = 16",
-        "[invariance]", "required = false",
-        "[execution]", "requests_per_call = 64",
-        "[reference]", *(f"{k} = {_toml(v)}" for k, v in packages[0].items()),
-        "[candidate]", *(f"{k} = {_toml(v)}" for k, v in packages[1].items()),
-    ]
-    path = folder / "bench-memory.toml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_declaration(folder, "bench-memory", units=units, per_call=64, epsilon="0.01", seed=3,
+                             reference=hf_package(threads=1), candidate=hf_package(threads=2))
 
 
 def _bytes_in(value: Any) -> int:

@@ -19,7 +19,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 for path in (REPO / "src", REPO):  # run from a checkout without installing the package
@@ -27,44 +26,15 @@ for path in (REPO / "src", REPO):  # run from a checkout without installing the 
         sys.path.insert(0, str(path))
 
 import numpy as np  # noqa: E402
+from declarations import hf_package, write_declaration  # noqa: E402
 
 from invar import canonical  # noqa: E402
 from invar.contract.admit import admit  # noqa: E402
-from invar.engines import DEFAULT_MODEL  # noqa: E402
-from invar.runner.engine import Engine, probe_identity  # noqa: E402
-
-POPULATION = REPO / "data" / "arith-eval.jsonl"
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
-    return json.dumps(value)
 
 
 def declaration(folder: Path, units: int) -> Path:
-    ident = probe_identity(Engine.HF)
-    package = {"engine": "hf", "engine_version": ident.engine_version, "settings": ident.settings,
-               "model_dir": str(DEFAULT_MODEL), "model_digest": canonical.tree_digest(DEFAULT_MODEL),
-               "dtype": "float32", "quantization": "none"}
-    lines = [
-        'name = "bench-workers"',
-        "[population]", f'path = "{POPULATION}"',
-        f'sha256 = "{POPULATION.with_suffix(".sha256").read_text().split()[0]}"', f"sample = {units}",
-        "[scorer]", 'name = "arithmetic-exact"',
-        "[sampling]", "temperature = 1.0", "max_tokens = 5",
-        "[requirement]", 'standard = "population"', 'epsilon = "0.05"', 'confidence = "0.95"',
-        'method = "paired-binary-score"',
-        "[pairing]", "seed = 7", 'layout = "b16"',
-        "[layouts.b16]", "batch_size = 16",
-        "[invariance]", "required = false",
-        "[execution]", "requests_per_call = 16",
-        "[reference]", *(f"{k} = {_toml(v)}" for k, v in package.items()),
-        "[candidate]", *(f"{k} = {_toml(v)}" for k, v in {**package, "quantization": "nf4"}.items()),
-    ]
-    path = folder / "bench-workers.toml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_declaration(folder, "bench-workers", units=units, per_call=16, epsilon="0.05", seed=7,
+                             reference=hf_package(), candidate=hf_package(quantization="nf4"))
 
 
 def invar(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from train_helpers import live_workers
+from train_helpers import live_workers, worker_pids
 
 from invar import canonical
 from invar.contract.admit import admit
@@ -115,14 +115,6 @@ def test_a_plan_runs_and_is_decided(contract: Path, baseline: Path) -> None:
     assert json.loads(again.stdout)["already_closed"] is True
 
 
-def _worker_pids(run: Path) -> list[int]:
-    try:
-        with RunStore.open(run) as store:
-            return [ident.pid for ident in store.workers().values()]
-    except Exception:  # the run may not exist yet at this instant
-        return []
-
-
 @pytest.mark.parametrize("trial", range(6))
 def test_killed_run_resumes_to_the_same_decision_and_outputs(contract: Path, baseline: Path, tmp_path: Path,
                                                              trial: int) -> None:
@@ -150,7 +142,7 @@ def test_killed_run_resumes_to_the_same_decision_and_outputs(contract: Path, bas
     assert _decision_figures(run, contract) == _decision_figures(baseline, contract)
     assert _outputs_by_call(run, contract) == _outputs_by_call(baseline, contract)
     # The workers of the killed CLI did not outlive it.
-    for pid in _worker_pids(run):
+    for pid in worker_pids(run):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 

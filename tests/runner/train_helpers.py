@@ -53,7 +53,7 @@ def published(run: Path) -> list[str]:
     return [meta[k]["checkpoint"]["digest"] for k in sorted(meta) if k.startswith("cycle-")]
 
 
-def _worker_pids(run: Path) -> list[int]:
+def worker_pids(run: Path) -> list[int]:
     try:
         with RunStore.open(run) as store:
             return [ident.pid for ident in store.workers().values()]
@@ -71,7 +71,7 @@ def _parent(pid: int) -> int | None:
 
 def live_workers(run: Path, parent: int) -> list[int]:
     """The workers of this attempt: the store also names the (dead, maybe reused) pids of earlier attempts."""
-    return [pid for pid in _worker_pids(run) if _parent(pid) == parent]
+    return [pid for pid in worker_pids(run) if _parent(pid) == parent]
 
 
 def kill_and_resume(config: Path, run: Path, kills: int, window: tuple[float, float], seed: int) -> list[str]:
@@ -102,7 +102,7 @@ def kill_and_resume(config: Path, run: Path, kills: int, window: tuple[float, fl
         if proc.returncode == 2:
             assert "resume with: invar train" in stderr, stderr
         # The workers of a killed CLI do not outlive it.
-        for pid in _worker_pids(run):
+        for pid in worker_pids(run):
             for _ in range(100):
                 try:
                     os.kill(pid, 0)
