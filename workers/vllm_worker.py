@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import glob
 import math
 import os
 import re
@@ -98,6 +99,8 @@ LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 its prompt log-probabilities fail (the layer's per-request indices meet one row per prompt token), so the engine is
 built with LoRA on the attention and MLP projections only (`lora_target_modules`, vLLM's packed names)."""
 ENGINE_LORA_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+# vLLM 0.32's executor backends for tensor / pipeline parallel workers.
+EXECUTOR_BACKENDS = ("mp", "ray", "uni", "external_launcher")
 _KEY = re.compile(r"base_model\.model\.(.+)\.lora_([AB])(?:\.default)?\.weight")
 
 
@@ -236,10 +239,22 @@ class Settings:
     max_loras: int
     enforce_eager: bool
     seed: int
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    distributed_executor_backend: str | None = None
+
+    def parallel(self) -> dict[str, Any]:
+        """vLLM's own parallelism, passed through as given (unset: vLLM's default, one device, no pipeline)."""
+        given = {"tensor_parallel_size": self.tensor_parallel_size,
+                 "pipeline_parallel_size": self.pipeline_parallel_size,
+                 "distributed_executor_backend": self.distributed_executor_backend}
+        return {k: v for k, v in given.items() if v is not None}
 
     def identity(self) -> dict[str, Any]:
-        # Unset values are left out rather than reported as null, which a TOML declaration cannot state.
+        # Unset values are left out rather than reported as null, which a TOML declaration cannot state. A split of
+        # the model over devices changes the reduction order of its matrix products, so a given one is identity.
         optional = {} if self.max_model_len is None else {"max_model_len": self.max_model_len}
+        optional.update(self.parallel())
         return {
             **optional,
             "device": self.device,
@@ -256,7 +271,8 @@ class Settings:
             "engine_seed": self.seed,
             "top_p": "1 only (processed log-probabilities are renormalized after top-p)",
             "env": {k: os.environ[k] for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_BATCH_INVARIANT",
-                                                "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES") if k in os.environ},
+                                                "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+                                                "VLLM_CPU_OMP_THREADS_BIND") if k in os.environ},
         }
 
 
@@ -311,7 +327,7 @@ class Engine:
             gpu_memory_utilization=s.gpu_memory_utilization, max_num_seqs=s.max_num_seqs,
             logprobs_mode=LOGPROBS_MODE, max_logprobs=-1, enable_prefix_caching=False,
             enable_lora=True, max_lora_rank=s.max_lora_rank, max_loras=s.max_loras,
-            lora_target_modules=list(ENGINE_LORA_MODULES), **kwargs,
+            lora_target_modules=list(ENGINE_LORA_MODULES), **s.parallel(), **kwargs,
         )
         tokenizer = llm.get_tokenizer()
         specials = set(tokenizer.all_special_tokens)
@@ -531,6 +547,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-enforce-eager", dest="enforce_eager", action="store_false",
                         help="allow CUDA graphs and torch.compile (their kernels may change the numbers)")
     parser.add_argument("--seed", type=int, default=0, help="engine seed (every request also carries its own)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=None,
+                        help="devices one model is split over (vLLM's tensor parallelism); default: vLLM's (1)")
+    parser.add_argument("--pipeline-parallel-size", type=int, default=None,
+                        help="pipeline stages (vLLM's pipeline parallelism); default: vLLM's (1)")
+    parser.add_argument("--distributed-executor-backend", choices=list(EXECUTOR_BACKENDS), default=None,
+                        help="how vLLM runs the parallel workers (mp: local processes, ray: a Ray cluster); "
+                             "default: vLLM's choice")
     add_patch_arguments(parser)
     args = parser.parse_args(argv)
     if args.role != Role.INFERENCE.value:
@@ -559,14 +582,28 @@ def main(argv: list[str] | None = None) -> int:
     if utilization is None:
         utilization = 0.3 if device == "cpu" else 0.85
     if not 0 < utilization <= 1 or (args.max_model_len is not None and args.max_model_len < 2) \
-            or args.max_num_seqs < 1 or args.max_loras < 1 or not math.isfinite(utilization):
+            or args.max_num_seqs < 1 or args.max_loras < 1 or not math.isfinite(utilization) \
+            or any(size is not None and size < 1 for size in (args.tensor_parallel_size, args.pipeline_parallel_size)):
         print("workers.vllm_worker: --gpu-memory-utilization must be in (0, 1], --max-model-len ≥ 2, "
-              "--max-num-seqs and --max-loras ≥ 1", file=sys.stderr, flush=True)
+              "--max-num-seqs, --max-loras, --tensor-parallel-size and --pipeline-parallel-size ≥ 1",
+              file=sys.stderr, flush=True)
+        return 2
+    parallel = (args.tensor_parallel_size or 1) * (args.pipeline_parallel_size or 1)
+    numa = len(glob.glob("/sys/devices/system/node/node[0-9]*")) or 1
+    if device == "cpu" and parallel > numa and not os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+        # vLLM's CPU workers bind their threads one NUMA node each; with fewer nodes than workers it stops deep in
+        # engine start-up, so say what to set before anything starts.
+        print(f"workers.vllm_worker: {parallel} parallel CPU workers on {numa} NUMA node(s) need "
+              "VLLM_CPU_OMP_THREADS_BIND, one core list per worker separated by '|' (e.g. '0|1' for two workers "
+              "of one core each); set it in the environment that runs invar", file=sys.stderr, flush=True)
         return 2
     settings = Settings(device=device, max_model_len=args.max_model_len,
                         gpu_memory_utilization=utilization, max_num_seqs=args.max_num_seqs,
                         max_lora_rank=args.max_lora_rank, max_loras=args.max_loras,
-                        enforce_eager=args.enforce_eager, seed=args.seed)
+                        enforce_eager=args.enforce_eager, seed=args.seed,
+                        tensor_parallel_size=args.tensor_parallel_size,
+                        pipeline_parallel_size=args.pipeline_parallel_size,
+                        distributed_executor_backend=args.distributed_executor_backend)
     try:
         patches.apply("vllm")  # before the engine (and its model) is built
     except PatchRefused as exc:

@@ -59,7 +59,9 @@ _LAUNCH: dict[str, dict[str, str]] = {
     "hf": {"device": "--device", "threads": "--threads"},
     "vllm": {"device": "--device", "max_model_len": "--max-model-len",
              "gpu_memory_utilization": "--gpu-memory-utilization", "max_num_seqs": "--max-num-seqs",
-             "max_lora_rank": "--max-lora-rank", "max_loras": "--max-loras", "engine_seed": "--seed"},
+             "max_lora_rank": "--max-lora-rank", "max_loras": "--max-loras", "engine_seed": "--seed",
+             "tensor_parallel_size": "--tensor-parallel-size", "pipeline_parallel_size": "--pipeline-parallel-size",
+             "distributed_executor_backend": "--distributed-executor-backend"},
     "mlx": {},
 }
 _LAUNCH_FLAGS: dict[str, dict[str, tuple[bool, str]]] = {"vllm": {"enforce_eager": (False, "--no-enforce-eager")}}
