@@ -210,3 +210,51 @@ def test_betting_power_claim_holds_in_independent_replications() -> None:
     fresh = hits / runs
     assert abs(fresh - row.power) <= 3.0 * math.hypot(error, math.sqrt(fresh * (1 - fresh) / runs))
     assert fresh >= 0.8 - 3.0 * math.sqrt(0.16 / runs)
+
+
+@pytest.mark.parametrize(
+    ("method", "planner_class", "expected"),
+    [("paired-binary-exact", planning._ExactPlanner, 114), ("paired-binary-score", planning._ScorePlanner, 78)],
+)
+def test_exact_plans_compute_the_exact_power_at_n_and_n_minus_1_only(
+    method: str, planner_class: type, expected: int
+) -> None:
+    """The search runs on the cheap power; the exact power is computed where it decides (n reaches the target, n − 1
+    does not), and is the same number a fresh computation at that n gives (no dependence on the search's path).
+    paired-binary-exact computes it at those two n only."""
+    assumption = planning._assumption(0.05, 0.05, None, 0.0, -1.0, 1.0)
+    planner = planner_class(assumption, 0.1, 0.05)
+    start = round(planning.START_FACTORS[method] * planning._normal_guess(assumption, 0.1, 0.05, 0.8))
+    n, power = planner.plan(0.8, 1, 10_000_000, start)
+    assert n == expected
+    if method == "paired-binary-exact":  # at n = 78 the score test's supremum is inside the domain: searched twice
+        assert sorted(planner.exact) == [n - 1, n]
+    assert power == planner.exact[n] >= 0.8 > planner.exact[n - 1]
+    assert power_at(method, n, 0.05, 0.05, 0.1, 0.05) == power
+    assert power_at(method, n - 1, 0.05, 0.05, 0.1, 0.05) == planner.exact[n - 1]
+
+
+def test_exact_plan_searches_again_when_the_cheap_power_misleads() -> None:
+    """A cheap power that points at the wrong n is caught by the exact check at n and n − 1; the plan then searches
+    on the exact power from the same start, the search it always made, and finds the same n."""
+    assumption = planning._assumption(0.05, 0.05, None, 0.0, -1.0, 1.0)
+    planner = planning._ExactPlanner(assumption, 0.1, 0.05)
+    true_anchor = planner.anchor_power
+    planner.anchor_power = lambda n: true_anchor(n + 10)  # type: ignore[method-assign]
+    start = round(planning.START_FACTORS["paired-binary-exact"] * planning._normal_guess(assumption, 0.1, 0.05, 0.8))
+    n, power = planner.plan(0.8, 1, 10_000_000, start)
+    assert n == 114
+    assert len(planner.exact) > 2
+    assert power == planner.exact[114] >= 0.8 > planner.exact[113]
+
+
+def test_parallel_planning_gives_the_numbers_of_one_process() -> None:
+    """plan_table's worker processes and the betting simulation's blocks in parallel change no number."""
+    scenario = (0.05, 0.05, 0.1, 0.05)
+    rows = plan_table(*scenario, reps=400, methods=("maurer-pontil", "betting", "paired-binary-exact"))
+    alone = [planning.plan_row(row.method, *scenario, reps=400) for row in rows]
+    assert rows == alone
+    assumption = planning._assumption(0.05, 0.05, None, 0.0, -1.0, 1.0)
+    starts = list(range(0, 700, planning._CHUNK))
+    in_one = planning._betting_share(300, assumption, 0.1, 0.05, 700, [5, 1], starts)
+    assert planning._betting_hits(300, assumption, 0.1, 0.05, 700, [5, 1]) == in_one

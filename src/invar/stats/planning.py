@@ -10,11 +10,16 @@ feasible and conservative where it is not, and each row says which:
   Mass beyond TAIL_CUT in the tails of the count distributions is counted as failure, so the power is a lower
   bound exact to about 1e-12.
 * trinomial, paired-binary-exact: exact in the same way; a count "succeeds" when the test proves H0: Δ ≥ ε − 2^-30,
-  which implies the reported upper limit is ≤ ε (see `invar.stats.trinomial`).
+  which implies the reported upper limit is ≤ ε (see `invar.stats.trinomial`). A proof first checks the tail at
+  one anchor point, which is cheap and monotone in W − B: n is searched on that anchor power (an upper bound,
+  equal to the power where every proof at the anchor threshold succeeds), and the exact power is computed at the
+  n found and at n − 1 only (see `_ExactPlanner`).
 * trinomial, paired-binary-score: exact in the same way; a count succeeds when the proof at the largest grid point
   ≤ ε succeeds, which is exactly when the reported upper limit is ≤ ε (the proof is monotone; see
   `invar.stats.score`). A failure at a discordant count k also settles every outcome at larger k with an extreme
-  set at least as large (the proof's domain only grows with k), so most counts need one proof.
+  set at least as large (the proof's domain only grows with k), so most counts need one proof. n is searched on
+  the power where a count succeeds when the extreme set's tail at both ends of the nuisance domain is ≤ α (what a
+  proof checks first), and the exact power is computed at the n found and at n − 1 only.
 * trinomial, betting: the bound depends on the order of the units, so power is simulated: n is searched on runs
   with common random numbers (smooth in n; to 0.5 % of n, below the simulation's own resolution), checked on
   independent runs (n grows by 1 % until the independent estimate reaches the target), and the power reported is a
@@ -25,17 +30,24 @@ feasible and conservative where it is not, and each row says which:
 
 The search is a secant on probit(power) against sqrt(n) (nearly linear), kept inside a bracket, so a plan needs a
 handful of power evaluations; power is taken as non-decreasing in n, which holds up to the small ripples of
-discrete distributions (the reported n reaches the target, n − 1 does not).
+discrete distributions (the reported n reaches the target, n − 1 does not: for the two exact methods both are
+exact computations; where the cheap power the search ran on disagrees there, the search runs again on the exact
+power alone). Several methods are planned in parallel processes, and the two exact evaluations and the betting
+simulation's blocks of runs too, where there are several cores; the numbers do not depend on it.
 """
 
 from __future__ import annotations
 
 import math
+import multiprocessing
 import operator
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from statistics import NormalDist
+from typing import TypeVar, cast
 
 import numpy as np
 from scipy import stats
@@ -54,9 +66,11 @@ CHECK_RUNS_FACTOR = 2
 """Betting: the independent check and the reported estimate each use this many times the search's runs."""
 BERRY_ESSEEN_C = 0.4748
 """Shevtsova (2011), iid summands."""
-_CHUNK = 256  # simulated runs per vectorised block
+_CHUNK = 256  # simulated runs per random draw (part of the random stream: changing it changes the runs)
+_BLOCK = 64  # runs per vectorised block (fits the caches)
 
 _NORMAL = NormalDist()
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -159,20 +173,6 @@ def _discordance(assumption: _Assumption) -> tuple[float, float]:
     return pi, (pw / pi if pi > 0.0 else 0.5)
 
 
-def _power_by_counts(n: int, assumption: _Assumption, succeeds: Callable[[int, np.ndarray], np.ndarray]) -> float:
-    """Σ P(D = k)·P(W = w | k) over the counts where succeeds(k, w) (w a vector of worse counts given k)."""
-    pi, q = _discordance(assumption)
-    k_lo, k_hi = _count_range(n, pi)
-    total = 0.0
-    for k in range(k_lo, k_hi + 1):
-        w_lo, w_hi = _count_range(k, q)
-        w = np.arange(w_lo, w_hi + 1)
-        ok = succeeds(k, w)
-        if ok.any():
-            total += float(stats.binom.pmf(k, n, pi)) * float(np.sum(stats.binom.pmf(w[ok], k, q)))
-    return min(1.0, total)
-
-
 def _hoeffding_power(n: int, assumption: _Assumption, epsilon: float, delta: float) -> float:
     """Hoeffding's upper bound is ≤ ε exactly when W − B ≤ t* (its mean is (W − B)/n, correctly rounded as the
     bound computes it), so the power is one trinomial tail."""
@@ -216,39 +216,210 @@ def _maurer_pontil_power(n: int, assumption: _Assumption, epsilon: float, delta:
     return min(1.0, float(np.sum(weight)))
 
 
-def _exact_power(n: int, assumption: _Assumption, epsilon: float, delta: float) -> float:
-    """Exact power of paired-binary-exact. Counts come in increasing k, so U_π grows: a refutation at W − B = t
-    (a point of H0 with a tail above α) refutes every t' ≥ t at every later k without another proof."""
-    gamma = trinomial.GAMMA_FRACTION * delta
-    alpha = delta - gamma
-    delta0 = epsilon - DECISION_MARGIN
-    last = [-1]  # the largest succeeding w at the previous k: a warm start, the threshold moves slowly with k
-    refuted = [math.inf]  # the smallest W − B refuted so far
+def _count_ranges(ns: np.ndarray, p: float, cut: float = TAIL_CUT) -> tuple[np.ndarray, np.ndarray]:
+    """`_count_range` for many n at once (the same numbers: scipy's quantile is elementwise)."""
+    if p <= 0.0:
+        return np.zeros_like(ns), np.zeros_like(ns)
+    if p >= 1.0:
+        return ns.copy(), ns.copy()
+    lo = stats.binom.ppf(cut / 2, ns, p).astype(np.int64)
+    hi = stats.binom.ppf(1.0 - cut / 2, ns, p).astype(np.int64)
+    return np.maximum(0, lo), np.minimum(ns, hi)
 
-    def succeeds(k: int, w: np.ndarray) -> np.ndarray:
-        pi_upper = trinomial.clopper_pearson_upper(k, n, gamma)
 
-        def ok(worse: int) -> bool:
-            t = 2 * worse - k
-            if t >= refuted[0]:
-                return False
-            status = trinomial.proof_status(delta0, t, n, pi_upper, alpha)
-            if status == "refuted":
-                refuted[0] = t
-            return status == "proven"
+@dataclass
+class _ExactPlanner:
+    """Exact power of paired-binary-exact, and its plan in two exact evaluations where possible.
 
-        # The test's p-value grows with W − B at fixed k, so the successes are w ≤ threshold.
-        guess = min(k, max(0, last[0] + 1))
-        if ok(guess):
-            while guess < k and ok(guess + 1):
-                guess += 1
+    Per discordant count k the successes are w ≤ w*_k (the test's p-value grows with W − B). A proof fails at
+    once ("refuted") when the tail at the anchor point exceeds α (`trinomial.proof_status` checks it first), and
+    that tail is one binomial sum, monotone in w: its threshold a_k ≥ w*_k costs about two tail evaluations per
+    count, where a proof costs many. The anchor power (w ≤ a_k) is therefore an upper bound on the power, equal
+    to it wherever every proof at a_k succeeds (all counts, at the n of a plan). The plan searches n on the
+    anchor power, then evaluates the exact power at the n found and at n − 1 (proofs from a_k downwards only);
+    if the two do not bracket the target, it searches again on the exact power alone.
+    """
+
+    assumption: _Assumption
+    epsilon: float
+    delta: float
+    anchors: dict[int, dict[int, int]] = field(default_factory=dict)  # per n: a_k per count
+    exact: dict[int, float] = field(default_factory=dict)  # the n whose exact power was computed
+
+    def _counts(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float]]:
+        pi, q = _discordance(self.assumption)
+        k_lo, k_hi = _count_range(n, pi)
+        ks = np.arange(k_lo, k_hi + 1)
+        w_lo, w_hi = _count_ranges(ks, q)
+        gamma = trinomial.GAMMA_FRACTION * self.delta
+        uppers = [trinomial.clopper_pearson_upper(int(k), n, gamma) for k in ks]
+        return ks, w_lo, w_hi, uppers
+
+    def _sum(self, n: int, ks: np.ndarray, w_lo: np.ndarray, w_hi: np.ndarray, top: list[int]) -> float:
+        """Σ P(D = k)·P(W ≤ top_k | k) over the counts and worse counts in range (added in increasing k)."""
+        pi, q = _discordance(self.assumption)
+        total = 0.0
+        for k, lo, hi, last in zip(ks.tolist(), w_lo.tolist(), w_hi.tolist(), top, strict=True):
+            if last >= lo:
+                w = np.arange(lo, min(hi, last) + 1)
+                total += float(stats.binom.pmf(k, n, pi)) * float(np.sum(stats.binom.pmf(w, k, q)))
+        return min(1.0, total)
+
+    def _anchor_thresholds(self, n: int) -> list[int]:
+        """a_k per count: the largest w in range whose anchor tail is ≤ α (w_lo − 1 when none). With thresholds
+        of a nearby n, each count's guess and the next w are tried first, all counts with the same W − B in one
+        tail evaluation; the rest gallop from the previous count's threshold."""
+        ks, w_lo, w_hi, uppers = self._counts(n)
+        alpha = self.delta - trinomial.GAMMA_FRACTION * self.delta
+        delta0 = self.epsilon - DECISION_MARGIN
+        near = self.anchors[min(self.anchors, key=lambda m: abs(m - n))] if self.anchors else {}
+        known: dict[tuple[int, int], bool] = {}  # (k, w) -> anchor tail ≤ α
+        if near and delta0 > -1.0:
+            probes = [
+                (k, w)
+                for k, lo, hi in zip(ks.tolist(), w_lo.tolist(), w_hi.tolist(), strict=True)
+                for w in (near.get(k, (lo + hi) // 2), near.get(k, (lo + hi) // 2) + 1)
+                if lo <= w <= hi
+            ]
+            upper_of = dict(zip(ks.tolist(), uppers, strict=True))
+            known = _anchor_passes(probes, n, delta0, alpha, upper_of)
+        result: list[int] = []
+        for k, lo, hi, upper in zip(ks.tolist(), w_lo.tolist(), w_hi.tolist(), uppers, strict=True):
+
+            def passes(w: int, k: int = k, upper: float = upper) -> bool:
+                if (k, w) in known:
+                    return known[(k, w)]
+                return delta0 > -1.0 and trinomial.anchor_tail(delta0, 2 * w - k, n, upper) <= alpha
+
+            if k in near:
+                guess = near[k]
+            elif result:
+                guess = result[-1] + (k % 2)  # t = 2w − k stays put: w grows by half a unit per count
+            else:
+                guess = (lo + hi) // 2
+            result.append(_threshold(passes, lo - 1, hi + 1, min(hi, max(lo, guess))))
+        self.anchors[n] = dict(zip(ks.tolist(), result, strict=True))
+        return result
+
+    def anchor_power(self, n: int) -> float:
+        ks, w_lo, w_hi, _ = self._counts(n)
+        return self._sum(n, ks, w_lo, w_hi, self._anchor_thresholds(n))
+
+    def power(self, n: int) -> float:
+        """The exact power: per count, proofs from a_k downwards until one succeeds. A refutation at W − B = t (a
+        point of H0 with a tail above α) refutes every t' ≥ t at every later count without another proof."""
+        if n in self.exact:
+            return self.exact[n]
+        ks, w_lo, w_hi, uppers = self._counts(n)
+        anchors = self.anchors.get(n) or dict(zip(ks.tolist(), self._anchor_thresholds(n), strict=True))
+        gamma = trinomial.GAMMA_FRACTION * self.delta
+        alpha = self.delta - gamma
+        delta0 = self.epsilon - DECISION_MARGIN
+        refuted = math.inf  # the smallest W − B refuted so far
+        top: list[int] = []
+        for k, lo, hi, upper in zip(ks.tolist(), w_lo.tolist(), w_hi.tolist(), uppers, strict=True):
+
+            def proven(w: int, k: int = k, upper: float = upper) -> bool:
+                nonlocal refuted
+                t = 2 * w - k
+                if t >= refuted:
+                    return False
+                status = trinomial.proof_status(delta0, t, n, upper, alpha)
+                if status == "refuted":
+                    refuted = t
+                return status == "proven"
+
+            # a_k + 1 is refuted by its anchor tail; asked all the same, so the result never rests on a_k
+            w = min(hi, max(lo, anchors[k]))
+            if proven(w):
+                while w < hi and proven(w + 1):
+                    w += 1
+            else:
+                w -= 1
+                while w >= lo and not proven(w):
+                    w -= 1
+            top.append(w)
+        self.exact[n] = self._sum(n, ks, w_lo, w_hi, top)
+        return self.exact[n]
+
+    def plan(self, target: float, n_min: int, n_max: int, start: int) -> tuple[int, float]:
+        n, _ = _search(_twice(self.anchor_power), target, n_min, n_max, start)
+        if _verified(self.power, self.exact, n, n_min, target):
+            return n, self.exact[n]
+        return _search(_twice(self.power), target, n_min, n_max, start)
+
+
+def _verified(power: Callable[[int], float], exact: dict[int, float], n: int, n_min: int, target: float) -> bool:
+    """Whether the exact power reaches the target at n and not at n − 1 (both computed, in parallel; kept in
+    `exact`)."""
+    wanted = [m for m in (n, n - 1) if m >= n_min and m not in exact]
+    exact.update(zip(wanted, _parallel([partial(power, m) for m in wanted]), strict=True))
+    return exact[n] >= target and (n == n_min or exact[n - 1] < target)
+
+
+def _anchor_passes(
+    probes: list[tuple[int, int]], n: int, delta0: float, alpha: float, upper_of: dict[int, float]
+) -> dict[tuple[int, int], bool]:
+    """Whether the anchor tail (as `trinomial.anchor_tail`) of each (k, w) is ≤ α, the probes with the same
+    W − B in one tail evaluation. A steer for the search only: the sum's range spans the batch, so the last bits
+    may differ from a lone evaluation, and every count's result is settled by proofs."""
+    by_t: dict[int, list[tuple[int, int]]] = {}
+    for k, w in probes:
+        by_t.setdefault(2 * w - k, []).append((k, w))
+    result: dict[tuple[int, int], bool] = {}
+    for t, group in by_t.items():
+        points, zero = [], []
+        for k, w in group:
+            upper = upper_of[k]
+            lo, hi = trinomial._segment(delta0, upper)
+            if hi >= lo:
+                points.append(((k, w), max(lo, min((upper - delta0) * 0.5, (1.0 - delta0) * 0.5)), False))
+            elif delta0 < 0.0:
+                points.append(((k, w), min(-delta0, upper), True))
+            else:
+                zero.append((k, w))
+        for key in zero:
+            result[key] = True
+        if points:
+            at = np.array([p for _, p, edge in points if not edge])
+            pi, q = trinomial._point_params(at, delta0) if at.size else (np.zeros(0), np.zeros(0))
+            edge_pi = np.array([p for _, p, edge in points if edge])
+            pi = np.concatenate([pi, edge_pi])
+            q = np.concatenate([q, np.zeros(edge_pi.size)])
+            keys = [key for key, _, edge in points if not edge] + [key for key, _, edge in points if edge]
+            tails = trinomial.tails(t, n, pi, q)
+            for key, value in zip(keys, tails.tolist(), strict=True):
+                result[key] = value <= alpha
+    return result
+
+
+def _threshold(passes: Callable[[int], bool], lo: int, hi: int, guess: int) -> int:
+    """The largest w in (lo, hi) with passes(w), lo when none, for a property that holds up to a threshold; lo and
+    hi are known ends (lo passes or is below the range, hi fails or is above it). Gallops from guess, then bisects."""
+    step = 1
+    if passes(guess):
+        lo = guess
+        while hi - lo > 1:
+            probe = min(hi - 1, lo + step)
+            if not passes(probe):
+                hi = probe
+                break
+            lo, step = probe, 2 * step
+    else:
+        hi = guess
+        while hi - lo > 1:
+            probe = max(lo + 1, hi - step)
+            if passes(probe):
+                lo = probe
+                break
+            hi, step = probe, 2 * step
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if passes(mid):
+            lo = mid
         else:
-            while guess >= 0 and not ok(guess):
-                guess -= 1
-        last[0] = guess
-        return np.asarray(w <= guess)
-
-    return _power_by_counts(n, assumption, succeeds)
+            hi = mid
+    return lo
 
 
 @dataclass
@@ -266,8 +437,25 @@ class _ScorePlanner:
     epsilon: float
     delta: float
     previous: dict[int, int] = field(default_factory=dict)
+    exact: dict[int, float] = field(default_factory=dict)  # the n whose exact power was computed
 
-    def power(self, n: int) -> float:
+    def top_power(self, n: int) -> float:
+        """The power when a count succeeds as soon as the extreme set's tail at both ends of the nuisance domain
+        (U_π, where a proof looks first, and max(0, Δ0), all discordant units worse) is ≤ α: an upper bound on the
+        power, equal to it wherever the supremum sits at an end. A steer for the search only."""
+        return self.power(n, top_only=True)
+
+    def plan(self, target: float, n_min: int, n_max: int, start: int) -> tuple[int, float]:
+        """Search n on `top_power`, then compute the exact power at the n found and at n − 1; if the two do not
+        bracket the target, search again on the exact power alone."""
+        n, _ = _search(_twice(self.top_power), target, n_min, n_max, start)
+        if _verified(self.power, self.exact, n, n_min, target):
+            return n, self.exact[n]
+        return _search(_twice(self.power), target, n_min, n_max, start)
+
+    def power(self, n: int, top_only: bool = False) -> float:
+        if not top_only and n in self.exact:
+            return self.exact[n]
         pi, q = _discordance(self.assumption)
         if self.epsilon >= 1.0:
             return 1.0
@@ -322,7 +510,14 @@ class _ScorePlanner:
             regions = np.array([statistic(w, k) for w, k in zip(chosen, pending, strict=True)])
             matrix = np.stack([ordering.thresholds(float(t), reach) for t in regions])
             at = np.array([uppers[k - k_lo] for k in pending])
-            proven = score.prove_many(bounder, matrix, at, alpha)
+            if top_only:
+                bottom = np.minimum(at, max(0.0, delta0))
+                ends = np.concatenate([at, bottom])
+                tail = bounder.bounds(np.concatenate([matrix, matrix]), ends, ends, alpha, np.arange(ends.size))
+                proven = (tail[: at.size] <= alpha) & (tail[at.size :] <= alpha)
+                proven |= max(0.0, delta0) > at
+            else:
+                proven = score.prove_many(bounder, matrix, at, alpha)
             for k, w, t, ok in zip(pending, chosen, regions.tolist(), proven.tolist(), strict=True):
                 last[k] = ok
                 if ok:
@@ -347,6 +542,8 @@ class _ScorePlanner:
         for k in ks:
             if lo[k] >= 0:
                 total += float(stats.binom.pmf(k, n, pi)) * float(stats.binom.cdf(lo[k], k, q))
+        if not top_only:
+            self.exact[n] = min(1.0, total)
         return min(1.0, total)
 
 
@@ -368,24 +565,55 @@ def _first(value: Callable[[int], float], lo: int, hi: int, holds: Callable[[flo
 def _betting_hits(n: int, assumption: _Assumption, epsilon: float, delta: float, reps: int, stream: list[int]) -> int:
     """How many of `reps` simulated runs of n units admit by betting (upper bound ≤ ε), random stream `stream`.
 
-    The runs are simulated in float32: a plan needs the frequency, not the last bits of each capital."""
+    The runs are simulated in float32: a plan needs the frequency, not the last bits of each capital. Blocks of
+    runs are simulated in parallel processes where there are cores (the same runs and count in any case)."""
+    starts = list(range(0, reps, _CHUNK))
+    shares = [starts[i :: _cores()] for i in range(min(len(starts), _cores()))]
+    calls = [partial(_betting_share, n, assumption, epsilon, delta, reps, stream, share) for share in shares]
+    return sum(_parallel(calls))
+
+
+def _betting_share(
+    n: int, assumption: _Assumption, epsilon: float, delta: float, reps: int, stream: list[int], starts: list[int]
+) -> int:
+    """`_betting_hits` for the blocks of runs that begin at `starts`."""
     pw, pb = float(assumption.p_worse or 0.0), float(assumption.p_better or 0.0)
-    m_star = (epsilon + 1.0) / 2.0 - DECISION_MARGIN  # ε on the rescaled [0, 1] axis, minus the margin
+    m_star = np.float32((epsilon + 1.0) / 2.0 - DECISION_MARGIN)  # ε on the rescaled [0, 1] axis, minus the margin
     log_threshold = -math.log(delta)
-    cap = bounds.BET_CAP / (1.0 - m_star)
+    cap = np.float32(bounds.BET_CAP / (1.0 - float(m_star)))
+    scale = np.float32(2.0 * log_threshold / n)
+    divisor = np.arange(2, n + 2, dtype=np.float32)  # the mean and variance estimates count one prior unit
     hits = 0
-    for start in range(0, reps, _CHUNK):
+    for start in starts:
         rows = min(_CHUNK, reps - start)
         # Common random numbers within a stream: run r of every n starts with the same units.
-        u = np.random.default_rng([*stream, start]).random((n, rows), dtype=np.float32).T
-        x = np.where(u < pw, np.float32(1.0), np.where(u >= 1.0 - pb, np.float32(0.0), np.float32(0.5)))
-        steps = np.arange(1, n + 1, dtype=np.float32)
-        mu = (np.float32(0.5) + np.cumsum(x, axis=1, dtype=np.float32)) / (steps + 1)
-        var = (np.float32(0.25) + np.cumsum((x - mu) ** 2, axis=1, dtype=np.float32)) / (steps + 1)
-        previous = np.concatenate([np.full((rows, 1), 0.25, dtype=np.float32), var[:, :-1]], axis=1)
-        lam = np.minimum(np.sqrt(np.float32(2.0 * log_threshold / n) / previous), np.float32(cap))
-        capital = np.cumsum(np.log1p(-lam * (x - np.float32(m_star))), axis=1, dtype=np.float32)
-        hits += int(np.sum(np.max(capital, axis=1) >= log_threshold))
+        u = np.random.default_rng([*stream, start]).random((n, rows), dtype=np.float32)
+        for block in range(0, rows, _BLOCK):
+            # one run per row, contiguous: the running sums then stream through memory (same numbers in any layout)
+            part = u[:, block : block + _BLOCK]
+            x = np.ascontiguousarray(
+                np.where(part < pw, np.float32(1.0), np.where(part >= 1.0 - pb, np.float32(0.0), np.float32(0.5))).T
+            )
+            mu = np.cumsum(x, axis=1, dtype=np.float32)
+            mu += np.float32(0.5)
+            mu /= divisor
+            mu -= x
+            np.square(mu, out=mu)  # (x − mu)²
+            var = np.cumsum(mu, axis=1, dtype=np.float32)
+            var += np.float32(0.25)
+            var /= divisor
+            lam = mu  # reused: the bet before unit i uses the variance estimate after unit i − 1
+            lam[:, 0] = np.float32(0.25)
+            lam[:, 1:] = var[:, :-1]
+            np.divide(scale, lam, out=lam)
+            np.sqrt(lam, out=lam)
+            np.minimum(lam, cap, out=lam)
+            x -= m_star
+            lam *= x
+            np.negative(lam, out=lam)
+            np.log1p(lam, out=lam)  # log(1 − λ(x − m))
+            capital = np.cumsum(lam, axis=1, dtype=np.float32)
+            hits += int(np.sum(np.max(capital, axis=1) >= log_threshold))
     return hits
 
 
@@ -565,7 +793,7 @@ def _power_function(
         return _twice(lambda k: _maurer_pontil_power(k, assumption, epsilon, delta)), 2, exact_basis
     if method == "paired-binary-exact":
         return (
-            _twice(lambda k: _exact_power(k, assumption, epsilon, delta)),
+            _twice(_ExactPlanner(assumption, epsilon, delta).power),
             1,
             exact_basis + ", test at epsilon - 2^-30",
         )
@@ -687,7 +915,12 @@ def plan_row(
     power_of, n_min, basis = _power_function(method, assumption, eps, dlt, target, runs, int(seed))
     factor = START_FACTORS[method] if assumption.trinomial else 1.0
     start = round(factor * _normal_guess(assumption, eps, dlt, target))
-    n, achieved = _search(power_of, target, n_min, n_cap, start)
+    if method == "paired-binary-exact" and assumption.trinomial:
+        n, achieved = _ExactPlanner(assumption, eps, dlt).plan(target, n_min, n_cap, start)
+    elif method == "paired-binary-score" and assumption.trinomial:
+        n, achieved = _ScorePlanner(assumption, eps, dlt).plan(target, n_min, n_cap, start)
+    else:
+        n, achieved = _search(power_of, target, n_min, n_cap, start)
     return PlanRow(method, VERSIONS[method], n, achieved, target, eps, dlt, assumption.words(), basis)
 
 
@@ -735,27 +968,79 @@ def plan_table(
     reps: int = 2000,
     seed: int = 0,
 ) -> list[PlanRow]:
-    """Every method's required n (those that apply: a variance assumption plans Hoeffding and Maurer–Pontil)."""
+    """Every method's required n (those that apply: a variance assumption plans Hoeffding and Maurer–Pontil).
+
+    Several methods are planned in parallel processes (forked, one per core, the costliest first); the rows are
+    the same numbers as one process gives, in the order asked."""
     if methods is None:
         methods = METHODS if variance is None else ("hoeffding", "maurer-pontil")
-    return [
-        plan_row(
-            method,
-            p_worse,
-            p_better,
-            epsilon,
-            delta,
-            power,
-            variance=variance,
-            mean=mean,
-            a=a,
-            b=b,
-            n_max=n_max,
-            reps=reps,
-            seed=seed,
-        )
-        for method in methods
-    ]
+    plan = partial(
+        _plan_one, p_worse, p_better, epsilon, delta, power, variance, mean, a, b, n_max, reps, seed
+    )
+    costliest = sorted(methods, key=lambda m: -_COST.get(m, 0.0))
+    rows = dict(zip(costliest, _parallel([partial(plan, method) for method in costliest]), strict=True))
+    return [rows[method] for method in methods]
+
+
+_COST = {"betting": 3.0, "paired-binary-score": 2.0, "paired-binary-exact": 2.0, "maurer-pontil": 0.2}
+"""Relative planning time per method (only the order of submission depends on it)."""
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1
+
+
+_PENDING: list[Callable[[], object]] = []
+_IN_WORKER = [False]
+
+
+def _run_pending(index: int) -> object:
+    return _PENDING[index]()
+
+
+def _mark_worker() -> None:
+    _IN_WORKER[0] = True  # a worker computes its share alone: no processes within processes
+
+
+def _parallel(calls: Sequence[Callable[[], T]]) -> list[T]:
+    """The results of `calls`, in order, computed in forked processes (one per core) where there are several
+    cores and calls; in this process otherwise. The calls reach the workers by fork, not by pickling (closures
+    are fine); their results are pickled back, and their side effects stay in the workers."""
+    workers = min(len(calls), _cores())
+    if workers < 2 or _IN_WORKER[0] or _PENDING or "fork" not in multiprocessing.get_all_start_methods():
+        return [call() for call in calls]
+    _PENDING.extend(calls)
+    try:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_mark_worker) as pool:
+            futures = [pool.submit(_run_pending, i) for i in range(len(calls))]
+            return [cast(T, future.result()) for future in futures]
+    finally:
+        _PENDING.clear()
+
+
+def _plan_one(
+    p_worse: float | None,
+    p_better: float | None,
+    epsilon: float,
+    delta: float,
+    power: float,
+    variance: float | None,
+    mean: float,
+    a: float,
+    b: float,
+    n_max: int,
+    reps: int,
+    seed: int,
+    method: str,
+) -> PlanRow:
+    return plan_row(
+        method, p_worse, p_better, epsilon, delta, power, variance=variance, mean=mean, a=a, b=b, n_max=n_max,
+        reps=reps, seed=seed,
+    )
 
 
 def render_plan(rows: Sequence[PlanRow]) -> str:

@@ -1,0 +1,141 @@
+"""How long a whole `invar use plan` command takes, per bound method and for all methods together.
+
+Run from the repository root:
+
+    .venv/bin/python bench/plan_speed.py [--reps 5] [--cases seed,grid] [--json plan_speed.json]
+
+For each case (an assumption p_worse, p_better and a contract's ε; δ = 0.05, power 0.8) the script prepares the
+example contract `contracts/arith-fixed-block.toml` with that ε (in a temporary folder, data paths made absolute),
+then runs `invar use plan CONTRACT --assume "worse=.. better=.." --json` as a fresh process, once per method
+(`--method M`) and once for all methods, `--reps` times each, interleaved (method after method, repetition after
+repetition, so that a change in the machine's load touches every method alike). Reported per command: the planned n
+(the same in every repetition, else the script stops: a plan is a pure function of its inputs), the median wall
+time with its minimum and maximum, and the median CPU time of the process and its children (user + system; the
+plan uses forked worker processes where there are several cores, so wall < CPU there). The start-up row is the
+import of the command-line application alone (`python -c "import invar.cli.app"`), part of every command.
+
+Cases: `seed` is p_worse = p_better = 0.01 at ε = 0.005 (the figures docs/statistics.md reports); `grid` adds three
+rows of its ratio table (0.002/0.002 at ε = 0.005, 0.02/0.02 at ε = 0.01, 0.05/0.05 at ε = 0.02).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this file's folder comes first on sys.path, where a bench's name could hide a standard module
+# (statistical_figures.py would hide `statistics`): take the folder off before importing anything else.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+CONTRACT = REPO / "contracts" / "arith-fixed-block.toml"
+PYTHON = REPO / ".venv" / "bin" / "python"
+INVAR = REPO / ".venv" / "bin" / "invar"
+METHODS = ("hoeffding", "maurer-pontil", "betting", "paired-binary-exact", "paired-binary-score")
+CASES = {
+    "seed": [(0.01, 0.01, "0.005")],
+    "grid": [(0.002, 0.002, "0.005"), (0.02, 0.02, "0.01"), (0.05, 0.05, "0.02")],
+}
+
+
+def prepare(epsilon: str, folder: Path) -> Path:
+    """The example contract with this ε, prepared into `folder` (its relative data paths made absolute)."""
+    text = CONTRACT.read_text()
+    text = re.sub(r'(?m)^epsilon *=.*$', f'epsilon = "{epsilon}"', text)
+    text = text.replace('"../', f'"{REPO}/')
+    source = folder / f"eps-{epsilon}" / "arith-fixed-block.toml"
+    source.parent.mkdir(parents=True, exist_ok=True)
+    source.write_text(text)
+    out = source.parent / "prepared"
+    subprocess.run([str(INVAR), "use", "prepare", str(source), "--out", str(out)], check=True, capture_output=True)
+    return out / "arith-fixed-block.contract.json"
+
+
+def timed(command: list[str]) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds of the process and its children, stdout) of one command."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, done.stdout
+
+
+def planned(stdout: str) -> dict[str, int]:
+    """method -> n from the command's JSON."""
+    data = json.loads(stdout)
+    rows = data["rows"] if isinstance(data, dict) and "rows" in data else data
+    return {row["method"]: int(row["n"]) for row in rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5, help="repetitions of each command (default 5)")
+    parser.add_argument("--cases", default="seed,grid", help="comma-separated: seed, grid (default both)")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods (default all five)")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = parser.parse_args()
+    methods = [m for m in args.methods.split(",") if m]
+    cases = [case for name in args.cases.split(",") if name for case in CASES[name]]
+    results: dict[str, object] = {"reps": args.reps, "cores": os.cpu_count(), "load_before": os.getloadavg()}
+
+    startup = [timed([str(PYTHON), "-c", "import invar.cli.app"])[:2] for _ in range(args.reps)]
+    start_wall = statistics.median(w for w, _ in startup)
+    results["startup"] = {"wall_median": start_wall, "cpu_median": statistics.median(c for _, c in startup)}
+    print(f"start-up (import invar.cli.app): median {start_wall:.2f} s wall")
+    rows: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory(prefix="plan-speed-") as scratch:
+        for p_worse, p_better, epsilon in cases:
+            contract = prepare(epsilon, Path(scratch))
+            commands = {m: ["--method", m] for m in methods}
+            if len(methods) > 1:
+                commands["all"] = [arg for m in methods for arg in ("--method", m)]
+            walls: dict[str, list[float]] = {name: [] for name in commands}
+            cpus: dict[str, list[float]] = {name: [] for name in commands}
+            ns: dict[str, dict[str, int]] = {}
+            for _ in range(args.reps):
+                for name, extra in commands.items():
+                    base = [str(INVAR), "use", "plan", str(contract), "--assume"]
+                    wall, cpu, out = timed([*base, f"worse={p_worse} better={p_better}", *extra, "--json"])
+                    got = planned(out)
+                    if ns.setdefault(name, got) != got:
+                        raise SystemExit(f"{name}: the planned n changed between repetitions: {ns[name]} vs {got}")
+                    walls[name].append(wall)
+                    cpus[name].append(cpu)
+            for name in commands:
+                row = {
+                    "p_worse": p_worse, "p_better": p_better, "epsilon": float(epsilon), "command": name,
+                    "n": ns[name], "wall_median": statistics.median(walls[name]), "wall_min": min(walls[name]),
+                    "wall_max": max(walls[name]), "cpu_median": statistics.median(cpus[name]), "walls": walls[name],
+                }
+                rows.append(row)
+    results["rows"] = rows
+    results["load_after"] = os.getloadavg()
+    print("| p_worse | p_better | eps | command | n | wall median s | wall min-max s | cpu median s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        n = row["n"]
+        shown = ", ".join(f"{v:,}" for v in n.values()) if isinstance(n, dict) else str(n)
+        print(
+            f"| {row['p_worse']:g} | {row['p_better']:g} | {row['epsilon']:g} | {row['command']} | {shown} | "
+            f"{row['wall_median']:.2f} | {row['wall_min']:.2f}-{row['wall_max']:.2f} | {row['cpu_median']:.2f} |"
+        )
+    print(f"load average before {results['load_before']}, after {results['load_after']}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
