@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    .venv/bin/python bench/plan_speed.py [--reps 5] [--cases seed,grid] [--json plan_speed.json]
+    .venv/bin/python bench/plan_speed.py [--reps 5] [--cases seed,grid] [--baseline OLD/src] [--json plan_speed.json]
 
 For each case (an assumption p_worse, p_better and a contract's ε; δ = 0.05, power 0.8) the script prepares the
 example contract `contracts/arith-fixed-block.toml` with that ε (in a temporary folder, data paths made absolute),
@@ -13,6 +13,10 @@ repetition, so that a change in the machine's load touches every method alike). 
 time with its minimum and maximum, and the median CPU time of the process and its children (user + system; the
 plan uses forked worker processes where there are several cores, so wall < CPU there). The start-up row is the
 import of the command-line application alone (`python -c "import invar.cli.app"`), part of every command.
+
+`--baseline OLD/src` also runs every command on another source tree (an older checkout's `src`, first on
+PYTHONPATH), right after the same command on this one, so that before and after see the same machine load; the
+table then shows both (and the script checks that both plan the same n, except for betting, a simulation).
 
 Cases: `seed` is p_worse = p_better = 0.01 at ε = 0.005 (the figures docs/statistics.md reports); `grid` adds three
 rows of its ratio table (0.002/0.002 at ε = 0.005, 0.02/0.02 at ε = 0.01, 0.05/0.05 at ε = 0.02).
@@ -51,7 +55,7 @@ CASES = {
 def prepare(epsilon: str, folder: Path) -> Path:
     """The example contract with this ε, prepared into `folder` (its relative data paths made absolute)."""
     text = CONTRACT.read_text()
-    text = re.sub(r'(?m)^epsilon *=.*$', f'epsilon = "{epsilon}"', text)
+    text = re.sub(r"(?m)^epsilon *=.*$", f'epsilon = "{epsilon}"', text)
     text = text.replace('"../', f'"{REPO}/')
     source = folder / f"eps-{epsilon}" / "arith-fixed-block.toml"
     source.parent.mkdir(parents=True, exist_ok=True)
@@ -61,11 +65,15 @@ def prepare(epsilon: str, folder: Path) -> Path:
     return out / "arith-fixed-block.contract.json"
 
 
-def timed(command: list[str]) -> tuple[float, float, str]:
-    """(wall seconds, CPU seconds of the process and its children, stdout) of one command."""
+def timed(command: list[str], source: Path | None = None) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds of the process and its children, stdout) of one command; `source` first on
+    PYTHONPATH."""
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(source), *filter(None, [env.get("PYTHONPATH")])])
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    done = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -84,8 +92,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each command (default 5)")
     parser.add_argument("--cases", default="seed,grid", help="comma-separated: seed, grid (default both)")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods (default all five)")
+    parser.add_argument("--baseline", type=Path, default=None, help="also time this source tree (e.g. OLD/src)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args()
+    trees: dict[str, Path | None] = {"this": None}
+    if args.baseline is not None:
+        trees["baseline"] = args.baseline.resolve()
     methods = [m for m in args.methods.split(",") if m]
     cases = [case for name in args.cases.split(",") if name for case in CASES[name]]
     results: dict[str, object] = {"reps": args.reps, "cores": os.cpu_count(), "load_before": os.getloadavg()}
@@ -101,35 +113,53 @@ def main() -> None:
             commands = {m: ["--method", m] for m in methods}
             if len(methods) > 1:
                 commands["all"] = [arg for m in methods for arg in ("--method", m)]
-            walls: dict[str, list[float]] = {name: [] for name in commands}
-            cpus: dict[str, list[float]] = {name: [] for name in commands}
-            ns: dict[str, dict[str, int]] = {}
+            keys = [(name, tree) for name in commands for tree in trees]
+            walls: dict[tuple[str, str], list[float]] = {key: [] for key in keys}
+            cpus: dict[tuple[str, str], list[float]] = {key: [] for key in keys}
+            ns: dict[tuple[str, str], dict[str, int]] = {}
             for _ in range(args.reps):
                 for name, extra in commands.items():
-                    base = [str(INVAR), "use", "plan", str(contract), "--assume"]
-                    wall, cpu, out = timed([*base, f"worse={p_worse} better={p_better}", *extra, "--json"])
-                    got = planned(out)
-                    if ns.setdefault(name, got) != got:
-                        raise SystemExit(f"{name}: the planned n changed between repetitions: {ns[name]} vs {got}")
-                    walls[name].append(wall)
-                    cpus[name].append(cpu)
+                    for tree, source in trees.items():
+                        base = [str(INVAR), "use", "plan", str(contract), "--assume"]
+                        assume = f"worse={p_worse} better={p_better}"
+                        wall, cpu, out = timed([*base, assume, *extra, "--json"], source)
+                        got = planned(out)
+                        if ns.setdefault((name, tree), got) != got:
+                            raise SystemExit(f"{name}: the planned n changed between repetitions: {got}")
+                        walls[(name, tree)].append(wall)
+                        cpus[(name, tree)].append(cpu)
             for name in commands:
-                row = {
-                    "p_worse": p_worse, "p_better": p_better, "epsilon": float(epsilon), "command": name,
-                    "n": ns[name], "wall_median": statistics.median(walls[name]), "wall_min": min(walls[name]),
-                    "wall_max": max(walls[name]), "cpu_median": statistics.median(cpus[name]), "walls": walls[name],
-                }
-                rows.append(row)
+                exact = {m: n for m, n in ns[(name, "this")].items() if m != "betting"}
+                if "baseline" in trees and exact != {m: n for m, n in ns[(name, "baseline")].items() if m != "betting"}:
+                    raise SystemExit(f"{name}: this tree and the baseline plan different n: {ns}")
+                for tree in trees:
+                    key = (name, tree)
+                    rows.append(
+                        {
+                            "p_worse": p_worse,
+                            "p_better": p_better,
+                            "epsilon": float(epsilon),
+                            "command": name,
+                            "tree": tree,
+                            "n": ns[key],
+                            "wall_median": statistics.median(walls[key]),
+                            "wall_min": min(walls[key]),
+                            "wall_max": max(walls[key]),
+                            "cpu_median": statistics.median(cpus[key]),
+                            "walls": walls[key],
+                        }
+                    )
     results["rows"] = rows
     results["load_after"] = os.getloadavg()
-    print("| p_worse | p_better | eps | command | n | wall median s | wall min-max s | cpu median s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| p_worse | p_better | eps | command | tree | n | wall median s | wall min-max s | cpu median s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         n = row["n"]
         shown = ", ".join(f"{v:,}" for v in n.values()) if isinstance(n, dict) else str(n)
         print(
-            f"| {row['p_worse']:g} | {row['p_better']:g} | {row['epsilon']:g} | {row['command']} | {shown} | "
-            f"{row['wall_median']:.2f} | {row['wall_min']:.2f}-{row['wall_max']:.2f} | {row['cpu_median']:.2f} |"
+            f"| {row['p_worse']:g} | {row['p_better']:g} | {row['epsilon']:g} | {row['command']} | {row['tree']} | "
+            f"{shown} | {row['wall_median']:.2f} | {row['wall_min']:.2f}-{row['wall_max']:.2f} | "
+            f"{row['cpu_median']:.2f} |"
         )
     print(f"load average before {results['load_before']}, after {results['load_after']}")
     if args.json:

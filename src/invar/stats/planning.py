@@ -245,8 +245,15 @@ class _ExactPlanner:
     delta: float
     anchors: dict[int, dict[int, int]] = field(default_factory=dict)  # per n: a_k per count
     exact: dict[int, float] = field(default_factory=dict)  # the n whose exact power was computed
+    counts: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[float]]] = field(default_factory=dict)
 
     def _counts(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float]]:
+        """Per n: the counts k in range, each one's worse counts in range, and U_π at k."""
+        if n not in self.counts:
+            self.counts[n] = self._count_table(n)
+        return self.counts[n]
+
+    def _count_table(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float]]:
         pi, q = _discordance(self.assumption)
         k_lo, k_hi = _count_range(n, pi)
         ks = np.arange(k_lo, k_hi + 1)
@@ -440,9 +447,9 @@ class _ScorePlanner:
     exact: dict[int, float] = field(default_factory=dict)  # the n whose exact power was computed
 
     def top_power(self, n: int) -> float:
-        """The power when a count succeeds as soon as the extreme set's tail at both ends of the nuisance domain
-        (U_π, where a proof looks first, and max(0, Δ0), all discordant units worse) is ≤ α: an upper bound on the
-        power, equal to it wherever the supremum sits at an end. A steer for the search only."""
+        """The power when an outcome succeeds as soon as the extreme set's tail at both ends of the nuisance domain
+        (U_π, where a proof looks first, and max(0, Δ0), all discordant units worse) is ≤ α, which a proof needs:
+        close to the power, equal to it wherever the supremum sits at an end. A steer for the search only."""
         return self.power(n, top_only=True)
 
     def plan(self, target: float, n_min: int, n_max: int, start: int) -> tuple[int, float]:
@@ -1010,7 +1017,13 @@ def _parallel(calls: Sequence[Callable[[], T]]) -> list[T]:
     cores and calls; in this process otherwise. The calls reach the workers by fork, not by pickling (closures
     are fine); their results are pickled back, and their side effects stay in the workers."""
     workers = min(len(calls), _cores())
-    if workers < 2 or _IN_WORKER[0] or _PENDING or "fork" not in multiprocessing.get_all_start_methods():
+    if (
+        workers < 2
+        or _IN_WORKER[0]
+        or _PENDING
+        or multiprocessing.current_process().daemon  # a daemonic process may not start children
+        or "fork" not in multiprocessing.get_all_start_methods()
+    ):
         return [call() for call in calls]
     _PENDING.extend(calls)
     try:
