@@ -11,9 +11,14 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invar.errors import InvarError
 from invar.protocol import Recorder, Role, WorkerClient
+from invar.protocol.client import spawn_local
+
+if TYPE_CHECKING:
+    from invar.protocol.ray_transport import RayPlacement
 
 ENGINES: dict[str, str] = {
     "echo": "workers.echo",
@@ -62,8 +67,13 @@ def start_worker(
     echo_stderr: bool = False,
     handshake_timeout: float = 300.0,
     call_timeout: float | None = 1800.0,
+    placement: RayPlacement | None = None,
 ) -> WorkerClient:
-    """Start an engine's worker and handshake with it (the role is checked)."""
+    """Start an engine's worker and handshake with it (the role is checked).
+
+    `placement`: start it as a Ray actor on that cluster instead of as a local subprocess; where it ran is kept in
+    the recorder's meta (`placement <actor id>`) when the recorder keeps meta (a run store).
+    """
     client = WorkerClient(
         worker_argv(engine, role, args),
         name=f"{engine}-{role.value}",
@@ -74,6 +84,12 @@ def start_worker(
         echo_stderr=echo_stderr,
         handshake_timeout=handshake_timeout,
         call_timeout=call_timeout,
+        spawn=spawn_local if placement is None else placement.spawn,
     )
     client.start()
+    where = getattr(client.process, "where", None)
+    put_meta = getattr(recorder, "put_meta", None)
+    if where and put_meta is not None:
+        put_meta(f"placement {where['actor_id']}", {**where, "worker": client.worker_key,
+                                                     "address": getattr(placement, "address", None)})
     return client

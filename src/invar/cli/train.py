@@ -32,12 +32,17 @@ def train(
                                                 "Default: a fresh runs/train-<name>-<time>.")
     ] = None,
     call_timeout: CallTimeoutOpt = DEFAULT_CALL_TIMEOUT,
+    ray: Annotated[
+        str | None, typer.Option("--ray", metavar="HOST:PORT",
+                                 help="Place the inference workers as actors on the Ray cluster whose head is at "
+                                      "this address (the learner and every record stay here).")
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     check_sampling(temperature=0.0, top_p=1.0, max_tokens=1, call_timeout=call_timeout)
     run_dir = run if run is not None else default_run_dir(f"train-{read_config(config).name}")
     with resumable(run_dir, f"invar train {config}"), _progress() as show:
-        outcome = run_training(config, run_dir, call_timeout=call_timeout, progress=show)
+        outcome = run_training(config, run_dir, call_timeout=call_timeout, progress=show, ray=ray)
     if json_out:
         emit_json(outcome.to_json())
         return

@@ -316,6 +316,12 @@ def run_cmd(
         int, typer.Option("--workers", help="Worker processes per package; the plan's calls are spread over them "
                                             "(the records and the decision are those of one worker).")
     ] = 1,
+    ray: Annotated[
+        str | None, typer.Option("--ray", metavar="HOST:PORT",
+                                 help="Place the workers as actors on the Ray cluster whose head is at this address "
+                                      "(every record is still kept here); a lost worker is replaced and its call "
+                                      "issued again.")
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Execute a contract's plan through the packages' workers and keep every record; resume a stopped run.
@@ -327,7 +333,7 @@ def run_cmd(
         raise InvarError(f"--workers {workers}: must be ≥ 1 (worker processes per package)")
     run_dir = run if run is not None else default_run_dir(f"use-{contract.name.removesuffix('.contract.json')}")
     with resumable(run_dir, f"invar use run {contract}"), _run_progress() as show:
-        outcome = use_run(contract, run_dir, call_timeout=call_timeout, progress=show, workers=workers)
+        outcome = use_run(contract, run_dir, call_timeout=call_timeout, progress=show, workers=workers, ray=ray)
     if json_out:
         emit_json(outcome.to_json())
         return

@@ -1,10 +1,10 @@
 """The invocation protocol between the core and its engine workers (see docs/protocol.md)."""
 
-from invar.protocol.client import Answer, PendingCall, Recorder, WorkerClient
+from invar.protocol.client import Answer, PendingCall, Recorder, WorkerClient, WorkerLost, WorkerProcess
 from invar.protocol.messages import Call, Identity, Report, Role
 from invar.protocol.server import MethodError, Server
 
 __all__ = [
     "Answer", "Call", "Identity", "MethodError", "PendingCall", "Recorder", "Report", "Role", "Server",
-    "WorkerClient",
+    "WorkerClient", "WorkerLost", "WorkerProcess",
 ]

@@ -16,10 +16,10 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import IO, Any, Protocol
+from typing import IO, Any, Protocol, runtime_checkable
 
 from invar import canonical
 from invar.errors import ProtocolError, WorkerError
@@ -28,6 +28,45 @@ from invar.protocol.messages import Call, Handshake, Identity, Kind, Report, Rol
 
 _OVERLAP_HASH = 1 << 22  # calls larger than this are hashed while they are written
 _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB pipe moves large arrays in fewer wake-ups.
+
+
+class WorkerLost(ProtocolError):
+    """The worker's process or its carrier (a Ray actor) is gone: a fresh worker may take over its calls."""
+
+
+@runtime_checkable
+class WorkerProcess(Protocol):
+    """A started worker as the client drives it: its three byte streams and its life (`subprocess.Popen` fits).
+
+    A transport other than a local pipe (a Ray actor relaying a worker on another node) offers the same: the frames
+    pass unchanged, so binding and recording stay with the client.
+    """
+
+    stdin: IO[bytes] | None
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+    returncode: int | Any
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+Spawn = Callable[[Sequence[str], "Mapping[str, str] | None", "str | None"], WorkerProcess]
+"""Starts a worker's command line with its environment and folder; raises `OSError` if it cannot."""
+
+
+def spawn_local(argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> subprocess.Popen[bytes]:
+    """The default transport: the worker as a child process in its own session, over pipes."""
+    proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=None if env is None else dict(env), cwd=cwd, bufsize=0, start_new_session=True)
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, 1 << 20)
+    return proc
 
 
 class Recorder(Protocol):
@@ -119,8 +158,10 @@ class WorkerClient:
         recorder: Recorder | None = None,
         stderr_tail_lines: int = 40,
         echo_stderr: bool = False,
+        spawn: Spawn = spawn_local,
     ) -> None:
         self.argv = list(argv)
+        self._spawn = spawn
         self.name = name
         self._env = dict(env) if env is not None else None
         self._cwd = cwd
@@ -138,7 +179,7 @@ class WorkerClient:
         self._next_id = 1
         self._failure: ProtocolError | None = None
         self._closing = False
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: WorkerProcess | None = None
         self._identity: Identity | None = None
         self._identity_digest = ""
         self._worker_key = ""
@@ -154,23 +195,22 @@ class WorkerClient:
         return self._identity
 
     @property
+    def process(self) -> WorkerProcess | None:
+        """The started worker (a `subprocess.Popen`, or another transport's process)."""
+        return self._proc
+
+    @property
     def worker_key(self) -> str:
         """The identity digest under which the recorder keeps this worker's records."""
         return self._worker_key
 
     def start(self) -> Identity:
         try:
-            self._proc = subprocess.Popen(
-                self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=self._env, cwd=self._cwd, bufsize=0, start_new_session=True,
-            )
+            self._proc = self._spawn(self.argv, self._env, self._cwd)
         except OSError as exc:
-            raise ProtocolError(f"{self.name}: cannot start {self.argv[0]!r}: {exc.strerror}") from None
+            raise ProtocolError(f"{self.name}: cannot start {self.argv[0]!r}: {exc.strerror or exc}") from None
         assert self._proc.stdin is not None
         assert self._proc.stdout is not None
-        for pipe in (self._proc.stdin, self._proc.stdout):
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, 1 << 20)
         self._stderr_reader = threading.Thread(target=self._read_stderr, name=f"{self.name}-stderr", daemon=True)
         self._stderr_reader.start()
 
@@ -182,7 +222,7 @@ class WorkerClient:
                 assert self._proc.stdout is not None
                 payload = frames.read_frame(self._proc.stdout)
                 if payload is None:
-                    raise ProtocolError("end of stream before the handshake")
+                    raise WorkerLost("end of stream before the handshake")
                 box.append(Handshake.from_wire(frames.decode_payload(payload, "handshake")))
             except BaseException as exc:
                 box.append(exc)
@@ -199,7 +239,7 @@ class WorkerClient:
             self._kill()
             self._stderr_reader.join(timeout=2)
             if isinstance(got, ProtocolError):
-                raise ProtocolError(f"{self.name}: bad handshake: {got}{self._exit_suffix()}") from None
+                raise type(got)(f"{self.name}: bad handshake: {got}{self._exit_suffix()}") from None
             raise got
         identity = got.identity
         if self._expected_role is not None and identity.role != self._expected_role:
@@ -259,8 +299,9 @@ class WorkerClient:
     def _kill(self) -> None:
         proc = self._proc
         if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, 9)
+            if isinstance(proc, subprocess.Popen):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, 9)
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -325,8 +366,11 @@ class WorkerClient:
             # The reader sees the death and says why; wait briefly for that richer message.
             if self._reader is not None:
                 self._reader.join(timeout=5)
-            raise self._failure or ProtocolError(f"{self.name}: cannot write to the worker{self._exit_suffix()}")\
+            raise self._failure or WorkerLost(f"{self.name}: cannot write to the worker{self._exit_suffix()}")\
                 from None
+        except WorkerLost as exc:
+            self._abort(WorkerLost(f"{self.name}: {exc}"))
+            raise self._failure or exc from None
 
     # -- the reader -------------------------------------------------------------------------------------------
 
@@ -343,7 +387,7 @@ class WorkerClient:
                     break
                 self._accept(payload, hasher.hexdigest())
         except ProtocolError as exc:
-            self._abort(ProtocolError(f"{self.name}: {exc}"))
+            self._abort(type(exc)(f"{self.name}: {exc}"))
             return
         # End of stream: a clean exit is fine only if nothing was pending and close() asked for it.
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -353,7 +397,7 @@ class WorkerClient:
         with self._lock:
             closing, pending = self._closing, bool(self._pending)
         if not closing or pending:
-            self._abort(ProtocolError(f"{self.name}: worker exited{self._exit_suffix()}"))
+            self._abort(WorkerLost(f"{self.name}: worker exited{self._exit_suffix()}"))
 
     def _accept(self, payload: bytearray, report_digest: str) -> None:
         # Strict decoding: what is recorded must be the canonical encoding of what is accepted, or the run's own

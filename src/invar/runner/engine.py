@@ -21,7 +21,7 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from invar.engines import start_worker
 from invar.errors import EvidenceError, InvarError
 from invar.protocol import Identity, Role, WorkerClient
 from invar.records import RunStore
+
+if TYPE_CHECKING:
+    from invar.protocol.ray_transport import RayPlacement
 
 
 class Engine(enum.StrEnum):
@@ -174,6 +177,7 @@ def engine_session(
     resume_training: bool = False,
     call_timeout: float | None = 1800.0,
     ready: Callable[[], object] = lambda: None,
+    placement: RayPlacement | None = None,
 ) -> Iterator[Session]:
     """Start the engine's worker (recording into `store`), load the model and adapter; stop the worker after.
 
@@ -183,10 +187,12 @@ def engine_session(
     state saved with it (a training checkpoint).
     `ready` is called after the identity check and before the first call (`use run` waits there until every
     package's worker has passed its check).
+    `placement`: start the worker as a Ray actor there (`invar.engines.start_worker`).
     """
     model_digest, adapter_digest = spec.digests
     args = launch_args(spec.engine.value, spec.settings, spec.patches)
-    client = start_worker(spec.engine.value, role, args=args, recorder=store, call_timeout=call_timeout)
+    client = start_worker(spec.engine.value, role, args=args, recorder=store, call_timeout=call_timeout,
+                          placement=placement)
     try:
         if expect is not None:
             check_identity(client.identity, expect[0], expect[1], expect[2])

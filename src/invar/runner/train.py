@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,6 +45,9 @@ from invar.runner.engine import ADAPTER_NAME, Dtype, Engine, EngineSpec, Session
 from invar.runner.evaluate import population_digest
 from invar.runner.options import check_context, model_context
 from invar.tasks import Problem, Vocabulary, load_population, split_of
+
+if TYPE_CHECKING:
+    from invar.protocol.ray_transport import RayPlacement
 
 BACKENDS: dict[str, tuple[Engine, Engine]] = {
     "mlx": (Engine.MLX, Engine.MLX),
@@ -225,8 +228,12 @@ def train(
     *,
     call_timeout: float | None = 1800.0,
     progress: Callable[[Progress], None] = lambda p: None,
+    ray: str | None = None,
 ) -> TrainOutcome:
-    """Run (or resume) the training run of the configuration at `config_path` in `run_dir`."""
+    """Run (or resume) the training run of the configuration at `config_path` in `run_dir`.
+
+    `ray`: the address of a Ray cluster on which the inference workers are placed, as actors (the learner stays
+    on this machine); a lost inference worker stops the run, which resumes like any other."""
     started = time.perf_counter()
     p = plan(config_path)
     cfg = p.config
@@ -237,11 +244,17 @@ def train(
                 done = published_cycles(existing, run_dir)
                 return TrainOutcome(run_dir, config_path, p.digest, existing.verify().head, len(done), len(done),
                                     done[-1] if done else None, time.perf_counter() - started, already_closed=True)
+    placement = None
+    if ray is not None:
+        from invar.protocol.ray_transport import RayPlacement, connect
+
+        connect(ray)
+        placement = RayPlacement(ray, restarts=0)
     store, done = _open(run_dir, p)
     with store:
         reused = len(done)
         if reused < cfg.cycles:
-            done = _run_cycles(p, run_dir, store, done, call_timeout, progress)
+            done = _run_cycles(p, run_dir, store, done, call_timeout, progress, placement)
         head = store.close_run()
     progress(Progress(len(done), cfg.cycles, "done"))
     return TrainOutcome(run_dir, config_path, p.digest, head, len(done), reused, done[-1] if done else None,
@@ -249,7 +262,7 @@ def train(
 
 
 def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], call_timeout: float | None,
-                progress: Callable[[Progress], None]) -> list[Published]:
+                progress: Callable[[Progress], None], placement: RayPlacement | None = None) -> list[Published]:
     cfg = p.config
     inference_engine, learner_engine = BACKENDS[cfg.backend]
     last = done[-1] if done else None
@@ -257,7 +270,8 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
     inference_spec = EngineSpec(inference_engine, p.model, Dtype(cfg.dtype))
     learner_spec = EngineSpec(learner_engine, p.model, Dtype(cfg.dtype), adapter=None if last is None else last.path)
     with contextlib.ExitStack() as stack:
-        engines = [stack.enter_context(engine_session(inference_spec, store, call_timeout=call_timeout))
+        engines = [stack.enter_context(engine_session(inference_spec, store, call_timeout=call_timeout,
+                                                      placement=placement))
                    for _ in range(cfg.rollout.workers)]
         learner = stack.enter_context(engine_session(learner_spec, store, role=Role.LEARNER, adapter_in_load=True,
                                                      resume_training=True, call_timeout=call_timeout))

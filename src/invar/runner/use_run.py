@@ -23,6 +23,13 @@ Decisions:
   on the losses of every unit so far, in the plan's order, and no call of the next look is issued once it stops.
   The stop (answer, look, units, and the digests of the calls it used) is recorded in the run's meta before the
   closing record. A resumed run first evaluates the rule on the looks already recorded, so it reaches the same stop.
+- **Workers may be Ray actors** (`ray`): each worker is started as a Ray actor on the cluster at that address and
+  relays the same frames (`invar.protocol.ray_transport`); the core binds and records every report here. A Ray
+  worker that is lost mid-run (its actor killed, its node gone) is replaced by a fresh one from the same package,
+  whose identity is checked against the contract again, and the call it left unanswered is issued again (the
+  unanswered call stays on record; the re-issued one is a new record that binds the planned call), at most
+  `RESTARTS` times per worker. A local worker's death stops the run instead (it is usually the machine or the
+  operator; resuming the run recovers it with nothing lost).
 - A finished run gets its closing record; its head is returned for the caller to print and keep.
 """
 
@@ -30,12 +37,14 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -55,17 +64,31 @@ from invar.contract.admit import (
 from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
 from invar.contract.prepare import load_contract, method_version, tokenizer_digest
-from invar.errors import ContractError, EvidenceError, InvarError
+from invar.errors import ContractError, EvidenceError, InvarError, ProtocolError
+from invar.protocol import Answer, WorkerLost
 from invar.records import RunStore
 from invar.records.store import is_run
-from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, check_patches_active, engine_session
+from invar.runner.engine import (
+    Dtype,
+    Engine,
+    EngineSpec,
+    Quantization,
+    Session,
+    check_patches_active,
+    engine_session,
+)
 from invar.stats.bounds import StatisticsError
 from invar.stats.sequential import SequentialDecision, check_stop
 from invar.tasks import Vocabulary
 from invar.tasks.arithmetic import SCORERS
 
+if TYPE_CHECKING:
+    from invar.protocol.ray_transport import RayPlacement
+
 ROLES: tuple[Role, Role] = ("reference", "candidate")
 T = TypeVar("T")
+RESTARTS = 3
+"""How many times one Ray-placed worker may be replaced after it is lost, before the run stops."""
 
 
 @dataclass(frozen=True)
@@ -188,10 +211,12 @@ def use_run(
     call_timeout: float | None = 1800.0,
     progress: Callable[[Progress], None] = lambda p: None,
     workers: int = 1,
+    ray: str | None = None,
 ) -> RunOutcome:
     """Execute (or resume) the plan of the contract at `contract_path` into `run_dir`, over `workers` worker
     processes per package (each started from the package and checked against it; a call is answered by one of
-    them and bound to the one that answered it)."""
+    them and bound to the one that answered it). `ray`: the address of a Ray cluster to place the workers on, as
+    actors (joined before the run directory is touched)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InvarError(f"--workers {workers}: must be a whole number ≥ 1 (worker processes per package)")
     started = time.perf_counter()
@@ -220,6 +245,12 @@ def use_run(
             kept = closed.meta().get(SEQUENTIAL_META)
         return RunOutcome(run_dir, contract_path, sha, head, total, total, 0,
                           time.perf_counter() - started, already_closed=True, stop=kept)
+    placement = None
+    if ray is not None:
+        from invar.protocol.ray_transport import RayPlacement, connect
+
+        connect(ray)
+        placement = RayPlacement(ray, restarts=RESTARTS)
     store, resumed = _open_run(run_dir, contract, sha, base, contract_path)
     with store:
         tokens: dict[tuple[Role, int], np.ndarray] = {}
@@ -242,7 +273,7 @@ def use_run(
         if rule is not None and first_look and rule.stops(first_look):
             todo = {role: [] for role in ROLES}  # stopped before the kill: only the stop and the close are left
         issued = _execute(contract, plan, specs, todo, measure, tokens, store, eos, counter, call_timeout,
-                          rule, first_look, workers)
+                          rule, first_look, workers, placement)
         stop = None if rule is None else _record_stop(store, contract, plan, vocab, eos)
         head = store.close_run()
     return RunOutcome(run_dir, contract_path, sha, head, total, len(done), issued,
@@ -335,11 +366,57 @@ class _Counter:
         self._sink(Progress(self.calls_done, self.calls_total, self.requests_done, self.requests_total))
 
 
+class _Lease:
+    """One thread's worker: started from its package, and replaced by a fresh one when it is lost (at most
+    `restarts` times), the unanswered call then issued to the replacement."""
+
+    def __init__(self, start: Callable[[Callable[[], object]], contextlib.AbstractContextManager[Session]],
+                 ready: Callable[[], object], restarts: int, who: str) -> None:
+        self._start, self._ready, self._left, self._restarts, self._who = start, ready, restarts, restarts, who
+        self._stack = contextlib.ExitStack()
+        self.session: Session | None = None
+
+    def __enter__(self) -> _Lease:
+        self.session = self._stack.enter_context(self._start(self._ready))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def _replace(self, lost: WorkerLost) -> None:
+        while True:
+            if self._left <= 0:
+                first = str(lost).splitlines()[0] if str(lost) else type(lost).__name__
+                raise ProtocolError(f"{self._who} was lost {self._restarts + 1} times (replaced {self._restarts} "
+                                    f"times); last: {first}")
+            self._left -= 1
+            self.session = None
+            with contextlib.suppress(ProtocolError):
+                self._stack.close()  # the lost worker's session: stop what is left of it
+            self._stack = contextlib.ExitStack()
+            try:
+                # The replacement passes the same identity check against the contract before its first call.
+                self.session = self._stack.enter_context(self._start(lambda: None))
+                return
+            except WorkerLost as exc:
+                lost = exc
+
+    def ask(self, method: str, params: dict[str, Any]) -> Answer:
+        while True:
+            assert self.session is not None
+            try:
+                return self.session.client.ask(method, params)
+            except WorkerLost as exc:
+                if not self._restarts:
+                    raise
+                self._replace(exc)
+
+
 def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, EngineSpec],
              todo: Mapping[Role, Sequence[PlannedCall]], measure: Mapping[Role, Sequence[MeasurementCall]],
              tokens: dict[tuple[Role, int], np.ndarray], store: RunStore, eos: Mapping[Role, int],
              counter: _Counter, call_timeout: float | None, rule: _Rule | None = None, first_look: int = 0,
-             workers: int = 1) -> int:
+             workers: int = 1, placement: RayPlacement | None = None) -> int:
     """Start `workers` workers per package that has calls left and issue its calls over them, generate calls first,
     then (once every package has sampled) measurements; the first failure stops all. `tokens` holds the pairing
     layout's response tokens already on record, by (package, unit index), and gains those sampled now. With a
@@ -383,9 +460,9 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
 
     looked = threading.Barrier(len(threads), action=evaluate)
 
-    def drive(role: Role) -> None:
+    def drive(role: Role, n: int) -> None:
         try:
-            _drive(role)
+            _drive(role, n)
         except threading.BrokenBarrierError:
             if ruled:
                 raise ruled[0] from None
@@ -396,18 +473,30 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
             looked.abort()
             raise
 
-    def _drive(role: Role) -> None:
+    def _drive(role: Role, n: int) -> None:
         package = contract.package(role)
         spec = specs[role]
         expect = (package.engine_version, package.expected_settings(), role)
-        with engine_session(spec, store, expect=expect, adapter_in_load=True, call_timeout=call_timeout,
-                            ready=checked.wait) as session:
-            if session.model_digest != package.model_digest:
-                raise EvidenceError(f"the {role} worker loaded model {session.model_digest[:16]}…, not the "
-                                    "contract's")
+
+        placed = placement
+        if placed is not None and str(spec.settings.get("device", "")).startswith("cuda"):
+            # Ray shows an actor only the accelerators it reserved: a package on a GPU reserves one.
+            placed = dataclasses.replace(placed, num_gpus=1.0)
+
+        @contextlib.contextmanager
+        def session_of(ready: Callable[[], object]) -> Any:
+            with engine_session(spec, store, expect=expect, adapter_in_load=True, call_timeout=call_timeout,
+                                ready=ready, placement=placed) as session:
+                if session.model_digest != package.model_digest:
+                    raise EvidenceError(f"the {role} worker loaded model {session.model_digest[:16]}…, not the "
+                                        "contract's")
+                yield session
+
+        restarts = 0 if placement is None else placement.restarts
+        with _Lease(session_of, checked.wait, restarts, f"the {role} worker {n + 1}") as lease:
 
             def ask(method: str, params: dict[str, Any], key: str) -> tuple[dict[str, Any], str]:
-                answer = session.client.ask(method, params)
+                answer = lease.ask(method, params)
                 where = f"{role} call {key} (call id {answer.call.call_id})"
                 result = answer.result  # raises the worker's error as WorkerError
                 for field, want in (("model_digest", package.model_digest),
@@ -462,7 +551,7 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
                 counter.add(m)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(threads), thread_name_prefix="use-run") as pool:
-        futures = [pool.submit(drive, role) for role, _ in threads]
+        futures = [pool.submit(drive, role, n) for role, n in threads]
         failure: BaseException | None = None
         for future in concurrent.futures.as_completed(futures):
             exc = future.exception()

@@ -1,0 +1,262 @@
+"""`invar use run --ray`: workers placed as Ray actors on a local Ray cluster (started here, loopback only) give the
+records' decision of local workers; a worker whose actor is killed mid-call is replaced and its call issued again,
+nothing lost; an unreachable address and a worker that is not the package are one line, exit 2."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_use_run import _decision_figures, _invar, _outputs_by_call, write_declaration
+from train_helpers import published, write_config
+
+from invar.records import RunStore
+
+pytestmark = pytest.mark.engine
+
+# Ray on this machine's loopback only: without this Ray gives its nodes the machine's routable address.
+LOOPBACK_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _processes() -> dict[int, tuple[bytes, int]]:
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            found[int(entry)] = (cmd, ppid)
+    return found
+
+
+def _stop_cluster(marks: list[bytes]) -> None:
+    """Stop the processes of this cluster only (named by its temp dir or its address) and their children; `ray stop`
+    would stop every Ray cluster on the machine."""
+    procs = _processes()
+    mine = {pid for pid, (cmd, _) in procs.items() if pid != os.getpid() and any(m in cmd for m in marks)}
+    grown = True
+    while grown:
+        grown = False
+        for pid, (_, ppid) in procs.items():
+            if ppid in mine and pid not in mine:
+                mine.add(pid)
+                grown = True
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in mine:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        time.sleep(2)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    temp = tmp_path_factory.mktemp("ray")
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    env = {**os.environ, **LOOPBACK_ENV}
+    ray_cli = Path(sys.executable).with_name("ray")
+    cmd = [str(ray_cli), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
+           "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", str(temp),
+           "--ray-client-server-port", str(_free_port())]
+    try:
+        started = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert started.returncode == 0, f"ray start failed:\n{started.stderr[-3000:]}"
+        yield address
+    finally:
+        _stop_cluster([str(temp).encode(), f"127.0.0.1:{port}".encode()])
+
+
+def _ray_invar(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **LOOPBACK_ENV})
+
+
+@pytest.fixture(scope="module")
+def contract(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("use-run-ray")
+    decl = write_declaration(folder, "ray-nf4", units=12)
+    out = _invar("use", "prepare", str(decl))
+    assert out.returncode == 0, out.stderr
+    return folder / "ray-nf4.contract.json"
+
+
+@pytest.fixture(scope="module")
+def local(contract: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("local") / "run"
+    out = _invar("use", "run", str(contract), "--run", str(run), "--json")
+    assert out.returncode == 0, out.stderr
+    return run
+
+
+def _placements(run: Path) -> list[dict[str, Any]]:
+    with RunStore.open(run) as store:
+        return [v for k, v in store.meta().items() if k.startswith("placement ")]
+
+
+def test_ray_placed_workers_give_the_decision_of_local_ones(cluster: str, contract: Path, local: Path,
+                                                           tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    out = _ray_invar("use", "run", str(contract), "--run", str(run), "--ray", cluster, "--workers", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["calls_issued"] == doc["calls_total"]
+    assert _decision_figures(run, contract) == _decision_figures(local, contract)
+    assert _outputs_by_call(run, contract) == _outputs_by_call(local, contract)
+    admitted = _invar("use", "admit", str(run), "--contract", str(contract), "--expect-head", doc["chain_head"])
+    assert admitted.returncode in (0, 10, 11), admitted.stderr
+    # Where each worker ran is kept, outside the identities: four actors on this cluster's one (loopback) node.
+    placed = _placements(run)
+    assert len(placed) == 4
+    assert {p["node_ip"] for p in placed} == {"127.0.0.1"}
+    with RunStore.open(run) as store:
+        assert {p["worker"] for p in placed} == set(store.workers())
+        assert {c.worker for c in store.calls()} == set(store.workers())
+
+
+def test_a_killed_actor_is_replaced_and_its_call_issued_again(cluster: str, contract: Path, local: Path,
+                                                               tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "invar.cli", "use", "run", str(contract), "--run", str(run),
+                             "--ray", cluster, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **LOOPBACK_ENV})
+    killed: dict[str, Any] | None = None
+    unanswered = None
+    deadline = time.monotonic() + 300
+    # Kill a relay actor's process while its worker holds a generate call, after at least one report is on record.
+    while killed is None and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+        try:
+            with RunStore.open(run) as store:
+                calls = store.calls()
+                placed = [v for k, v in store.meta().items() if k.startswith("placement ")]
+        except Exception:  # the run may not exist yet, or be mid-write
+            continue
+        if not any(c.report is not None and c.call.method == "generate" for c in calls):
+            continue
+        for c in calls:
+            if c.report is None and c.call.method == "generate":
+                target = [p for p in placed if p["worker"] == c.worker]
+                if target:
+                    killed, unanswered = target[0], (c.worker, c.call_digest)
+                    first_workers = {p["worker"] for p in placed}
+                    os.kill(killed["actor_pid"], signal.SIGKILL)
+                    break
+    assert killed is not None, "no call was in flight to kill"
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    assert stdout.startswith("{"), (stdout[:2000], stderr[-2000:])
+    doc = json.loads(stdout)
+    assert _decision_figures(run, contract) == _decision_figures(local, contract)
+    assert _outputs_by_call(run, contract) == _outputs_by_call(local, contract)
+    admitted = _invar("use", "admit", str(run), "--contract", str(contract), "--expect-head", doc["chain_head"])
+    assert admitted.returncode in (0, 10, 11), admitted.stderr
+    with RunStore.open(run) as store:
+        store.verify()
+        calls = store.calls()
+    # The killed attempt's call stays on record, unanswered; the same planned call was issued again and answered.
+    lost = [c for c in calls if (c.worker, c.call_digest) == unanswered]
+    assert len(lost) == 1
+    assert lost[0].report is None
+    # (the other package's call has the same params: it is answered by the other package's first worker)
+    again = [c for c in calls if c.call.method == "generate" and c.call.params == lost[0].call.params
+             and c.report is not None and c.worker not in first_workers]
+    assert len(again) == 1
+    assert len(_placements(run)) == 3  # the two first actors and the replacement
+    # The killed actor's worker went with it.
+    with pytest.raises(ProcessLookupError):
+        os.kill(killed["worker_pid"], 0)
+
+
+def test_an_unreachable_address_is_one_line_and_loses_nothing(contract: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    # A run stopped part-way (its CLI killed after the first report) ...
+    proc = subprocess.Popen([sys.executable, "-m", "invar.cli", "use", "run", str(contract), "--run", str(run)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+        try:
+            with RunStore.open(run) as store:
+                if any(c.report is not None for c in store.calls()):
+                    break
+        except Exception:  # not there yet
+            continue
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(60)
+    with RunStore.open(run) as store:
+        before = store.verify().head
+    # ... then resumed on a Ray address nobody serves.
+    started = time.monotonic()
+    out = _ray_invar("use", "run", str(contract), "--run", str(run), "--ray", f"127.0.0.1:{_free_port()}")
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "cannot reach a Ray cluster there" in out.stderr
+    assert "ray start --head" in out.stderr
+    assert time.monotonic() - started < 60
+    with RunStore.open(run) as store:
+        assert store.verify().head == before  # nothing recorded, nothing lost
+    bad = _ray_invar("use", "run", str(contract), "--run", str(run), "--ray", "nowhere")
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1
+    assert "expected HOST:PORT" in bad.stderr
+    zero = _ray_invar("use", "run", str(contract), "--run", str(run), "--ray", "127.0.0.1:1", "--workers", "0")
+    assert zero.returncode == 2
+    assert zero.stderr.count("\n") == 1
+    assert "--workers 0: must be ≥ 1" in zero.stderr
+
+
+def test_a_ray_placed_worker_that_is_not_the_package_is_refused(cluster: str, contract: Path,
+                                                                 tmp_path: Path) -> None:
+    # The module's declaration with the candidate's torch version changed (no second identity probe).
+    text = contract.with_name("ray-nf4.toml").read_text(encoding="utf-8")
+    head, cand = text.split("[candidate]")
+    cand = re.sub(r'"torch" = "[^"]*"', '"torch" = "0.0.1"', cand)
+    assert '"torch" = "0.0.1"' in cand
+    decl = tmp_path / "foreign.toml"
+    decl.write_text(head.replace('name = "ray-nf4"', 'name = "foreign"') + "[candidate]" + cand, encoding="utf-8")
+    assert _invar("use", "prepare", str(decl)).returncode == 0
+    out = _ray_invar("use", "run", str(tmp_path / "foreign.contract.json"), "--run", str(tmp_path / "run"),
+                     "--ray", cluster)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "the candidate worker is not the package the contract names: candidate.engine_version" in out.stderr
+    with RunStore.open(tmp_path / "run") as store:
+        assert store.calls() == []
+
+
+def test_train_with_ray_placed_inference_workers_publishes_the_local_checkpoints(cluster: str, tmp_path: Path) -> None:
+    config = write_config(tmp_path, "mlx-ray", "mlx", cycles=2)
+    local_run, ray_run = tmp_path / "local", tmp_path / "ray"
+    out = _invar("train", str(config), "--run", str(local_run))
+    assert out.returncode == 0, out.stderr
+    out = _ray_invar("train", str(config), "--run", str(ray_run), "--ray", cluster)
+    assert out.returncode == 0, out.stderr
+    assert published(ray_run) == published(local_run)
+    assert len(published(ray_run)) == 2
+    same = _invar("compare", "histories", str(local_run), str(ray_run))
+    assert same.returncode == 0, same.stdout + same.stderr
+    placed = _placements(ray_run)
+    assert len(placed) == 1  # the inference worker; the learner ran here
+    with RunStore.open(ray_run) as store:
+        roles = {ident.role.value for key, ident in store.workers().items() if key == placed[0]["worker"]}
+    assert roles == {"inference"}
