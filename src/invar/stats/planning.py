@@ -1000,26 +1000,30 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-_PENDING: list[Callable[[], object]] = []
-_IN_WORKER = [False]
+_PENDING: list[Callable[[], object]] = []  # the calls the next pool's workers run (they see them by fork)
+_CALLS: list[Callable[[], object]] = []  # in a worker: the calls its pool was started for
+_DEPTH = [0]  # 0: the main process; 1: a worker; 2: a worker's worker
 
 
 def _run_pending(index: int) -> object:
-    return _PENDING[index]()
+    return _CALLS[index]()
 
 
-def _mark_worker() -> None:
-    _IN_WORKER[0] = True  # a worker computes its share alone: no processes within processes
+def _start_worker(depth: int) -> None:
+    _CALLS[:] = _PENDING
+    _PENDING.clear()
+    _DEPTH[0] = depth
 
 
 def _parallel(calls: Sequence[Callable[[], T]]) -> list[T]:
     """The results of `calls`, in order, computed in forked processes (one per core) where there are several
     cores and calls; in this process otherwise. The calls reach the workers by fork, not by pickling (closures
-    are fine); their results are pickled back, and their side effects stay in the workers."""
+    are fine); their results are pickled back, and their side effects stay in the workers. A worker may use
+    workers of its own (so a core whose method is done helps with another's blocks), theirs may not."""
     workers = min(len(calls), _cores())
     if (
         workers < 2
-        or _IN_WORKER[0]
+        or _DEPTH[0] >= 2
         or _PENDING
         or multiprocessing.current_process().daemon  # a daemonic process may not start children
         or "fork" not in multiprocessing.get_all_start_methods()
@@ -1028,7 +1032,9 @@ def _parallel(calls: Sequence[Callable[[], T]]) -> list[T]:
     _PENDING.extend(calls)
     try:
         context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_mark_worker) as pool:
+        with ProcessPoolExecutor(
+            max_workers=workers, mp_context=context, initializer=_start_worker, initargs=(_DEPTH[0] + 1,)
+        ) as pool:
             futures = [pool.submit(_run_pending, i) for i in range(len(calls))]
             return [cast(T, future.result()) for future in futures]
     finally:
