@@ -219,6 +219,21 @@ def test_an_unreachable_address_is_one_line_and_loses_nothing(contract: Path, tm
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1
     assert "expected HOST:PORT" in bad.stderr
+    # An address that accepts connections but is no Ray head: bounded (30 s in the commands; 3 s here), nothing of
+    # Ray's own retry logging on stderr.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        script = ("import sys\nfrom invar.errors import InvarError\nfrom invar.protocol.ray_transport import connect\n"
+                  f"try:\n    connect('127.0.0.1:{listener.getsockname()[1]}', timeout=3.0)\n"
+                  "except InvarError as exc:\n    print(exc)\n    sys.exit(2)\n")
+        started = time.monotonic()
+        silent = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, **LOOPBACK_ENV})
+    assert silent.returncode == 2, silent.stderr
+    assert "cannot reach a Ray cluster there (no Ray head answered within 3 s)" in silent.stdout
+    assert silent.stderr == ""
+    assert time.monotonic() - started < 60
     zero = _ray_invar("use", "run", str(contract), "--run", str(run), "--ray", "127.0.0.1:1", "--workers", "0")
     assert zero.returncode == 2
     assert zero.stderr.count("\n") == 1

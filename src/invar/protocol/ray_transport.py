@@ -89,8 +89,16 @@ def connect(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
     _quiet_driver(ray)
     # ray.init may wait a long time on an address that accepts connections but is no Ray head: bound it.
     t = threading.Thread(target=init, name="ray-init", daemon=True)
-    t.start()
-    t.join(timeout)
+    # Ray's core logs its connection retries straight to file descriptor 2; a failure is this command's one line.
+    saved, sink = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(sink, 2)
+    try:
+        t.start()
+        t.join(timeout)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(sink)
     if not box:
         raise unreachable(f"no Ray head answered within {timeout:g} s")
     if box[0] is not None:
