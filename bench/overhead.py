@@ -187,12 +187,15 @@ def _direct_engine(engine: str) -> Any:
     """The worker's engine class, set up as the worker's `main` sets it up, in this process."""
     if engine == "hf":
         import torch
+        from transformers.utils import logging as hf_logging
 
         from workers import hf_worker
 
         torch.use_deterministic_algorithms(True)
         torch.set_num_threads(1)
         torch.set_num_interop_threads(1)
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
         return hf_worker.Engine(hf_worker.Role.INFERENCE, "cpu")
     if engine == "mlx":
         from workers import mlx_worker
