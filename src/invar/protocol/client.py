@@ -387,7 +387,9 @@ class WorkerClient:
                     break
                 self._accept(payload, hasher.hexdigest())
         except ProtocolError as exc:
-            self._abort(type(exc)(f"{self.name}: {exc}"))
+            # A frame cut short because the worker died is a lost worker, not a worker that broke the protocol.
+            kind = WorkerLost if isinstance(exc, WorkerLost) or self._exited(0.5) else ProtocolError
+            self._abort(kind(f"{self.name}: {exc}"))
             return
         # End of stream: a clean exit is fine only if nothing was pending and close() asked for it.
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -426,6 +428,16 @@ class WorkerClient:
             del self._pending[report.call_id]
             self._answered.add(report.call_id)
         pending._resolve(report, report_digest, self.identity)
+
+    def _exited(self, within: float) -> bool:
+        proc = self._proc
+        if proc is None:
+            return False
+        try:
+            proc.wait(within)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def _abort(self, failure: ProtocolError) -> None:
         with self._lock:
