@@ -258,3 +258,14 @@ def test_parallel_planning_gives_the_numbers_of_one_process() -> None:
     starts = list(range(0, 700, planning._CHUNK))
     in_one = planning._betting_share(300, assumption, 0.1, 0.05, 700, [5, 1], starts)
     assert planning._betting_hits(300, assumption, 0.1, 0.05, 700, [5, 1]) == in_one
+
+
+def test_vectorised_clopper_pearson_limits_are_the_bounds_own() -> None:
+    """The planners compute U_π for all counts at once; each is the number the bound computes for its count."""
+    from invar.stats import trinomial
+
+    for n in (1, 8, 114, 6_142):
+        for gamma in (0.0005, 0.001):
+            ks = np.arange(0, min(n, 300) + 1)
+            expected = [trinomial.clopper_pearson_upper(int(k), n, gamma) for k in ks]
+            assert planning._clopper_pearson_uppers(ks, n, gamma) == expected

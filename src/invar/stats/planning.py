@@ -227,6 +227,16 @@ def _count_ranges(ns: np.ndarray, p: float, cut: float = TAIL_CUT) -> tuple[np.n
     return np.maximum(0, lo), np.minimum(ns, hi)
 
 
+def _clopper_pearson_uppers(ks: np.ndarray, n: int, gamma: float) -> list[float]:
+    """`trinomial.clopper_pearson_upper(k, n, gamma)` for many k at once: the same numbers (scipy's quantile is
+    elementwise; the same enlargement after it)."""
+    limits = stats.beta.isf(gamma, ks + 1, np.maximum(n - ks, 1)).tolist()
+    return [
+        1.0 if k >= n else min(1.0, math.nextafter(float(limit) * (1.0 + 1e-12), math.inf))
+        for k, limit in zip(ks.tolist(), limits, strict=True)
+    ]
+
+
 @dataclass
 class _ExactPlanner:
     """Exact power of paired-binary-exact, and its plan in two exact evaluations where possible.
@@ -259,17 +269,25 @@ class _ExactPlanner:
         ks = np.arange(k_lo, k_hi + 1)
         w_lo, w_hi = _count_ranges(ks, q)
         gamma = trinomial.GAMMA_FRACTION * self.delta
-        uppers = [trinomial.clopper_pearson_upper(int(k), n, gamma) for k in ks]
-        return ks, w_lo, w_hi, uppers
+        return ks, w_lo, w_hi, _clopper_pearson_uppers(ks, n, gamma)
 
     def _sum(self, n: int, ks: np.ndarray, w_lo: np.ndarray, w_hi: np.ndarray, top: list[int]) -> float:
         """Σ P(D = k)·P(W ≤ top_k | k) over the counts and worse counts in range (added in increasing k)."""
         pi, q = _discordance(self.assumption)
-        total = 0.0
-        for k, lo, hi, last in zip(ks.tolist(), w_lo.tolist(), w_hi.tolist(), top, strict=True):
-            if last >= lo:
-                w = np.arange(lo, min(hi, last) + 1)
-                total += float(stats.binom.pmf(k, n, pi)) * float(np.sum(stats.binom.pmf(w, k, q)))
+        # every pmf in two vectorised calls (scipy's pmf is elementwise: the numbers of one call per k)
+        bounds_w = zip(w_lo.tolist(), w_hi.tolist(), top, strict=True)
+        summed = [(i, lo, min(hi, last)) for i, (lo, hi, last) in enumerate(bounds_w) if min(hi, last) >= lo]
+        if not summed:
+            return 0.0
+        lengths = np.array([end - lo + 1 for _, lo, end in summed])
+        w = np.concatenate([np.arange(lo, end + 1) for _, lo, end in summed])
+        of_k = np.repeat(ks[[i for i, _, _ in summed]], lengths)
+        inner = stats.binom.pmf(w, of_k, q)
+        outer = stats.binom.pmf(ks, n, pi).tolist()
+        total, at = 0.0, 0
+        for (i, _, _), length in zip(summed, lengths.tolist(), strict=True):
+            total += float(outer[i]) * float(np.sum(inner[at : at + length].copy()))
+            at += length
         return min(1.0, total)
 
     def _anchor_thresholds(self, n: int) -> list[int]:
@@ -474,7 +492,7 @@ class _ScorePlanner:
         alpha = self.delta - gamma
         k_lo, k_hi = (0, 0) if pi <= 0.0 else _count_range(n, pi, SCORE_TAIL_CUT)
         ks = list(range(k_lo, k_hi + 1))
-        uppers = np.array([trinomial.clopper_pearson_upper(k, n, gamma) for k in ks])
+        uppers = np.array(_clopper_pearson_uppers(np.array(ks), n, gamma))
         reach = int(score.k_ranges(n, uppers[-1:], uppers[-1:])[1][0])
         stats_cache: dict[tuple[int, int], float] = {}
 
@@ -546,9 +564,12 @@ class _ScorePlanner:
                     lo[k] = max(lo[k], above - 1)
         self.previous = {k: lo[k] for k in ks}
         total = 0.0
-        for k in ks:
-            if lo[k] >= 0:
-                total += float(stats.binom.pmf(k, n, pi)) * float(stats.binom.cdf(lo[k], k, q))
+        counted = [k for k in ks if lo[k] >= 0]
+        if counted:  # vectorised (elementwise: the numbers of one call per k), added in increasing k
+            outer = stats.binom.pmf(counted, n, pi).tolist()
+            inner = stats.binom.cdf([lo[k] for k in counted], counted, q).tolist()
+            for mass, within in zip(outer, inner, strict=True):
+                total += float(mass) * float(within)
         if not top_only:
             self.exact[n] = min(1.0, total)
         return min(1.0, total)
