@@ -27,7 +27,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
+import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -50,6 +53,15 @@ from invar.tasks.vocabulary import Vocabulary  # noqa: E402
 EVAL_FILE = REPO / "data" / "arith-eval.jsonl"
 BUDGET = MAX_ANSWER_CHARS + 1
 PACKAGES = {"vllm": "vllm", "hf": "transformers"}
+CALL_REQUESTS = 64  # bench/overhead.py sends 64 requests per generate call
+# After the soft limit given to a bench (no new round starts), this long for the round under way, the breakdown and
+# the workers' stop; at the hard limit the bench is interrupted (SIGINT: it stops its workers), 20 s later killed.
+WIND_DOWN_S = 90
+MIN_OVERHEAD_S = 150  # less left than this: a worker start and one round would not fit, so the bench is not begun
+TRAIN_SHARE = 0.35  # of the time left for the overhead benchmark, what the training cycles get when asked for
+# `invar train` (the training benchmark's invar driver) needs the core's whole CLI; an image without these packages
+# (carry them as wheels) cannot run it.
+CLI_PACKAGES = ("pydantic", "cryptography", "typer", "rich", "scipy")
 
 
 def requests(prompts: list[str], temperature: float, seed0: int) -> list[dict[str, Any]]:
@@ -162,7 +174,10 @@ def run_engine(engine: str, args: argparse.Namespace, problems: list[Problem], v
             t = time.perf_counter()
             result[name] = check(worker, prompts)
             result[name]["seconds"] = round(time.perf_counter() - t, 1)
-        if engine == "hf":
+        if engine == "hf" and importlib.util.find_spec("bitsandbytes") is None:
+            # The worker loads NF4 through bitsandbytes; without it the check cannot run, and the others still count.
+            result["nf4_vs_fp32"] = {"skipped": "the bitsandbytes package is not installed here"}
+        elif engine == "hf":
             t = time.perf_counter()
             result["nf4_vs_fp32"] = check_nf4(worker, load, problems[: args.nf4_problems], vocab)
             result["nf4_vs_fp32"]["seconds"] = round(time.perf_counter() - t, 1)
@@ -188,12 +203,170 @@ def summary(engine: str, r: dict[str, Any]) -> list[str]:
         if isinstance(c, dict):
             lines.append(f"  generate vs score {t}: {c['bit_identical']}/{c['tokens']} bit-identical, "
                          f"max |diff| {c['max_abs_diff']:.3g}")
-    if "nf4_vs_fp32" in r:
+    if "skipped" in r.get("nf4_vs_fp32", {}):
+        lines.append(f"  NF4 vs FP32: skipped ({r['nf4_vs_fp32']['skipped']})")
+    elif "nf4_vs_fp32" in r:
         q = r["nf4_vs_fp32"]
         s = q["fp32_greedy_scored_under_nf4"]
         lines.append(f"  NF4 vs FP32 on {q['problems']} problems: max |dlogp| {s['max_abs_diff']:.3g}, mean "
                      f"{s['mean_abs_diff']:.3g}; greedy mismatches {q['greedy_token_mismatches']}; task loss "
                      f"FP32 {q['task_loss_fp32']}, NF4 {q['task_loss_nf4']}")
+    return lines
+
+
+# -- the overhead benchmark: a measurement, never a reason to fail ---------------------------------------------------
+
+
+def run_bench(command: list[str], hard_s: float) -> tuple[int | None, float]:
+    """Run a bench script in a process group of its own; past `hard_s` interrupt the group, then kill it."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(command, cwd=REPO, start_new_session=True)
+    try:
+        return proc.wait(timeout=max(1.0, hard_s)), time.monotonic() - t0
+    except subprocess.TimeoutExpired:
+        print(f"gpu_check: {Path(command[1]).name} ran past {hard_s:.0f} s; stopping it", flush=True)
+        os.killpg(proc.pid, signal.SIGINT)  # its `finally` blocks stop the workers (they run in sessions of their own)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return None, time.monotonic() - t0
+
+
+def verdict(ci: list[float], goal: float = 1.02) -> str:
+    return "met" if ci[1] <= goal else "missed" if ci[0] > goal else "not established"
+
+
+def inference_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """bench/overhead.py's JSON, one flat row per model size, engine and layout."""
+    rows = []
+    for size, entry in data.get("sizes", {}).items():
+        for engine, per in entry["engines"].items():
+            for layout, row in per["layouts"].items():
+                wall, cpu = row["paired"], row["paired_cpu"]
+                rows.append({
+                    "size": size, "parameters": entry["parameters"], "engine": engine, "layout": layout,
+                    "pairs": wall["pairs"], "direct_median_call_s": wall["direct_median_call_s"],
+                    "wall_total_ratio": wall["total_ratio"], "wall_total_ratio_ci95": wall["total_ratio_ci95"],
+                    "wall_median_ratio": wall["median_ratio"], "wall_median_ratio_ci95": wall["median_ratio_ci95"],
+                    "cpu_total_ratio": cpu["total_ratio"], "cpu_total_ratio_ci95": cpu["total_ratio_ci95"],
+                    "fixed_cost_per_call_us": row["fixed_cost_per_call_us"],
+                    "fixed_cost_per_call_us_ci95": [x * 1e3 for x in wall["mean_diff_ms_ci95"]],
+                    "fixed_cost_per_record_us": row["fixed_cost_per_record_us"],
+                    "cpu_cost_per_call_us": cpu["mean_diff_ms"] * 1e3,
+                    "breakdown_core_us": sum(row["breakdown"]["core_median_us"].get(k, 0.0) for k in (
+                        "encode call", "hash call", "record call", "write call to the pipe", "decode report",
+                        "record report")),
+                    **({"goal_1_02_wall": verdict(wall["total_ratio_ci95"]),  # the goal is the larger model's
+                        "goal_1_02_cpu": verdict(cpu["total_ratio_ci95"])} if size == "large" else {}),
+                })
+    return rows
+
+
+def run_overhead(args: argparse.Namespace, engines: list[str], out_dir: Path, deadline: float) -> dict[str, Any]:
+    """bench/overhead.py (and bench/train_overhead.py when asked) on this device, inside what is left of the budget."""
+    installed = [e for e in engines if importlib.util.find_spec(PACKAGES[e]) is not None]
+    left = deadline - time.monotonic()
+    result: dict[str, Any] = {"goal": "invar / direct <= 1.02 on the larger model", "seconds_left_at_start":
+                              round(left)}
+    if not installed:
+        return {**result, "skipped": "no engine package is installed here"}
+    if left < MIN_OVERHEAD_S:
+        return {**result, "skipped": f"{left:.0f} s of the time budget left, under {MIN_OVERHEAD_S} s"}
+    train = args.train_cycles > 0 and "hf" in installed
+    inference_s = left * (1 - TRAIN_SHARE) if train else left
+    calls = min(4, args.pairs)  # per layout; bench/overhead.py's default request count gives 4
+    reps = math.ceil(args.pairs / calls)
+    json_path = out_dir / "overhead.json"
+    json_path.unlink(missing_ok=True)
+    command = [sys.executable, str(REPO / "bench" / "overhead.py"), "--device", args.device, "--engines",
+               ",".join(installed), "--sizes", args.overhead_sizes, "--reps", str(reps), "--requests",
+               str(CALL_REQUESTS * calls), "--json", str(json_path),
+               "--budget-s", str(round(max(1.0, inference_s - WIND_DOWN_S)))]
+    for flag, value in (("--large-layers", args.large_layers), ("--large-hidden", args.large_hidden)):
+        if value is not None:
+            command += [flag, str(value)]
+    print(f"gpu_check: overhead benchmark, {args.pairs} pairs per layout, {inference_s:.0f} s at most: "
+          + " ".join(command[1:]), flush=True)
+    rc, seconds = run_bench(command, inference_s)
+    result["inference"] = {"command": command[1:], "returncode": rc, "seconds": round(seconds, 1),
+                           "json": json_path.name}
+    if json_path.is_file():
+        data = json.loads(json_path.read_text())
+        result["inference"].update(rows=inference_rows(data), not_measured=data.get("not_measured", []),
+                                   gpu=next((e.get("gpu") for s in data["sizes"].values()
+                                             for e in s["engines"].values() if e.get("gpu")), None))
+        large = data["sizes"].get("large")
+    else:
+        large = None
+    if train:
+        result["training"] = run_train(args, out_dir, deadline, large)
+    return result
+
+
+def run_train(args: argparse.Namespace, out_dir: Path, deadline: float, large: dict[str, Any] | None) -> dict[str, Any]:
+    missing = [m for m in CLI_PACKAGES if importlib.util.find_spec(m) is None]
+    if missing:
+        return {"skipped": f"invar train needs {', '.join(missing)}, not installed here (carry them as wheels)"}
+    left = deadline - time.monotonic()
+    if left < MIN_OVERHEAD_S:
+        return {"skipped": f"{left:.0f} s of the time budget left, under {MIN_OVERHEAD_S} s"}
+    model = (REPO / large["model"]) if large else None  # the larger model if the inference bench built it
+    json_path = out_dir / "train_overhead.json"
+    json_path.unlink(missing_ok=True)
+    command = [sys.executable, str(REPO / "bench" / "train_overhead.py"), "--device", args.device, "--config",
+               str(REPO / "configs" / "arith-hf.toml"), "--cycles", str(args.train_cycles), "--reps",
+               str(args.train_reps), "--json", str(json_path)]
+    if model is not None:
+        command += ["--model", str(model)]
+    print(f"gpu_check: training benchmark, {left:.0f} s at most: " + " ".join(command[1:]), flush=True)
+    env_path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH", "")) if p)
+    os.environ["PYTHONPATH"] = env_path  # `invar train` runs from this checkout, installed or not
+    rc, seconds = run_bench(command, left)
+    out: dict[str, Any] = {"command": command[1:], "returncode": rc, "seconds": round(seconds, 1),
+                           "json": json_path.name}
+    if json_path.is_file():
+        data = json.loads(json_path.read_text())
+        out.update({k: data[k] for k in ("model", "cycles", "reps", "invar_over_direct", "same_checkpoints")},
+                   median_cycle_s={d: data[d]["median_cycle_s"] for d in ("invar", "direct")},
+                   wall=data["paired"], cpu=data["paired_cpu"], publish_s=data["publish_s"])
+        if model is not None:  # the goal is the larger model's
+            out.update(goal_1_02_wall=verdict(data["paired"]["total_ratio_ci95"]),
+                       goal_1_02_cpu=verdict(data["paired_cpu"]["total_ratio_ci95"]))
+    return out
+
+
+def overhead_summary(o: dict[str, Any], device: str) -> list[str]:
+    if "skipped" in o or "error" in o:
+        return [f"overhead: {o.get('skipped') or 'ERROR ' + o['error']}"]
+    inf = o["inference"]
+    lines = [f"overhead on {device}{' (' + inf['gpu'] + ')' if inf.get('gpu') else ''}: invar / direct, Σ of paired "
+             f"calls (95 %); goal <= 1.02 on the larger model (bench/overhead.py exit {inf['returncode']}, "
+             f"{inf['seconds']} s)"]
+    for r in inf.get("rows", []):
+        w, c = r["wall_total_ratio_ci95"], r["cpu_total_ratio_ci95"]
+        goal = f" (1.02: {r['goal_1_02_wall']})" if r["size"] == "large" else ""
+        lines.append(f"  {r['size']} ({r['parameters'] / 1e6:.1f} M) {r['engine']} {r['layout']}: wall "
+                     f"{r['wall_total_ratio']:.3f} ({w[0]:.3f}-{w[1]:.3f}){goal}, CPU "
+                     f"{r['cpu_total_ratio']:.3f} ({c[0]:.3f}-{c[1]:.3f}); {r['pairs']} pairs, direct "
+                     f"{r['direct_median_call_s'] * 1e3:.1f} ms/call; fixed cost {r['fixed_cost_per_call_us']:,.0f} "
+                     f"µs/call, {r['fixed_cost_per_record_us']:,.0f} µs/record (core's steps "
+                     f"{r['breakdown_core_us']:,.0f} µs/call)")
+    if inf.get("not_measured"):
+        lines.append(f"  not measured: {', '.join(inf['not_measured'])}")
+    t = o.get("training")
+    if t is not None and "wall" in t:
+        goal = f" (1.02: {t['goal_1_02_wall']})" if "goal_1_02_wall" in t else ""
+        w, cycle = t["wall"], t["median_cycle_s"]
+        lines.append(f"  training cycle ({t['cycles']} cycles x {t['reps']} reps, {Path(t['model']).name}): wall "
+                     f"{w['total_ratio']:.3f} ({w['total_ratio_ci95'][0]:.3f}-{w['total_ratio_ci95'][1]:.3f}){goal}, "
+                     f"CPU {t['cpu']['total_ratio']:.3f}; median cycle invar {cycle['invar']:.2f} s, direct "
+                     f"{cycle['direct']:.2f} s; publish {t['publish_s']['median'] * 1e3:.0f} ms")
+    elif t is not None and "skipped" in t:
+        lines.append(f"  training: skipped ({t['skipped']})")
+    elif t is not None:
+        lines.append(f"  training: no result (bench/train_overhead.py exit {t['returncode']}, {t['seconds']} s)")
     return lines
 
 
@@ -207,14 +380,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nf4-problems", type=int, default=64)
     parser.add_argument("--out", type=Path, default=None, help="where gpu_check.json goes (default $OUT, else "
                         "./gpu-check)")
+    parser.add_argument("--budget-s", type=float, default=540, help="the whole script's time: the overhead "
+                        "benchmark gets what the engine checks leave (default 540, for a 10-minute command)")
+    parser.add_argument("--checks", action=argparse.BooleanOptionalAction, default=True,
+                        help="the engine checks (--no-checks: the overhead benchmark alone)")
+    parser.add_argument("--overhead", action=argparse.BooleanOptionalAction, default=None,
+                        help="after the checks, bench/overhead.py on this device (default: on with --device cuda)")
+    parser.add_argument("--pairs", type=int, default=16, help="overhead: paired calls per layout, engine and size")
+    parser.add_argument("--overhead-sizes", default="large,tiny", help="overhead: model sizes, in order")
+    parser.add_argument("--large-layers", type=int, default=None, help="overhead: the larger model's layers")
+    parser.add_argument("--large-hidden", type=int, default=None, help="overhead: the larger model's hidden size")
+    parser.add_argument("--train-cycles", type=int, default=2, help="overhead: training cycles per repetition "
+                        "(bench/train_overhead.py, Hugging Face; 0: none)")
+    parser.add_argument("--train-reps", type=int, default=2, help="overhead: training repetitions per driver")
     args = parser.parse_args(argv)
+    deadline = time.monotonic() + args.budget_s
+    if args.overhead is None:
+        args.overhead = args.device == "cuda"
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in engines if e not in PACKAGES]
     if unknown or not engines:
         print(f"gpu_check: unknown engine(s) {unknown}; choose from {sorted(PACKAGES)}", file=sys.stderr)
         return 2
-    if args.n < 2:
-        print("gpu_check: --n must be at least 2", file=sys.stderr)
+    if args.n < 2 or args.pairs < 1 or args.train_cycles < 0 or args.train_reps < 1:
+        print("gpu_check: --n must be at least 2, --pairs and --train-reps at least 1, --train-cycles at least 0",
+              file=sys.stderr)
         return 2
     if not (args.model / "config.json").is_file():
         print(f"gpu_check: {args.model} holds no model; build it with scripts/train_model.py or pass --model",
@@ -227,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"device": args.device, "dtype": args.dtype, "model": str(args.model),
                               "n": args.n, "engines": {}}
     ok = True
-    for engine in engines:
+    for engine in engines if args.checks else []:
         try:
             result = run_engine(engine, args, problems, vocab)
         except Exception as exc:  # one engine failing must not hide the other's numbers
@@ -238,7 +428,16 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in result or ("reproducibility" in result and not result["reproducibility"]["bit_identical"]):
             ok = False
         (out_dir / "gpu_check.json").write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
+    if args.overhead:
+        try:
+            report["overhead"] = run_overhead(args, engines, out_dir, deadline)
+        except Exception as exc:  # a measurement: whatever goes wrong, the checks above still decide the exit code
+            traceback.print_exc()
+            report["overhead"] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        (out_dir / "gpu_check.json").write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
     print("\n".join(line for e, r in report["engines"].items() for line in summary(e, r)))
+    if "overhead" in report:
+        print("\n".join(overhead_summary(report["overhead"], args.device)))
     print(f"written: {out_dir / 'gpu_check.json'}")
     return 0 if ok else 1
 

@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/overhead.py [--engines hf,mlx,vllm] [--sizes tiny,large] [--reps 5]
                                        [--requests 256] [--json docs/performance/overhead.json]
-                                       [--plot docs/performance/overhead.png]
+                                       [--plot docs/performance/overhead.png] [--device cpu|cuda]
+                                       [--budget-s SECONDS]
 
 For each engine and model size, three drivers run the same calls (256 seeded prompts of the evaluation population,
 T = 1, as a contract's generate calls: one call per 64 requests, once in the pairing layout, batches of 16, and once
@@ -41,6 +42,14 @@ Decisions:
   by default) with the shipped tokenizer, so an engine step costs what it would on a small real model.
 - The fixed cost per call is the mean paired difference on the tiny model; per record, half of it (a call writes
   two records: the call and its report).
+- **`--device cuda`** (hf and vLLM; MLX has no CUDA) puts every driver on the GPU the same way: the worker gets the
+  `device` setting `cuda` (hf: `--device cuda`; vLLM: `--device cuda`, its GPU build's defaults otherwise), the
+  direct runner builds the worker's engine class with that device, and native vLLM runs on the direct runner's
+  engine. The larger model defaults to 24 layers of hidden size 1024 there (290 M parameters; 36.2 M on the CPU).
+  Two vLLM engines (the worker's and the direct runner's) share the one GPU, so each takes
+  `gpu_memory_utilization` 0.4 instead of the worker's 0.85 (which would leave no room for the second).
+- **`--budget-s`**: no new round, model size or engine starts once that many seconds have passed since the start
+  (every started engine finishes at least one round), so a run under a time limit still reports what it measured.
 """
 
 from __future__ import annotations
@@ -77,8 +86,12 @@ POPULATION = REPO / "data" / "arith-eval.jsonl"
 SEED = 20261130
 LAYOUTS = {"pairing-b16": 16, "batch-32": 32}
 NATIVE = ("vllm", "mlx")
-# vLLM on the CPU reserves this fraction of host memory for its KV cache in each of its two engines.
+# vLLM on the CPU reserves this fraction of host memory for its KV cache in each of its two engines; on CUDA each of
+# the two engines (the worker's and the direct runner's) takes this fraction of the one GPU.
 VLLM_SETTINGS = {"gpu_memory_utilization": 0.05}
+VLLM_CUDA_UTILIZATION = 0.4
+# The larger model's shape (layers, hidden size) by device: on a GPU a 36 M model leaves every call launch-bound.
+LARGE_SHAPE = {"cpu": (12, 512), "cuda": (24, 1024)}
 # MLX's CPU backend on Linux takes about 28 s for one call of 64 requests on the larger model (torch: about 1.3 s),
 # so there it runs one call of 32 requests per layout.
 LARGE_CAP = {"mlx": 32}
@@ -183,9 +196,20 @@ def tree_cpu_s(pid: int) -> float:
 # -- the direct and native drivers (a process of their own) ---------------------------------------------------------
 
 
-def _direct_engine(engine: str) -> Any:
+def invar_settings(engine: str, device: str) -> dict[str, Any]:
+    """The launch settings the core gives the worker: as before on the CPU, the device (and vLLM's share) on CUDA."""
+    if device == "cpu":
+        return dict(VLLM_SETTINGS) if engine == "vllm" else {}
+    if engine == "vllm":
+        return {"device": device, "gpu_memory_utilization": VLLM_CUDA_UTILIZATION}
+    return {"device": device}
+
+
+def _direct_engine(engine: str, device: str) -> Any:
     """The worker's engine class, set up as the worker's `main` sets it up, in this process."""
     if engine == "hf":
+        # As the worker: deterministic cuBLAS needs its workspace fixed before the first CUDA matrix product.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         import torch
         from transformers.utils import logging as hf_logging
 
@@ -196,15 +220,16 @@ def _direct_engine(engine: str) -> Any:
         torch.set_num_interop_threads(1)
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
-        return hf_worker.Engine(hf_worker.Role.INFERENCE, "cpu")
+        return hf_worker.Engine(hf_worker.Role.INFERENCE, device)
     if engine == "mlx":
         from workers import mlx_worker
 
         return mlx_worker.Engine(mlx_worker.Role.INFERENCE)
     from workers import vllm_worker
 
+    utilization = VLLM_SETTINGS["gpu_memory_utilization"] if device == "cpu" else VLLM_CUDA_UTILIZATION
     return vllm_worker.Engine(vllm_worker.Settings(
-        device="cpu", max_model_len=None, gpu_memory_utilization=VLLM_SETTINGS["gpu_memory_utilization"],
+        device=device, max_model_len=None, gpu_memory_utilization=utilization,
         max_num_seqs=256, max_lora_rank=8, max_loras=2, enforce_eager=True, seed=0))
 
 
@@ -241,14 +266,19 @@ def _native(engine: str, direct: Any, model: Path) -> Any:
     return None
 
 
-def serve_direct(engine: str, model: Path, reply_fd: int) -> int:
+def serve_direct(engine: str, model: Path, reply_fd: int, device: str) -> int:
     """Load the model once, then answer timing requests read as JSON lines on stdin, on a private pipe."""
     reply = os.fdopen(reply_fd, "w", buffering=1)
-    direct = _direct_engine(engine)
+    direct = _direct_engine(engine, device)
     direct.load_model({"model_dir": str(model), "model_digest": canonical.tree_digest(str(model)),
                        "dtype": "float32", "quantization": "none", "adapter": None})
     native = _native(engine, direct, model)
-    reply.write(json.dumps({"ready": True, "native": native is not None}) + "\n")
+    gpu = None
+    if device == "cuda":
+        import torch
+
+        gpu = torch.cuda.get_device_name()
+    reply.write(json.dumps({"ready": True, "native": native is not None, "gpu": gpu}) + "\n")
     for line in sys.stdin:
         req = json.loads(line)
         calls = req["calls"]
@@ -266,17 +296,18 @@ def serve_direct(engine: str, model: Path, reply_fd: int) -> int:
 
 
 class DirectDriver:
-    def __init__(self, engine: str, model: Path) -> None:
+    def __init__(self, engine: str, model: Path, device: str) -> None:
         read_fd, write_fd = os.pipe()
         self.proc = subprocess.Popen(
             [sys.executable, "-P", str(Path(__file__).resolve()), "--serve-direct", engine, "--model", str(model),
-             "--reply-fd", str(write_fd)],
+             "--reply-fd", str(write_fd), "--device", device],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
             pass_fds=(write_fd,), cwd=REPO, env=worker_env())  # the environment a worker gets
         os.close(write_fd)
         self.replies = os.fdopen(read_fd, "r")
         hello = self._read()
         self.native = bool(hello["native"])
+        self.gpu: str | None = hello.get("gpu")
 
     def _read(self) -> dict[str, Any]:
         line = self.replies.readline()
@@ -300,8 +331,8 @@ class DirectDriver:
 
 
 @contextlib.contextmanager
-def invar_driver(engine: str, model: Path, run_dir: Path) -> Iterator[tuple[Any, RunStore]]:
-    settings = VLLM_SETTINGS if engine == "vllm" else {}
+def invar_driver(engine: str, model: Path, run_dir: Path, device: str) -> Iterator[tuple[Any, RunStore]]:
+    settings = invar_settings(engine, device)
     with RunStore.create(run_dir, meta={"command": "bench/overhead.py"}) as store, \
             engine_session(EngineSpec(Engine(engine), model, settings=settings), store) as session:
         yield session, store
@@ -415,17 +446,21 @@ def breakdown(session: Any, store: RunStore, calls: list[dict[str, Any]], rounds
             "worker_replay_median_us": {k: float(np.median(v) * 1e6) for k, v in replay.items()}}
 
 
-def measure(engine: str, model: Path, calls: dict[str, list[dict[str, Any]]], reps: int,
-            work: Path) -> dict[str, Any]:
-    """`reps` rounds; in each, every call of every layout runs as a pair (invar, direct) in alternating order."""
+def measure(engine: str, model: Path, calls: dict[str, list[dict[str, Any]]], reps: int, work: Path,
+            device: str = "cpu", deadline: float = float("inf")) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`reps` rounds; in each, every call of every layout runs as a pair (invar, direct) in alternating order.
+
+    No round after the first starts past `deadline` (`time.monotonic()`). Returns the rows per layout and what ran
+    (rounds, the GPU's name on CUDA)."""
     pairs: dict[str, dict[str, list[float]]] = {layout: {"invar": [], "direct": [], "invar_cpu": [], "direct_cpu": []}
                                                 for layout in calls}
     totals: dict[str, dict[str, list[float]]] = {layout: {"invar": [], "direct": [], "native": []}
                                                  for layout in calls}
-    direct = DirectDriver(engine, model)
+    direct = DirectDriver(engine, model, device)
     n = 0
+    rounds = 0
     try:
-        with invar_driver(engine, model, work / f"run-{engine}-{model.name}") as (session, store):
+        with invar_driver(engine, model, work / f"run-{engine}-{model.name}", device) as (session, store):
             worker_pid = session.client._proc.pid  # the worker's process tree: its CPU time is invar's too
 
             def invar_cpu() -> float:  # this process alone (its tree holds the direct driver and the worker too)
@@ -437,6 +472,10 @@ def measure(engine: str, model: Path, calls: dict[str, list[dict[str, Any]]], re
                 if direct.native:
                     direct.run("native", layout_calls[:1])
             for rep in range(reps):
+                if rep and time.monotonic() > deadline:
+                    print(f"  {engine} {model.name}: time budget spent after {rep} of {reps} rounds", flush=True)
+                    break
+                rounds += 1
                 for layout, layout_calls in calls.items():
                     for c in layout_calls:
                         got: dict[str, float] = {}
@@ -490,7 +529,7 @@ def measure(engine: str, model: Path, calls: dict[str, list[dict[str, Any]]], re
         row["fixed_cost_per_record_us"] = row["fixed_cost_per_call_us"] / 2
         row["breakdown"] = where[layout]
         result[layout] = row
-    return result
+    return result, {"rounds": rounds, "gpu": direct.gpu}
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -538,8 +577,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5, help="rounds: every call of every layout once per round")
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=5)
-    parser.add_argument("--large-layers", type=int, default=12)
-    parser.add_argument("--large-hidden", type=int, default=512)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where every driver runs the engine (cuda: hf and vllm)")
+    parser.add_argument("--large-layers", type=int, default=None, help="default 12 on the CPU, 24 on CUDA")
+    parser.add_argument("--large-hidden", type=int, default=None, help="default 512 on the CPU, 1024 on CUDA")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="start no new round, size or engine after this many seconds (each started engine "
+                             "runs one round at least)")
     parser.add_argument("--cache", type=Path, default=REPO / "bench" / ".cache")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
@@ -550,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nice", type=int, default=-10, help="priority of the bench and its workers (root lowers it)")
     args = parser.parse_args(argv)
     if args.serve_direct:
-        return serve_direct(args.serve_direct, args.model, args.reply_fd)
+        return serve_direct(args.serve_direct, args.model, args.reply_fd, args.device)
     if args.replot is not None:
         if args.plot is None:
             parser.error("--replot needs --plot")
@@ -559,27 +603,42 @@ def main(argv: list[str] | None = None) -> int:
     engines = [e for e in args.engines.split(",") if e]
     if any(e not in ("hf", "mlx", "vllm") for e in engines) or args.reps < 1 or args.requests < 1:
         parser.error("--engines takes hf, mlx, vllm; --reps and --requests must be ≥ 1")
+    if args.device == "cuda" and "mlx" in engines:
+        parser.error("MLX has no CUDA device: pass --engines hf,vllm with --device cuda")
+    deadline = time.monotonic() + (args.budget_s if args.budget_s is not None else float("inf"))
+    layers = args.large_layers or LARGE_SHAPE[args.device][0]
+    hidden = args.large_hidden or LARGE_SHAPE[args.device][1]
     # Both drivers' processes inherit these: the same priority and the same threads, so neither is favoured.
     with contextlib.suppress(PermissionError):
         os.nice(args.nice)
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(name, "1")
-    results: dict[str, Any] = {"requests": args.requests, "max_tokens": args.max_tokens, "reps": args.reps,
+    results: dict[str, Any] = {"device": args.device, "requests": args.requests, "max_tokens": args.max_tokens,
+                               "reps": args.reps,
                                "layouts": LAYOUTS, "cpus": os.cpu_count(), "load_at_start": os.getloadavg(),
                                "niceness": os.nice(0), "threads": {k: os.environ[k] for k in (
                                    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
                                "sizes": {}}
     with tempfile.TemporaryDirectory(prefix="invar-overhead-") as tmp:
         for size in args.sizes.split(","):
-            model = DEFAULT_MODEL if size == "tiny" else build_large(args.cache, args.large_layers, args.large_hidden)
+            if time.monotonic() > deadline:
+                print(f"{size}: not measured, the time budget was spent", flush=True)
+                results.setdefault("not_measured", []).append(f"{size} (time budget)")
+                continue
+            model = DEFAULT_MODEL if size == "tiny" else build_large(args.cache, layers, hidden)
             shown = model.relative_to(REPO) if model.is_relative_to(REPO) else model
             entry: dict[str, Any] = {"model": str(shown), "parameters": parameters(model), "engines": {}}
             results["sizes"][size] = entry
             for engine in engines:
+                if time.monotonic() > deadline:
+                    print(f"{engine} on {model.name}: not measured, the time budget was spent", flush=True)
+                    results.setdefault("not_measured", []).append(f"{size} {engine} (time budget)")
+                    continue
                 count = args.requests if size == "tiny" else min(args.requests, LARGE_CAP.get(engine, args.requests))
                 print(f"{engine} on {model.name} ({entry['parameters']:,} parameters), {count} requests", flush=True)
-                entry["engines"][engine] = {"requests": count, "layouts": measure(
-                    engine, model, make_calls(count, args.max_tokens), args.reps, Path(tmp))}
+                layouts, ran = measure(engine, model, make_calls(count, args.max_tokens), args.reps, Path(tmp),
+                                       args.device, deadline)
+                entry["engines"][engine] = {"requests": count, **ran, "layouts": layouts}
                 if args.json:  # kept as it goes: a long run stopped part-way still leaves its figures
                     args.json.parent.mkdir(parents=True, exist_ok=True)
                     args.json.write_text(json.dumps(results, indent=2) + "\n")

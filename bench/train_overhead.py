@@ -1,7 +1,7 @@
 """What a training cycle costs through Invar against a direct runner doing the same cycle in one process.
 
     .venv/bin/python bench/train_overhead.py [--config configs/arith-mlx.toml] [--cycles 3] [--reps 3]
-                                             [--model DIR] [--per-cycle N] [--json OUT]
+                                             [--model DIR] [--per-cycle N] [--json OUT] [--device cpu|cuda]
 
 Both drivers run the same cycles of the same configuration (cycles, model and prompts per cycle overridable):
 
@@ -20,6 +20,12 @@ repetition) with min and max, the ratio of the medians, the median per-pair rati
 with 95 % bootstrap intervals, each phase's median (invar: generate, learner, publish as its run records them;
 direct: generate, learner), and the publish phase (Invar's alone) against the cycle. The bench lowers its niceness
 (`--nice`, root only) and sets the BLAS/OpenMP thread variables to 1 unless set; both drivers inherit them.
+
+`--device cuda` (Hugging Face only) runs both drivers' engines on the GPU. A training configuration has no device
+setting (`invar train` starts its workers with their defaults: the CPU), so for cuda the bench runs `invar train`
+in a process of its own that gives every worker the launch setting `device = "cuda"` (each worker declares it in
+its identity, recorded in the run) and is otherwise the command itself; the direct runner builds both engine
+classes with that device.
 """
 
 from __future__ import annotations
@@ -78,31 +84,57 @@ def write_config(source: Path, out: Path, cycles: int, model: Path | None, per_c
     return out
 
 
-def _engines(backend: str) -> tuple[Any, Any]:
+def _engines(backend: str, device: str) -> tuple[Any, Any]:
     if backend == "mlx":
         from workers import mlx_worker
 
         return mlx_worker.Engine(mlx_worker.Role.INFERENCE), mlx_worker.Engine(mlx_worker.Role.LEARNER)
+    # As the worker's `main` sets itself up (deterministic cuBLAS needs its workspace fixed before the first product).
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
     from transformers.utils import logging as hf_logging
 
     from workers import hf_worker
 
-    # As the worker's `main` sets itself up.
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    return hf_worker.Engine(hf_worker.Role.INFERENCE, "cpu"), hf_worker.Engine(hf_worker.Role.LEARNER, "cpu")
+    return hf_worker.Engine(hf_worker.Role.INFERENCE, device), hf_worker.Engine(hf_worker.Role.LEARNER, device)
 
 
-def run_direct(config: Path, out: Path) -> dict[str, Any]:
+def launch_train_workers_on(device: str) -> None:
+    """From now on in this process, `invar train` starts every worker with the launch setting `device`."""
+    import dataclasses
+
+    from invar.runner import train as train_mod
+
+    spec = train_mod.EngineSpec
+
+    def on_device(*args: Any, **kwargs: Any) -> Any:
+        made = spec(*args, **kwargs)
+        return dataclasses.replace(made, settings={**made.settings, "device": device})
+
+    train_mod.EngineSpec = on_device  # type: ignore[misc,assignment]
+
+
+def invar_train_on(device: str, argv: list[str]) -> int:
+    """`invar train` with every worker launched on `device` (a training configuration has no such setting)."""
+    from invar.cli.app import main as cli_main
+
+    launch_train_workers_on(device)
+    sys.argv = ["invar", *argv]
+    cli_main()
+    return 0
+
+
+def run_direct(config: Path, out: Path, device: str = "cpu") -> dict[str, Any]:
     """Every cycle of the configuration in this process (as `invar train` runs it, without Invar)."""
     p = tr.plan(config)
     cfg = p.config
     out.mkdir(parents=True)
-    inference, learner = _engines(cfg.backend)
+    inference, learner = _engines(cfg.backend, device)
     load = {"model_dir": str(p.model), "model_digest": p.model_digest, "dtype": cfg.dtype, "quantization": "none",
             "adapter": None}
     inference.load_model(load)
@@ -140,14 +172,16 @@ def run_direct(config: Path, out: Path) -> dict[str, Any]:
     return {"cycle_s": seconds, "cycle_cpu_s": cpu, "phases_s": phases, "digests": digests}
 
 
-def run_invar(config: Path, run: Path) -> dict[str, Any]:
+def run_invar(config: Path, run: Path, device: str = "cpu") -> dict[str, Any]:
     """`invar train` in its own process; its process tree's CPU time is sampled every 20 ms while it runs."""
     samples: list[tuple[int, float]] = []
     log = run.with_name(run.name + ".log")
+    command = [str(config), "--run", str(run), "--json"]
+    launch = ([sys.executable, "-m", "invar.cli", "train"] if device == "cpu" else
+              [sys.executable, str(Path(__file__).resolve()), "--invar-train-on", device, "train"])
     t0 = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "invar.cli", "train", str(config), "--run", str(run),
-                                 "--json"], stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        proc = subprocess.Popen([*launch, *command], stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
         while proc.poll() is None:
             samples.append((time.time_ns(), tree_cpu_s(proc.pid)))
             time.sleep(0.02)
@@ -179,10 +213,11 @@ def run_invar(config: Path, run: Path) -> dict[str, Any]:
             "wall_s": wall}
 
 
-def direct_subprocess(config: Path, out: Path) -> dict[str, Any]:
+def direct_subprocess(config: Path, out: Path, device: str = "cpu") -> dict[str, Any]:
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-P", str(Path(__file__).resolve()), "--direct", str(config),
-                           "--out", str(out)], capture_output=True, text=True, cwd=REPO, env=worker_env())
+                           "--out", str(out), "--device", device], capture_output=True, text=True, cwd=REPO,
+                          env=worker_env())
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"bench/train_overhead.py: the direct runner failed: {proc.stderr.strip()[-2000:]}")
@@ -212,12 +247,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=None, help="another model folder (e.g. bench/overhead.py's)")
     parser.add_argument("--per-cycle", type=int, default=None, help="prompts per cycle (default: the config's)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where both drivers' engines run (cuda: Hugging Face only)")
     parser.add_argument("--direct", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--invar-train-on", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--nice", type=int, default=-10, help="priority of the bench and its workers (root lowers it)")
+    if argv is None and len(sys.argv) > 2 and sys.argv[1] == "--invar-train-on":
+        return invar_train_on(sys.argv[2], sys.argv[3:])  # before parsing: the rest is invar's command line
     args = parser.parse_args(argv)
     if args.direct is not None:
-        print(json.dumps(run_direct(args.direct, args.out)))
+        print(json.dumps(run_direct(args.direct, args.out, args.device)))
         return 0
     # Both drivers' processes inherit these: the same priority and the same threads, so neither is favoured.
     with contextlib.suppress(PermissionError):
@@ -231,11 +271,14 @@ def main(argv: list[str] | None = None) -> int:
         backend = tomllib.loads(config.read_text())["backend"]
         if backend not in DIRECT_BACKENDS:
             parser.error(f"the direct runner drives {', '.join(DIRECT_BACKENDS)}; the config's backend is {backend}")
+        if args.device == "cuda" and backend != "hf":
+            parser.error(f"--device cuda runs Hugging Face only; the config's backend is {backend}")
         runs: dict[str, list[dict[str, Any]]] = {"invar": [], "direct": []}
         for rep in range(args.reps):
             for driver in (["invar", "direct"] if rep % 2 == 0 else ["direct", "invar"]):
                 where = folder / f"{driver}-{rep}"
-                got = run_invar(config, where) if driver == "invar" else direct_subprocess(config, where)
+                got = (run_invar(config, where, args.device) if driver == "invar" else
+                       direct_subprocess(config, where, args.device))
                 runs[driver].append(got)
                 print(f"rep {rep + 1}/{args.reps} {driver}: cycles " +
                       ", ".join(f"{s:.2f}" for s in got["cycle_s"]) + " s, CPU " +
@@ -244,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         digests = {json.dumps(r["digests"]) for rs in runs.values() for r in rs}
         if len(digests) != 1:
             raise SystemExit("bench/train_overhead.py: invar and the direct runner published different checkpoints")
-    result: dict[str, Any] = {"config": str(args.config), "backend": backend, "cycles": args.cycles,
+    result: dict[str, Any] = {"device": args.device, "config": str(args.config), "backend": backend,
+                              "cycles": args.cycles,
                               "reps": args.reps, "model": str(args.model or "config's"),
                               "per_cycle": args.per_cycle, "same_checkpoints": True, "cpus": os.cpu_count(),
                               "niceness": os.nice(0), "load_at_start": load_at_start, "load_at_end": os.getloadavg()}
