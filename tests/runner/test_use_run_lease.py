@@ -12,7 +12,7 @@ import pytest
 
 from invar.errors import ProtocolError
 from invar.protocol import WorkerLost
-from invar.runner.use_run import RESTARTS, _Lease
+from invar.runner.engine import RESTARTS, Lease
 
 
 class _Client:
@@ -48,7 +48,7 @@ def _starter(lost: Callable[[int], bool], log: list[str]) -> Callable[[Callable[
 def test_a_lost_worker_is_replaced_and_the_call_issued_to_the_replacement() -> None:
     log: list[str] = []
     readies: list[int] = []
-    with _Lease(_starter(lambda n: n == 0, log), lambda: readies.append(1), 3, "the reference worker 1") as lease:
+    with Lease(_starter(lambda n: n == 0, log), lambda: readies.append(1), 3, "the reference worker 1") as lease:
         assert lease.ask("generate", {"k": 1}) == ("answer", 1, "generate", {"k": 1})
     assert log == ["start 0", "stop 0", "start 1", "stop 1"]
     assert readies == [1]  # only the first start waits at the run's barrier
@@ -56,7 +56,7 @@ def test_a_lost_worker_is_replaced_and_the_call_issued_to_the_replacement() -> N
 
 def test_replacements_are_bounded_and_the_stop_is_one_line() -> None:
     log: list[str] = []
-    with _Lease(_starter(lambda n: True, log), lambda: None, RESTARTS, "the candidate worker 2") as lease, \
+    with Lease(_starter(lambda n: True, log), lambda: None, RESTARTS, "the candidate worker 2") as lease, \
             pytest.raises(ProtocolError) as stopped:
         lease.ask("generate", {})
     assert len([e for e in log if e.startswith("start")]) == RESTARTS + 1
@@ -66,7 +66,7 @@ def test_replacements_are_bounded_and_the_stop_is_one_line() -> None:
 
 def test_without_replacements_a_loss_is_the_workers_own_error() -> None:
     log: list[str] = []
-    with _Lease(_starter(lambda n: True, log), lambda: None, 0, "the reference worker 1") as lease, \
+    with Lease(_starter(lambda n: True, log), lambda: None, 0, "the reference worker 1") as lease, \
             pytest.raises(WorkerLost, match="worker 0: the Ray actor"):
         lease.ask("generate", {})
     assert log == ["start 0", "stop 0"]

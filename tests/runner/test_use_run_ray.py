@@ -1,10 +1,10 @@
 """`invar use run --ray`: workers placed as Ray actors on a local Ray cluster (started here, loopback only) give the
 records' decision of local workers; a worker whose actor is killed mid-call is replaced and its call issued again,
-nothing lost; an unreachable address and a worker that is not the package are one line, exit 2."""
+nothing lost; an unreachable address and a worker that is not the package are one line, exit 2. The cluster is the
+session's (`cluster`, tests/runner/conftest.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -13,82 +13,16 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from ray_cluster import LOOPBACK_ENV, free_port, placements, ray_invar
 from test_use_run import _decision_figures, _invar, _outputs_by_call, write_declaration
-from train_helpers import published, write_config
 
 from invar.records import RunStore
 
 pytestmark = pytest.mark.engine
-
-# Ray on this machine's loopback only: without this Ray gives its nodes the machine's routable address.
-LOOPBACK_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _processes() -> dict[int, tuple[bytes, int]]:
-    found = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            found[int(entry)] = (cmd, ppid)
-    return found
-
-
-def _stop_cluster(marks: list[bytes]) -> None:
-    """Stop the processes of this cluster only (named by its temp dir or its address) and their children; `ray stop`
-    would stop every Ray cluster on the machine."""
-    procs = _processes()
-    mine = {pid for pid, (cmd, _) in procs.items() if pid != os.getpid() and any(m in cmd for m in marks)}
-    grown = True
-    while grown:
-        grown = False
-        for pid, (_, ppid) in procs.items():
-            if ppid in mine and pid not in mine:
-                mine.add(pid)
-                grown = True
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in mine:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        time.sleep(2)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    temp = tmp_path_factory.mktemp("ray")
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
-    env = {**os.environ, **LOOPBACK_ENV}
-    ray_cli = Path(sys.executable).with_name("ray")
-    cmd = [str(ray_cli), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
-           "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", str(temp),
-           "--ray-client-server-port", str(_free_port())]
-    try:
-        started = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-        assert started.returncode == 0, f"ray start failed:\n{started.stderr[-3000:]}"
-        yield address
-    finally:
-        _stop_cluster([str(temp).encode(), f"127.0.0.1:{port}".encode()])
-
-
-def _ray_invar(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **LOOPBACK_ENV})
-
 
 @pytest.fixture(scope="module")
 def contract(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -107,15 +41,10 @@ def local(contract: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-def _placements(run: Path) -> list[dict[str, Any]]:
-    with RunStore.open(run) as store:
-        return [v for k, v in store.meta().items() if k.startswith("placement ")]
-
-
 def test_ray_placed_workers_give_the_decision_of_local_ones(cluster: str, contract: Path, local: Path,
                                                            tmp_path: Path) -> None:
     run = tmp_path / "run"
-    out = _ray_invar("use", "run", str(contract), "--run", str(run), "--ray", cluster, "--workers", "2", "--json")
+    out = ray_invar("use", "run", str(contract), "--run", str(run), "--ray", cluster, "--workers", "2", "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["calls_issued"] == doc["calls_total"]
@@ -124,7 +53,7 @@ def test_ray_placed_workers_give_the_decision_of_local_ones(cluster: str, contra
     admitted = _invar("use", "admit", str(run), "--contract", str(contract), "--expect-head", doc["chain_head"])
     assert admitted.returncode in (0, 10, 11), admitted.stderr
     # Where each worker ran is kept, outside the identities: four actors on this cluster's one (loopback) node.
-    placed = _placements(run)
+    placed = placements(run)
     assert len(placed) == 4
     assert {p["node_ip"] for p in placed} == {"127.0.0.1"}
     with RunStore.open(run) as store:
@@ -181,7 +110,7 @@ def test_a_killed_actor_is_replaced_and_its_call_issued_again(cluster: str, cont
     again = [c for c in calls if c.call.method == "generate" and c.call.params == lost[0].call.params
              and c.report is not None and c.worker not in first_workers]
     assert len(again) == 1
-    assert len(_placements(run)) == 3  # the two first actors and the replacement
+    assert len(placements(run)) == 3  # the two first actors and the replacement
     # The killed actor's worker went with it.
     with pytest.raises(ProcessLookupError):
         os.kill(killed["worker_pid"], 0)
@@ -207,7 +136,7 @@ def test_an_unreachable_address_is_one_line_and_loses_nothing(contract: Path, tm
         before = store.verify().head
     # ... then resumed on a Ray address nobody serves.
     started = time.monotonic()
-    out = _ray_invar("use", "run", str(contract), "--run", str(run), "--ray", f"127.0.0.1:{_free_port()}")
+    out = ray_invar("use", "run", str(contract), "--run", str(run), "--ray", f"127.0.0.1:{free_port()}")
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1, out.stderr
     assert "cannot reach a Ray cluster there" in out.stderr
@@ -215,7 +144,7 @@ def test_an_unreachable_address_is_one_line_and_loses_nothing(contract: Path, tm
     assert time.monotonic() - started < 60
     with RunStore.open(run) as store:
         assert store.verify().head == before  # nothing recorded, nothing lost
-    bad = _ray_invar("use", "run", str(contract), "--run", str(run), "--ray", "nowhere")
+    bad = ray_invar("use", "run", str(contract), "--run", str(run), "--ray", "nowhere")
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1
     assert "expected HOST:PORT" in bad.stderr
@@ -234,7 +163,7 @@ def test_an_unreachable_address_is_one_line_and_loses_nothing(contract: Path, tm
     assert "cannot reach a Ray cluster there (no Ray head answered within 3 s)" in silent.stdout
     assert silent.stderr == ""
     assert time.monotonic() - started < 60
-    zero = _ray_invar("use", "run", str(contract), "--run", str(run), "--ray", "127.0.0.1:1", "--workers", "0")
+    zero = ray_invar("use", "run", str(contract), "--run", str(run), "--ray", "127.0.0.1:1", "--workers", "0")
     assert zero.returncode == 2
     assert zero.stderr.count("\n") == 1
     assert "--workers 0: must be ≥ 1" in zero.stderr
@@ -250,28 +179,10 @@ def test_a_ray_placed_worker_that_is_not_the_package_is_refused(cluster: str, co
     decl = tmp_path / "foreign.toml"
     decl.write_text(head.replace('name = "ray-nf4"', 'name = "foreign"') + "[candidate]" + cand, encoding="utf-8")
     assert _invar("use", "prepare", str(decl)).returncode == 0
-    out = _ray_invar("use", "run", str(tmp_path / "foreign.contract.json"), "--run", str(tmp_path / "run"),
+    out = ray_invar("use", "run", str(tmp_path / "foreign.contract.json"), "--run", str(tmp_path / "run"),
                      "--ray", cluster)
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1, out.stderr
     assert "the candidate worker is not the package the contract names: candidate.engine_version" in out.stderr
     with RunStore.open(tmp_path / "run") as store:
         assert store.calls() == []
-
-
-def test_train_with_ray_placed_inference_workers_publishes_the_local_checkpoints(cluster: str, tmp_path: Path) -> None:
-    config = write_config(tmp_path, "mlx-ray", "mlx", cycles=2)
-    local_run, ray_run = tmp_path / "local", tmp_path / "ray"
-    out = _invar("train", str(config), "--run", str(local_run))
-    assert out.returncode == 0, out.stderr
-    out = _ray_invar("train", str(config), "--run", str(ray_run), "--ray", cluster)
-    assert out.returncode == 0, out.stderr
-    assert published(ray_run) == published(local_run)
-    assert len(published(ray_run)) == 2
-    same = _invar("compare", "histories", str(local_run), str(ray_run))
-    assert same.returncode == 0, same.stdout + same.stderr
-    placed = _placements(ray_run)
-    assert len(placed) == 1  # the inference worker; the learner ran here
-    with RunStore.open(ray_run) as store:
-        roles = {ident.role.value for key, ident in store.workers().items() if key == placed[0]["worker"]}
-    assert roles == {"inference"}

@@ -27,8 +27,8 @@ import numpy as np
 
 from invar import canonical
 from invar.engines import start_worker
-from invar.errors import EvidenceError, InvarError
-from invar.protocol import Identity, Role, WorkerClient
+from invar.errors import EvidenceError, InvarError, ProtocolError
+from invar.protocol import Answer, Identity, Role, WorkerClient, WorkerLost
 from invar.records import RunStore
 
 if TYPE_CHECKING:
@@ -222,6 +222,63 @@ def engine_session(
                       int(max_len) if isinstance(max_len, int) else None)
     finally:
         client.close()
+
+
+RESTARTS = 3
+"""How many times one Ray-placed worker may be replaced after it is lost, before the command stops."""
+
+
+class Lease:
+    """One worker slot: a session started by `start`, replaced by a fresh one from the same `start` when its worker
+    is lost (at most `restarts` times; with none, the loss is raised as it came).
+
+    `start(ready)` enters a session; `ready` runs once, for the first session only (`use run` waits there for every
+    worker's identity check). A replacement passes whatever checks `start` makes before its first call.
+    `replaced` counts the replacements, so a caller can tell which of its calls went to a lost worker."""
+
+    def __init__(self, start: Callable[[Callable[[], object]], contextlib.AbstractContextManager[Session]],
+                 ready: Callable[[], object], restarts: int, who: str) -> None:
+        self._start, self._ready, self._left, self._restarts, self._who = start, ready, restarts, restarts, who
+        self._stack = contextlib.ExitStack()
+        self.session: Session | None = None
+        self.replaced = 0
+
+    def __enter__(self) -> Lease:
+        self.session = self._stack.enter_context(self._start(self._ready))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def replace(self, lost: WorkerLost) -> Session:
+        """Stop what is left of the lost worker and start its replacement; `ProtocolError` once none is left."""
+        if not self._restarts:
+            raise lost
+        while True:
+            if self._left <= 0:
+                first = str(lost).splitlines()[0] if str(lost) else type(lost).__name__
+                raise ProtocolError(f"{self._who} was lost {self._restarts + 1} times (replaced {self._restarts} "
+                                    f"times); last: {first}")
+            self._left -= 1
+            self.session = None
+            with contextlib.suppress(ProtocolError):
+                self._stack.close()  # the lost worker's session: stop what is left of it
+            self._stack = contextlib.ExitStack()
+            try:
+                self.session = self._stack.enter_context(self._start(lambda: None))
+                self.replaced += 1
+                return self.session
+            except WorkerLost as exc:
+                lost = exc
+
+    def ask(self, method: str, params: dict[str, Any]) -> Answer:
+        """A call answered by this slot's worker; a lost worker's call is issued again to its replacement."""
+        while True:
+            assert self.session is not None
+            try:
+                return self.session.client.ask(method, params)
+            except WorkerLost as exc:
+                self.replace(exc)
 
 
 def probe_identity(engine: Engine, settings: Mapping[str, Any] | None = None,

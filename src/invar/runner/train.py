@@ -15,6 +15,10 @@ Decisions:
   unfinished cycle stay in the records, unused; the cycle runs again with the same derived seeds, so on engines
   whose calls are deterministic the resumed run publishes the same checkpoints, bit for bit, as an uninterrupted
   one.
+- **A lost Ray-placed inference worker is replaced** (`invar.runner.engine.Lease`, at most `RESTARTS` times per
+  worker): the replacement must declare the first inference worker's identity, loads the policy the pending call
+  samples, and is issued that call again with the same params; the lost call stays on record unanswered and the
+  publication names the answered one. A local worker's death stops the run instead (resume it).
 - **A refusal stops the run** with one line naming the cycle and what differs; every record written so far is kept
   and the store is left open (not closed), so the run reads as incomplete.
 """
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,10 +42,10 @@ from invar.loop.advantages import group_advantages
 from invar.loop.checkpoint import check_checkpoint
 from invar.loop.config import ConfigError, TrainConfig, read_config, resolve
 from invar.loop.objective import OBJECTIVE_VERSION, ObjectiveSettings, loss_terms
-from invar.protocol import Role
+from invar.protocol import Answer, PendingCall, Role, WorkerLost
 from invar.records import RunStore
 from invar.records.store import is_run
-from invar.runner.engine import ADAPTER_NAME, Dtype, Engine, EngineSpec, Session, engine_session
+from invar.runner.engine import ADAPTER_NAME, RESTARTS, Dtype, Engine, EngineSpec, Lease, Session, engine_session
 from invar.runner.evaluate import population_digest
 from invar.runner.options import check_context, model_context
 from invar.tasks import Problem, Vocabulary, load_population, split_of
@@ -233,7 +237,8 @@ def train(
     """Run (or resume) the training run of the configuration at `config_path` in `run_dir`.
 
     `ray`: the address of a Ray cluster on which the inference workers are placed, as actors (the learner stays
-    on this machine); a lost inference worker stops the run, which resumes like any other."""
+    on this machine); a lost inference worker is replaced and its unanswered generate calls issued again
+    (`_Rollouts`), at most `RESTARTS` times per worker, then the run stops and resumes like any other."""
     started = time.perf_counter()
     p = plan(config_path)
     cfg = p.config
@@ -249,7 +254,7 @@ def train(
         from invar.protocol.ray_transport import RayPlacement, connect
 
         connect(ray)
-        placement = RayPlacement(ray, restarts=0)
+        placement = RayPlacement(ray, restarts=RESTARTS)
     store, done = _open(run_dir, p)
     with store:
         reused = len(done)
@@ -269,19 +274,44 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
     progress(Progress(len(done), cfg.cycles, "start"))
     inference_spec = EngineSpec(inference_engine, p.model, Dtype(cfg.dtype))
     learner_spec = EngineSpec(learner_engine, p.model, Dtype(cfg.dtype), adapter=None if last is None else last.path)
+    start = _inference_start(inference_spec, store, call_timeout, placement)
+    restarts = 0 if placement is None else placement.restarts
     with contextlib.ExitStack() as stack:
-        engines = [stack.enter_context(engine_session(inference_spec, store, call_timeout=call_timeout,
-                                                      placement=placement))
-                   for _ in range(cfg.rollout.workers)]
+        leases = [stack.enter_context(Lease(start, lambda: None, restarts, f"the inference worker {i + 1}"))
+                  for i in range(cfg.rollout.workers)]
         learner = stack.enter_context(engine_session(learner_spec, store, role=Role.LEARNER, adapter_in_load=True,
                                                      resume_training=True, call_timeout=call_timeout))
         if last is not None and learner.adapter_digest != last.digest:
             raise EvidenceError(f"the learner loaded adapter {str(learner.adapter_digest)[:16]}…, not the published "
                                 f"checkpoint {last.digest[:16]}…")
-        rollouts = _Rollouts(p, engines)
+        rollouts = _Rollouts(p, leases)
         for n in range(len(done), cfg.cycles):
             done.append(_cycle(p, n, run_dir, store, rollouts, learner, done, progress))
     return done
+
+
+def _inference_start(spec: EngineSpec, store: RunStore, call_timeout: float | None,
+                     placement: RayPlacement | None) -> Callable[[Callable[[], object]],
+                                                                 contextlib.AbstractContextManager[Session]]:
+    """How an inference worker starts, first or as a replacement: every one must declare the identity of the first
+    (its pid aside), so the rollouts of a run come from one engine and settings whichever worker made them."""
+    first: list[dict[str, Any]] = []
+
+    @contextlib.contextmanager
+    def start(ready: Callable[[], object]) -> Iterator[Session]:
+        with engine_session(spec, store, call_timeout=call_timeout, ready=ready, placement=placement) as session:
+            declared = {k: v for k, v in session.client.identity.to_wire().items() if k != "pid"}
+            if not first:
+                first.append(declared)
+            for key in sorted(set(first[0]) | set(declared)):
+                if first[0].get(key) != declared.get(key):
+                    raise EvidenceError(f"an inference worker declares {key} {declared.get(key)!r}, unlike the run's "
+                                        f"first inference worker ({first[0].get(key)!r}); every inference worker "
+                                        "must be the same engine, versions and settings: install the same on every "
+                                        "node")
+            yield session
+
+    return start
 
 
 @dataclass
@@ -291,7 +321,13 @@ class _Pending:
     version: int
     policy: Published | None
     shards: list[list[dict[str, Any]]]
-    calls: list[Any]
+    params: list[dict[str, Any]]
+    workers: list[int]
+    """The inference worker (its lease's index) each shard's call goes to."""
+    calls: list[PendingCall | None]
+    issued_to: list[int]
+    """Per call, how many times its worker had been replaced when it was issued: a loss seen on a call issued before
+    the latest replacement needs no new one."""
     started: float
 
 
@@ -300,42 +336,75 @@ class _Rollouts:
     policy version max(0, m − K) (version v: the checkpoint published by cycle v − 1; 0: the base model). With
     K = 0 that is the checkpoint published last (synchronous); with K ≥ 1 the engines generate the next cycles'
     rollouts while the learner updates. The rule is fixed by the configuration, never by timing, so a resumed or
-    rescheduled run consumes the same rollouts."""
+    rescheduled run consumes the same rollouts.
 
-    def __init__(self, p: Plan, engines: list[Session]) -> None:
+    A lost inference worker (on Ray) is replaced through its lease. Each call the lost worker left unanswered is
+    issued again to the replacement when its cycle takes it (calls it answered before it was lost stand), with the
+    same params after loading the policy that call samples; the requests are seeded, so the replacement answers
+    what the lost worker would have. The lost calls stay on record unanswered."""
+
+    def __init__(self, p: Plan, leases: list[Lease]) -> None:
         self.p = p
-        self.engines = engines
-        self.loaded: list[str | None] = [None] * len(engines)
+        self.leases = leases
+        self.loaded: list[str | None] = [None] * len(leases)
         self.pending: dict[int, _Pending] = {}
 
     def version(self, m: int) -> int:
         return max(0, m - self.p.config.rollout.staleness)
+
+    def _submit(self, m: int, j: int) -> None:
+        """Issue cycle m's call j to its worker's current session, its policy loaded first (`WorkerLost` if the
+        worker is gone)."""
+        pending = self.pending[m]
+        i, policy = pending.workers[j], pending.policy
+        lease = self.leases[i]
+        assert lease.session is not None
+        client = lease.session.client
+        if policy is not None and self.loaded[i] != policy.digest:
+            got = client.call("load_adapter", {"name": ADAPTER_NAME, "path": str(policy.path.resolve()),
+                                               "digest": policy.digest})
+            if got.get("adapter_digest") != policy.digest:
+                raise EvidenceError(f"cycle {m}: the engine loaded {str(got.get('adapter_digest'))[:16]}…, not "
+                                    f"the published checkpoint {policy.digest[:16]}…")
+            self.loaded[i] = policy.digest
+        pending.calls[j] = client.submit("generate", pending.params[j])
+        pending.issued_to[j] = lease.replaced
+
+    def _issue(self, m: int, j: int) -> None:
+        """`_submit`, to a replacement if the worker is lost on the way."""
+        while True:
+            try:
+                self._submit(m, j)
+                return
+            except WorkerLost as exc:
+                self._lost(self.pending[m].workers[j], exc)
+
+    def _lost(self, i: int, exc: WorkerLost) -> None:
+        """Replace worker i (`ProtocolError` once no replacement is left); it has loaded no policy yet."""
+        self.leases[i].replace(exc)
+        self.loaded[i] = None
 
     def start(self, m: int, done: list[Published]) -> None:
         """Submit cycle m's generate calls (its policy must be published)."""
         cfg = self.p.config
         version = self.version(m)
         policy = done[version - 1] if version else None
-        for i, engine in enumerate(self.engines):
-            if policy is not None and self.loaded[i] != policy.digest:
-                got = engine.client.call("load_adapter", {"name": ADAPTER_NAME, "path": str(policy.path.resolve()),
-                                                          "digest": policy.digest})
-                if got.get("adapter_digest") != policy.digest:
-                    raise EvidenceError(f"cycle {m}: the engine loaded {str(got.get('adapter_digest'))[:16]}…, not "
-                                        f"the published checkpoint {policy.digest[:16]}…")
-                self.loaded[i] = policy.digest
         prompts = cyc.cycle_prompts(self.p.prompts, cfg.prompts.per_cycle, cfg.seed, m)
         requests = cyc.rollout_requests(prompts, cfg.rollout.group_size, cfg.seed, m, cfg.rollout.temperature,
                                         cfg.rollout.max_tokens)
         reference = "base" if cfg.objective.kl_coef > 0 else None
-        shards, calls = [], []
-        for engine, part in zip(self.engines, cyc.shards(len(requests), cfg.rollout.group_size, len(self.engines)),
-                                strict=True):
+        pending = _Pending(version, policy, [], [], [], [], [], time.perf_counter())
+        for i, part in enumerate(cyc.shards(len(requests), cfg.rollout.group_size, len(self.leases))):
             if part:
-                shards.append(requests[part.start:part.stop])
-                calls.append(engine.client.submit("generate", cyc.generate_params(
-                    shards[-1], cfg.rollout.batch_size, None if policy is None else ADAPTER_NAME, reference)))
-        self.pending[m] = _Pending(version, policy, shards, calls, time.perf_counter())
+                pending.shards.append(requests[part.start:part.stop])
+                pending.params.append(cyc.generate_params(pending.shards[-1], cfg.rollout.batch_size,
+                                                          None if policy is None else ADAPTER_NAME, reference))
+                pending.workers.append(i)
+                pending.calls.append(None)
+                pending.issued_to.append(-1)
+        self.pending[m] = pending
+        for j in range(len(pending.workers)):
+            self._issue(m, j)
 
     def ahead(self, n: int, done: list[Published]) -> None:
         """While cycle n's learner works: start every later cycle (within K) whose policy is already published."""
@@ -343,12 +412,27 @@ class _Rollouts:
             if m not in self.pending and self.version(m) <= len(done):
                 self.start(m, done)
 
-    def take(self, n: int, done: list[Published]) -> tuple[_Pending, list[Any]]:
+    def take(self, n: int, done: list[Published]) -> tuple[_Pending, list[Answer]]:
         """Cycle n's rollouts: its pending calls (started now if they were not), answered."""
         if n not in self.pending:
             self.start(n, done)
-        pending = self.pending.pop(n)
-        return pending, [c.answer() for c in pending.calls]
+        pending = self.pending[n]
+        answers = []
+        for j, i in enumerate(pending.workers):
+            while True:
+                call = pending.calls[j]
+                assert call is not None
+                try:
+                    answers.append(call.answer())
+                    break
+                except WorkerLost as exc:
+                    # A call issued before an earlier loss of its worker is lost with it: the worker was already
+                    # replaced, and only the call goes again.
+                    if pending.issued_to[j] == self.leases[i].replaced:
+                        self._lost(i, exc)
+                    self._issue(n, j)
+        del self.pending[n]
+        return pending, answers
 
 
 def learner_step_params(p: Plan, samples: list[cyc.Sample], advantages: np.ndarray, save_dir: Path) -> dict[str, Any]:

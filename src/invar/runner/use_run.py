@@ -64,16 +64,16 @@ from invar.contract.admit import (
 from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
 from invar.contract.prepare import load_contract, method_version, tokenizer_digest
-from invar.errors import ContractError, EvidenceError, InvarError, ProtocolError
-from invar.protocol import Answer, WorkerLost
+from invar.errors import ContractError, EvidenceError, InvarError
 from invar.records import RunStore
 from invar.records.store import is_run
 from invar.runner.engine import (
+    RESTARTS,
     Dtype,
     Engine,
     EngineSpec,
+    Lease,
     Quantization,
-    Session,
     check_patches_active,
     engine_session,
 )
@@ -87,8 +87,6 @@ if TYPE_CHECKING:
 
 ROLES: tuple[Role, Role] = ("reference", "candidate")
 T = TypeVar("T")
-RESTARTS = 3
-"""How many times one Ray-placed worker may be replaced after it is lost, before the run stops."""
 
 
 @dataclass(frozen=True)
@@ -366,52 +364,6 @@ class _Counter:
         self._sink(Progress(self.calls_done, self.calls_total, self.requests_done, self.requests_total))
 
 
-class _Lease:
-    """One thread's worker: started from its package, and replaced by a fresh one when it is lost (at most
-    `restarts` times), the unanswered call then issued to the replacement."""
-
-    def __init__(self, start: Callable[[Callable[[], object]], contextlib.AbstractContextManager[Session]],
-                 ready: Callable[[], object], restarts: int, who: str) -> None:
-        self._start, self._ready, self._left, self._restarts, self._who = start, ready, restarts, restarts, who
-        self._stack = contextlib.ExitStack()
-        self.session: Session | None = None
-
-    def __enter__(self) -> _Lease:
-        self.session = self._stack.enter_context(self._start(self._ready))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stack.close()
-
-    def _replace(self, lost: WorkerLost) -> None:
-        while True:
-            if self._left <= 0:
-                first = str(lost).splitlines()[0] if str(lost) else type(lost).__name__
-                raise ProtocolError(f"{self._who} was lost {self._restarts + 1} times (replaced {self._restarts} "
-                                    f"times); last: {first}")
-            self._left -= 1
-            self.session = None
-            with contextlib.suppress(ProtocolError):
-                self._stack.close()  # the lost worker's session: stop what is left of it
-            self._stack = contextlib.ExitStack()
-            try:
-                # The replacement passes the same identity check against the contract before its first call.
-                self.session = self._stack.enter_context(self._start(lambda: None))
-                return
-            except WorkerLost as exc:
-                lost = exc
-
-    def ask(self, method: str, params: dict[str, Any]) -> Answer:
-        while True:
-            assert self.session is not None
-            try:
-                return self.session.client.ask(method, params)
-            except WorkerLost as exc:
-                if not self._restarts:
-                    raise
-                self._replace(exc)
-
-
 def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, EngineSpec],
              todo: Mapping[Role, Sequence[PlannedCall]], measure: Mapping[Role, Sequence[MeasurementCall]],
              tokens: dict[tuple[Role, int], np.ndarray], store: RunStore, eos: Mapping[Role, int],
@@ -493,7 +445,7 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
                 yield session
 
         restarts = 0 if placement is None else placement.restarts
-        with _Lease(session_of, checked.wait, restarts, f"the {role} worker {n + 1}") as lease:
+        with Lease(session_of, checked.wait, restarts, f"the {role} worker {n + 1}") as lease:
 
             def ask(method: str, params: dict[str, Any], key: str) -> tuple[dict[str, Any], str]:
                 answer = lease.ask(method, params)

@@ -1,0 +1,89 @@
+"""A local Ray cluster for the `--ray` tests (loopback only), and what they share to drive and read it.
+
+The cluster itself is the session fixture `cluster` (tests/runner/conftest.py): one per test session, so the
+use run and train tests pay for its start once."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from invar.records import RunStore
+
+# Ray on this machine's loopback only: without this Ray gives its nodes the machine's routable address.
+LOOPBACK_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _processes() -> dict[int, tuple[bytes, int]]:
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            found[int(entry)] = (cmd, ppid)
+    return found
+
+
+def _stop_cluster(marks: list[bytes]) -> None:
+    """Stop the processes of this cluster only (named by its temp dir or its address) and their children; `ray stop`
+    would stop every Ray cluster on the machine."""
+    procs = _processes()
+    mine = {pid for pid, (cmd, _) in procs.items() if pid != os.getpid() and any(m in cmd for m in marks)}
+    grown = True
+    while grown:
+        grown = False
+        for pid, (_, ppid) in procs.items():
+            if ppid in mine and pid not in mine:
+                mine.add(pid)
+                grown = True
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in mine:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        time.sleep(2)
+
+
+@contextlib.contextmanager
+def local_cluster(temp: Path) -> Iterator[str]:
+    """A Ray head on 127.0.0.1 with 2 CPUs, its files under `temp`; yields its address, stops it after."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    env = {**os.environ, **LOOPBACK_ENV}
+    ray_cli = Path(sys.executable).with_name("ray")
+    cmd = [str(ray_cli), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
+           "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", str(temp),
+           "--ray-client-server-port", str(free_port())]
+    try:
+        started = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert started.returncode == 0, f"ray start failed:\n{started.stderr[-3000:]}"
+        yield address
+    finally:
+        _stop_cluster([str(temp).encode(), f"127.0.0.1:{port}".encode()])
+
+
+def ray_invar(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **LOOPBACK_ENV})
+
+
+def placements(run: Path) -> list[dict[str, Any]]:
+    """Where each worker of a run ran (its meta `placement <worker>` entries)."""
+    with RunStore.open(run) as store:
+        return [v for k, v in store.meta().items() if k.startswith("placement ")]
