@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from invar.contract.model import Layout
 from invar.contract.plan import Unit, cut_batches, derive_plan, layout_batches, select_units, unit_seed
+from invar.contract.prepare import load_for_planning
 from invar.errors import ContractError
 
 
@@ -139,3 +140,30 @@ def test_layouts_that_coincide_on_the_units_are_refused(tmp_path: Path) -> None:
         make_workspace(tmp_path, units=3,
                        layouts={"solo": {"batch_size": 1}, "b4": {"batch_size": 4}, "b8": {"batch_size": 8}},
                        invariance={"layouts": ["solo", "b4", "b8"]})
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"population": {"sample": 17}},
+        {"requirement": {"epsilon": 0.2, "method": "paired-binary-sequence", "sequential": True, "max_n": 30},
+         "layouts": {"solo": {"batch_size": 3, "order": "shuffled"}},
+         "invariance": {"required": False, "layouts": None}, "execution": {"requests_per_call": 7}},
+        {"population": {"sample": 25},
+         "requirement": {"epsilon": 0.2, "method": "paired-binary-sequence", "sequential": True, "max_n": 25},
+         "layouts": {"solo": {"batch_size": 4, "order": "reverse"}},
+         "invariance": {"required": False, "layouts": None}, "execution": {"requests_per_call": 9}},
+    ],
+)
+def test_planning_reads_the_plans_unit_count_and_looks_without_the_population(
+    tmp_path: Path, changes: dict[str, object]
+) -> None:
+    ws = make_workspace(tmp_path, units=30, **changes)
+    (tmp_path / "population.jsonl").unlink()  # `use plan` does not need it; `load_contract` would refuse now
+    contract, units, looks = load_for_planning(ws.contract_path)
+    assert contract == ws.contract
+    assert units == len(ws.plan.units)
+    assert looks == (None if ws.plan.sequential is None else ws.plan.sequential.boundaries)
+    if ws.plan.sequential is not None:
+        assert len(looks or ()) > 2

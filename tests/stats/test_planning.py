@@ -221,17 +221,34 @@ def test_exact_plans_compute_the_exact_power_at_n_and_n_minus_1_only(
 ) -> None:
     """The search runs on the cheap power; the exact power is computed where it decides (n reaches the target, n − 1
     does not), and is the same number a fresh computation at that n gives (no dependence on the search's path).
-    paired-binary-exact computes it at those two n only."""
+    paired-binary-exact computes it at n only: at n − 1 an upper bound below the target settles it (checked here
+    against the exact power there)."""
     assumption = planning._assumption(0.05, 0.05, None, 0.0, -1.0, 1.0)
     planner = planner_class(assumption, 0.1, 0.05)
     start = round(planning.START_FACTORS[method] * planning._normal_guess(assumption, 0.1, 0.05, 0.8))
     n, power = planner.plan(0.8, 1, 10_000_000, start)
     assert n == expected
-    if method == "paired-binary-exact":  # at n = 78 the score test's supremum is inside the domain: searched twice
-        assert sorted(planner.exact) == [n - 1, n]
-    assert power == planner.exact[n] >= 0.8 > planner.exact[n - 1]
+    assert power == planner.exact[n] >= 0.8
     assert power_at(method, n, 0.05, 0.05, 0.1, 0.05) == power
-    assert power_at(method, n - 1, 0.05, 0.05, 0.1, 0.05) == planner.exact[n - 1]
+    if method == "paired-binary-exact":
+        assert sorted(planner.exact) == [n]
+        assert planner.below(n - 1, 0.8)
+        assert power_at(method, n - 1, 0.05, 0.05, 0.1, 0.05) < 0.8
+    else:  # at n = 78 the score test's supremum is inside the domain: searched twice
+        assert 0.8 > planner.exact[n - 1] == power_at(method, n - 1, 0.05, 0.05, 0.1, 0.05)
+
+
+def test_exact_planners_upper_bound_never_claims_a_power_below_the_target_wrongly() -> None:
+    """`_ExactPlanner.below(n, target)` (the shortcut for n − 1) holds only where the exact power is below target."""
+    assumption = planning._assumption(0.05, 0.05, None, 0.0, -1.0, 1.0)
+    planner = planning._ExactPlanner(assumption, 0.1, 0.05)
+    for n in (100, 110, 113, 114, 120):
+        exact = planner.power(n)
+        for target in (0.5, exact, 0.8, float(np.nextafter(exact, 1.0)), 0.9):
+            if planner.below(n, target):
+                assert exact < target, (n, target)
+    assert planner.below(113, 0.8)  # where the plan uses it
+    assert not planner.below(114, 0.8)
 
 
 def test_exact_plan_searches_again_when_the_cheap_power_misleads() -> None:

@@ -32,8 +32,8 @@ from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json, resumabl
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
 from invar.contract.admit import EXIT_CODES, Decision, admit
 from invar.contract.model import Contract
-from invar.contract.plan import ExecutionPlan, PlannedCall
-from invar.contract.prepare import load_contract, prepare
+from invar.contract.plan import PlannedCall
+from invar.contract.prepare import load_for_planning, prepare
 from invar.contract.receipt import fingerprint, load_private_key, make_receipt, verify_receipt, write_receipt
 from invar.errors import ContractError, InvarError
 from invar.patches import patch_digest, patch_dir
@@ -146,7 +146,7 @@ def plan_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """The sample size each bound method needs to admit under stated assumptions, at a stated power."""
-    c, _sha, plan = load_contract(contract)
+    c, units, looks = load_for_planning(contract)  # the unit count without reading the population
     req = c.requirement
     if req.standard != "population" or req.delta is None:
         raise ContractError(f"{contract}: a finite-domain contract decides exactly on its units; there is no "
@@ -156,7 +156,7 @@ def plan_cmd(
         stated.get("p_worse"), stated.get("p_better"), float(req.epsilon), float(req.delta), power,
         methods=method or None, variance=stated.get("variance"), mean=stated.get("mean", 0.0),
     )
-    stops = _sequential_plan(c, plan, stated, sequential_max)
+    stops = _sequential_plan(c, looks, stated, sequential_max)
     if json_out:
         emit_json({"contract": str(contract), "contract_method": req.method, "epsilon": str(req.epsilon),
                    "delta": str(req.delta), "rows": [dataclasses.asdict(r) for r in rows],
@@ -165,15 +165,14 @@ def plan_cmd(
     typer.echo(render_plan(rows), nl=False)
     if stops is not None:
         typer.echo(render_sequential(stops), nl=False)
-    units = len(plan.units)
-    if plan.sequential is not None:
-        typer.echo(f"the contract decides sequentially with {plan.sequential.version}, looking after each of "
-                   f"{len(plan.sequential.boundaries)} pairing calls, and runs at most {units:,} units")
+    if looks is not None:
+        typer.echo(f"the contract decides sequentially with {c.method_version}, looking after each of "
+                   f"{len(looks)} pairing calls, and runs at most {units:,} units")
     else:
         typer.echo(f"the contract decides with {req.method} and runs {units:,} units")
 
 
-def _sequential_plan(c: Contract, plan: ExecutionPlan, stated: dict[str, float], n_max: int | None) -> \
+def _sequential_plan(c: Contract, looks: tuple[int, ...] | None, stated: dict[str, float], n_max: int | None) -> \
         SequentialPlan | None:
     """The stopping-n plan for --sequential-max (or a contract that declares `requirement.max_n`), looking after each
     batch of the pairing layout; None when neither asks for one."""
@@ -186,7 +185,7 @@ def _sequential_plan(c: Contract, plan: ExecutionPlan, stated: dict[str, float],
     assert req.delta is not None
     method = req.method if req.sequential and req.method is not None else "paired-binary-sequence"
     # A sequential contract looks after each pairing call (its plan's first look); else after each pairing batch.
-    look = c.layouts[c.pairing.layout].batch_size if plan.sequential is None else plan.sequential.boundaries[0]
+    look = c.layouts[c.pairing.layout].batch_size if looks is None else looks[0]
     return sequential_plan(method, stated["p_worse"], stated["p_better"], float(req.epsilon), float(req.delta),
                            int(horizon), batch=min(int(horizon), look), runs=1000)
 

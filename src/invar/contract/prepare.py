@@ -9,6 +9,7 @@ layouts cannot be told apart on its units is refused before anything runs.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from invar.contract.model import (
     read_contract,
     read_declaration,
 )
-from invar.contract.plan import ExecutionPlan, Unit, derive_plan
+from invar.contract.plan import ExecutionPlan, Unit, cut_batches, derive_plan, layout_batches
 from invar.errors import ContractError
 from invar.stats.bounds import VERSIONS
 from invar.stats.sequential import SEQUENTIAL_VERSIONS
@@ -229,3 +230,24 @@ def load_contract(path: str | os.PathLike[str]) -> tuple[Contract, str, Executio
     contract, sha = read_contract(p)
     problems = _population(p.parent / contract.population.path, contract.population.sha256)
     return contract, sha, derive_plan(contract, sha, [Unit(q.id, q.prompt) for q in problems])
+
+
+def load_for_planning(path: str | os.PathLike[str]) -> tuple[Contract, int, tuple[int, ...] | None]:
+    """What `use plan` needs of a contract: the contract, the number of units a run uses and, for a sequential
+    contract, the units covered at the end of each look (`plan.sequential.boundaries`).
+
+    The same numbers as `load_contract`'s plan, without reading the population (most of that command's time): the
+    contract fixes the population's size and sample, and its digest seals them; the unit count and the looks depend
+    on those and on the layouts only, never on the problems themselves.
+    """
+    contract, _ = read_contract(Path(path))
+    population = contract.population
+    units = population.size if population.sample is None else population.sample
+    looks = None
+    if contract.requirement.sequential:
+        pairing = contract.pairing.layout
+        batches = layout_batches(units, pairing, contract.layouts[pairing], contract.pairing.seed)
+        per_call = None if contract.execution is None else contract.execution.requests_per_call
+        groups = [batches] if per_call is None else cut_batches(batches, per_call)  # one call per group
+        looks = tuple(itertools.accumulate(sum(len(batch) for batch in group) for group in groups))
+    return contract, units, looks

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from invar.errors import ContractError, EvidenceError
 from invar.records import RunStore
@@ -44,6 +43,8 @@ def clopper_pearson(correct: int, n: int, confidence: float) -> tuple[float, flo
         raise ValueError(f"need 0 ≤ correct ≤ n and n ≥ 1, got correct={correct}, n={n}")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    from scipy import stats  # here, not at import: scipy.stats costs most of a second of every command's start-up
+
     alpha = 1.0 - confidence
     lower = 0.0 if correct == 0 else float(stats.beta.ppf(alpha / 2, correct, n - correct + 1))
     upper = 1.0 if correct == n else float(stats.beta.ppf(1 - alpha / 2, correct + 1, n - correct))

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from statistics import NormalDist
 
-from scipy import stats
-
+from invar.stats import _binom
 from invar.stats.bounds import Bound, StatisticsError, check_count, check_counts, check_delta, hoeffding
 
 EXACT_MCNEMAR_LIMIT = 20_000
@@ -51,7 +50,7 @@ def mcnemar_exact_one_sided(worse: int, better: int) -> float:
     if total == 0:
         return 1.0
     if total > EXACT_MCNEMAR_LIMIT:
-        return float(stats.binom.sf(w - 1, total, 0.5))
+        return float(_binom.sf(w - 1, total, 0.5))
     term = 1  # C(total, k), starting at k = 0
     tail = 0
     for k in range(total + 1):

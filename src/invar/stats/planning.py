@@ -50,9 +50,8 @@ from statistics import NormalDist
 from typing import TypeVar, cast
 
 import numpy as np
-from scipy import stats
 
-from invar.stats import bounds, score, trinomial
+from invar.stats import _binom, bounds, score, trinomial
 from invar.stats.bounds import METHODS, VERSIONS, StatisticsError
 
 DECISION_MARGIN = 2.0**-30
@@ -161,8 +160,8 @@ def _count_range(n: int, p: float, cut: float = TAIL_CUT) -> tuple[int, int]:
         return 0, 0
     if p >= 1.0:
         return n, n
-    lo = int(stats.binom.ppf(cut / 2, n, p))
-    hi = int(stats.binom.ppf(1.0 - cut / 2, n, p))
+    lo = int(_binom.ppf(cut / 2, n, p))
+    hi = int(_binom.ppf(1.0 - cut / 2, n, p))
     return max(0, lo), min(n, hi)
 
 
@@ -194,8 +193,8 @@ def _hoeffding_power(n: int, assumption: _Assumption, epsilon: float, delta: flo
     pi, q = _discordance(assumption)
     k_lo, k_hi = _count_range(n, pi)
     k = np.arange(k_lo, k_hi + 1)
-    within = stats.binom.cdf(np.floor((lo + k) / 2.0), k, q)
-    return min(1.0, float(np.sum(stats.binom.pmf(k, n, pi) * within)))
+    within = _binom.cdf(np.floor((lo + k) / 2.0), k, q)
+    return min(1.0, float(np.sum(_binom.pmf(k, n, pi) * within)))
 
 
 def _maurer_pontil_power(n: int, assumption: _Assumption, epsilon: float, delta: float) -> float:
@@ -212,7 +211,7 @@ def _maurer_pontil_power(n: int, assumption: _Assumption, epsilon: float, delta:
     variance = (k_all - t * t / n) / (n - 1)
     _, upper = bounds.maurer_pontil_limits(t / n, variance, n, -1.0, 1.0, delta)
     ok = upper <= epsilon
-    weight = stats.binom.pmf(k_all[ok], n, pi) * stats.binom.pmf(w_all[ok], k_all[ok], q)
+    weight = _binom.pmf(k_all[ok], n, pi) * _binom.pmf(w_all[ok], k_all[ok], q)
     return min(1.0, float(np.sum(weight)))
 
 
@@ -222,15 +221,15 @@ def _count_ranges(ns: np.ndarray, p: float, cut: float = TAIL_CUT) -> tuple[np.n
         return np.zeros_like(ns), np.zeros_like(ns)
     if p >= 1.0:
         return ns.copy(), ns.copy()
-    lo = stats.binom.ppf(cut / 2, ns, p).astype(np.int64)
-    hi = stats.binom.ppf(1.0 - cut / 2, ns, p).astype(np.int64)
+    lo = _binom.ppf(cut / 2, ns, p).astype(np.int64)
+    hi = _binom.ppf(1.0 - cut / 2, ns, p).astype(np.int64)
     return np.maximum(0, lo), np.minimum(ns, hi)
 
 
 def _clopper_pearson_uppers(ks: np.ndarray, n: int, gamma: float) -> list[float]:
     """`trinomial.clopper_pearson_upper(k, n, gamma)` for many k at once: the same numbers (scipy's quantile is
     elementwise; the same enlargement after it)."""
-    limits = stats.beta.isf(gamma, ks + 1, np.maximum(n - ks, 1)).tolist()
+    limits = _binom.beta_isf(gamma, ks + 1, np.maximum(n - ks, 1)).tolist()
     return [
         1.0 if k >= n else min(1.0, math.nextafter(float(limit) * (1.0 + 1e-12), math.inf))
         for k, limit in zip(ks.tolist(), limits, strict=True)
@@ -282,8 +281,8 @@ class _ExactPlanner:
         lengths = np.array([end - lo + 1 for _, lo, end in summed])
         w = np.concatenate([np.arange(lo, end + 1) for _, lo, end in summed])
         of_k = np.repeat(ks[[i for i, _, _ in summed]], lengths)
-        inner = stats.binom.pmf(w, of_k, q)
-        outer = stats.binom.pmf(ks, n, pi).tolist()
+        inner = _binom.pmf(w, of_k, q)
+        outer = _binom.pmf(ks, n, pi).tolist()
         total, at = 0.0, 0
         for (i, _, _), length in zip(summed, lengths.tolist(), strict=True):
             total += float(outer[i]) * float(np.sum(inner[at : at + length].copy()))
@@ -367,19 +366,44 @@ class _ExactPlanner:
         self.exact[n] = self._sum(n, ks, w_lo, w_hi, top)
         return self.exact[n]
 
+    def below(self, n: int, target: float) -> bool:
+        """Whether the exact power at n is below the target, shown without its proofs (False: not shown).
+
+        `power` scans each count from w = a_k (clipped to the range) and climbs only through proven w + 1; a proof
+        at a_k + 1 is refuted at once when its anchor tail exceeds α (`trinomial.proof_status` checks that first,
+        with this very number). Where that holds for every count, the exact power is at most the sum up to a_k,
+        so a sum below the target (with room for the last bits of the summation) settles it: one tail per count
+        instead of one proof or more."""
+        ks, w_lo, w_hi, uppers = self._counts(n)
+        anchors = self.anchors.get(n) or dict(zip(ks.tolist(), self._anchor_thresholds(n), strict=True))
+        alpha = self.delta - trinomial.GAMMA_FRACTION * self.delta
+        delta0 = self.epsilon - DECISION_MARGIN
+        tops = []
+        for k, lo, hi, upper in zip(ks.tolist(), w_lo.tolist(), w_hi.tolist(), uppers, strict=True):
+            top = min(hi, max(lo, anchors[k]))
+            if top < hi and delta0 > -1.0 and trinomial.anchor_tail(delta0, 2 * (top + 1) - k, n, upper) <= alpha:
+                return False  # a proof above a_k might succeed: only the proofs can tell
+            tops.append(top)
+        return self._sum(n, ks, w_lo, w_hi, tops) < target - 1e-12
+
     def plan(self, target: float, n_min: int, n_max: int, start: int) -> tuple[int, float]:
         n, _ = _search(_twice(self.anchor_power), target, n_min, n_max, start)
-        if _verified(self.power, self.exact, n, n_min, target):
+        if _verified(self.power, self.exact, n, n_min, target, self.below):
             return n, self.exact[n]
         return _search(_twice(self.power), target, n_min, n_max, start)
 
 
-def _verified(power: Callable[[int], float], exact: dict[int, float], n: int, n_min: int, target: float) -> bool:
+def _verified(
+    power: Callable[[int], float], exact: dict[int, float], n: int, n_min: int, target: float,
+    below: Callable[[int, float], bool] | None = None,
+) -> bool:
     """Whether the exact power reaches the target at n and not at n − 1 (both computed, in parallel; kept in
-    `exact`)."""
-    wanted = [m for m in (n, n - 1) if m >= n_min and m not in exact]
+    `exact`). `below(m, target)`, where given, may show that the exact power at n − 1 is below the target without
+    computing it (an upper bound below the target); then only n's is computed."""
+    shown_below = n > n_min and n - 1 not in exact and below is not None and below(n - 1, target)
+    wanted = [m for m in (n, n - 1) if m >= n_min and m not in exact and not (m == n - 1 and shown_below)]
     exact.update(zip(wanted, _parallel([partial(power, m) for m in wanted]), strict=True))
-    return exact[n] >= target and (n == n_min or exact[n - 1] < target)
+    return exact[n] >= target and (n == n_min or shown_below or exact[n - 1] < target)
 
 
 def _anchor_passes(
@@ -532,7 +556,11 @@ class _ScorePlanner:
                     w = hi[k] - step[k]
                     step[k] *= 2
                 chosen.append(min(hi[k] - 1, max(lo[k] + 1, w)))
+            # the values of S these candidates need, in two vectorised calls rather than one or more per candidate
+            # (the same values: S is a fixed function, stored once computed)
+            ordering.cover(np.array(chosen, dtype=np.int64), np.array(pending, dtype=np.int64))
             regions = np.array([statistic(w, k) for w, k in zip(chosen, pending, strict=True)])
+            ordering.prepare(float(np.max(regions)), reach)
             matrix = np.stack([ordering.thresholds(float(t), reach) for t in regions])
             at = np.array([uppers[k - k_lo] for k in pending])
             if top_only:
@@ -566,8 +594,8 @@ class _ScorePlanner:
         total = 0.0
         counted = [k for k in ks if lo[k] >= 0]
         if counted:  # vectorised (elementwise: the numbers of one call per k), added in increasing k
-            outer = stats.binom.pmf(counted, n, pi).tolist()
-            inner = stats.binom.cdf([lo[k] for k in counted], counted, q).tolist()
+            outer = _binom.pmf(counted, n, pi).tolist()
+            inner = _binom.cdf([lo[k] for k in counted], counted, q).tolist()
             for mass, within in zip(outer, inner, strict=True):
                 total += float(mass) * float(within)
         if not top_only:
@@ -611,17 +639,20 @@ def _betting_share(
     cap = np.float32(bounds.BET_CAP / (1.0 - float(m_star)))
     scale = np.float32(2.0 * log_threshold / n)
     divisor = np.arange(2, n + 2, dtype=np.float32)  # the mean and variance estimates count one prior unit
+    losses = np.array([0.0, 0.5, 1.0], dtype=np.float32)  # better, tied, worse on the rescaled [0, 1] axis
     hits = 0
     for start in starts:
         rows = min(_CHUNK, reps - start)
         # Common random numbers within a stream: run r of every n starts with the same units.
         u = np.random.default_rng([*stream, start]).random((n, rows), dtype=np.float32)
+        # each unit's outcome as one byte (2: u < p_worse, worse; 1: u < 1 − p_better, tied; 0: better), so that
+        # the transposes below move a quarter of the memory
+        worse = (u < pw).view(np.uint8)
+        outcome = worse + ((u < 1.0 - pb).view(np.uint8) | worse)
+        del u
         for block in range(0, rows, _BLOCK):
             # one run per row, contiguous: the running sums then stream through memory (same numbers in any layout)
-            part = u[:, block : block + _BLOCK]
-            x = np.ascontiguousarray(
-                np.where(part < pw, np.float32(1.0), np.where(part >= 1.0 - pb, np.float32(0.0), np.float32(0.5))).T
-            )
+            x = losses[np.ascontiguousarray(outcome[:, block : block + _BLOCK].T)]
             mu = np.cumsum(x, axis=1, dtype=np.float32)
             mu += np.float32(0.5)
             mu /= divisor

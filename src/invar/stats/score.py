@@ -33,8 +33,8 @@ from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats
 
+from invar.stats import _binom
 from invar.stats.trinomial import TAIL_SLACK, clopper_pearson_upper
 
 FloatArray = npt.NDArray[np.float64]
@@ -70,24 +70,48 @@ def tango_limits(worse: npt.ArrayLike, better: npt.ArrayLike, n: int, z: float) 
     end, so S ≤ (w − b + z·sqrt(n))/n + 2^-30 always. Only +, −, ×, / and sqrt (each correctly rounded) are used,
     so S is the same number on every IEEE platform.
     """
-    w = np.asarray(worse, dtype=np.float64)
-    b = np.asarray(better, dtype=np.float64)
+    w, b = np.broadcast_arrays(np.asarray(worse, dtype=np.float64), np.asarray(better, dtype=np.float64))
+    shape = w.shape
+    w, b = w.reshape(-1), b.reshape(-1)  # at least one axis: the loop works in place
     size = float(n)
     lo = np.maximum(-1.0, (w - b) / size - 2.0**-20)
     hi = np.minimum(1.0, (w - b + z * math.sqrt(size)) / size + 2.0**-30)
     lo = np.minimum(lo, hi)
     width = float(np.max(hi - lo)) if w.size else 0.0
     steps = max(1, math.ceil(math.log2(max(width, 2.0**-31)) + 31.0))
+    # The loop evaluates, in this order of operations (the same numbers, fewer array passes):
+    #   linear = (w + b) + (w − b)·d − 2n·d;  disc = max(linear² + 8n·b·d·(1 − d), 0)
+    #   p = clip((linear + sqrt(disc))/(4n), max(0, −d), (1 − d)/2);  variance = max(n(2p + d(1 − d)), 0)
+    #   plausible = (w − b) − n·d ≥ −z·sqrt(variance)
+    total, diff, scaled_b = w + b, w - b, 8.0 * size * b
+    two_n, four_n, minus_z = 2.0 * size, 4.0 * size, -z
     for _ in range(steps):
-        d = 0.5 * (lo + hi)
-        linear = (w + b) + (w - b) * d - 2.0 * size * d
-        disc = np.maximum(linear * linear + 8.0 * size * b * d * (1.0 - d), 0.0)
-        p = np.clip((linear + np.sqrt(disc)) / (4.0 * size), np.maximum(0.0, -d), (1.0 - d) * 0.5)
-        variance = np.maximum(size * (2.0 * p + d * (1.0 - d)), 0.0)
-        plausible = (w - b) - size * d >= -z * np.sqrt(variance)
-        lo = np.where(plausible, d, lo)
-        hi = np.where(plausible, hi, d)
-    return hi
+        d = lo + hi
+        d *= 0.5
+        one_minus = 1.0 - d
+        linear = diff * d
+        linear += total
+        linear -= two_n * d
+        disc = scaled_b * d
+        disc *= one_minus
+        disc += linear * linear
+        np.maximum(disc, 0.0, out=disc)
+        np.sqrt(disc, out=disc)
+        disc += linear
+        disc /= four_n
+        p = np.clip(disc, np.maximum(0.0, -d), one_minus * 0.5, out=disc)
+        p *= 2.0
+        variance = d * one_minus
+        variance += p
+        variance *= size
+        np.maximum(variance, 0.0, out=variance)
+        np.sqrt(variance, out=variance)
+        variance *= minus_z
+        plausible = diff - size * d >= variance
+        np.copyto(lo, d, where=plausible)
+        np.copyto(hi, d, where=~plausible)
+    result: FloatArray = hi.reshape(shape)
+    return result
 
 
 def _surely_below(n: int, z: float, k: npt.ArrayLike, t: float) -> IntArray:
@@ -131,8 +155,9 @@ class Ordering:
         filled[old] = self.filled[old]
         self.floor, self.base, self.filled, self.table = floor, base, filled, table
 
-    def _extend(self, ks: IntArray, width: int) -> None:
-        """Compute `width` more values of S for each row in ks (one vectorised call)."""
+    def _extend(self, ks: IntArray, width: int | IntArray) -> None:
+        """Compute `width` more values of S for each row in ks (one vectorised call; a width per row or one for
+        all; the rows distinct)."""
         starts = self.base[ks] + self.filled[ks]
         counts = np.maximum(0, np.minimum(ks + 1, starts + width) - starts)
         if counts.sum() == 0:
@@ -172,6 +197,23 @@ class Ordering:
         c: IntArray = np.minimum(self.base[: k_max + 1] + first - 1, np.arange(k_max + 1))
         return c
 
+    def cover(self, worse: IntArray, counts: IntArray) -> None:
+        """Store S up to each (worse, count) in one vectorised call: what `statistic` would compute row by row
+        (tango_limits costs mostly its per-call overhead at a few values a row)."""
+        inside = counts < self.base.size
+        worse, counts = worse[inside], counts[inside]
+        inside = self.base[counts] <= worse
+        worse, counts = worse[inside], counts[inside]
+        if counts.size == 0:
+            return
+        rows = np.unique(counts)
+        furthest = np.full(rows.size, -1, dtype=np.int64)
+        np.maximum.at(furthest, np.searchsorted(rows, counts), worse)
+        short = furthest - (self.base[rows] + self.filled[rows]) + 1
+        wanted = short > 0
+        if wanted.any():
+            self._extend(rows[wanted], short[wanted])
+
     def statistic(self, worse: int, better: int) -> float:
         """T(worse, worse + better): the running maximum of S along w at the observed discordant count."""
         k = worse + better
@@ -209,14 +251,14 @@ def k_ranges(n: int, lo: FloatArray, hi: FloatArray) -> tuple[IntArray, IntArray
 
 def _cdf(c: IntArray, k: npt.ArrayLike, q: npt.ArrayLike) -> FloatArray:
     """P(Bin(k, q) ≤ c), 0 for c < 0."""
-    values: FloatArray = np.where(c < 0, 0.0, stats.binom.cdf(np.maximum(c, 0), k, q))
+    values: FloatArray = np.where(c < 0, 0.0, _binom.cdf(np.maximum(c, 0), k, q))
     return values
 
 
 def _pmf(j: npt.ArrayLike, m: npt.ArrayLike, q: npt.ArrayLike) -> FloatArray:
     """Bin(m, q) pmf at j, 0 where j is outside [0, m] or m < 0 (scipy gives nan for m < 0)."""
     mm = np.asarray(m)
-    values = stats.binom.pmf(j, np.maximum(mm, 0), q)
+    values = _binom.pmf(j, np.maximum(mm, 0), q)
     result: FloatArray = np.where(mm < 0, 0.0, values)
     return result
 
@@ -287,8 +329,8 @@ def _cells(n: int, a1: FloatArray, a2: FloatArray, delta0: float) -> _Cells:
     kf = k.astype(np.float64)
     nf = float(n)
     lo, hi = a1[:, None], a2[:, None]
-    left = stats.binom.sf(k_hi, n, a2) + np.where(k_lo > 0, stats.binom.cdf(np.maximum(k_lo - 1, 0), n, a1), 0.0)
-    pmf_max = np.where(mask, stats.binom.pmf(k, n, np.clip(kf / nf, lo, hi)), 0.0)
+    left = _binom.sf(k_hi, n, a2) + np.where(k_lo > 0, _binom.cdf(np.maximum(k_lo - 1, 0), n, a1), 0.0)
+    pmf_max = np.where(mask, _binom.pmf(k, n, np.clip(kf / nf, lo, hi)), 0.0)
     # the smallest boundary q in the cell, rounded down (a smaller q only enlarges the tail)
     q_min = _down(_q_of(a2 if delta0 > 0.0 else a1, delta0))
     scale = np.sqrt(np.maximum(a2 * (1.0 - a2), a1 * (1.0 - a1)) / n)
@@ -303,7 +345,7 @@ def _cells(n: int, a1: FloatArray, a2: FloatArray, delta0: float) -> _Cells:
     d1 = np.maximum(np.abs(kf - nf * safe_lo), np.abs(kf - nf * safe_hi)) / np.minimum(
         safe_lo * (1.0 - safe_lo), safe_hi * (1.0 - safe_hi)
     )
-    f_m = np.where(mask, stats.binom.pmf(k, n, m), 0.0)
+    f_m = np.where(mask, _binom.pmf(k, n, m), 0.0)
     s_m = (kf - nf * m) / (m * (1.0 - m))
     ds_m = -kf / (m * m) - (nf - kf) / ((1.0 - m) * (1.0 - m))
     e2 = kf / (safe_lo * safe_lo) + (nf - kf) / ((1.0 - safe_hi) * (1.0 - safe_hi))
@@ -641,7 +683,7 @@ def point_tails(n: int, c: IntArray, pi: FloatArray, delta0: float) -> FloatArra
     raw = k_lo[:, None] + np.arange(width)[None, :]
     mask = raw <= k_hi[:, None]
     k = np.minimum(raw, k_hi[:, None])
-    pmf = stats.binom.pmf(k, n, pi[:, None])
+    pmf = _binom.pmf(k, n, pi[:, None])
     q = _q_of(pi, delta0)
     values: FloatArray = np.sum(np.where(mask, pmf * _cdf(c[k], k, q[:, None]), 0.0), axis=1)
     return values
@@ -811,7 +853,7 @@ def _estimate(test: Test, bits: int) -> int:
     grid = test.pi_upper * (np.arange(65) / 64.0) ** 2
     k = np.arange(min(n, test.c.size - 1) + 1)
     ck = test.c[k][None, :]
-    grid_pmf = stats.binom.pmf(k[None, :], n, grid[:, None])
+    grid_pmf = _binom.pmf(k[None, :], n, grid[:, None])
 
     def exceeds(j: int) -> bool:
         delta0 = grid_point(j, bits)
@@ -820,7 +862,7 @@ def _estimate(test: Test, bits: int) -> int:
             return False
         inside = grid >= lo
         points = np.concatenate([[lo], grid[inside]])  # the domain's lower end too: the supremum may sit there
-        pmf = np.concatenate([stats.binom.pmf(k[None, :], n, lo), grid_pmf[inside]])
+        pmf = np.concatenate([_binom.pmf(k[None, :], n, lo), grid_pmf[inside]])
         tails = np.sum(pmf * _cdf(ck, k[None, :], _q_of(points, delta0)[:, None]), axis=1)
         return bool(np.max(tails) > test.alpha)
 

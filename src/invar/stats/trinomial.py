@@ -24,7 +24,8 @@ from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats
+
+from invar.stats import _binom
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -70,12 +71,19 @@ def tails(t: int, n: int, pi: FloatArray, q: FloatArray) -> FloatArray:
     if k_hi < k_lo:
         k_hi = k_lo
     k = np.arange(k_lo, k_hi + 1, dtype=np.float64)
-    pmf = stats.binom.pmf(k[None, :], n, pi[:, None])
-    within = stats.binom.cdf(np.floor((t + k) / 2.0)[None, :], k[None, :], q[:, None])
+    # every argument is known valid here, so the binomial functions go unchecked (`_binom.pmf_inside`); the
+    # numbers are those of `scipy.stats.binom`
+    pmf = _binom.pmf_inside(k[None, :], n, pi[:, None])
+    c = np.floor((t + k) / 2.0)
+    within = np.zeros(pmf.shape)
+    within[:, c >= k] = 1.0  # the cdf at or above the top of the support (and 0 below its bottom)
+    middle = (c >= 0.0) & (c < k)
+    if middle.any():
+        within[:, middle] = _binom.cdf_inside(c[None, middle], k[None, middle], q[:, None])
     total = np.sum(pmf * within, axis=1)
-    left_out = stats.binom.sf(k_hi, n, pi)
+    left_out = _binom.sf_inside(k_hi, n, pi) if k_hi < n else np.zeros_like(pi)
     if k_lo > k_needed:
-        left_out = left_out + stats.binom.cdf(k_lo - 1, n, pi)
+        left_out = left_out + _binom.cdf_inside(k_lo - 1, n, pi)
     result: FloatArray = np.minimum(1.0, (total + left_out) * (1.0 + TAIL_SLACK))
     return result
 
@@ -87,7 +95,7 @@ def clopper_pearson_upper(k: int, n: int, gamma: float) -> float:
     """
     if k >= n:
         return 1.0
-    limit = float(stats.beta.isf(gamma, k + 1, n - k))
+    limit = float(_binom.beta_isf(gamma, k + 1, n - k))
     return min(1.0, math.nextafter(limit * (1.0 + 1e-12), math.inf))
 
 

@@ -1,0 +1,148 @@
+"""Binomial pmf, cdf, sf and quantile, and the beta inverse survival function: the numbers of `scipy.stats.binom`
+and `scipy.stats.beta.isf`, bit for bit, without importing `scipy.stats`.
+
+Why: `scipy.stats` takes most of a second to import, which every command would pay at start-up, and its
+distribution wrappers cost tens of microseconds per call in the proofs' inner loops. Its binomial methods are the
+Boost routines that `scipy.special` exposes as ufuncs, wrapped in argument checks; this module applies the same
+checks and the same clipping around the same ufuncs (the tests compare against `scipy.stats` on every edge case).
+Where an older SciPy lacks those ufuncs, `scipy.stats` itself is used (imported on first call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from scipy import special
+
+Ufunc = Callable[..., Any]
+
+
+def _ufuncs() -> tuple[Ufunc, Ufunc, Ufunc, Ufunc] | None:
+    try:
+        from scipy.special import _ufuncs as u  # private: the Boost binomial routines behind scipy.stats.binom
+    except ImportError:  # pragma: no cover - depends on the SciPy version
+        return None
+    names = ("_binom_pmf", "_binom_cdf", "_binom_sf", "_binom_ppf")
+    if not all(hasattr(u, name) for name in names):  # pragma: no cover
+        return None
+    pmf_, cdf_, sf_, ppf_ = (getattr(u, name) for name in names)
+    return pmf_, cdf_, sf_, ppf_
+
+
+_BOOST = _ufuncs()
+
+
+def _scipy_binom() -> Any:  # pragma: no cover - only on a SciPy without the ufuncs
+    from scipy import stats
+
+    return stats.binom
+
+
+def _valid(n: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """`binom._argcheck`: n a non-negative integer, p in [0, 1]."""
+    valid: np.ndarray = (n >= 0) & (np.floor(n) == n) & (p >= 0) & (p <= 1)
+    return valid
+
+
+def _finish(output: np.ndarray) -> Any:
+    return output[()] if output.ndim == 0 else output
+
+
+def pmf(k: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
+    """`scipy.stats.binom.pmf(k, n, p)`."""
+    if _BOOST is None:  # pragma: no cover
+        return _scipy_binom().pmf(k, n, p)
+    kk, nn, pp = np.broadcast_arrays(np.asarray(k), np.asarray(n), np.asarray(p))
+    good = _valid(nn, pp)
+    cond = good & (kk >= 0) & (kk <= nn) & (np.floor(kk) == kk)
+    output = np.zeros(cond.shape, "d")
+    np.place(output, ~good | np.isnan(kk), np.nan)
+    if np.any(cond):
+        np.place(output, cond, np.clip(_BOOST[0](kk[cond], nn[cond], pp[cond]), 0, 1))
+    return _finish(output)
+
+
+def cdf(k: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
+    """`scipy.stats.binom.cdf(k, n, p)`."""
+    if _BOOST is None:  # pragma: no cover
+        return _scipy_binom().cdf(k, n, p)
+    kk, nn, pp = np.broadcast_arrays(np.asarray(k), np.asarray(n), np.asarray(p))
+    good = _valid(nn, pp)
+    cond = good & (kk >= 0) & (kk < nn) & np.isfinite(kk)
+    output = np.zeros(cond.shape, "d")
+    np.place(output, kk >= nn, 1.0)
+    np.place(output, ~good | np.isnan(kk), np.nan)
+    if np.any(cond):
+        np.place(output, cond, np.clip(_BOOST[1](np.floor(kk[cond]), nn[cond], pp[cond]), 0, 1))
+    return _finish(output)
+
+
+def sf(k: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
+    """`scipy.stats.binom.sf(k, n, p)`."""
+    if _BOOST is None:  # pragma: no cover
+        return _scipy_binom().sf(k, n, p)
+    kk, nn, pp = np.broadcast_arrays(np.asarray(k), np.asarray(n), np.asarray(p))
+    good = _valid(nn, pp)
+    cond = good & (kk >= 0) & (kk < nn) & np.isfinite(kk)
+    output = np.zeros(cond.shape, "d")
+    np.place(output, ~good | np.isnan(kk), np.nan)
+    np.place(output, ((kk < 0) | np.isneginf(kk)) & good, 1.0)
+    if np.any(cond):
+        np.place(output, cond, np.clip(_BOOST[2](np.floor(kk[cond]), nn[cond], pp[cond]), 0, 1))
+    return _finish(output)
+
+
+def ppf(q: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
+    """`scipy.stats.binom.ppf(q, n, p)` (as floats: −1 at q = 0, n at q = 1)."""
+    if _BOOST is None:  # pragma: no cover
+        return _scipy_binom().ppf(q, n, p)
+    qq, nn, pp = np.broadcast_arrays(np.asarray(q), np.asarray(n), np.asarray(p))
+    good = _valid(nn, pp)
+    cond = good & (qq > 0) & (qq < 1)
+    output = np.full(cond.shape, np.nan, dtype="d")
+    np.place(output, (qq == 0) & good, -1.0)
+    top = (qq == 1) & good
+    np.place(output, top, nn[top])
+    if np.any(cond):
+        np.place(output, cond, _BOOST[3](qq[cond], nn[cond], pp[cond]) + 0)
+    return _finish(output)
+
+
+def pmf_inside(k: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
+    """`pmf(k, n, p)` where the caller knows every k is an integer in [0, n], n a non-negative integer and p in
+    [0, 1]: the same numbers without the checks (which cost more than the pmf itself in small, frequent calls)."""
+    if _BOOST is None:  # pragma: no cover
+        return pmf(k, n, p)
+    return np.clip(_BOOST[0](k, n, p), 0, 1)
+
+
+def cdf_inside(k: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
+    """`cdf(k, n, p)` where the caller knows every k is an integer in [0, n), n a non-negative integer and p in
+    [0, 1] (as `pmf_inside`)."""
+    if _BOOST is None:  # pragma: no cover
+        return cdf(k, n, p)
+    return np.clip(_BOOST[1](k, n, p), 0, 1)
+
+
+def sf_inside(k: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
+    """`sf(k, n, p)` where the caller knows every k is an integer in [0, n), n a non-negative integer and p in
+    [0, 1] (as `pmf_inside`)."""
+    if _BOOST is None:  # pragma: no cover
+        return sf(k, n, p)
+    return np.clip(_BOOST[2](k, n, p), 0, 1)
+
+
+def beta_isf(q: npt.ArrayLike, a: npt.ArrayLike, b: npt.ArrayLike) -> Any:
+    """`scipy.stats.beta.isf(q, a, b)`: the x with P(Beta(a, b) > x) = q."""
+    qq, aa, bb = np.broadcast_arrays(np.asarray(q), np.asarray(a), np.asarray(b))
+    good = (aa > 0) & (bb > 0)
+    cond = good & (qq > 0) & (qq < 1)
+    output = np.full(cond.shape, np.nan)
+    np.place(output, good & (qq == 1), 0.0)
+    np.place(output, good & (qq == 0), 1.0)
+    if np.any(cond):
+        np.place(output, cond, special.betainccinv(aa[cond], bb[cond], qq[cond]) * 1.0 + 0.0)
+    return _finish(output)
