@@ -1,7 +1,7 @@
 """`invar train --ray`: inference workers placed as Ray actors on a local Ray cluster (the session's, loopback only)
-publish the checkpoints of local ones; an inference worker whose relay actor is killed while it holds a generate
-call is replaced, the replacement loads the policy that call samples and answers it again, and the run publishes
-the same checkpoints with the lost call kept on record unanswered."""
+publish the checkpoints of local ones; an inference worker whose relay actor (or the worker process itself) is
+killed while it holds a generate call is replaced, the replacement loads the policy that call samples and answers
+it again, and the run publishes the same checkpoints with the lost call kept on record unanswered."""
 
 from __future__ import annotations
 
@@ -61,42 +61,46 @@ def _read(run: Path) -> tuple[dict[str, Any], list[Any]] | None:
         return None
 
 
-def _kill_while_generating(run: Path, proc: subprocess.Popen[str]) -> tuple[Any, dict[str, Any]]:
-    """SIGKILL the inference worker's relay actor while the worker holds cycle 1's generate call (the one that
-    samples cycle 0's checkpoint). Returns that call and where the worker ran.
+def _kill_while_generating(run: Path, proc: subprocess.Popen[str], target: str) -> tuple[Any, dict[str, Any]]:
+    """SIGKILL the inference worker's relay actor process (`actor_pid`) or the worker process itself (`worker_pid`)
+    while the worker holds cycle 1's generate call (the one that samples cycle 0's checkpoint). Returns that call
+    and where the worker ran.
 
-    Once cycle 0 is published the worker is run in short slices between freezes (SIGSTOP), and the records are read
-    while it is frozen: a generate call on record without its report is then one the worker is still working on."""
+    From cycle 0's learner step on (the inference worker idle, its next call cycle 1's) the worker is run in short
+    slices between freezes (SIGSTOP), and the records are read while it is frozen: a generate call on record without
+    its report is then cycle 1's, and the worker has had at most a slice to work on it."""
     deadline = time.monotonic() + 300
+    seen = None
     while time.monotonic() < deadline and proc.poll() is None:
         seen = _read(run)
-        if seen is not None and "cycle-000000" in seen[0]:
+        if seen is not None and any(c.call.method == "learner_step" for c in seen[1]):
             break
         time.sleep(0.05)
-    where = next(v for k, v in seen[0].items() if k.startswith("placement ")) if seen else None
-    assert where is not None, "cycle 0 was not published"
+    where = next((v for k, v in seen[0].items() if k.startswith("placement ")), None) if seen else None
+    assert where is not None, "the run ended before cycle 0's learner step"
     while time.monotonic() < deadline and proc.poll() is None:
         os.kill(where["worker_pid"], signal.SIGSTOP)
         time.sleep(0.2)  # a report the worker wrote before the freeze reaches the records meanwhile
         seen = _read(run)
         held = [c for c in (seen[1] if seen else []) if c.call.method == "generate" and c.report is None]
         if held:
-            os.kill(where["actor_pid"], signal.SIGKILL)  # its worker goes with it
+            os.kill(where[target], signal.SIGKILL)  # a killed actor's worker goes with it
             return held[0], where
         os.kill(where["worker_pid"], signal.SIGCONT)
         time.sleep(0.03)
     raise AssertionError("no generate call of cycle 1 was held to kill")
 
 
+@pytest.mark.parametrize("target", ["actor_pid", "worker_pid"])
 def test_a_killed_inference_worker_is_replaced_and_its_generate_call_answered_again(
-        cluster: str, config: Path, local: Path, tmp_path: Path) -> None:
+        cluster: str, config: Path, local: Path, tmp_path: Path, target: str) -> None:
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "invar.cli", "train", str(config), "--run", str(run), "--ray",
                              cluster, "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **LOOPBACK_ENV})
     try:
-        lost, where = _kill_while_generating(run, proc)
+        lost, where = _kill_while_generating(run, proc, target)
     finally:
         stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, stderr
