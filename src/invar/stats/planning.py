@@ -652,27 +652,59 @@ def _betting_share(
         del u
         for block in range(0, rows, _BLOCK):
             # one run per row, contiguous: the running sums then stream through memory (same numbers in any layout)
-            x = losses[np.ascontiguousarray(outcome[:, block : block + _BLOCK].T)]
-            mu = np.cumsum(x, axis=1, dtype=np.float32)
-            mu += np.float32(0.5)
-            mu /= divisor
-            mu -= x
-            np.square(mu, out=mu)  # (x − mu)²
-            var = np.cumsum(mu, axis=1, dtype=np.float32)
-            var += np.float32(0.25)
-            var /= divisor
-            lam = mu  # reused: the bet before unit i uses the variance estimate after unit i − 1
-            lam[:, 0] = np.float32(0.25)
-            lam[:, 1:] = var[:, :-1]
-            np.divide(scale, lam, out=lam)
-            np.sqrt(lam, out=lam)
-            np.minimum(lam, cap, out=lam)
-            x -= m_star
-            lam *= x
-            np.negative(lam, out=lam)
-            np.log1p(lam, out=lam)  # log(1 − λ(x − m))
-            capital = np.cumsum(lam, axis=1, dtype=np.float32)
-            hits += int(np.sum(np.max(capital, axis=1) >= log_threshold))
+            runs = np.ascontiguousarray(outcome[:, block : block + _BLOCK].T)
+            hits += _betting_block(runs, losses, divisor, m_star, cap, scale, log_threshold)
+    return hits
+
+
+def _betting_block(runs: np.ndarray, losses: np.ndarray, divisor: np.ndarray, m_star: np.float32, cap: np.float32,
+                   scale: np.float32, log_threshold: float) -> int:
+    """How many of these runs (one per row of outcomes) reach the threshold.
+
+    The units go in segments, and a run leaves as soon as it has reached the threshold (most runs that reach it do
+    so in the first half), so later segments carry only the runs still undecided. Each running sum continues from
+    the value carried over as its first element: numpy's accumulate adds in order, so every run's sums, bets and
+    capital are bit for bit those of one pass over all n units."""
+    rows, n = runs.shape
+    carried_x = np.zeros(rows, dtype=np.float32)  # Σ x so far
+    carried_sq = np.zeros(rows, dtype=np.float32)  # Σ (x − mu)² so far
+    carried_var = np.full(rows, np.float32(0.25), dtype=np.float32)  # the variance estimate the next bet uses
+    carried_log = np.zeros(rows, dtype=np.float32)  # the log-capital so far
+    live = np.arange(rows)
+    hits = 0
+    step = max(64, -(-n // 8))
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        x = losses[runs[live, lo:hi]]
+        mu = np.cumsum(np.concatenate([carried_x[:, None], x], axis=1), axis=1, dtype=np.float32)[:, 1:]
+        carried_x = mu[:, -1].copy()
+        mu += np.float32(0.5)
+        mu /= divisor[lo:hi]
+        mu -= x
+        np.square(mu, out=mu)  # (x − mu)²
+        var = np.cumsum(np.concatenate([carried_sq[:, None], mu], axis=1), axis=1, dtype=np.float32)[:, 1:]
+        carried_sq = var[:, -1].copy()
+        var += np.float32(0.25)
+        var /= divisor[lo:hi]
+        lam = mu  # reused: the bet before unit i uses the variance estimate after unit i − 1
+        lam[:, 0] = carried_var
+        lam[:, 1:] = var[:, :-1]
+        carried_var = var[:, -1].copy()
+        np.divide(scale, lam, out=lam)
+        np.sqrt(lam, out=lam)
+        np.minimum(lam, cap, out=lam)
+        x -= m_star
+        lam *= x
+        np.negative(lam, out=lam)
+        np.log1p(lam, out=lam)  # log(1 − λ(x − m))
+        capital = np.cumsum(np.concatenate([carried_log[:, None], lam], axis=1), axis=1, dtype=np.float32)[:, 1:]
+        reached = np.max(capital, axis=1) >= log_threshold
+        hits += int(np.sum(reached))
+        keep = ~reached
+        live, carried_x, carried_sq = live[keep], carried_x[keep], carried_sq[keep]
+        carried_var, carried_log = carried_var[keep], capital[keep, -1].copy()
+        if live.size == 0:
+            break
     return hits
 
 
