@@ -90,6 +90,12 @@ NATIVE = ("vllm", "mlx")
 # the two engines (the worker's and the direct runner's) takes this fraction of the one GPU.
 VLLM_SETTINGS = {"gpu_memory_utilization": 0.05}
 VLLM_CUDA_UTILIZATION = 0.4
+# After each message it reads, a vLLM engine's worker keeps polling its shared-memory queue (sched_yield in a loop)
+# for 1 s before it goes idle (vllm.distributed.device_communicators.shm_broadcast.SpinCondition, busy_loop_s = 1).
+# With two engines on 2 cores, the one that has just answered takes CPU from the one being timed; measured on the
+# larger model, the invar worker's engine took 0.7 CPU s during each following direct call, which made direct
+# 0.4–0.5 s a call slower. A rest longer than that before every timed call leaves each call the machine alone.
+VLLM_SETTLE_S = 1.2
 # The larger model's shape (layers, hidden size) by device: on a GPU a 36 M model leaves every call launch-bound.
 LARGE_SHAPE = {"cpu": (12, 512), "cuda": (24, 1024)}
 # MLX's CPU backend on Linux takes about 28 s for one call of 64 requests on the larger model (torch: about 1.3 s),
@@ -447,8 +453,12 @@ def breakdown(session: Any, store: RunStore, calls: list[dict[str, Any]], rounds
 
 
 def measure(engine: str, model: Path, calls: dict[str, list[dict[str, Any]]], reps: int, work: Path,
-            device: str = "cpu", deadline: float = float("inf")) -> tuple[dict[str, Any], dict[str, Any]]:
+            device: str = "cpu", deadline: float = float("inf"),
+            settle: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """`reps` rounds; in each, every call of every layout runs as a pair (invar, direct) in alternating order.
+
+    `settle`: seconds of rest before each timed call (default: VLLM_SETTLE_S for vLLM, none otherwise), so that the
+    driver that has just finished is idle again and takes no CPU from the one being timed.
 
     No round after the first starts past `deadline` (`time.monotonic()`). Returns the rows per layout and what ran
     (rounds, the GPU's name on CUDA)."""
@@ -457,6 +467,7 @@ def measure(engine: str, model: Path, calls: dict[str, list[dict[str, Any]]], re
     totals: dict[str, dict[str, list[float]]] = {layout: {"invar": [], "direct": [], "native": []}
                                                  for layout in calls}
     direct = DirectDriver(engine, model, device)
+    rest = (VLLM_SETTLE_S if engine == "vllm" else 0.0) if settle is None else settle
     n = 0
     rounds = 0
     try:
@@ -481,6 +492,7 @@ def measure(engine: str, model: Path, calls: dict[str, list[dict[str, Any]]], re
                         got: dict[str, float] = {}
                         seen: dict[str, dict[str, list[int]]] = {}
                         for driver in (("invar", "direct") if n % 2 == 0 else ("direct", "invar")):
+                            time.sleep(rest)
                             if driver == "invar":
                                 c0, t0 = invar_cpu(), time.perf_counter()
                                 report = session.client.call("generate", c)
@@ -500,6 +512,7 @@ def measure(engine: str, model: Path, calls: dict[str, list[dict[str, Any]]], re
                     for driver in ("invar", "direct"):
                         totals[layout][driver].append(sum(pairs[layout][driver][-k:]))
                     if direct.native:
+                        time.sleep(rest)
                         totals[layout]["native"].append(direct.run("native", layout_calls)["seconds"])
                     print(f"  {engine} {model.name} round {rep + 1}/{reps} {layout}: " + ", ".join(
                         f"{d} {xs[-1]:.3f}s" for d, xs in totals[layout].items() if xs), flush=True)
@@ -588,6 +601,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--replot", type=Path, default=None, help="draw --plot from this JSON; run nothing")
+    parser.add_argument("--settle", type=float, default=None,
+                        help=f"seconds of rest before each timed call (default {VLLM_SETTLE_S} for vLLM, 0 otherwise)")
     parser.add_argument("--serve-direct", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--reply-fd", type=int, default=None, help=argparse.SUPPRESS)
@@ -637,8 +652,9 @@ def main(argv: list[str] | None = None) -> int:
                 count = args.requests if size == "tiny" else min(args.requests, LARGE_CAP.get(engine, args.requests))
                 print(f"{engine} on {model.name} ({entry['parameters']:,} parameters), {count} requests", flush=True)
                 layouts, ran = measure(engine, model, make_calls(count, args.max_tokens), args.reps, Path(tmp),
-                                       args.device, deadline)
-                entry["engines"][engine] = {"requests": count, **ran, "layouts": layouts}
+                                       args.device, deadline, args.settle)
+                rest = (VLLM_SETTLE_S if engine == "vllm" else 0.0) if args.settle is None else args.settle
+                entry["engines"][engine] = {"requests": count, **ran, "settle_s": rest, "layouts": layouts}
                 if args.json:  # kept as it goes: a long run stopped part-way still leaves its figures
                     args.json.parent.mkdir(parents=True, exist_ok=True)
                     args.json.write_text(json.dumps(results, indent=2) + "\n")
