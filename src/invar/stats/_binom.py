@@ -70,14 +70,7 @@ def cdf(k: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
     if _BOOST is None:  # pragma: no cover
         return _scipy_binom().cdf(k, n, p)
     kk, nn, pp = np.broadcast_arrays(np.asarray(k), np.asarray(n), np.asarray(p))
-    good = _valid(nn, pp)
-    cond = good & (kk >= 0) & (kk < nn) & np.isfinite(kk)
-    output = np.zeros(cond.shape, "d")
-    np.place(output, kk >= nn, 1.0)
-    np.place(output, ~good | np.isnan(kk), np.nan)
-    if np.any(cond):
-        np.place(output, cond, np.clip(_BOOST[1](np.floor(kk[cond]), nn[cond], pp[cond]), 0, 1))
-    return _finish(output)
+    return _tail(kk, nn, pp, _BOOST[1], kk >= nn)
 
 
 def sf(k: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
@@ -85,13 +78,19 @@ def sf(k: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
     if _BOOST is None:  # pragma: no cover
         return _scipy_binom().sf(k, n, p)
     kk, nn, pp = np.broadcast_arrays(np.asarray(k), np.asarray(n), np.asarray(p))
+    return _tail(kk, nn, pp, _BOOST[2], (kk < 0) | np.isneginf(kk))
+
+
+def _tail(kk: np.ndarray, nn: np.ndarray, pp: np.ndarray, boost: Any, saturated: np.ndarray) -> Any:
+    """A tail as scipy's `rv_discrete` gives it: NaN for invalid arguments, 1 where the tail holds everything
+    (`saturated`), Boost's value at the integer part of k inside the support."""
     good = _valid(nn, pp)
     cond = good & (kk >= 0) & (kk < nn) & np.isfinite(kk)
     output = np.zeros(cond.shape, "d")
     np.place(output, ~good | np.isnan(kk), np.nan)
-    np.place(output, ((kk < 0) | np.isneginf(kk)) & good, 1.0)
+    np.place(output, saturated & good, 1.0)
     if np.any(cond):
-        np.place(output, cond, np.clip(_BOOST[2](np.floor(kk[cond]), nn[cond], pp[cond]), 0, 1))
+        np.place(output, cond, np.clip(boost(np.floor(kk[cond]), nn[cond], pp[cond]), 0, 1))
     return _finish(output)
 
 
