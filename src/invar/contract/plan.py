@@ -267,6 +267,14 @@ def cut_batches(batches: list[list[int]], per_call: int) -> list[list[list[int]]
     return groups
 
 
+def call_groups(contract: Contract, n: int, layout: str) -> list[list[list[int]]]:
+    """The calls of one layout over n units, each a group of whole batches of unit indices: one call for all of
+    them, or consecutive groups of at most `execution.requests_per_call` requests."""
+    batches = layout_batches(n, layout, contract.layouts[layout], contract.pairing.seed)
+    per_call = None if contract.execution is None else contract.execution.requests_per_call
+    return [batches] if per_call is None else cut_batches(batches, per_call)
+
+
 def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[Unit]) -> ExecutionPlan:
     """The execution plan of `contract` over its (already digest-checked) population.
 
@@ -297,12 +305,12 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[U
     per_call = None if contract.execution is None else contract.execution.requests_per_call
 
     def calls_of(package: Role, layout: str, purposes: tuple[Purpose, ...]) -> list[PlannedCall]:
-        batches = layout_batches(len(units), layout, contract.layouts[layout], seed)
+        groups = call_groups(contract, len(units), layout)
         if per_call is None:
-            params = {"requests": requests, "layout": batches, "adapter": None, "reference_adapter": None}
+            params = {"requests": requests, "layout": groups[0], "adapter": None, "reference_adapter": None}
             return [PlannedCall(package, layout, purposes, params, tuple(range(len(units))))]
         out: list[PlannedCall] = []
-        for group in cut_batches(batches, per_call):
+        for group in groups:
             order = [i for batch in group for i in batch]
             relabel, start = [], 0
             for batch in group:

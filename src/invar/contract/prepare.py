@@ -31,7 +31,7 @@ from invar.contract.model import (
     read_contract,
     read_declaration,
 )
-from invar.contract.plan import ExecutionPlan, Unit, cut_batches, derive_plan, layout_batches
+from invar.contract.plan import ExecutionPlan, Unit, call_groups, derive_plan
 from invar.errors import ContractError
 from invar.stats.bounds import VERSIONS
 from invar.stats.sequential import SEQUENTIAL_VERSIONS
@@ -244,10 +244,7 @@ def load_for_planning(path: str | os.PathLike[str]) -> tuple[Contract, int, tupl
     population = contract.population
     units = population.size if population.sample is None else population.sample
     looks = None
-    if contract.requirement.sequential:
-        pairing = contract.pairing.layout
-        batches = layout_batches(units, pairing, contract.layouts[pairing], contract.pairing.seed)
-        per_call = None if contract.execution is None else contract.execution.requests_per_call
-        groups = [batches] if per_call is None else cut_batches(batches, per_call)  # one call per group
+    if contract.requirement.sequential:  # a look after each pairing call, as `derive_plan` cuts them
+        groups = call_groups(contract, units, contract.pairing.layout)
         looks = tuple(itertools.accumulate(sum(len(batch) for batch in group) for group in groups))
     return contract, units, looks
