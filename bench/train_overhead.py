@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
+import multiprocessing
 import os
 import sqlite3
 import subprocess
@@ -40,6 +42,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +65,8 @@ sys.path.append(str(REPO / "bench"))  # last: the direct runner runs with -P; be
 from overhead import tree_cpu_s  # noqa: E402
 
 DIRECT_BACKENDS = ("mlx", "hf")
+DRIVERS = ("invar", "direct", "split")
+"""split: the direct runner with its learner engine in a second process, Invar's process layout without Invar."""
 
 
 def write_config(source: Path, out: Path, cycles: int, model: Path | None, per_cycle: int | None) -> Path:
@@ -84,24 +89,64 @@ def write_config(source: Path, out: Path, cycles: int, model: Path | None, per_c
     return out
 
 
-def _engines(backend: str, device: str) -> tuple[Any, Any]:
+def _engine(backend: str, role: str, device: str) -> Any:
+    """One worker engine class instance (`role`: inference or learner), set up as the worker's `main` sets it up."""
     if backend == "mlx":
         from workers import mlx_worker
 
-        return mlx_worker.Engine(mlx_worker.Role.INFERENCE), mlx_worker.Engine(mlx_worker.Role.LEARNER)
-    # As the worker's `main` sets itself up (deterministic cuBLAS needs its workspace fixed before the first product).
+        return mlx_worker.Engine(mlx_worker.Role(role))
+    _torch_as_the_worker()
+    from workers import hf_worker
+
+    return hf_worker.Engine(hf_worker.Role(role), device)
+
+
+@functools.cache
+def _torch_as_the_worker() -> None:
+    """Once per process: torch set up as the worker's `main` sets it up (deterministic cuBLAS needs its workspace
+    fixed before the first product; interop threads can be set only once)."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
     from transformers.utils import logging as hf_logging
-
-    from workers import hf_worker
 
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    return hf_worker.Engine(hf_worker.Role.INFERENCE, device), hf_worker.Engine(hf_worker.Role.LEARNER, device)
+
+
+def _serve_learner(conn: Any, backend: str, device: str) -> None:
+    """The split runner's second process: a learner engine answering (method, params) sent over a pipe."""
+    learner = _engine(backend, "learner", device)
+    while True:
+        method, params = conn.recv()
+        if method is None:
+            return
+        conn.send(getattr(learner, method)(params))
+
+
+@contextlib.contextmanager
+def _learner(backend: str, device: str, split: bool) -> Iterator[Callable[[str, dict[str, Any]], Any]]:
+    """Call the learner engine's methods: in this process, or (split) in a second process over a pipe, pickled."""
+    if not split:
+        learner = _engine(backend, "learner", device)
+        yield lambda method, params: getattr(learner, method)(params)
+        return
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    proc = ctx.Process(target=_serve_learner, args=(theirs, backend, device), daemon=True)
+    proc.start()
+
+    def call(method: str, params: dict[str, Any]) -> Any:
+        ours.send((method, params))
+        return ours.recv()
+
+    try:
+        yield call
+    finally:
+        ours.send((None, None))
+        proc.join(30)
 
 
 def launch_train_workers_on(device: str) -> None:
@@ -129,16 +174,23 @@ def invar_train_on(device: str, argv: list[str]) -> int:
     return 0
 
 
-def run_direct(config: Path, out: Path, device: str = "cpu") -> dict[str, Any]:
-    """Every cycle of the configuration in this process (as `invar train` runs it, without Invar)."""
+def run_direct(config: Path, out: Path, device: str = "cpu", split: bool = False) -> dict[str, Any]:
+    """Every cycle of the configuration in this process (as `invar train` runs it, without Invar); `split`: with the
+    learner engine in a second process (a pipe and pickle, nothing of Invar's)."""
+    with _learner(tr.plan(config).config.backend, device, split) as learner:
+        return _direct_cycles(config, out, device, learner)
+
+
+def _direct_cycles(config: Path, out: Path, device: str, learner: Callable[[str, dict[str, Any]], Any]) \
+        -> dict[str, Any]:
     p = tr.plan(config)
     cfg = p.config
     out.mkdir(parents=True)
-    inference, learner = _engines(cfg.backend, device)
+    inference = _engine(cfg.backend, "inference", device)
     load = {"model_dir": str(p.model), "model_digest": p.model_digest, "dtype": cfg.dtype, "quantization": "none",
             "adapter": None}
     inference.load_model(load)
-    learner.load_model(load)
+    learner("load_model", load)
     with_reference = cfg.objective.kl_coef > 0
     digests: list[str] = []
     seconds: list[float] = []
@@ -162,7 +214,7 @@ def run_direct(config: Path, out: Path, device: str = "cpu") -> dict[str, Any]:
                                cfg.advantage.eps)
         save = out / f"cycle-{n:06d}"
         t1 = time.perf_counter()
-        learner.learner_step(tr.learner_step_params(p, samples, adv.values, save))
+        learner("learner_step", tr.learner_step_params(p, samples, adv.values, save))
         t2 = time.perf_counter()
         cpu.append(tree_cpu_s(os.getpid()) - c0)
         seconds.append(t2 - t0)
@@ -208,20 +260,41 @@ def run_invar(config: Path, run: Path, device: str = "cpu") -> dict[str, Any]:
         end = float(ends[key])
         start = end - sum(c["wall_s"].values()) * 1e9
         cpu.append(float(np.interp(end, at, used) - np.interp(start, at, used)))
+    # The core's time outside its calls: the cycle less each call's round trip as the core recorded it (the call's
+    # record written before it is sent, the report's when it was read back), for the calls made within the cycle.
+    with RunStore.open(run) as store:
+        trips = [(c.at_ns, c.report.at_ns) for c in store.calls() if c.report is not None]
+    outside = []
+    for key, c in zip(keys, cycles, strict=True):
+        end = ends[key]
+        start = end - int(sum(c["wall_s"].values()) * 1e9)
+        inside = sum(min(got, end) - max(sent, start) for sent, got in trips if got > start and sent < end)
+        outside.append((end - start - inside) / 1e9)
     return {"cycle_s": [sum(c["wall_s"].values()) for c in cycles], "cycle_cpu_s": cpu,
             "phases_s": [c["wall_s"] for c in cycles], "digests": [c["checkpoint"]["digest"] for c in cycles],
-            "wall_s": wall}
+            "core_outside_calls_s": outside, "wall_s": wall}
 
 
-def direct_subprocess(config: Path, out: Path, device: str = "cpu") -> dict[str, Any]:
+def direct_subprocess(config: Path, out: Path, device: str = "cpu", split: bool = False) -> dict[str, Any]:
+    """The direct runner (`split`: its learner in a second process) in a process of its own, watched as `run_invar`
+    watches `invar train`: its process tree's CPU sampled every 20 ms (the samples are not needed here; taking them
+    costs every driver the same)."""
+    log = out.with_name(out.name + ".log")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-P", str(Path(__file__).resolve()), "--direct", str(config),
-                           "--out", str(out), "--device", device], capture_output=True, text=True, cwd=REPO,
-                          env=worker_env())
-    wall = time.perf_counter() - t0
+    with open(log, "w") as err, tempfile.TemporaryFile("w+") as got:
+        command = [sys.executable, "-P", str(Path(__file__).resolve()), "--direct", str(config), "--out", str(out),
+                   "--device", device, *(["--split"] if split else [])]
+        proc = subprocess.Popen(command, stdout=got, stderr=err, text=True,
+                                cwd=REPO, env=worker_env())
+        while proc.poll() is None:
+            tree_cpu_s(proc.pid)
+            time.sleep(0.02)
+        wall = time.perf_counter() - t0
+        got.seek(0)
+        stdout = got.read()
     if proc.returncode != 0:
-        raise SystemExit(f"bench/train_overhead.py: the direct runner failed: {proc.stderr.strip()[-2000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        raise SystemExit(f"bench/train_overhead.py: the direct runner failed: {log.read_text().strip()[-2000:]}")
+    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
     result["wall_s"] = wall
     return result
 
@@ -252,12 +325,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--direct", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--invar-train-on", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--split", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--drivers", default=",".join(DRIVERS),
+                        help="comma-separated, invar and direct first: " + ", ".join(DRIVERS))
     parser.add_argument("--nice", type=int, default=-10, help="priority of the bench and its workers (root lowers it)")
     if argv is None and len(sys.argv) > 2 and sys.argv[1] == "--invar-train-on":
         return invar_train_on(sys.argv[2], sys.argv[3:])  # before parsing: the rest is invar's command line
     args = parser.parse_args(argv)
+    drivers = args.drivers.split(",")
+    if drivers[:2] != ["invar", "direct"] or not set(drivers) <= set(DRIVERS) or len(set(drivers)) != len(drivers):
+        parser.error(f"--drivers {args.drivers}: give invar,direct, optionally followed by split")
     if args.direct is not None:
-        print(json.dumps(run_direct(args.direct, args.out, args.device)))
+        print(json.dumps(run_direct(args.direct, args.out, args.device, args.split)))
         return 0
     # Both drivers' processes inherit these: the same priority and the same threads, so neither is favoured.
     with contextlib.suppress(PermissionError):
@@ -273,12 +352,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"the direct runner drives {', '.join(DIRECT_BACKENDS)}; the config's backend is {backend}")
         if args.device == "cuda" and backend != "hf":
             parser.error(f"--device cuda runs Hugging Face only; the config's backend is {backend}")
-        runs: dict[str, list[dict[str, Any]]] = {"invar": [], "direct": []}
+        runs: dict[str, list[dict[str, Any]]] = {d: [] for d in drivers}
         for rep in range(args.reps):
-            for driver in (["invar", "direct"] if rep % 2 == 0 else ["direct", "invar"]):
+            # Each repetition runs every driver once, in an order rotated (and with two, alternated) rep by rep.
+            order = drivers[rep % len(drivers):] + drivers[:rep % len(drivers)]
+            for driver in order:
                 where = folder / f"{driver}-{rep}"
                 got = (run_invar(config, where, args.device) if driver == "invar" else
-                       direct_subprocess(config, where, args.device))
+                       direct_subprocess(config, where, args.device, split=driver == "split"))
                 runs[driver].append(got)
                 print(f"rep {rep + 1}/{args.reps} {driver}: cycles " +
                       ", ".join(f"{s:.2f}" for s in got["cycle_s"]) + " s, CPU " +
@@ -311,6 +392,24 @@ def main(argv: list[str] | None = None) -> int:
     publish = [ph["publish"] for r in runs["invar"] for ph in r["phases_s"]]
     result["publish_s"] = {"median": float(np.median(publish)), "min": min(publish), "max": max(publish),
                            "share_of_invar_cycle": float(np.median(np.array(publish) / inv))}
+    # With the split runner: how much of invar/direct is the process layout (split/direct: two engine processes
+    # taking turns, no Invar) and how much is Invar's own (invar/split: the same layout, with Invar).
+    if "split" in runs:
+        pairs = {"invar_over_split": ("invar", "split"), "split_over_direct": ("split", "direct")}
+        for name, (num, den) in pairs.items():
+            result["paired_" + name] = paired(np.array([s for r in runs[num] for s in r["cycle_s"]]),
+                                              np.array([s for r in runs[den] for s in r["cycle_s"]]))
+            result["paired_cpu_" + name] = paired(np.array([s for r in runs[num] for s in r["cycle_cpu_s"]]),
+                                                  np.array([s for r in runs[den] for s in r["cycle_cpu_s"]]))
+            q = result["paired_" + name]
+            print(f"{num}/{den}: total ratio {q['total_ratio']:.4f} ({q['total_ratio_ci95'][0]:.4f}-"
+                  f"{q['total_ratio_ci95'][1]:.4f}), CPU {result['paired_cpu_' + name]['total_ratio']:.4f}; phases "
+                  f"{num} {result[num]['median_phase_s']}")
+    outside = [s for r in runs["invar"] for s in r["core_outside_calls_s"]]
+    result["core_outside_calls_s"] = {"median": float(np.median(outside)), "min": min(outside), "max": max(outside),
+                                      "share_of_invar_cycle": float(np.median(np.array(outside) / inv))}
+    print(f"invar's core outside its calls: median {np.median(outside) * 1e3:.1f} ms a cycle "
+          f"({min(outside) * 1e3:.1f}-{max(outside) * 1e3:.1f})")
     p = result["paired"]
     print(f"median cycle: invar {result['invar']['median_cycle_s']:.3f} s, direct "
           f"{result['direct']['median_cycle_s']:.3f} s, invar/direct {result['invar_over_direct']:.4f}; "

@@ -1,0 +1,47 @@
+"""bench/train_overhead.py end to end on the tiny model: every driver publishes the same checkpoints, and the report
+splits invar/direct into the process layout (split/direct) and Invar's own part (invar/split)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.engine
+def test_three_drivers_publish_the_same_checkpoints_and_report_each_ratio(tmp_path: Path) -> None:
+    out = tmp_path / "train_overhead.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "train_overhead.py"), "--config",
+         str(ROOT / "configs" / "arith-mlx.toml"), "--cycles", "1", "--reps", "1", "--per-cycle", "2",
+         "--json", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600)
+    # The bench exits non-zero if any driver published other checkpoint digests than the rest.
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["same_checkpoints"] is True
+    for driver in ("invar", "direct", "split"):
+        assert len(result[driver]["cycle_s"]) == 1
+        assert result[driver]["median_cycle_s"] > 0
+    for key in ("paired", "paired_cpu", "paired_invar_over_split", "paired_split_over_direct"):
+        assert result[key]["pairs"] == 1
+        assert result[key]["total_ratio"] > 0
+    # Products of the parts give the whole, pair by pair.
+    whole = result["paired"]["ratios"][0]
+    parts = result["paired_invar_over_split"]["ratios"][0] * result["paired_split_over_direct"]["ratios"][0]
+    assert parts == pytest.approx(whole, rel=1e-12)
+    outside = result["core_outside_calls_s"]
+    # The core's own time in a cycle is positive and a part of the cycle.
+    assert 0 < outside["median"] < result["invar"]["median_cycle_s"]
+
+
+def test_drivers_must_start_with_invar_and_direct() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "train_overhead.py"), "--drivers", "split,invar"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2
+    assert "--drivers split,invar: give invar,direct" in proc.stderr
