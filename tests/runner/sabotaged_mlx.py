@@ -4,7 +4,9 @@ refusals can be tested on real engine numbers:
 - `wrong-loss`: the learner reports its loss 1e-3 too high;
 - `other-digest`: the inference engine names another checkpoint than the one it sampled from (from cycle 1 on);
 - `corrupt-adapter`: the learner flips one byte of a tensor in its saved adapter and reports the folder's new
-  digest, as a learner whose file was damaged after it checked it would.
+  digest, as a learner whose file was damaged after it checked it would;
+- `slow-load`: the inference worker answers `load_model` `SLOW_LOAD_S` seconds late (a slow model load);
+- `learner-dies`: the learner process exits (code 3) two seconds after its imports, before its handshake.
 
     python -m tests.runner.sabotaged_mlx --role inference|learner
 """
@@ -13,16 +15,20 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from invar import canonical
 from invar.loop.checkpoint import PEFT_WEIGHTS
+from invar.protocol import Role
 from workers import mlx_worker
 
 MODE = os.environ.get("INVAR_SABOTAGE", "")
+SLOW_LOAD_S = 4.0
 
 _learner_step = mlx_worker.Engine.learner_step
+_load_model = mlx_worker.Engine.load_model
 _generate = mlx_worker.Engine.generate
 
 
@@ -46,8 +52,18 @@ def generate(self: mlx_worker.Engine, params: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def load_model(self: mlx_worker.Engine, params: dict[str, Any]) -> dict[str, Any]:
+    if MODE == "slow-load" and self.role is Role.INFERENCE:
+        time.sleep(SLOW_LOAD_S)
+    return _load_model(self, params)
+
+
+mlx_worker.Engine.load_model = load_model  # type: ignore[method-assign]
 mlx_worker.Engine.learner_step = learner_step  # type: ignore[method-assign]
 mlx_worker.Engine.generate = generate  # type: ignore[method-assign]
 
 if __name__ == "__main__":
+    if MODE == "learner-dies" and Role.LEARNER.value in sys.argv:
+        time.sleep(2.0)
+        os._exit(3)
     sys.exit(mlx_worker.main())

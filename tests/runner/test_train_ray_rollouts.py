@@ -153,7 +153,8 @@ def test_without_ray_a_lost_worker_stops_the_cycle(tmp_path: Path) -> None:
 def test_a_replacement_must_declare_the_first_workers_identity(monkeypatch: pytest.MonkeyPatch) -> None:
     declared = iter([{"engine": "mlx", "settings": {"threads": 1}, "pid": 1},
                      {"engine": "mlx", "settings": {"threads": 1}, "pid": 2},
-                     {"engine": "mlx", "settings": {"threads": 2}, "pid": 3}])
+                     {"engine": "mlx", "settings": {"threads": 1}, "pid": 3},
+                     {"engine": "mlx", "settings": {"threads": 2}, "pid": 4}])
 
     class Identity:
         def __init__(self) -> None:
@@ -173,10 +174,13 @@ def test_a_replacement_must_declare_the_first_workers_identity(monkeypatch: pyte
         yield _Session(Client())  # type: ignore[arg-type]
 
     monkeypatch.setattr(tr, "engine_session", session)
-    start = tr._inference_start(None, None, None, None)  # type: ignore[arg-type]
-    for _ in range(2):  # the first, and one that differs only in its pid
-        with start(lambda: None):
-            pass
+    start = tr._InferenceStart(None, None, None, None)  # type: ignore[arg-type]
+    # The workers started together are declared once all have started, worker 1 first.
+    with start(lambda: None) as one, start(lambda: None) as two:
+        start.declare(one)
+        start.declare(two)  # differs only in its pid
+    with start(lambda: None):  # a replacement that declares the same
+        pass
     with pytest.raises(EvidenceError) as refused, start(lambda: None):
         pass
     assert str(refused.value) == ("an inference worker declares settings {'threads': 2}, unlike the run's first "

@@ -8,7 +8,8 @@ Decisions:
   recording into the run's store. The learner saves each update as a checkpoint under `RUN/checkpoints/`; the
   core checks it (`invar.loop.checkpoint.check_checkpoint`) and publishes it by recording `cycle-NNNNNN`: the
   calls the cycle used, the checkpoint's path and digest, the core's own objective and the wall time per phase.
-  The next cycle's engine must load exactly that digest.
+  The next cycle's engine must load exactly that digest. Every worker (each inference worker and the learner) starts
+  at once, so the start-up costs about the slowest one's; one that fails to start stops every other.
 - **Resume from the records.** A run directory that holds records is opened for writing (the writer lock refuses a
   second process), must have been made by this configuration (its digest), and continues after the last published
   cycle: the learner loads that checkpoint with its optimizer state, the engine loads it as the policy. Calls of an
@@ -26,8 +27,9 @@ Decisions:
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -274,13 +276,27 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
     progress(Progress(len(done), cfg.cycles, "start"))
     inference_spec = EngineSpec(inference_engine, p.model, Dtype(cfg.dtype))
     learner_spec = EngineSpec(learner_engine, p.model, Dtype(cfg.dtype), adapter=None if last is None else last.path)
-    start = _inference_start(inference_spec, store, call_timeout, placement)
+    start = _InferenceStart(inference_spec, store, call_timeout, placement)
     restarts = 0 if placement is None else placement.restarts
+    stop = threading.Event()
+
+    def ready() -> None:
+        # Called after a worker's handshake, before its load_model: a start-up another one's failure made moot
+        # ends there instead of loading the model.
+        if stop.is_set():
+            raise _Stopped
+
     with contextlib.ExitStack() as stack:
-        leases = [stack.enter_context(Lease(start, lambda: None, restarts, f"the inference worker {i + 1}"))
-                  for i in range(cfg.rollout.workers)]
-        learner = stack.enter_context(engine_session(learner_spec, store, role=Role.LEARNER, adapter_in_load=True,
-                                                     resume_training=True, call_timeout=call_timeout))
+        # The workers are independent processes: their start-up (spawn, imports, handshake, load_model) overlaps,
+        # so it costs about the slowest one's, not the sum.
+        *leases, learner = _start_together(stack, [
+            *(Lease(start, ready, restarts, f"the inference worker {i + 1}") for i in range(cfg.rollout.workers)),
+            engine_session(learner_spec, store, role=Role.LEARNER, adapter_in_load=True, resume_training=True,
+                           call_timeout=call_timeout, ready=ready),
+        ], stop)
+        for lease in leases:  # worker 1's identity is the one every other (and every replacement) must declare
+            assert lease.session is not None
+            start.declare(lease.session)
         if last is not None and learner.adapter_digest != last.digest:
             raise EvidenceError(f"the learner loaded adapter {str(learner.adapter_digest)[:16]}…, not the published "
                                 f"checkpoint {last.digest[:16]}…")
@@ -290,28 +306,91 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
     return done
 
 
-def _inference_start(spec: EngineSpec, store: RunStore, call_timeout: float | None,
-                     placement: RayPlacement | None) -> Callable[[Callable[[], object]],
-                                                                 contextlib.AbstractContextManager[Session]]:
-    """How an inference worker starts, first or as a replacement: every one must declare the identity of the first
-    (its pid aside), so the rollouts of a run come from one engine and settings whichever worker made them."""
-    first: list[dict[str, Any]] = []
+class _Stopped(Exception):
+    """A worker's start-up given up because another worker's failed or the command was interrupted."""
+
+
+def _start_together(stack: contextlib.ExitStack, managers: Sequence[contextlib.AbstractContextManager[Any]],
+                    stop: threading.Event) -> list[Any]:
+    """Enter every context manager at once, one thread each, and return what each entered, in order; each is exited
+    by `stack` (in reverse order, as if entered one after the other).
+
+    A failure sets `stop` (the managers' start-ups check it before loading a model) and, once every thread is done,
+    is raised after whatever did start is on `stack`, so the caller's unwinding stops it: no worker outlives the
+    command. The first failure in `managers` order is raised, never a start-up given up because of it. An interrupt
+    (Ctrl-C) while waiting does the same: every thread is waited for, so nothing is recorded into a closed store
+    and no process is left running."""
+    entered: list[tuple[contextlib.AbstractContextManager[Any], Any] | None] = [None] * len(managers)
+    failed: list[BaseException | None] = [None] * len(managers)
+    ended = [threading.Event() for _ in managers]
+
+    def enter(i: int) -> None:
+        try:
+            entered[i] = (managers[i], managers[i].__enter__())
+        except BaseException as exc:
+            failed[i] = exc
+            stop.set()
+        finally:
+            ended[i].set()
+
+    threads = [threading.Thread(target=enter, args=(i,), name=f"invar-start-{i}") for i in range(len(managers))]
+    interrupted: BaseException | None = None
+    try:
+        for t in threads:
+            t.start()
+    except BaseException as exc:
+        interrupted = exc
+        stop.set()
+    for t, end in zip(threads, ended, strict=True):
+        # An Event, not `join`: an interrupted `Thread.join` can mark a running thread as ended (Python 3.11).
+        # A thread that is not alive and has not ended never ran (its start failed).
+        while t.is_alive() and not end.is_set():
+            try:
+                end.wait(0.5)
+            except BaseException as exc:  # an interrupt: let every start-up end, then stop what started
+                interrupted = interrupted or exc
+                stop.set()
+    for got in entered:
+        if got is not None:
+            stack.push(got[0])
+    if interrupted is not None:
+        raise interrupted
+    failures = [exc for exc in failed if exc is not None]
+    if failures:
+        raise next((exc for exc in failures if not isinstance(exc, _Stopped)), failures[0])
+    return [got[1] for got in entered if got is not None]
+
+
+class _InferenceStart:
+    """How an inference worker starts, first or as a replacement: every one must declare the identity of the run's
+    first inference worker, worker 1 (its pid aside), so the rollouts of a run come from one engine and settings
+    whichever worker made them. The workers started together are checked (`declare`) once all have started; a
+    replacement is checked before it is handed out."""
+
+    def __init__(self, spec: EngineSpec, store: RunStore, call_timeout: float | None,
+                 placement: RayPlacement | None) -> None:
+        self.spec, self.store, self.call_timeout, self.placement = spec, store, call_timeout, placement
+        self.first: dict[str, Any] | None = None
+
+    def declare(self, session: Session) -> None:
+        """The first worker declared sets the identity; any later one must declare the same (`EvidenceError`)."""
+        declared = {k: v for k, v in session.client.identity.to_wire().items() if k != "pid"}
+        if self.first is None:
+            self.first = declared
+        first = self.first
+        for key in sorted(set(first) | set(declared)):
+            if first.get(key) != declared.get(key):
+                raise EvidenceError(f"an inference worker declares {key} {declared.get(key)!r}, unlike the run's "
+                                    f"first inference worker ({first.get(key)!r}); every inference worker must be "
+                                    "the same engine, versions and settings: install the same on every node")
 
     @contextlib.contextmanager
-    def start(ready: Callable[[], object]) -> Iterator[Session]:
-        with engine_session(spec, store, call_timeout=call_timeout, ready=ready, placement=placement) as session:
-            declared = {k: v for k, v in session.client.identity.to_wire().items() if k != "pid"}
-            if not first:
-                first.append(declared)
-            for key in sorted(set(first[0]) | set(declared)):
-                if first[0].get(key) != declared.get(key):
-                    raise EvidenceError(f"an inference worker declares {key} {declared.get(key)!r}, unlike the run's "
-                                        f"first inference worker ({first[0].get(key)!r}); every inference worker "
-                                        "must be the same engine, versions and settings: install the same on every "
-                                        "node")
+    def __call__(self, ready: Callable[[], object]) -> Iterator[Session]:
+        with engine_session(self.spec, self.store, call_timeout=self.call_timeout, ready=ready,
+                            placement=self.placement) as session:
+            if self.first is not None:  # a replacement
+                self.declare(session)
             yield session
-
-    return start
 
 
 @dataclass
