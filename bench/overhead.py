@@ -63,6 +63,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -369,86 +370,167 @@ def bootstrap(invar: np.ndarray, direct: np.ndarray, resamples: int = 4000) -> d
     }
 
 
-class _Timed:
-    """A module seen through a proxy whose named functions add their wall time to `into[label]`."""
+_SCHEDSTAT = Path("/proc/thread-self/schedstat")  # Linux: this thread's CPU time and run-queue wait (ns)
+_sched_fd = threading.local()
 
-    def __init__(self, module: Any, wrap: dict[str, str], into: dict[str, float]) -> None:
-        self._module, self._wrap, self._into = module, wrap, into
 
-    def __getattr__(self, name: str) -> Any:
-        target = getattr(self._module, name)
-        label = self._wrap.get(name)
-        if label is None:
-            return target
+def _runqueue_wait_s() -> float:
+    """Seconds this thread has waited runnable for a CPU so far (0 where the kernel does not say)."""
+    fd = getattr(_sched_fd, "fd", None)
+    if fd is None:
+        try:
+            fd = _sched_fd.fd = os.open(_SCHEDSTAT, os.O_RDONLY)
+        except OSError:
+            fd = _sched_fd.fd = -1
+    if fd < 0:
+        return 0.0
+    return int(os.pread(fd, 128, 0).split()[1]) / 1e9
 
-        def timed(*a: Any, **k: Any) -> Any:
+
+class _Steps:
+    """Every timed step of the core as (label, thread, start, end, time in the step), whichever thread ran it.
+
+    The client answers a call on its reader thread (read, hash, decode and record the report) while the calling
+    thread waits, so steps are kept per thread and counted in the call whose span holds them, never summed into one
+    total that another thread also adds to.
+
+    A step's time is its wall time less the time its thread waited runnable for a CPU meanwhile (Linux schedstat;
+    never less than the thread's CPU time in it). Writing the call wakes the worker, and the woken worker's engine
+    may take the writer's CPU at once: the writer then waits in the run queue, up to the whole call when the engine
+    keeps both cores busy, and that wait is the engine's turn, not the write's. Blocking inside a step (an fsync, a
+    full pipe) still counts."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, float, float, float]] = []  # list.append is atomic: any thread may add
+
+    def timed(self, label: str, target: Any) -> Any:
+        def run(*a: Any, **k: Any) -> Any:
+            w0, c0 = _runqueue_wait_s(), time.thread_time()
             t0 = time.perf_counter()
             try:
                 return target(*a, **k)
             finally:
-                self._into[label] = self._into.get(label, 0.0) + time.perf_counter() - t0
+                t1 = time.perf_counter()
+                cpu, waited = time.thread_time() - c0, _runqueue_wait_s() - w0
+                own = max(t1 - t0 - waited, min(cpu, t1 - t0))
+                self.events.append((label, threading.current_thread().name, t0, t1, own))
 
-        return timed
+        return run
+
+    def within(self, start: float, end: float) -> list[tuple[str, str, float, float, float]]:
+        return [e for e in self.events if start <= e[2] and e[3] <= end]
 
 
-def breakdown(session: Any, store: RunStore, calls: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
-    """Where Invar's time goes per call: the core's steps timed in place, the worker's protocol steps replayed here."""
+class _Timed:
+    """A module seen through a proxy whose named functions are timed as steps."""
+
+    def __init__(self, module: Any, wrap: dict[str, str], steps: _Steps) -> None:
+        self._module, self._wrap, self._steps = module, wrap, steps
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._module, name)
+        label = self._wrap.get(name)
+        return target if label is None else self._steps.timed(label, target)
+
+
+class _TimedHasher:
+    """A sha256 whose updates are timed as one step (the reader hashes a report chunk by chunk as it lands)."""
+
+    def __init__(self, steps: _Steps, label: str) -> None:
+        self._inner = hashlib.sha256()
+        self.update = steps.timed(label, self._inner.update)
+
+    def hexdigest(self) -> str:
+        return self._inner.hexdigest()
+
+
+CORE_STEPS = ("encode call", "hash call", "record call", "write call to the pipe", "hash report as read",
+              "decode report", "record report")
+
+
+def breakdown(session: Any, store: RunStore, calls: list[dict[str, Any]], rounds: int,
+              method: str = "generate") -> dict[str, Any]:
+    """Where Invar's time goes per call: the core's steps timed in place, the worker's protocol steps replayed here.
+
+    Each core step is timed on the thread that runs it: the calling thread encodes, hashes, records and writes the
+    call; the client's reader thread hashes the report as it reads it, decodes and records it. A step counts in a
+    call only if it started and ended within that call. A step's time leaves out its thread's waits for a CPU
+    (`_Steps`); `core_wall_median_us` keeps the plain wall times, `core_thread` the thread of each step."""
+    import types
+
     from invar.protocol import client as client_mod
     from invar.protocol import frames
     from invar.protocol.messages import Call, Report
 
-    per_call: list[dict[str, float]] = []
-    into: dict[str, float] = {}
+    steps = _Steps()
     saved = {"call": b"", "report": b""}
     orig = {"canonical": client_mod.canonical, "frames": client_mod.frames,  # type: ignore[attr-defined]
+            "hashlib": client_mod.hashlib,  # type: ignore[attr-defined]
             "record_call": store.record_call, "record_report": store.record_report}
 
     def keep(kind: str) -> Any:
-        inner = orig["record_" + kind]
+        inner = steps.timed("record " + kind, orig["record_" + kind])
 
         def record(payload: bytes, *, worker: str) -> Any:
             saved[kind] = payload
-            t0 = time.perf_counter()
-            try:
-                return inner(payload, worker=worker)
-            finally:
-                into["record " + kind] = into.get("record " + kind, 0.0) + time.perf_counter() - t0
+            return inner(payload, worker=worker)
 
         return record
 
     client_mod.canonical = _Timed(orig["canonical"], {"encode_parts": "encode call", "sha256_parts": "hash call"},
-                                  into)  # type: ignore[attr-defined]
+                                  steps)  # type: ignore[attr-defined]
     client_mod.frames = _Timed(orig["frames"], {"write_parts": "write call to the pipe",
-                                                "decode_payload": "decode report"}, into)  # type: ignore[attr-defined]
+                                                "decode_payload": "decode report"}, steps)  # type: ignore[attr-defined]
+    client_mod.hashlib = types.SimpleNamespace(  # type: ignore[attr-defined]
+        sha256=lambda: _TimedHasher(steps, "hash report as read"))
     store.record_call, store.record_report = keep("call"), keep("report")  # type: ignore[method-assign]
+    main = threading.current_thread().name
+    per_call: list[dict[str, float]] = []
+    wall_call: list[dict[str, float]] = []
+    thread_of: dict[str, str] = {}
     try:
+        # Untimed: the reader thread is blocked reading with a hasher made before the timing began; after this call
+        # it reads the next report with a timed one.
+        session.client.call(method, calls[0])
         for _ in range(rounds):
             for c in calls:
-                into.clear()
                 t0 = time.perf_counter()
-                session.client.call("generate", c)
-                into["whole call"] = time.perf_counter() - t0
-                per_call.append(dict(into))
+                session.client.call(method, c)
+                t1 = time.perf_counter()
+                own: dict[str, float] = {"whole call": t1 - t0}
+                wall: dict[str, float] = {}
+                for label, thread, s, e, step in steps.within(t0, t1):
+                    own[label] = own.get(label, 0.0) + step
+                    wall[label] = wall.get(label, 0.0) + e - s
+                    thread_of[label] = "calling thread" if thread == main else "reader thread" \
+                        if thread.endswith("-reader") else f"thread {thread}"
+                per_call.append(own)
+                wall_call.append(wall)
     finally:
         client_mod.canonical, client_mod.frames = orig["canonical"], orig["frames"]  # type: ignore[attr-defined]
+        client_mod.hashlib = orig["hashlib"]  # type: ignore[attr-defined]
         store.record_call, store.record_report = orig["record_call"], orig["record_report"]  # type: ignore
     # The worker's side of the protocol, replayed on the last call's exact bytes (the worker runs the same code).
     replay: dict[str, list[float]] = {}
     report = Report.from_wire(frames.decode_payload(bytearray(saved["report"]), "report"))
-    steps = {
+    replayed = {
         "worker: hash call as read": lambda: hashlib.sha256(saved["call"]).hexdigest(),
         "worker: decode call": lambda: Call.from_wire(frames.decode_payload(bytearray(saved["call"]))),
         "worker: encode report": lambda: canonical.encode_parts(report.to_wire()),
         "hash report as read": lambda: hashlib.sha256(saved["report"]).hexdigest(),
     }
-    for name, step in steps.items():
+    for name, step in replayed.items():
         for _ in range(50):
             t0 = time.perf_counter()
             step()
             replay.setdefault(name, []).append(time.perf_counter() - t0)
-    labels = sorted({k for d in per_call for k in d})
+    labels = [k for k in (*CORE_STEPS, "whole call") if any(k in d for d in per_call)]
     return {"calls": len(per_call), "call_bytes": len(saved["call"]), "report_bytes": len(saved["report"]),
             "core_median_us": {k: float(np.median([d.get(k, 0.0) for d in per_call]) * 1e6) for k in labels},
+            "core_wall_median_us": {k: float(np.median([d.get(k, 0.0) for d in wall_call]) * 1e6)
+                                    for k in labels if k != "whole call"},
+            "core_thread": {k: thread_of[k] for k in labels if k in thread_of},
+            "core_per_call_us": [{k: v * 1e6 for k, v in d.items()} for d in per_call],
             "worker_replay_median_us": {k: float(np.median(v) * 1e6) for k, v in replay.items()}}
 
 

@@ -63,5 +63,12 @@ def test_dry_run_with_the_overhead_benchmark_writes_ratios(tmp_path: Path) -> No
         assert row["fixed_cost_per_record_us"] == pytest.approx(row["fixed_cost_per_call_us"] / 2)
         assert "goal_1_02_wall" not in row  # the goal is the larger model's
     assert (tmp_path / "overhead.json").is_file()
+    # The breakdown's named steps, each timed on the thread that runs it, sum to no more than the call they are in.
+    bench = json.loads((tmp_path / "overhead.json").read_text())
+    for layout, row in bench["sizes"]["tiny"]["engines"]["hf"]["layouts"].items():
+        calls = row["breakdown"]["core_per_call_us"]
+        assert calls, layout
+        for call in calls:
+            assert sum(v for k, v in call.items() if k != "whole call") <= call["whole call"], (layout, call)
     assert "overhead on cpu" in proc.stdout
     assert "hf pairing-b16: wall" in proc.stdout
