@@ -35,8 +35,9 @@ Decisions:
 - **Same outputs.** invar and direct must return the same tokens for every call (same engine, same seeds); the
   benchmark refuses to report otherwise.
 - **Where invar's time goes.** After the rounds, one more pass of invar calls runs with the core's steps timed in
-  place (encode and hash the call, record it, write it to the pipe, decode the report, record it); the worker's
-  protocol steps (hash and decode the call, encode the report) are replayed here on the last call's exact bytes.
+  place, each on the thread that runs it (the calling thread encodes, hashes, records and writes the call; the
+  reader thread hashes, decodes and records the report), less that thread's waits for a CPU; the worker's protocol
+  steps (hash and decode the call, encode the report) are replayed here on the last call's exact bytes.
 - **Two model sizes.** The shipped tiny model (0.6 M parameters: what shows is the fixed cost per call) and a larger
   Qwen3-architecture model built here with random weights (`--large-layers`, `--large-hidden`; 36.2 M parameters
   by default) with the shipped tokenizer, so an engine step costs what it would on a small real model.
