@@ -177,13 +177,13 @@ def invar_train_on(device: str, argv: list[str]) -> int:
 def run_direct(config: Path, out: Path, device: str = "cpu", split: bool = False) -> dict[str, Any]:
     """Every cycle of the configuration in this process (as `invar train` runs it, without Invar); `split`: with the
     learner engine in a second process (a pipe and pickle, nothing of Invar's)."""
-    with _learner(tr.plan(config).config.backend, device, split) as learner:
-        return _direct_cycles(config, out, device, learner)
+    p = tr.plan(config)  # once: it hashes the model folder
+    with _learner(p.config.backend, device, split) as learner:
+        return _direct_cycles(p, out, device, learner)
 
 
-def _direct_cycles(config: Path, out: Path, device: str, learner: Callable[[str, dict[str, Any]], Any]) \
+def _direct_cycles(p: tr.Plan, out: Path, device: str, learner: Callable[[str, dict[str, Any]], Any]) \
         -> dict[str, Any]:
-    p = tr.plan(config)
     cfg = p.config
     out.mkdir(parents=True)
     inference = _engine(cfg.backend, "inference", device)
