@@ -19,6 +19,7 @@ from invar.tasks.arithmetic import (
     split_of,
     stream,
 )
+from invar.tasks.tokenizer import ModelTokenizer
 from invar.tasks.vocabulary import Vocabulary
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "MAX_ANSWER_CHARS",
     "SCORERS",
     "SCORER_NAME",
+    "ModelTokenizer",
     "Problem",
     "Vocabulary",
     "answer_of",

@@ -1,0 +1,343 @@
+"""The core's own tokenizer: a model folder's `tokenizer.json`, run by the `tokenizers` library, never by an engine.
+
+The core scores responses from the token ids a worker reports, never from the worker's text, and it tokenizes
+prompts itself, so both directions come from the files a contract pins. `ModelTokenizer` loads `tokenizer.json`
+with `tokenizers.Tokenizer.from_file` (any fast-tokenizer model: byte-level or byte-fallback BPE, Unigram,
+WordPiece, WordLevel) and reads `tokenizer_config.json` for the named special tokens, the decode clean-up switch
+and the chat template (rendered by `invar.tasks.chat`). Decoding keeps special tokens as their text, as
+`AutoTokenizer.decode(ids, skip_special_tokens=False)` does, so a response containing one never passes as an
+answer; it stops before the first id that ends a response. On the shipped character-level model it gives exactly
+what `Vocabulary` gives.
+
+What the core computes from a folder is bound by `tokenizer_digest` (see `tokenizer_files` for the rule), which
+equals `invar.contract.prepare.tokenizer_digest` for a folder holding only `tokenizer.json`,
+`tokenizer_config.json` and eos ids that agree with the tokenizer's own `eos_token`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from invar import canonical
+from invar.errors import ContractError, EvidenceError
+from invar.tasks.chat import LEGACY_TEMPLATE_FILE, SPECIAL_TOKEN_NAMES, TEMPLATE_FILE, ChatTemplate, find_template
+
+BASE_FILES = ("tokenizer.json", "tokenizer_config.json")
+"""Files every model folder must hold; `invar.contract.prepare.TOKENIZER_FILES` pins the same two."""
+SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+EXTRA_FILES = (TEMPLATE_FILE, LEGACY_TEMPLATE_FILE, SPECIAL_TOKENS_MAP_FILE)
+"""Files that, when present, change what the core renders or which special tokens it names."""
+GENERATION_CONFIG_FILE = "generation_config.json"
+MODEL_CONFIG_FILE = "config.json"
+
+
+def _read_json(path: Path, required: bool = True) -> Any:
+    if not path.is_file():
+        if not required:
+            return None
+        raise ContractError(f"{path} does not exist: the model folder must hold the tokenizer files it was saved with")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ContractError(f"{path} is not valid JSON ({exc}): re-save the file") from None
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):  # older files store {"content": ..., "lstrip": ..., ...}
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def tokenizer_files(model_dir: str | Path) -> tuple[str, ...]:
+    """Names of the files in `model_dir` whose bytes the tokenizer digest binds, in a fixed order.
+
+    The rule: always `tokenizer.json` and `tokenizer_config.json`; then each of `chat_template.jinja`,
+    `chat_template.json`, `special_tokens_map.json` that is present. `generation_config.json` and `config.json`
+    are not bound by their bytes (they hold sampling and architecture settings the core does not use, and binding
+    them would change the shipped model's pinned digest); the one thing the core takes from them, the ids that end
+    a response, is bound by value instead: `tokenizer_digest` adds the resolved `eos_token_ids` whenever they
+    differ from the id of `tokenizer_config.json`'s `eos_token`. So every input of encoding, decoding and template
+    rendering is bound, and a folder with no extras and agreeing eos ids keeps the digest
+    `invar.contract.prepare.tokenizer_digest` gives it.
+    """
+    root = Path(model_dir)
+    return BASE_FILES + tuple(name for name in EXTRA_FILES if (root / name).is_file())
+
+
+def _eos_from(value: Any, where: Path) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ContractError(f"{where}: eos_token_id must be an integer or a non-empty list of integers")
+    return tuple(dict.fromkeys(values))  # repeated ids say nothing more
+
+
+def resolve_eos_ids(model_dir: Path, tokenizer_eos_id: int | None) -> tuple[tuple[int, ...], str]:
+    """The ids that end a response, shape [E] (E >= 1, first is the main one), and the file they came from.
+
+    Transformers' generation takes them from the model's generation config: `generation_config.json`'s
+    `eos_token_id` when that file exists (`GenerationConfig.from_pretrained`), else `config.json`'s top-level
+    `eos_token_id` (the fallback in `adjust_generation_fn`), and `_prepare_special_tokens` treats an int or a list
+    alike as a set of stop ids. The core follows that order, skipping a file whose `eos_token_id` is missing or
+    null (where transformers would then never stop, the core falls through), and ends with the tokenizer's own
+    `eos_token`. Raises `ContractError` when none of them names an id.
+    """
+    for name in (GENERATION_CONFIG_FILE, MODEL_CONFIG_FILE):
+        path = model_dir / name
+        data = _read_json(path, required=False)
+        if isinstance(data, dict):
+            ids = _eos_from(data.get("eos_token_id"), path)
+            if ids is not None:
+                return ids, name
+    if tokenizer_eos_id is not None:
+        return (tokenizer_eos_id,), "tokenizer_config.json"
+    raise ContractError(f"{model_dir}: no eos_token_id in generation_config.json or config.json and no eos_token in "
+                        "tokenizer_config.json: declare the token that ends a response")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTokenizer:
+    """A model folder's tokenizer: ids are in [0, vocab_size); `decode` and `encode` run `tokenizer.json`."""
+
+    path: Path
+    """The model folder."""
+    vocab_size: int
+    """Number of token ids, added tokens included."""
+    special_ids: frozenset[int]
+    """Ids of added tokens marked special (e.g. `<s>`, `<|im_end|>`)."""
+    bos_token_id: int | None
+    """Id of `tokenizer_config.json`'s `bos_token`, if it names one."""
+    eos_token_ids: tuple[int, ...]
+    """Ids that end a response (see `resolve_eos_ids`), shape [E], E >= 1."""
+    eos_source: str
+    """The file `eos_token_ids` came from."""
+    special_tokens: Mapping[str, str]
+    """Named special tokens and their text, e.g. {"bos_token": "<s>"}, as passed to a chat template."""
+    chat_template: ChatTemplate | None
+    """The folder's chat template, if it has one."""
+    clean_up_tokenization_spaces: bool
+    """Whether `decode` applies transformers' `clean_up_tokenization` (never for a BPE model, as transformers)."""
+    digest: str
+    """Hex sha256 binding every input the core takes from the folder (see `tokenizer_files`)."""
+    _tokenizer: Tokenizer = field(repr=False, compare=False)
+    _unk_id: int | None = field(repr=False, compare=False)
+
+    @property
+    def eos_token_id(self) -> int:
+        """The main id that ends a response (the first of `eos_token_ids`)."""
+        return self.eos_token_ids[0]
+
+    @property
+    def size(self) -> int:
+        """Number of token ids (`vocab_size`; `Vocabulary.size`'s name)."""
+        return self.vocab_size
+
+    @classmethod
+    def from_model_dir(cls, path: str | Path) -> ModelTokenizer:
+        """Load `tokenizer.json` and `tokenizer_config.json` (both required) and the optional extras of a folder.
+
+        Raises `ContractError` naming the file and what to change when one is missing, malformed, or names a
+        special token the vocabulary lacks.
+        """
+        root = Path(path)
+        tokenizer_path = root / "tokenizer.json"
+        if not tokenizer_path.is_file():
+            raise ContractError(f"{tokenizer_path} does not exist: save the model's fast tokenizer (tokenizer.json) "
+                                "into the folder")
+        config_path = root / "tokenizer_config.json"
+        config = _read_json(config_path)
+        if not isinstance(config, dict):
+            raise ContractError(f"{config_path}: expected a JSON object")
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        except Exception as exc:  # the library raises its own untyped errors for malformed files
+            raise ContractError(f"{tokenizer_path} cannot be loaded by the tokenizers library "
+                                f"({' '.join(str(exc).split())}): re-save the tokenizer") from None
+        legacy = _read_json(root / SPECIAL_TOKENS_MAP_FILE, required=False)
+        legacy = legacy if isinstance(legacy, dict) else {}
+        special_tokens: dict[str, str] = {}
+        for name in SPECIAL_TOKEN_NAMES:
+            # transformers reads special_tokens_map.json only to fill what the config leaves unset
+            text = _token_text(config.get(name))
+            if text is None:
+                text = _token_text(legacy.get(name))
+            if text is not None:
+                special_tokens[name] = text
+
+        def token_id(name: str) -> int | None:
+            text = special_tokens.get(name)
+            if text is None:
+                return None
+            found = tokenizer.token_to_id(text)
+            if found is None:
+                raise ContractError(f"{config_path}: {name} {text!r} is not in the vocabulary of {tokenizer_path}")
+            return found
+
+        bos_id = token_id("bos_token")
+        own_eos_id = token_id("eos_token")
+        vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        eos_ids, eos_source = resolve_eos_ids(root, own_eos_id)
+        for eos in eos_ids:
+            if not 0 <= eos < vocab_size:
+                raise ContractError(f"{root / eos_source}: eos token id {eos} is outside the vocabulary of "
+                                    f"{vocab_size} tokens")
+        unk_text = special_tokens.get("unk_token")
+        unk_id = None if unk_text is None else tokenizer.token_to_id(unk_text)
+        if unk_id is None:
+            unk_id = _model_unk_id(tokenizer)
+        model_type = type(tokenizer.model).__name__
+        clean_up = bool(config.get("clean_up_tokenization_spaces", False)) and (
+            model_type != "BPE"
+            or bool(config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)))
+        return cls(
+            path=root,
+            vocab_size=vocab_size,
+            special_ids=frozenset(i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special),
+            bos_token_id=bos_id,
+            eos_token_ids=eos_ids,
+            eos_source=eos_source,
+            special_tokens=special_tokens,
+            chat_template=find_template(root, config),
+            clean_up_tokenization_spaces=clean_up,
+            digest=_digest(root, eos_ids, own_eos_id),
+            _tokenizer=tokenizer,
+            _unk_id=unk_id,
+        )
+
+    def encode(self, text: str, add_special_tokens: bool = False, *, add_bos: bool | None = None) -> list[int]:
+        """Token ids of `text`, shape [T], as the tokenizer encodes it; the post-processor's tokens (e.g. BOS) too
+        when `add_special_tokens` (as engines tokenize a text prompt).
+
+        `add_bos` is `Vocabulary.encode`'s name for the same switch and, when given, decides it; `add_bos=True`
+        on a tokenizer without a `bos_token` raises `ContractError`, as `Vocabulary` does. Text that spells a
+        special token (e.g. `<s>`) is encoded as that token, as engines do.
+
+        The rule for refusing text (`ContractError` naming the character and its position): a text is refused
+        when its encoding holds the unknown token, or when a character other than whitespace is covered by no
+        token (a tokenizer without an unknown token drops it). Either way the model would not see what the text
+        says. Whitespace that a pre-tokenizer splits on and drops is how WordPiece/WordLevel define words and is
+        accepted; so is text that a normalizer rewrites (e.g. lower-cases), which is why the rule is not "decoding
+        gives the text back".
+        """
+        if add_bos is not None:
+            if add_bos and self.bos_token_id is None:
+                raise ContractError(f"{self.path / 'tokenizer_config.json'} has no bos_token: "
+                                    "encode with add_bos=False")
+            add_special_tokens = add_bos
+        self._check_text(text)
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def _check_text(self, text: str) -> None:
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        covered = bytearray(len(text))
+        for token_id, (start, end) in zip(encoding.ids, encoding.offsets, strict=True):
+            if token_id == self._unk_id and token_id not in self._declared_text_ids(text, start, end):
+                position = start if start < len(text) else 0
+                piece = text[start:end] or text[position:position + 1]
+                raise ContractError(
+                    f"{piece!r} at position {position} of {text!r} is not in the model's vocabulary "
+                    f"({self.path / 'tokenizer.json'} encodes it as the unknown token): use only text the tokenizer "
+                    "knows")
+            covered[start:end] = b"\x01" * (end - start)
+        for position, char in enumerate(text):
+            if not covered[position] and not char.isspace():
+                raise ContractError(
+                    f"character {char!r} at position {position} of {text!r} is not in the model's vocabulary "
+                    f"({self.path / 'tokenizer.json'} drops it): use only characters the tokenizer knows")
+
+    def _declared_text_ids(self, text: str, start: int, end: int) -> frozenset[int]:
+        # the unknown token written out in the text (e.g. "<unk>") is that token, not an unknown character
+        spelled = self._tokenizer.token_to_id(text[start:end])
+        return frozenset() if spelled is None else frozenset({spelled})
+
+    def decode(self, ids: Iterable[int], stop_at_eos: bool = True) -> str:
+        """Text of token ids `ids` (shape [T], any integer type), special tokens kept as their text, as
+        `AutoTokenizer.decode(ids, skip_special_tokens=False)`; stops before the first of `eos_token_ids` when
+        `stop_at_eos`.
+
+        Raises `EvidenceError` for an id outside [0, vocab_size) before that stop (tokens of some other model).
+        """
+        stop = frozenset(self.eos_token_ids) if stop_at_eos else frozenset()
+        kept: list[int] = []
+        for raw in ids:
+            token_id = int(raw)
+            if not 0 <= token_id < self.vocab_size:
+                raise EvidenceError(
+                    f"token id {token_id} is outside the vocabulary of {self.vocab_size} tokens: "
+                    "the tokens come from a different model than the one named"
+                )
+            if token_id in stop:
+                break
+            kept.append(token_id)
+        text = self._tokenizer.decode(kept, skip_special_tokens=False)
+        return _clean_up_tokenization(text) if self.clean_up_tokenization_spaces else text
+
+    def render_prompt(self, prompt: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None,
+                      template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """The text a model is given: `prompt` itself, or `messages` rendered by the chat template with the
+        generation prompt added. Exactly one of `prompt` and `messages` must be given.
+
+        Raises `ContractError` when both or neither are given, when `messages` are given to a model without a chat
+        template, or when the template fails on them.
+        """
+        if prompt is not None and messages is None:
+            if template_kwargs:
+                raise ContractError("template keyword arguments apply only to chat messages: drop them or use messages")
+            return prompt
+        if messages is None or prompt is not None:
+            raise ContractError("give exactly one of a plain prompt and chat messages")
+        if self.chat_template is None:
+            raise ContractError(f"{self.path} has no chat template (no chat_template.jinja, no chat_template in "
+                                "tokenizer_config.json): give a plain prompt instead of messages")
+        return self.chat_template.render(messages, self.special_tokens, add_generation_prompt=True,
+                                         template_kwargs=template_kwargs)
+
+    def prompt_ids(self, prompt: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None,
+                   template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+        """Token ids of the model's input, shape [T]: a plain `prompt` encoded with special tokens (as engines
+        tokenize a text prompt, e.g. with BOS), or `messages` rendered (`render_prompt`) and encoded without them,
+        as `apply_chat_template(..., tokenize=True)` does (the template writes its own BOS).
+
+        Raises `ContractError` as `render_prompt` and `encode` do.
+        """
+        text = self.render_prompt(prompt, messages, template_kwargs)
+        if prompt is not None:
+            return self.encode(text, add_special_tokens=True)
+        # a rendered template holds special tokens and characters of the owner's messages alike; only the latter
+        # can be unknown, and the same refusal rule applies
+        return self.encode(text, add_special_tokens=False)
+
+
+def _model_unk_id(tokenizer: Tokenizer) -> int | None:
+    unk = getattr(tokenizer.model, "unk_token", None)  # BPE, WordPiece, WordLevel
+    if isinstance(unk, str):
+        return tokenizer.token_to_id(unk)
+    unk_index = getattr(tokenizer.model, "unk_id", None)  # Unigram
+    return unk_index if isinstance(unk_index, int) else None
+
+
+def _clean_up_tokenization(text: str) -> str:
+    # transformers' PreTrainedTokenizerBase.clean_up_tokenization, verbatim in effect
+    return (text.replace(" .", ".").replace(" ?", "?").replace(" !", "!").replace(" ,", ",")
+            .replace(" ' ", "'").replace(" n't", "n't").replace(" 'm", "'m").replace(" 's", "'s")
+            .replace(" 've", "'ve").replace(" 're", "'re"))
+
+
+def _digest(root: Path, eos_ids: tuple[int, ...], own_eos_id: int | None) -> str:
+    bound: dict[str, Any] = {name: canonical.file_sha256(root / name) for name in tokenizer_files(root)}
+    if eos_ids != ((own_eos_id,) if own_eos_id is not None else ()):
+        bound["eos_token_ids"] = list(eos_ids)
+    return canonical.digest(bound)
+
+
+def tokenizer_digest(model_dir: str | Path) -> str:
+    """Hex sha256 over the files `tokenizer_files` names and, where they differ from the tokenizer's own
+    `eos_token`, the resolved eos ids (see `tokenizer_files`). Raises `ContractError` as `from_model_dir` does."""
+    return ModelTokenizer.from_model_dir(model_dir).digest
