@@ -26,7 +26,7 @@ walkthrough: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/walkthrough.sh
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src workers tests bench scripts
+	$(VENV)/bin/ruff check src tests bench scripts
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from invar import canonical
-from invar.engines import DEFAULT_MODEL, REPO_ROOT
+from invar.engines import DEFAULT_MODEL
 from invar.runner.engine import Engine, probe_identity
+
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout this bench belongs to
 
 POPULATION = REPO_ROOT / "data" / "arith-eval.jsonl"
 

@@ -221,7 +221,7 @@ def _direct_engine(engine: str, device: str) -> Any:
         import torch
         from transformers.utils import logging as hf_logging
 
-        from workers import hf_worker
+        from invar.workers import hf_worker
 
         torch.use_deterministic_algorithms(True)
         torch.set_num_threads(1)
@@ -230,10 +230,10 @@ def _direct_engine(engine: str, device: str) -> Any:
         hf_logging.set_verbosity_error()
         return hf_worker.Engine(hf_worker.Role.INFERENCE, device)
     if engine == "mlx":
-        from workers import mlx_worker
+        from invar.workers import mlx_worker
 
         return mlx_worker.Engine(mlx_worker.Role.INFERENCE)
-    from workers import vllm_worker
+    from invar.workers import vllm_worker
 
     utilization = VLLM_SETTINGS["gpu_memory_utilization"] if device == "cpu" else VLLM_CUDA_UTILIZATION
     return vllm_worker.Engine(vllm_worker.Settings(

@@ -22,7 +22,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 from invar import canonical  # noqa: E402
 from invar.protocol import WorkerClient  # noqa: E402
-from workers import echo  # noqa: E402
+from invar.workers import echo  # noqa: E402
 
 
 def timed(fn, repeats: int) -> list[float]:  # type: ignore[no-untyped-def]
@@ -47,7 +47,7 @@ def main() -> int:
     small = {"prompt": "37+58=", "seed": 3}
 
     rows = []
-    with WorkerClient([sys.executable, "-m", "workers.echo"], name="echo") as w:
+    with WorkerClient([sys.executable, "-m", "invar.workers.echo"], name="echo") as w:
         for _ in range(200):
             w.call("echo", small)
         sub_small = statistics.median(timed(lambda: w.call("echo", small), args.small_calls))

@@ -92,11 +92,11 @@ def write_config(source: Path, out: Path, cycles: int, model: Path | None, per_c
 def _engine(backend: str, role: str, device: str) -> Any:
     """One worker engine class instance (`role`: inference or learner), set up as the worker's `main` sets it up."""
     if backend == "mlx":
-        from workers import mlx_worker
+        from invar.workers import mlx_worker
 
         return mlx_worker.Engine(mlx_worker.Role(role))
     _torch_as_the_worker()
-    from workers import hf_worker
+    from invar.workers import hf_worker
 
     return hf_worker.Engine(hf_worker.Role(role), device)
 

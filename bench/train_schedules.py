@@ -28,13 +28,14 @@ from typing import Any
 import numpy as np
 
 from invar.compare.histories import compare_histories
-from invar.engines import REPO_ROOT
 from invar.loop.config import resolve
 from invar.loop.history import read_history
 from invar.protocol import Role
 from invar.records import RunStore
 from invar.runner.engine import Engine, EngineSpec, engine_session
 from invar.runner.train import train
+
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout this bench belongs to
 
 SCHEDULES: dict[str, dict[str, dict[str, Any]]] = {
     "whole": {},

@@ -1,7 +1,7 @@
 """How the core starts each engine's worker process.
 
-An engine is a module under `workers/` that serves the invocation protocol; the core knows only its command line and
-the environment it needs. A new engine joins by adding its module here and implementing the methods of
+An engine is a module under `invar.workers` that serves the invocation protocol; the core knows only its command
+line and the environment it needs. A new engine joins by adding its module here and implementing the methods of
 docs/protocol.md.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from invar.errors import InvarError
+from invar.home import HOME
 from invar.protocol import Recorder, Role, WorkerClient
 from invar.protocol.client import spawn_local
 
@@ -21,15 +22,18 @@ if TYPE_CHECKING:
     from invar.protocol.ray_transport import RayPlacement
 
 ENGINES: dict[str, str] = {
-    "echo": "workers.echo",
-    "hf": "workers.hf_worker",
-    "vllm": "workers.vllm_worker",
-    "mlx": "workers.mlx_worker",
+    "echo": "invar.workers.echo",
+    "hf": "invar.workers.hf_worker",
+    "vllm": "invar.workers.vllm_worker",
+    "mlx": "invar.workers.mlx_worker",
 }
 """Engine name → the worker module that serves it."""
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_MODEL = REPO_ROOT / "models" / "tiny-arith"
+DEFAULT_MODEL = HOME / "models" / "tiny-arith"
+"""The shipped tiny model, the default of every command that takes `--model`."""
+
+# The folder holding the `invar` package this process imported: the workers must import the very same core.
+_IMPORT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -41,9 +45,8 @@ def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     env.setdefault("PYTHONUNBUFFERED", "1")
-    # Workers import the core and `workers`, wherever the command is run from.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), str(REPO_ROOT / "src"),
-                                                   env.get("PYTHONPATH", "")) if p)
+    # Workers import the same core (and its `invar.workers`) as this process, wherever the command is run from.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_IMPORT_ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(extra or {})
     return env
 
@@ -52,7 +55,7 @@ def worker_argv(engine: str, role: Role, args: list[str] | None = None) -> list[
     module = ENGINES.get(engine)
     if module is None:
         raise InvarError(f"unknown engine {engine!r}; choose one of: {', '.join(sorted(ENGINES))}")
-    # -P: never put the working directory on sys.path, so a `workers/` folder where `invar` runs cannot stand in
+    # -P: never put the working directory on sys.path, so an `invar/` folder where `invar` runs cannot stand in
     # for the installed worker (the module resolves through PYTHONPATH, set by `worker_env` to this installation).
     return [sys.executable, "-P", "-m", module, "--role", role.value, *(args or [])]
 

@@ -18,10 +18,10 @@ import os
 from pathlib import Path
 
 from invar import canonical
-from invar.engines import REPO_ROOT
 from invar.errors import ContractError
+from invar.home import HOME
 
-PATCHES_DIR = REPO_ROOT / "patches"
+PATCHES_DIR = HOME / "patches"
 """Where the patch folders live: one folder per patch, named by the patch."""
 
 _IGNORED_DIRS = frozenset({"__pycache__"})

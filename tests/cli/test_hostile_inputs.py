@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from invar import canonical
-from invar.engines import REPO_ROOT, start_worker
+from invar.engines import start_worker
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belong to
 
 
 def _invar(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -78,5 +80,5 @@ def test_a_workers_folder_in_the_working_directory_cannot_impersonate_a_worker(t
 
 def test_the_identity_names_the_worker_code() -> None:
     with start_worker("echo") as w:
-        assert w.identity.worker == {"module": "workers.echo",
+        assert w.identity.worker == {"module": "invar.workers.echo",
                                      "sha256": canonical.file_sha256(REPO_ROOT / "workers" / "echo.py")}

@@ -16,8 +16,10 @@ import jsonschema
 import pytest
 
 from invar import canonical
-from invar.engines import DEFAULT_MODEL, REPO_ROOT
+from invar.engines import DEFAULT_MODEL
 from invar.outputs import OUTPUTS
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belong to
 
 SCHEMAS = REPO_ROOT / "docs" / "schemas"
 POPULATION = REPO_ROOT / "data" / "arith-eval.jsonl"

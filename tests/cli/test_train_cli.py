@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from invar.engines import DEFAULT_MODEL, REPO_ROOT
+from invar.engines import DEFAULT_MODEL
 from invar.loop.config import field_help
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belong to
 
 
 def _invar(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from invar.engines import REPO_ROOT
 from invar.records import RunStore
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belong to
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

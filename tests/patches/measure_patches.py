@@ -26,9 +26,11 @@ from hf_calls import load_params, make_requests  # noqa: E402
 from patch_helpers import bit_equal_share, layouts, patch_args, run, same_token_diff  # noqa: E402
 
 from invar import canonical  # noqa: E402
-from invar.engines import DEFAULT_MODEL, REPO_ROOT, start_worker  # noqa: E402
+from invar.engines import DEFAULT_MODEL, start_worker  # noqa: E402
 from invar.protocol import Role  # noqa: E402
 from invar.tasks import load_population  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belong to
 
 
 def measure(engine: str, args: list[str], env: dict[str, str], requests: list[dict[str, Any]],

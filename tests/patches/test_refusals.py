@@ -35,7 +35,7 @@ def test_a_wrong_patch_digest_refuses_to_start(engine: str) -> None:
                                   ["--patch-poison", "fixed-block"],
                                   [*patch_args("fixed-block"), *patch_args("split-k")]])
 def test_bad_patch_arguments_refuse_to_start(args: list[str]) -> None:
-    """Checked by the code both workers share (workers.common.load_patches); the vLLM worker runs it before it
+    """Checked by the code both workers share (invar.workers.common.load_patches); the vLLM worker runs it before it
     imports vLLM, so it answers fastest."""
     done = start("vllm", args)
     assert done.returncode == 2

@@ -19,7 +19,7 @@ SABOTEUR = str(Path(__file__).with_name("saboteur.py"))
 
 
 def echo_worker(**kw: object) -> WorkerClient:
-    return WorkerClient([sys.executable, "-m", "workers.echo"], name="echo", **kw)  # type: ignore[arg-type]
+    return WorkerClient([sys.executable, "-m", "invar.workers.echo"], name="echo", **kw)  # type: ignore[arg-type]
 
 
 def saboteur(mode: str, **kw: object) -> WorkerClient:
@@ -97,7 +97,8 @@ def test_wrong_role_is_refused() -> None:
 
 
 def test_learner_role_is_declared() -> None:
-    with WorkerClient([sys.executable, "-m", "workers.echo", "--role", "learner"], expected_role=Role.LEARNER) as w:
+    argv = [sys.executable, "-m", "invar.workers.echo", "--role", "learner"]
+    with WorkerClient(argv, expected_role=Role.LEARNER) as w:
         assert w.identity.role is Role.LEARNER
 
 

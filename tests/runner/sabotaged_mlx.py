@@ -22,7 +22,7 @@ from typing import Any
 from invar import canonical
 from invar.loop.checkpoint import PEFT_WEIGHTS
 from invar.protocol import Role
-from workers import mlx_worker
+from invar.workers import mlx_worker
 
 MODE = os.environ.get("INVAR_SABOTAGE", "")
 SLOW_LOAD_S = 4.0

@@ -18,9 +18,11 @@ from invar.contract.admit import SEQUENTIAL_META, Answer, admit
 from invar.contract.model import parse_declaration
 from invar.contract.prepare import build_contract, load_contract
 from invar.contract.receipt import make_receipt, verify_receipt, write_receipt
-from invar.engines import DEFAULT_MODEL, REPO_ROOT
+from invar.engines import DEFAULT_MODEL
 from invar.records import RunStore
 from invar.runner.use_run import use_run
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belong to
 
 pytestmark = pytest.mark.engine
 

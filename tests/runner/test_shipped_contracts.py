@@ -5,14 +5,16 @@ worker change that alters its settings, or an edited patch shows here, not in th
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from invar.contract.model import parse_declaration
-from invar.engines import REPO_ROOT
 from invar.patches import patch_digest, patch_dir
 from invar.runner.engine import Engine, check_identity, probe_identity
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belong to
 
 pytestmark = pytest.mark.engine
 

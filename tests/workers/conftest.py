@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from invar import canonical
-from invar.engines import DEFAULT_MODEL, REPO_ROOT
+from invar.engines import DEFAULT_MODEL
 from invar.tasks import Problem, Vocabulary, load_population
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belong to
 
 EVAL_POPULATION = REPO_ROOT / "data" / "arith-eval.jsonl"
 

@@ -30,8 +30,8 @@ from invar.cli.options import (
     TemperatureOpt,
     TopPOpt,
 )
-from invar.engines import REPO_ROOT
 from invar.errors import ContractError
+from invar.home import HOME
 from invar.records import RunStore
 from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, default_run_dir
 from invar.runner.evaluate import (
@@ -43,7 +43,7 @@ from invar.runner.evaluate import (
 from invar.runner.options import check_sampling
 from invar.tasks import MAX_ANSWER_CHARS, load_population
 
-DEFAULT_POPULATION = REPO_ROOT / "data" / "arith-eval.jsonl"
+DEFAULT_POPULATION = HOME / "data" / "arith-eval.jsonl"
 
 
 def evaluate(

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from invar import canonical
-from invar.engines import REPO_ROOT
 from invar.protocol import WorkerClient
 from invar.tasks import Problem
 
@@ -40,11 +39,14 @@ def test_importance_handling_reaches_the_learners_objective(learner: WorkerClien
                                                               handling)
 
 
+REPO_ROOT = Path(__file__).resolve().parents[3]  # the checkout these tests belong to
+
 _WRITE = """
 import sys
 from pathlib import Path
 import torch
-from workers.hf_worker import Adapter, _write_checkpoint
+from invar.workers.hf_worker import Adapter, _write_checkpoint
+
 modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 a = Adapter({}, 4, 8.0, modules, None)
 _write_checkpoint(Path(sys.argv[1]), {"w": torch.zeros(2)}, {"m": torch.zeros(2)}, a, "0" * 64)

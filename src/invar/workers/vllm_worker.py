@@ -1,6 +1,6 @@
 """The vLLM worker: vLLM as an inference engine (never a learner).
 
-    python -m workers.vllm_worker --role inference [--device auto|cpu|cuda] [--max-model-len N]
+    python -m invar.workers.vllm_worker --role inference [--device auto|cpu|cuda] [--max-model-len N]
         [--gpu-memory-utilization F] [--max-num-seqs N] [--max-lora-rank R] [--max-loras N] [--no-enforce-eager]
         [--patch NAME=SHA256 ...] [--patch-poison NAME]
 
@@ -71,7 +71,7 @@ from safetensors import SafetensorError, safe_open
 
 from invar import __version__, canonical
 from invar.protocol import MethodError, Role, Server
-from workers.common import (
+from invar.workers.common import (
     ADAPTER_WEIGHTS,
     PatchRefused,
     Request,
@@ -534,7 +534,7 @@ class Engine:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="workers.vllm_worker")
+    parser = argparse.ArgumentParser(prog="invar.workers.vllm_worker")
     parser.add_argument("--role", choices=[r.value for r in Role], default=Role.INFERENCE.value)
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="the platform vLLM must run on; auto accepts the one it detects")
@@ -557,13 +557,13 @@ def main(argv: list[str] | None = None) -> int:
     add_patch_arguments(parser)
     args = parser.parse_args(argv)
     if args.role != Role.INFERENCE.value:
-        print("workers.vllm_worker: vLLM serves as an inference engine only and cannot be the learner; "
+        print("invar.workers.vllm_worker: vLLM serves as an inference engine only and cannot be the learner; "
               "start the learner with the hf or mlx worker (--role learner)", file=sys.stderr, flush=True)
         return 2
     try:
         patches = load_patches(args.patch, args.patch_poison)
     except PatchRefused as exc:
-        print(f"workers.vllm_worker: {exc}", file=sys.stderr, flush=True)
+        print(f"invar.workers.vllm_worker: {exc}", file=sys.stderr, flush=True)
         return 2
     if patches.active:
         # A patch replaces Python-level code, so the model must run in this process: vLLM's spawned engine-core
@@ -575,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = str(current_platform.device_type)
     if args.device != "auto" and args.device != device:
-        print(f"workers.vllm_worker: --device {args.device} was asked for, but this vLLM build runs on {device}; "
+        print(f"invar.workers.vllm_worker: --device {args.device} was asked for, but this vLLM build runs on {device}; "
               f"install the vLLM build for {args.device} or pass --device {device}", file=sys.stderr, flush=True)
         return 2
     utilization = args.gpu_memory_utilization
@@ -584,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < utilization <= 1 or (args.max_model_len is not None and args.max_model_len < 2) \
             or args.max_num_seqs < 1 or args.max_loras < 1 or not math.isfinite(utilization) \
             or any(size is not None and size < 1 for size in (args.tensor_parallel_size, args.pipeline_parallel_size)):
-        print("workers.vllm_worker: --gpu-memory-utilization must be in (0, 1], --max-model-len ≥ 2, "
+        print("invar.workers.vllm_worker: --gpu-memory-utilization must be in (0, 1], --max-model-len ≥ 2, "
               "--max-num-seqs, --max-loras, --tensor-parallel-size and --pipeline-parallel-size ≥ 1",
               file=sys.stderr, flush=True)
         return 2
@@ -593,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cpu" and parallel > numa and not os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
         # vLLM's CPU workers bind their threads one NUMA node each; with fewer nodes than workers it stops deep in
         # engine start-up, so say what to set before anything starts.
-        print(f"workers.vllm_worker: {parallel} parallel CPU workers on {numa} NUMA node(s) need "
+        print(f"invar.workers.vllm_worker: {parallel} parallel CPU workers on {numa} NUMA node(s) need "
               "VLLM_CPU_OMP_THREADS_BIND, one core list per worker separated by '|' (e.g. '0|1' for two workers "
               "of one core each); set it in the environment that runs invar", file=sys.stderr, flush=True)
         return 2
@@ -607,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         patches.apply("vllm")  # before the engine (and its model) is built
     except PatchRefused as exc:
-        print(f"workers.vllm_worker: {exc}", file=sys.stderr, flush=True)
+        print(f"invar.workers.vllm_worker: {exc}", file=sys.stderr, flush=True)
         return 2
     engine = Engine(settings)
     identity = settings.identity()

@@ -1,7 +1,7 @@
 """The reference worker: no engine, only the protocol. It shows a new engine what serving takes, and the protocol's
 tests and benchmark measure the transport with it.
 
-    python -m workers.echo [--role inference|learner]
+    python -m invar.workers.echo [--role inference|learner]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def fail(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="workers.echo")
+    parser = argparse.ArgumentParser(prog="invar.workers.echo")
     parser.add_argument("--role", choices=[r.value for r in Role], default=Role.INFERENCE.value)
     args = parser.parse_args(argv)
     server = Server(

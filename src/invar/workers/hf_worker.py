@@ -1,6 +1,6 @@
 """The Hugging Face worker: transformers (with bitsandbytes for NF4) as an inference engine and as the learner.
 
-    python -m workers.hf_worker --role inference|learner [--threads N] [--device cpu|cuda]
+    python -m invar.workers.hf_worker --role inference|learner [--threads N] [--device cpu|cuda]
         [--patch NAME=SHA256 ...] [--patch-poison NAME]
 
 Decisions this worker embodies:
@@ -49,7 +49,7 @@ Decisions this worker embodies:
 - Bad input (missing or mismatched folders, unknown characters, a corrupt adapter, an over-long request) is a
   `MethodError` naming what to change, raised before any state changes, so the worker keeps serving what it had.
 - **Candidate patches** (`--patch NAME=SHA256`, `patches/`): checked against their digest and applied before any
-  model loads (`workers.common.load_patches`); the model then runs with eager attention, since SDPA's fused CPU
+  model loads (`invar.workers.common.load_patches`); the model then runs with eager attention, since SDPA's fused CPU
   kernel would bypass the patched matrix products and softmax. The identity's settings gain `patches` (and
   `patch_poison`), and `generate` / `score` results gain `patch_calls`, the patched ops each call ran.
 """
@@ -83,7 +83,7 @@ from transformers.utils import logging as hf_logging
 from invar import __version__, canonical
 from invar.loop.checkpoint import MANIFEST, MOMENTS, OPTIMIZER_WEIGHTS, save_atomically
 from invar.protocol import MethodError, Role, Server
-from workers.common import (
+from invar.workers.common import (
     ADAPTER_WEIGHTS,
     BASE_DIGEST_KEY,
     LearnerStep,
@@ -823,7 +823,7 @@ def _objective(current: list[Any], step: LearnerStep, *, samples: list[Any] | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="workers.hf_worker")
+    parser = argparse.ArgumentParser(prog="invar.workers.hf_worker")
     parser.add_argument("--role", choices=[r.value for r in Role], default=Role.INFERENCE.value)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (fixed: numerics follow it)")
     parser.add_argument("--device", default="cpu", help="torch device: cpu, or cuda where one is present")
@@ -833,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
         patches = load_patches(args.patch, args.patch_poison)
         patches.apply("hf")  # before any model is loaded
     except PatchRefused as exc:
-        print(f"workers.hf_worker: {exc}", file=sys.stderr, flush=True)
+        print(f"invar.workers.hf_worker: {exc}", file=sys.stderr, flush=True)
         return 2
     # Deterministic cuBLAS needs its workspace fixed before the first CUDA matrix product.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -1,6 +1,6 @@
 """The MLX worker: inference engine or learner on mlx + mlx-lm (the CPU device on Linux, Metal on a Mac).
 
-    python -m workers.mlx_worker --role inference|learner
+    python -m invar.workers.mlx_worker --role inference|learner
 
 The role fixes the methods served: inference serves `load_model`, `load_adapter`, `generate`, `score`; the
 learner serves `load_model`, `load_adapter`, `score`, `learner_step`. A call to the other role's method is
@@ -80,7 +80,7 @@ from invar.loop.checkpoint import (
     save_atomically,
 )
 from invar.protocol import MethodError, Role, Server
-from workers.common import (
+from invar.workers.common import (
     LoraSettings,
     Request,
     check_prompt_chars,
@@ -697,7 +697,7 @@ def _read_moments(folder: Path, adapter: Adapter) -> tuple[dict[str, tuple[mx.ar
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="workers.mlx_worker")
+    parser = argparse.ArgumentParser(prog="invar.workers.mlx_worker")
     parser.add_argument("--role", choices=[r.value for r in Role], default=Role.INFERENCE.value)
     args = parser.parse_args(argv)
     engine = Engine(Role(args.role))
