@@ -9,11 +9,15 @@ planned-call evidence admission binds), carries its package in its type, and the
 `Decimal` ε and exact fractions only; `task_bound` accepts, per method, only the range that method supports.
 `use admit` decides through these types: its paired losses are `paired_loss(Losses[Reference], Losses[Candidate])`
 and its ε comparisons `within_epsilon`.
+
+What a call's report says about the package that made it is evidence too: `check_patches_active` refuses a call in
+which a declared patch did not run. It lives here, below both the runner (which checks each call as it is answered)
+and admission (which checks each recorded one again), so that neither has to import the other to apply one rule.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -164,3 +168,15 @@ def task_bound(method: BinaryMethod | RangeMethod, d: npt.ArrayLike, a: float, b
     """`invar.stats.bounds.bound`, typed: a binary method is called with [-1, 1] only, a method name is one the
     core knows."""
     return bound(method, d, a, b, delta, order=order)
+
+
+def check_patches_active(report: Mapping[str, Any], patches: Mapping[str, str], where: str) -> None:
+    """Every declared patch must have run during the call: its reported call count is above zero."""
+    if not patches:
+        return
+    counts = report.get("patch_calls")
+    for name in patches:
+        count = counts.get(name) if isinstance(counts, dict) else None
+        if not isinstance(count, int) or count <= 0:
+            raise EvidenceError(f"{where}: patch {name!r} reports {count!r} calls: it was not active in this call, "
+                                "so the evidence is not of the patched package")

@@ -13,7 +13,8 @@ import pytest
 from invar.engines import DEFAULT_MODEL
 from invar.errors import ContractError
 from invar.records import RunStore
-from invar.runner.evaluate import clopper_pearson, request_seed, sample_indices, summarize
+from invar.runner.evaluate import request_seed, sample_indices, summarize
+from invar.stats.intervals import clopper_pearson
 from invar.tasks import Problem, Vocabulary, score
 
 

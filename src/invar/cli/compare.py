@@ -2,8 +2,8 @@
 
 Two ways in: a use run and its contract (whose plan says which calls measure what), or two `infer`/`evaluate` runs
 made with the same requests and seeds, with optional `invar score` runs for teacher forcing and captures. The
-computation is the core's (`invar.compare`), from verified records alone; no engine runs. This module parses,
-prints and writes the report.
+computation is the core's (`invar.compare`; a use run is read under its contract by `invar.contract.compare_run`),
+from verified records alone; no engine runs. This module parses, prints and writes the report.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import typer
 from invar.cli.common import JsonOpt, emit_json
 from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, NumericalComparison, compare
 from invar.compare.runs import pair_runs, read_generate_run, read_score_run
-from invar.compare.use_runs import compare_use_run
+from invar.contract.compare_run import compare_use_run
 from invar.errors import InvarError
 
 app = typer.Typer(

@@ -48,12 +48,12 @@ from invar.evidence import (
     Reference,
     TaskLoss,
     bound_losses,
+    check_patches_active,
     paired_loss,
     paired_task_loss,
     within_epsilon,
 )
 from invar.records.store import CallRecord, RunStore
-from invar.runner.engine import check_patches_active
 from invar.stats.bounds import Bound, StatisticsError, bound
 from invar.stats.diagnostics import PairedDiagnostics, paired_diagnostics
 from invar.stats.sequential import SequentialDecision, check_stop, sequential_decision

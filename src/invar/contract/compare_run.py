@@ -4,6 +4,10 @@ The run is read as admission reads it (the contract's anchors, every record veri
 a stream (`invar.contract.admit.stream_evidence`), and the captures of plan /3 measurements are read again side by
 side and dropped once compared: memory follows the number of units, not the captures' size. Every unit's
 pairing-layout responses are compared; teacher forcing and captures where the plan measured them.
+
+Decision: this lives in `invar.contract`, not `invar.compare`. Reading a use run means reading it under its
+contract (anchors, plan, admission's binding of records), and the contract's own checks rest on `invar.compare`'s
+computations; `compare` stays the layer below, computing from numbers it is given, and never imports the contract.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import re
-import stat
 import sys
 import tomllib
 from collections.abc import Mapping
@@ -41,6 +40,12 @@ from pydantic import (
 from invar import canonical
 from invar.compare.steps import MAX_STEPS, check_step
 from invar.errors import ContractError
+
+# The file size and path limits, the reader and the one-line report are shared with training configurations
+# (`invar.owner_files`); re-exported so that `invar.contract.model.MAX_*` still lists every contract limit.
+from invar.owner_files import MAX_FILE_BYTES as MAX_FILE_BYTES
+from invar.owner_files import MAX_PATH as MAX_PATH
+from invar.owner_files import Name, PathText, check_name, one_line, owner_text, read_owner_file
 from invar.stats.bounds import METHODS
 from invar.stats.sequential import SEQUENTIAL_METHODS
 
@@ -49,8 +54,6 @@ CONTRACT_SCHEMA = "invar.contract/1"
 
 # --- limits: real declarations are a few kilobytes and nest four levels; these leave room and stop the absurd ----
 
-MAX_FILE_BYTES = 1 << 20
-"""A declaration or contract file holds at most 1 MiB."""
 MAX_NESTING = 32
 """Tables and arrays (TOML), objects and arrays (JSON) nest at most 32 levels, the document itself being one."""
 MAX_DESCRIPTION = 4096
@@ -59,8 +62,6 @@ MAX_STATEMENT = 1024
 """Characters in a premise's `statement`."""
 MAX_TEXT = 256
 """Characters in a premise's `party`, a bound method's name, a package name or version, a patch name."""
-MAX_PATH = 1024
-"""Characters in a path (no NUL character)."""
 MAX_ENTRIES = 64
 """Entries in `engine_version`, `patches`, `settings` (each map), `scorer.settings` and `premises`."""
 MAX_LAYOUTS = 16
@@ -80,24 +81,6 @@ def _show(value: object) -> str:
 def _hex64(value: str) -> str:
     if not re.fullmatch(r"[0-9a-f]{64}", value):
         raise ValueError(f"must be a sha256 written as 64 lowercase hex digits; got {_show(value)}")
-    return value
-
-
-def _name(value: str) -> str:
-    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", value):
-        raise ValueError(
-            f"must be 1-64 characters of a-z, 0-9, '_', '.', '-', starting with a letter or digit; got {_show(value)}"
-        )
-    return value
-
-
-def _path(value: str) -> str:
-    if not value:
-        raise ValueError("must name a file or folder; got an empty path")
-    if "\x00" in value:
-        raise ValueError(f"must not contain a NUL character; got {_show(value)}")
-    if len(value) > MAX_PATH:
-        raise ValueError(f"is {len(value):,} characters long; a path may have at most {MAX_PATH:,}: shorten it")
     return value
 
 
@@ -175,8 +158,6 @@ def _decimal_text(value: Decimal) -> str:
 
 
 Hex64 = Annotated[str, AfterValidator(_hex64)]
-Name = Annotated[str, AfterValidator(_name)]
-PathText = Annotated[str, AfterValidator(_path)]
 ShortText = Annotated[str, Field(max_length=MAX_TEXT)]
 WireMap = Annotated[dict[str, Any], Field(max_length=MAX_ENTRIES), AfterValidator(_wire_map)]
 Probability = Annotated[
@@ -451,7 +432,7 @@ def _check_common(
         raise ValueError("requirement.max_n: only a sequential contract has a maximum n; add sequential = true or "
                          "remove max_n")
     for name in layouts:
-        _name(name)
+        check_name(name)
     if pairing.layout not in layouts:
         raise ValueError(
             f"pairing.layout: {pairing.layout!r} is not a key of layouts; define [layouts.{pairing.layout}]"
@@ -646,46 +627,6 @@ class Contract(_Model):
 # --- reading and writing ------------------------------------------------------------------------------------------
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            # A key the owner wrote may be long or hold a newline: quoted and cut, so the message stays one line.
-            text = part if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", part) else canonical.show(part, 40)
-            out += text if not out else f".{text}"
-    return out
-
-
-def _one_line(exc: ValidationError, what: str) -> ContractError:
-    """Turn pydantic's report into one line naming the first field at fault and what to change."""
-    errors = exc.errors(include_url=False)
-    first = errors[0]
-    field = _loc(tuple(first["loc"]))
-    kind = first["type"]
-    msg = str(first["msg"])
-    limit = first.get("ctx", {}).get("max_length")
-    given = first.get("input")
-    if kind == "missing":
-        text = "is required; add it"
-    elif kind == "extra_forbidden":
-        text = "is not a known field; remove it or check its spelling"
-    elif kind in ("value_error", "assertion_error"):
-        text = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    elif kind == "string_too_long" and isinstance(given, str):
-        text = f"is {len(given):,} characters long; the limit is {limit:,}: shorten it"
-    elif kind == "too_long" and isinstance(given, dict | list):
-        text = f"has {len(given):,} entries; the limit is {limit:,}: remove some"
-    else:
-        text = f"{msg[:1].lower()}{msg[1:]}; got {_show(given)}"
-    if field and text.startswith(field):
-        field = ""  # the message already names its field
-    more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
-    head = f"{field}: " if field else ""
-    return ContractError(f"{what}: {head}{text}{more}")
-
-
 def _too_deep(source: str, what: str) -> ContractError:
     if what == "contract":
         return ContractError(f"{source}: objects and arrays nest more than {MAX_NESTING} levels deep; give the file "
@@ -708,44 +649,6 @@ def _check_nesting(data: Any, source: str, what: str) -> None:
         level = below
 
 
-def _read_file(path: Path, what: str) -> str:
-    """The text of a declaration or contract file: a regular file of at most MAX_FILE_BYTES, in UTF-8."""
-    try:
-        info = path.stat()
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise ContractError(f"{path}: cannot read the {what} ({reason}); check the path") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise ContractError(f"{path}: cannot read the {what}: it is a folder; give the {what} file")
-    if not stat.S_ISREG(info.st_mode):  # a pipe or device could block or never end
-        raise ContractError(f"{path}: cannot read the {what}: it is not a regular file; give the {what} file")
-    if info.st_size > MAX_FILE_BYTES:
-        raise _too_large(str(path), what, info.st_size)
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise ContractError(f"{path}: cannot read the {what} ({exc.strerror or exc}); check the path") from None
-    return _text(raw, str(path), what)
-
-
-def _too_large(source: str, what: str, size: int | None) -> ContractError:
-    held = f"{size:,} bytes" if size is not None else f"more than {MAX_FILE_BYTES:,} bytes"
-    return ContractError(f"{source}: {held}, over the limit of 1 MiB ({MAX_FILE_BYTES:,} bytes) for a {what}; a "
-                         f"{what} is a few kilobytes: check that this is the {what} file")
-
-
-def _text(raw: bytes, source: str, what: str) -> str:
-    if len(raw) > MAX_FILE_BYTES:
-        raise _too_large(source, what, None if len(raw) == MAX_FILE_BYTES + 1 else len(raw))
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        advice = "give the file use prepare wrote" if what == "contract" else f"save the {what} as UTF-8"
-        raise ContractError(f"{source}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start:,}); "
-                            f"{advice}") from None
-
-
 def _unreadable_number(source: str, language: str) -> ContractError:
     # Python refuses to read integers longer than this (int_max_str_digits); nothing here needs one.
     return ContractError(f"{source}: not valid {language}: a number has more than {sys.get_int_max_str_digits():,} "
@@ -758,13 +661,13 @@ def parse_declaration(data: Mapping[str, Any], source: str = "declaration") -> D
     try:
         return Declaration.model_validate(dict(data))
     except ValidationError as exc:
-        raise _one_line(exc, source) from None
+        raise one_line(exc, source) from None
 
 
 def read_declaration(path: str | os.PathLike[str]) -> Declaration:
     """Read and validate a TOML declaration file."""
     p = Path(path)
-    text = _read_file(p, "declaration")
+    text = read_owner_file(p, "declaration")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -778,7 +681,7 @@ def read_declaration(path: str | os.PathLike[str]) -> Declaration:
 
 def parse_contract(data: bytes, source: str = "contract") -> Contract:
     """Validate a contract's JSON bytes; raises `ContractError` naming the field at fault."""
-    text = _text(data, source, "contract")
+    text = owner_text(data, source, "contract")
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -797,7 +700,7 @@ def parse_contract(data: bytes, source: str = "contract") -> Contract:
     try:
         return Contract.model_validate(obj)
     except ValidationError as exc:
-        raise _one_line(exc, source) from None
+        raise one_line(exc, source) from None
 
 
 def read_contract(path: str | os.PathLike[str]) -> tuple[Contract, str]:
@@ -807,7 +710,7 @@ def read_contract(path: str | os.PathLike[str]) -> tuple[Contract, str]:
     hand-edited contract is refused rather than silently given a new name.
     """
     p = Path(path)
-    raw = _read_file(p, "contract").encode()  # UTF-8 checked; these are the file's exact bytes again
+    raw = read_owner_file(p, "contract").encode()  # UTF-8 checked; these are the file's exact bytes again
     contract = parse_contract(raw, str(p))
     if contract.canonical_json() != raw:
         raise ContractError(f"{p}: the file is not in canonical form (edited by hand?); re-run use prepare")

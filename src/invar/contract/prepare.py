@@ -27,12 +27,12 @@ from invar.contract.model import (
     PackageDeclaration,
     Population,
     Premise,
-    _one_line,
     read_contract,
     read_declaration,
 )
 from invar.contract.plan import ExecutionPlan, Unit, call_groups, derive_plan
 from invar.errors import ContractError
+from invar.owner_files import one_line
 from invar.stats.bounds import VERSIONS
 from invar.stats.sequential import SEQUENTIAL_VERSIONS
 from invar.tasks.arithmetic import SCORERS, Problem, load_population
@@ -77,7 +77,7 @@ def _validated(model: type[Package] | type[Contract], fields: dict[str, Any]) ->
     try:
         return model.model_validate(fields)
     except ValidationError as exc:
-        raise _one_line(exc, "contract") from None
+        raise one_line(exc, "contract") from None
 
 
 def _tree(field: str, folder: Path, declared: str) -> None:

@@ -23,8 +23,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from invar import canonical
-from invar.contract.model import Name, PathText, _one_line, _read_file
 from invar.errors import InvarError
+from invar.owner_files import Name, PathText, one_line, read_owner_file
 from invar.tasks import KINDS
 
 CONFIG_SCHEMA = "invar.train/1"
@@ -263,14 +263,14 @@ def parse_config(data: dict[str, Any], source: str = "config") -> TrainConfig:
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(str(_one_line(exc, source))) from None
+        raise ConfigError(str(one_line(exc, source))) from None
 
 
 def read_config(path: str | os.PathLike[str]) -> TrainConfig:
     """Read and validate a TOML training configuration."""
     p = Path(path)
     try:
-        text = _read_file(p, "configuration")
+        text = read_owner_file(p, "configuration")
         data = tomllib.loads(text)
     except InvarError as exc:
         raise ConfigError(str(exc)) from None

@@ -26,7 +26,7 @@ from invar.loop.config import TrainConfig
 from invar.loop.objective import ObjectiveSettings, loss_terms
 from invar.records import RunStore
 from invar.records.store import CallRecord
-from invar.runner.evaluate import clopper_pearson
+from invar.stats.intervals import clopper_pearson
 from invar.tasks import Vocabulary
 
 CONFIDENCE = 0.95

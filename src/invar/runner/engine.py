@@ -305,15 +305,3 @@ def check_output(output: dict[str, Any], request_id: str, model_digest: str, rep
     tokens, logprobs = output.get("tokens"), output.get("logprobs")
     if not isinstance(tokens, np.ndarray) or not isinstance(logprobs, np.ndarray) or tokens.shape != logprobs.shape:
         raise EvidenceError(f"generate output for request {request_id!r} lacks tokens and logprobs of one length")
-
-
-def check_patches_active(report: Mapping[str, Any], patches: Mapping[str, str], where: str) -> None:
-    """Every declared patch must have run during the call: its reported call count is above zero."""
-    if not patches:
-        return
-    counts = report.get("patch_calls")
-    for name in patches:
-        count = counts.get(name) if isinstance(counts, dict) else None
-        if not isinstance(count, int) or count <= 0:
-            raise EvidenceError(f"{where}: patch {name!r} reports {count!r} calls: it was not active in this call, "
-                                "so the evidence is not of the patched package")

@@ -8,8 +8,8 @@ Decisions:
   seed are paired problem by problem.
 - **A seeded sample** of `count` problems (`sample_indices`, without replacement, in population order), or the
   whole population.
-- **Clopper–Pearson interval** (exact binomial, two-sided): it never undercovers, which suits a number people
-  compare across engines; it is a little wider than Wilson's.
+- **Clopper–Pearson interval** (exact binomial, two-sided; `invar.stats.intervals`): it never undercovers, which
+  suits a number people compare across engines; it is a little wider than Wilson's.
 - One `generate` call per batch (one batch per call), so progress moves per call.
 """
 
@@ -29,26 +29,10 @@ from invar.errors import ContractError, EvidenceError
 from invar.records import RunStore
 from invar.runner.engine import EngineSpec, Session, check_output, engine_session
 from invar.runner.options import check_context, model_context
+from invar.stats.intervals import clopper_pearson
 from invar.tasks import Problem, Vocabulary, score
 
 INTERVAL_METHOD = "clopper-pearson"
-
-
-def clopper_pearson(correct: int, n: int, confidence: float) -> tuple[float, float]:
-    """Two-sided exact binomial interval for a proportion: `correct` successes of `n` trials, at `confidence`.
-
-    Returns (lower, upper) in [0, 1]; lower is 0 when correct = 0 and upper is 1 when correct = n.
-    """
-    if n < 1 or not 0 <= correct <= n:
-        raise ValueError(f"need 0 ≤ correct ≤ n and n ≥ 1, got correct={correct}, n={n}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    from scipy import stats  # here, not at import: scipy.stats costs most of a second of every command's start-up
-
-    alpha = 1.0 - confidence
-    lower = 0.0 if correct == 0 else float(stats.beta.ppf(alpha / 2, correct, n - correct + 1))
-    upper = 1.0 if correct == n else float(stats.beta.ppf(1 - alpha / 2, correct + 1, n - correct))
-    return lower, upper
 
 
 def request_seed(seed: int, problem_id: str) -> int:

@@ -27,8 +27,9 @@ import numpy as np
 from invar.compare.runs import check_score_output, open_verified
 from invar.compare.steps import Step, resolve_steps
 from invar.errors import EvidenceError, InvarError
+from invar.evidence import check_patches_active
 from invar.records import RunStore
-from invar.runner.engine import EngineSpec, check_patches_active, engine_session
+from invar.runner.engine import EngineSpec, engine_session
 from invar.runner.options import check_context, model_context
 from invar.tasks import Vocabulary
 

@@ -65,6 +65,7 @@ from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
 from invar.contract.prepare import load_contract, method_version, tokenizer_digest
 from invar.errors import ContractError, EvidenceError, InvarError
+from invar.evidence import check_patches_active
 from invar.records import RunStore
 from invar.records.store import is_run
 from invar.runner.engine import (
@@ -74,7 +75,6 @@ from invar.runner.engine import (
     EngineSpec,
     Lease,
     Quantization,
-    check_patches_active,
     engine_session,
 )
 from invar.stats.bounds import StatisticsError

@@ -1,0 +1,139 @@
+"""Reading the files a person writes: a use declaration or contract (`invar.contract.model`) and a training
+configuration (`invar.loop.config`).
+
+Decision: one reader and one way of reporting a bad field for every such file, so each is refused the same way,
+with one line naming the file, the field at fault and what to change, never a traceback or an unbounded message:
+a file is a regular file of at most `MAX_FILE_BYTES` in UTF-8 (`read_owner_file`), a validation failure is the first
+field at fault and a count of the rest (`one_line`), and the field types every such file uses (`Name`, `PathText`)
+are checked here. It sits below both the contract and the training loop, which must not import each other for it.
+The error is `ContractError` whichever file it is; the training configuration rewraps it as its own.
+"""
+
+from __future__ import annotations
+
+import re
+import stat
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator, ValidationError
+
+from invar import canonical
+from invar.errors import ContractError
+
+MAX_FILE_BYTES = 1 << 20
+"""A declaration, contract or configuration file holds at most 1 MiB."""
+MAX_PATH = 1024
+"""Characters in a path (no NUL character)."""
+
+
+def _show(value: object) -> str:
+    """A bounded repr for messages: one line, however long or strange the value."""
+    return canonical.show(value, 60)
+
+
+def check_name(value: str) -> str:
+    """`value` if it is a valid `Name`, else a `ValueError` saying what a name may hold."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", value):
+        raise ValueError(
+            f"must be 1-64 characters of a-z, 0-9, '_', '.', '-', starting with a letter or digit; got {_show(value)}"
+        )
+    return value
+
+
+def check_path(value: str) -> str:
+    """`value` if it is a valid `PathText`, else a `ValueError` saying what to change."""
+    if not value:
+        raise ValueError("must name a file or folder; got an empty path")
+    if "\x00" in value:
+        raise ValueError(f"must not contain a NUL character; got {_show(value)}")
+    if len(value) > MAX_PATH:
+        raise ValueError(f"is {len(value):,} characters long; a path may have at most {MAX_PATH:,}: shorten it")
+    return value
+
+
+Name = Annotated[str, AfterValidator(check_name)]
+"""A name a person gives (a layout, a task kind): 1-64 characters of a-z, 0-9, '_', '.', '-'."""
+PathText = Annotated[str, AfterValidator(check_path)]
+"""A path as written in the file: not empty, no NUL, at most `MAX_PATH` characters."""
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            # A key the owner wrote may be long or hold a newline: quoted and cut, so the message stays one line.
+            text = part if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", part) else canonical.show(part, 40)
+            out += text if not out else f".{text}"
+    return out
+
+
+def one_line(exc: ValidationError, what: str) -> ContractError:
+    """Turn pydantic's report into one line naming the first field at fault and what to change."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    field = _loc(tuple(first["loc"]))
+    kind = first["type"]
+    msg = str(first["msg"])
+    limit = first.get("ctx", {}).get("max_length")
+    given = first.get("input")
+    if kind == "missing":
+        text = "is required; add it"
+    elif kind == "extra_forbidden":
+        text = "is not a known field; remove it or check its spelling"
+    elif kind in ("value_error", "assertion_error"):
+        text = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    elif kind == "string_too_long" and isinstance(given, str):
+        text = f"is {len(given):,} characters long; the limit is {limit:,}: shorten it"
+    elif kind == "too_long" and isinstance(given, dict | list):
+        text = f"has {len(given):,} entries; the limit is {limit:,}: remove some"
+    else:
+        text = f"{msg[:1].lower()}{msg[1:]}; got {_show(given)}"
+    if field and text.startswith(field):
+        field = ""  # the message already names its field
+    more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+    head = f"{field}: " if field else ""
+    return ContractError(f"{what}: {head}{text}{more}")
+
+
+def read_owner_file(path: Path, what: str) -> str:
+    """The text of a declaration, contract or configuration file (`what` names which): a regular file of at most
+    MAX_FILE_BYTES, in UTF-8."""
+    try:
+        info = path.stat()
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ContractError(f"{path}: cannot read the {what} ({reason}); check the path") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ContractError(f"{path}: cannot read the {what}: it is a folder; give the {what} file")
+    if not stat.S_ISREG(info.st_mode):  # a pipe or device could block or never end
+        raise ContractError(f"{path}: cannot read the {what}: it is not a regular file; give the {what} file")
+    if info.st_size > MAX_FILE_BYTES:
+        raise _too_large(str(path), what, info.st_size)
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ContractError(f"{path}: cannot read the {what} ({exc.strerror or exc}); check the path") from None
+    return owner_text(raw, str(path), what)
+
+
+def _too_large(source: str, what: str, size: int | None) -> ContractError:
+    held = f"{size:,} bytes" if size is not None else f"more than {MAX_FILE_BYTES:,} bytes"
+    return ContractError(f"{source}: {held}, over the limit of 1 MiB ({MAX_FILE_BYTES:,} bytes) for a {what}; a "
+                         f"{what} is a few kilobytes: check that this is the {what} file")
+
+
+def owner_text(raw: bytes, source: str, what: str) -> str:
+    """`raw` (the bytes of a `what` file, read from `source`) as text: at most MAX_FILE_BYTES, in UTF-8."""
+    if len(raw) > MAX_FILE_BYTES:
+        raise _too_large(source, what, None if len(raw) == MAX_FILE_BYTES + 1 else len(raw))
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # A contract is written by `use prepare`, not by hand: the advice is to use that file, not to re-save it.
+        advice = "give the file use prepare wrote" if what == "contract" else f"save the {what} as UTF-8"
+        raise ContractError(f"{source}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start:,}); "
+                            f"{advice}") from None
