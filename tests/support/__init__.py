@@ -1,0 +1,1 @@
+"""Helpers shared by tests: small tokenizers and models built at test time."""
