@@ -22,7 +22,7 @@ Decisions this module embodies:
 - **One spelling per file.** The digest pins the bytes, so the bytes must have one reading: lines are split on
   `\\n` only (a `\\u2028` inside a JSON string is text, not a line break), a blank line (empty or only whitespace)
   is refused rather than skipped, a key repeated inside an object is refused (JSON leaves its meaning open), and
-  `NaN`/`Infinity` (not JSON) are refused. The final `\\n` may be present or absent. Because blank lines are refused,
+  `NaN`/`Infinity` (not JSON) and numbers past a float's range are refused. The final `\\n` may be present or absent. Because blank lines are refused,
   unit `i` (from 0) of a file is on line `i + 1`.
 - **Read once, checked on what was read.** The file must be a regular file (a FIFO, device or directory is refused
   at once instead of blocking); its bytes are read once and both the sha256 check and the parse use those bytes,
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import stat
@@ -215,7 +216,14 @@ def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_object_pairs, parse_constant=_no_constant)
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 reads as inf: a value no JSON writer would give back
+        raise ValueError(f"number {show(text)} is out of a float's range")
+    return value
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_object_pairs, parse_constant=_no_constant, parse_float=_finite_float)
 
 
 def _message(raw: Any, index: int) -> Message | str:
