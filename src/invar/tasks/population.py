@@ -22,8 +22,8 @@ Decisions this module embodies:
 - **One spelling per file.** The digest pins the bytes, so the bytes must have one reading: lines are split on
   `\\n` only (a `\\u2028` inside a JSON string is text, not a line break), a blank line (empty or only whitespace)
   is refused rather than skipped, a key repeated inside an object is refused (JSON leaves its meaning open), and
-  `NaN`/`Infinity` (not JSON) and numbers past a float's range are refused. The final `\\n` may be present or absent. Because blank lines are refused,
-  unit `i` (from 0) of a file is on line `i + 1`.
+  `NaN`/`Infinity` (not JSON) and numbers past a float's range are refused. The final `\\n` may be present or
+  absent. Because blank lines are refused, unit `i` (from 0) of a file is on line `i + 1`.
 - **Read once, checked on what was read.** The file must be a regular file (a FIFO, device or directory is refused
   at once instead of blocking); its bytes are read once and both the sha256 check and the parse use those bytes,
   so the digest always names exactly what was loaded.
