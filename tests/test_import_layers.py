@@ -44,10 +44,7 @@ LAYERS = [
 ]
 """Lowest first: a unit may import only units before it."""
 
-PENDING: dict[tuple[str, str], str] = {
-    ("invar/loop/history.py", "invar.contract.prepare"):
-        "TOKENIZER_FILES is moving from invar.contract.prepare into invar.tasks; then delete this entry",
-}
+PENDING: dict[tuple[str, str], str] = {}
 """Known upward imports being moved, each (importing file, imported module): tolerated, and reported once gone."""
 
 ENGINE_LIBRARIES = frozenset({"torch", "vllm", "mlx", "transformers", "peft", "bitsandbytes"})

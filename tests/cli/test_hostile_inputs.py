@@ -14,6 +14,7 @@ from invar import canonical
 from invar.engines import start_worker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belong to
+ECHO = REPO_ROOT / "src" / "invar" / "workers" / "echo.py"
 
 
 def _invar(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -63,22 +64,26 @@ def test_run_directories_that_cannot_be_runs(tmp_path: Path) -> None:
 
 
 def test_a_workers_folder_in_the_working_directory_cannot_impersonate_a_worker(tmp_path: Path) -> None:
-    fake = tmp_path / "workers"
-    fake.mkdir()
-    (fake / "__init__.py").write_text("")
     marker = tmp_path / "impersonated"
-    (fake / "echo.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    # An `invar/workers/` package (or a bare `workers/`) where the command runs must not stand in for the worker.
+    for fake in (tmp_path / "invar" / "workers", tmp_path / "workers"):
+        fake.mkdir(parents=True)
+        (fake / "__init__.py").write_text("")
+        (fake / "echo.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (tmp_path / "invar" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
     script = ("from invar.engines import start_worker\n"
               "w = start_worker('echo')\n"
               "print(w.identity.worker['sha256'])\n"
               "w.close()\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    # -P: the calling process imports the real core, as the `invar` script does; the question is the worker's.
+    out = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert not marker.exists()
-    assert out.stdout.strip() == canonical.file_sha256(REPO_ROOT / "workers" / "echo.py")
+    assert out.stdout.strip() == canonical.file_sha256(ECHO)
 
 
 def test_the_identity_names_the_worker_code() -> None:
     with start_worker("echo") as w:
         assert w.identity.worker == {"module": "invar.workers.echo",
-                                     "sha256": canonical.file_sha256(REPO_ROOT / "workers" / "echo.py")}
+                                     "sha256": canonical.file_sha256(ECHO)}

@@ -15,9 +15,9 @@ from invar import canonical
 from invar.engines import DEFAULT_MODEL
 from invar.protocol.messages import Call, Report
 from invar.records import RunStore
-from invar.tasks import Vocabulary
+from invar.tasks import ModelTokenizer
 
-VOCAB = Vocabulary.from_model_dir(DEFAULT_MODEL)
+VOCAB = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
 MODEL_DIGEST = canonical.tree_digest(DEFAULT_MODEL)
 IDENTITY: dict[str, Any] = {"engine": "hf", "engine_version": {"torch": "2.13.0+cpu"}, "role": "inference",
                             "settings": {"device": "cpu", "threads": 1}, "methods": ["generate", "load_model", "score"],
@@ -89,9 +89,9 @@ def generate_run(path: Path, units: Sequence[Unit], batch: int = 4) -> Path:
     w = _Writer(path, _meta("evaluate"))
     for start in range(0, len(units), batch):
         part = units[start : start + batch]
-        requests = [{"request_id": u.unit_id, "prompt": u.prompt, "seed": u.seed, "temperature": u.temperature,
-                     "top_p": 1.0, "max_tokens": 5} for u in part]
-        outputs = [{"request_id": u.unit_id, "prompt_tokens": np.array(VOCAB.encode(u.prompt), dtype=np.int32),
+        requests = [{"request_id": u.unit_id, "prompt": u.prompt, "prompt_ids": VOCAB.prompt_ids(prompt=u.prompt),
+                     "seed": u.seed, "temperature": u.temperature, "top_p": 1.0, "max_tokens": 5} for u in part]
+        outputs = [{"request_id": u.unit_id, "prompt_tokens": np.array(VOCAB.prompt_ids(prompt=u.prompt), np.int32),
                     "tokens": u.tokens, "logprobs": u.lp(), "finish_reason": "stop"} for u in part]
         w.call("generate", {"requests": requests, "layout": [list(range(len(part)))], "adapter": None,
                             "reference_adapter": None},
@@ -115,7 +115,8 @@ def score_run(path: Path, items: Sequence[Scored], source: Path, batch: int = 4)
     w = _Writer(path, _meta("score", capture_steps="", source={"run": str(source), "head": "", "command": "evaluate"}))
     for start in range(0, len(items), batch):
         part = items[start : start + batch]
-        params = [{"item_id": s.unit.unit_id, "prompt": s.unit.prompt, "response_tokens": s.unit.tokens,
+        params = [{"item_id": s.unit.unit_id, "prompt": s.unit.prompt,
+                   "prompt_ids": VOCAB.prompt_ids(prompt=s.unit.prompt), "response_tokens": s.unit.tokens,
                    "temperature": s.unit.temperature, "vocab_steps": list(s.steps)} for s in part]
         outputs = [{"item_id": s.unit.unit_id, "logprobs": s.logprobs,
                     "vocab_logprobs": s.vocab if s.vocab is not None else np.zeros((0, VOCAB.size), np.float32)}

@@ -3,6 +3,7 @@ record store exactly as a worker's calls and reports would be (no mocks: the rec
 
 from __future__ import annotations
 
+import copy
 import json
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from support.char_model import write_char_model
 
 from invar import canonical
 from invar.contract.admit import run_inputs
@@ -19,8 +21,8 @@ from invar.contract.plan import ExecutionPlan, PlannedCall
 from invar.contract.prepare import prepare
 from invar.protocol.messages import Call, Report
 from invar.records import RunStore
+from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import answer_of, population, population_bytes
-from invar.tasks.vocabulary import Vocabulary
 
 SPECIALS = ("<pad>", "<s>", "</s>")
 CHARS = "0123456789+-*="
@@ -45,18 +47,7 @@ CANDIDATE_IDENTITY: dict[str, Any] = {
 
 def make_model(folder: Path) -> str:
     """A model folder holding a character-level tokenizer (all the core reads); returns its tree digest."""
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = {t: i for i, t in enumerate((*SPECIALS, *CHARS))}
-    tokenizer = {
-        "version": "1.0",
-        "added_tokens": [{"id": i, "content": t, "special": True} for i, t in enumerate(SPECIALS)],
-        "normalizer": None,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<pad>"},
-    }
-    (folder / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>"}))
-    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3", "vocab_size": len(vocab)}))
-    return canonical.tree_digest(folder)
+    return write_char_model(folder, SPECIALS, CHARS)
 
 
 def _toml_value(value: Any) -> str:
@@ -137,7 +128,7 @@ class Workspace:
     contract: Contract
     sha256: str
     plan: ExecutionPlan
-    vocab: Vocabulary
+    vocab: ModelTokenizer
 
 
 def make_workspace(root: Path, units: int = 200, **changes: Any) -> Workspace:
@@ -150,7 +141,7 @@ def make_workspace(root: Path, units: int = 200, **changes: Any) -> Workspace:
     (root / "decl.toml").write_text(toml_text(decl), encoding="utf-8")
     prepared = prepare(root / "decl.toml")
     return Workspace(root, prepared.path, prepared.contract, prepared.sha256, prepared.plan,
-                     Vocabulary.from_model_dir(root / "model"))
+                     ModelTokenizer.from_model_dir(root / "model"))
 
 
 def response_text(prompt: str, wrong: bool) -> str:
@@ -201,8 +192,8 @@ class RunWriter:
             tokens = np.array([*self.ws.vocab.encode(text), self.ws.vocab.eos_token_id], dtype=np.int32)
             rng = np.random.default_rng(req["seed"])
             logprobs = -rng.random(len(tokens)).astype(np.float32)
-            out.append({"request_id": req["request_id"], "prompt_tokens": np.array(
-                self.ws.vocab.encode(req["prompt"]), dtype=np.int32), "tokens": tokens, "logprobs": logprobs,
+            out.append({"request_id": req["request_id"], "prompt_tokens": np.array(req["prompt_ids"], copy=True),
+                "tokens": tokens, "logprobs": logprobs,
                 "finish_reason": "stop"})
         return out
 
@@ -217,7 +208,7 @@ class RunWriter:
         result_changes: Mapping[str, Any] | None = None,
     ) -> int:
         """Record one generate call and its report; returns the call id."""
-        params = json.loads(json.dumps(planned.params))  # a deep copy the edit may change
+        params = copy.deepcopy(planned.params)  # a copy the edit may change
         if edit_params is not None:
             edit_params(params)
         outputs = self.outputs(planned, wrong)

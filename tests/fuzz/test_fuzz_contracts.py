@@ -27,6 +27,7 @@ import pytest
 from fuzz_scale import scaled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.char_model import write_char_model
 
 from invar import canonical
 from invar.contract.prepare import load_contract, prepare
@@ -44,16 +45,7 @@ FAST, SLOW = scaled(300), scaled(10_000)
 
 def _make_model(folder: Path) -> str:
     """A model folder holding a character-level tokenizer (all the core reads); returns its tree digest."""
-    folder.mkdir(parents=True)
-    specials, chars = ("<pad>", "<s>", "</s>"), "0123456789+-*="
-    vocab = {t: i for i, t in enumerate((*specials, *chars))}
-    tokenizer = {"version": "1.0", "normalizer": None,
-                 "added_tokens": [{"id": i, "content": t, "special": True} for i, t in enumerate(specials)],
-                 "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<pad>"}}
-    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>"}))
-    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3", "vocab_size": len(vocab)}))
-    return canonical.tree_digest(folder)
+    return write_char_model(folder, ("<pad>", "<s>", "</s>"), "0123456789+-*=")
 
 
 @dataclass(frozen=True)

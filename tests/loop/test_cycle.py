@@ -8,11 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from invar.engines import DEFAULT_MODEL
 from invar.errors import EvidenceError
 from invar.loop import cycle as cyc
 from invar.loop.objective import ObjectiveSettings, loss_terms
-from invar.tasks import Problem
+from invar.tasks import ModelTokenizer, Problem
 
+TOKENIZER = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
 PROBLEMS = [Problem(f"p{i}", f"{i}+1=", str(i + 1), "add2") for i in range(200)]
 MODEL = "a" * 64
 POLICY = "b" * 64
@@ -41,16 +43,23 @@ def test_cycle_prompts_are_a_seeded_sample_without_replacement() -> None:
 
 
 def test_requests_put_a_prompts_group_together_and_layout_cuts_batches() -> None:
-    reqs = cyc.rollout_requests(PROBLEMS[:3], 4, seed=5, cycle=2, temperature=0.7, max_tokens=5)
+    reqs = cyc.rollout_requests(PROBLEMS[:3], 4, seed=5, cycle=2, temperature=0.7, max_tokens=5,
+                                tokenizer=TOKENIZER)
     assert [r["request_id"] for r in reqs[:5]] == ["c2/p0/0", "c2/p0/1", "c2/p0/2", "c2/p0/3", "c2/p1/0"]
     assert len({r["seed"] for r in reqs}) == 12
+    assert all(r["prompt_ids"] == TOKENIZER.prompt_ids(prompt=r["prompt"]) for r in reqs)
+    cyc.check_prompt_ids(reqs, TOKENIZER, "cycle 2:")
+    reqs[5]["prompt_ids"] = reqs[5]["prompt_ids"][1:]
+    with pytest.raises(EvidenceError, match=r"cycle 2: request c2/p1/1: its prompt_ids are not the tokenizer's ids"):
+        cyc.check_prompt_ids(reqs, TOKENIZER, "cycle 2:")
     params = cyc.generate_params(reqs, 5, "policy", "base")
     assert params["layout"] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11]]
     assert cyc.generate_params(reqs, None, None, None)["layout"] == [list(range(12))]
 
 
 def _output(req: dict[str, Any], n: int = 3, reference: bool = False) -> dict[str, Any]:
-    out = {"request_id": req["request_id"], "tokens": np.array([5, 6, 2][:n], np.int32),
+    out = {"request_id": req["request_id"], "prompt_tokens": np.array(req["prompt_ids"], np.int32),
+           "tokens": np.array([5, 6, 2][:n], np.int32),
            "logprobs": np.array([-0.5, -0.25, -0.125][:n], np.float32)}
     if reference:
         out["reference_logprobs"] = np.array([-0.5, -0.5, -0.5][:n], np.float32)
@@ -62,10 +71,15 @@ def _report(reqs: list[dict[str, Any]], **change: Any) -> dict[str, Any]:
 
 
 def test_a_rollout_is_read_when_it_names_the_published_policy() -> None:
-    reqs = cyc.rollout_requests(PROBLEMS[:2], 2, 0, 1, 1.0, 5)
+    reqs = cyc.rollout_requests(PROBLEMS[:2], 2, 0, 1, 1.0, 5, TOKENIZER)
     samples = cyc.read_rollout(_report(reqs), reqs, cycle=1, model_digest=MODEL, policy_digest=POLICY,
                                reference=False, vocab_size=18)
     assert [s.prompt for s in samples] == ["0+1=", "0+1=", "1+1=", "1+1="]
+    report = _report(reqs)
+    report["outputs"][2]["prompt_tokens"] = report["outputs"][2]["prompt_tokens"][1:]
+    with pytest.raises(EvidenceError, match="the engine ran other prompt tokens than the request asked for"):
+        cyc.read_rollout(report, reqs, cycle=1, model_digest=MODEL, policy_digest=POLICY, reference=False,
+                         vocab_size=18)
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -76,7 +90,7 @@ def test_a_rollout_is_read_when_it_names_the_published_policy() -> None:
     ({"model_digest": "d" * 64}, "the engine ran another base model"),
 ])
 def test_a_rollout_of_another_policy_or_model_is_refused(change: dict[str, Any], message: str) -> None:
-    reqs = cyc.rollout_requests(PROBLEMS[:2], 2, 0, 1, 1.0, 5)
+    reqs = cyc.rollout_requests(PROBLEMS[:2], 2, 0, 1, 1.0, 5, TOKENIZER)
     with pytest.raises(EvidenceError) as err:
         cyc.read_rollout(_report(reqs, **change), reqs, cycle=1, model_digest=MODEL, policy_digest=POLICY,
                          reference=False, vocab_size=18)
@@ -84,7 +98,7 @@ def test_a_rollout_of_another_policy_or_model_is_refused(change: dict[str, Any],
 
 
 def test_outputs_out_of_order_or_malformed_are_refused() -> None:
-    reqs = cyc.rollout_requests(PROBLEMS[:2], 2, 0, 0, 1.0, 5)
+    reqs = cyc.rollout_requests(PROBLEMS[:2], 2, 0, 0, 1.0, 5, TOKENIZER)
     report = _report(reqs, adapter_digest=None)
     report["outputs"] = report["outputs"][::-1]
     with pytest.raises(EvidenceError, match="outputs must come back in request order"):
@@ -102,8 +116,8 @@ def test_outputs_out_of_order_or_malformed_are_refused() -> None:
 
 def _samples(n: int = 4) -> list[cyc.Sample]:
     rng = np.random.default_rng(0)
-    return [cyc.Sample("1+1=", np.array([3, 4, 2], np.int32), -rng.random(3).astype(np.float32),
-                       -rng.random(3).astype(np.float32)) for _ in range(n)]
+    return [cyc.Sample("1+1=", TOKENIZER.prompt_ids(prompt="1+1="), np.array([3, 4, 2], np.int32),
+                       -rng.random(3).astype(np.float32), -rng.random(3).astype(np.float32)) for _ in range(n)]
 
 
 def _learner(samples: list[cyc.Sample], proximal: list[np.ndarray], adv: np.ndarray, settings: ObjectiveSettings,

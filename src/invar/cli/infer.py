@@ -2,7 +2,7 @@
 
 The command speaks only the protocol (`load_model`, `load_adapter`, `generate`), so it runs any engine the same
 way, through `invar.runner.engine`. The text it prints is the core's own decoding of the reported token ids
-(`Vocabulary` read from the model's `tokenizer.json`), never text from the engine.
+(`ModelTokenizer`, the model's own `tokenizer.json`), never text from the engine.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from invar.errors import EvidenceError
 from invar.records import RunStore
 from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, check_output, default_run_dir, engine_session
 from invar.runner.options import check_context, check_sampling, model_context
-from invar.tasks import Vocabulary
+from invar.tasks import ModelTokenizer
 
 
 def infer(
@@ -52,15 +52,16 @@ def infer(
                    seeds=(seed, seed + len(prompts) - 1), call_timeout=call_timeout)
     spec = EngineSpec(engine, model, dtype, quantization, adapter)
     meta = spec.meta()
-    vocab = Vocabulary.from_model_dir(model)
+    vocab = ModelTokenizer.from_model_dir(model)
     context = model_context(model)
-    for i, p in enumerate(prompts):
-        check_context(len(vocab.encode(p)), max_tokens, context, f"prompt {i}")
+    ids = [vocab.prompt_ids(prompt=p) for p in prompts]
+    for i, one in enumerate(ids):
+        check_context(len(one), max_tokens, context, f"prompt {i}")
     run_dir = run if run is not None else default_run_dir("infer")
     requests: list[dict[str, Any]] = [
-        {"request_id": str(i), "prompt": p, "seed": seed + i, "temperature": temperature, "top_p": top_p,
-         "max_tokens": max_tokens}
-        for i, p in enumerate(prompts)
+        {"request_id": str(i), "prompt": p, "prompt_ids": one, "seed": seed + i,
+         "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+        for i, (p, one) in enumerate(zip(prompts, ids, strict=True))
     ]
     with RunStore.create(run_dir, meta={"command": "infer", **meta}) as store:
         with engine_session(spec, store, call_timeout=call_timeout) as session:
@@ -72,7 +73,7 @@ def infer(
                                 f"for {len(requests)} requests")
         rows = []
         for req, out in zip(requests, outputs, strict=True):
-            check_output(out, req["request_id"], session.model_digest, report)
+            check_output(out, req, session.model_digest, report)
             rows.append({
                 "request_id": req["request_id"], "prompt": req["prompt"], "seed": req["seed"],
                 "tokens": [int(t) for t in out["tokens"]], "text": vocab.decode(out["tokens"]),

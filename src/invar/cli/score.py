@@ -32,7 +32,7 @@ from invar.records import RunStore
 from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, default_run_dir
 from invar.runner.options import TEMPERATURE_MAX, check_sampling
 from invar.runner.score import ScoredOutput, batches_from_run, items_from_file, score_batches, verify_source
-from invar.tasks import Vocabulary
+from invar.tasks import ModelTokenizer
 
 _SHOWN = 50
 """Items printed one by one in text mode; --json lists every item."""
@@ -90,12 +90,14 @@ def score(
         # Every item is checked before a worker starts: a step past a response's end costs no model load.
         for _ in batches_from_run(source, spec_steps):
             pass
-    else:
+    vocab = ModelTokenizer.from_model_dir(model)
+    if from_run is None:
         assert tokens is not None
-        listed = items_from_file(tokens, temperature, spec_steps, batch_size)
+        # The prompts are tokenized before a worker starts: text the model cannot read costs no model load.
+        listed = [[it.with_ids(vocab) for it in batch]
+                  for batch in items_from_file(tokens, temperature, spec_steps, batch_size)]
         meta["source"] = {"tokens": str(tokens)}
         batches = iter(listed)
-    vocab = Vocabulary.from_model_dir(model)
     run_dir = run if run is not None else default_run_dir("score")
     rows: list[dict[str, Any]] = []
 
@@ -127,6 +129,6 @@ def score(
             row = np.array(cap["vocab_logprobs"])
             top = np.argsort(-row, kind="stable")[:3]
             typer.echo(f"    step {cap['step']}: top " + ", ".join(
-                f"{vocab.tokens[int(i)]!r} {row[int(i)]:.6g}" for i in top))
+                f"{vocab.decode([int(i)], stop_at_eos=False)!r} {row[int(i)]:.6g}" for i in top))
     if counts["items"] > len(rows):
         typer.echo(f"… {counts['items'] - len(rows)} more items (--json lists them all)")

@@ -28,6 +28,7 @@ from rich.progress import (
 from rich.progress import Progress as RichProgress
 from rich.text import Text
 
+from invar import canonical
 from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
 from invar.contract.admit import EXIT_CODES, Decision, admit
@@ -42,6 +43,7 @@ from invar.runner.options import check_sampling
 from invar.runner.use_run import Progress, admit_command, use_run
 from invar.stats.planning import plan_table, render_plan
 from invar.stats.sequential import SequentialPlan, render_sequential, sequential_plan
+from invar.tasks.tokenizer import ModelTokenizer, tokenizer_digest
 
 app = typer.Typer(
     name="use",
@@ -280,12 +282,20 @@ def package_cmd(
     setting: Annotated[
         list[str] | None, typer.Option("--setting", help="A launch setting, name=value (e.g. threads=1).")
     ] = None,
+    model: Annotated[
+        Path | None, typer.Option("--model", help="A model folder: also print its model_dir and model_digest, and "
+                                                  "the tokenizer digest the contract will fix.")
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Start an engine's worker once and print what a contract's package must state for it (TOML lines).
 
-    A package's engine_version and settings must equal the worker's identity exactly; this prints them.
+    A package's engine_version and settings must equal the worker's identity exactly; this prints them. With
+    `--model`, the folder is read first (its tokenizer checked by the core), before any worker starts.
     """
+    folder: dict[str, str] = {}
+    if model is not None:
+        folder = _model_folder(model)
     settings: dict[str, Any] = {}
     for item in setting or []:
         name, sep, value = item.partition("=")
@@ -296,11 +306,27 @@ def package_cmd(
     identity = probe_identity(engine, settings, patches)
     package: dict[str, Any] = {"engine": engine.value, "engine_version": identity.engine_version, "settings": {
         k: v for k, v in identity.settings.items() if k != "patches"}, **({"patches": patches} if patches else {})}
+    if folder:
+        package["model_dir"] = folder["model_dir"]
+        package["model_digest"] = folder["model_digest"]
     if json_out:
-        emit_json(package)
+        emit_json({**package, **({"tokenizer_digest": folder["tokenizer_digest"]} if folder else {})})
         return
     for name, value in package.items():
         typer.echo(f"{name} = {_toml_value(value)}")
+    if folder:
+        # Not a declaration field: `use prepare` computes it from the folder and fixes it in the contract.
+        typer.echo(f"# tokenizer_digest {folder['tokenizer_digest']} (fixed in the contract by use prepare)")
+
+
+def _model_folder(model: Path) -> dict[str, str]:
+    """What a package states about its model folder, after the core has read the folder's tokenizer."""
+    if not (model / "config.json").is_file():
+        raise ContractError(f"--model {model}: no config.json there; name a model folder (config.json, weights and "
+                            "tokenizer files)")
+    ModelTokenizer.from_model_dir(model)
+    return {"model_dir": str(model), "model_digest": canonical.tree_digest(model),
+            "tokenizer_digest": tokenizer_digest(model)}
 
 
 @app.command("run")

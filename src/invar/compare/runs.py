@@ -9,8 +9,8 @@ Decisions:
 - **Same requests, or no comparison.** Two runs compare only if they ran the same requests (prompt, seed,
   temperature, top-p, max tokens, by request id); a score run only if it scored exactly the reference's responses
   at the requests' temperature. Anything else is one line naming the first difference.
-- **The core decodes and scores.** Response text comes from the core's own `Vocabulary`, read from the model folder
-  the run names, and only if that folder still has the run's tree digest; arithmetic prompts are scored by the
+- **The core decodes and scores.** Response text comes from the core's own `ModelTokenizer`, read from the model
+  folder the run names, and only if that folder still has the run's tree digest; arithmetic prompts are scored by the
   task's scorer. Runs whose folder is gone are still compared, without text or task scores.
 """
 
@@ -28,7 +28,7 @@ from invar.compare.numerical import Capture, Response, UnitPair, zip_captures
 from invar.errors import ContractError, EvidenceError, InvarError
 from invar.records import RunStore
 from invar.records.store import CallRecord, is_run
-from invar.tasks import Vocabulary
+from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import answer_of, score
 
 
@@ -63,7 +63,7 @@ class GenerateRun:
     meta: dict[str, Any]
     requests: dict[str, dict[str, Any]] = field(default_factory=dict)
     outputs: dict[str, Response] = field(default_factory=dict)
-    vocabulary: Vocabulary | None = None
+    vocabulary: ModelTokenizer | None = None
 
     def describe(self) -> dict[str, Any]:
         m = self.meta
@@ -72,15 +72,15 @@ class GenerateRun:
                 "adapter_digest": m.get("adapter_digest"), "patches": m.get("patches")}
 
 
-def run_vocabulary(meta: Mapping[str, Any]) -> Vocabulary | None:
-    """The core's vocabulary for a run's model, if the folder the run names still has the run's tree digest."""
+def run_vocabulary(meta: Mapping[str, Any]) -> ModelTokenizer | None:
+    """The core's tokenizer for a run's model, if the folder the run names still has the run's tree digest."""
     model, digest = meta.get("model"), meta.get("model_digest")
     if not isinstance(model, str) or not isinstance(digest, str) or not Path(model).is_dir():
         return None
     if canonical.tree_digest(model) != digest:
         return None
     try:
-        return Vocabulary.from_model_dir(model)
+        return ModelTokenizer.from_model_dir(model)
     except ContractError:
         return None
 
@@ -100,7 +100,13 @@ def _check_output(out: Any, request: Mapping[str, Any], where: str) -> Response:
     return Response(_copy(tokens), _copy(logprobs), str(finish))
 
 
-_REQUEST_FIELDS = ("prompt", "seed", "temperature", "top_p", "max_tokens")
+_REQUEST_FIELDS = ("prompt", "prompt_ids", "seed", "temperature", "top_p", "max_tokens")
+
+
+def _request_field(req: Mapping[str, Any], key: str) -> Any:
+    """A request's field as compared across runs (prompt ids as a tuple, so a run's requests stay hashable)."""
+    value = req.get(key)
+    return tuple(value) if key == "prompt_ids" and isinstance(value, list) else value
 
 
 def read_generate_run(path: Path, what: str) -> GenerateRun:
@@ -128,7 +134,7 @@ def read_generate_run(path: Path, what: str) -> GenerateRun:
                     raise EvidenceError(f"{what} {path}: {rec.name}: a request without a request id")
                 if rid in run.requests:
                     raise EvidenceError(f"{what} {path}: {rec.name}: request {rid!r} was already answered")
-                run.requests[rid] = {k: req.get(k) for k in _REQUEST_FIELDS}
+                run.requests[rid] = {k: _request_field(req, k) for k in _REQUEST_FIELDS}
                 run.outputs[rid] = _check_output(out, req, f"{what} {path}: {rec.name}")
         _closed(store, stream.verification, what)
         assert stream.verification is not None
@@ -144,6 +150,8 @@ class ScoredItem:
     """One teacher-forced item of a score run: what was scored and its per-token log-probabilities."""
 
     prompt: str
+    prompt_ids: np.ndarray
+    """int32[P], the prompt as the engine ran it."""
     tokens: np.ndarray
     """int32[T], the response scored."""
     temperature: float
@@ -199,6 +207,9 @@ def check_score_output(item: Any, out: Any, where: str) -> ScoredItem:
     tokens, temperature, steps = item.get("response_tokens"), item.get("temperature"), item.get("vocab_steps", [])
     if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype.kind not in "iu":
         raise EvidenceError(f"{where} ({iid}): response_tokens are not an integer vector")
+    prompt_ids = item.get("prompt_ids")
+    if not isinstance(prompt_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
+        raise EvidenceError(f"{where} ({iid}): prompt_ids are not a list of token ids")
     if not isinstance(steps, list) or not all(isinstance(s, int) for s in steps):
         raise EvidenceError(f"{where} ({iid}): vocab_steps are not a list of steps")
     beyond = [s for s in steps if not 0 <= s < tokens.size]
@@ -211,7 +222,8 @@ def check_score_output(item: Any, out: Any, where: str) -> ScoredItem:
     if not isinstance(vocab, np.ndarray) or vocab.ndim != 2 or vocab.shape[0] != len(steps) \
             or vocab.dtype != np.float32:
         raise EvidenceError(f"{where} ({iid}): vocab_logprobs are not float32[{len(steps)}, V]")
-    return ScoredItem(str(item.get("prompt")), _copy(tokens).astype(np.int32), float(temperature),  # type: ignore[arg-type]
+    return ScoredItem(str(item.get("prompt")), np.asarray(prompt_ids, dtype=np.int32), _copy(tokens).astype(np.int32),
+                      float(temperature),  # type: ignore[arg-type]
                       tuple(steps), _copy(lp), int(vocab.shape[1]) if steps else None)
 
 
@@ -244,7 +256,7 @@ def read_score_run(path: Path, what: str) -> ScoreRun:
     return run
 
 
-def task_loss(prompt: str, tokens: np.ndarray, vocabulary: Vocabulary | None) -> tuple[str | None, int | None]:
+def task_loss(prompt: str, tokens: np.ndarray, vocabulary: ModelTokenizer | None) -> tuple[str | None, int | None]:
     """The response's text by the core's vocabulary and its arithmetic task loss (None where either is unknown)."""
     if vocabulary is None:
         return None, None
@@ -268,7 +280,8 @@ def _check_scores(scores: ScoreRun, ref: GenerateRun, what: str) -> None:
         if req is None:
             raise InvarError(f"{what} {scores.path}: item {iid!r} is not a request of REF_RUN; score REF_RUN's "
                              "responses (invar score --from-run REF_RUN)")
-        if item.prompt != req["prompt"] or not np.array_equal(item.tokens, ref.outputs[iid].tokens):
+        if item.prompt != req["prompt"] or not np.array_equal(item.prompt_ids, req["prompt_ids"]) or \
+                not np.array_equal(item.tokens, ref.outputs[iid].tokens):
             raise InvarError(f"{what} {scores.path}: item {iid!r} scored another prompt or other tokens than "
                              "REF_RUN's response; score REF_RUN's responses (invar score --from-run REF_RUN)")
         if item.temperature != _scored_temperature(req):

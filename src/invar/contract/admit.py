@@ -41,7 +41,7 @@ from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, NumericalCom
 from invar.compare.runs import check_score_output
 from invar.contract.model import Contract, Package, read_contract
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, Unit, derive_plan, measurement_params
-from invar.contract.prepare import TOKENIZER_FILES, method_version, tokenizer_digest
+from invar.contract.prepare import ROLES, method_version, model_folders, package_tokenizers, prompt_encoders
 from invar.errors import ContractError, EvidenceError
 from invar.evidence import (
     Candidate,
@@ -58,7 +58,7 @@ from invar.stats.bounds import Bound, StatisticsError, bound
 from invar.stats.diagnostics import PairedDiagnostics, paired_diagnostics
 from invar.stats.sequential import SequentialDecision, check_stop, sequential_decision
 from invar.tasks.arithmetic import SCORERS, load_population
-from invar.tasks.vocabulary import Vocabulary
+from invar.tasks.tokenizer import BASE_FILES, ModelTokenizer, from_kept, kept_files
 
 DECISION_VERSION = "invar.admit/1"
 """Names the decision procedure above; the bound method and its version are reported beside it."""
@@ -210,8 +210,10 @@ def _check_loaded(rec: CallRecord, load: CallRecord, package: Package, role: Rol
             )
 
 
-def parse_outputs(result: Mapping[str, Any], planned: PlannedCall, eos: int, name: str) -> tuple[Output, ...]:
-    """Check a generate result's outputs against its planned requests; `EvidenceError` naming the record `name`."""
+def parse_outputs(result: Mapping[str, Any], planned: PlannedCall, eos: frozenset[int], name: str) -> tuple[
+        Output, ...]:
+    """Check a generate result's outputs against its planned requests (`eos`: the ids that end a response);
+    `EvidenceError` naming the record `name`."""
     requests = planned.params["requests"]
     outputs = result.get("outputs")
     if not isinstance(outputs, list) or len(outputs) != len(requests):
@@ -228,13 +230,18 @@ def parse_outputs(result: Mapping[str, Any], planned: PlannedCall, eos: int, nam
             raise EvidenceError(f"{where} ({req['request_id']}): tokens are not an int32 vector")
         if not isinstance(logprobs, np.ndarray) or logprobs.dtype != np.float32 or logprobs.shape != tokens.shape:
             raise EvidenceError(f"{where} ({req['request_id']}): logprobs are not a float32 vector as long as tokens")
+        ran = o.get("prompt_tokens")
+        if not isinstance(ran, np.ndarray) or not np.array_equal(ran, req["prompt_ids"]):
+            raise EvidenceError(f"{where} ({req['request_id']}): the engine ran other prompt tokens than the call "
+                                "asked for")
         t = len(tokens)
+        stops = np.isin(tokens, np.fromiter(eos, dtype=np.int64))
         if finish == "stop":
-            if t == 0 or int(tokens[-1]) != eos or eos in tokens[:-1].tolist():
+            if t == 0 or not stops[-1] or stops[:-1].any():
                 raise EvidenceError(f"{where} ({req['request_id']}): finish_reason stop, but the tokens do not end "
                                     "at the first end-of-sequence token")
         elif finish == "length":
-            if t != req["max_tokens"] or eos in tokens.tolist():
+            if t != req["max_tokens"] or stops.any():
                 raise EvidenceError(f"{where} ({req['request_id']}): finish_reason length with {t} tokens "
                                     f"(max_tokens {req['max_tokens']}) or an end-of-sequence token inside")
         else:
@@ -335,7 +342,7 @@ def _bind_measurement(rec: CallRecord, load: CallRecord | None, contract: Contra
 
 
 def bind_records(
-    records: Iterable[CallRecord], contract: Contract, plan: ExecutionPlan, eos: Mapping[Role, int]
+    records: Iterable[CallRecord], contract: Contract, plan: ExecutionPlan, eos: Mapping[Role, frozenset[int]]
 ) -> BoundEvidence:
     """Bind each answered generate record, and under plan /3 each measurement (score) record, to the planned call
     it executes, by plan call key.
@@ -391,7 +398,7 @@ def bind_records(
 
 
 def bind_evidence(
-    records: Sequence[CallRecord], contract: Contract, plan: ExecutionPlan, eos: Mapping[Role, int]
+    records: Sequence[CallRecord], contract: Contract, plan: ExecutionPlan, eos: Mapping[Role, frozenset[int]]
 ) -> tuple[dict[str, CallEvidence], dict[str, str]]:
     """The generate evidence of `bind_records`, and why planned calls have none."""
     bound = bind_records(records, contract, plan, eos)
@@ -399,7 +406,7 @@ def bind_evidence(
 
 
 def collect_evidence(
-    store: RunStore, contract: Contract, sha256: str, plan: ExecutionPlan, eos: Mapping[Role, int]
+    store: RunStore, contract: Contract, sha256: str, plan: ExecutionPlan, eos: Mapping[Role, frozenset[int]]
 ) -> BoundEvidence:
     """Verify the store and bind every planned call to the one record that answered it, by plan call key.
 
@@ -415,7 +422,7 @@ def collect_evidence(
 
 
 def stream_evidence(
-    store: RunStore, contract: Contract, sha256: str, plan: ExecutionPlan, eos: Mapping[Role, int]
+    store: RunStore, contract: Contract, sha256: str, plan: ExecutionPlan, eos: Mapping[Role, frozenset[int]]
 ) -> BoundEvidence:
     """As `collect_evidence`, reading the store once as a stream (`RunStore.stream`) instead of holding every record:
     the same checks, though a record the plan refuses may be named before a damaged record later in the store."""
@@ -566,7 +573,7 @@ def _output_difference(a: Output, b: Output) -> str | None:
 
 
 def task_losses(
-    prompts: Sequence[str], outputs: Sequence[Output], vocabulary: Vocabulary, scorer: Callable[[str, str], int]
+    prompts: Sequence[str], outputs: Sequence[Output], vocabulary: ModelTokenizer, scorer: Callable[[str, str], int]
 ) -> np.ndarray:
     """Task loss per unit, recomputed from the response tokens: int64[n], each 0 or 1 for 0/1 scorers."""
     return np.array(
@@ -577,7 +584,7 @@ def task_losses(
 
 def layout_losses(
     plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role, layout: str, prompts: Sequence[str],
-    vocabulary: Vocabulary, scorer: Callable[[str, str], int],
+    vocabulary: ModelTokenizer, scorer: Callable[[str, str], int],
 ) -> np.ndarray:
     losses = np.zeros(len(prompts), dtype=np.int64)
     for c in plan.layout_calls(package, layout):
@@ -804,22 +811,16 @@ def run_inputs(contract: Contract, base: Path) -> dict[str, Any]:
     checked against the contract's digests, so where the bytes come from does not matter.
     """
     population = (base / contract.population.path).read_bytes()
-    return {
-        "population": population,
-        "tokenizers": {role: {name: (base / contract.package(role).model_dir / name).read_bytes()
-                              for name in TOKENIZER_FILES} for role in ("reference", "candidate")},
-    }
+    folders = model_folders(contract, base)
+    return {"population": population, "tokenizers": {role: kept_files(folders[role]) for role in ROLES}}
 
 
 def resolve_inputs(contract: Contract, base: Path, kept: Any, scratch: Path) -> Inputs:
     """The contract's files beside the contract if they are there, else the copies the run keeps (written into
     `scratch`); the caller checks every one against the contract's digests."""
     population = base / contract.population.path
-    tokenizers: dict[Role, Path] = {}
-    roles: tuple[Role, Role] = ("reference", "candidate")
-    for role in roles:
-        tokenizers[role] = base / contract.package(role).model_dir
-    if population.is_file() and all((tokenizers[r] / n).is_file() for r in roles for n in TOKENIZER_FILES):
+    tokenizers: dict[Role, Path] = model_folders(contract, base)
+    if population.is_file() and all((tokenizers[r] / n).is_file() for r in ROLES for n in BASE_FILES):
         return Inputs(population, tokenizers)
     if not isinstance(kept, dict) or not isinstance(kept.get("population"), bytes) \
             or not isinstance(kept.get("tokenizers"), dict):
@@ -827,16 +828,14 @@ def resolve_inputs(contract: Contract, base: Path, kept: Any, scratch: Path) -> 
                             "run keeps no copy of them; put the contract beside the files it names")
     population = scratch / "population.jsonl"
     population.write_bytes(kept["population"])
-    for role in roles:
+    for role in ROLES:
         files = kept["tokenizers"].get(role)
         folder = scratch / role
         folder.mkdir()
-        for name in TOKENIZER_FILES:
-            data = files.get(name) if isinstance(files, dict) else None
-            if not isinstance(data, bytes):
-                raise EvidenceError(f"the run's kept inputs lack the {role}'s {name}; put the contract beside the "
-                                    "files it names")
-            (folder / name).write_bytes(data)
+        if not isinstance(files, dict):
+            raise EvidenceError(f"the run's kept inputs lack the {role}'s tokenizer; put the contract beside the "
+                                "files it names")
+        from_kept(files, folder)  # refuses a copy without the base files, before anything reads it
         tokenizers[role] = folder
     return Inputs(population, tokenizers)
 
@@ -845,21 +844,14 @@ def resolve_inputs(contract: Contract, base: Path, kept: Any, scratch: Path) -> 
 
 
 def read_anchors(contract: Contract, sha: str, base: Path, store: RunStore, scratch: Path) -> tuple[
-        ExecutionPlan, dict[Role, Vocabulary]]:
-    """The plan and each package's vocabulary, from the files the contract fixes by digest (beside the contract at
+        ExecutionPlan, dict[Role, ModelTokenizer]]:
+    """The plan and each package's tokenizer, from the files the contract fixes by digest (beside the contract at
     `base`, or the copies the run keeps, written into `scratch`), every one checked against the contract."""
     inputs = resolve_inputs(contract, base, store.meta().get("inputs"), scratch)
     problems = load_population(inputs.population, contract.population.sha256)
-    plan = derive_plan(contract, sha, [Unit(q.id, q.prompt) for q in problems])
-    vocab: dict[Role, Vocabulary] = {}
-    roles: tuple[Role, Role] = ("reference", "candidate")
-    for role in roles:
-        model_dir = inputs.tokenizers[role]
-        if tokenizer_digest(model_dir) != contract.package(role).tokenizer_digest:
-            raise ContractError(f"{role}.model_dir: the tokenizer files in {model_dir} are not the ones the "
-                                "contract names; point the contract at the right model folder")
-        vocab[role] = Vocabulary.from_model_dir(model_dir)
-    return plan, vocab
+    tokenizers = package_tokenizers(contract, inputs.tokenizers)
+    plan = derive_plan(contract, sha, [Unit(q.id, q.prompt) for q in problems], prompt_encoders(tokenizers))
+    return plan, tokenizers
 
 
 def admit(
@@ -884,7 +876,8 @@ def admit(
     with RunStore.open(run_path) as store, tempfile.TemporaryDirectory(prefix="invar-admit-") as scratch:
         verification = store.verify(expect_head=expect_head)  # walked once: collect_evidence reuses the walk
         plan, vocab = read_anchors(contract, sha, base, store, Path(scratch))
-        bound_evidence = collect_evidence(store, contract, sha, plan, {r: vocab[r].eos_token_id for r in roles})
+        stops = {r: frozenset(vocab[r].eos_token_ids) for r in roles}
+        bound_evidence = collect_evidence(store, contract, sha, plan, stops)
         found = bound_evidence.found
         pairing = contract.pairing.layout
         prompts = [u.prompt for u in plan.units]
@@ -1007,7 +1000,8 @@ def _label(package: Package) -> str:
 
 
 def measurement_comparison(
-    store: RunStore, contract: Contract, plan: ExecutionPlan, bound: BoundEvidence, vocab: Mapping[Role, Vocabulary],
+    store: RunStore, contract: Contract, plan: ExecutionPlan, bound: BoundEvidence,
+    vocab: Mapping[Role, ModelTokenizer],
     reference_loss: np.ndarray, candidate_loss: np.ndarray, *, large_step: float = DEFAULT_LARGE_STEP,
 ) -> NumericalComparison:
     """Every unit's pairing-layout responses compared, with the measurements of a plan /3 run (teacher forcing,

@@ -49,7 +49,7 @@ def compare_use_run(run: Path, contract_path: Path | None, *, large_step: float 
     roles: tuple[Role, Role] = ("reference", "candidate")
     with RunStore.open(run) as store, tempfile.TemporaryDirectory(prefix="invar-compare-") as scratch:
         plan, vocab = read_anchors(contract, sha, contract_file.parent, store, Path(scratch))
-        bound = stream_evidence(store, contract, sha, plan, {r: vocab[r].eos_token_id for r in roles})
+        bound = stream_evidence(store, contract, sha, plan, {r: frozenset(vocab[r].eos_token_ids) for r in roles})
         prompts = [u.prompt for u in plan.units]
         scorer = SCORERS[contract.scorer.name]
         losses = {role: layout_losses(plan, bound.found, role, plan.pairing_layout, prompts, vocab[role], scorer)

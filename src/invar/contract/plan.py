@@ -26,8 +26,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -61,10 +61,25 @@ Purpose = Literal["pairing", "invariance"]
 
 @dataclass(frozen=True)
 class Unit:
-    """One unit of the population: its id and the prompt the model sees."""
+    """One unit of the population: its id, the prompt text the model sees, and that prompt's token ids as each
+    package's tokenizer (the one its contract pins) gives them.
+
+    The ids travel in every call, so every engine runs exactly the prompt the core tokenized; the text travels
+    beside them as a label and is what the scorer reads.
+    """
 
     unit_id: str
     prompt: str
+    prompt_ids: dict[Role, tuple[int, ...]] = field(default_factory=dict, compare=False, hash=False)
+    """Package → the prompt's token ids [P] under that package's tokenizer."""
+
+    def ids(self, package: Role) -> list[int]:
+        """The prompt's ids for `package`; a unit built without them is a bug in the caller."""
+        found = self.prompt_ids.get(package)
+        if found is None:
+            raise ContractError(f"unit {self.unit_id}: no prompt token ids for the {package}; tokenize the units "
+                                "with each package's tokenizer before deriving a plan")
+        return list(found)
 
 
 @dataclass(frozen=True)
@@ -186,8 +201,10 @@ def measurement_params(plan: ExecutionPlan, call: MeasurementCall, responses: Ca
     items = []
     for index in call.units:
         tokens = responses(index)
+        unit = plan.units[index]
         items.append({
-            "item_id": plan.units[index].unit_id, "prompt": plan.units[index].prompt, "response_tokens": tokens,
+            "item_id": unit.unit_id, "prompt": unit.prompt, "prompt_ids": unit.ids(call.package),
+            "response_tokens": tokens,
             "temperature": plan.score_temperature,
             "vocab_steps": list(resolve_steps(plan.measure.capture_steps, int(tokens.size), strict=False)),
         })
@@ -275,11 +292,18 @@ def call_groups(contract: Contract, n: int, layout: str) -> list[list[list[int]]
     return [batches] if per_call is None else cut_batches(batches, per_call)
 
 
-def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[Unit]) -> ExecutionPlan:
-    """The execution plan of `contract` over its (already digest-checked) population.
+PromptEncoder = Callable[[Unit], Sequence[int]]
+"""A package's tokenization of a unit's prompt: token ids [P] (`invar.tasks.tokenizer.ModelTokenizer` under the digest
+its contract pins)."""
 
-    Pure: equal inputs give equal plans. Raises `ContractError` when two layouts the candidate runs would give
-    the same batch structure on these units (they would not test anything different).
+
+def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[Unit],
+                encoders: Mapping[Role, PromptEncoder]) -> ExecutionPlan:
+    """The execution plan of `contract` over its (already digest-checked) population, each selected unit's prompt
+    tokenized by each package's encoder.
+
+    Pure given the encoders: equal inputs give equal plans. Raises `ContractError` when two layouts the candidate
+    runs would give the same batch structure on these units (they would not test anything different).
     """
     if contract.population.size != len(population):
         raise ContractError(
@@ -287,24 +311,28 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[U
             "load the file the contract names"
         )
     seed = contract.pairing.seed
-    units = select_units(population, contract.population.sample, seed)
+    roles: tuple[Role, Role] = ("reference", "candidate")
+    units = tuple(replace(u, prompt_ids={r: tuple(encoders[r](u)) for r in roles})
+                  for u in select_units(population, contract.population.sample, seed))
     seeds = tuple(unit_seed(seed, u.unit_id) for u in units)
     sampling = contract.sampling
-    requests = [
+    by_package = {package: [
         {
             "request_id": u.unit_id,
             "prompt": u.prompt,
+            "prompt_ids": u.ids(package),
             "seed": s,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "max_tokens": sampling.max_tokens,
         }
         for u, s in zip(units, seeds, strict=True)
-    ]
+    ] for package in roles}
 
     per_call = None if contract.execution is None else contract.execution.requests_per_call
 
     def calls_of(package: Role, layout: str, purposes: tuple[Purpose, ...]) -> list[PlannedCall]:
+        requests = by_package[package]
         groups = call_groups(contract, len(units), layout)
         if per_call is None:
             params = {"requests": requests, "layout": groups[0], "adapter": None, "reference_adapter": None}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -30,16 +30,15 @@ from invar.contract.model import (
     read_contract,
     read_declaration,
 )
-from invar.contract.plan import ExecutionPlan, Unit, call_groups, derive_plan
+from invar.contract.plan import ExecutionPlan, PromptEncoder, Role, Unit, call_groups, derive_plan
 from invar.errors import ContractError
 from invar.owner_files import one_line
 from invar.stats.bounds import VERSIONS
 from invar.stats.sequential import SEQUENTIAL_VERSIONS
 from invar.tasks.arithmetic import SCORERS, Problem, load_population
-from invar.tasks.vocabulary import Vocabulary
+from invar.tasks.tokenizer import ModelTokenizer, tokenizer_digest
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-"""The files the core's detokenizer reads from a model folder; the contract fixes their digest."""
+ROLES: tuple[Role, Role] = ("reference", "candidate")
 
 
 @dataclass(frozen=True)
@@ -100,7 +99,7 @@ def _package(role: Literal["reference", "candidate"], decl: PackageDeclaration, 
     _tree(f"{role}.model_digest", model_dir, decl.model_digest)
     with _reading(f"{role}.model_dir", model_dir):
         try:
-            Vocabulary.from_model_dir(model_dir)
+            ModelTokenizer.from_model_dir(model_dir)
         except ContractError as exc:
             raise ContractError(f"{role}.model_dir: {exc}") from None
     adapter = None
@@ -119,12 +118,30 @@ def _package(role: Literal["reference", "candidate"], decl: PackageDeclaration, 
     return package
 
 
-def tokenizer_digest(model_dir: Path) -> str:
-    """Digest of a model folder's tokenizer files: canonical {file name: sha256}; "" for a missing file."""
-    return canonical.digest(
-        {name: canonical.file_sha256(model_dir / name) if (model_dir / name).is_file() else ""
-         for name in TOKENIZER_FILES}
-    )
+def package_tokenizers(contract: Contract, folders: Mapping[Role, Path]) -> dict[Role, ModelTokenizer]:
+    """Each package's tokenizer, read from `folders[role]` (its model folder, or a run's kept copy of its files) and
+    checked against the digest the contract fixes for it."""
+    out: dict[Role, ModelTokenizer] = {}
+    for role in ROLES:
+        tokenizer = ModelTokenizer.from_model_dir(folders[role])
+        if tokenizer.digest != contract.package(role).tokenizer_digest:
+            raise ContractError(f"{role}.model_dir: the tokenizer files in {folders[role]} are not the ones the "
+                                "contract names; point the contract at the right model folder")
+        out[role] = tokenizer
+    return out
+
+
+def prompt_encoders(tokenizers: Mapping[Role, ModelTokenizer]) -> dict[Role, PromptEncoder]:
+    """Each package's tokenization of a unit's prompt, as `derive_plan` takes it (a plain prompt, with the
+    tokenizer's special tokens as an engine adds them to text)."""
+    def encoder(tokenizer: ModelTokenizer) -> PromptEncoder:
+        return lambda unit: tokenizer.prompt_ids(prompt=unit.prompt)
+    return {role: encoder(tokenizers[role]) for role in ROLES}
+
+
+def model_folders(contract: Contract, base: Path) -> dict[Role, Path]:
+    """Each package's model folder, as the contract names it relative to its own folder `base`."""
+    return {role: base / contract.package(role).model_dir for role in ROLES}
 
 
 def _premise(index: int, premise: Premise, base: Path, out: Path) -> Premise:
@@ -204,7 +221,8 @@ def prepare(declaration_path: str | os.PathLike[str], out_dir: str | os.PathLike
     contract, units = build_contract(declaration, decl_path.parent, out)
     data = contract.canonical_json()
     sha = canonical.sha256(data)
-    plan = derive_plan(contract, sha, units)
+    encoders = prompt_encoders(package_tokenizers(contract, model_folders(contract, out)))
+    plan = derive_plan(contract, sha, units, encoders)
     path = out / f"{contract.name}.contract.json"
     digest_path = out / f"{contract.name}.contract.json.sha256"
     try:
@@ -229,7 +247,9 @@ def load_contract(path: str | os.PathLike[str]) -> tuple[Contract, str, Executio
     p = Path(path)
     contract, sha = read_contract(p)
     problems = _population(p.parent / contract.population.path, contract.population.sha256)
-    return contract, sha, derive_plan(contract, sha, [Unit(q.id, q.prompt) for q in problems])
+    with _reading("model_dir", p.parent):
+        encoders = prompt_encoders(package_tokenizers(contract, model_folders(contract, p.parent)))
+    return contract, sha, derive_plan(contract, sha, [Unit(q.id, q.prompt) for q in problems], encoders)
 
 
 def load_for_planning(path: str | os.PathLike[str]) -> tuple[Contract, int, tuple[int, ...] | None]:

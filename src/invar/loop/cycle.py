@@ -29,7 +29,7 @@ import numpy as np
 
 from invar.errors import EvidenceError
 from invar.loop.objective import LossTerms, ObjectiveSettings, handle_importance
-from invar.tasks import Problem, Vocabulary, score
+from invar.tasks import ModelTokenizer, Problem, score
 
 TOLERANCE = 1e-6
 """Relative tolerance of each objective term, against its per-token scale (`compare_objective`): about eight
@@ -63,11 +63,26 @@ def request_id(cycle: int, problem: Problem, sample: int) -> str:
 
 
 def rollout_requests(prompts: Sequence[Problem], group_size: int, seed: int, cycle: int, temperature: float,
-                     max_tokens: int) -> list[dict[str, Any]]:
-    """The cycle's generate requests: G per prompt, contiguous, each with its derived seed."""
-    return [{"request_id": request_id(cycle, p, j), "prompt": p.prompt,
-             "seed": derive_seed(seed, "sample", cycle, p.id, j), "temperature": temperature, "top_p": 1.0,
-             "max_tokens": max_tokens} for p in prompts for j in range(group_size)]
+                     max_tokens: int, tokenizer: ModelTokenizer) -> list[dict[str, Any]]:
+    """The cycle's generate requests: G per prompt, contiguous, each with its derived seed and the prompt's token
+    ids as the core's tokenizer gives them (the text beside them is a label)."""
+    out = []
+    for p in prompts:
+        ids = tokenizer.prompt_ids(prompt=p.prompt)
+        out += [{"request_id": request_id(cycle, p, j), "prompt": p.prompt, "prompt_ids": ids,
+                 "seed": derive_seed(seed, "sample", cycle, p.id, j), "temperature": temperature, "top_p": 1.0,
+                 "max_tokens": max_tokens} for j in range(group_size)]
+    return out
+
+
+def check_prompt_ids(requests: Sequence[Mapping[str, Any]], tokenizer: ModelTokenizer, where: str) -> None:
+    """Every request asked for the ids the core's tokenizer gives its prompt text; `EvidenceError` otherwise."""
+    for req in requests:
+        ids = req.get("prompt_ids")
+        text = req.get("prompt")
+        if not isinstance(text, str) or ids != tokenizer.prompt_ids(prompt=text):
+            raise EvidenceError(f"{where} request {req.get('request_id')}: its prompt_ids are not the tokenizer's "
+                                "ids of its prompt")
 
 
 def shards(requests: int, group_size: int, workers: int) -> list[range]:
@@ -96,6 +111,8 @@ class Sample:
     """One sampled response, as the engine reported it."""
 
     prompt: str
+    prompt_ids: list[int]
+    """The prompt [P] as the engine ran it (the request's ids)."""
     tokens: np.ndarray
     """int32 [T]: the response, with EOS when it stopped."""
     behavior: np.ndarray
@@ -144,14 +161,17 @@ def read_rollout(result: Mapping[str, Any], requests: Sequence[Mapping[str, Any]
         if (not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype != np.int32 or tokens.size == 0
                 or int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
             raise EvidenceError(f"{at}: tokens must be a non-empty int32 array of ids below {vocab_size}")
+        ran = out.get("prompt_tokens")
+        if not isinstance(ran, np.ndarray) or not np.array_equal(ran, req["prompt_ids"]):
+            raise EvidenceError(f"{at}: the engine ran other prompt tokens than the request asked for")
         behavior = _logprobs(out.get("logprobs"), tokens.size, f"{at}.logprobs")
         ref = _logprobs(out.get("reference_logprobs"), tokens.size, f"{at}.reference_logprobs") if reference \
             else None
-        samples.append(Sample(str(req["prompt"]), tokens, behavior, ref))
+        samples.append(Sample(str(req["prompt"]), req["prompt_ids"], tokens, behavior, ref))
     return samples
 
 
-def rewards(samples: Sequence[Sample], vocab: Vocabulary) -> np.ndarray:
+def rewards(samples: Sequence[Sample], vocab: ModelTokenizer) -> np.ndarray:
     """float64 [B]: 1 − the task loss of each response, decoded and scored by the core."""
     return np.array([1 - score(s.prompt, vocab.decode(s.tokens)) for s in samples], dtype=np.float64)
 
@@ -163,7 +183,8 @@ def learner_params(samples: Sequence[Sample], advantages: np.ndarray, *, tempera
     advantages, the objective and optimizer settings, and the folder for the checkpoint."""
     out = []
     for s, a in zip(samples, advantages, strict=True):
-        sample: dict[str, Any] = {"prompt": s.prompt, "tokens": s.tokens, "behavior_logprobs": s.behavior,
+        sample: dict[str, Any] = {"prompt": s.prompt, "prompt_ids": s.prompt_ids, "tokens": s.tokens,
+                                  "behavior_logprobs": s.behavior,
                                   "advantage": float(a)}
         if s.reference is not None:
             sample["reference_logprobs"] = s.reference

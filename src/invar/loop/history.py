@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from invar.contract.prepare import TOKENIZER_FILES
 from invar.errors import EvidenceError, RecordError
 from invar.loop import cycle as cyc
 from invar.loop.advantages import group_advantages
@@ -27,7 +26,8 @@ from invar.loop.objective import ObjectiveSettings, loss_terms
 from invar.records import RunStore
 from invar.records.store import CallRecord
 from invar.stats.intervals import clopper_pearson
-from invar.tasks import Vocabulary
+from invar.tasks import ModelTokenizer
+from invar.tasks.tokenizer import from_kept
 
 CONFIDENCE = 0.95
 """Confidence of each cycle's accuracy interval."""
@@ -93,14 +93,12 @@ class History:
                 "chain_head": self.head, "cycles": [c.to_json() for c in self.cycles]}
 
 
-def _vocabulary(kept: Any, run: Path) -> Vocabulary:
+def _vocabulary(kept: Any, run: Path) -> ModelTokenizer:
     files = kept.get("tokenizer") if isinstance(kept, dict) else None
-    if not isinstance(files, dict) or not all(isinstance(files.get(n), bytes) for n in TOKENIZER_FILES):
+    if not isinstance(files, dict):
         raise RecordError(f"{run}: the run keeps no tokenizer (metadata inputs.tokenizer); it is not a training run")
     with tempfile.TemporaryDirectory(prefix="invar-history-") as scratch:
-        for name in TOKENIZER_FILES:
-            (Path(scratch) / name).write_bytes(files[name])
-        return Vocabulary.from_model_dir(scratch)
+        return from_kept(files, scratch)
 
 
 def _answered(calls: Mapping[str, CallRecord], digest: Any, what: str, n: int) -> CallRecord:
@@ -155,6 +153,7 @@ def read_history(run: Path, *, expect_head: str | None = None) -> History:
         samples = []
         for gen, requests in zip(gens, shards, strict=True):
             assert gen.report is not None
+            cyc.check_prompt_ids(requests, vocab, f"cycle {n}:")
             samples += cyc.read_rollout(gen.report.report.result or {}, requests, cycle=n, model_digest=model_digest,
                                         policy_digest=sampled, reference=with_reference, vocab_size=vocab.size)
         rewards = cyc.rewards(samples, vocab)

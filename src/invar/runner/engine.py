@@ -294,8 +294,14 @@ def probe_identity(engine: Engine, settings: Mapping[str, Any] | None = None,
         client.close()
 
 
-def check_output(output: dict[str, Any], request_id: str, model_digest: str, report: dict[str, Any]) -> None:
-    """A generate output must answer the request it is listed for, from the model the core named."""
+def check_output(output: dict[str, Any], request: Mapping[str, Any], model_digest: str, report: dict[str, Any]) -> None:
+    """A generate output must answer the request it is listed for, with the prompt ids it asked for, from the model
+    the core named."""
+    request_id = request["request_id"]
+    ran = output.get("prompt_tokens")
+    if not isinstance(ran, np.ndarray) or not np.array_equal(ran, request["prompt_ids"]):
+        raise EvidenceError(f"generate output for request {request_id!r}: the engine ran other prompt tokens than "
+                            "the call asked for")
     if report.get("model_digest") != model_digest:
         raise EvidenceError(f"generate reports model digest {str(report.get('model_digest'))[:16]}…, not "
                             f"{model_digest[:16]}…")

@@ -1,8 +1,9 @@
 """Evaluating a fixed policy on the arithmetic population, scored by the core.
 
 Decisions:
-- **The core scores.** The engine returns token ids only; the core decodes them with its own `Vocabulary` and
-  scores them with `invar.tasks.arithmetic.score`. The accuracy is recomputable from the run's records alone.
+- **The core scores.** The engine returns token ids only; the core decodes them with its own tokenizer
+  (`ModelTokenizer`) and scores them with `invar.tasks.arithmetic.score`. The accuracy is recomputable from the
+  run's records alone.
 - **Seeds are per problem.** Request i for problem `id` is drawn with `request_seed(seed, id)`, a pure function of
   the two, so a problem gets the same seed in any sample, batch size or engine: two engines evaluated with the same
   seed are paired problem by problem.
@@ -30,7 +31,7 @@ from invar.records import RunStore
 from invar.runner.engine import EngineSpec, Session, check_output, engine_session
 from invar.runner.options import check_context, model_context
 from invar.stats.intervals import clopper_pearson
-from invar.tasks import Problem, Vocabulary, score
+from invar.tasks import ModelTokenizer, Problem, score
 
 INTERVAL_METHOD = "clopper-pearson"
 
@@ -87,10 +88,10 @@ def evaluate_policy(
     advance: Callable[[int], None] = lambda done: None,
 ) -> dict[str, Any]:
     """Run every problem through the engine (one call per batch), score each response, and summarise."""
-    vocab = Vocabulary.from_model_dir(spec.model)
+    vocab = ModelTokenizer.from_model_dir(spec.model)
     context = model_context(spec.model)
     for p in problems:
-        check_context(len(vocab.encode(p.prompt)), settings.max_tokens, context, f"problem {p.id}")
+        check_context(len(vocab.prompt_ids(prompt=p.prompt)), settings.max_tokens, context, f"problem {p.id}")
     losses: list[int] = []
     with engine_session(spec, store, call_timeout=call_timeout) as session:
         generating = time.perf_counter()
@@ -104,10 +105,11 @@ def evaluate_policy(
     return result
 
 
-def _run_batch(session: Session, vocab: Vocabulary, batch: Sequence[Problem],
+def _run_batch(session: Session, vocab: ModelTokenizer, batch: Sequence[Problem],
                s: EvaluationSettings) -> list[int]:
     """One generate call for `batch` (one batch, in order); returns each problem's task loss, scored by the core."""
-    requests = [{"request_id": p.id, "prompt": p.prompt, "seed": request_seed(s.seed, p.id),
+    requests = [{"request_id": p.id, "prompt": p.prompt,
+                 "prompt_ids": vocab.prompt_ids(prompt=p.prompt), "seed": request_seed(s.seed, p.id),
                  "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens} for p in batch]
     report = session.client.call("generate", {"requests": requests, "layout": [list(range(len(requests)))],
                                               "adapter": session.adapter, "reference_adapter": None})
@@ -116,8 +118,8 @@ def _run_batch(session: Session, vocab: Vocabulary, batch: Sequence[Problem],
         raise EvidenceError(f"generate returned {len(outputs) if isinstance(outputs, list) else 'no'} outputs for "
                             f"{len(batch)} requests")
     losses = []
-    for p, out in zip(batch, outputs, strict=True):
-        check_output(out, p.id, session.model_digest, report)
+    for p, req, out in zip(batch, requests, outputs, strict=True):
+        check_output(out, req, session.model_digest, report)
         losses.append(score(p.prompt, vocab.decode(out["tokens"])))
     return losses
 

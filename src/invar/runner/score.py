@@ -17,6 +17,7 @@ Decisions:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from invar.evidence import check_patches_active
 from invar.records import RunStore
 from invar.runner.engine import EngineSpec, engine_session
 from invar.runner.options import check_context, model_context
-from invar.tasks import Vocabulary
+from invar.tasks import ModelTokenizer
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,21 @@ class ScoreItem:
     tokens: np.ndarray
     temperature: float
     steps: tuple[int, ...]
+    prompt_ids: tuple[int, ...] | None = None
+    """The prompt's ids [P] as a generate call ran them; None: the scoring model's tokenizer encodes `prompt` (as a
+    plain text prompt)."""
+
+    def with_ids(self, tokenizer: ModelTokenizer) -> ScoreItem:
+        """The item with its prompt ids settled: its own, or `tokenizer`'s encoding of its prompt text."""
+        if self.prompt_ids is not None:
+            return self
+        return dataclasses.replace(self, prompt_ids=tuple(tokenizer.prompt_ids(prompt=self.prompt)))
 
     def params(self) -> dict[str, Any]:
-        """The item as the `score` method takes it."""
-        return {"item_id": self.item_id, "prompt": self.prompt, "response_tokens": self.tokens,
-                "temperature": self.temperature, "vocab_steps": list(self.steps)}
+        """The item as the `score` method takes it (its prompt ids settled by `with_ids`)."""
+        assert self.prompt_ids is not None, "settle the prompt ids with with_ids first"
+        return {"item_id": self.item_id, "prompt": self.prompt, "prompt_ids": list(self.prompt_ids),
+                "response_tokens": self.tokens, "temperature": self.temperature, "vocab_steps": list(self.steps)}
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,8 @@ class ScoredOutput:
     vocab_logprobs: np.ndarray
 
 
-def _item(item_id: str, prompt: str, tokens: Any, temperature: float, spec: Sequence[Step], where: str) -> ScoreItem:
+def _item(item_id: str, prompt: str, tokens: Any, temperature: float, spec: Sequence[Step], where: str,
+          prompt_ids: tuple[int, ...] | None = None) -> ScoreItem:
     array = np.asarray(tokens)
     if array.ndim != 1 or array.size == 0 or array.dtype.kind not in "iu":
         raise InvarError(f"{where}: tokens must be a non-empty list of token ids")
@@ -67,7 +79,7 @@ def _item(item_id: str, prompt: str, tokens: Any, temperature: float, spec: Sequ
         steps = resolve_steps(spec, int(array.size), strict=True)
     except ValueError as exc:
         raise InvarError(f"{where}: capture {exc}; ask for steps within every response (e.g. 0,last)") from None
-    return ScoreItem(item_id, prompt, array.astype(np.int32), temperature, steps)
+    return ScoreItem(item_id, prompt, array.astype(np.int32), temperature, steps, prompt_ids)
 
 
 def items_from_file(path: Path, temperature: float, spec: Sequence[Step], batch_size: int) -> list[list[ScoreItem]]:
@@ -152,19 +164,23 @@ def batches_from_run(source: SourceRun, spec: Sequence[Step]) -> Iterator[list[S
                     req, out = requests[i], outputs[i]
                     where = f"--from-run {source.path}: {rec.name}, request {req['request_id']}"
                     t = float(req["temperature"])
+                    # The ids the source engine ran: every engine scores exactly the prompt that was sampled from.
                     items.append(_item(req["request_id"], req["prompt"], np.array(out["tokens"], copy=True),
-                                       t if t > 0 else 1.0, spec, where))
+                                       t if t > 0 else 1.0, spec, where, tuple(req["prompt_ids"])))
                 yield items
         if stream.verification is None or stream.verification.head != source.head:
             raise EvidenceError(f"--from-run {source.path}: the run changed while it was read; score it again")
 
 
-def check_items(items: Sequence[ScoreItem], vocab: Vocabulary, context: int | None) -> None:
-    """Every item's tokens are ids of the model's vocabulary and fit its context with the prompt."""
+def check_items(items: Sequence[ScoreItem], vocab: ModelTokenizer, context: int | None) -> None:
+    """Every item's prompt and response are ids of the model's vocabulary and fit its context together."""
     for it in items:
-        if int(it.tokens.min()) < 0 or int(it.tokens.max()) >= vocab.size:
-            raise InvarError(f"item {it.item_id}: token ids must be in [0, {vocab.size}), the model's vocabulary")
-        check_context(len(vocab.encode(it.prompt)), int(it.tokens.size), context, f"item {it.item_id}")
+        assert it.prompt_ids is not None
+        for what, ids in (("prompt", np.asarray(it.prompt_ids)), ("response", it.tokens)):
+            if not ids.size or int(ids.min()) < 0 or int(ids.max()) >= vocab.size:
+                raise InvarError(f"item {it.item_id}: {what} token ids must be in [0, {vocab.size}), the model's "
+                                 "vocabulary; score tokens of this model")
+        check_context(len(it.prompt_ids), int(it.tokens.size), context, f"item {it.item_id}")
 
 
 def score_batches(spec: EngineSpec, batches: Iterator[list[ScoreItem]], store: RunStore, *,
@@ -172,12 +188,13 @@ def score_batches(spec: EngineSpec, batches: Iterator[list[ScoreItem]], store: R
                   on_output: Callable[[ScoredOutput], None] = lambda out: None) -> dict[str, Any]:
     """One `score` call per batch through the engine's worker; each item's result is checked and handed to
     `on_output` as it arrives. Returns counts: calls, items, captures, vocab_size."""
-    vocab = Vocabulary.from_model_dir(spec.model)
+    vocab = ModelTokenizer.from_model_dir(spec.model)
     context = model_context(spec.model)
     calls = items = captures = 0
     width: int | None = None
     with engine_session(spec, store, call_timeout=call_timeout) as session:
         for batch in batches:
+            batch = [it.with_ids(vocab) for it in batch]
             check_items(batch, vocab, context)
             answer = session.client.ask("score", {"items": [it.params() for it in batch], "adapter": session.adapter})
             result = answer.result

@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from invar import canonical
-from invar.contract.prepare import TOKENIZER_FILES
 from invar.errors import EvidenceError, RecordError
 from invar.loop import cycle as cyc
 from invar.loop.advantages import group_advantages
@@ -50,7 +49,8 @@ from invar.records.store import is_run
 from invar.runner.engine import ADAPTER_NAME, RESTARTS, Dtype, Engine, EngineSpec, Lease, Session, engine_session
 from invar.runner.evaluate import population_digest
 from invar.runner.options import check_context, model_context
-from invar.tasks import Problem, Vocabulary, load_population, split_of
+from invar.tasks import ModelTokenizer, Problem, load_population, split_of
+from invar.tasks.tokenizer import kept_files
 
 if TYPE_CHECKING:
     from invar.protocol.ray_transport import RayPlacement
@@ -127,7 +127,7 @@ class Plan:
     prompts: list[Problem]
     prompts_path: Path
     prompts_sha256: str
-    vocab: Vocabulary
+    vocab: ModelTokenizer
     settings: ObjectiveSettings
 
     def meta(self) -> dict[str, Any]:
@@ -159,12 +159,11 @@ def plan(config_path: Path) -> Plan:
     if len(problems) < config.prompts.per_cycle:
         raise ConfigError(f"{config_path}: prompts.per_cycle: {config.prompts.per_cycle} prompts per cycle, but "
                           f"{prompts_path} holds {len(problems)} of the kinds chosen; lower per_cycle")
-    vocab = Vocabulary.from_model_dir(model)
+    vocab = ModelTokenizer.from_model_dir(model)
     context = model_context(model)
-    longest = max(problems, key=lambda p: len(p.prompt))
+    longest = max(len(vocab.prompt_ids(prompt=p.prompt)) for p in problems)
     # +1: vLLM scores a reference only for a prompt it could extend by one more token.
-    check_context(len(vocab.encode(longest.prompt, add_bos=True)), config.rollout.max_tokens + 1, context,
-                  f"{config_path}: rollout.max_tokens")
+    check_context(longest, config.rollout.max_tokens + 1, context, f"{config_path}: rollout.max_tokens")
     o = config.objective
     settings = ObjectiveSettings(o.clip_low, o.clip_high, o.kl_coef, o.importance, o.importance_cap)
     return Plan(config, config_path, config.digest(), model, model_digest, problems, prompts_path, sha, vocab,
@@ -202,7 +201,7 @@ def _open(run_dir: Path, p: Plan) -> tuple[RunStore, list[Published]]:
     """A new run, or an existing run of this configuration opened to continue."""
     if not is_run(run_dir):
         store = RunStore.create(run_dir, meta=p.meta())
-        store.put_meta("inputs", {"tokenizer": {name: (p.model / name).read_bytes() for name in TOKENIZER_FILES}})
+        store.put_meta("inputs", {"tokenizer": kept_files(p.model)})
         return store, []
     store = RunStore.open(run_dir, writable=True)
     try:
@@ -470,7 +469,7 @@ class _Rollouts:
         policy = done[version - 1] if version else None
         prompts = cyc.cycle_prompts(self.p.prompts, cfg.prompts.per_cycle, cfg.seed, m)
         requests = cyc.rollout_requests(prompts, cfg.rollout.group_size, cfg.seed, m, cfg.rollout.temperature,
-                                        cfg.rollout.max_tokens)
+                                        cfg.rollout.max_tokens, self.p.vocab)
         reference = "base" if cfg.objective.kl_coef > 0 else None
         pending = _Pending(version, policy, [], [], [], [], [], time.perf_counter())
         for i, part in enumerate(cyc.shards(len(requests), cfg.rollout.group_size, len(self.leases))):

@@ -63,7 +63,7 @@ from invar.contract.admit import (
 )
 from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
-from invar.contract.prepare import load_contract, method_version, tokenizer_digest
+from invar.contract.prepare import load_contract, method_version, package_tokenizers
 from invar.errors import ContractError, EvidenceError, InvarError
 from invar.evidence import check_patches_active
 from invar.records import RunStore
@@ -79,7 +79,7 @@ from invar.runner.engine import (
 )
 from invar.stats.bounds import StatisticsError
 from invar.stats.sequential import SequentialDecision, check_stop
-from invar.tasks import Vocabulary
+from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import SCORERS
 
 if TYPE_CHECKING:
@@ -226,15 +226,8 @@ def use_run(
                             f"{method_version(method)}; run with the Invar version the contract names")
     base = contract_path.parent
     specs = {role: package_spec(contract.package(role), base, role) for role in ROLES}
-    eos: dict[Role, int] = {}
-    vocab: dict[Role, Vocabulary] = {}
-    for role in ROLES:
-        model_dir = specs[role].model
-        if tokenizer_digest(model_dir) != contract.package(role).tokenizer_digest:
-            raise ContractError(f"{role}.model_dir: the tokenizer files in {model_dir} are not the ones the contract "
-                                "names")
-        vocab[role] = Vocabulary.from_model_dir(model_dir)
-        eos[role] = vocab[role].eos_token_id
+    vocab = package_tokenizers(contract, {role: specs[role].model for role in ROLES})
+    eos = {role: frozenset(vocab[role].eos_token_ids) for role in ROLES}
 
     total = len(plan.calls) + len(plan.measurements)
     head = _closed_head(run_dir, sha, contract_path)
@@ -281,7 +274,7 @@ def use_run(
 class _Rule:
     """The stopping rule during a run: evaluated after each look on the pairing responses sampled so far."""
 
-    def __init__(self, contract: Contract, plan: ExecutionPlan, vocab: Mapping[Role, Vocabulary],
+    def __init__(self, contract: Contract, plan: ExecutionPlan, vocab: Mapping[Role, ModelTokenizer],
                  tokens: Mapping[tuple[Role, int], np.ndarray]) -> None:
         self._contract, self._plan, self._vocab, self._tokens = contract, plan, vocab, tokens
         self._scorer = SCORERS[contract.scorer.name]
@@ -304,8 +297,8 @@ class _Rule:
         return self.decision.answer != "Running"
 
 
-def _record_stop(store: RunStore, contract: Contract, plan: ExecutionPlan, vocab: Mapping[Role, Vocabulary],
-                 eos: Mapping[Role, int]) -> dict[str, Any]:
+def _record_stop(store: RunStore, contract: Contract, plan: ExecutionPlan, vocab: Mapping[Role, ModelTokenizer],
+                 eos: Mapping[Role, frozenset[int]]) -> dict[str, Any]:
     """Recompute the stop from the records, exactly as admission does, and record it in the run's meta (once)."""
     found = bind_records(store.calls(), contract, plan, eos).found
     assert plan.sequential is not None
@@ -366,7 +359,7 @@ class _Counter:
 
 def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, EngineSpec],
              todo: Mapping[Role, Sequence[PlannedCall]], measure: Mapping[Role, Sequence[MeasurementCall]],
-             tokens: dict[tuple[Role, int], np.ndarray], store: RunStore, eos: Mapping[Role, int],
+             tokens: dict[tuple[Role, int], np.ndarray], store: RunStore, eos: Mapping[Role, frozenset[int]],
              counter: _Counter, call_timeout: float | None, rule: _Rule | None = None, first_look: int = 0,
              workers: int = 1, placement: RayPlacement | None = None) -> int:
     """Start `workers` workers per package that has calls left and issue its calls over them, generate calls first,

@@ -241,8 +241,9 @@ class ModelTokenizer:
             if token_id == self._unk_id and token_id not in self._declared_text_ids(text, start, end):
                 position = start if start < len(text) else 0
                 piece = text[start:end] or text[position:position + 1]
+                what = f"character {piece!r}" if len(piece) == 1 else repr(piece)
                 raise ContractError(
-                    f"{piece!r} at position {position} of {text!r} is not in the model's vocabulary "
+                    f"{what} at position {position} of {text!r} is not in the model's vocabulary "
                     f"({self.path / 'tokenizer.json'} encodes it as the unknown token): use only text the tokenizer "
                     "knows")
             covered[start:end] = b"\x01" * (end - start)
@@ -341,3 +342,29 @@ def tokenizer_digest(model_dir: str | Path) -> str:
     """Hex sha256 over the files `tokenizer_files` names and, where they differ from the tokenizer's own
     `eos_token`, the resolved eos ids (see `tokenizer_files`). Raises `ContractError` as `from_model_dir` does."""
     return ModelTokenizer.from_model_dir(model_dir).digest
+
+
+def kept_files(model_dir: str | Path) -> dict[str, bytes]:
+    """The bytes of every file the core's tokenizer reads from `model_dir` (name → bytes), for a run to keep.
+
+    A run that keeps them can be decided, and its text recomputed, away from the model folder: `from_kept` loads
+    the same tokenizer from them, and its `digest` is checked against the contract's as the folder's would be.
+    """
+    root = Path(model_dir)
+    names = (*tokenizer_files(root), GENERATION_CONFIG_FILE, MODEL_CONFIG_FILE)
+    return {name: (root / name).read_bytes() for name in names if (root / name).is_file()}
+
+
+def from_kept(files: Mapping[str, bytes], scratch: str | Path) -> ModelTokenizer:
+    """The tokenizer of a run's kept files (see `kept_files`), written into the empty folder `scratch` and loaded
+    from there. Raises `EvidenceError` when a base file is missing or a name is not a plain file name."""
+    root = Path(scratch)
+    for name in BASE_FILES:
+        if not isinstance(files.get(name), bytes):
+            raise EvidenceError(f"the run's kept tokenizer lacks {name}; decide it beside the model folder")
+    for name, data in files.items():
+        if name not in (*BASE_FILES, *EXTRA_FILES, GENERATION_CONFIG_FILE, MODEL_CONFIG_FILE) or \
+                not isinstance(data, bytes):
+            raise EvidenceError(f"the run's kept tokenizer holds {name!r}, which is not a tokenizer file")
+        (root / name).write_bytes(data)
+    return ModelTokenizer.from_model_dir(root)

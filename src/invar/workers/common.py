@@ -116,10 +116,23 @@ def parse_load_adapter(params: dict[str, Any]) -> tuple[str, str, str | None]:
     return name, path, digest
 
 
+def parse_prompt_ids(container: dict[str, Any], where: str) -> list[int]:
+    """The prompt as the core tokenized it: `prompt_ids`, a non-empty list of token ids.
+
+    Workers never tokenize prompt text: the core renders and tokenizes every prompt with the model's own tokenizer,
+    so every engine runs exactly the same ids and the records say which ids were asked. A `prompt` text beside the
+    ids is the core's label for people and is not read here.
+    """
+    ids = _get(container, "prompt_ids", list, where)
+    if not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise MethodError(f"{where}.prompt_ids: expected a non-empty list of token ids (integers)")
+    return ids
+
+
 @dataclass(frozen=True)
 class Request:
     request_id: str
-    prompt: str
+    prompt_ids: list[int]
     seed: int
     temperature: float
     top_p: float
@@ -139,7 +152,7 @@ def parse_generate(params: dict[str, Any]) -> tuple[list[Request], list[list[int
             raise MethodError(f"{where}: expected a map")
         req = Request(
             request_id=_get(r, "request_id", str, where),
-            prompt=_get(r, "prompt", str, where),
+            prompt_ids=parse_prompt_ids(r, where),
             seed=_get(r, "seed", int, where),
             temperature=float(_get(r, "temperature", (int, float), where)),
             top_p=float(r.get("top_p", 1.0)),
@@ -176,7 +189,7 @@ def parse_layout(layout: Any, n: int) -> list[list[int]]:
 @dataclass(frozen=True)
 class ScoreItem:
     item_id: str
-    prompt: str
+    prompt_ids: list[int]
     response_tokens: np.ndarray
     temperature: float
     vocab_steps: list[int]
@@ -200,7 +213,7 @@ def parse_score(params: dict[str, Any]) -> list[ScoreItem]:
         steps = it.get("vocab_steps", [])
         if not isinstance(steps, list) or not all(isinstance(s, int) and 0 <= s < tokens.size for s in steps):
             raise MethodError(f"{where}.vocab_steps: must be indices into response_tokens (0..{tokens.size - 1})")
-        items.append(ScoreItem(_get(it, "item_id", str, where), _get(it, "prompt", str, where),
+        items.append(ScoreItem(_get(it, "item_id", str, where), parse_prompt_ids(it, where),
                                tokens.astype(np.int64), temperature, steps))
     return items
 
@@ -210,12 +223,12 @@ def check_tokens(tokens: np.ndarray, vocab_size: int, where: str) -> None:
         raise MethodError(f"{where}: token ids must be in [0, {vocab_size})")
 
 
-def check_prompt_chars(prompt: str, vocab: dict[str, int], where: str) -> None:
-    """Character-level vocabularies: name the first character the model cannot read."""
-    for pos, ch in enumerate(prompt):
-        if ch not in vocab:
-            raise MethodError(f"{where}: character {ch!r} at position {pos} is not in the model's vocabulary; "
-                              "remove it from the prompt")
+def check_prompt_ids(ids: list[int], vocab_size: int, where: str) -> None:
+    """Prompt ids must name tokens of the loaded model: ids of another tokenizer are refused, not run."""
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise MethodError(f"{where}.prompt_ids: token id {bad} is outside the model's vocabulary [0, {vocab_size}); "
+                          "tokenize the prompt with this model's tokenizer")
 
 
 # -- learner_step params (docs/objective.md): the same schema for every learner ------------------------------
@@ -223,7 +236,7 @@ def check_prompt_chars(prompt: str, vocab: dict[str, int], where: str) -> None:
 
 @dataclass(frozen=True)
 class Sample:
-    prompt: str
+    prompt_ids: list[int]
     tokens: np.ndarray
     behavior: np.ndarray
     advantage: float
@@ -298,15 +311,15 @@ def parse_learner_step(params: dict[str, Any]) -> LearnerStep:
     samples = []
     for i, s in enumerate(raw):
         w = f"{where}.samples[{i}]"
-        if not isinstance(s, dict) or not isinstance(s.get("prompt"), str):
-            raise MethodError(f"{w}: expected a map with prompt (str), tokens, behavior_logprobs, advantage")
+        if not isinstance(s, dict):
+            raise MethodError(f"{w}: expected a map with prompt_ids, tokens, behavior_logprobs, advantage")
         tokens = s.get("tokens")
         if (not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype.kind not in "iu"
                 or not tokens.size):
             raise MethodError(f"{w}.tokens: expected a non-empty 1-D integer array")
         ref = s.get("reference_logprobs")
         samples.append(Sample(
-            prompt=s["prompt"], tokens=tokens.astype(np.int64),
+            prompt_ids=parse_prompt_ids(s, w), tokens=tokens.astype(np.int64),
             behavior=_logprob_array(s.get("behavior_logprobs"), tokens.size, f"{w}.behavior_logprobs"),
             advantage=_num(s, "advantage", w),
             reference=None if ref is None else _logprob_array(ref, tokens.size, f"{w}.reference_logprobs")))

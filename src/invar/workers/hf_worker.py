@@ -90,7 +90,7 @@ from invar.workers.common import (
     LoraSettings,
     PatchRefused,
     add_patch_arguments,
-    check_prompt_chars,
+    check_prompt_ids,
     check_tokens,
     check_trained_on,
     load_patches,
@@ -415,11 +415,9 @@ class Engine:
 
     # -- tokens -----------------------------------------------------------------------------------------------
 
-    def encode(self, prompt: str, where: str) -> list[int]:
-        m = self.loaded(where)
-        if m.char_level:
-            check_prompt_chars(prompt, m.vocab, where)
-        return list(m.tokenizer.encode(prompt).ids)
+    def prompt(self, ids: list[int], where: str) -> list[int]:
+        check_prompt_ids(ids, self.loaded(where).vocab_size, where)
+        return ids
 
     def check_length(self, prompt_len: int, new_tokens: int, where: str) -> None:
         m = self.loaded(where)
@@ -497,7 +495,7 @@ class Engine:
         prompt_ids = []
         for i, req in enumerate(requests):
             where = f"generate.requests[{i}]"
-            prompt_ids.append(self.encode(req.prompt, f"{where}.prompt"))
+            prompt_ids.append(self.prompt(req.prompt_ids, where))
             self.check_length(len(prompt_ids[-1]), req.max_tokens, where)
         outputs: list[dict[str, Any]] = [{} for _ in requests]
         for batch in layout:
@@ -532,7 +530,7 @@ class Engine:
         for i, it in enumerate(items):
             where = f"score.items[{i}]"
             check_tokens(it.response_tokens, m.vocab_size, f"{where}.response_tokens")
-            prompt_ids = self.encode(it.prompt, f"{where}.prompt")
+            prompt_ids = self.prompt(it.prompt_ids, where)
             self.check_length(len(prompt_ids), int(it.response_tokens.size), where)
             rows.append(Row(prompt_ids, it.temperature, forced=it.response_tokens, vocab_steps=it.vocab_steps))
         with self.active(key):
@@ -597,7 +595,7 @@ class Engine:
         for i, s in enumerate(step.samples):
             where = f"learner_step.samples[{i}]"
             check_tokens(s.tokens, m.vocab_size, f"{where}.tokens")
-            prompt_ids = self.encode(s.prompt, f"{where}.prompt")
+            prompt_ids = self.prompt(s.prompt_ids, where)
             self.check_length(len(prompt_ids), int(s.tokens.size), where)
             rows.append((prompt_ids, s.tokens))
         if step.objective.kl_coef != 0 and any(s.reference is None for s in step.samples):

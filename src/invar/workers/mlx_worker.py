@@ -6,9 +6,9 @@ The role fixes the methods served: inference serves `load_model`, `load_adapter`
 learner serves `load_model`, `load_adapter`, `score`, `learner_step`. A call to the other role's method is
 answered UnknownMethod. Decisions this worker embodies:
 
-- **Loading.** `mlx_lm.utils.load_model` builds the architecture and loads the weights; prompts are encoded
-  with the folder's `tokenizer.json` through the `tokenizers` library (its post-processor puts BOS in front),
-  the same tokenizer the other engines run, so prompt ids agree across engines. Not `mlx_lm.load`: it also
+- **Loading.** `mlx_lm.utils.load_model` builds the architecture and loads the weights; prompts arrive as the
+  core's token ids (the core tokenizes with the folder's `tokenizer.json`), so every engine runs the same ids; the
+  folder's tokenizer is read only for its end-of-sequence ids. Not `mlx_lm.load`: it also
   builds a streaming detokenizer, which probes the tokenizer with the text "a ,b" and so fails on a
   character-level vocabulary without an unknown token, and the worker never returns text (the core decodes
   token ids itself).
@@ -83,7 +83,7 @@ from invar.protocol import MethodError, Role, Server
 from invar.workers.common import (
     LoraSettings,
     Request,
-    check_prompt_chars,
+    check_prompt_ids,
     check_tokens,
     parse_generate,
     parse_learner_step,
@@ -257,12 +257,10 @@ class Engine:
 
     # -- tokens ---------------------------------------------------------------------------------------------
 
-    def encode(self, prompt: str, budget: int, where: str) -> list[int]:
-        """Prompt token ids (BOS first, as the tokenizer adds it); prompt + budget must fit the model."""
+    def prompt(self, ids: list[int], budget: int, where: str) -> list[int]:
+        """The core's prompt token ids, checked against the model; prompt + budget must fit the model."""
         m = self.need(where)
-        if m.char_level:
-            check_prompt_chars(prompt, m.vocab, f"{where}.prompt")
-        ids: list[int] = list(m.tokenizer.encode(prompt).ids)
+        check_prompt_ids(ids, m.vocab_size, where)
         if len(ids) + budget > m.max_len:
             raise MethodError(f"{where}: {len(ids)} prompt tokens + {budget} response tokens exceed the "
                               f"model's maximum length {m.max_len}; shorten the prompt or lower max_tokens")
@@ -276,7 +274,7 @@ class Engine:
         policy = self.select(params.get("adapter"), "generate.adapter")
         ref_name = params.get("reference_adapter")
         reference = None if ref_name is None else self.select(ref_name, "generate.reference_adapter")
-        prompts = [self.encode(r.prompt, r.max_tokens, f"generate.requests[{i}]")
+        prompts = [self.prompt(r.prompt_ids, r.max_tokens, f"generate.requests[{i}]")
                    for i, r in enumerate(requests)]
         outputs: list[dict[str, Any]] = [{} for _ in requests]
         for batch in layout:
@@ -348,7 +346,7 @@ class Engine:
         prompts = []
         for i, item in enumerate(items):
             check_tokens(item.response_tokens, m.vocab_size, f"score.items[{i}].response_tokens")
-            prompts.append(self.encode(item.prompt, int(item.response_tokens.size), f"score.items[{i}]"))
+            prompts.append(self.prompt(item.prompt_ids, int(item.response_tokens.size), f"score.items[{i}]"))
         self.activate(adapter)
         outputs = []
         for item, prompt in zip(items, prompts, strict=True):
@@ -369,7 +367,7 @@ class Engine:
         for i, s in enumerate(step.samples):
             where = f"learner_step.samples[{i}]"
             check_tokens(s.tokens, m.vocab_size, f"{where}.tokens")
-            rows.append((self.encode(s.prompt, int(s.tokens.size), where), s))
+            rows.append((self.prompt(s.prompt_ids, int(s.tokens.size), where), s))
         save_dir = Path(step.save_dir)
         if save_dir.exists() and (not save_dir.is_dir() or any(save_dir.iterdir())):
             raise MethodError(f"learner_step.save_dir: {step.save_dir!r} exists and is not an empty folder; "

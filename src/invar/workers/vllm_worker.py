@@ -76,7 +76,7 @@ from invar.workers.common import (
     PatchRefused,
     Request,
     add_patch_arguments,
-    check_prompt_chars,
+    check_prompt_ids,
     check_tokens,
     check_trained_on,
     load_patches,
@@ -393,14 +393,8 @@ class Engine:
 
     # -- tokens -----------------------------------------------------------------------------------------------
 
-    def encode(self, prompt: str, where: str) -> list[int]:
-        m = self.loaded(where)
-        if m.char_level:
-            check_prompt_chars(prompt, m.vocab, where)
-        ids = list(m.tokenizer.encode(prompt))
-        if not m.char_level and m.tokenizer.decode(ids, skip_special_tokens=True) != prompt:
-            raise MethodError(f"{where}: the tokenizer does not reproduce the prompt (a character outside its "
-                              "vocabulary?); remove characters the model cannot read")
+    def prompt(self, ids: list[int], where: str) -> list[int]:
+        check_prompt_ids(ids, self.loaded(where).vocab_size, where)
         return ids
 
     # -- engine calls -----------------------------------------------------------------------------------------
@@ -455,7 +449,7 @@ class Engine:
         for i, req in enumerate(requests):
             where = f"generate.requests[{i}]"
             self._check_request(req, where)
-            prompt_ids.append(self.encode(req.prompt, f"{where}.prompt"))
+            prompt_ids.append(self.prompt(req.prompt_ids, where))
             if len(prompt_ids[-1]) + req.max_tokens > room:
                 raise MethodError(
                     f"{where}: {len(prompt_ids[-1])} prompt tokens + max_tokens {req.max_tokens} exceed the "
@@ -519,7 +513,7 @@ class Engine:
         for i, it in enumerate(items):
             where = f"score.items[{i}]"
             check_tokens(it.response_tokens, m.vocab_size, f"{where}.response_tokens")
-            ids = self.encode(it.prompt, f"{where}.prompt")
+            ids = self.prompt(it.prompt_ids, where)
             if len(ids) + it.response_tokens.size + 1 > m.max_model_len:
                 raise MethodError(
                     f"{where}: {len(ids)} prompt tokens + {it.response_tokens.size} response tokens leave no room "
