@@ -101,7 +101,7 @@ def test_plan_version_1_contracts_keep_one_call_per_layout(tmp_path: Path) -> No
     ws = make_workspace(tmp_path, units=12, layouts={"solo": {"batch_size": 1},
                                                      "b4r": {"batch_size": 4, "order": "reverse"}})
     old = ws.contract.model_copy(update={"execution": None})
-    plan = derive_plan(old, ws.sha256, [Unit(u.unit_id, u.prompt) for u in ws.plan.units], _encoders(ws))
+    plan = derive_plan(old, ws.sha256, [u.scored() for u in ws.plan.units], _encoders(ws))
     assert plan.version == "invar.plan/1"
     assert [c.key for c in plan.calls] == ["reference/solo", "candidate/solo", "candidate/b4r"]
     assert plan.calls[2].batches == [[11, 10, 9, 8], [7, 6, 5, 4], [3, 2, 1, 0]]
@@ -136,7 +136,7 @@ def test_small_calls_cover_each_layout_once(tmp_path: Path) -> None:
 
 def test_plan_is_a_pure_function_of_the_contract(tmp_path: Path) -> None:
     ws = make_workspace(tmp_path, units=30)
-    units = [Unit(u.unit_id, u.prompt) for u in ws.plan.units]
+    units = [u.scored() for u in ws.plan.units]
     again = derive_plan(ws.contract, ws.sha256, units, _encoders(ws))
     assert again == ws.plan
     assert [c.params_digest for c in again.calls] == [c.params_digest for c in ws.plan.calls]
@@ -150,9 +150,9 @@ def test_every_request_carries_its_packages_prompt_ids(tmp_path: Path) -> None:
         for req in call.params["requests"]:
             assert req["prompt_ids"] == ws.vocab.prompt_ids(prompt=req["prompt"])
     # Each package's requests carry its own tokenizer's ids: the encoders are per package.
-    shifted = {"reference": lambda u: [1, *ws.vocab.prompt_ids(prompt=u.prompt)],
-               "candidate": lambda u: ws.vocab.prompt_ids(prompt=u.prompt)}
-    plan = derive_plan(ws.contract, ws.sha256, [Unit(u.unit_id, u.prompt) for u in ws.plan.units], shifted)
+    shifted = {"reference": lambda u: (u.prompt, [1, *ws.vocab.prompt_ids(prompt=u.prompt)]),
+               "candidate": lambda u: (u.prompt, ws.vocab.prompt_ids(prompt=u.prompt))}
+    plan = derive_plan(ws.contract, ws.sha256, [u.scored() for u in ws.plan.units], shifted)
     ref = plan.call("reference", ws.contract.pairing.layout).params["requests"][0]
     cand = plan.call("candidate", ws.contract.pairing.layout).params["requests"][0]
     assert ref["prompt_ids"] == [1, *cand["prompt_ids"]]

@@ -85,9 +85,11 @@ def test_missing_adapter_folder_is_refused(tmp_path: Path) -> None:
 
 
 def test_unknown_scorer_and_settings_are_refused(tmp_path: Path) -> None:
-    assert "scorer.name: unknown scorer 'bleu'" in _prepare_with(tmp_path / "a", scorer={"name": "bleu"})
+    msg = _prepare_with(tmp_path / "a", scorer={"name": "bleu"})
+    assert msg.startswith("scorer: scorer 'bleu' is unknown: use one of exact-match, numeric, regex, choice")
+    assert "'path.py:function'" in msg
     msg = _prepare_with(tmp_path / "b", scorer={"settings": {"strict": True}})
-    assert "scorer.settings: scorer 'arithmetic-exact' takes no settings" in msg
+    assert msg.startswith("scorer: ") and "strict" in msg and "arithmetic-exact" in msg
 
 
 def test_unknown_bound_method_is_refused(tmp_path: Path) -> None:
@@ -211,7 +213,7 @@ def test_number_past_pythons_digit_limit_is_one_line(tmp_path: Path) -> None:
 def test_paths_the_system_cannot_read_are_one_line(tmp_path: Path) -> None:
     # A path component longer than the file system allows fails with ENAMETOOLONG, not with "no such file".
     msg = _prepare_with(tmp_path / "a", population={"path": "p" * 300 + "/population.jsonl"})
-    assert msg.startswith("population.path: cannot read")
+    assert msg.startswith("population: population file ") and "cannot be read (File name too long)" in msg
     assert "File name too long" in msg
     msg = _prepare_with(tmp_path / "b", candidate={"model_dir": "m" * 300})
     assert msg.startswith("candidate.model_digest: cannot read")
@@ -226,7 +228,7 @@ def test_population_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
     digest = canonical.file_sha256(tmp_path / "latin1.jsonl")
     msg = _prepare_with(tmp_path, population={"path": "latin1.jsonl", "sha256": digest})
     assert msg.startswith("population")  # the population loader names the file and the byte
-    assert "latin1.jsonl is not UTF-8 text" in msg
+    assert "latin1.jsonl line 1 is not UTF-8 (byte 8 of the line)" in msg
 
 
 def test_output_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ import enum
 import math
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -41,7 +41,14 @@ from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, NumericalCom
 from invar.compare.runs import check_score_output
 from invar.contract.model import Contract, Package, read_contract
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, Unit, derive_plan, measurement_params
-from invar.contract.prepare import ROLES, method_version, model_folders, package_tokenizers, prompt_encoders
+from invar.contract.prepare import (
+    ROLES,
+    contract_scorer,
+    method_version,
+    model_folders,
+    package_tokenizers,
+    prompt_encoders,
+)
 from invar.errors import ContractError, EvidenceError
 from invar.evidence import (
     Candidate,
@@ -57,7 +64,8 @@ from invar.records.store import CallRecord, RunStore
 from invar.stats.bounds import Bound, StatisticsError, bound
 from invar.stats.diagnostics import PairedDiagnostics, paired_diagnostics
 from invar.stats.sequential import SequentialDecision, check_stop, sequential_decision
-from invar.tasks.arithmetic import SCORERS, load_population
+from invar.tasks.population import load_units
+from invar.tasks.scorers import Scorer
 from invar.tasks.tokenizer import BASE_FILES, ModelTokenizer, from_kept, kept_files
 
 DECISION_VERSION = "invar.admit/1"
@@ -573,26 +581,34 @@ def _output_difference(a: Output, b: Output) -> str | None:
 
 
 def task_losses(
-    prompts: Sequence[str], outputs: Sequence[Output], vocabulary: ModelTokenizer, scorer: Callable[[str, str], int]
+    units: Sequence[Unit], outputs: Sequence[Output], vocabulary: ModelTokenizer, scorer: Scorer
 ) -> np.ndarray:
-    """Task loss per unit, recomputed from the response tokens: int64[n], each 0 or 1 for 0/1 scorers."""
-    return np.array(
-        [scorer(p, vocabulary.decode(o.tokens.tolist())) for p, o in zip(prompts, outputs, strict=True)],
-        dtype=np.int64,
-    )
+    """Task loss per unit, recomputed from the response tokens by the contract's scorer: int64[n], each 0 or 1."""
+    return np.array([unit_loss(u, o.tokens, vocabulary, scorer) for u, o in zip(units, outputs, strict=True)],
+                    dtype=np.int64)
+
+
+def unit_loss(unit: Unit, tokens: np.ndarray, vocabulary: ModelTokenizer, scorer: Scorer) -> int:
+    """One unit's task loss: the response text decoded by the core from `tokens` (int[T]), scored by `scorer`."""
+    loss = scorer.loss(unit.scored(), vocabulary.decode(tokens.tolist()))
+    if loss not in (0, 1):  # prepare admits binary scorers only; a user function may still break its word
+        raise EvidenceError(f"unit {unit.unit_id}: the scorer gave loss {loss!r}, not 0 or 1")
+    return int(loss)
 
 
 def layout_losses(
-    plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role, layout: str, prompts: Sequence[str],
-    vocabulary: ModelTokenizer, scorer: Callable[[str, str], int],
+    plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role, layout: str,
+    vocabulary: ModelTokenizer, scorer: Scorer,
 ) -> np.ndarray:
-    losses = np.zeros(len(prompts), dtype=np.int64)
+    """Each planned unit's task loss under `package`'s `layout` calls: int64[n] (0 for a look a sequential run did
+    not reach)."""
+    losses = np.zeros(len(plan.units), dtype=np.int64)
     for c in plan.layout_calls(package, layout):
         if plan.sequential is not None and c.key not in found:
             continue  # a look the run did not reach (recorded_looks checked the prefix)
         evidence = found[c.key]
         try:
-            part = task_losses([prompts[i] for i in c.units], evidence.outputs, vocabulary, scorer)
+            part = task_losses([plan.units[i] for i in c.units], evidence.outputs, vocabulary, scorer)
         except EvidenceError as exc:
             raise EvidenceError(f"{evidence.name}: {exc}") from None
         losses[list(c.units)] = part
@@ -848,9 +864,9 @@ def read_anchors(contract: Contract, sha: str, base: Path, store: RunStore, scra
     """The plan and each package's tokenizer, from the files the contract fixes by digest (beside the contract at
     `base`, or the copies the run keeps, written into `scratch`), every one checked against the contract."""
     inputs = resolve_inputs(contract, base, store.meta().get("inputs"), scratch)
-    problems = load_population(inputs.population, contract.population.sha256)
+    units = load_units(inputs.population, contract.population.sha256)
     tokenizers = package_tokenizers(contract, inputs.tokenizers)
-    plan = derive_plan(contract, sha, [Unit(q.id, q.prompt) for q in problems], prompt_encoders(tokenizers))
+    plan = derive_plan(contract, sha, units, prompt_encoders(tokenizers))
     return plan, tokenizers
 
 
@@ -880,10 +896,9 @@ def admit(
         bound_evidence = collect_evidence(store, contract, sha, plan, stops)
         found = bound_evidence.found
         pairing = contract.pairing.layout
-        prompts = [u.prompt for u in plan.units]
-        scorer = SCORERS[contract.scorer.name]
-        ref_loss = layout_losses(plan, found, "reference", pairing, prompts, vocab["reference"], scorer)
-        cand_loss = layout_losses(plan, found, "candidate", pairing, prompts, vocab["candidate"], scorer)
+        scorer = contract_scorer(contract, base)
+        ref_loss = layout_losses(plan, found, "reference", pairing, vocab["reference"], scorer)
+        cand_loss = layout_losses(plan, found, "candidate", pairing, vocab["candidate"], scorer)
         measured = measurement_comparison(store, contract, plan, bound_evidence, vocab, ref_loss, cand_loss) \
             if plan.measurements else None
         stopped = None
@@ -1065,4 +1080,5 @@ __all__ = [
     "stop_record",
     "stream_evidence",
     "task_losses",
+    "unit_loss",
 ]

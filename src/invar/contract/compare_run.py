@@ -19,10 +19,10 @@ from invar.compare.numerical import DEFAULT_LARGE_STEP, NumericalComparison
 from invar.contract.admit import layout_losses, measurement_comparison, read_anchors, stream_evidence
 from invar.contract.model import read_contract
 from invar.contract.plan import Role
+from invar.contract.prepare import contract_scorer
 from invar.errors import InvarError
 from invar.records import RunStore
 from invar.records.store import is_run
-from invar.tasks.arithmetic import SCORERS
 
 
 def run_contract_path(run: Path) -> Path:
@@ -50,9 +50,8 @@ def compare_use_run(run: Path, contract_path: Path | None, *, large_step: float 
     with RunStore.open(run) as store, tempfile.TemporaryDirectory(prefix="invar-compare-") as scratch:
         plan, vocab = read_anchors(contract, sha, contract_file.parent, store, Path(scratch))
         bound = stream_evidence(store, contract, sha, plan, {r: frozenset(vocab[r].eos_token_ids) for r in roles})
-        prompts = [u.prompt for u in plan.units]
-        scorer = SCORERS[contract.scorer.name]
-        losses = {role: layout_losses(plan, bound.found, role, plan.pairing_layout, prompts, vocab[role], scorer)
+        scorer = contract_scorer(contract, contract_file.parent)
+        losses = {role: layout_losses(plan, bound.found, role, plan.pairing_layout, vocab[role], scorer)
                   for role in roles}
         result = measurement_comparison(store, contract, plan, bound, vocab, losses["reference"],
                                         losses["candidate"], large_step=large_step)

@@ -32,6 +32,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    JsonValue,
     PlainSerializer,
     ValidationError,
     model_validator,
@@ -181,12 +182,20 @@ class _Model(BaseModel):
 
 
 class Scorer(_Model):
-    """How one response is scored: a task scorer of the core, by name, and its settings."""
+    """How one response is scored: a built-in scorer of the core (`invar.tasks.scorers.BUILTIN_SCORERS`) by name, or
+    the owner's function as `path.py:function`, with its settings."""
 
-    name: Name
-    """A key of the core's task scorers (`invar.tasks.arithmetic.SCORERS`)."""
-    settings: dict[ShortText, Scalar] = Field(default_factory=dict, max_length=MAX_ENTRIES)
-    """Settings the scorer takes; empty for scorers that take none."""
+    name: Annotated[str, Field(min_length=1, max_length=MAX_PATH)]
+    """A built-in scorer's name (`exact-match`, `numeric`, `regex`, `choice`, `contains`, `arithmetic-exact`), or
+    `path.py:function`: a function in a file, the path relative to the declaration (in a contract: to the contract)."""
+    settings: dict[ShortText, JsonValue] = Field(default_factory=dict, max_length=MAX_ENTRIES)
+    """Settings the scorer takes (docs/your-model.md lists each scorer's); empty for scorers that take none."""
+    version: ShortText | None = None
+    """The scorer's version as the contract fixes it (`use prepare` writes it; `arithmetic-exact` contracts, which
+    predate versions, leave it out). A scorer of another version is refused at admission."""
+    sha256: Hex64 | None = None
+    """For a `path.py:function` scorer: sha256 of the file. `use prepare` pins it; `use admit` refuses a changed
+    file. A declaration may state it to pin the file it means."""
 
 
 class Sampling(_Model):
@@ -617,6 +626,9 @@ class Contract(_Model):
         for key in ("sequential", "max_n"):  # likewise for contracts prepared before sequential admission
             if not data["requirement"][key]:
                 del data["requirement"][key]
+        for key in ("version", "sha256"):  # and for contracts of the arithmetic scorer, prepared before both
+            if data["scorer"][key] is None:
+                del data["scorer"][key]
         return (json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
 
     def sha256(self) -> str:

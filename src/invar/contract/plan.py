@@ -36,6 +36,7 @@ from invar import canonical
 from invar.compare.steps import resolve_steps
 from invar.contract.model import Contract, Layout, Measurements
 from invar.errors import ContractError
+from invar.tasks.population import Unit as PopulationUnit
 
 PLAN_VERSION_1 = "invar.plan/1"
 """One generate call per package and layout, carrying every unit."""
@@ -61,17 +62,22 @@ Purpose = Literal["pairing", "invariance"]
 
 @dataclass(frozen=True)
 class Unit:
-    """One unit of the population: its id, the prompt text the model sees, and that prompt's token ids as each
-    package's tokenizer (the one its contract pins) gives them.
+    """One unit of the plan: the population's unit, the text each package's model is given and that text's token ids
+    under the package's tokenizer (the one its contract pins).
 
-    The ids travel in every call, so every engine runs exactly the prompt the core tokenized; the text travels
-    beside them as a label and is what the scorer reads.
+    The ids travel in every call, so every engine runs exactly the prompt the core tokenized; the text travels beside
+    them as a label. The scorer reads `source` (its prompt or messages, and its answer).
     """
 
     unit_id: str
     prompt: str
-    prompt_ids: dict[Role, tuple[int, ...]] = field(default_factory=dict, compare=False, hash=False)
-    """Package → the prompt's token ids [P] under that package's tokenizer."""
+    """The unit's plain prompt, or the reference's rendering of its messages: what reports show."""
+    source: PopulationUnit | None = field(default=None, repr=False)
+    """The population's unit (None only for units built by hand, which no scorer reads)."""
+    rendered: dict[Role, str] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    """Package → the text its model is given (the prompt, or the messages through its chat template)."""
+    prompt_ids: dict[Role, tuple[int, ...]] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    """Package → the token ids [P] of that text under its tokenizer."""
 
     def ids(self, package: Role) -> list[int]:
         """The prompt's ids for `package`; a unit built without them is a bug in the caller."""
@@ -80,6 +86,17 @@ class Unit:
             raise ContractError(f"unit {self.unit_id}: no prompt token ids for the {package}; tokenize the units "
                                 "with each package's tokenizer before deriving a plan")
         return list(found)
+
+    def text(self, package: Role) -> str:
+        """The text `package`'s model is given."""
+        return self.rendered.get(package, self.prompt)
+
+    def scored(self) -> PopulationUnit:
+        """The population's unit, as scorers read it."""
+        if self.source is None:
+            raise ContractError(f"unit {self.unit_id}: built without its population unit; derive the plan from the "
+                                "population file")
+        return self.source
 
 
 @dataclass(frozen=True)
@@ -203,7 +220,7 @@ def measurement_params(plan: ExecutionPlan, call: MeasurementCall, responses: Ca
         tokens = responses(index)
         unit = plan.units[index]
         items.append({
-            "item_id": unit.unit_id, "prompt": unit.prompt, "prompt_ids": unit.ids(call.package),
+            "item_id": unit.unit_id, "prompt": unit.text(call.package), "prompt_ids": unit.ids(call.package),
             "response_tokens": tokens,
             "temperature": plan.score_temperature,
             "vocab_steps": list(resolve_steps(plan.measure.capture_steps, int(tokens.size), strict=False)),
@@ -292,12 +309,25 @@ def call_groups(contract: Contract, n: int, layout: str) -> list[list[list[int]]
     return [batches] if per_call is None else cut_batches(batches, per_call)
 
 
-PromptEncoder = Callable[[Unit], Sequence[int]]
-"""A package's tokenization of a unit's prompt: token ids [P] (`invar.tasks.tokenizer.ModelTokenizer` under the digest
-its contract pins)."""
+PromptEncoder = Callable[[PopulationUnit], tuple[str, Sequence[int]]]
+"""A package's rendering and tokenization of a unit: (the text its model is given, token ids [P]), by the
+`invar.tasks.tokenizer.ModelTokenizer` under the digest its contract pins."""
 
 
-def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[Unit],
+def _encoded(unit: Unit, encoders: Mapping[Role, PromptEncoder]) -> Unit:
+    """`unit` with each package's text and prompt ids; the reference's text is the unit's label for a chat unit."""
+    assert unit.source is not None
+    rendered: dict[Role, str] = {}
+    ids: dict[Role, tuple[int, ...]] = {}
+    roles: tuple[Role, Role] = ("reference", "candidate")
+    for role in roles:
+        rendered[role], encoded = encoders[role](unit.source)
+        ids[role] = tuple(encoded)
+    prompt = unit.prompt if unit.source.prompt is not None else rendered["reference"]
+    return replace(unit, prompt=prompt, rendered=rendered, prompt_ids=ids)
+
+
+def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[PopulationUnit],
                 encoders: Mapping[Role, PromptEncoder]) -> ExecutionPlan:
     """The execution plan of `contract` over its (already digest-checked) population, each selected unit's prompt
     tokenized by each package's encoder.
@@ -312,14 +342,14 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[U
         )
     seed = contract.pairing.seed
     roles: tuple[Role, Role] = ("reference", "candidate")
-    units = tuple(replace(u, prompt_ids={r: tuple(encoders[r](u)) for r in roles})
-                  for u in select_units(population, contract.population.sample, seed))
+    planned = [Unit(p.id, p.prompt if p.prompt is not None else "", p) for p in population]
+    units = tuple(_encoded(u, encoders) for u in select_units(planned, contract.population.sample, seed))
     seeds = tuple(unit_seed(seed, u.unit_id) for u in units)
     sampling = contract.sampling
     by_package = {package: [
         {
             "request_id": u.unit_id,
-            "prompt": u.prompt,
+            "prompt": u.text(package),
             "prompt_ids": u.ids(package),
             "seed": s,
             "temperature": sampling.temperature,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -27,15 +27,20 @@ from invar.contract.model import (
     PackageDeclaration,
     Population,
     Premise,
+    Scorer,
     read_contract,
     read_declaration,
 )
-from invar.contract.plan import ExecutionPlan, PromptEncoder, Role, Unit, call_groups, derive_plan
+from invar.contract.plan import ExecutionPlan, PromptEncoder, Role, call_groups, derive_plan
 from invar.errors import ContractError
 from invar.owner_files import one_line
 from invar.stats.bounds import VERSIONS
 from invar.stats.sequential import SEQUENTIAL_VERSIONS
-from invar.tasks.arithmetic import SCORERS, Problem, load_population
+from invar.tasks.arithmetic import SCORER_NAME as ARITHMETIC
+from invar.tasks.population import Unit as PopulationUnit
+from invar.tasks.population import load_units
+from invar.tasks.scorers import Scorer as ScorerImpl
+from invar.tasks.scorers import UserScorer, check_units, load_scorer
 from invar.tasks.tokenizer import ModelTokenizer, tokenizer_digest
 
 ROLES: tuple[Role, Role] = ("reference", "candidate")
@@ -132,10 +137,15 @@ def package_tokenizers(contract: Contract, folders: Mapping[Role, Path]) -> dict
 
 
 def prompt_encoders(tokenizers: Mapping[Role, ModelTokenizer]) -> dict[Role, PromptEncoder]:
-    """Each package's tokenization of a unit's prompt, as `derive_plan` takes it (a plain prompt, with the
-    tokenizer's special tokens as an engine adds them to text)."""
+    """Each package's rendering and tokenization of a unit, as `derive_plan` takes it: a plain prompt as is, encoded
+    with the tokenizer's special tokens (as an engine adds them to text); chat messages rendered by the model's chat
+    template (with the generation prompt) and encoded without them (the template writes its own)."""
     def encoder(tokenizer: ModelTokenizer) -> PromptEncoder:
-        return lambda unit: tokenizer.prompt_ids(prompt=unit.prompt)
+        def encode(unit: PopulationUnit) -> tuple[str, list[int]]:
+            messages = None if unit.messages is None else unit.chat()
+            return (tokenizer.render_prompt(prompt=unit.prompt, messages=messages),
+                    tokenizer.prompt_ids(prompt=unit.prompt, messages=messages))
+        return encode
     return {role: encoder(tokenizers[role]) for role in ROLES}
 
 
@@ -164,42 +174,74 @@ def method_version(method: str) -> str:
     return VERSIONS[method] if method in VERSIONS else SEQUENTIAL_VERSIONS[method]
 
 
-def build_contract(declaration: Declaration, base: Path, out: Path) -> tuple[Contract, list[Unit]]:
+def build_contract(declaration: Declaration, base: Path, out: Path) -> tuple[Contract, tuple[PopulationUnit, ...]]:
     """Check every anchor of `declaration` (paths relative to `base`) and build the contract for folder `out`.
 
     Returns the contract and its population's units. Raises `ContractError` naming the field at fault.
     """
     pop = declaration.population
     pop_path = base / pop.path
-    problems = _population(pop_path, pop.sha256)
-    if pop.sample is not None and pop.sample > len(problems):
+    units = _population(pop_path, pop.sha256)
+    if pop.sample is not None and pop.sample > len(units):
         raise ContractError(
-            f"population.sample: {pop.sample} exceeds the {len(problems)} units of {pop_path}; lower it"
+            f"population.sample: {pop.sample} exceeds the {len(units)} units of {pop_path}; lower it"
         )
-    scorer = declaration.scorer
-    if scorer.name not in SCORERS:
-        raise ContractError(f"scorer.name: unknown scorer {scorer.name!r}; use one of {sorted(SCORERS)}")
-    if scorer.settings:
-        raise ContractError(f"scorer.settings: scorer {scorer.name!r} takes no settings; remove them")
     requirement = declaration.requirement
     fields: dict[str, Any] = {
-        **{k: v for k, v in declaration if k not in ("population", "reference", "candidate", "premises")},
+        **{k: v for k, v in declaration if k not in ("population", "reference", "candidate", "premises", "scorer")},
         "population": Population(
-            path=_rel(pop_path, out), sha256=pop.sha256, size=len(problems), unit=pop.unit, sample=pop.sample
+            path=_rel(pop_path, out), sha256=pop.sha256, size=len(units), unit=pop.unit, sample=pop.sample
         ),
+        "scorer": _scorer(declaration.scorer, units, base, out),
         "method_version": None if requirement.method is None else method_version(requirement.method),
         "reference": _package("reference", declaration.reference, base, out),
         "candidate": _package("candidate", declaration.candidate, base, out),
         "premises": [_premise(i, p, base, out) for i, p in enumerate(declaration.premises)],
     }
     contract: Contract = _validated(Contract, fields)
-    return contract, [Unit(p.id, p.prompt) for p in problems]
+    return contract, units
 
 
-def _population(path: Path, sha256: str) -> list[Problem]:
+def _scorer(declared: Scorer, units: Sequence[PopulationUnit], base: Path, out: Path) -> Scorer:
+    """The contract's scorer: loaded (a user scorer's file read and pinned), checked against every unit's answer, its
+    version fixed, a user scorer's path made relative to the contract's folder."""
+    try:
+        scorer = load_scorer(declared.name, declared.settings, base, declared.sha256)
+        check_units(scorer, units)
+    except ContractError as exc:
+        raise ContractError(f"scorer: {exc}") from None
+    if not scorer.binary:
+        # The admission's paired losses are 0/1 today (invar.evidence); a bounded loss in [a, b] would need the
+        # range carried through the decision, which is not built yet.
+        raise ContractError(f"scorer: {declared.name} gives losses in [{scorer.loss_range[0]:g}, "
+                            f"{scorer.loss_range[1]:g}], not 0/1; declare it binary = true with loss_range = [0, 1] "
+                            "(admission decides on 0/1 losses)")
+    name, sha256 = declared.name, None
+    if isinstance(scorer, UserScorer):
+        name = f"{_rel(base / scorer.path, out)}:{declared.name.rsplit(':', 1)[1]}"
+        sha256 = scorer.sha256
+    version = None if declared.name == ARITHMETIC else scorer.version
+    return Scorer(name=name, settings=declared.settings, version=version, sha256=sha256)
+
+
+def contract_scorer(contract: Contract, base: Path) -> ScorerImpl:
+    """The contract's scorer as this Invar computes it (a user scorer's file read relative to the contract's folder
+    `base` and checked against its pinned digest); refused when this Invar's version of it differs."""
+    declared = contract.scorer
+    try:
+        scorer = load_scorer(declared.name, declared.settings, base, declared.sha256)
+    except ContractError as exc:
+        raise ContractError(f"scorer: {exc}") from None
+    if declared.version is not None and scorer.version != declared.version:
+        raise ContractError(f"scorer: the contract fixes {declared.name} version {declared.version}, this Invar "
+                            f"scores with version {scorer.version}; decide with the Invar version the contract names")
+    return scorer
+
+
+def _population(path: Path, sha256: str) -> tuple[PopulationUnit, ...]:
     with _reading("population.path", path):
         try:
-            return load_population(path, sha256)
+            return load_units(path, sha256)
         except ContractError as exc:
             raise ContractError(f"population: {exc}") from None
 
@@ -246,10 +288,10 @@ def load_contract(path: str | os.PathLike[str]) -> tuple[Contract, str, Executio
     """
     p = Path(path)
     contract, sha = read_contract(p)
-    problems = _population(p.parent / contract.population.path, contract.population.sha256)
+    units = _population(p.parent / contract.population.path, contract.population.sha256)
     with _reading("model_dir", p.parent):
         encoders = prompt_encoders(package_tokenizers(contract, model_folders(contract, p.parent)))
-    return contract, sha, derive_plan(contract, sha, [Unit(q.id, q.prompt) for q in problems], encoders)
+    return contract, sha, derive_plan(contract, sha, units, encoders)
 
 
 def load_for_planning(path: str | os.PathLike[str]) -> tuple[Contract, int, tuple[int, ...] | None]:

@@ -60,10 +60,11 @@ from invar.contract.admit import (
     run_inputs,
     sequential_rule,
     stop_record,
+    unit_loss,
 )
 from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
-from invar.contract.prepare import load_contract, method_version, package_tokenizers
+from invar.contract.prepare import contract_scorer, load_contract, method_version, package_tokenizers
 from invar.errors import ContractError, EvidenceError, InvarError
 from invar.evidence import check_patches_active
 from invar.records import RunStore
@@ -80,7 +81,7 @@ from invar.runner.engine import (
 from invar.stats.bounds import StatisticsError
 from invar.stats.sequential import SequentialDecision, check_stop
 from invar.tasks import ModelTokenizer
-from invar.tasks.arithmetic import SCORERS
+from invar.tasks.scorers import Scorer
 
 if TYPE_CHECKING:
     from invar.protocol.ray_transport import RayPlacement
@@ -228,6 +229,7 @@ def use_run(
     specs = {role: package_spec(contract.package(role), base, role) for role in ROLES}
     vocab = package_tokenizers(contract, {role: specs[role].model for role in ROLES})
     eos = {role: frozenset(vocab[role].eos_token_ids) for role in ROLES}
+    scorer = contract_scorer(contract, base)  # a changed user scorer is refused before any worker starts
 
     total = len(plan.calls) + len(plan.measurements)
     head = _closed_head(run_dir, sha, contract_path)
@@ -256,7 +258,7 @@ def use_run(
                         tokens[(c.package, index)] = np.array(out.tokens, copy=True)
             if plan.sequential is not None:
                 first_look = recorded_looks(plan, bound.found, str(run_dir), running=True)
-        rule = None if plan.sequential is None else _Rule(contract, plan, vocab, tokens)
+        rule = None if plan.sequential is None else _Rule(contract, plan, vocab, tokens, scorer)
         todo = {role: [c for c in plan.calls if c.package == role and c.key not in done] for role in ROLES}
         measure = {role: [m for m in plan.measurements if m.package == role and m.key not in done] for role in ROLES}
         counter = _Counter(plan, done, progress)
@@ -265,7 +267,7 @@ def use_run(
             todo = {role: [] for role in ROLES}  # stopped before the kill: only the stop and the close are left
         issued = _execute(contract, plan, specs, todo, measure, tokens, store, eos, counter, call_timeout,
                           rule, first_look, workers, placement)
-        stop = None if rule is None else _record_stop(store, contract, plan, vocab, eos)
+        stop = None if rule is None else _record_stop(store, contract, plan, vocab, eos, scorer)
         head = store.close_run()
     return RunOutcome(run_dir, contract_path, sha, head, total, len(done), issued,
                       time.perf_counter() - started, already_closed=False, stop=stop)
@@ -275,16 +277,16 @@ class _Rule:
     """The stopping rule during a run: evaluated after each look on the pairing responses sampled so far."""
 
     def __init__(self, contract: Contract, plan: ExecutionPlan, vocab: Mapping[Role, ModelTokenizer],
-                 tokens: Mapping[tuple[Role, int], np.ndarray]) -> None:
+                 tokens: Mapping[tuple[Role, int], np.ndarray], scorer: Scorer) -> None:
         self._contract, self._plan, self._vocab, self._tokens = contract, plan, vocab, tokens
-        self._scorer = SCORERS[contract.scorer.name]
+        self._scorer = scorer
         self._loss: dict[tuple[Role, int], int] = {}
         self.decision: SequentialDecision | None = None
 
     def _unit_loss(self, role: Role, index: int) -> int:
         if (role, index) not in self._loss:
-            text = self._vocab[role].decode(self._tokens[(role, index)].tolist())
-            self._loss[(role, index)] = int(self._scorer(self._plan.units[index].prompt, text))
+            self._loss[(role, index)] = unit_loss(self._plan.units[index], self._tokens[(role, index)],
+                                                  self._vocab[role], self._scorer)
         return self._loss[(role, index)]
 
     def stops(self, looks: int) -> bool:
@@ -298,15 +300,12 @@ class _Rule:
 
 
 def _record_stop(store: RunStore, contract: Contract, plan: ExecutionPlan, vocab: Mapping[Role, ModelTokenizer],
-                 eos: Mapping[Role, frozenset[int]]) -> dict[str, Any]:
+                 eos: Mapping[Role, frozenset[int]], scorer: Scorer) -> dict[str, Any]:
     """Recompute the stop from the records, exactly as admission does, and record it in the run's meta (once)."""
     found = bind_records(store.calls(), contract, plan, eos).found
     assert plan.sequential is not None
     looks = recorded_looks(plan, found, str(store.path))
-    scorer = SCORERS[contract.scorer.name]
-    prompts = [u.prompt for u in plan.units]
-    losses = {role: layout_losses(plan, found, role, plan.pairing_layout, prompts, vocab[role], scorer)
-              for role in ROLES}
+    losses = {role: layout_losses(plan, found, role, plan.pairing_layout, vocab[role], scorer) for role in ROLES}
     used = list(plan.sequential.look_units(looks))
     decision = sequential_rule(contract, plan, losses["candidate"][used] - losses["reference"][used])
     try:
