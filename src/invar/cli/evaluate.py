@@ -7,10 +7,11 @@ The evaluation itself (per-problem seeds, the seeded sample, core scoring, the C
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -41,7 +42,10 @@ from invar.runner.evaluate import (
     sample_indices,
 )
 from invar.runner.options import check_sampling
-from invar.tasks import MAX_ANSWER_CHARS, load_population
+from invar.tasks import MAX_ANSWER_CHARS
+from invar.tasks.arithmetic import SCORER_NAME as ARITHMETIC
+from invar.tasks.population import load_units
+from invar.tasks.scorers import check_units, load_scorer, scorer_identity
 
 DEFAULT_POPULATION = HOME / "data" / "arith-eval.jsonl"
 
@@ -63,6 +67,15 @@ def evaluate(
     population_sha256: Annotated[
         str | None, typer.Option("--population-sha256", help="Its expected sha256; default: from <file>.sha256.")
     ] = None,
+    scorer_name: Annotated[
+        str, typer.Option("--scorer", help="A built-in scorer (exact-match, numeric, regex, choice, contains, "
+                                           "arithmetic-exact) or path.py:function (relative to this folder).")
+    ] = ARITHMETIC,
+    scorer_setting: Annotated[
+        list[str] | None, typer.Option("--scorer-setting", metavar="NAME=JSON",
+                                       help="A scorer setting, its value as JSON (e.g. case_fold=true, "
+                                            "'options=[\"A\",\"B\"]'); repeatable.")
+    ] = None,
     engine: EngineOpt = Engine.HF,
     model: ModelOpt = DEFAULT_MODEL,
     dtype: DtypeOpt = Dtype.FLOAT32,
@@ -78,11 +91,17 @@ def evaluate(
     if not 0 < confidence < 1:
         raise ContractError(f"--confidence {confidence}: must be in (0, 1), e.g. 0.95")
     pop_digest = population_digest(population, population_sha256)
-    problems = load_population(population, pop_digest)
+    problems = load_units(population, pop_digest)
+    scorer = load_scorer(scorer_name, _settings(scorer_setting or []), Path.cwd())
+    check_units(scorer, problems)
+    if not scorer.binary:
+        raise ContractError(f"--scorer {scorer_name}: its losses are not 0/1; evaluate reports an accuracy, so "
+                            "declare the scorer binary")
     chosen = [problems[i] for i in sample_indices(len(problems), count, sample_seed)]
     spec = EngineSpec(engine, model, dtype, quantization, adapter)
     meta = spec.meta()
-    settings = {"population": str(population), "population_sha256": pop_digest, "count": len(chosen),
+    settings = {"population": str(population), "population_sha256": pop_digest, "scorer": scorer_identity(scorer),
+                "count": len(chosen),
                 "sample_seed": sample_seed, "seed": seed, "temperature": temperature, "top_p": top_p,
                 "max_tokens": max_tokens, "batch_size": batch_size}
     run_dir = run if run is not None else default_run_dir("evaluate")
@@ -91,7 +110,7 @@ def evaluate(
         with _progress(len(chosen)) as advance:
             result = evaluate_policy(
                 spec, chosen, EvaluationSettings(seed, temperature, top_p, max_tokens, batch_size, confidence),
-                store, call_timeout=call_timeout, advance=advance)
+                store, scorer, call_timeout=call_timeout, advance=advance)
         wall_s = time.perf_counter() - started
         result.update({"run": str(run_dir), **meta, **settings, "wall_s": round(wall_s, 3)})
         store.put_meta("evaluation", result)
@@ -120,3 +139,16 @@ def _progress(total: int) -> Iterator[Callable[[int], None]]:
         yield lambda done: bar.advance(task, done)
 
 
+def _settings(items: list[str]) -> dict[str, Any]:
+    """`--scorer-setting NAME=JSON` options as the scorer's settings; one line naming a malformed one."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ContractError(f"--scorer-setting {item!r}: write NAME=JSON, e.g. case_fold=true")
+        try:
+            out[name] = json.loads(value)
+        except json.JSONDecodeError:
+            raise ContractError(f"--scorer-setting {item!r}: the value is not JSON; quote a string as JSON, "
+                                f'e.g. {name}=\'"text"\'') from None
+    return out

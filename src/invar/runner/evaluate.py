@@ -1,9 +1,10 @@
-"""Evaluating a fixed policy on the arithmetic population, scored by the core.
+"""Evaluating a fixed policy on a population, scored by the core.
 
 Decisions:
-- **The core scores.** The engine returns token ids only; the core decodes them with its own tokenizer
-  (`ModelTokenizer`) and scores them with `invar.tasks.arithmetic.score`. The accuracy is recomputable from the
-  run's records alone.
+- **The core tokenizes and scores.** Each unit's prompt (or its chat messages, rendered by the model's template) is
+  tokenized by the core and sent as ids; the engine returns token ids only; the core decodes them with its own
+  tokenizer (`ModelTokenizer`) and scores them with the declared scorer (`invar.tasks.scorers`; 0/1 losses). The
+  accuracy is recomputable from the run's records alone.
 - **Seeds are per problem.** Request i for problem `id` is drawn with `request_seed(seed, id)`, a pure function of
   the two, so a problem gets the same seed in any sample, batch size or engine: two engines evaluated with the same
   seed are paired problem by problem.
@@ -31,7 +32,9 @@ from invar.records import RunStore
 from invar.runner.engine import EngineSpec, Session, check_output, engine_session
 from invar.runner.options import check_context, model_context
 from invar.stats.intervals import clopper_pearson
-from invar.tasks import ModelTokenizer, Problem, score
+from invar.tasks import ModelTokenizer, Problem
+from invar.tasks.population import Unit
+from invar.tasks.scorers import Scorer
 
 INTERVAL_METHOD = "clopper-pearson"
 
@@ -80,24 +83,30 @@ class EvaluationSettings:
 
 def evaluate_policy(
     spec: EngineSpec,
-    problems: Sequence[Problem],
+    problems: Sequence[Unit],
     settings: EvaluationSettings,
     store: RunStore,
+    scorer: Scorer,
     *,
     call_timeout: float | None = None,
     advance: Callable[[int], None] = lambda done: None,
 ) -> dict[str, Any]:
-    """Run every problem through the engine (one call per batch), score each response, and summarise."""
+    """Run every unit through the engine (one call per batch), score each response with `scorer`, and summarise.
+
+    Each unit's prompt (or its messages, through the model's chat template) is tokenized by the core before any
+    worker starts, so a prompt the model cannot read or one too long for its context costs no model load."""
     vocab = ModelTokenizer.from_model_dir(spec.model)
     context = model_context(spec.model)
-    for p in problems:
-        check_context(len(vocab.prompt_ids(prompt=p.prompt)), settings.max_tokens, context, f"problem {p.id}")
+    prompts = [_prompt(vocab, p) for p in problems]
+    for p, (_, ids) in zip(problems, prompts, strict=True):
+        check_context(len(ids), settings.max_tokens, context, f"unit {p.id}")
     losses: list[int] = []
     with engine_session(spec, store, call_timeout=call_timeout) as session:
         generating = time.perf_counter()
         for start in range(0, len(problems), settings.batch_size):
             batch = problems[start : start + settings.batch_size]
-            losses += _run_batch(session, vocab, batch, settings)
+            losses += _run_batch(session, vocab, batch, prompts[start : start + settings.batch_size], settings,
+                                 scorer)
             advance(len(batch))
         generate_s = time.perf_counter() - generating
     result = summarize(problems, losses, settings.confidence)
@@ -105,12 +114,19 @@ def evaluate_policy(
     return result
 
 
-def _run_batch(session: Session, vocab: ModelTokenizer, batch: Sequence[Problem],
-               s: EvaluationSettings) -> list[int]:
-    """One generate call for `batch` (one batch, in order); returns each problem's task loss, scored by the core."""
-    requests = [{"request_id": p.id, "prompt": p.prompt,
-                 "prompt_ids": vocab.prompt_ids(prompt=p.prompt), "seed": request_seed(s.seed, p.id),
-                 "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens} for p in batch]
+def _prompt(vocab: ModelTokenizer, unit: Unit) -> tuple[str, list[int]]:
+    """The text the model is given for `unit` and its token ids (a chat unit through the model's template)."""
+    messages = None if unit.messages is None else unit.chat()
+    return (vocab.render_prompt(prompt=unit.prompt, messages=messages),
+            vocab.prompt_ids(prompt=unit.prompt, messages=messages))
+
+
+def _run_batch(session: Session, vocab: ModelTokenizer, batch: Sequence[Unit], prompts: Sequence[tuple[str, list[int]]],
+               s: EvaluationSettings, scorer: Scorer) -> list[int]:
+    """One generate call for `batch` (one batch, in order); returns each unit's task loss, scored by the core."""
+    requests = [{"request_id": p.id, "prompt": text, "prompt_ids": ids, "seed": request_seed(s.seed, p.id),
+                 "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens}
+                for p, (text, ids) in zip(batch, prompts, strict=True)]
     report = session.client.call("generate", {"requests": requests, "layout": [list(range(len(requests)))],
                                               "adapter": session.adapter, "reference_adapter": None})
     outputs = report.get("outputs")
@@ -120,11 +136,14 @@ def _run_batch(session: Session, vocab: ModelTokenizer, batch: Sequence[Problem]
     losses = []
     for p, req, out in zip(batch, requests, outputs, strict=True):
         check_output(out, req, session.model_digest, report)
-        losses.append(score(p.prompt, vocab.decode(out["tokens"])))
+        loss = scorer.loss(p, vocab.decode(out["tokens"]))
+        if loss not in (0, 1):
+            raise EvidenceError(f"unit {p.id}: the scorer gave loss {loss!r}, not 0 or 1")
+        losses.append(int(loss))
     return losses
 
 
-def summarize(problems: Sequence[Problem], losses: Sequence[int], confidence: float) -> dict[str, Any]:
+def summarize(problems: Sequence[Problem | Unit], losses: Sequence[int], confidence: float) -> dict[str, Any]:
     """Accuracy (1 − mean task loss), its Clopper–Pearson interval, and the count per problem kind."""
     n = len(problems)
     correct = n - sum(losses)
