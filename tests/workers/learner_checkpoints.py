@@ -13,15 +13,18 @@ from typing import Any
 import numpy as np
 import pytest
 
+from invar.engines import DEFAULT_MODEL
 from invar.errors import WorkerError
 from invar.loop.checkpoint import check_checkpoint
 from invar.loop.objective import ObjectiveSettings, loss_terms
 from invar.protocol import WorkerClient
-from invar.tasks import Problem
+from invar.tasks import ModelTokenizer, Problem
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
 ADVANTAGES = [0.9, -0.4, 1.3, -0.7, 0.2, -1.1]
 OPTIMIZER = {"lr": 2e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "max_grad_norm": 1.0}
+TOK = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
+"""The shipped model's tokenizer: samples carry the core's `prompt_ids` (workers never tokenize)."""
 
 
 def _load(model_dir: Path, digest: str, adapter: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -34,7 +37,7 @@ def _samples(problems: list[Problem], shift: float) -> list[dict[str, Any]]:
     out = []
     for i, p in enumerate(problems[:6]):
         tokens = np.array([3 + int(ch) if ch.isdigit() else 2 for ch in p.answer] + [2], np.int32)
-        out.append({"prompt": p.prompt, "tokens": tokens,
+        out.append({"prompt": p.prompt, "prompt_ids": TOK.prompt_ids(prompt=p.prompt), "tokens": tokens,
                     "behavior_logprobs": np.full(tokens.size, -0.5 - shift * (i % 3), np.float32),
                     "advantage": ADVANTAGES[i]})
     return out

@@ -46,8 +46,12 @@ Decisions this worker embodies:
 - **One NF4 path.** bitsandbytes repacks NF4 weights for a CPU kernel in eval mode on CPUs with AVX512-BF16, and
   that kernel has no backward (the learner's adapter would silently get no gradient). The worker turns the repacking
   off, so inference and the learner both dequantize to the compute dtype and then multiply.
-- Bad input (missing or mismatched folders, unknown characters, a corrupt adapter, an over-long request) is a
-  `MethodError` naming what to change, raised before any state changes, so the worker keeps serving what it had.
+- **Prompts arrive as token ids** (`prompt_ids`, the core's tokenization with the model's own tokenizer): the
+  worker never tokenizes text, so every engine runs exactly the ids the core asked for, and it reports them back
+  as `prompt_tokens`. An id outside [0, vocab_size) is refused.
+- Bad input (missing or mismatched folders, prompt ids outside the vocabulary, a corrupt adapter, an over-long
+  request) is a `MethodError` naming what to change, raised before any state changes, so the worker keeps serving
+  what it had.
 - **Candidate patches** (`--patch NAME=SHA256`, `patches/`): checked against their digest and applied before any
   model loads (`invar.workers.common.load_patches`); the model then runs with eager attention, since SDPA's fused CPU
   kernel would bypass the patched matrix products and softmax. The identity's settings gain `patches` (and
@@ -74,7 +78,6 @@ from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from peft.tuners.lora import LoraLayer
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
-from tokenizers import Tokenizer
 from torch import nn
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 from transformers.cache_utils import DynamicCache
@@ -260,9 +263,6 @@ class Loaded:
     model_digest: str
     dtype: str
     quantization: str
-    vocab: dict[str, int]
-    char_level: bool
-    tokenizer: Any
     eos_ids: frozenset[int]
     pad_id: int
     vocab_size: int
@@ -294,11 +294,7 @@ class Engine:
         req = parse_load_model(params, ("float32", "bfloat16"), ("none", "nf4"))
         digest = verify_dir(req.model_dir, req.model_digest, "model")
         dtype = getattr(torch, req.dtype)
-        tokenizer_path = Path(req.model_dir) / "tokenizer.json"
-        if not tokenizer_path.is_file():
-            raise MethodError(f"load_model: {tokenizer_path} is missing; the model folder must hold its tokenizer")
         try:
-            tokenizer = Tokenizer.from_file(str(tokenizer_path))
             kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": self.attn_implementation}
             if req.quantization == "nf4":
                 kwargs["quantization_config"] = BitsAndBytesConfig(
@@ -324,13 +320,11 @@ class Engine:
         cfg = model.config
         eos = cfg.eos_token_id
         eos_ids = frozenset(eos if isinstance(eos, list) else [eos])
-        specials = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
-        vocab = {t: i for t, i in tokenizer.get_vocab(with_added_tokens=False).items() if t not in specials}
         loaded = Loaded(
             model=model, model_dir=req.model_dir, model_digest=digest, dtype=req.dtype,
-            quantization=req.quantization, vocab=vocab, char_level=all(len(t) == 1 for t in vocab),
-            tokenizer=tokenizer, eos_ids=eos_ids, pad_id=cfg.pad_token_id if cfg.pad_token_id is not None else
-            min(eos_ids), vocab_size=int(cfg.vocab_size), max_len=int(cfg.max_position_embeddings))
+            quantization=req.quantization, eos_ids=eos_ids,
+            pad_id=cfg.pad_token_id if cfg.pad_token_id is not None else min(eos_ids),
+            vocab_size=int(cfg.vocab_size), max_len=int(cfg.max_position_embeddings))
         adapter = None
         if req.adapter_path is not None:
             a_digest = verify_dir(req.adapter_path, req.adapter_digest, "adapter")

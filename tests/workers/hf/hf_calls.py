@@ -7,8 +7,17 @@ from typing import Any
 
 import numpy as np
 
+from invar.engines import DEFAULT_MODEL
 from invar.protocol import WorkerClient
-from invar.tasks import MAX_ANSWER_CHARS, Problem
+from invar.tasks import MAX_ANSWER_CHARS, ModelTokenizer, Problem
+
+TOK = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
+"""The shipped model's tokenizer, as the core runs it: requests carry its `prompt_ids` (workers never tokenize)."""
+
+
+def prompt_ids(prompt: str) -> list[int]:
+    """The token ids the core sends for a plain text prompt (BOS in front, as the shipped tokenizer encodes it)."""
+    return TOK.prompt_ids(prompt=prompt)
 
 
 def load_params(model_dir: Path, digest: str, quantization: str = "none") -> dict[str, Any]:
@@ -18,8 +27,8 @@ def load_params(model_dir: Path, digest: str, quantization: str = "none") -> dic
 
 def make_requests(problems: list[Problem], *, seed: int = 0, temperature: float = 1.0, top_p: float = 1.0,
                   max_tokens: int = MAX_ANSWER_CHARS + 1) -> list[dict[str, Any]]:
-    return [{"request_id": p.id, "prompt": p.prompt, "seed": seed + i, "temperature": temperature, "top_p": top_p,
-             "max_tokens": max_tokens} for i, p in enumerate(problems)]
+    return [{"request_id": p.id, "prompt": p.prompt, "prompt_ids": prompt_ids(p.prompt), "seed": seed + i,
+             "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens} for i, p in enumerate(problems)]
 
 
 def generate(worker: WorkerClient, requests: list[dict[str, Any]], layout: list[list[int]] | None = None,
@@ -27,6 +36,8 @@ def generate(worker: WorkerClient, requests: list[dict[str, Any]], layout: list[
     params = {"requests": requests, "layout": layout if layout is not None else [list(range(len(requests)))],
               "adapter": None, "reference_adapter": None, **extra}
     outputs: list[dict[str, Any]] = worker.call("generate", params)["outputs"]
+    for r, o in zip(requests, outputs, strict=True):  # the worker ran exactly the ids asked
+        assert o["prompt_tokens"].dtype == np.int32 and o["prompt_tokens"].tolist() == r["prompt_ids"], r
     return outputs
 
 
@@ -34,7 +45,8 @@ def score(worker: WorkerClient, requests: list[dict[str, Any]], outputs: list[di
           temperature: float | None = None, vocab_steps: list[int] | None = None,
           adapter: str | None = None) -> list[dict[str, Any]]:
     """Teacher-forced log-probabilities of each output's tokens, as one score batch in request order."""
-    items = [{"item_id": r["request_id"], "prompt": r["prompt"], "response_tokens": o["tokens"],
+    items = [{"item_id": r["request_id"], "prompt": r["prompt"], "prompt_ids": r["prompt_ids"],
+              "response_tokens": o["tokens"],
               "temperature": temperature if temperature is not None else (r["temperature"] or 1.0),
               "vocab_steps": vocab_steps if vocab_steps is not None else []}
              for r, o in zip(requests, outputs, strict=True)]

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hf_calls import bit_identical, generate, load_params, make_requests
+from hf_calls import bit_identical, generate, load_params, make_requests, prompt_ids
 from safetensors.numpy import save_file
 
 from invar import canonical
@@ -70,6 +70,14 @@ def _load_adapter(path: Path, digest: str | None = None) -> tuple[str, dict[str,
 
 BadCall = Callable[[Path, str, dict[str, Path]], tuple[str, dict[str, Any]]]
 
+ONE = Problem("p", "1+1=", "2", "add")
+
+
+def _prompt_ids(ids: Any) -> tuple[str, dict[str, Any]]:
+    """A generate call whose one request carries `ids` as its prompt_ids (`...`: no prompt_ids at all)."""
+    request = {k: v for k, v in make_requests([ONE])[0].items() if k != "prompt_ids"}
+    return "generate", {"requests": [request if ids is ... else {**request, "prompt_ids": ids}]}
+
 CASES: dict[str, tuple[BadCall, str]] = {
     "missing model folder": (
         lambda m, d, a: ("load_model", load_params(m.parent / "no-such-model", d)), "does not exist"),
@@ -92,21 +100,37 @@ CASES: dict[str, tuple[BadCall, str]] = {
         lambda m, d, a: ("load_model", {**load_params(m, d), "adapter": {"path": str(a["corrupt"]), "digest": None}}),
         "the adapter is corrupt"),
     "unknown adapter name": (
-        lambda m, d, a: ("generate", {"requests": make_requests([Problem("p", "1+1=", "2", "add")]),
+        lambda m, d, a: ("generate", {"requests": make_requests([ONE]),
                                       "adapter": "never-loaded"}), "is not loaded"),
-    "prompt character outside the vocabulary": (
-        lambda m, d, a: ("generate", {"requests": make_requests([Problem("p", "12+x=", "", "add")])}),
-        "character 'x' at position 3 is not in the model's vocabulary"),
+    "prompt id outside the vocabulary": (
+        lambda m, d, a: _prompt_ids([1, 5, 9999]),
+        "generate.requests[0].prompt_ids: token id 9999 is outside the model's vocabulary [0, 18)"),
+    "negative prompt id": (
+        lambda m, d, a: _prompt_ids([1, -1]),
+        "generate.requests[0].prompt_ids: token id -1 is outside the model's vocabulary [0, 18)"),
+    "prompt_ids missing": (lambda m, d, a: _prompt_ids(...), "generate.requests[0]: missing field 'prompt_ids'"),
+    "prompt_ids not a list": (
+        lambda m, d, a: _prompt_ids("1+1="), "generate.requests[0].prompt_ids: expected list, got str"),
+    "prompt_ids empty": (
+        lambda m, d, a: _prompt_ids([]), "generate.requests[0].prompt_ids: expected a non-empty list of token ids"),
+    "prompt_ids of bools": (
+        lambda m, d, a: _prompt_ids([True, False]),
+        "generate.requests[0].prompt_ids: expected a non-empty list of token ids"),
+    "score prompt id outside the vocabulary": (
+        lambda m, d, a: ("score", {"items": [{"item_id": "i", "prompt": "1+1=", "prompt_ids": [1, 18],
+                                              "temperature": 1.0,
+                                              "response_tokens": np.array([5, 2], dtype=np.int32)}]}),
+        "score.items[0].prompt_ids: token id 18 is outside the model's vocabulary [0, 18)"),
     "request longer than the maximum": (
-        lambda m, d, a: ("generate", {"requests": make_requests([Problem("p", "1+1=", "2", "add")],
-                                                                max_tokens=10_000)}),
+        lambda m, d, a: ("generate", {"requests": make_requests([ONE], max_tokens=10_000)}),
         "exceed the model's maximum length"),
     "score tokens outside the vocabulary": (
-        lambda m, d, a: ("score", {"items": [{"item_id": "i", "prompt": "1+1=", "temperature": 1.0,
+        lambda m, d, a: ("score", {"items": [{"item_id": "i", "prompt": "1+1=", "prompt_ids": prompt_ids("1+1="),
+                                              "temperature": 1.0,
                                               "response_tokens": np.array([5, 9999], dtype=np.int32)}]}),
         "token ids must be in"),
     "bad layout": (
-        lambda m, d, a: ("generate", {"requests": make_requests([Problem("p", "1+1=", "2", "add")] * 1),
+        lambda m, d, a: ("generate", {"requests": make_requests([ONE]),
                                       "layout": [[0, 0]]}), "exactly once"),
 }
 
@@ -154,7 +178,7 @@ def test_a_good_adapter_loads_and_changes_the_model(inference: WorkerClient, ada
 
 
 def test_learner_inputs_are_checked_before_anything_changes(learner: WorkerClient, tmp_path: Path) -> None:
-    sample = {"prompt": "12+3=", "tokens": np.array([4, 8, 2], dtype=np.int32),
+    sample = {"prompt": "12+3=", "prompt_ids": prompt_ids("12+3="), "tokens": np.array([4, 8, 2], dtype=np.int32),
               "behavior_logprobs": np.array([-0.5, -0.1, -0.01], dtype=np.float32), "advantage": 1.0}
     base = {"samples": [sample], "temperature": 1.0, "objective": {"clip_low": 0.2, "clip_high": 0.28},
             "optimizer": {"lr": 1e-3}, "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj"]}, "seed": 0,
@@ -170,6 +194,12 @@ def test_learner_inputs_are_checked_before_anything_changes(learner: WorkerClien
                             "expected a float32 array of 3"),
         "dropout": ({"lora": {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj"]}}, "must be 0"),
         "targets": ({"lora": {"r": 4, "alpha": 8, "target_modules": ["nothing"]}}, "match no linear layer"),
+        "prompt id": ({"samples": [{**sample, "prompt_ids": [1, 18]}]},
+                      "learner_step.samples[0].prompt_ids: token id 18 is outside the model's vocabulary [0, 18)"),
+        "prompt_ids missing": ({"samples": [{k: v for k, v in sample.items() if k != "prompt_ids"}]},
+                               "learner_step.samples[0]: missing field 'prompt_ids'"),
+        "prompt_ids of floats": ({"samples": [{**sample, "prompt_ids": [1.0, 4.0]}]},
+                                 "learner_step.samples[0].prompt_ids: expected a non-empty list of token ids"),
     }
     for name, (change, expected) in cases.items():
         with pytest.raises(WorkerError) as info:

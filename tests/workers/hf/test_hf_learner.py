@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hf_calls import bit_identical, generate, max_abs_diff, score
+from hf_calls import bit_identical, generate, max_abs_diff, prompt_ids, score
 
 from invar import canonical
 from invar.loop.checkpoint import check_checkpoint
@@ -44,8 +44,8 @@ class Rollout:
     def samples(self, reference: list[np.ndarray] | None = None) -> list[dict[str, Any]]:
         out = []
         for i, (r, o, a) in enumerate(zip(self.requests, self.outputs, self.advantages, strict=True)):
-            s = {"prompt": r["prompt"], "tokens": o["tokens"], "behavior_logprobs": o["logprobs"],
-                 "advantage": float(a)}
+            s = {"prompt": r["prompt"], "prompt_ids": r["prompt_ids"], "tokens": o["tokens"],
+                 "behavior_logprobs": o["logprobs"], "advantage": float(a)}
             if reference is not None:
                 s["reference_logprobs"] = reference[i]
             out.append(s)
@@ -63,8 +63,8 @@ def rollout(inference: WorkerClient, problems: list[Problem], vocab: Vocabulary)
     reqs = []
     for i, p in enumerate(hard):
         for g in range(GROUP):
-            reqs.append({"request_id": f"{p.id}/{g}", "prompt": p.prompt, "seed": 10_000 + GROUP * i + g,
-                         "temperature": 1.0, "top_p": 1.0, "max_tokens": 6})
+            reqs.append({"request_id": f"{p.id}/{g}", "prompt": p.prompt, "prompt_ids": prompt_ids(p.prompt),
+                         "seed": 10_000 + GROUP * i + g, "temperature": 1.0, "top_p": 1.0, "max_tokens": 6})
     outs = generate(inference, reqs)
     rewards = np.array([1 - task_score(r["prompt"], vocab.decode(o["tokens"])) for r, o in zip(reqs, outs,
                                                                                                strict=True)])

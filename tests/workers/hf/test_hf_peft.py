@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hf_calls import generate, load_params, score
+from hf_calls import generate, load_params, prompt_ids, score
 
 from invar import canonical
 from invar.loop.checkpoint import BASE_DIGEST_KEY, PEFT_WEIGHTS, read_safetensors
@@ -78,14 +78,16 @@ def scenario(inference: WorkerClient, learner: WorkerClient, nf4_learner: Worker
              vocab: Vocabulary, model_dir: Path, model_digest: str, folder: Path) -> dict[str, Any]:
     """Every number the switch must leave unchanged, for one fixed scenario."""
     hard = [p for p in problems if p.kind in ("mul", "muladd")][:8]
-    reqs = [{"request_id": f"{p.id}/{g}", "prompt": p.prompt, "seed": 20_000 + GROUP * i + g, "temperature": 1.0,
-             "top_p": 1.0, "max_tokens": 5} for i, p in enumerate(hard) for g in range(GROUP)]
+    reqs = [{"request_id": f"{p.id}/{g}", "prompt": p.prompt, "prompt_ids": prompt_ids(p.prompt),
+             "seed": 20_000 + GROUP * i + g, "temperature": 1.0, "top_p": 1.0, "max_tokens": 5}
+            for i, p in enumerate(hard) for g in range(GROUP)]
     outs = generate(inference, reqs)
     rewards = np.array([1 - task_score(r["prompt"], vocab.decode(o["tokens"])) for r, o in zip(reqs, outs,
                                                                                                strict=True)])
     adv = group_advantages(rewards, GROUP)
-    samples = [{"prompt": r["prompt"], "tokens": o["tokens"], "behavior_logprobs": o["logprobs"],
-                "advantage": float(a)} for r, o, a in zip(reqs, outs, adv, strict=True)]
+    samples = [{"prompt": r["prompt"], "prompt_ids": r["prompt_ids"], "tokens": o["tokens"],
+                "behavior_logprobs": o["logprobs"], "advantage": float(a)}
+               for r, o, a in zip(reqs, outs, adv, strict=True)]
     out: dict[str, Any] = {"rollout": digest([o["tokens"] for o in outs] + [o["logprobs"] for o in outs])}
 
     def step(worker: WorkerClient, name: str) -> dict[str, Any]:
