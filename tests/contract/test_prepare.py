@@ -89,7 +89,9 @@ def test_unknown_scorer_and_settings_are_refused(tmp_path: Path) -> None:
     assert msg.startswith("scorer: scorer 'bleu' is unknown: use one of exact-match, numeric, regex, choice")
     assert "'path.py:function'" in msg
     msg = _prepare_with(tmp_path / "b", scorer={"settings": {"strict": True}})
-    assert msg.startswith("scorer: ") and "strict" in msg and "arithmetic-exact" in msg
+    assert msg.startswith("scorer: ")
+    assert "strict" in msg
+    assert "arithmetic-exact" in msg
 
 
 def test_unknown_bound_method_is_refused(tmp_path: Path) -> None:
@@ -213,7 +215,8 @@ def test_number_past_pythons_digit_limit_is_one_line(tmp_path: Path) -> None:
 def test_paths_the_system_cannot_read_are_one_line(tmp_path: Path) -> None:
     # A path component longer than the file system allows fails with ENAMETOOLONG, not with "no such file".
     msg = _prepare_with(tmp_path / "a", population={"path": "p" * 300 + "/population.jsonl"})
-    assert msg.startswith("population: population file ") and "cannot be read (File name too long)" in msg
+    assert msg.startswith("population: population file ")
+    assert "cannot be read (File name too long)" in msg
     assert "File name too long" in msg
     msg = _prepare_with(tmp_path / "b", candidate={"model_dir": "m" * 300})
     assert msg.startswith("candidate.model_digest: cannot read")
