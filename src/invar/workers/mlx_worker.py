@@ -6,12 +6,12 @@ The role fixes the methods served: inference serves `load_model`, `load_adapter`
 learner serves `load_model`, `load_adapter`, `score`, `learner_step`. A call to the other role's method is
 answered UnknownMethod. Decisions this worker embodies:
 
-- **Loading.** `mlx_lm.utils.load_model` builds the architecture and loads the weights; prompts arrive as the
-  core's token ids (the core tokenizes with the folder's `tokenizer.json`), so every engine runs the same ids; the
-  folder's tokenizer is read only for its end-of-sequence ids. Not `mlx_lm.load`: it also
-  builds a streaming detokenizer, which probes the tokenizer with the text "a ,b" and so fails on a
-  character-level vocabulary without an unknown token, and the worker never returns text (the core decodes
-  token ids itself).
+- **Loading.** `mlx_lm.utils.load_model` builds the architecture and loads the weights; the end-of-sequence and
+  pad ids come from the folder's `config.json`. Prompts arrive as the core's token ids (`prompt_ids`, tokenized
+  with the model's own tokenizer), so every engine runs the same ids and the worker never reads a tokenizer. Not
+  `mlx_lm.load`: it also builds a tokenizer and a streaming detokenizer, which probes the tokenizer with the text
+  "a ,b" and so fails on a character-level vocabulary without an unknown token, and the worker never returns text
+  (the core decodes token ids itself).
 - **A real batched decode.** Each batch of a `generate` layout is left-padded into one array and decoded
   together through mlx-lm's `BatchKVCache` (a per-row offset keeps each row's positions). Finished rows stay
   in the batch until all are done (their outputs are dropped), so a batch's shapes depend on its requests
@@ -42,8 +42,8 @@ answered UnknownMethod. Decisions this worker embodies:
   must be 0 (a dropout mask would make the step depend on random state the core cannot see).
 - **Saved adapters** hold both formats in one folder (`invar.loop.checkpoint`), with the base model's tree
   digest in each file's metadata, so vLLM and HF (PEFT) load the very digest the MLX worker loads.
-- Bad input is a `MethodError` naming what to change, raised before any state changes, so the worker keeps
-  serving what it had.
+- Bad input (a prompt id outside the vocabulary among them) is a `MethodError` naming what to change, raised
+  before any state changes, so the worker keeps serving what it had.
 """
 
 from __future__ import annotations
@@ -65,7 +65,6 @@ from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.tuner.lora import LoRALinear
 from mlx_lm.tuner.utils import remove_lora_layers
 from mlx_lm.utils import load_model
-from tokenizers import Tokenizer
 
 from invar import __version__
 from invar.errors import InvarError
@@ -129,10 +128,6 @@ class Loaded:
     model: Any
     model_dir: str
     model_digest: str
-    tokenizer: Tokenizer
-    vocab: dict[str, int]
-    """Ordinary tokens (no special tokens) → id."""
-    char_level: bool
     vocab_size: int
     eos_ids: frozenset[int]
     pad_id: int
@@ -162,14 +157,12 @@ class Engine:
         req = parse_load_model(params, tuple(DTYPES), ("none",))
         digest = verify_dir(req.model_dir, req.model_digest, "model")
         root = Path(req.model_dir)
-        for name in ("config.json", "tokenizer.json"):
-            if not (root / name).is_file():
-                raise MethodError(f"load_model: {root / name} is missing; the model folder must hold its "
-                                  "config and tokenizer")
+        if not (root / "config.json").is_file():
+            raise MethodError(f"load_model: {root / 'config.json'} is missing; the model folder must hold its "
+                              "config")
         try:
             model, config = load_model(root)
-            tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
-        except Exception as exc:  # mlx-lm and tokenizers raise plain exceptions for unreadable folders
+        except Exception as exc:  # mlx-lm raises plain exceptions for unreadable folders
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise MethodError(f"load_model: mlx-lm cannot load {str(root)!r} ({type(exc).__name__}: "
                               f"{first}); pass an mlx-lm model folder") from None
@@ -182,12 +175,10 @@ class Engine:
         if not eos_ids:
             raise MethodError(f"load_model: {root / 'config.json'} names no eos_token_id; the worker cannot "
                               "tell where a response ends")
-        specials = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
-        vocab = {t: i for t, i in tokenizer.get_vocab(with_added_tokens=False).items() if t not in specials}
         pad = config.get("pad_token_id")
         loaded = Loaded(
-            model=model, model_dir=str(root), model_digest=digest, tokenizer=tokenizer, vocab=vocab,
-            char_level=all(len(t) == 1 for t in vocab), vocab_size=int(config["vocab_size"]), eos_ids=eos_ids,
+            model=model, model_dir=str(root), model_digest=digest, vocab_size=int(config["vocab_size"]),
+            eos_ids=eos_ids,
             pad_id=int(pad) if isinstance(pad, int) else min(eos_ids),
             max_len=int(config.get("max_position_embeddings", 0)),
             linears={f"model.layers.{i}.{path}": module for i, layer in enumerate(model.layers)

@@ -20,11 +20,16 @@ import pytest
 from safetensors.numpy import save_file
 
 from invar import canonical
+from invar.engines import DEFAULT_MODEL
 from invar.errors import WorkerError
 from invar.protocol import WorkerClient
+from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import MAX_ANSWER_CHARS, Problem
 
 pytestmark = pytest.mark.engine
+
+TOK = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
+"""The shipped model's tokenizer: requests carry the core's `prompt_ids` (workers never tokenize)."""
 
 CROSS_ENGINE_NATS = 1e-4
 LAYERS, HIDDEN, KV = 3, 128, 64  # the shipped model: q_proj 128 → 128, v_proj 128 → 64
@@ -51,8 +56,9 @@ def write_mlx_adapter(folder: Path, seed: int, rank: int = 4, hidden: int = HIDD
 
 
 def reqs(problems: list[Problem], n: int = 16, temperature: float = 1.0) -> list[dict[str, Any]]:
-    return [{"request_id": f"a{i}", "prompt": p.prompt, "seed": 31 + i, "temperature": temperature,
-             "top_p": 1.0, "max_tokens": MAX_ANSWER_CHARS + 1} for i, p in enumerate(problems[700:700 + n])]
+    return [{"request_id": f"a{i}", "prompt": p.prompt, "prompt_ids": TOK.prompt_ids(prompt=p.prompt),
+             "seed": 31 + i, "temperature": temperature, "top_p": 1.0, "max_tokens": MAX_ANSWER_CHARS + 1}
+            for i, p in enumerate(problems[700:700 + n])]
 
 
 def logprob_bits(outputs: list[dict[str, Any]]) -> list[bytes]:
@@ -61,8 +67,9 @@ def logprob_bits(outputs: list[dict[str, Any]]) -> list[bytes]:
 
 def score(worker: WorkerClient, requests: list[dict[str, Any]], outputs: list[dict[str, Any]],
           adapter: str | None) -> list[np.ndarray]:
-    items = [{"item_id": r["request_id"], "prompt": r["prompt"], "response_tokens": o["tokens"],
-              "temperature": r["temperature"] or 1.0} for r, o in zip(requests, outputs, strict=True)]
+    items = [{"item_id": r["request_id"], "prompt": r["prompt"], "prompt_ids": r["prompt_ids"],
+              "response_tokens": o["tokens"], "temperature": r["temperature"] or 1.0}
+             for r, o in zip(requests, outputs, strict=True)]
     return [o["logprobs"] for o in worker.call("score", {"items": items, "adapter": adapter})["outputs"]]
 
 
@@ -173,8 +180,8 @@ def test_the_learners_adapter_loads_in_every_engine(
     learner.call("load_model", load_params)
     requests = reqs(problems, n=8)
     outputs = inference.call("generate", {"requests": requests, "adapter": "base"})["outputs"]
-    samples = [{"prompt": r["prompt"], "tokens": o["tokens"], "behavior_logprobs": o["logprobs"],
-                "advantage": float(1 - 2 * (i % 2))}
+    samples = [{"prompt": r["prompt"], "prompt_ids": r["prompt_ids"], "tokens": o["tokens"],
+                "behavior_logprobs": o["logprobs"], "advantage": float(1 - 2 * (i % 2))}
                for i, (r, o) in enumerate(zip(requests, outputs, strict=True))]
     result = learner.call("learner_step", {
         "samples": samples, "temperature": 1.0, "objective": {"clip_low": 0.2, "clip_high": 0.28},

@@ -11,20 +11,24 @@ import numpy as np
 import pytest
 
 from invar import canonical
+from invar.engines import DEFAULT_MODEL
 from invar.errors import WorkerError
 from invar.protocol import WorkerClient
+from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import MAX_ANSWER_CHARS, Problem, score
 from invar.tasks.vocabulary import Vocabulary
 
 pytestmark = pytest.mark.engine
 
 BUDGET = MAX_ANSWER_CHARS + 1
+TOK = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
+"""The shipped model's tokenizer: requests carry the core's `prompt_ids` (workers never tokenize)."""
 
 
 def requests(prompts: list[str], temperature: float = 1.0, seed0: int = 1000, top_p: float = 1.0,
              max_tokens: int = BUDGET) -> list[dict[str, Any]]:
-    return [{"request_id": f"r{i}", "prompt": p, "seed": seed0 + i, "temperature": temperature,
-             "top_p": top_p, "max_tokens": max_tokens} for i, p in enumerate(prompts)]
+    return [{"request_id": f"r{i}", "prompt": p, "prompt_ids": TOK.prompt_ids(prompt=p), "seed": seed0 + i,
+             "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens} for i, p in enumerate(prompts)]
 
 
 def generate(worker: WorkerClient, reqs: list[dict[str, Any]], **params: Any) -> list[dict[str, Any]]:
@@ -34,8 +38,8 @@ def generate(worker: WorkerClient, reqs: list[dict[str, Any]], **params: Any) ->
 
 def items(reqs: list[dict[str, Any]], outputs: list[dict[str, Any]], temperature: float,
           vocab_steps: list[int] | None = None) -> list[dict[str, Any]]:
-    return [{"item_id": r["request_id"], "prompt": r["prompt"], "response_tokens": o["tokens"],
-             "temperature": temperature, "vocab_steps": vocab_steps or []}
+    return [{"item_id": r["request_id"], "prompt": r["prompt"], "prompt_ids": r["prompt_ids"],
+             "response_tokens": o["tokens"], "temperature": temperature, "vocab_steps": vocab_steps or []}
             for r, o in zip(reqs, outputs, strict=True)]
 
 
@@ -68,7 +72,8 @@ def test_seeded_generation_is_reproducible(inference: WorkerClient, problems: li
     other = generate(inference, requests(prompts, seed0=5000))
     assert not same(first, other), "different seeds must draw differently somewhere in 32 requests"
     for r, o in zip(reqs, first, strict=True):
-        assert o["prompt_tokens"].tolist() == vocab.encode(r["prompt"], add_bos=True)
+        assert o["prompt_tokens"].dtype == np.int32
+        assert o["prompt_tokens"].tolist() == r["prompt_ids"] == vocab.encode(r["prompt"], add_bos=True)
         assert o["logprobs"].dtype == np.float32
         assert o["logprobs"].shape == o["tokens"].shape
         assert np.all(o["logprobs"] <= 0)
@@ -199,14 +204,30 @@ def test_bad_input_is_one_clear_error_and_the_worker_keeps_serving(
     with pytest.raises(WorkerError) as info:
         inference.call("learner_step", {})
     assert info.value.error_type == "UnknownMethod"
-    expect_error(inference, "generate", {"requests": requests(["12+x="])}, "'x' at position 3",
-                 "not in the model's vocabulary")
+    one = good[0]
+    expect_error(inference, "generate", {"requests": [{**one, "prompt_ids": [1, 5, vocab.size]}]},
+                 f"generate.requests[0].prompt_ids: token id {vocab.size} is outside the model's vocabulary "
+                 f"[0, {vocab.size})")
+    expect_error(inference, "generate", {"requests": [{**one, "prompt_ids": [-1, 5]}]},
+                 "generate.requests[0].prompt_ids: token id -1 is outside")
+    expect_error(inference, "generate", {"requests": [{k: v for k, v in one.items() if k != "prompt_ids"}]},
+                 "generate.requests[0]: missing field 'prompt_ids'")
+    expect_error(inference, "generate", {"requests": [{**one, "prompt_ids": one["prompt"]}]},
+                 "generate.requests[0].prompt_ids: expected list, got str")
+    for bad in ([], [True, False], [1.0, 5.0]):
+        expect_error(inference, "generate", {"requests": [{**one, "prompt_ids": bad}]},
+                     "generate.requests[0].prompt_ids: expected a non-empty list of token ids")
     expect_error(inference, "generate", {"requests": requests(["1+1=" * 32])},
                  "exceed the model's maximum length 128")
     expect_error(inference, "generate", {"requests": good, "adapter": "nobody"}, "'nobody' is not loaded")
-    expect_error(inference, "score", {"items": [{"item_id": "a", "prompt": "1+1=", "temperature": 1.0,
+    expect_error(inference, "score", {"items": [{"item_id": "a", "prompt": "1+1=",
+                                                 "prompt_ids": TOK.prompt_ids(prompt="1+1="), "temperature": 1.0,
                                                  "response_tokens": np.array([99], dtype=np.int32)}]},
                  f"token ids must be in [0, {vocab.size})")
+    expect_error(inference, "score", {"items": [{"item_id": "a", "prompt": "1+1=", "prompt_ids": [1, 99],
+                                                 "temperature": 1.0,
+                                                 "response_tokens": np.array([5], dtype=np.int32)}]},
+                 "score.items[0].prompt_ids: token id 99 is outside the model's vocabulary")
     # The worker still holds the same model and answers the same bits.
     assert same(before, generate(inference, good))
     digest = canonical.tree_digest(load_params["model_dir"])

@@ -21,10 +21,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from invar.engines import DEFAULT_MODEL
 from invar.errors import WorkerError
 from invar.loop.checkpoint import check_adapter
 from invar.loop.objective import LossTerms, ObjectiveSettings, group_advantages, loss_terms
 from invar.protocol import WorkerClient
+from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import MAX_ANSWER_CHARS, Problem, score
 from invar.tasks.vocabulary import Vocabulary
 
@@ -34,6 +36,8 @@ GROUP = 8
 TEMPERATURE = 1.0
 LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
 OPTIMIZER = {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "max_grad_norm": 1.0}
+TOK = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
+"""The shipped model's tokenizer: requests and samples carry the core's `prompt_ids` (workers never tokenize)."""
 
 
 Rollout = tuple[list[dict[str, Any]], list[str], np.ndarray]
@@ -43,8 +47,9 @@ def rollout(inference: WorkerClient, vocab: Vocabulary, prompts: list[str], seed
             adapter: str | None = None, reference: str | None = None) -> Rollout:
     """G samples per prompt at the rollout temperature; the core's rewards and group advantages."""
     order = [p for p in prompts for _ in range(GROUP)]
-    reqs = [{"request_id": f"s{i}", "prompt": p, "seed": seed0 + i, "temperature": TEMPERATURE, "top_p": 1.0,
-             "max_tokens": MAX_ANSWER_CHARS + 1} for i, p in enumerate(order)]
+    reqs = [{"request_id": f"s{i}", "prompt": p, "prompt_ids": TOK.prompt_ids(prompt=p), "seed": seed0 + i,
+             "temperature": TEMPERATURE, "top_p": 1.0, "max_tokens": MAX_ANSWER_CHARS + 1}
+            for i, p in enumerate(order)]
     outputs: list[dict[str, Any]] = inference.call(
         "generate", {"requests": reqs, "adapter": adapter, "reference_adapter": reference})["outputs"]
     rewards = np.array([1 - score(p, vocab.decode(o["tokens"])) for p, o in zip(order, outputs, strict=True)],
@@ -56,8 +61,8 @@ def step_params(outputs: list[dict[str, Any]], prompts: list[str], advantages: n
                 kl_coef: float = 0.0, **extra: Any) -> dict[str, Any]:
     samples = []
     for o, p, a in zip(outputs, prompts, advantages, strict=True):
-        sample = {"prompt": p, "tokens": o["tokens"], "behavior_logprobs": o["logprobs"],
-                  "advantage": float(a)}
+        sample = {"prompt": p, "prompt_ids": TOK.prompt_ids(prompt=p), "tokens": o["tokens"],
+                  "behavior_logprobs": o["logprobs"], "advantage": float(a)}
         if "reference_logprobs" in o:
             sample["reference_logprobs"] = o["reference_logprobs"]
         samples.append(sample)
@@ -75,7 +80,8 @@ def core_terms(result: dict[str, Any], outputs: list[dict[str, Any]], advantages
 
 def rescore(inference: WorkerClient, outputs: list[dict[str, Any]], prompts: list[str],
             adapter: str) -> list[Any]:
-    items = [{"item_id": str(i), "prompt": p, "response_tokens": o["tokens"], "temperature": TEMPERATURE}
+    items = [{"item_id": str(i), "prompt": p, "prompt_ids": TOK.prompt_ids(prompt=p), "response_tokens": o["tokens"],
+              "temperature": TEMPERATURE}
              for i, (o, p) in enumerate(zip(outputs, prompts, strict=True))]
     return [o["logprobs"] for o in inference.call("score", {"items": items, "adapter": adapter})["outputs"]]
 
