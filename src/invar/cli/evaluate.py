@@ -92,7 +92,8 @@ def evaluate(
         raise ContractError(f"--confidence {confidence}: must be in (0, 1), e.g. 0.95")
     pop_digest = population_digest(population, population_sha256)
     problems = load_units(population, pop_digest)
-    scorer = load_scorer(scorer_name, _settings(scorer_setting or []), Path.cwd())
+    scorer_file, scorer_dir = _scorer_location(scorer_name)
+    scorer = load_scorer(scorer_file, _settings(scorer_setting or []), scorer_dir)
     check_units(scorer, problems)
     if not scorer.binary:
         raise ContractError(f"--scorer {scorer_name}: its losses are not 0/1; evaluate reports an accuracy, so "
@@ -137,6 +138,15 @@ def _progress(total: int) -> Iterator[Callable[[int], None]]:
     with bar:
         task = bar.add_task("evaluate", total=total)
         yield lambda done: bar.advance(task, done)
+
+
+def _scorer_location(name: str) -> tuple[str, Path]:
+    """A `--scorer` as `load_scorer` takes it: a built-in's name, or `file.py:function` and the file's folder (a
+    command-line path may be absolute or relative to where the command runs)."""
+    path, sep, function = name.rpartition(":")
+    if not sep or not path.endswith(".py"):
+        return name, Path.cwd()
+    return f"{Path(path).name}:{function}", Path(path).parent.resolve()
 
 
 def _settings(items: list[str]) -> dict[str, Any]:
