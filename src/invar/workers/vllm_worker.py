@@ -43,8 +43,12 @@ Decisions this worker embodies:
   published adapter replaces the old one under the same name without restarting the engine and never hits vLLM's
   adapter cache. Names in calls: null is the model as loaded (with `load_model`'s adapter, if any), `"base"` the
   base model alone, any other name one given to `load_adapter`.
-- Bad input (a missing or mismatched folder, an unknown character, a corrupt adapter or one for another model, an
-  over-long request) is a `MethodError` raised before anything changes, so the worker keeps serving.
+- **Prompts arrive as token ids** (`prompt_ids`, the core's tokenization with the model's own tokenizer) and go to
+  vLLM as `TokensPrompt`s: the worker never tokenizes text, so it runs exactly the ids the core asked for (and
+  checks that vLLM ran them). vLLM's tokenizer is read only for the end-of-sequence id `load_model` reports.
+- Bad input (a missing or mismatched folder, a prompt id outside the vocabulary, a corrupt adapter or one for
+  another model, an over-long request) is a `MethodError` raised before anything changes, so the worker keeps
+  serving.
 - **Candidate patches** (`--patch NAME=SHA256`, `patches/`): checked against their digest and applied before the
   engine is built. A patch replaces Python code in the process that applies it, so a patched worker runs vLLM's
   engine core in its own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, recorded in the identity's `env`); the
@@ -215,9 +219,6 @@ class Loaded:
     model_digest: str
     dtype: str
     quantization: str
-    tokenizer: Any
-    vocab: dict[str, int]
-    char_level: bool
     vocab_size: int
     eos_token_id: int
     max_model_len: int
@@ -330,12 +331,9 @@ class Engine:
             lora_target_modules=list(ENGINE_LORA_MODULES), **s.parallel(), **kwargs,
         )
         tokenizer = llm.get_tokenizer()
-        specials = set(tokenizer.all_special_tokens)
-        vocab = {t: i for t, i in tokenizer.get_vocab().items() if t not in specials}
         config = llm.llm_engine.vllm_config
         return Loaded(
             llm=llm, model_dir=model_dir, model_digest=digest, dtype=dtype, quantization=quantization,
-            tokenizer=tokenizer, vocab=vocab, char_level=all(len(t) == 1 for t in vocab),
             vocab_size=int(config.model_config.get_vocab_size()), eos_token_id=int(tokenizer.eos_token_id),
             max_model_len=int(config.model_config.max_model_len),
             max_num_seqs=int(config.scheduler_config.max_num_seqs),

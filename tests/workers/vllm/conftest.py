@@ -18,6 +18,7 @@ import pytest
 
 from invar.engines import start_worker
 from invar.protocol import WorkerClient
+from invar.tasks import ModelTokenizer
 
 
 @pytest.fixture(scope="session")
@@ -36,8 +37,9 @@ def worker(load_params: dict[str, Any]) -> Iterator[WorkerClient]:
         handshake = time.perf_counter()
         client.call("load_model", load_params)
         loaded = time.perf_counter()
-        client.call("generate", {"requests": [{"request_id": "warm-up", "prompt": "1+1=", "seed": 0,
-                                               "temperature": 0.0, "top_p": 1.0, "max_tokens": 2}]})
+        ids = ModelTokenizer.from_model_dir(load_params["model_dir"]).prompt_ids(prompt="1+1=")
+        client.call("generate", {"requests": [{"request_id": "warm-up", "prompt": "1+1=", "prompt_ids": ids,
+                                               "seed": 0, "temperature": 0.0, "top_p": 1.0, "max_tokens": 2}]})
         print(f"measured: worker start {handshake - started:.1f} s, first load_model {loaded - handshake:.1f} s, "
               f"first generate {time.perf_counter() - loaded:.1f} s")
         yield client

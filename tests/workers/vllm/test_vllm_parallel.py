@@ -9,10 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from invar.engines import start_worker
+from invar.engines import DEFAULT_MODEL, start_worker
 from invar.errors import ProtocolError
 from invar.protocol import WorkerClient
 from invar.runner.engine import launch_args
+from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import Problem
 
 pytestmark = pytest.mark.engine
@@ -46,8 +47,10 @@ def test_tensor_parallel_two_is_identity_and_changes_only_rounding(worker: Worke
         assert settings["env"]["VLLM_CPU_OMP_THREADS_BIND"] == bind
         assert "tensor_parallel_size" not in worker.identity.settings  # unset: vLLM's default, left out
         split.call("load_model", load_params)
-        reqs = [{"request_id": f"tp-{i}", "prompt": p.prompt, "seed": 9000 + i, "temperature": 1.0, "top_p": 1.0,
-                 "max_tokens": 5} for i, p in enumerate(problems[:64])]
+        tok = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
+        reqs = [{"request_id": f"tp-{i}", "prompt": p.prompt, "prompt_ids": tok.prompt_ids(prompt=p.prompt),
+                 "seed": 9000 + i, "temperature": 1.0, "top_p": 1.0, "max_tokens": 5}
+                for i, p in enumerate(problems[:64])]
         one = worker.call("generate", {"requests": reqs})["outputs"]
         two = split.call("generate", {"requests": reqs})["outputs"]
     finally:

@@ -18,17 +18,20 @@ import psutil
 import pytest
 
 from invar import canonical
-from invar.engines import start_worker
+from invar.engines import DEFAULT_MODEL, start_worker
 from invar.errors import ProtocolError, WorkerError
 from invar.loop.checkpoint import check_adapter
 from invar.loop.objective import group_advantages
 from invar.protocol import Role, WorkerClient
+from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import MAX_ANSWER_CHARS, Problem, score
 from invar.tasks.vocabulary import Vocabulary
 
 pytestmark = pytest.mark.engine
 
 BUDGET = MAX_ANSWER_CHARS + 1
+TOK = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
+"""The shipped model's tokenizer: requests carry the core's `prompt_ids` (workers never tokenize)."""
 SCORE_TOLERANCE = 1e-5
 """Teacher forcing recomputes the logits in one prefill where sampling computed them one decode step at a time;
 the two differ by float32 rounding, a few ulps of values below 16 nats (ulp 1.9e-6 there)."""
@@ -41,8 +44,8 @@ forward with different kernels and summation orders, on log-probabilities below 
 
 def requests(prompts: list[str], temperature: float = 1.0, seed0: int = 1000,
              max_tokens: int = BUDGET) -> list[dict[str, Any]]:
-    return [{"request_id": f"r{i}", "prompt": p, "seed": seed0 + i, "temperature": temperature, "top_p": 1.0,
-             "max_tokens": max_tokens} for i, p in enumerate(prompts)]
+    return [{"request_id": f"r{i}", "prompt": p, "prompt_ids": TOK.prompt_ids(prompt=p), "seed": seed0 + i,
+             "temperature": temperature, "top_p": 1.0, "max_tokens": max_tokens} for i, p in enumerate(prompts)]
 
 
 def generate(worker: WorkerClient, reqs: list[dict[str, Any]], **params: Any) -> list[dict[str, Any]]:
@@ -52,8 +55,9 @@ def generate(worker: WorkerClient, reqs: list[dict[str, Any]], **params: Any) ->
 
 def items(reqs: list[dict[str, Any]], outputs: list[dict[str, Any]], temperature: float,
           vocab_steps: list[int] | None = None) -> list[dict[str, Any]]:
-    return [{"item_id": r["request_id"], "prompt": r["prompt"], "response_tokens": o["tokens"],
-             "temperature": temperature, "vocab_steps": vocab_steps or []} for r, o in zip(reqs, outputs, strict=True)]
+    return [{"item_id": r["request_id"], "prompt": r["prompt"], "prompt_ids": r["prompt_ids"],
+             "response_tokens": o["tokens"], "temperature": temperature, "vocab_steps": vocab_steps or []}
+            for r, o in zip(reqs, outputs, strict=True)]
 
 
 def same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
@@ -136,7 +140,8 @@ def test_seeded_generation_is_reproducible(worker: WorkerClient, problems: list[
     assert not same(first, other)
     for r, o in zip(reqs, first, strict=True):
         assert o["request_id"] == r["request_id"]
-        assert o["prompt_tokens"].tolist() == vocab.encode(r["prompt"], add_bos=True)
+        assert o["prompt_tokens"].dtype == np.int32
+        assert o["prompt_tokens"].tolist() == r["prompt_ids"] == vocab.encode(r["prompt"], add_bos=True)
         assert o["tokens"].dtype == np.int32
         assert o["logprobs"].dtype == np.float32
         assert o["tokens"].size == o["logprobs"].size <= BUDGET
@@ -261,14 +266,16 @@ def test_an_adapter_trained_by_a_learner_scores_as_the_learner_does(
     loads that folder by its digest, and both engines then score the rollout's tokens under the new adapter."""
     hard = [p for p in problems if p.kind == "mul"][:8]  # about 1 in 5 right: groups hold both outcomes
     group = 4
-    reqs = [{"request_id": f"{p.id}/{g}", "prompt": p.prompt, "seed": 9000 + group * i + g, "temperature": 1.0,
-             "top_p": 1.0, "max_tokens": BUDGET} for i, p in enumerate(hard) for g in range(group)]
+    reqs = [{"request_id": f"{p.id}/{g}", "prompt": p.prompt, "prompt_ids": TOK.prompt_ids(prompt=p.prompt),
+             "seed": 9000 + group * i + g, "temperature": 1.0, "top_p": 1.0, "max_tokens": BUDGET}
+            for i, p in enumerate(hard) for g in range(group)]
     out = generate(worker, reqs)
     rewards = np.array([1 - score(r["prompt"], vocab.decode(o["tokens"])) for r, o in zip(reqs, out, strict=True)])
     advantages = group_advantages(rewards, group)
     assert np.count_nonzero(advantages) >= group, "the rollout needs groups with both right and wrong answers"
-    samples = [{"prompt": r["prompt"], "tokens": o["tokens"], "behavior_logprobs": o["logprobs"],
-                "advantage": float(a)} for r, o, a in zip(reqs, out, advantages, strict=True)]
+    samples = [{"prompt": r["prompt"], "prompt_ids": r["prompt_ids"], "tokens": o["tokens"],
+                "behavior_logprobs": o["logprobs"], "advantage": float(a)}
+               for r, o, a in zip(reqs, out, advantages, strict=True)]
     learner = start_worker(learner_engine, Role.LEARNER)
     try:
         learner.call("load_model", load_params)
@@ -329,9 +336,24 @@ def test_unknown_method(worker: WorkerClient, problems: list[Problem]) -> None:
     still_serves(worker, problems)
 
 
-def test_prompt_character_outside_the_vocabulary(worker: WorkerClient, problems: list[Problem]) -> None:
-    message = error_of(worker, "generate", {"requests": requests(["12+a="])})
-    assert "'a' at position 3" in message
+def test_prompt_ids_outside_the_vocabulary_or_ill_typed(worker: WorkerClient, problems: list[Problem],
+                                                        vocab: Vocabulary) -> None:
+    """The worker runs the core's prompt ids as given: ids of another tokenizer, or no list of ids, are refused."""
+    one = requests(["12+3="])[0]
+    for bad in (vocab.size, -1):
+        message = error_of(worker, "generate", {"requests": [{**one, "prompt_ids": [1, bad, 5]}]})
+        assert (f"generate.requests[0].prompt_ids: token id {bad} is outside the model's vocabulary "
+                f"[0, {vocab.size})") in message, message
+    item = {"item_id": "x", "prompt": "12+3=", "prompt_ids": [1, 99], "response_tokens": np.array([5], np.int32),
+            "temperature": 1.0}
+    assert "score.items[0].prompt_ids: token id 99 is outside" in error_of(worker, "score", {"items": [item]})
+    message = error_of(worker, "generate", {"requests": [{k: v for k, v in one.items() if k != "prompt_ids"}]})
+    assert "generate.requests[0]: missing field 'prompt_ids'" in message
+    message = error_of(worker, "generate", {"requests": [{**one, "prompt_ids": "12+3="}]})
+    assert "generate.requests[0].prompt_ids: expected list, got str" in message
+    for ids in ([], [True, False]):
+        message = error_of(worker, "generate", {"requests": [{**one, "prompt_ids": ids}]})
+        assert "generate.requests[0].prompt_ids: expected a non-empty list of token ids" in message
     still_serves(worker, problems)
 
 
@@ -360,7 +382,8 @@ def test_request_longer_than_the_engine_maximum(worker: WorkerClient, problems: 
     long_prompt = "1+" * 60 + "1="  # 123 tokens with BOS
     message = error_of(worker, "generate", {"requests": requests([long_prompt], max_tokens=10)})
     assert "exceed the engine's maximum length 128" in message
-    item = {"item_id": "x", "prompt": long_prompt, "response_tokens": np.full(10, 5, dtype=np.int32),
+    item = {"item_id": "x", "prompt": long_prompt, "prompt_ids": TOK.prompt_ids(prompt=long_prompt),
+            "response_tokens": np.full(10, 5, dtype=np.int32),
             "temperature": 1.0, "vocab_steps": []}
     message = error_of(worker, "score", {"items": [item]})
     assert "maximum length 128" in message
