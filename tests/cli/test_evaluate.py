@@ -15,7 +15,7 @@ from invar.errors import ContractError
 from invar.records import RunStore
 from invar.runner.evaluate import request_seed, sample_indices, summarize
 from invar.stats.intervals import clopper_pearson
-from invar.tasks import Problem, Vocabulary, score
+from invar.tasks import ModelTokenizer, Problem, score
 
 
 def _invar(*args: str) -> subprocess.CompletedProcess[str]:
@@ -72,7 +72,7 @@ def test_summarize_counts_by_kind() -> None:
 
 def _recount(run: Path, model: Path) -> int:
     """The number right, recomputed from the run's records alone (the core's decoding and scorer)."""
-    vocab = Vocabulary.from_model_dir(model)
+    vocab = ModelTokenizer.from_model_dir(model)
     right = 0
     with RunStore.open(run) as store:
         for c in store.calls():

@@ -14,7 +14,7 @@ import pytest
 
 from invar.engines import DEFAULT_MODEL
 from invar.records import RunStore
-from invar.tasks import Vocabulary
+from invar.tasks import ModelTokenizer
 
 
 def _invar(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -36,7 +36,7 @@ def test_infer_prints_tokens_text_logprobs_and_keeps_the_records(tmp_path: Path,
     out = _invar(*args, "--json", "--run", str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    vocab = Vocabulary.from_model_dir(model)
+    vocab = ModelTokenizer.from_model_dir(model)
     rows = doc["outputs"]
     assert [r["prompt"] for r in rows] == ["37+58=", "123+456="]
     assert [r["seed"] for r in rows] == [5, 6]

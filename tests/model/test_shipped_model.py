@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from invar.tasks import MAX_ANSWER_CHARS, Problem, Vocabulary, load_population, score
+from invar.tasks import MAX_ANSWER_CHARS, ModelTokenizer, Problem, load_population, score
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "tiny-arith"
@@ -39,7 +39,7 @@ def test_sha256sums_cover_every_file_and_match() -> None:
 
 
 def test_config_names_the_special_tokens_engines_stop_at() -> None:
-    vocab = Vocabulary.from_model_dir(MODEL)
+    vocab = ModelTokenizer.from_model_dir(MODEL)
     for name in ("config.json", "generation_config.json"):
         config = json.loads((MODEL / name).read_text())
         assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 2, 0), name
@@ -63,7 +63,7 @@ def hf() -> tuple[Any, Any]:
 @pytest.mark.engine
 def test_core_vocabulary_agrees_with_transformers_tokenizer(hf: tuple[Any, Any], problems: list[Problem]) -> None:
     _, tokenizer = hf
-    vocab = Vocabulary.from_model_dir(MODEL)
+    vocab = ModelTokenizer.from_model_dir(MODEL)
     assert len(tokenizer) == vocab.size
     assert tokenizer.eos_token_id == vocab.eos_token_id
     assert tokenizer.bos_token_id == vocab.bos_token_id
@@ -86,7 +86,7 @@ def card_count() -> tuple[int, int]:
 def test_transformers_greedy_count_matches_the_model_card(hf: tuple[Any, Any], problems: list[Problem]) -> None:
     torch = pytest.importorskip("torch")
     model, tokenizer = hf
-    vocab = Vocabulary.from_model_dir(MODEL)
+    vocab = ModelTokenizer.from_model_dir(MODEL)
     sample = problems[::100]
     correct = 0
     with torch.no_grad():

@@ -1,4 +1,7 @@
-"""The core's own character-level detokenizer, read from a model folder's `tokenizer.json`.
+"""The character-level reader the core used before `invar.tasks.ModelTokenizer`, kept as a test reference: the
+tokenizer tests show the core's reader gives exactly its ids and text on the shipped model, so no figure moved.
+
+Originally: the core's own character-level detokenizer, read from a model folder's `tokenizer.json`.
 
 The core scores responses from the token ids a worker reports, never from the worker's text, so it needs the
 id → text map itself. It reads `tokenizer.json` and `tokenizer_config.json` with the `json` module (no

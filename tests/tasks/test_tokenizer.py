@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 from support.bpe_model import MODEL_KINDS, build_bpe_tokenizer, build_tokenizer
+from support.char_vocabulary import Vocabulary
 
 from invar.contract.prepare import tokenizer_digest as prepare_tokenizer_digest
 from invar.errors import ContractError, EvidenceError
-from invar.tasks import ModelTokenizer, Vocabulary
+from invar.tasks import ModelTokenizer
 from invar.tasks.tokenizer import tokenizer_digest, tokenizer_files
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,7 +1,9 @@
 """Tasks: what a model is asked, and how the core scores its responses from their tokens.
 
-Scorers are looked up by the name a contract gives them in `SCORERS`; a scorer maps (prompt, response text) to a
-task loss of 0 or 1. The core decodes response tokens itself with `Vocabulary`, so no worker's text is trusted.
+`tokenizer` (the model's own `tokenizer.json`, run by the `tokenizers` library) and `chat` (its chat template)
+turn a unit into the token ids every engine is sent, and decode the ids an engine returns: no worker's text is
+trusted. `population` reads the one population format; `scorers` turns a unit and a response text into a task
+loss; `arithmetic` is the shipped task.
 """
 
 from invar.tasks.arithmetic import (
@@ -20,7 +22,6 @@ from invar.tasks.arithmetic import (
     stream,
 )
 from invar.tasks.tokenizer import ModelTokenizer
-from invar.tasks.vocabulary import Vocabulary
 
 __all__ = [
     "KINDS",
@@ -29,7 +30,6 @@ __all__ = [
     "SCORER_NAME",
     "ModelTokenizer",
     "Problem",
-    "Vocabulary",
     "answer_of",
     "draw",
     "load_population",

@@ -5,7 +5,7 @@ Decisions this module embodies:
 - **The answer comes from the prompt.** `score` parses the prompt (integers joined by `+`, `-`, `*`, ending in
   `=`; `*` binds tighter) and computes the answer itself, so scoring needs no lookup table and trusts no file.
 - **Response format.** A response is the text the model generated after the prompt, cut at (and excluding) the
-  first end-of-sequence token; `Vocabulary.decode` does that cut from token ids. It scores loss 0 exactly when it
+  first end-of-sequence token; `ModelTokenizer.decode` does that cut from token ids. It scores loss 0 exactly when it
   is the canonical decimal of the answer: an optional `-`, no leading zeros, nothing before or after it (no
   spaces, no newline, no special-token text). Anything else, including the empty response, is loss 1.
 - **Generation is counter based.** Problem `i` of a stream is a pure function of (stream seed, `i`) through
