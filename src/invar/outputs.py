@@ -98,6 +98,8 @@ class EvaluateOutput(EngineFields):
     by_kind: dict[str, KindAccuracy]
     population: str
     population_sha256: str
+    scorer: dict[str, Any]
+    """The scorer's identity: name, version, settings (and a user scorer's path and sha256)."""
     count: int
     sample_seed: int
     seed: int
@@ -334,6 +336,12 @@ class UsePackageOutput(Closed):
     settings: dict[str, Any]
     patches: dict[str, str] | None = None
     """Only with --patch: each patch's name and digest."""
+    model_dir: str | None = None
+    """Only with --model: the model folder as given."""
+    model_digest: str | None = None
+    """Only with --model: the folder's tree digest, as the package states it."""
+    tokenizer_digest: str | None = None
+    """Only with --model: the digest of the tokenizer files the contract will fix (`use prepare` computes it)."""
 
 
 class UseRunOutput(Closed):
