@@ -1,0 +1,45 @@
+"""`invar use package ENGINE --model DIR`: everything a package must state, the model and tokenizer digests included,
+and a folder the core cannot read refused before any worker starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from invar import canonical
+from invar.engines import DEFAULT_MODEL
+from invar.tasks import ModelTokenizer
+
+
+def _invar(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.engine
+def test_a_package_states_the_model_and_tokenizer_digests() -> None:
+    out = _invar("use", "package", "hf", "--model", DEFAULT_MODEL, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["model_dir"] == str(DEFAULT_MODEL)
+    assert doc["model_digest"] == canonical.tree_digest(DEFAULT_MODEL)
+    assert doc["tokenizer_digest"] == ModelTokenizer.from_model_dir(DEFAULT_MODEL).digest
+    assert doc["engine"] == "hf"
+    assert "transformers" in doc["engine_version"]
+
+
+@pytest.mark.parametrize("what", ["empty", "no-tokenizer"])
+def test_a_folder_the_core_cannot_read_is_one_line_before_any_worker(tmp_path: Path, what: str) -> None:
+    folder = tmp_path / what
+    folder.mkdir()
+    if what == "no-tokenizer":
+        (folder / "config.json").write_text((DEFAULT_MODEL / "config.json").read_text())
+    out = _invar("use", "package", "hf", "--model", folder)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    assert ("no config.json" if what == "empty" else "tokenizer.json does not exist") in out.stderr
