@@ -231,6 +231,23 @@ def check_prompt_ids(ids: list[int], vocab_size: int, where: str) -> None:
                           "tokenize the prompt with this model's tokenizer")
 
 
+def response_end_ids(model_dir: str) -> frozenset[int]:
+    """The ids that end a response, resolved exactly as the core resolves them (`ModelTokenizer.eos_token_ids`:
+    `generation_config.json`'s eos_token_id, else `config.json`'s, else `tokenizer_config.json`'s eos_token).
+
+    The core checks every `stop` against this set, so a worker must stop at each of its ids and at no other: a
+    model whose `generation_config.json` names more ids than `config.json` (Qwen2.5, Llama-3) would otherwise run
+    past an end. A folder that names none is a `MethodError`.
+    """
+    from invar.errors import InvarError
+    from invar.tasks import ModelTokenizer
+
+    try:
+        return frozenset(ModelTokenizer.from_model_dir(model_dir).eos_token_ids)
+    except InvarError as exc:
+        raise MethodError(f"load_model: {exc}") from None
+
+
 # -- learner_step params (docs/objective.md): the same schema for every learner ------------------------------
 
 

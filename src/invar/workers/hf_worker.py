@@ -104,6 +104,7 @@ from invar.workers.common import (
     parse_schedule,
     parse_score,
     read_lora_config,
+    response_end_ids,
     verify_dir,
     versions,
 )
@@ -318,8 +319,7 @@ class Engine:
         model.eval()
         model.requires_grad_(False)
         cfg = model.config
-        eos = cfg.eos_token_id
-        eos_ids = frozenset(eos if isinstance(eos, list) else [eos])
+        eos_ids = response_end_ids(req.model_dir)  # generation_config.json's, as the core's (not config.json's)
         loaded = Loaded(
             model=model, model_dir=req.model_dir, model_digest=digest, dtype=req.dtype,
             quantization=req.quantization, eos_ids=eos_ids,

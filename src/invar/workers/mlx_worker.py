@@ -6,9 +6,11 @@ The role fixes the methods served: inference serves `load_model`, `load_adapter`
 learner serves `load_model`, `load_adapter`, `score`, `learner_step`. A call to the other role's method is
 answered UnknownMethod. Decisions this worker embodies:
 
-- **Loading.** `mlx_lm.utils.load_model` builds the architecture and loads the weights; the end-of-sequence and
-  pad ids come from the folder's `config.json`. Prompts arrive as the core's token ids (`prompt_ids`, tokenized
-  with the model's own tokenizer), so every engine runs the same ids and the worker never reads a tokenizer. Not
+- **Loading.** `mlx_lm.utils.load_model` builds the architecture and loads the weights (rope settings that
+  transformers 5 nests under `rope_parameters` are passed at the top level, `rope_overrides`); the pad id comes
+  from the folder's `config.json`, the ids that end a response as the core resolves them (`response_end_ids`:
+  `generation_config.json` first). Prompts arrive as the core's token ids (`prompt_ids`, tokenized
+  with the model's own tokenizer), so every engine runs the same ids and the worker never tokenizes. Not
   `mlx_lm.load`: it also builds a tokenizer and a streaming detokenizer, which probes the tokenizer with the text
   "a ,b" and so fails on a character-level vocabulary without an unknown token, and the worker never returns text
   (the core decodes token ids itself).
@@ -90,11 +92,36 @@ from invar.workers.common import (
     parse_load_model,
     parse_schedule,
     parse_score,
+    response_end_ids,
     verify_dir,
     versions,
 )
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
+
+
+def rope_overrides(root: Path) -> dict[str, Any]:
+    """Top-level `rope_theta` / `rope_scaling` for a config that holds them only under `rope_parameters`.
+
+    transformers 5 writes a model's rope settings as `rope_parameters` = {rope_theta, rope_type, ...}; mlx-lm 0.32
+    reads that key for some architectures (Qwen3) but not others (Llama), which silently build their rotary
+    embedding with θ = 10,000 instead. Mapped as mlx-lm's Qwen3 maps it: θ from `rope_parameters.rope_theta`, the
+    scaling config the dict itself. A config that names either key at the top level, or nests `rope_parameters`
+    per layer type, is left as it is.
+    """
+    try:
+        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # mlx-lm's own load reports the unreadable file
+    rope = config.get("rope_parameters") if isinstance(config, dict) else None
+    if not isinstance(rope, dict) or not isinstance(rope.get("rope_theta"), int | float):
+        return {}
+    out: dict[str, Any] = {}
+    if config.get("rope_theta") is None:
+        out["rope_theta"] = float(rope["rope_theta"])
+    if config.get("rope_scaling") is None and rope.get("rope_type", "default") != "default":
+        out["rope_scaling"] = rope
+    return out
 
 
 @dataclass
@@ -161,7 +188,7 @@ class Engine:
             raise MethodError(f"load_model: {root / 'config.json'} is missing; the model folder must hold its "
                               "config")
         try:
-            model, config = load_model(root)
+            model, config = load_model(root, model_config=rope_overrides(root))
         except Exception as exc:  # mlx-lm raises plain exceptions for unreadable folders
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise MethodError(f"load_model: mlx-lm cannot load {str(root)!r} ({type(exc).__name__}: "
@@ -170,11 +197,7 @@ class Engine:
             model.set_dtype(DTYPES[req.dtype])
         model.freeze()
         mx.eval(model.parameters())
-        eos = config.get("eos_token_id")
-        eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
-        if not eos_ids:
-            raise MethodError(f"load_model: {root / 'config.json'} names no eos_token_id; the worker cannot "
-                              "tell where a response ends")
+        eos_ids = response_end_ids(str(root))  # as the core resolves them (mlx-lm's load_config drops an id 0)
         pad = config.get("pad_token_id")
         loaded = Loaded(
             model=model, model_dir=str(root), model_digest=digest, vocab_size=int(config["vocab_size"]),
