@@ -83,8 +83,9 @@ def test_fixed_block_stays_close_to_stock(hf_fixed_block: WorkerClient, requests
 def test_fixed_block_score_reports_patch_calls_and_is_batch_invariant(hf_fixed_block: WorkerClient,
                                                                       requests: list[dict[str, Any]]) -> None:
     outputs = run(hf_fixed_block, requests, layouts(N)["one batch"])["outputs"]
-    items = [{"item_id": r["request_id"], "prompt": r["prompt"], "response_tokens": o["tokens"],
-              "temperature": 1.0, "vocab_steps": []} for r, o in zip(requests, outputs, strict=True)]
+    items = [{"item_id": r["request_id"], "prompt": r["prompt"], "prompt_ids": r["prompt_ids"],
+              "response_tokens": o["tokens"], "temperature": 1.0, "vocab_steps": []}
+             for r, o in zip(requests, outputs, strict=True)]
     together = hf_fixed_block.call("score", {"items": items, "adapter": None})
     assert together["patch_calls"]["fixed-block"] > 0
     assert bit_identical([s["logprobs"] for s in together["outputs"]], [o["logprobs"] for o in outputs])

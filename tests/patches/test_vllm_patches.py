@@ -66,8 +66,9 @@ def test_fixed_block_is_bit_identical_across_batch_layouts(vllm_fixed_block: Wor
 def test_fixed_block_score_reports_patch_calls(vllm_fixed_block: WorkerClient,
                                                requests: list[dict[str, Any]]) -> None:
     outputs = run(vllm_fixed_block, requests[:8], [list(range(8))])["outputs"]
-    items = [{"item_id": r["request_id"], "prompt": r["prompt"], "response_tokens": o["tokens"],
-              "temperature": 1.0, "vocab_steps": []} for r, o in zip(requests[:8], outputs, strict=True)]
+    items = [{"item_id": r["request_id"], "prompt": r["prompt"], "prompt_ids": r["prompt_ids"],
+              "response_tokens": o["tokens"], "temperature": 1.0, "vocab_steps": []}
+             for r, o in zip(requests[:8], outputs, strict=True)]
     scored = vllm_fixed_block.call("score", {"items": items, "adapter": None})
     assert scored["patch_calls"]["fixed-block"] > 0
     # vLLM's prompt log-probabilities and its sampler's are the same float32 log_softmax, here the patched one.

@@ -1,4 +1,4 @@
-"""What every engine worker's tests share: the shipped model, its vocabulary, and the evaluation population.
+"""What every engine worker's tests share: the shipped model, its tokenizer (the core's), and the evaluation population.
 
 Each engine's own conftest starts its workers once per test session on top of these.
 """
@@ -11,7 +11,7 @@ import pytest
 
 from invar import canonical
 from invar.engines import DEFAULT_MODEL
-from invar.tasks import Problem, Vocabulary, load_population
+from invar.tasks import ModelTokenizer, Problem, load_population
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belong to
 
@@ -31,8 +31,9 @@ def model_digest(model_dir: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def vocab(model_dir: Path) -> Vocabulary:
-    return Vocabulary.from_model_dir(model_dir)
+def vocab(model_dir: Path) -> ModelTokenizer:
+    """The core's tokenizer of the shipped model: it decodes responses for the scorer and encodes prompts."""
+    return ModelTokenizer.from_model_dir(model_dir)
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,8 @@ def generate(worker: WorkerClient, requests: list[dict[str, Any]], layout: list[
               "adapter": None, "reference_adapter": None, **extra}
     outputs: list[dict[str, Any]] = worker.call("generate", params)["outputs"]
     for r, o in zip(requests, outputs, strict=True):  # the worker ran exactly the ids asked
-        assert o["prompt_tokens"].dtype == np.int32 and o["prompt_tokens"].tolist() == r["prompt_ids"], r
+        assert o["prompt_tokens"].dtype == np.int32, r
+        assert o["prompt_tokens"].tolist() == r["prompt_ids"], r
     return outputs
 
 

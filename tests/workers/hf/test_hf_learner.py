@@ -24,7 +24,7 @@ from invar import canonical
 from invar.loop.checkpoint import check_checkpoint
 from invar.loop.objective import ObjectiveSettings, group_advantages, loss_terms
 from invar.protocol import WorkerClient
-from invar.tasks import Problem, Vocabulary
+from invar.tasks import ModelTokenizer, Problem
 from invar.tasks import score as task_score
 
 pytestmark = pytest.mark.engine
@@ -57,7 +57,7 @@ class Rollout:
 
 
 @pytest.fixture(scope="module")
-def rollout(inference: WorkerClient, problems: list[Problem], vocab: Vocabulary) -> Rollout:
+def rollout(inference: WorkerClient, problems: list[Problem], vocab: ModelTokenizer) -> Rollout:
     """GROUP samples at T=1 for 8 harder problems; rewards and group advantages computed by the core."""
     hard = [p for p in problems if p.kind in ("add3", "sub3", "mul", "addsub")][:8]
     reqs = []

@@ -33,7 +33,7 @@ from invar import canonical
 from invar.loop.checkpoint import BASE_DIGEST_KEY, PEFT_WEIGHTS, read_safetensors
 from invar.loop.objective import group_advantages
 from invar.protocol import WorkerClient
-from invar.tasks import Problem, Vocabulary
+from invar.tasks import ModelTokenizer, Problem
 from invar.tasks import score as task_score
 
 pytestmark = pytest.mark.engine
@@ -75,7 +75,7 @@ def tensors_digest(path: Path) -> str:
 
 
 def scenario(inference: WorkerClient, learner: WorkerClient, nf4_learner: WorkerClient, problems: list[Problem],
-             vocab: Vocabulary, model_dir: Path, model_digest: str, folder: Path) -> dict[str, Any]:
+             vocab: ModelTokenizer, model_dir: Path, model_digest: str, folder: Path) -> dict[str, Any]:
     """Every number the switch must leave unchanged, for one fixed scenario."""
     hard = [p for p in problems if p.kind in ("mul", "muladd")][:8]
     reqs = [{"request_id": f"{p.id}/{g}", "prompt": p.prompt, "prompt_ids": prompt_ids(p.prompt),
@@ -115,7 +115,7 @@ def scenario(inference: WorkerClient, learner: WorkerClient, nf4_learner: Worker
 
 
 def test_the_switch_to_peft_changed_no_number(inference: WorkerClient, learner: WorkerClient,
-                                             nf4_learner: WorkerClient, problems: list[Problem], vocab: Vocabulary,
+                                             nf4_learner: WorkerClient, problems: list[Problem], vocab: ModelTokenizer,
                                              model_dir: Path, model_digest: str, tmp_path: Path) -> None:
     got = scenario(inference, learner, nf4_learner, problems, vocab, model_dir, model_digest, tmp_path)
     print(f"measured: {got}")

@@ -16,7 +16,6 @@ from invar.errors import WorkerError
 from invar.protocol import WorkerClient
 from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import MAX_ANSWER_CHARS, Problem, score
-from invar.tasks.vocabulary import Vocabulary
 
 pytestmark = pytest.mark.engine
 
@@ -54,7 +53,7 @@ def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
 
 
 def test_load_model_reports_the_model(inference: WorkerClient, load_params: dict[str, Any],
-                                      vocab: Vocabulary) -> None:
+                                      vocab: ModelTokenizer) -> None:
     got = inference.call("load_model", load_params)
     assert got["model_digest"] == load_params["model_digest"]
     assert got["adapter_digest"] is None
@@ -64,7 +63,7 @@ def test_load_model_reports_the_model(inference: WorkerClient, load_params: dict
 
 
 def test_seeded_generation_is_reproducible(inference: WorkerClient, problems: list[Problem],
-                                           vocab: Vocabulary) -> None:
+                                           vocab: ModelTokenizer) -> None:
     prompts = [p.prompt for p in problems[:32]]
     reqs = requests(prompts)
     first, second = generate(inference, reqs), generate(inference, reqs)
@@ -89,7 +88,7 @@ def test_seeded_generation_is_reproducible(inference: WorkerClient, problems: li
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
 def test_teacher_forced_scores_are_bit_identical_to_sampled_logprobs(
-        inference: WorkerClient, problems: list[Problem], vocab: Vocabulary, temperature: float) -> None:
+        inference: WorkerClient, problems: list[Problem], vocab: ModelTokenizer, temperature: float) -> None:
     """Required, and measured: max |score − generate| = 0 over 64 responses (bit-identical)."""
     reqs = requests([p.prompt for p in problems[100:164]], temperature=temperature)
     outputs = generate(inference, reqs)
@@ -191,7 +190,7 @@ def expect_error(worker: WorkerClient, method: str, params: dict[str, Any], *fra
 
 
 def test_bad_input_is_one_clear_error_and_the_worker_keeps_serving(
-        inference: WorkerClient, load_params: dict[str, Any], problems: list[Problem], vocab: Vocabulary,
+        inference: WorkerClient, load_params: dict[str, Any], problems: list[Problem], vocab: ModelTokenizer,
         tmp_path: Any) -> None:
     good = requests([problems[0].prompt], temperature=0.0)
     before = generate(inference, good)

@@ -28,7 +28,6 @@ from invar.loop.objective import LossTerms, ObjectiveSettings, group_advantages,
 from invar.protocol import WorkerClient
 from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import MAX_ANSWER_CHARS, Problem, score
-from invar.tasks.vocabulary import Vocabulary
 
 pytestmark = pytest.mark.engine
 
@@ -43,7 +42,7 @@ TOK = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
 Rollout = tuple[list[dict[str, Any]], list[str], np.ndarray]
 
 
-def rollout(inference: WorkerClient, vocab: Vocabulary, prompts: list[str], seed0: int,
+def rollout(inference: WorkerClient, vocab: ModelTokenizer, prompts: list[str], seed0: int,
             adapter: str | None = None, reference: str | None = None) -> Rollout:
     """G samples per prompt at the rollout temperature; the core's rewards and group advantages."""
     order = [p for p in prompts for _ in range(GROUP)]
@@ -87,7 +86,7 @@ def rescore(inference: WorkerClient, outputs: list[dict[str, Any]], prompts: lis
 
 
 def test_learner_step_lowers_the_objective_and_the_core_recomputes_it(
-        inference: WorkerClient, learner: WorkerClient, load_params: dict[str, Any], vocab: Vocabulary,
+        inference: WorkerClient, learner: WorkerClient, load_params: dict[str, Any], vocab: ModelTokenizer,
         problems: list[Problem], model_dir: Path, tmp_path: Path) -> None:
     learner.call("load_model", load_params)  # a fresh adapter and optimizer
     prompts = [p.prompt for p in problems[500:516]]
@@ -135,7 +134,7 @@ def test_learner_step_lowers_the_objective_and_the_core_recomputes_it(
 
 
 def test_kl_term_against_the_engines_reference_logprobs(
-        inference: WorkerClient, learner: WorkerClient, load_params: dict[str, Any], vocab: Vocabulary,
+        inference: WorkerClient, learner: WorkerClient, load_params: dict[str, Any], vocab: ModelTokenizer,
         problems: list[Problem], tmp_path: Path) -> None:
     learner.call("load_model", load_params)
     prompts = [p.prompt for p in problems[600:612]]
@@ -164,7 +163,7 @@ def test_kl_term_against_the_engines_reference_logprobs(
 
 
 def test_bad_learner_input_changes_nothing(learner: WorkerClient, inference: WorkerClient,
-                                           load_params: dict[str, Any], vocab: Vocabulary,
+                                           load_params: dict[str, Any], vocab: ModelTokenizer,
                                            problems: list[Problem], tmp_path: Path) -> None:
     learner.call("load_model", load_params)
     outputs, order, advantages = rollout(inference, vocab, [problems[0].prompt], seed0=1)
@@ -195,7 +194,7 @@ def test_bad_learner_input_changes_nothing(learner: WorkerClient, inference: Wor
 
 
 def test_the_mlx_and_hf_learners_take_the_same_step(
-        inference: WorkerClient, learner: WorkerClient, load_params: dict[str, Any], vocab: Vocabulary,
+        inference: WorkerClient, learner: WorkerClient, load_params: dict[str, Any], vocab: ModelTokenizer,
         problems: list[Problem], model_dir: Path, tmp_path: Path) -> None:
     """Both learners start from the same adapter (an earlier MLX step, so b ≠ 0) with fresh AdamW state and
     take one step on the same samples, with eps = 1 and lr = 1 so that the step is nearly the gradient itself

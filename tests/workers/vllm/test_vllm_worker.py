@@ -25,7 +25,6 @@ from invar.loop.objective import group_advantages
 from invar.protocol import Role, WorkerClient
 from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import MAX_ANSWER_CHARS, Problem, score
-from invar.tasks.vocabulary import Vocabulary
 
 pytestmark = pytest.mark.engine
 
@@ -123,7 +122,7 @@ def test_engine_processes_cannot_write_to_the_protocol_stream(worker: WorkerClie
 # -- sampling -------------------------------------------------------------------------------------------------------
 
 
-def test_load_model_reports_the_model(worker: WorkerClient, load_params: dict[str, Any], vocab: Vocabulary) -> None:
+def test_load_model_reports_the_model(worker: WorkerClient, load_params: dict[str, Any], vocab: ModelTokenizer) -> None:
     got = worker.call("load_model", load_params)  # the same model again reuses the engine
     assert got["model_digest"] == load_params["model_digest"]
     assert got["adapter_digest"] is None
@@ -132,7 +131,8 @@ def test_load_model_reports_the_model(worker: WorkerClient, load_params: dict[st
     assert got["max_model_len"] == 128
 
 
-def test_seeded_generation_is_reproducible(worker: WorkerClient, problems: list[Problem], vocab: Vocabulary) -> None:
+def test_seeded_generation_is_reproducible(worker: WorkerClient, problems: list[Problem],
+                                           vocab: ModelTokenizer) -> None:
     reqs = requests([p.prompt for p in problems[:16]], temperature=1.0)
     first, again = generate(worker, reqs), generate(worker, reqs)
     assert same(first, again)
@@ -151,7 +151,7 @@ def test_seeded_generation_is_reproducible(worker: WorkerClient, problems: list[
 
 
 def test_greedy_answers_match_transformers_and_score_with_the_core_scorer(
-        worker: WorkerClient, problems: list[Problem], vocab: Vocabulary, model_dir: Path) -> None:
+        worker: WorkerClient, problems: list[Problem], vocab: ModelTokenizer, model_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -188,7 +188,7 @@ def test_teacher_forced_scores_match_the_sampled_logprobs(worker: WorkerClient, 
 
 
 def test_whole_vocabulary_logprobs_at_requested_steps(worker: WorkerClient, problems: list[Problem],
-                                                      vocab: Vocabulary) -> None:
+                                                      vocab: ModelTokenizer) -> None:
     reqs = requests([p.prompt for p in problems[:4]], temperature=0.7, seed0=300, max_tokens=2)
     out = generate(worker, reqs)
     steps = [0, 1] if all(o["tokens"].size == 2 for o in out) else [0]
@@ -260,7 +260,7 @@ def test_reference_adapter_scores_the_sampled_tokens(worker: WorkerClient, probl
 
 @pytest.mark.parametrize("learner_engine", ["hf", "mlx"])
 def test_an_adapter_trained_by_a_learner_scores_as_the_learner_does(
-        worker: WorkerClient, problems: list[Problem], vocab: Vocabulary, load_params: dict[str, Any],
+        worker: WorkerClient, problems: list[Problem], vocab: ModelTokenizer, load_params: dict[str, Any],
         model_dir: Path, learner_engine: str, tmp_path: Path) -> None:
     """vLLM samples a cycle's rollout, the learner (HF or MLX) takes one step on it and saves its adapter, vLLM
     loads that folder by its digest, and both engines then score the rollout's tokens under the new adapter."""
@@ -337,7 +337,7 @@ def test_unknown_method(worker: WorkerClient, problems: list[Problem]) -> None:
 
 
 def test_prompt_ids_outside_the_vocabulary_or_ill_typed(worker: WorkerClient, problems: list[Problem],
-                                                        vocab: Vocabulary) -> None:
+                                                        vocab: ModelTokenizer) -> None:
     """The worker runs the core's prompt ids as given: ids of another tokenizer, or no list of ids, are refused."""
     one = requests(["12+3="])[0]
     for bad in (vocab.size, -1):
