@@ -45,7 +45,11 @@ Decisions this worker embodies:
   base model alone, any other name one given to `load_adapter`.
 - **Prompts arrive as token ids** (`prompt_ids`, the core's tokenization with the model's own tokenizer) and go to
   vLLM as `TokensPrompt`s: the worker never tokenizes text, so it runs exactly the ids the core asked for (and
-  checks that vLLM ran them). vLLM's tokenizer is read only for the end-of-sequence id `load_model` reports.
+  checks that vLLM ran them).
+- **A response ends at the core's ids** (`response_end_ids`: `generation_config.json`'s eos ids first, as
+  `ModelTokenizer` resolves them). vLLM's own rule stops at its tokenizer's `eos_token` as well as
+  `generation_config.json`'s ids, and a tokenizer without an `eos_token` stopped this worker's start, so every
+  request carries the core's ids as `stop_token_ids` with `ignore_eos`: vLLM stops at exactly those ids.
 - Bad input (a missing or mismatched folder, a prompt id outside the vocabulary, a corrupt adapter or one for
   another model, an over-long request) is a `MethodError` raised before anything changes, so the worker keeps
   serving.
@@ -89,6 +93,7 @@ from invar.workers.common import (
     parse_load_model,
     parse_score,
     read_lora_config,
+    response_end_ids,
     verify_dir,
     versions,
 )
@@ -220,7 +225,7 @@ class Loaded:
     dtype: str
     quantization: str
     vocab_size: int
-    eos_token_id: int
+    eos_ids: frozenset[int]
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -313,13 +318,14 @@ class Engine:
         else:
             self._drop(LOADED)
         return {"model_digest": digest, "adapter_digest": a_digest, "vocab_size": m.vocab_size,
-                "eos_token_id": m.eos_token_id, "max_model_len": m.max_model_len}
+                "eos_token_id": min(m.eos_ids), "max_model_len": m.max_model_len}
 
     def _start(self, model_dir: str, digest: str, dtype: str, quantization: str,
                shapes: dict[str, tuple[int, ...]]) -> Loaded:
         from vllm import LLM
 
         s = self.settings
+        eos_ids = response_end_ids(model_dir)  # before the engine's minute-long start
         kwargs: dict[str, Any] = {"dtype": dtype}
         if s.max_model_len is not None:
             kwargs["max_model_len"] = s.max_model_len
@@ -330,11 +336,10 @@ class Engine:
             enable_lora=True, max_lora_rank=s.max_lora_rank, max_loras=s.max_loras,
             lora_target_modules=list(ENGINE_LORA_MODULES), **s.parallel(), **kwargs,
         )
-        tokenizer = llm.get_tokenizer()
         config = llm.llm_engine.vllm_config
         return Loaded(
             llm=llm, model_dir=model_dir, model_digest=digest, dtype=dtype, quantization=quantization,
-            vocab_size=int(config.model_config.get_vocab_size()), eos_token_id=int(tokenizer.eos_token_id),
+            vocab_size=int(config.model_config.get_vocab_size()), eos_ids=eos_ids,
             max_model_len=int(config.model_config.max_model_len),
             max_num_seqs=int(config.scheduler_config.max_num_seqs),
             max_num_batched_tokens=int(config.scheduler_config.max_num_batched_tokens), shapes=shapes)
@@ -466,7 +471,8 @@ class Engine:
         lora = None if adapter is None else adapter.request()
         for batch in layout:
             sampling = [SamplingParams(temperature=requests[i].temperature, top_p=1.0, seed=requests[i].seed,
-                                       max_tokens=requests[i].max_tokens, logprobs=0, detokenize=False)
+                                       max_tokens=requests[i].max_tokens, logprobs=0, detokenize=False,
+                                       ignore_eos=True, stop_token_ids=sorted(m.eos_ids))
                         for i in batch]
             results = m.llm.generate([TokensPrompt(prompt_token_ids=prompt_ids[i]) for i in batch], sampling,
                                      lora_request=lora, use_tqdm=False)
