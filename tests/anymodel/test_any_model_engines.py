@@ -10,8 +10,8 @@ and the tests read their records and run `invar compare numerical` (no engine) o
 
 Tolerance. The engines compute the same float32 model with other kernels and summation orders, so the same
 token's log-probability differs by float32 rounding only. Measured on this model (log-probabilities of -1 to -7
-nats, float32 ulp 1e-7 to 5e-7; 6 responses, 46 tokens): sampled and teacher-forced log-probabilities differed
-from HF's by at most 5.5e-6 nats on vLLM and 7.9e-6 on MLX (at most 41 and 66 ulp), and KL between the captured
+nats, float32 ulp 1e-7 to 5e-7; 7 responses, 64 tokens): sampled and teacher-forced log-probabilities differed
+from HF's by at most 5.5e-6 nats on vLLM and 7.9e-6 on MLX (at most 41 and 78 ulp), and KL between the captured
 distributions was at most 5e-12 and 1.2e-11. The tests allow 1e-4 nats and a KL of 1e-8: ten times the measured
 noise and more, and far below what a wrong model gives (mlx-lm with rope θ 10,000 instead of the folder's 500,000
 changed the greedy tokens from the first step on, i.e. moved the distribution by more than the smallest top-two
