@@ -29,11 +29,11 @@ from invar import canonical
 from invar.engines import DEFAULT_MODEL
 from invar.protocol.messages import Call, Report
 from invar.records import RunStore
-from invar.tasks import Vocabulary
+from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import population
 
 ROOT = Path(__file__).resolve().parents[1]
-VOCAB = Vocabulary.from_model_dir(DEFAULT_MODEL)
+VOCAB = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
 DIGEST = canonical.tree_digest(DEFAULT_MODEL)
 IDENTITY = {"engine": "hf", "engine_version": {"torch": "bench"}, "role": "inference", "settings": {},
             "methods": ["generate", "score"], "pid": 1}
@@ -61,6 +61,7 @@ class Writer:
 def write_runs(folder: Path, units: int, steps: int, vocab: int) -> dict[str, Path]:
     problems = population("eval", seed=3, count=units, id_prefix="m")
     tokens = [np.array([*VOCAB.encode(p.answer), VOCAB.eos_token_id], dtype=np.int32) for p in problems]
+    prompt_ids = [VOCAB.prompt_ids(prompt=p.prompt) for p in problems]  # as evaluate sends them
     rng = np.random.default_rng(vocab)
     lps = [(-rng.random(len(t))).astype(np.float32) for t in tokens]
     paths = {name: folder / name for name in ("ref", "cand", "ref_scores", "cand_scores")}
@@ -69,11 +70,14 @@ def write_runs(folder: Path, units: int, steps: int, vocab: int) -> dict[str, Pa
         for start in range(0, units, PER_CALL):
             part = range(start, min(start + PER_CALL, units))
             w.call("generate", {"requests": [{"request_id": problems[i].id, "prompt": problems[i].prompt,
-                                              "seed": i, "temperature": 1.0, "top_p": 1.0, "max_tokens": 5}
+                                              "prompt_ids": prompt_ids[i], "seed": i, "temperature": 1.0,
+                                              "top_p": 1.0, "max_tokens": 5}
                                              for i in part], "layout": [list(range(len(part)))], "adapter": None,
                                 "reference_adapter": None},
-                   {"outputs": [{"request_id": problems[i].id, "tokens": tokens[i], "logprobs": lps[i],
-                                 "finish_reason": "stop"} for i in part], "model_digest": DIGEST})
+                   {"outputs": [{"request_id": problems[i].id,
+                                 "prompt_tokens": np.array(prompt_ids[i], dtype=np.int32), "tokens": tokens[i],
+                                 "logprobs": lps[i], "finish_reason": "stop"} for i in part],
+                    "model_digest": DIGEST})
         w.close()
     for name, shift in (("ref_scores", 0.0), ("cand_scores", 0.05)):
         w = Writer(paths[name], {"command": "score", "source": {"run": str(paths["ref"])}})
@@ -85,8 +89,8 @@ def write_runs(folder: Path, units: int, steps: int, vocab: int) -> dict[str, Pa
                 k = min(steps, len(tokens[i]))
                 logits = np.random.default_rng(i).normal(0, 3, (k, vocab)) + shift * noise.normal(size=(k, vocab))
                 caps = (logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))).astype(np.float32)
-                items.append({"item_id": problems[i].id, "prompt": problems[i].prompt, "response_tokens": tokens[i],
-                              "temperature": 1.0, "vocab_steps": list(range(k))})
+                items.append({"item_id": problems[i].id, "prompt": problems[i].prompt, "prompt_ids": prompt_ids[i],
+                              "response_tokens": tokens[i], "temperature": 1.0, "vocab_steps": list(range(k))})
                 outputs.append({"item_id": problems[i].id, "logprobs": lps[i], "vocab_logprobs": caps})
             w.call("score", {"items": items, "adapter": None}, {"outputs": outputs, "model_digest": DIGEST})
         w.close()

@@ -54,7 +54,7 @@ from invar.errors import EvidenceError, InvarError  # noqa: E402
 from invar.protocol import Role, WorkerClient  # noqa: E402
 from invar.records import RunStore  # noqa: E402
 from invar.runner.evaluate import population_digest, request_seed, sample_indices  # noqa: E402
-from invar.tasks import MAX_ANSWER_CHARS, Problem, Vocabulary, load_population, score  # noqa: E402
+from invar.tasks import MAX_ANSWER_CHARS, ModelTokenizer, Problem, load_population, score  # noqa: E402
 
 ENGINES = ("hf", "vllm", "mlx")
 TEMPERATURES = (1.0, 0.7)
@@ -115,7 +115,7 @@ def _check_outputs(outputs: Any, ids: list[str], key: str, what: str) -> list[di
     return outputs
 
 
-def run_temperature(workers: dict[str, WorkerClient], problems: list[Problem], vocab: Vocabulary, *,
+def run_temperature(workers: dict[str, WorkerClient], problems: list[Problem], vocab: ModelTokenizer, *,
                     temperature: float, seed: int, batch_size: int) -> Readings:
     """Every engine samples every problem at `temperature`; every engine scores every engine's samples."""
     tokens: dict[str, list[np.ndarray]] = {e: [] for e in ENGINES}
@@ -124,20 +124,25 @@ def run_temperature(workers: dict[str, WorkerClient], problems: list[Problem], v
     for start in range(0, len(problems), batch_size):
         batch = problems[start:start + batch_size]
         ids = [p.id for p in batch]
-        reqs = [{"request_id": p.id, "prompt": p.prompt, "seed": request_seed(seed, p.id),
-                 "temperature": temperature, "top_p": 1.0, "max_tokens": BUDGET} for p in batch]
+        prompt_ids = [vocab.prompt_ids(prompt=p.prompt) for p in batch]  # the core's tokenization, sent as ids
+        reqs = [{"request_id": p.id, "prompt": p.prompt, "prompt_ids": asked, "seed": request_seed(seed, p.id),
+                 "temperature": temperature, "top_p": 1.0, "max_tokens": BUDGET}
+                for p, asked in zip(batch, prompt_ids, strict=True)]
         pending = {e: workers[e].submit("generate", {"requests": reqs, "layout": [list(range(len(reqs)))],
                                                      "adapter": None, "reference_adapter": None})
                    for e in ENGINES}
         drawn = {e: _check_outputs(p.result()["outputs"], ids, "request_id", f"{e} generate")
                  for e, p in pending.items()}
         for e in ENGINES:
+            for o, asked in zip(drawn[e], prompt_ids, strict=True):
+                if not isinstance(o.get("prompt_tokens"), np.ndarray) or o["prompt_tokens"].tolist() != asked:
+                    raise EvidenceError(f"{e} generate: {o['request_id']} ran other prompt tokens than asked")
             tokens[e] += [o["tokens"] for o in drawn[e]]
             behavior[e] += [o["logprobs"] for o in drawn[e]]
         for source in ENGINES:
-            items = [{"item_id": p.id, "prompt": p.prompt, "response_tokens": o["tokens"],
-                      "temperature": temperature, "vocab_steps": []} for p, o in zip(batch, drawn[source],
-                                                                                      strict=True)]
+            items = [{"item_id": p.id, "prompt": p.prompt, "prompt_ids": asked, "response_tokens": o["tokens"],
+                      "temperature": temperature, "vocab_steps": []}
+                     for p, asked, o in zip(batch, prompt_ids, drawn[source], strict=True)]
             waiting = {s: workers[s].submit("score", {"items": items, "adapter": None}) for s in ENGINES}
             for s, p in waiting.items():
                 outs = _check_outputs(p.result()["outputs"], ids, "item_id", f"{s} score of {source}'s samples")
@@ -271,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = load_population(POPULATION, pop_digest)
     chosen = [problems[i] for i in sample_indices(len(problems), args.count, args.sample_seed)]
     model = DEFAULT_MODEL
-    vocab = Vocabulary.from_model_dir(model)
+    vocab = ModelTokenizer.from_model_dir(model)
     load = {"model_dir": str(model), "model_digest": canonical.tree_digest(model), "dtype": "float32",
             "quantization": "none", "adapter": None}
     run_dir = args.run or REPO / "runs" / f"cross-engine-{now:%Y%m%d-%H%M%S}"

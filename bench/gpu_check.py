@@ -63,8 +63,8 @@ import numpy as np  # noqa: E402
 from invar import canonical  # noqa: E402
 from invar.engines import DEFAULT_MODEL, start_worker  # noqa: E402
 from invar.protocol import WorkerClient  # noqa: E402
+from invar.tasks import ModelTokenizer  # noqa: E402
 from invar.tasks.arithmetic import MAX_ANSWER_CHARS, Problem, load_population, score  # noqa: E402
-from invar.tasks.vocabulary import Vocabulary  # noqa: E402
 
 EVAL_FILE = REPO / "data" / "arith-eval.jsonl"
 BUDGET = MAX_ANSWER_CHARS + 1
@@ -81,13 +81,24 @@ TRAIN_SHARE = 0.35  # of the time left for the overhead benchmark, what the trai
 CLI_PACKAGES = ("pydantic", "cryptography", "typer", "rich", "scipy")
 
 
-def requests(prompts: list[str], temperature: float, seed0: int) -> list[dict[str, Any]]:
-    return [{"request_id": f"r{i}", "prompt": p, "seed": seed0 + i, "temperature": temperature, "top_p": 1.0,
-             "max_tokens": BUDGET} for i, p in enumerate(prompts)]
+Prompt = tuple[str, list[int]]
+"""A prompt's text (the label requests carry) and its token ids, the core's tokenization (what engines run)."""
+
+
+def prompts_of(problems: list[Problem], vocab: ModelTokenizer) -> list[Prompt]:
+    return [(p.prompt, vocab.prompt_ids(prompt=p.prompt)) for p in problems]
+
+
+def requests(prompts: list[Prompt], temperature: float, seed0: int) -> list[dict[str, Any]]:
+    return [{"request_id": f"r{i}", "prompt": text, "prompt_ids": ids, "seed": seed0 + i, "temperature": temperature,
+             "top_p": 1.0, "max_tokens": BUDGET} for i, (text, ids) in enumerate(prompts)]
 
 
 def generate(worker: WorkerClient, reqs: list[dict[str, Any]], **params: Any) -> list[dict[str, Any]]:
     outputs: list[dict[str, Any]] = worker.call("generate", {"requests": reqs, **params})["outputs"]
+    for r, o in zip(reqs, outputs, strict=True):
+        if o["prompt_tokens"].tolist() != r["prompt_ids"]:
+            raise RuntimeError(f"generate: {r['request_id']} ran other prompt tokens than asked")
     return outputs
 
 
@@ -111,12 +122,12 @@ def compare(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
             "max_abs_logprob_diff": diff}
 
 
-def check_reproducibility(worker: WorkerClient, prompts: list[str]) -> dict[str, Any]:
+def check_reproducibility(worker: WorkerClient, prompts: list[Prompt]) -> dict[str, Any]:
     reqs = requests(prompts, 1.0, 1000)
     return compare(generate(worker, reqs), generate(worker, reqs))
 
 
-def check_batch(worker: WorkerClient, prompts: list[str]) -> dict[str, Any]:
+def check_batch(worker: WorkerClient, prompts: list[Prompt]) -> dict[str, Any]:
     n = len(prompts)
     batch = requests(prompts, 1.0, 7000)
     positions = sorted({0, n // 2, n - 1})
@@ -131,14 +142,15 @@ def check_batch(worker: WorkerClient, prompts: list[str]) -> dict[str, Any]:
     }
 
 
-def check_scoring(worker: WorkerClient, prompts: list[str]) -> dict[str, Any]:
+def check_scoring(worker: WorkerClient, prompts: list[Prompt]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for temperature in (1.0, 0.7, 0.0):
         reqs = requests(prompts, temperature, 200)
         sampled = generate(worker, reqs)
         scored_at = temperature or 1.0  # greedy log-probabilities are at T = 1
-        items = [{"item_id": r["request_id"], "prompt": r["prompt"], "response_tokens": o["tokens"],
-                  "temperature": scored_at, "vocab_steps": []} for r, o in zip(reqs, sampled, strict=True)]
+        items = [{"item_id": r["request_id"], "prompt": r["prompt"], "prompt_ids": r["prompt_ids"],
+                  "response_tokens": o["tokens"], "temperature": scored_at, "vocab_steps": []}
+                 for r, o in zip(reqs, sampled, strict=True)]
         scored = worker.call("score", {"items": items, "adapter": None})["outputs"]
         a = np.concatenate([o["logprobs"] for o in sampled])
         b = np.concatenate([s["logprobs"] for s in scored])
@@ -149,11 +161,13 @@ def check_scoring(worker: WorkerClient, prompts: list[str]) -> dict[str, Any]:
     return out
 
 
-def check_nf4(worker: WorkerClient, load: dict[str, Any], problems: list[Problem], vocab: Vocabulary) -> dict[str, Any]:
-    reqs = requests([p.prompt for p in problems], 0.0, 0)
+def check_nf4(worker: WorkerClient, load: dict[str, Any], problems: list[Problem],
+              vocab: ModelTokenizer) -> dict[str, Any]:
+    reqs = requests(prompts_of(problems, vocab), 0.0, 0)
     fp32 = generate(worker, reqs)
-    items = [{"item_id": r["request_id"], "prompt": r["prompt"], "response_tokens": o["tokens"], "temperature": 1.0,
-              "vocab_steps": []} for r, o in zip(reqs, fp32, strict=True)]
+    items = [{"item_id": r["request_id"], "prompt": r["prompt"], "prompt_ids": r["prompt_ids"],
+              "response_tokens": o["tokens"], "temperature": 1.0, "vocab_steps": []}
+             for r, o in zip(reqs, fp32, strict=True)]
     worker.call("load_model", {**load, "quantization": "nf4"})
     try:
         under_nf4 = worker.call("score", {"items": items, "adapter": None})["outputs"]
@@ -173,7 +187,7 @@ def check_nf4(worker: WorkerClient, load: dict[str, Any], problems: list[Problem
             "task_loss_fp32": loss(fp32), "task_loss_nf4": loss(nf4)}
 
 
-def run_engine(engine: str, args: argparse.Namespace, problems: list[Problem], vocab: Vocabulary) -> dict[str, Any]:
+def run_engine(engine: str, args: argparse.Namespace, problems: list[Problem], vocab: ModelTokenizer) -> dict[str, Any]:
     if importlib.util.find_spec(PACKAGES[engine]) is None:
         return {"skipped": f"the {PACKAGES[engine]} package is not installed here"}
     result: dict[str, Any] = {}
@@ -185,7 +199,7 @@ def run_engine(engine: str, args: argparse.Namespace, problems: list[Problem], v
                 "dtype": args.dtype, "quantization": "none", "adapter": None}
         result["load_model"] = worker.call("load_model", load)
         result["start_s"] = round(time.perf_counter() - started, 1)
-        prompts = [p.prompt for p in problems[: args.n]]
+        prompts = prompts_of(problems[: args.n], vocab)
         for name, check in (("reproducibility", check_reproducibility), ("batch", check_batch),
                             ("generate_vs_score", check_scoring)):
             t = time.perf_counter()
@@ -435,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = args.out or Path(os.environ.get("OUT") or "gpu-check")
     out_dir.mkdir(parents=True, exist_ok=True)
     problems = load_population(EVAL_FILE, EVAL_FILE.with_suffix(".sha256").read_text().split()[0])
-    vocab = Vocabulary.from_model_dir(args.model)
+    vocab = ModelTokenizer.from_model_dir(args.model)
     report: dict[str, Any] = {"device": args.device, "dtype": args.dtype, "model": str(args.model),
                               "n": args.n, "engines": {}}
     ok = True

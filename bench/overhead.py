@@ -82,7 +82,7 @@ from invar.engines import DEFAULT_MODEL, worker_env  # noqa: E402
 from invar.records import RunStore  # noqa: E402
 from invar.runner.engine import Engine, EngineSpec, engine_session  # noqa: E402
 from invar.runner.evaluate import population_digest, request_seed, sample_indices  # noqa: E402
-from invar.tasks import load_population  # noqa: E402
+from invar.tasks import ModelTokenizer, load_population  # noqa: E402
 
 POPULATION = REPO / "data" / "arith-eval.jsonl"
 SEED = 20261130
@@ -109,11 +109,15 @@ LARGE_CAP = {"mlx": 32}
 
 
 def make_calls(count: int, max_tokens: int) -> dict[str, list[dict[str, Any]]]:
-    """Per layout: the generate calls (params exactly as the worker receives them), 64 requests per call."""
+    """Per layout: the generate calls (params exactly as the worker receives them), 64 requests per call.
+
+    Prompts carry the core's token ids from the shipped tokenizer (the larger model has the same one)."""
     problems = load_population(POPULATION, population_digest(POPULATION, None))
     chosen = [problems[i] for i in sample_indices(len(problems), count, SEED)]
-    requests = [{"request_id": p.id, "prompt": p.prompt, "seed": request_seed(SEED, p.id), "temperature": 1.0,
-                 "top_p": 1.0, "max_tokens": max_tokens} for p in chosen]
+    tokenizer = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
+    requests = [{"request_id": p.id, "prompt": p.prompt, "prompt_ids": tokenizer.prompt_ids(prompt=p.prompt),
+                 "seed": request_seed(SEED, p.id), "temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens}
+                for p in chosen]
     per_call = 64
     out: dict[str, list[dict[str, Any]]] = {}
     for name, batch in LAYOUTS.items():

@@ -203,7 +203,7 @@ def _direct_cycles(p: tr.Plan, out: Path, device: str, learner: Callable[[str, d
             inference.load_adapter({"name": tr.ADAPTER_NAME, "path": str(policy), "digest": digests[-1]})
         prompts = cyc.cycle_prompts(p.prompts, cfg.prompts.per_cycle, cfg.seed, n)
         requests = cyc.rollout_requests(prompts, cfg.rollout.group_size, cfg.seed, n, cfg.rollout.temperature,
-                                        cfg.rollout.max_tokens)
+                                        cfg.rollout.max_tokens, p.vocab)
         gen = inference.generate(cyc.generate_params(requests, cfg.rollout.batch_size,
                                                      None if policy is None else tr.ADAPTER_NAME,
                                                      "base" if with_reference else None))
