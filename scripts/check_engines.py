@@ -2,7 +2,7 @@
 
     HF_HUB_OFFLINE=1 python scripts/check_engines.py [--model models/tiny-arith] [--count 5]
 
-Each engine tokenizes the same prompts itself (BOS in front) and decodes greedily; the core's `Vocabulary` turns
+Each engine tokenizes the same prompts itself (BOS in front) and decodes greedily; the core's `ModelTokenizer` turns
 the response ids into text and `score` checks them. Prints one line per prompt with every engine's answer and
 exits non-zero if the engines disagree on any response tokens or prompt tokens.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from invar.tasks import MAX_ANSWER_CHARS, Vocabulary, load_population, score
+from invar.tasks import MAX_ANSWER_CHARS, ModelTokenizer, load_population, score
 
 ROOT = Path(__file__).resolve().parent.parent
 BUDGET = MAX_ANSWER_CHARS + 2
@@ -75,7 +75,7 @@ def main() -> int:
     population = ROOT / "data" / "arith-eval.jsonl"
     problems = load_population(population, population.with_suffix(".sha256").read_text().split()[0])[: args.count]
     prompts = [p.prompt for p in problems]
-    vocab = Vocabulary.from_model_dir(args.model)
+    vocab = ModelTokenizer.from_model_dir(args.model)
     engines = {"transformers": with_transformers, "vllm": with_vllm, "mlx": with_mlx}
     results = {name: run(args.model, prompts) for name, run in engines.items()}
     agree = True

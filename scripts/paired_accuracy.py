@@ -21,7 +21,7 @@ from typing import Any
 
 from invar.records import RunStore
 from invar.stats.diagnostics import mcnemar_exact_one_sided
-from invar.tasks import Vocabulary, score
+from invar.tasks import ModelTokenizer, score
 
 
 def losses(run: Path) -> tuple[dict[str, Any], dict[str, tuple[str, int]]]:
@@ -32,7 +32,7 @@ def losses(run: Path) -> tuple[dict[str, Any], dict[str, tuple[str, int]]]:
         calls = store.calls()
     if meta.get("command") != "evaluate":
         raise SystemExit(f"{run}: not an `invar evaluate` run")
-    vocab = Vocabulary.from_model_dir(meta["model"])
+    vocab = ModelTokenizer.from_model_dir(meta["model"])
     out: dict[str, tuple[str, int]] = {}
     for c in calls:
         if c.call.method != "generate":

@@ -33,8 +33,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import KINDS, MAX_ANSWER_CHARS, Problem, load_population, score, stream
-from invar.tasks.vocabulary import Vocabulary
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "models" / "tiny-arith"
@@ -156,7 +156,7 @@ def complete(model: Qwen3ForCausalLM, prompts: list[str], temperature: float, se
     return [out[i] for i in range(len(prompts))]
 
 
-def accuracy(vocab: Vocabulary, problems: list[Problem], responses: list[list[int]]) -> tuple[int, dict[str, int]]:
+def accuracy(vocab: ModelTokenizer, problems: list[Problem], responses: list[list[int]]) -> tuple[int, dict[str, int]]:
     """Number correct, and number correct per kind, scored by the core's scorer on the core's decoding."""
     correct: Counter[str] = Counter()
     for p, r in zip(problems, responses, strict=True):
@@ -239,7 +239,7 @@ def write_card(out: Path) -> None:
     model = Qwen3ForCausalLM.from_pretrained(out)
     model.eval()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(out)
-    vocab = Vocabulary.from_model_dir(out)
+    vocab = ModelTokenizer.from_model_dir(out)
     digest = (ROOT / "data" / "arith-eval.sha256").read_text().split()[0]
     problems = load_population(EVAL_FILE, digest)
     prompts = [p.prompt for p in problems]
