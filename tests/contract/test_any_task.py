@@ -144,31 +144,29 @@ def test_an_unknown_scorer_is_one_line(tmp_path: Path) -> None:
     assert message.startswith("invar: error: scorer: scorer 'bleu' is unknown")
 
 
-def _chat_model(folder: Path, template: str) -> None:
-    config = json.loads((folder / "tokenizer_config.json").read_text())
+def _chat_workspace(root: Path, template: str) -> Workspace:
+    """A workspace whose model has chat `template` and whose declaration names a population of 30 chat units
+    (system "0", user "i+1=") scored by exact-match; the declaration is rewritten, not yet prepared."""
+    ws = make_workspace(root, units=30)
+    config = json.loads((root / "model" / "tokenizer_config.json").read_text())
     config["chat_template"] = template
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-
-
-def _chat_population(root: Path, units: int) -> bytes:
+    (root / "model" / "tokenizer_config.json").write_text(json.dumps(config))
     rows = [{"id": f"c{i}", "messages": [{"role": "system", "content": "0"},
                                           {"role": "user", "content": f"{i}+1="}], "answer": str(i + 1)}
-            for i in range(units)]
-    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+            for i in range(30)]
+    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    (root / "chat.jsonl").write_bytes(data)
+    text = (root / "decl.toml").read_text()
+    text = text.replace('"population.jsonl"', '"chat.jsonl"').replace(ws.contract.population.sha256,
+                                                                      canonical.sha256(data))
+    text = text.replace(ws.contract.reference.model_digest, canonical.tree_digest(root / "model"))
+    (root / "decl.toml").write_text(text.replace('"arithmetic-exact"', '"exact-match"'))
+    return ws
 
 
 def test_chat_units_are_rendered_by_each_packages_template_and_sent_as_ids(tmp_path: Path) -> None:
-    ws = make_workspace(tmp_path, units=30)
-    _chat_model(tmp_path / "model", "{% for m in messages %}{{ m['content'] }}={% endfor %}"
-                                    "{% if add_generation_prompt %}<s>{% endif %}")
-    data = _chat_population(tmp_path, 30)
-    (tmp_path / "chat.jsonl").write_bytes(data)
-    text = (tmp_path / "decl.toml").read_text()
-    text = text.replace('"population.jsonl"', '"chat.jsonl"').replace(ws.contract.population.sha256,
-                                                                      canonical.sha256(data))
-    text = text.replace(ws.contract.reference.model_digest, canonical.tree_digest(tmp_path / "model"))
-    text = text.replace('"arithmetic-exact"', '"exact-match"')
-    (tmp_path / "decl.toml").write_text(text)
+    ws = _chat_workspace(tmp_path, "{% for m in messages %}{{ m['content'] }}={% endfor %}"
+                                   "{% if add_generation_prompt %}<s>{% endif %}")
     prepared = prepare(tmp_path / "decl.toml", tmp_path / "chat")
     req = prepared.plan.calls[0].params["requests"][0]
     unit = next(u for u in prepared.plan.units if u.unit_id == req["request_id"])
@@ -178,16 +176,7 @@ def test_chat_units_are_rendered_by_each_packages_template_and_sent_as_ids(tmp_p
 
 
 def test_a_template_that_fails_to_render_is_one_line(tmp_path: Path) -> None:
-    ws = make_workspace(tmp_path, units=30)
-    _chat_model(tmp_path / "model", "{{ raise_exception('this model takes no system message') }}")
-    data = _chat_population(tmp_path, 30)
-    (tmp_path / "chat.jsonl").write_bytes(data)
-    text = (tmp_path / "decl.toml").read_text()
-    text = text.replace('"population.jsonl"', '"chat.jsonl"').replace(ws.contract.population.sha256,
-                                                                      canonical.sha256(data))
-    text = text.replace(ws.contract.reference.model_digest, canonical.tree_digest(tmp_path / "model"))
-    text = text.replace('"arithmetic-exact"', '"exact-match"')
-    (tmp_path / "decl.toml").write_text(text)
+    _chat_workspace(tmp_path, "{{ raise_exception('this model takes no system message') }}")
     message = _one_line_refusal(_invar("use", "prepare", tmp_path / "decl.toml", "--out", tmp_path / "again"))
     assert "this model takes no system message" in message
     assert not (tmp_path / "again" / "arith-test.contract.json").exists()
