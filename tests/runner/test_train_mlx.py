@@ -8,6 +8,7 @@ A run starts two MLX workers (about 7 s each here); the module runs five short t
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,9 @@ def test_a_killed_run_resumes_to_the_same_checkpoints(config: Path, finished: tu
 def test_a_lying_worker_stops_the_run_in_one_line_and_keeps_every_record(
         mode: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(ENGINES, "mlx", "tests.runner.sabotaged_mlx")
+    # The sabotaged module lives in the checkout's tests/, not in the package: put the checkout on the workers' path.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]),
+                                                                 os.environ.get("PYTHONPATH", "")) if p))
     monkeypatch.setenv("INVAR_SABOTAGE", mode)
     config = write_config(tmp_path, f"mlx-{mode}", "mlx", cycles=2)
     run = tmp_path / "run"

@@ -175,6 +175,9 @@ def sabotaged(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -
     from invar.engines import ENGINES
 
     monkeypatch.setitem(ENGINES, "mlx", "tests.runner.sabotaged_mlx")
+    # The sabotaged module lives in the checkout's tests/, not in the package: put the checkout on the workers' path.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]),
+                                                                 os.environ.get("PYTHONPATH", "")) if p))
     mark = f"{request.node.name}-{time.time_ns()}"
     monkeypatch.setenv("INVAR_TEST_MARK", mark)
     return mark
