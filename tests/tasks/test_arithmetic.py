@@ -21,12 +21,12 @@ from invar.tasks import (
     arithmetic,
     draw,
     load_population,
-    population,
     population_bytes,
     score,
     split_of,
     stream,
 )
+from invar.tasks.arithmetic import population
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"

@@ -3,7 +3,8 @@
 `tokenizer` (the model's own `tokenizer.json`, run by the `tokenizers` library) and `chat` (its chat template)
 turn a unit into the token ids every engine is sent, and decode the ids an engine returns: no worker's text is
 trusted. `population` reads the one population format; `scorers` turns a unit and a response text into a task
-loss; `arithmetic` is the shipped task.
+loss; `arithmetic` is the shipped task (its `population` generator is not re-exported here: the name is the
+submodule's, and importing `invar.tasks.population` would rebind it).
 """
 
 from invar.tasks.arithmetic import (
@@ -15,7 +16,6 @@ from invar.tasks.arithmetic import (
     answer_of,
     draw,
     load_population,
-    population,
     population_bytes,
     score,
     split_of,
@@ -33,7 +33,6 @@ __all__ = [
     "answer_of",
     "draw",
     "load_population",
-    "population",
     "population_bytes",
     "score",
     "split_of",
