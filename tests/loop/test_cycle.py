@@ -12,10 +12,11 @@ from invar.engines import DEFAULT_MODEL
 from invar.errors import EvidenceError
 from invar.loop import cycle as cyc
 from invar.loop.objective import ObjectiveSettings, loss_terms
-from invar.tasks import ModelTokenizer, Problem
+from invar.tasks import ModelTokenizer
+from invar.tasks.population import Unit
 
 TOKENIZER = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
-PROBLEMS = [Problem(f"p{i}", f"{i}+1=", str(i + 1), "add2") for i in range(200)]
+PROBLEMS = [Unit(f"p{i}", f"{i}+1=", None, str(i + 1), "add2") for i in range(200)]
 MODEL = "a" * 64
 POLICY = "b" * 64
 

@@ -1,13 +1,18 @@
 """A training run's configuration: what `invar train CONFIG.toml` reads, and every value the loop depends on.
 
 Decisions:
-- **One file fixes the run.** Everything a cycle's numbers depend on is here (the prompts, the sampling, the LoRA
-  shape, the optimizer, the objective, the advantages, the backend, the seed), so the run's records hold the
-  configuration once and a resumed run is refused unless it is given the same one.
+- **One file fixes the run.** Everything a cycle's numbers depend on is here (the prompts, the scorer, the
+  sampling, the LoRA shape, the optimizer, the objective, the advantages, the backend, the seed), so the run's
+  records hold the configuration once and a resumed run is refused unless it is given the same one.
 - **Paths are relative to the configuration file**, as a declaration's are, so a config folder can move with the
   files it names.
-- **The evaluation population is never trained on.** The prompts file must hold only prompts of the task's
-  `train` split (`invar.tasks.arithmetic.split_of`); `data/arith-eval.jsonl` is refused by name.
+- **The evaluation population is never trained on.** On the arithmetic task the prompts file must hold only
+  prompts of the task's `train` split (`invar.tasks.arithmetic.split_of`), so `data/arith-eval.jsonl` is refused;
+  another task's population is the owner's to keep apart from their evaluation set.
+- **Any task.** The prompts are a population file in the one format (`invar.tasks.population`: plain prompts or
+  chat messages, rendered by the model's template) and the rewards come from any scorer a use contract takes;
+  the arithmetic task and its scorer are the defaults, and a default `scorer` section is left out of the
+  recorded configuration, so configurations written before it existed keep their digests.
 - **Refused, never reinterpreted.** Unknown fields, out-of-range values and combinations that cannot run (an
   importance cap with no importance handling, NF4 on an engine without it) are one line naming the field
   (`ConfigError`), before any worker starts.
@@ -25,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from invar import canonical
 from invar.errors import InvarError
 from invar.owner_files import Name, PathText, one_line, read_owner_file
-from invar.tasks import KINDS
+from invar.tasks import KINDS, SCORER_NAME
 
 CONFIG_SCHEMA = "invar.train/1"
 """Names the layout of the recorded configuration; a run recorded under another schema is not resumed."""
@@ -50,23 +55,36 @@ class Prompts(_Model):
     """The training prompts: a population file of the task's `train` split, and how many each cycle draws."""
 
     path: PathText = "../data/arith-train.jsonl"
-    """The prompts file (JSON lines `{id, prompt, answer, kind}`), relative to the configuration file. Every prompt
-    must belong to the `train` split: the evaluation population is never trained on."""
+    """The prompts: a population file (JSON lines `{id, prompt or messages, answer, kind?, meta?}`), relative to the
+    configuration file. On the arithmetic task every prompt must belong to the `train` split: the evaluation
+    population is never trained on."""
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     """sha256 of the prompts file; omitted: the digest in the `.sha256` file beside it."""
     per_cycle: int = Field(default=16, ge=1, le=4096)
     """Prompts drawn for each cycle (without replacement within a cycle; seeded by the run seed and the cycle)."""
     kinds: list[Name] | None = None
-    """Train only on these problem kinds (e.g. `["mul", "muladd"]`); omitted: every kind in the file."""
+    """Train only on units of these kinds (their `kind` labels, e.g. `["mul", "muladd"]`); omitted: every unit in
+    the file."""
 
     @model_validator(mode="after")
     def _kinds(self) -> Prompts:
-        unknown = sorted(set(self.kinds or ()) - set(KINDS))
-        if unknown:
-            raise ValueError(f"prompts.kinds: {unknown} are not problem kinds; choose from {list(KINDS)}")
         if self.kinds is not None and not self.kinds:
             raise ValueError("prompts.kinds: empty; name at least one kind, or remove the field for every kind")
         return self
+
+
+class Scorer(_Model):
+    """The rule that turns a response into its reward: any scorer a use contract takes (docs/your-model.md). The
+    reward of a response with task loss ℓ in the scorer's range [a, b] is (b − ℓ) / (b − a): 1 − ℓ for a 0/1 loss."""
+
+    name: str = Field(default=SCORER_NAME, min_length=1, max_length=4096)
+    """A built-in scorer (`exact-match`, `numeric`, `regex`, `choice`, `contains`, `arithmetic-exact`), or
+    `path.py:function`, a function in a file relative to the configuration file."""
+    settings: dict[str, Any] = Field(default_factory=dict)
+    """The scorer's settings (each scorer's are listed in docs/your-model.md)."""
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """A user scorer's file sha256; omitted: the file's digest when the run starts, which the run records and a
+    resumed run must still match."""
 
 
 class Rollout(_Model):
@@ -225,6 +243,18 @@ class TrainConfig(_Model):
     """The advantages."""
     learner: Learner = Field(default_factory=Learner)
     """The learner's schedule."""
+    scorer: Scorer = Field(default_factory=Scorer)
+    """The rewards' scorer."""
+
+    @model_validator(mode="after")
+    def _arithmetic_kinds(self) -> TrainConfig:
+        # The arithmetic task's kinds are known before its file is read; any other population's are checked
+        # against the file when the run is planned.
+        if self.scorer.name == SCORER_NAME:
+            unknown = sorted(set(self.prompts.kinds or ()) - set(KINDS))
+            if unknown:
+                raise ValueError(f"prompts.kinds: {unknown} are not problem kinds; choose from {list(KINDS)}")
+        return self
 
     @model_validator(mode="after")
     def _fits_backend(self) -> TrainConfig:
@@ -248,6 +278,8 @@ class TrainConfig(_Model):
         # The default schedule keeps the digest configurations had before these fields existed.
         if self.learner == Learner():
             del out["learner"]
+        if self.scorer == Scorer():
+            del out["scorer"]
         for key, default in (("workers", 1), ("staleness", 0)):
             if out["rollout"][key] == default:
                 del out["rollout"][key]

@@ -23,13 +23,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from invar.errors import EvidenceError
 from invar.loop.objective import LossTerms, ObjectiveSettings, handle_importance
-from invar.tasks import ModelTokenizer, Problem, score
+from invar.tasks import ModelTokenizer
+from invar.tasks.population import Unit
+from invar.tasks.scorers import ScoredUnit, Scorer
 
 TOLERANCE = 1e-6
 """Relative tolerance of each objective term, against its per-token scale (`compare_objective`): about eight
@@ -46,43 +48,73 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
 
 
-def cycle_prompts(problems: Sequence[Problem], per_cycle: int, seed: int, cycle: int) -> list[Problem]:
-    """The cycle's prompts: the `per_cycle` problems of smallest sha256 key over (seed, cycle, problem id).
+class _Identified(Protocol):
+    @property
+    def id(self) -> str: ...
 
-    A uniform sample without replacement within the cycle (problems may recur across cycles), in key order.
+
+_U = TypeVar("_U", bound=_Identified)
+
+
+def cycle_prompts(units: Sequence[_U], per_cycle: int, seed: int, cycle: int) -> list[_U]:
+    """The cycle's prompts: the `per_cycle` units of smallest sha256 key over (seed, cycle, unit id).
+
+    A uniform sample without replacement within the cycle (units may recur across cycles), in key order.
     """
-    if not 1 <= per_cycle <= len(problems):
-        raise ValueError(f"per_cycle {per_cycle}: the prompts file holds {len(problems)} problems")
+    if not 1 <= per_cycle <= len(units):
+        raise ValueError(f"per_cycle {per_cycle}: the prompts file holds {len(units)} units")
     keys = sorted((hashlib.sha256(f"invar-train/{seed}/prompts/{cycle}/{p.id}".encode()).digest(), i)
-                  for i, p in enumerate(problems))
-    return [problems[i] for _, i in keys[:per_cycle]]
+                  for i, p in enumerate(units))
+    return [units[i] for _, i in keys[:per_cycle]]
 
 
-def request_id(cycle: int, problem: Problem, sample: int) -> str:
-    return f"c{cycle}/{problem.id}/{sample}"
+def select_units(units: Sequence[Unit], kinds: Sequence[str] | None) -> list[Unit]:
+    """The units a run trains on: those of the chosen kinds (every unit when `kinds` is None), in file order."""
+    return list(units) if kinds is None else [u for u in units if u.kind in kinds]
 
 
-def rollout_requests(prompts: Sequence[Problem], group_size: int, seed: int, cycle: int, temperature: float,
+def request_id(cycle: int, unit: _Identified, sample: int) -> str:
+    return f"c{cycle}/{unit.id}/{sample}"
+
+
+def rollout_requests(prompts: Sequence[Unit], group_size: int, seed: int, cycle: int, temperature: float,
                      max_tokens: int, tokenizer: ModelTokenizer) -> list[dict[str, Any]]:
-    """The cycle's generate requests: G per prompt, contiguous, each with its derived seed and the prompt's token
-    ids as the core's tokenizer gives them (the text beside them is a label)."""
+    """The cycle's generate requests: G per unit, contiguous, each with its derived seed and the token ids the
+    core's tokenizer gives the unit (a plain prompt, or chat messages through the model's template; the text
+    beside them is a label)."""
     out = []
     for p in prompts:
-        ids = tokenizer.prompt_ids(prompt=p.prompt)
-        out += [{"request_id": request_id(cycle, p, j), "prompt": p.prompt, "prompt_ids": ids,
+        text, ids = tokenizer.unit_prompt(p)
+        out += [{"request_id": request_id(cycle, p, j), "prompt": text, "prompt_ids": ids,
                  "seed": derive_seed(seed, "sample", cycle, p.id, j), "temperature": temperature, "top_p": 1.0,
                  "max_tokens": max_tokens} for j in range(group_size)]
     return out
 
 
 def check_prompt_ids(requests: Sequence[Mapping[str, Any]], tokenizer: ModelTokenizer, where: str) -> None:
-    """Every request asked for the ids the core's tokenizer gives its prompt text; `EvidenceError` otherwise."""
+    """Every request asked for the ids the core's tokenizer gives its plain prompt text; `EvidenceError`
+    otherwise. For a run that keeps no population (the arithmetic task's: its answers follow from the prompts)."""
     for req in requests:
         ids = req.get("prompt_ids")
         text = req.get("prompt")
         if not isinstance(text, str) or ids != tokenizer.prompt_ids(prompt=text):
             raise EvidenceError(f"{where} request {req.get('request_id')}: its prompt_ids are not the tokenizer's "
                                 "ids of its prompt")
+
+
+def check_requests(recorded: Sequence[Any], expected: Sequence[Mapping[str, Any]], where: str) -> None:
+    """The recorded requests are exactly the ones the core derives from the run's population and configuration
+    (same order, ids, prompt ids, seeds and sampling); `EvidenceError` naming the first that differs."""
+    if len(recorded) != len(expected):
+        raise EvidenceError(f"{where} holds {len(recorded)} requests; the configuration asks for {len(expected)}")
+    for got, want in zip(recorded, expected, strict=True):
+        if not isinstance(got, Mapping):
+            raise EvidenceError(f"{where}: a request is not a map")
+        for key, value in want.items():
+            found = got.get(key)
+            if (list(found) if isinstance(found, tuple) else found) != value:
+                raise EvidenceError(f"{where} request {got.get('request_id')}: its {key} is not the one the run's "
+                                    f"population and configuration give ({want['request_id']})")
 
 
 def shards(requests: int, group_size: int, workers: int) -> list[range]:
@@ -171,9 +203,13 @@ def read_rollout(result: Mapping[str, Any], requests: Sequence[Mapping[str, Any]
     return samples
 
 
-def rewards(samples: Sequence[Sample], vocab: ModelTokenizer) -> np.ndarray:
-    """float64 [B]: 1 − the task loss of each response, decoded and scored by the core."""
-    return np.array([1 - score(s.prompt, vocab.decode(s.tokens)) for s in samples], dtype=np.float64)
+def rewards(samples: Sequence[Sample], units: Sequence[ScoredUnit], scorer: Scorer,
+            vocab: ModelTokenizer) -> np.ndarray:
+    """float64 [B]: each response's reward, (b − ℓ) / (b − a) for its task loss ℓ in the scorer's range [a, b]
+    (1 − ℓ for a 0/1 loss); the response decoded by the core and scored against the unit it answers."""
+    low, high = scorer.loss_range
+    return np.array([(high - scorer.loss(u, vocab.decode(s.tokens))) / (high - low)
+                     for s, u in zip(samples, units, strict=True)], dtype=np.float64)
 
 
 def learner_params(samples: Sequence[Sample], advantages: np.ndarray, *, temperature: float,

@@ -11,22 +11,25 @@ measure only the calls.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from invar.errors import EvidenceError, RecordError
+from invar.errors import ContractError, EvidenceError, RecordError
 from invar.loop import cycle as cyc
 from invar.loop.advantages import group_advantages
+from invar.loop.config import Scorer as ScorerSection
 from invar.loop.config import TrainConfig
 from invar.loop.objective import ObjectiveSettings, loss_terms
 from invar.records import RunStore
 from invar.records.store import CallRecord
 from invar.stats.intervals import clopper_pearson
-from invar.tasks import ModelTokenizer
+from invar.tasks import ModelTokenizer, answer_of
+from invar.tasks.population import Unit, check_sha256, parse_units
+from invar.tasks.scorers import Scorer, load_scorer, scorer_identity
 from invar.tasks.tokenizer import from_kept
 
 CONFIDENCE = 0.95
@@ -41,9 +44,9 @@ class CycleHistory:
     prompts: int
     samples: int
     reward_mean: float
-    """Mean reward (1 − task loss) over the cycle's samples."""
+    """Mean reward over the cycle's samples ((b − ℓ) / (b − a) for a task loss ℓ in [a, b]; 1 − ℓ for 0/1)."""
     accuracy: float
-    """Fraction of samples answered right (equal to the reward mean for the arithmetic task)."""
+    """Fraction of samples with reward 1 (equal to the reward mean for a 0/1 loss)."""
     accuracy_interval: tuple[float, float]
     """Clopper–Pearson interval at `CONFIDENCE`, treating the samples as independent (a prompt's G samples are
     correlated, so it is narrower than an interval over prompts would be)."""
@@ -101,6 +104,54 @@ def _vocabulary(kept: Any, run: Path) -> ModelTokenizer:
         return from_kept(files, scratch)
 
 
+@dataclass(frozen=True)
+class _Task:
+    """What a run's rewards read: its scorer, and the units it trains on where the run keeps its population
+    (None for the arithmetic task, whose answers follow from each request's prompt)."""
+
+    scorer: Scorer
+    units: list[Unit] | None
+
+
+def _task(info: Mapping[str, Any], kept: Any, config: TrainConfig, run: Path) -> _Task:
+    """The run's task, from its records alone: the population and user scorer file it keeps, each checked against
+    the digests it recorded."""
+    declared = config.scorer
+    if declared == ScorerSection():
+        return _Task(load_scorer(declared.name, declared.settings, run), None)
+    kept = kept if isinstance(kept, dict) else {}
+    identity = info.get("scorer")
+    population = kept.get("population")
+    if not isinstance(identity, dict) or not isinstance(population, bytes):
+        raise RecordError(f"{run}: the run trains with scorer {declared.name} but keeps no population or scorer "
+                          "identity (metadata inputs.population, run.scorer)")
+    sha = identity.get("sha256")
+    file = kept.get("scorer_file")
+    try:
+        scorer = load_scorer(declared.name, declared.settings, run, sha if isinstance(sha, str) else None,
+                             kept=file if isinstance(file, bytes) else None)
+        check_sha256("kept population", run, population, str(info.get("prompts_sha256")))
+        units = parse_units(population, "the run's kept population")
+    except ContractError as exc:
+        raise EvidenceError(f"{run}: {exc}") from None
+    if scorer_identity(scorer) != identity:
+        raise EvidenceError(f"{run}: the scorer the run keeps is not the one it recorded")
+    return _Task(scorer, cyc.select_units(units, config.prompts.kinds))
+
+
+def _arithmetic_units(requests: Sequence[Mapping[str, Any]], n: int) -> list[Unit]:
+    """The arithmetic units of recorded requests: each answer is the one its prompt gives."""
+    units = []
+    for req in requests:
+        prompt = str(req.get("prompt"))
+        try:
+            answer = str(answer_of(prompt))
+        except ContractError as exc:
+            raise EvidenceError(f"cycle {n} request {req.get('request_id')}: {exc}") from None
+        units.append(Unit(str(req.get("request_id")), prompt, None, answer))
+    return units
+
+
 def _answered(calls: Mapping[str, CallRecord], digest: Any, what: str, n: int) -> CallRecord:
     rec = calls.get(str(digest))
     if rec is None or rec.report is None or not rec.report.report.ok:
@@ -121,6 +172,7 @@ def read_history(run: Path, *, expect_head: str | None = None) -> History:
                           "the runs invar train makes")
     config = TrainConfig.model_validate({k: v for k, v in info["config"].items() if k != "schema"})
     vocab = _vocabulary(meta.get("inputs"), run)
+    task = _task(info, meta.get("inputs"), config, run)
     o = config.objective
     settings = ObjectiveSettings(o.clip_low, o.clip_high, o.kl_coef, o.importance, o.importance_cap)
     model_digest = str(info.get("model_digest"))
@@ -150,13 +202,27 @@ def read_history(run: Path, *, expect_head: str | None = None) -> History:
                                 f"{version} (rollout.staleness = {config.rollout.staleness})")
         with_reference = o.kl_coef > 0
         assert step.report is not None
+        recorded = [r for requests in shards for r in requests]
+        if task.units is None:
+            cyc.check_prompt_ids(recorded, vocab, f"cycle {n}:")
+            units = _arithmetic_units(recorded, n)
+        else:
+            # The run keeps its population: the cycle's requests are re-derived from it and must be the recorded
+            # ones, so each reward is scored against the unit the engine was asked.
+            prompts = cyc.cycle_prompts(task.units, config.prompts.per_cycle, config.seed, n)
+            expected = cyc.rollout_requests(prompts, config.rollout.group_size, config.seed, n,
+                                            config.rollout.temperature, config.rollout.max_tokens, vocab)
+            cyc.check_requests(recorded, expected, f"cycle {n}: generate")
+            units = [u for u in prompts for _ in range(config.rollout.group_size)]
         samples = []
         for gen, requests in zip(gens, shards, strict=True):
             assert gen.report is not None
-            cyc.check_prompt_ids(requests, vocab, f"cycle {n}:")
             samples += cyc.read_rollout(gen.report.report.result or {}, requests, cycle=n, model_digest=model_digest,
                                         policy_digest=sampled, reference=with_reference, vocab_size=vocab.size)
-        rewards = cyc.rewards(samples, vocab)
+        try:
+            rewards = cyc.rewards(samples, units, task.scorer, vocab)
+        except ContractError as exc:
+            raise EvidenceError(f"cycle {n}: {exc}") from None
         adv = group_advantages(rewards, config.rollout.group_size, config.advantage.normalization,
                                config.advantage.eps)
         sent = step.call.params.get("samples")

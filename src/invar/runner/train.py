@@ -37,11 +37,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from invar import canonical
-from invar.errors import EvidenceError, RecordError
+from invar.errors import ContractError, EvidenceError, RecordError
 from invar.loop import cycle as cyc
 from invar.loop.advantages import group_advantages
 from invar.loop.checkpoint import check_checkpoint
 from invar.loop.config import ConfigError, TrainConfig, read_config, resolve
+from invar.loop.config import Scorer as ScorerSection
 from invar.loop.objective import OBJECTIVE_VERSION, ObjectiveSettings, loss_terms
 from invar.protocol import Answer, PendingCall, Role, WorkerLost
 from invar.records import RunStore
@@ -49,7 +50,9 @@ from invar.records.store import is_run
 from invar.runner.engine import ADAPTER_NAME, RESTARTS, Dtype, Engine, EngineSpec, Lease, Session, engine_session
 from invar.runner.evaluate import population_digest
 from invar.runner.options import check_context, model_context
-from invar.tasks import ModelTokenizer, Problem, load_population, split_of
+from invar.tasks import SCORER_NAME, ModelTokenizer, split_of
+from invar.tasks.population import Unit, check_sha256, parse_units, read_regular_file
+from invar.tasks.scorers import Scorer, UserScorer, check_units, load_scorer, scorer_identity
 from invar.tasks.tokenizer import kept_files
 
 if TYPE_CHECKING:
@@ -124,17 +127,67 @@ class Plan:
     digest: str
     model: Path
     model_digest: str
-    prompts: list[Problem]
+    prompts: list[Unit]
     prompts_path: Path
     prompts_sha256: str
+    prompts_data: bytes
+    """The prompts file's bytes, as read once: the units were parsed from them and their digest checked."""
     vocab: ModelTokenizer
     settings: ObjectiveSettings
+    scorer: Scorer
+
+    @property
+    def own_task(self) -> bool:
+        """The run trains on a task of the owner's (a scorer other than the arithmetic default): its records then
+        keep the population and the scorer, whose answers the rewards read."""
+        return self.config.scorer != ScorerSection()
 
     def meta(self) -> dict[str, Any]:
-        return {"command": "train", "config": self.config.canonical(), "config_digest": self.digest,
-                "config_path": str(self.path), "model": str(self.model), "model_digest": self.model_digest,
-                "prompts": str(self.prompts_path), "prompts_sha256": self.prompts_sha256,
-                "prompts_count": len(self.prompts), "objective_version": OBJECTIVE_VERSION}
+        out = {"command": "train", "config": self.config.canonical(), "config_digest": self.digest,
+               "config_path": str(self.path), "model": str(self.model), "model_digest": self.model_digest,
+               "prompts": str(self.prompts_path), "prompts_sha256": self.prompts_sha256,
+               "prompts_count": len(self.prompts), "objective_version": OBJECTIVE_VERSION}
+        if self.own_task:
+            out["scorer"] = scorer_identity(self.scorer)
+        return out
+
+    def inputs(self) -> dict[str, Any]:
+        """What the run keeps beside its records so that `inspect history` recomputes every reward from them alone:
+        the tokenizer, and for the owner's task the population and a user scorer's file (the arithmetic task's
+        answers follow from its prompts)."""
+        out: dict[str, Any] = {"tokenizer": kept_files(self.model)}
+        if self.own_task:
+            out["population"] = self.prompts_data
+            if isinstance(self.scorer, UserScorer):
+                out["scorer_file"] = self.scorer.data
+        return out
+
+
+def _prompt_units(config_path: Path, config: TrainConfig, path: Path, data: bytes, scorer: Scorer) -> list[Unit]:
+    """The units the run trains on: the file's units, checked against the scorer, of the chosen kinds."""
+    try:
+        units = parse_units(data, path)
+        check_units(scorer, units)
+    except ContractError as exc:
+        raise ConfigError(f"{config_path}: prompts.path: {exc}") from None
+    if scorer.name == SCORER_NAME:
+        for u in units:
+            if u.prompt is None or split_of(u.prompt) != "train":
+                raise ConfigError(f"{config_path}: prompts.path: {path} holds {u.prompt!r} ({u.id}), a prompt of "
+                                  "the evaluation split; train on the training set (data/arith-train.jsonl), never "
+                                  "on the evaluation population")
+    kinds = config.prompts.kinds
+    if kinds is not None:
+        labels = {u.kind for u in units}
+        unknown = sorted(set(kinds) - labels) if scorer.name != SCORER_NAME else []
+        if unknown:
+            raise ConfigError(f"{config_path}: prompts.kinds: {unknown} label no unit of {path}; choose from "
+                              f"{sorted(k for k in labels if k)}")
+    chosen = cyc.select_units(units, kinds)
+    if len(chosen) < config.prompts.per_cycle:
+        raise ConfigError(f"{config_path}: prompts.per_cycle: {config.prompts.per_cycle} prompts per cycle, but "
+                          f"{path} holds {len(chosen)} of the kinds chosen; lower per_cycle")
+    return chosen
 
 
 def plan(config_path: Path) -> Plan:
@@ -146,28 +199,34 @@ def plan(config_path: Path) -> Plan:
         model_digest, _ = spec.digests
     except Exception as exc:
         raise ConfigError(f"{config_path}: model: {exc}") from None
+    declared = config.scorer
+    try:
+        scorer = load_scorer(declared.name, declared.settings, config_path.parent, declared.sha256)
+    except ContractError as exc:
+        raise ConfigError(f"{config_path}: scorer: {exc}") from None
     prompts_path = resolve(config_path, config.prompts.path)
-    sha = population_digest(prompts_path, config.prompts.sha256)
-    problems = load_population(prompts_path, sha)
-    for p in problems:
-        if split_of(p.prompt) != "train":
-            raise ConfigError(f"{config_path}: prompts.path: {prompts_path} holds {p.prompt!r} ({p.id}), a prompt of "
-                              "the evaluation split; train on the training set (data/arith-train.jsonl), never on "
-                              "the evaluation population")
-    if config.prompts.kinds is not None:
-        problems = [p for p in problems if p.kind in config.prompts.kinds]
-    if len(problems) < config.prompts.per_cycle:
-        raise ConfigError(f"{config_path}: prompts.per_cycle: {config.prompts.per_cycle} prompts per cycle, but "
-                          f"{prompts_path} holds {len(problems)} of the kinds chosen; lower per_cycle")
+    try:
+        sha = population_digest(prompts_path, config.prompts.sha256)
+        data = read_regular_file(prompts_path, "population file")
+        check_sha256("population file", prompts_path, data, sha)
+    except ContractError as exc:
+        raise ConfigError(f"{config_path}: prompts.path: {exc}") from None
+    units = _prompt_units(config_path, config, prompts_path, data, scorer)
     vocab = ModelTokenizer.from_model_dir(model)
     context = model_context(model)
-    longest = max(len(vocab.prompt_ids(prompt=p.prompt)) for p in problems)
+    longest = 0
+    for u in units:
+        try:
+            longest = max(longest, len(vocab.unit_prompt(u)[1]))
+        except ContractError as exc:
+            line = f" line {u.line}" if u.line else ""
+            raise ConfigError(f"{config_path}: prompts.path: {prompts_path}{line}: unit {u.id!r}: {exc}") from None
     # +1: vLLM scores a reference only for a prompt it could extend by one more token.
     check_context(longest, config.rollout.max_tokens + 1, context, f"{config_path}: rollout.max_tokens")
     o = config.objective
     settings = ObjectiveSettings(o.clip_low, o.clip_high, o.kl_coef, o.importance, o.importance_cap)
-    return Plan(config, config_path, config.digest(), model, model_digest, problems, prompts_path, sha, vocab,
-                settings)
+    return Plan(config, config_path, config.digest(), model, model_digest, units, prompts_path, sha, data, vocab,
+                settings, scorer)
 
 
 def published_cycles(store: RunStore, run_dir: Path) -> list[Published]:
@@ -195,13 +254,28 @@ def _check_made_by(store: RunStore, run_dir: Path, p: Plan) -> None:
         made = str(run.get("config_digest"))[:16]
         raise EvidenceError(f"{run_dir}: the run was made with configuration {made}…, not {p.digest[:16]}… "
                             f"({p.path}); resume it with its own configuration, or choose a new run directory")
+    # The configuration names its files by path; what they held when the run started is in the records, and a
+    # resumed run must train on the same bytes.
+    now = p.meta()
+    for key, what in (("model_digest", "the model folder"), ("prompts_sha256", "the prompts file"),
+                      ("scorer", "the scorer")):
+        if run.get(key) != now.get(key):
+            raise EvidenceError(f"{run_dir}: {what} changed since the run started ({_short(run.get(key))} → "
+                                f"{_short(now.get(key))}); restore it to resume the run, or choose a new run "
+                                "directory")
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, dict):
+        value = value.get("sha256") or value.get("version") or value.get("name")
+    return "none" if value is None else f"{str(value)[:16]}…"
 
 
 def _open(run_dir: Path, p: Plan) -> tuple[RunStore, list[Published]]:
     """A new run, or an existing run of this configuration opened to continue."""
     if not is_run(run_dir):
         store = RunStore.create(run_dir, meta=p.meta())
-        store.put_meta("inputs", {"tokenizer": kept_files(p.model)})
+        store.put_meta("inputs", p.inputs())
         return store, []
     store = RunStore.open(run_dir, writable=True)
     try:
@@ -398,6 +472,8 @@ class _Pending:
 
     version: int
     policy: Published | None
+    units: list[Unit]
+    """The unit each request answers, in request order (G per unit)."""
     shards: list[list[dict[str, Any]]]
     params: list[dict[str, Any]]
     workers: list[int]
@@ -471,7 +547,8 @@ class _Rollouts:
         requests = cyc.rollout_requests(prompts, cfg.rollout.group_size, cfg.seed, m, cfg.rollout.temperature,
                                         cfg.rollout.max_tokens, self.p.vocab)
         reference = "base" if cfg.objective.kl_coef > 0 else None
-        pending = _Pending(version, policy, [], [], [], [], [], time.perf_counter())
+        units = [u for u in prompts for _ in range(cfg.rollout.group_size)]
+        pending = _Pending(version, policy, units, [], [], [], [], [], time.perf_counter())
         for i, part in enumerate(cyc.shards(len(requests), cfg.rollout.group_size, len(self.leases))):
             if part:
                 pending.shards.append(requests[part.start:part.stop])
@@ -548,7 +625,7 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, rollouts: _Rollouts,
         samples += cyc.read_rollout(gen.result, shard, cycle=n, model_digest=p.model_digest,
                                     policy_digest=None if policy is None else policy.digest,
                                     reference=with_reference, vocab_size=p.vocab.size)
-    rewards = cyc.rewards(samples, p.vocab)
+    rewards = cyc.rewards(samples, pending.units, p.scorer, p.vocab)
     adv = group_advantages(rewards, cfg.rollout.group_size, cfg.advantage.normalization, cfg.advantage.eps)
     t1 = time.perf_counter()
 

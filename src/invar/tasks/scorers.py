@@ -443,7 +443,7 @@ class UserScorer(Scorer):
     """A function in a file, pinned by the sha256 of the bytes that were compiled."""
 
     def __init__(self, name: str, rel_path: str, function: str, base_dir: Path, settings: Mapping[str, Any],
-                 pinned_sha256: str | None) -> None:
+                 pinned_sha256: str | None, kept: bytes | None = None) -> None:
         self.name = name
         config = _settings(name, UserSettings, settings)
         low, high = config.loss_range
@@ -456,10 +456,12 @@ class UserScorer(Scorer):
         self.params = freeze(config.params)
         self.path = rel_path
         path = base_dir / rel_path
-        data = read_regular_file(path, "scorer file")
+        data = read_regular_file(path, "scorer file") if kept is None else kept
         self.sha256 = (hashlib.sha256(data).hexdigest() if pinned_sha256 is None
                        else check_sha256("scorer file", path, data, pinned_sha256))
         self.version = self.sha256
+        self.data = data
+        """The bytes compiled and run (a run keeps them, so its rewards can be recomputed from its records)."""
         self.settings = {"loss_range": [low, high], "binary": self.binary, "params": thaw(self.params)}
         self.function = _load_function(name, path, data, self.sha256, function)
 
@@ -513,12 +515,14 @@ def _split_user_name(name: str) -> tuple[str, str] | None:
     return path, function
 
 
-def load_scorer(name: str, settings: Mapping[str, Any], base_dir: Path, pinned_sha256: str | None = None) -> Scorer:
+def load_scorer(name: str, settings: Mapping[str, Any], base_dir: Path, pinned_sha256: str | None = None, *,
+                kept: bytes | None = None) -> Scorer:
     """The scorer a declaration names: a built-in (`BUILTIN_SCORERS`) or `path.py:function` under `base_dir`.
 
     `pinned_sha256` is the digest a contract pinned for a user scorer's file (None when preparing one); a built-in
-    takes none. Raises `ContractError` (one line) for an unknown name, bad settings, or a file that is missing,
-    changed or fails to load.
+    takes none. `kept`: a user scorer's file as a run keeps it, used instead of reading the file (and checked
+    against `pinned_sha256` all the same). Raises `ContractError` (one line) for an unknown name, bad settings, or
+    a file that is missing, changed or fails to load.
     """
     builtin = BUILTIN_SCORERS.get(name)
     if builtin is not None:
@@ -535,7 +539,7 @@ def load_scorer(name: str, settings: Mapping[str, Any], base_dir: Path, pinned_s
     if PurePosixPath(rel).is_absolute() or Path(rel).is_absolute():
         raise ContractError(f"scorer {name}: the path {rel} is absolute: give it relative to the declaration's "
                             "folder, so the declaration moves with its files")
-    return UserScorer(name, rel, function, Path(base_dir), settings, pinned_sha256)
+    return UserScorer(name, rel, function, Path(base_dir), settings, pinned_sha256, kept)
 
 
 def scorer_identity(scorer: Scorer) -> dict[str, Any]:

@@ -20,13 +20,26 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tokenizers import Tokenizer
 
 from invar import canonical
 from invar.errors import ContractError, EvidenceError
 from invar.tasks.chat import LEGACY_TEMPLATE_FILE, SPECIAL_TOKEN_NAMES, TEMPLATE_FILE, ChatTemplate, find_template
+
+
+class PromptUnit(Protocol):
+    """What `ModelTokenizer.unit_prompt` reads of a population unit (`invar.tasks.population.Unit`)."""
+
+    @property
+    def prompt(self) -> str | None: ...
+
+    @property
+    def messages(self) -> Sequence[Any] | None: ...
+
+    def chat(self) -> list[dict[str, str]]: ...
+
 
 BASE_FILES = ("tokenizer.json", "tokenizer_config.json")
 """Files every model folder must hold; `invar.contract.prepare.TOKENIZER_FILES` pins the same two."""
@@ -314,6 +327,16 @@ class ModelTokenizer:
         # a rendered template holds special tokens and characters of the owner's messages alike; only the latter
         # can be unknown, and the same refusal rule applies
         return self.encode(text, add_special_tokens=False)
+
+
+    def unit_prompt(self, unit: PromptUnit) -> tuple[str, list[int]]:
+        """A population unit as the model is given it: (the text, its token ids). A plain prompt as it is, encoded
+        with the tokenizer's special tokens (as an engine adds them to text); chat messages rendered by the chat
+        template with the generation prompt and encoded without them (the template writes its own). A use's plan
+        and a training cycle's requests both come from here."""
+        messages = None if unit.messages is None else unit.chat()
+        text = self.render_prompt(prompt=unit.prompt, messages=messages)
+        return text, self.encode(text, add_special_tokens=unit.prompt is not None)
 
 
 def _model_unk_id(tokenizer: Tokenizer) -> int | None:
