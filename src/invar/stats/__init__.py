@@ -17,9 +17,17 @@ from invar.stats.bounds import (
     paired_binary_exact,
     paired_binary_score,
 )
-from invar.stats.diagnostics import PairedDiagnostics, mcnemar_exact_one_sided, paired_diagnostics, paired_wald
+from invar.stats.diagnostics import (
+    PairedDiagnostics,
+    RangeDiagnostics,
+    mcnemar_exact_one_sided,
+    paired_diagnostics,
+    paired_wald,
+    range_diagnostics,
+)
 from invar.stats.planning import PlanRow, plan_row, plan_table, power_at, render_plan, required_n
 from invar.stats.sequential import (
+    BINARY_SEQUENTIAL_METHODS,
     SEQUENTIAL_METHODS,
     SEQUENTIAL_VERSIONS,
     Look,
@@ -34,6 +42,7 @@ from invar.stats.sequential import (
 
 __all__ = [
     "BINARY_METHODS",
+    "BINARY_SEQUENTIAL_METHODS",
     "DEFAULT_BINARY_METHOD",
     "METHODS",
     "ORDERS",
@@ -44,6 +53,7 @@ __all__ = [
     "Look",
     "PairedDiagnostics",
     "PlanRow",
+    "RangeDiagnostics",
     "SequentialDecision",
     "SequentialPlan",
     "StatisticsError",
@@ -60,6 +70,7 @@ __all__ = [
     "plan_row",
     "plan_table",
     "power_at",
+    "range_diagnostics",
     "render_plan",
     "required_n",
     "sequence_bounds",

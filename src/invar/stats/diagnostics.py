@@ -4,7 +4,8 @@ Decision: the task-loss requirement is decided only by the contract's bound meth
 still expect the familiar numbers, so the core reports them on the same records: a paired Wald interval (asymptotic,
 two-sided, may undercover for rare discordance), the exact one-sided McNemar p-value for "candidate worse" (which
 can find no difference but can never show the increase is within ε), and Hoeffding's bound (valid but blind to the
-variance, so usually too loose to admit).
+variance, so usually too loose to admit). For losses in a declared range (not 0/1) McNemar does not apply: the
+paired Wald interval uses the sample variance of the differences, and Hoeffding the range of the differences.
 """
 
 from __future__ import annotations
@@ -14,8 +15,20 @@ from dataclasses import dataclass
 from fractions import Fraction
 from statistics import NormalDist
 
+import numpy.typing as npt
+
 from invar.stats import _binom
-from invar.stats.bounds import Bound, StatisticsError, check_count, check_counts, check_delta, hoeffding
+from invar.stats.bounds import (
+    Bound,
+    StatisticsError,
+    check_count,
+    check_counts,
+    check_data,
+    check_delta,
+    check_range,
+    hoeffding,
+    mean_of,
+)
 
 EXACT_MCNEMAR_LIMIT = 20_000
 """Up to this many discordant units the McNemar tail is summed in exact integer arithmetic; beyond, scipy's binomial
@@ -94,3 +107,34 @@ def paired_diagnostics(worse: int, better: int, n: int, delta: float, confidence
         mcnemar_p=mcnemar_exact_one_sided(w, bt),
         hoeffding=hoeffding(d, -1.0, 1.0, delta),
     )
+
+
+@dataclass(frozen=True)
+class RangeDiagnostics:
+    """The diagnostics `invar use admit` prints beside the decision for task losses in a declared range."""
+
+    n: int
+    """All paired units."""
+    wald_confidence: float
+    """Two-sided confidence of the Wald interval."""
+    wald: tuple[float, float]
+    """Paired Wald interval for E[d]: mean ∓ z·s/√n, s the sample standard deviation of d (0 for one unit)."""
+    hoeffding: Bound
+    """Hoeffding's bounds on d in its range [a, b] at the contract's δ."""
+
+
+def range_diagnostics(d: npt.ArrayLike, a: float, b: float, delta: float, confidence: float = 0.95
+                      ) -> RangeDiagnostics:
+    """Diagnostics for paired differences `d` in [a, b] at the contract's δ (Hoeffding) and a Wald confidence."""
+    a, b = check_range(a, b)
+    check_delta(delta)
+    if isinstance(confidence, bool) or not isinstance(confidence, int | float) or not 0.0 < confidence < 1.0:
+        raise StatisticsError(f"confidence must lie strictly between 0 and 1 (e.g. 0.95); got {confidence!r}")
+    values = check_data(d, a, b)
+    n = values.size
+    mean = mean_of(values)
+    sd = math.sqrt(math.fsum(((values - mean) ** 2).tolist()) / (n - 1)) if n > 1 else 0.0
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    half = z * sd / math.sqrt(n)
+    return RangeDiagnostics(n=n, wald_confidence=confidence, wald=(mean - half, mean + half),
+                            hoeffding=hoeffding(values, a, b, delta))

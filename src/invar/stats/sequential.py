@@ -45,6 +45,8 @@ from invar.stats.bounds import StatisticsError
 FloatArray = npt.NDArray[np.float64]
 
 SEQUENTIAL_METHODS: tuple[str, ...] = ("betting-sequence", "paired-binary-sequence")
+BINARY_SEQUENTIAL_METHODS: tuple[str, ...] = ("paired-binary-sequence",)
+"""Sequential methods for 0/1 losses only: d ∈ {-1, 0, 1} in [-1, 1]; betting-sequence takes any declared range."""
 SEQUENTIAL_VERSIONS: dict[str, str] = {
     "betting-sequence": "betting-sequence/1",
     "paired-binary-sequence": "paired-binary-sequence/1",
@@ -105,15 +107,16 @@ def _check_method(method: object) -> str:
     return str(method)
 
 
-def _check_epsilon(epsilon: object) -> tuple[Fraction, str]:
-    """ε exactly (a Fraction, compared without rounding) and as the caller wrote it."""
+def _check_epsilon(epsilon: object, a: float = -1.0, b: float = 1.0) -> tuple[Fraction, str]:
+    """ε exactly (a Fraction, compared without rounding) and as the caller wrote it; strictly inside the range
+    [a, b] of d, where a bound can cross it."""
     if isinstance(epsilon, Fraction | Decimal):
         value, text = Fraction(epsilon), str(epsilon)
     else:
         number = bounds.check_real("epsilon", epsilon)
         value, text = Fraction(number), repr(number)
-    if not -1 < value < 1:
-        raise StatisticsError(f"epsilon must lie strictly between -1 and 1; got {text}")
+    if not Fraction(a) < value < Fraction(b):
+        raise StatisticsError(f"epsilon must lie strictly between {a:g} and {b:g}; got {text}")
     return value, text
 
 
@@ -280,10 +283,10 @@ def sequential_decision(
     ε is compared exactly (Fraction).
     """
     name = _check_method(method)
-    eps, eps_text = _check_epsilon(epsilon)
+    a, b = bounds.check_range(a, b)
+    eps, eps_text = _check_epsilon(epsilon, a, b)
     horizon = bounds.check_count("n_max", n_max, 1)
     looks_at = _check_boundaries(boundaries, horizon)
-    a, b = bounds.check_range(a, b)
     delta = bounds.check_delta(delta)
     x, bets = _prepare(name, d, a, b, delta, horizon)
     version = SEQUENTIAL_VERSIONS[name]
