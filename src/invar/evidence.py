@@ -10,6 +10,13 @@ planned-call evidence admission binds), carries its package in its type, and the
 `use admit` decides through these types: its paired losses are `paired_loss(Losses[Reference], Losses[Candidate])`
 and its ε comparisons `within_epsilon`.
 
+Losses of a bounded, non-binary scorer (a user scorer declared with `binary = false` and `loss_range = [a, b]`) are
+floats, so they have their own sealed type, `RangeLosses`, built by `recorded_range_losses` and
+`bound_range_losses`, tagged by package in the same way and carrying the declared range; `paired_range_loss`
+pairs them. 0/1 losses and range losses never stand in for each other: neither type is the other's, and each
+pairing function takes one kind only. Their sums are kept exactly (a float is an exact fraction), so the mean
+increase compared with ε is still exact.
+
 What a call's report says about the package that made it is evidence too: `check_patches_active` refuses a call in
 which a declared patch did not run. It lives here, below both the runner (which checks each call as it is answered)
 and admission (which checks each recorded one again), so that neither has to import the other to apply one rule.
@@ -21,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, Generic, Literal, Protocol, TypeVar, final, overload
+from typing import Any, Generic, Literal, Protocol, TypeVar, final, get_args, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -62,6 +69,48 @@ def paired_task_loss(reference: np.ndarray, candidate: np.ndarray) -> TaskLoss:
     return TaskLoss(
         n=len(d), reference_loss=int(reference.sum()), candidate_loss=int(candidate.sum()),
         worse=int((d > 0).sum()), better=int((d < 0).sum()),
+    )
+
+
+@dataclass(frozen=True)
+class RangeTaskLoss:
+    """The paired task-loss comparison over the planned units, for losses in a declared range [a, b] (not 0/1)."""
+
+    n: int
+    loss_range: tuple[float, float]
+    """The scorer's declared [a, b]; each paired difference lies in [a − b, b − a]."""
+    reference_loss: Fraction
+    """The reference's losses summed exactly (each float loss is an exact fraction)."""
+    candidate_loss: Fraction
+    worse: int
+    """Units where the candidate's loss exceeds the reference's."""
+    better: int
+    """Units where it is lower."""
+
+    @property
+    def mean_difference(self) -> Fraction:
+        """Mean of candidate loss minus reference loss, exactly."""
+        return (self.candidate_loss - self.reference_loss) / self.n
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n": self.n, "loss_range": list(self.loss_range),
+            "reference_loss": str(self.reference_loss), "reference_loss_float": float(self.reference_loss),
+            "candidate_loss": str(self.candidate_loss), "candidate_loss_float": float(self.candidate_loss),
+            "worse": self.worse, "better": self.better,
+            "mean_difference": str(self.mean_difference), "mean_difference_float": float(self.mean_difference),
+        }
+
+
+def paired_range_task_loss(reference: npt.NDArray[np.float64], candidate: npt.NDArray[np.float64],
+                           loss_range: tuple[float, float]) -> RangeTaskLoss:
+    """Summaries of per-unit losses in [a, b] (float64[n] each, aligned by unit), summed exactly: a float sum
+    could round the mean increase across ε."""
+    return RangeTaskLoss(
+        n=len(reference), loss_range=loss_range,
+        reference_loss=sum((Fraction(x) for x in reference.tolist()), Fraction(0)),
+        candidate_loss=sum((Fraction(x) for x in candidate.tolist()), Fraction(0)),
+        worse=int((candidate > reference).sum()), better=int((candidate < reference).sum()),
     )
 
 
@@ -142,6 +191,73 @@ def paired_loss(reference: Losses[Reference], candidate: Losses[Candidate]) -> T
     return paired_task_loss(reference.values, candidate.values)
 
 
+@final
+class RangeLosses(Generic[RoleT]):
+    """One package's per-unit task losses in the scorer's declared range [a, b] (floats, not 0/1), each bound to
+    the answered call record it was scored from."""
+
+    __slots__ = ("loss_range", "records", "role", "values")
+
+    def __init__(self, seal: _Seal, role: type[RoleT], values: npt.NDArray[np.float64],
+                 loss_range: tuple[float, float], records: tuple[CallRecord | Answered, ...]) -> None:
+        if seal is not _SEAL:
+            raise EvidenceError("losses are evidence only when bound to records: build them with "
+                                "recorded_range_losses")
+        self.role: type[RoleT] = role
+        self.values: npt.NDArray[np.float64] = values
+        self.loss_range: tuple[float, float] = loss_range
+        self.records: tuple[CallRecord | Answered, ...] = records
+
+
+def _range_values(values: Any, loss_range: tuple[float, float]) -> npt.NDArray[np.float64]:
+    """`values` as float64, each finite and within `loss_range`; `EvidenceError` naming the first unit that is not."""
+    low, high = loss_range
+    array = np.asarray(values, dtype=np.float64)
+    bad = ~(np.isfinite(array) & (array >= low) & (array <= high))
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise EvidenceError(f"unit {first}: loss {float(array[first])!r} is outside the scorer's declared "
+                            f"loss_range [{low:g}, {high:g}]")
+    return array
+
+
+def recorded_range_losses(role: type[RoleT], records: Sequence[CallRecord], values: Sequence[float],
+                          loss_range: tuple[float, float]) -> RangeLosses[RoleT]:
+    """Range losses of `role`'s package, unit i scored from the output `records[i]` holds; refuses a record with
+    no successful report and a loss outside `loss_range`."""
+    if len(records) != len(values):
+        raise EvidenceError(f"{len(values)} losses for {len(records)} records: each loss names the record it came from")
+    for rec in records:
+        if rec.report is None or not rec.report.report.ok:
+            raise EvidenceError(f"{rec.name} has no successful report: no loss can be read from it")
+    return RangeLosses(_SEAL, role, _range_values(values, loss_range), loss_range, tuple(records))
+
+
+def bound_range_losses(role: type[RoleT], records: Sequence[Answered | None], values: Any,
+                       loss_range: tuple[float, float]) -> RangeLosses[RoleT]:
+    """Range losses of `role`'s package as admission reads them: unit i scored from the planned call `records[i]`
+    that answered it; refuses a unit no recorded call answered and a loss outside `loss_range`."""
+    if len(records) != len(values):
+        raise EvidenceError(f"{len(values)} losses for {len(records)} records: each loss names the record it came from")
+    missing = [i for i, rec in enumerate(records) if rec is None]
+    if missing:
+        raise EvidenceError(f"unit {missing[0]} has no recorded call that answered it: no loss can be read for it")
+    return RangeLosses(_SEAL, role, _range_values(values, loss_range), loss_range,
+                       tuple(r for r in records if r is not None))
+
+
+def paired_range_loss(reference: RangeLosses[Reference], candidate: RangeLosses[Candidate]) -> RangeTaskLoss:
+    """The paired comparison of range losses: the reference's first, the candidate's second, by type, over one
+    declared range."""
+    if reference.values.shape != candidate.values.shape:
+        raise EvidenceError(f"{reference.values.size} reference losses against {candidate.values.size} candidate "
+                            "losses: pair the same units")
+    if reference.loss_range != candidate.loss_range:
+        raise EvidenceError(f"reference losses in {list(reference.loss_range)} against candidate losses in "
+                            f"{list(candidate.loss_range)}: pair losses of one scorer")
+    return paired_range_task_loss(reference.values, candidate.values, reference.loss_range)
+
+
 def within_epsilon(increase: Fraction, epsilon: Decimal) -> bool:
     """Whether an exact mean loss increase is at most the contract's ε, compared exactly (no float rounding)."""
     return increase <= Fraction(epsilon)
@@ -151,6 +267,16 @@ BinaryMethod = Literal["paired-binary-exact", "paired-binary-score"]
 """Methods for 0/1 losses: d in [-1, 1] only."""
 RangeMethod = Literal["hoeffding", "maurer-pontil", "betting"]
 """Methods for any bounded d in a declared [a, b]."""
+RANGE_METHODS: tuple[RangeMethod, ...] = get_args(RangeMethod)
+
+
+def range_method(method: str) -> RangeMethod:
+    """`method` as a bounded-range method, or `EvidenceError` naming the ones there are."""
+    for known in RANGE_METHODS:
+        if method == known:
+            return known
+    raise EvidenceError(f"{method} is not a method for losses in a declared range; use one of "
+                        f"{', '.join(RANGE_METHODS)}")
 
 
 @overload
