@@ -396,6 +396,24 @@ class TaskLossOutput(Closed):
     mean_difference_float: float
 
 
+class RangeTaskLossOutput(Closed):
+    """The task loss of a scorer whose losses lie in a declared range (`binary = false`), not 0/1."""
+
+    n: int
+    loss_range: tuple[float, float]
+    """The scorer's declared [a, b]; each paired difference lies in [a − b, b − a]."""
+    reference_loss: str
+    """The reference's losses summed exactly, as a fraction (each float loss is one)."""
+    reference_loss_float: float
+    candidate_loss: str
+    candidate_loss_float: float
+    worse: int
+    better: int
+    mean_difference: str
+    """Exact, as a fraction: the number the decision compares with ε."""
+    mean_difference_float: float
+
+
 class BoundOutput(Closed):
     method: str
     version: str
@@ -428,6 +446,14 @@ class HoeffdingOutput(Closed):
 class DiagnosticsOutput(Closed):
     paired_wald: WaldOutput
     mcnemar_exact_one_sided: McNemarOutput
+    hoeffding: HoeffdingOutput
+    note: str
+
+
+class RangeDiagnosticsOutput(Closed):
+    """Diagnostics for losses in a declared range: McNemar's test counts 0/1 losses, so it is left out."""
+
+    paired_wald: WaldOutput
     hoeffding: HoeffdingOutput
     note: str
 
@@ -580,9 +606,10 @@ class DecisionOutput(Closed):
     delta: str | None
     invariance: InvarianceOutput
     premises: list[PremiseOutput]
-    task_loss: TaskLossOutput
+    task_loss: TaskLossOutput | RangeTaskLossOutput
+    """0/1 losses, or (with `loss_range`) losses in the scorer's declared range."""
     bound: BoundOutput | None
-    diagnostics: DiagnosticsOutput | None
+    diagnostics: DiagnosticsOutput | RangeDiagnosticsOutput | None
     evidence: list[EvidenceOutput]
     measurements: DecisionMeasurements | None = None
     """Plan /3 contracts only."""
