@@ -32,15 +32,17 @@ from invar import canonical
 from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
 from invar.contract.admit import EXIT_CODES, Decision, admit
-from invar.contract.model import Contract
+from invar.contract.model import Contract, loss_span
 from invar.contract.plan import PlannedCall
-from invar.contract.prepare import load_for_planning, prepare
+from invar.contract.prepare import declared_difference_range, load_for_planning, prepare, range_methods
 from invar.contract.receipt import fingerprint, load_private_key, make_receipt, verify_receipt, write_receipt
 from invar.errors import ContractError, InvarError
+from invar.evidence import RangeTaskLoss
 from invar.patches import patch_digest, patch_dir
 from invar.runner.engine import Engine, default_run_dir, probe_identity
 from invar.runner.options import check_sampling
 from invar.runner.use_run import Progress, admit_command, use_run
+from invar.stats.diagnostics import RangeDiagnostics
 from invar.stats.planning import plan_table, render_plan
 from invar.stats.sequential import SequentialPlan, render_sequential, sequential_plan
 from invar.tasks.tokenizer import ModelTokenizer, tokenizer_digest
@@ -154,9 +156,16 @@ def plan_cmd(
         raise ContractError(f"{contract}: a finite-domain contract decides exactly on its units; there is no "
                             "sample size to plan")
     stated = parse_assumptions(assume)
+    low, high = declared_difference_range(c)
+    methods = method or None
+    if (low, high) != (-1.0, 1.0) and "variance" not in stated:
+        raise InvarError(f"--assume worse=/better= describes 0/1 losses, but this contract's differences lie in "
+                         f"[{low:g}, {high:g}]; state --assume 'variance=... mean=...' of the difference")
+    if methods is None and loss_span(c.scorer) is not None and "variance" not in stated:
+        methods = list(range_methods(False))  # the binary methods cannot decide this contract's losses
     rows = plan_table(
         stated.get("p_worse"), stated.get("p_better"), float(req.epsilon), float(req.delta), power,
-        methods=method or None, variance=stated.get("variance"), mean=stated.get("mean", 0.0),
+        methods=methods, variance=stated.get("variance"), mean=stated.get("mean", 0.0), a=low, b=high,
     )
     stops = _sequential_plan(c, looks, stated, sequential_max)
     if json_out:
@@ -211,9 +220,16 @@ def render_decision(decision: Decision) -> str:
         lines.append(f"premise    [{p.reliance}, {'holds' if p.holds else 'NOT held'}] {p.statement} "
                      f"(party {p.party}, basis {p.basis_sha256[:16]}…)")
     t = d.task_loss
-    lines.append(f"task loss  n = {t.n}: reference {t.reference_loss}, candidate {t.candidate_loss}, "
-                 f"worse {t.worse}, better {t.better}, mean increase {t.mean_difference} "
-                 f"= {float(t.mean_difference):.6g}")
+    if isinstance(t, RangeTaskLoss):
+        # Sums of float losses are long exact fractions: --json has them; a person reads the floats.
+        low, high = t.loss_range
+        lines.append(f"task loss  n = {t.n}, losses in [{low:g}, {high:g}]: reference {float(t.reference_loss):.6g}, "
+                     f"candidate {float(t.candidate_loss):.6g} (sums), worse {t.worse}, better {t.better}, mean "
+                     f"increase {float(t.mean_difference):.6g} (exact fractions in --json)")
+    else:
+        lines.append(f"task loss  n = {t.n}: reference {t.reference_loss}, candidate {t.candidate_loss}, "
+                     f"worse {t.worse}, better {t.better}, mean increase {t.mean_difference} "
+                     f"= {float(t.mean_difference):.6g}")
     if d.bound is not None:
         b = d.bound
         lines.append(f"bound      {b.method} {b.version}, δ = {b.delta:.6g}: estimate {b.estimate:.6g}, "
@@ -226,7 +242,10 @@ def render_decision(decision: Decision) -> str:
                          f"{look.n}: [{look.lower:.3g}, {look.upper:.3g}]" for look in s.looks[-4:])
                      + (" (last four)" if len(s.looks) > 4 else ""))
     g = d.diagnostics
-    if g is not None:
+    if isinstance(g, RangeDiagnostics):
+        lines.append(f"diagnostic (never deciding) paired Wald {g.wald_confidence:g}: [{g.wald[0]:.6g}, "
+                     f"{g.wald[1]:.6g}]; Hoeffding [{g.hoeffding.lower:.6g}, {g.hoeffding.upper:.6g}]")
+    elif g is not None:
         lines.append(f"diagnostic (never deciding) paired Wald {g.wald_confidence:g}: [{g.wald[0]:.6g}, "
                      f"{g.wald[1]:.6g}]; exact McNemar one-sided p = {g.mcnemar_p:.4g}; Hoeffding "
                      f"[{g.hoeffding.lower:.6g}, {g.hoeffding.upper:.6g}]")

@@ -16,8 +16,11 @@ The decision, in order:
    reference loss) at confidence 1 − δ; upper ≤ ε → Admitted, lower > ε → Violated, otherwise Unknown.
    Finite-domain standard: the exact mean difference over exactly the declared units (a fraction), ≤ ε →
    Admitted, otherwise Violated; no bound and no claim beyond those units.
-Diagnostics (paired Wald, exact McNemar, Hoeffding) are computed on the same differences and reported beside the
-decision; they never decide it.
+   Losses are 0/1 for a binary scorer. A scorer declared with `binary = false` and `loss_range = [a, b]` gives
+   float losses in [a, b]; each difference then lies in [a − b, b − a], and the bound (a bounded-range method, as
+   `use prepare` checked) is taken on that range. Sums and the mean difference are kept exactly either way.
+Diagnostics (paired Wald, exact McNemar, Hoeffding; for losses in a range, paired Wald and Hoeffding) are computed on
+the same differences and reported beside the decision; they never decide it.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Rol
 from invar.contract.prepare import (
     ROLES,
     contract_scorer,
+    difference_range,
     method_version,
     model_folders,
     package_tokenizers,
@@ -52,17 +56,22 @@ from invar.contract.prepare import (
 from invar.errors import ContractError, EvidenceError
 from invar.evidence import (
     Candidate,
+    RangeTaskLoss,
     Reference,
     TaskLoss,
     bound_losses,
+    bound_range_losses,
     check_patches_active,
     paired_loss,
+    paired_range_loss,
     paired_task_loss,
+    range_method,
     within_epsilon,
 )
+from invar.evidence import task_bound as method_bound
 from invar.records.store import CallRecord, RunStore
 from invar.stats.bounds import Bound, StatisticsError, bound
-from invar.stats.diagnostics import PairedDiagnostics, paired_diagnostics
+from invar.stats.diagnostics import PairedDiagnostics, RangeDiagnostics, paired_diagnostics, range_diagnostics
 from invar.stats.sequential import SequentialDecision, check_stop, sequential_decision
 from invar.tasks.population import load_units
 from invar.tasks.scorers import Scorer
@@ -583,7 +592,11 @@ def _output_difference(a: Output, b: Output) -> str | None:
 def task_losses(
     units: Sequence[Unit], outputs: Sequence[Output], vocabulary: ModelTokenizer, scorer: Scorer
 ) -> np.ndarray:
-    """Task loss per unit, recomputed from the response tokens by the contract's scorer: int64[n], each 0 or 1."""
+    """Task loss per unit, recomputed from the response tokens by the contract's scorer: int64[n], each 0 or 1, for
+    a binary scorer; float64[n], each in the scorer's declared range, for any other."""
+    if not scorer.binary:
+        return np.array([unit_range_loss(u, o.tokens, vocabulary, scorer)
+                         for u, o in zip(units, outputs, strict=True)], dtype=np.float64)
     return np.array([unit_loss(u, o.tokens, vocabulary, scorer) for u, o in zip(units, outputs, strict=True)],
                     dtype=np.int64)
 
@@ -591,18 +604,28 @@ def task_losses(
 def unit_loss(unit: Unit, tokens: np.ndarray, vocabulary: ModelTokenizer, scorer: Scorer) -> int:
     """One unit's task loss: the response text decoded by the core from `tokens` (int[T]), scored by `scorer`."""
     loss = scorer.loss(unit.scored(), vocabulary.decode(tokens.tolist()))
-    if loss not in (0, 1):  # prepare admits binary scorers only; a user function may still break its word
+    if loss not in (0, 1):  # a binary scorer's losses are 0/1; a user function may still break its word
         raise EvidenceError(f"unit {unit.unit_id}: the scorer gave loss {loss!r}, not 0 or 1")
     return int(loss)
+
+
+def unit_range_loss(unit: Unit, tokens: np.ndarray, vocabulary: ModelTokenizer, scorer: Scorer) -> float:
+    """One unit's task loss under a scorer whose losses lie in a declared [a, b] (not 0/1), as `unit_loss`."""
+    loss = scorer.loss(unit.scored(), vocabulary.decode(tokens.tolist()))
+    low, high = scorer.loss_range
+    if not (math.isfinite(loss) and low <= loss <= high):  # scorers refuse this already; the bound relies on it
+        raise EvidenceError(f"unit {unit.unit_id}: the scorer gave loss {loss!r}, outside its declared loss_range "
+                            f"[{low:g}, {high:g}]")
+    return float(loss)
 
 
 def layout_losses(
     plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role, layout: str,
     vocabulary: ModelTokenizer, scorer: Scorer,
 ) -> np.ndarray:
-    """Each planned unit's task loss under `package`'s `layout` calls: int64[n] (0 for a look a sequential run did
-    not reach)."""
-    losses = np.zeros(len(plan.units), dtype=np.int64)
+    """Each planned unit's task loss under `package`'s `layout` calls: int64[n] for a binary scorer, float64[n]
+    for any other (0 for a look a sequential run did not reach)."""
+    losses = np.zeros(len(plan.units), dtype=np.int64 if scorer.binary else np.float64)
     for c in plan.layout_calls(package, layout):
         if plan.sequential is not None and c.key not in found:
             continue  # a look the run did not reach (recorded_looks checked the prefix)
@@ -685,9 +708,10 @@ class Decision:
     """δ as the contract writes it (population standard only)."""
     invariance: Invariance
     premises: tuple[PremiseCheck, ...]
-    task_loss: TaskLoss
+    task_loss: TaskLoss | RangeTaskLoss
+    """0/1 losses (`TaskLoss`), or losses in the scorer's declared range (`RangeTaskLoss`)."""
     bound: Bound | None
-    diagnostics: PairedDiagnostics | None
+    diagnostics: PairedDiagnostics | RangeDiagnostics | None
     """Population standard only: a finite-domain decision makes no inference beyond its units."""
     evidence: tuple[CallEvidence, ...]
     plan_version: str
@@ -750,7 +774,7 @@ def sequential_json(decision: SequentialDecision) -> dict[str, Any]:
 
 
 def decide(
-    contract: Contract, invariance: Invariance, premises: Sequence[PremiseCheck], loss: TaskLoss,
+    contract: Contract, invariance: Invariance, premises: Sequence[PremiseCheck], loss: TaskLoss | RangeTaskLoss,
     task_bound: Bound | None, kl: KlRequirement | None = None, sequential: SequentialDecision | None = None,
 ) -> tuple[Answer, str]:
     """The answer and its one-line reason, in the contract's order: invariance, the measurements' `max_kl` (when
@@ -777,8 +801,11 @@ def decide(
         mean = loss.mean_difference
         verdict = Answer.ADMITTED if within_epsilon(mean, contract.requirement.epsilon) else Answer.VIOLATED
         relation = "≤" if verdict is Answer.ADMITTED else ">"
-        return verdict, (f"finite domain: mean loss increase over exactly the {loss.n} declared units is {mean} "
-                         f"= {float(mean):.6g} {relation} ε = {eps_text}; no claim beyond these units")
+        # Float losses make long fractions: the exact one is in task_loss.mean_difference, compared exactly.
+        shown = f"{float(mean):.6g} (compared exactly)" if isinstance(loss, RangeTaskLoss) else \
+            f"{mean} = {float(mean):.6g}"
+        return verdict, (f"finite domain: mean loss increase over exactly the {loss.n} declared units is {shown} "
+                         f"{relation} ε = {eps_text}; no claim beyond these units")
     assert task_bound is not None
     assert contract.requirement.delta is not None
     conf = 1 - contract.requirement.delta
@@ -798,9 +825,15 @@ def decide(
                             "this evidence does not decide; more units may")
 
 
-def diagnostics_json(diag: PairedDiagnostics) -> dict[str, Any]:
+def diagnostics_json(diag: PairedDiagnostics | RangeDiagnostics) -> dict[str, Any]:
     """The diagnostics as JSON, labelled so no reader mistakes them for the decision."""
     h = diag.hoeffding
+    if isinstance(diag, RangeDiagnostics):
+        return {
+            "paired_wald": {"confidence": diag.wald_confidence, "lower": diag.wald[0], "upper": diag.wald[1]},
+            "hoeffding": {"version": h.version, "delta": h.delta, "lower": h.lower, "upper": h.upper},
+            "note": "diagnostics only; the decision uses the contract's method",
+        }
     return {
         "paired_wald": {"confidence": diag.wald_confidence, "lower": diag.wald[0], "upper": diag.wald[1]},
         "mcnemar_exact_one_sided": {"worse": diag.worse, "better": diag.better, "p": diag.mcnemar_p},
@@ -903,20 +936,31 @@ def admit(
             if plan.measurements else None
         stopped = None
         used: list[int] = []
+        d_low, d_high = difference_range(scorer)
         if plan.sequential is not None:
             used = list(plan.sequential.look_units(recorded_looks(plan, found, str(store.path))))
             ref_loss, cand_loss = ref_loss[used], cand_loss[used]
-            stopped = sequential_stop(contract, plan, cand_loss - ref_loss, str(store.path))
+            stopped = sequential_stop(contract, plan, cand_loss - ref_loss, str(store.path), (d_low, d_high))
             check_stop_record(store, stopped, plan, found)
     # The decision's losses are evidence: each unit's loss typed by its package and bound to the record it was
-    # scored from (invar.evidence), so the reference's cannot stand in for the candidate's.
+    # scored from (invar.evidence), so the reference's cannot stand in for the candidate's, nor 0/1 losses for
+    # losses in a declared range.
     units = list(range(len(plan.units))) if stopped is None else used
     ref_evidence = unit_evidence(plan, found, "reference", pairing)
     cand_evidence = unit_evidence(plan, found, "candidate", pairing)
-    reference = bound_losses(Reference, [ref_evidence[i] for i in units], ref_loss)
-    candidate = bound_losses(Candidate, [cand_evidence[i] for i in units], cand_loss)
-    d = candidate.values - reference.values
-    loss = paired_loss(reference, candidate)
+    loss: TaskLoss | RangeTaskLoss
+    d: np.ndarray
+    if scorer.binary:
+        reference = bound_losses(Reference, [ref_evidence[i] for i in units], ref_loss)
+        candidate = bound_losses(Candidate, [cand_evidence[i] for i in units], cand_loss)
+        d = candidate.values - reference.values
+        loss = paired_loss(reference, candidate)
+    else:
+        ranged_ref = bound_range_losses(Reference, [ref_evidence[i] for i in units], ref_loss, scorer.loss_range)
+        ranged_cand = bound_range_losses(Candidate, [cand_evidence[i] for i in units], cand_loss,
+                                         scorer.loss_range)
+        d = ranged_cand.values - ranged_ref.values
+        loss = paired_range_loss(ranged_ref, ranged_cand)
     inv_layouts = tuple(contract.invariance.layouts)
     if contract.invariance.required:
         differing, first = check_invariance({name: layout_outputs(plan, found, "candidate", name)
@@ -929,19 +973,24 @@ def admit(
 
     req = contract.requirement
     task_bound: Bound | None = None
-    diag: PairedDiagnostics | None = None
+    diag: PairedDiagnostics | RangeDiagnostics | None = None
     delta: Decimal | None = None
     if req.standard == "population":
         assert req.method is not None
         assert req.delta is not None
         delta = req.delta
-        if stopped is None:
-            task_bound = bound(req.method, d.astype(np.float64), -1.0, 1.0, conservative_delta(delta))
-        else:
+        if stopped is not None:
             final = stopped.final
             task_bound = Bound(stopped.method, stopped.version, final.n, stopped.delta, float(np.mean(d)),
                                final.lower, final.upper)
-        diag = paired_diagnostics(loss.worse, loss.better, loss.n, conservative_delta(delta))
+        elif scorer.binary:
+            task_bound = bound(req.method, d.astype(np.float64), -1.0, 1.0, conservative_delta(delta))
+        else:
+            task_bound = _range_bound(req.method, d, d_low, d_high, conservative_delta(delta))
+        if scorer.binary:
+            diag = paired_diagnostics(loss.worse, loss.better, loss.n, conservative_delta(delta))
+        else:
+            diag = range_diagnostics(d, d_low, d_high, conservative_delta(delta))
     max_kl = None if contract.measurements is None else contract.measurements.max_kl
     kl = None if max_kl is None or measured is None else kl_requirement(measured, max_kl)
     answer, reason = decide(contract, invariance, premises, loss, task_bound, kl, stopped)
@@ -956,25 +1005,37 @@ def admit(
     )
 
 
-def sequential_rule(contract: Contract, plan: ExecutionPlan, d: np.ndarray) -> SequentialDecision:
-    """Plan /4: the stopping rule on the differences of the first looks (`d` in the rule's unit order): the method
-    and looks the plan fixes, ε exactly, δ rounded down. "Running" when it has not stopped on these units."""
+def _range_bound(method: str, d: np.ndarray, low: float, high: float, delta: float) -> Bound:
+    """The contract's bounded-range method on differences in [low, high] (losses in a declared range)."""
+    try:
+        return method_bound(range_method(method), d.astype(np.float64), low, high, delta)
+    except StatisticsError as exc:
+        raise EvidenceError(f"requirement.method {method}: {exc}") from None
+
+
+def sequential_rule(contract: Contract, plan: ExecutionPlan, d: np.ndarray,
+                    d_range: tuple[float, float] = (-1.0, 1.0)) -> SequentialDecision:
+    """Plan /4: the stopping rule on the differences of the first looks (`d` in the rule's unit order, each in
+    `d_range`: [-1, 1] for 0/1 losses, `difference_range` of the scorer otherwise): the method and looks the plan
+    fixes, ε exactly, δ rounded down. "Running" when it has not stopped on these units."""
     section = plan.sequential
     req = contract.requirement
     assert section is not None
     assert req.delta is not None
+    low, high = d_range
     return sequential_decision(section.method, np.asarray(d, dtype=np.float64), section.boundaries, req.epsilon,
-                               conservative_delta(req.delta), section.n_max)
+                               conservative_delta(req.delta), section.n_max, a=low, b=high)
 
 
-def sequential_stop(contract: Contract, plan: ExecutionPlan, d: np.ndarray, where: str) -> SequentialDecision:
+def sequential_stop(contract: Contract, plan: ExecutionPlan, d: np.ndarray, where: str,
+                    d_range: tuple[float, float] = (-1.0, 1.0)) -> SequentialDecision:
     """Plan /4: the stopping rule on the differences of the looks recorded (`d` in the rule's unit order), which must
     stop exactly where the records end; `EvidenceError` (one line) for a run that stopped where the rule does not
     stop, or went on after it stopped."""
     if not len(d):
         raise EvidenceError(f"{where}: the run holds no complete look, where the stopping rule does not stop; resume "
                             "it with `invar use run CONTRACT --run RUN`")
-    decision = sequential_rule(contract, plan, d)
+    decision = sequential_rule(contract, plan, d, d_range)
     try:
         check_stop(len(d), decision)
     except StatisticsError as exc:
@@ -1029,8 +1090,11 @@ def measurement_comparison(
         outs = layout_outputs(plan, bound.found, role, plan.pairing_layout)
         outputs[role] = [Response(o.tokens, o.logprobs, o.finish_reason) for o in outs]
         texts[role] = [vocab[role].decode(o.tokens.tolist()) for o in outs]
-    losses: dict[Role, list[int | None]] = {"reference": [int(x) for x in reference_loss],
-                                            "candidate": [int(x) for x in candidate_loss]}
+    # The comparison counts 0/1 losses; losses in a wider range are summarised by the decision's task loss only.
+    binary = reference_loss.dtype.kind == "i"
+    losses: dict[Role, list[int | None]] = {
+        "reference": [int(x) if binary else None for x in reference_loss],
+        "candidate": [int(x) if binary else None for x in candidate_loss]}
     sources = {"mode": "use run", "run": str(store.path), "contract": contract.name, "plan_version": plan.version,
                "reference": {"label": f"{contract.name} reference ({_label(contract.reference)})"},
                "candidate": {"label": f"{contract.name} candidate ({_label(contract.candidate)})"},
@@ -1055,6 +1119,7 @@ __all__ = [
     "Invariance",
     "Output",
     "PremiseCheck",
+    "RangeTaskLoss",
     "TaskLoss",
     "admit",
     "bind_evidence",
@@ -1081,4 +1146,5 @@ __all__ = [
     "stream_evidence",
     "task_losses",
     "unit_loss",
+    "unit_range_loss",
 ]

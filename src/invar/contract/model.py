@@ -23,6 +23,7 @@ import sys
 import tomllib
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -142,9 +143,13 @@ def _to_decimal(value: object) -> Decimal:
 
 def _open_unit(value: Decimal) -> Decimal:
     if not Decimal(0) < value < Decimal(1):
-        text = str(value)
-        raise ValueError(f"must be in (0, 1); got {text if len(text) <= 60 else text[:59] + '…'}")
+        raise ValueError(f"must be in (0, 1); got {_shown(value)}")
     return value
+
+
+def _shown(value: Decimal) -> str:
+    text = str(value)
+    return text if len(text) <= 60 else text[:59] + '…'
 
 
 def _non_negative(value: Decimal) -> Decimal:
@@ -164,6 +169,9 @@ WireMap = Annotated[dict[str, Any], Field(max_length=MAX_ENTRIES), AfterValidato
 Probability = Annotated[
     Decimal, BeforeValidator(_to_decimal), AfterValidator(_open_unit), PlainSerializer(_decimal_text, return_type=str)
 ]
+LossAmount = Annotated[Decimal, BeforeValidator(_to_decimal), PlainSerializer(_decimal_text, return_type=str)]
+"""An amount of task loss (ε): exact, written like a probability; its range follows the scorer's, so the model's
+validators check it (`_check_epsilon`)."""
 NonNegative = Annotated[
     Decimal, BeforeValidator(_to_decimal), AfterValidator(_non_negative),
     PlainSerializer(_decimal_text, return_type=str),
@@ -215,8 +223,9 @@ class Requirement(_Model):
     standard: Literal["population", "finite-domain"]
     """`population`: a confidence bound over the declared population. `finite-domain`: the exact mean over
     the declared units, with no claim beyond them."""
-    epsilon: Probability
-    """ε: the largest allowed increase of the mean task loss, in loss units (a fraction of units for 0/1 loss)."""
+    epsilon: LossAmount
+    """ε: the largest allowed increase of the mean task loss, in loss units (a fraction of units for 0/1 loss): in
+    (0, 1) for 0/1 losses, in (0, b − a) for a scorer whose losses lie in a declared [a, b]."""
     delta: Probability | None = None
     """δ: the allowed error probability of the bound (confidence 1 − δ); population standard only."""
     method: ShortText | None = None
@@ -464,6 +473,44 @@ def _check_common(
         raise ValueError("candidate: is identical to the reference package; a contract compares two packages")
 
 
+def declared_loss_range(scorer: Scorer) -> tuple[float, float] | None:
+    """The declared `loss_range = [a, b]` of a user scorer declared with `binary = false`; None for a 0/1 scorer
+    (every built-in, or `binary = true`) and for settings the scorer refuses when loaded (`use prepare` names what
+    is wrong with them then)."""
+    path, sep, _ = scorer.name.rpartition(":")
+    if not sep or not path.endswith(".py") or scorer.settings.get("binary", False) is not False:
+        return None
+    declared = scorer.settings.get("loss_range")
+    if not isinstance(declared, list) or len(declared) != 2:
+        return None
+    low, high = declared
+    if isinstance(low, bool) or isinstance(high, bool) or not isinstance(low, int | float) or \
+            not isinstance(high, int | float):
+        return None
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        return None
+    return float(low), float(high)
+
+
+def loss_span(scorer: Scorer) -> Fraction | None:
+    """b − a, exactly, of `declared_loss_range`; None for a 0/1 scorer."""
+    declared = declared_loss_range(scorer)
+    return None if declared is None else Fraction(declared[1]) - Fraction(declared[0])
+
+
+def _check_epsilon(requirement: Requirement, scorer: Scorer) -> None:
+    """ε lies in (0, 1) for 0/1 losses and in (0, b − a) for losses in [a, b]: an ε of b − a or more would admit
+    any candidate."""
+    span = loss_span(scorer)
+    eps = requirement.epsilon
+    if span is None:
+        if not Decimal(0) < eps < Decimal(1):
+            raise ValueError(f"requirement.epsilon: must be in (0, 1); got {_shown(eps)}")
+    elif not 0 < Fraction(eps) < span:
+        raise ValueError(f"requirement.epsilon: must be in (0, {float(span):g}) for losses in the scorer's "
+                         f"loss_range (at most b − a); got {_shown(eps)}")
+
+
 def _check_method(method: str, sequential: bool) -> None:
     if sequential:
         if method not in SEQUENTIAL_METHODS:
@@ -532,6 +579,7 @@ class Declaration(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> Declaration:
+        _check_epsilon(self.requirement, self.scorer)
         _check_common(self.requirement, self.pairing, self.invariance, self.layouts, self.reference, self.candidate)
         _check_sequential(self.requirement, self.measurements)
         return self
@@ -603,6 +651,7 @@ class Contract(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> Contract:
+        _check_epsilon(self.requirement, self.scorer)
         _check_common(self.requirement, self.pairing, self.invariance, self.layouts, self.reference, self.candidate)
         if (self.requirement.standard == "population") != (self.method_version is not None):
             raise ValueError("method_version: present exactly when the standard is population; re-run use prepare")

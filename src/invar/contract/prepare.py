@@ -27,15 +27,17 @@ from invar.contract.model import (
     PackageDeclaration,
     Population,
     Premise,
+    Requirement,
     Scorer,
+    declared_loss_range,
     read_contract,
     read_declaration,
 )
 from invar.contract.plan import ExecutionPlan, PromptEncoder, Role, call_groups, derive_plan
 from invar.errors import ContractError
 from invar.owner_files import one_line
-from invar.stats.bounds import VERSIONS
-from invar.stats.sequential import SEQUENTIAL_VERSIONS
+from invar.stats.bounds import BINARY_METHODS, METHODS, VERSIONS
+from invar.stats.sequential import BINARY_SEQUENTIAL_METHODS, SEQUENTIAL_METHODS, SEQUENTIAL_VERSIONS
 from invar.tasks.arithmetic import SCORER_NAME as ARITHMETIC
 from invar.tasks.population import Unit as PopulationUnit
 from invar.tasks.population import load_units
@@ -192,7 +194,7 @@ def build_contract(declaration: Declaration, base: Path, out: Path) -> tuple[Con
         "population": Population(
             path=_rel(pop_path, out), sha256=pop.sha256, size=len(units), unit=pop.unit, sample=pop.sample
         ),
-        "scorer": _scorer(declaration.scorer, units, base, out),
+        "scorer": _scorer(declaration.scorer, requirement, units, base, out),
         "method_version": None if requirement.method is None else method_version(requirement.method),
         "reference": _package("reference", declaration.reference, base, out),
         "candidate": _package("candidate", declaration.candidate, base, out),
@@ -202,26 +204,64 @@ def build_contract(declaration: Declaration, base: Path, out: Path) -> tuple[Con
     return contract, units
 
 
-def _scorer(declared: Scorer, units: Sequence[PopulationUnit], base: Path, out: Path) -> Scorer:
-    """The contract's scorer: loaded (a user scorer's file read and pinned), checked against every unit's answer, its
-    version fixed, a user scorer's path made relative to the contract's folder."""
+def _scorer(declared: Scorer, requirement: Requirement, units: Sequence[PopulationUnit], base: Path,
+            out: Path) -> Scorer:
+    """The contract's scorer: loaded (a user scorer's file read and pinned), checked against every unit's answer and
+    against the requirement's bound method, its version fixed, a user scorer's path made relative to the contract's
+    folder."""
     try:
         scorer = load_scorer(declared.name, declared.settings, base, declared.sha256)
         check_units(scorer, units)
     except ContractError as exc:
         raise ContractError(f"scorer: {exc}") from None
-    if not scorer.binary:
-        # The admission's paired losses are 0/1 today (invar.evidence); a bounded loss in [a, b] would need the
-        # range carried through the decision, which is not built yet.
-        raise ContractError(f"scorer: {declared.name} gives losses in [{scorer.loss_range[0]:g}, "
-                            f"{scorer.loss_range[1]:g}], not 0/1; declare it binary = true with loss_range = [0, 1] "
-                            "(admission decides on 0/1 losses)")
+    check_method_fits(requirement, scorer)
     name, sha256 = declared.name, None
     if isinstance(scorer, UserScorer):
         name = f"{_rel(base / scorer.path, out)}:{declared.name.rsplit(':', 1)[1]}"
         sha256 = scorer.sha256
     version = None if declared.name == ARITHMETIC else scorer.version
     return Scorer(name=name, settings=declared.settings, version=version, sha256=sha256)
+
+
+def range_methods(sequential: bool) -> tuple[str, ...]:
+    """The bound methods (fixed-n, or sequential) that take losses in any declared range, not only 0/1."""
+    if sequential:
+        return tuple(m for m in SEQUENTIAL_METHODS if m not in BINARY_SEQUENTIAL_METHODS)
+    return tuple(m for m in METHODS if m not in BINARY_METHODS)
+
+
+def check_method_fits(requirement: Requirement, scorer: ScorerImpl) -> None:
+    """A scorer whose losses are not 0/1 is decided by a bounded-range method only: the binary methods count worse
+    and better units, which says nothing about how much worse. `ContractError` naming `requirement.method`."""
+    method = requirement.method
+    if scorer.binary or method is None:
+        return
+    if method in BINARY_METHODS or method in BINARY_SEQUENTIAL_METHODS:
+        low, high = scorer.loss_range
+        raise ContractError(f"requirement.method: {method} decides on 0/1 losses, but scorer {scorer.name} gives "
+                            f"losses in [{low:g}, {high:g}] (binary = false); use "
+                            f"{' or '.join(range_methods(bool(requirement.sequential)))}, or declare the scorer "
+                            "binary = true with loss_range = [0, 1]")
+
+
+def difference_range(scorer: ScorerImpl) -> tuple[float, float]:
+    """The range [a − b, b − a] of a paired difference (candidate loss minus reference loss) under `scorer`, whose
+    losses lie in [a, b]: [-1, 1] for 0/1 losses."""
+    if scorer.binary:
+        return -1.0, 1.0
+    low, high = scorer.loss_range
+    # Rounding is monotone, so every rounded difference of two losses in [a, b] lies within the rounded span.
+    return low - high, high - low
+
+
+def declared_difference_range(contract: Contract) -> tuple[float, float]:
+    """`difference_range` of the contract's scorer, read from its declared settings without loading its file (as
+    `use plan` reads a contract): [-1, 1] for 0/1 losses."""
+    declared = declared_loss_range(contract.scorer)
+    if declared is None:
+        return -1.0, 1.0
+    low, high = declared
+    return low - high, high - low
 
 
 def contract_scorer(contract: Contract, base: Path) -> ScorerImpl:
@@ -235,6 +275,7 @@ def contract_scorer(contract: Contract, base: Path) -> ScorerImpl:
     if declared.version is not None and scorer.version != declared.version:
         raise ContractError(f"scorer: the contract fixes {declared.name} version {declared.version}, this Invar "
                             f"scores with version {scorer.version}; decide with the Invar version the contract names")
+    check_method_fits(contract.requirement, scorer)  # a contract not written by use prepare is checked here
     return scorer
 
 

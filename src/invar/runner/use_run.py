@@ -61,10 +61,17 @@ from invar.contract.admit import (
     sequential_rule,
     stop_record,
     unit_loss,
+    unit_range_loss,
 )
 from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
-from invar.contract.prepare import contract_scorer, load_contract, method_version, package_tokenizers
+from invar.contract.prepare import (
+    contract_scorer,
+    difference_range,
+    load_contract,
+    method_version,
+    package_tokenizers,
+)
 from invar.errors import ContractError, EvidenceError, InvarError
 from invar.evidence import check_patches_active
 from invar.records import RunStore
@@ -280,13 +287,14 @@ class _Rule:
                  tokens: Mapping[tuple[Role, int], np.ndarray], scorer: Scorer) -> None:
         self._contract, self._plan, self._vocab, self._tokens = contract, plan, vocab, tokens
         self._scorer = scorer
-        self._loss: dict[tuple[Role, int], int] = {}
+        self._loss: dict[tuple[Role, int], float] = {}
         self.decision: SequentialDecision | None = None
 
-    def _unit_loss(self, role: Role, index: int) -> int:
+    def _unit_loss(self, role: Role, index: int) -> float:
         if (role, index) not in self._loss:
-            self._loss[(role, index)] = unit_loss(self._plan.units[index], self._tokens[(role, index)],
-                                                  self._vocab[role], self._scorer)
+            score = unit_loss if self._scorer.binary else unit_range_loss  # as admission scores it
+            self._loss[(role, index)] = score(self._plan.units[index], self._tokens[(role, index)],
+                                              self._vocab[role], self._scorer)
         return self._loss[(role, index)]
 
     def stops(self, looks: int) -> bool:
@@ -295,7 +303,7 @@ class _Rule:
         units = self._plan.sequential.look_units(looks)
         d = np.array([self._unit_loss("candidate", i) - self._unit_loss("reference", i) for i in units],
                      dtype=np.float64)
-        self.decision = sequential_rule(self._contract, self._plan, d)
+        self.decision = sequential_rule(self._contract, self._plan, d, difference_range(self._scorer))
         return self.decision.answer != "Running"
 
 
@@ -307,7 +315,8 @@ def _record_stop(store: RunStore, contract: Contract, plan: ExecutionPlan, vocab
     looks = recorded_looks(plan, found, str(store.path))
     losses = {role: layout_losses(plan, found, role, plan.pairing_layout, vocab[role], scorer) for role in ROLES}
     used = list(plan.sequential.look_units(looks))
-    decision = sequential_rule(contract, plan, losses["candidate"][used] - losses["reference"][used])
+    decision = sequential_rule(contract, plan, losses["candidate"][used] - losses["reference"][used],
+                               difference_range(scorer))
     try:
         check_stop(len(used), decision)
     except StatisticsError as exc:
