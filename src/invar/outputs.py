@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, RootModel
 
 OUTPUT_SCHEMA_VERSION = "invar.outputs/1"
 """Names this set of output shapes; a change to any of them that can break a reader changes it."""
@@ -109,6 +109,48 @@ class EvaluateOutput(EngineFields):
     batch_size: int
     generate_s: float
     wall_s: float
+
+
+class KindMeanLoss(Closed):
+    problems: int
+    mean_loss: float
+
+
+class EvaluateRangeOutput(EngineFields):
+    """`invar evaluate --json` with a scorer whose losses lie in a declared range (`binary = false`): the mean
+    loss, not an accuracy."""
+
+    run: str
+    chain_head: str
+    mean_loss: float
+    loss_sum: str
+    """The losses summed exactly, as a fraction."""
+    loss_range: tuple[float, float]
+    """The scorer's declared [a, b]."""
+    problems: int
+    interval: tuple[float, float]
+    """[lower, upper] on the mean loss at `confidence`: each a one-sided betting bound at (1 − confidence)/2."""
+    interval_method: Literal["betting"]
+    interval_version: str
+    confidence: float
+    by_kind: dict[str, KindMeanLoss]
+    population: str
+    population_sha256: str
+    scorer: dict[str, Any]
+    """The scorer's identity: name, version, settings, path and sha256."""
+    count: int
+    sample_seed: int
+    seed: int
+    temperature: float
+    top_p: float
+    max_tokens: int
+    batch_size: int
+    generate_s: float
+    wall_s: float
+
+
+class EvaluateAnyOutput(RootModel[EvaluateOutput | EvaluateRangeOutput]):
+    """`invar evaluate --json`: accuracy for 0/1 losses, the mean loss for losses in a declared range."""
 
 
 class ScoreCapture(Closed):
@@ -688,7 +730,7 @@ class CompareHistoriesOutput(Closed):
 OUTPUTS: dict[str, type[BaseModel]] = {
     "version": VersionOutput,
     "infer": InferOutput,
-    "evaluate": EvaluateOutput,
+    "evaluate": EvaluateAnyOutput,
     "score": ScoreOutput,
     "train": TrainOutput,
     "inspect-records": InspectRecordsOutput,

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ import pytest
 from invar.engines import DEFAULT_MODEL
 from invar.errors import ContractError
 from invar.records import RunStore
-from invar.runner.evaluate import request_seed, sample_indices, summarize
+from invar.runner.evaluate import request_seed, sample_indices, summarize, summarize_range
+from invar.stats.bounds import betting
 from invar.stats.intervals import clopper_pearson
 from invar.tasks import ModelTokenizer, Problem, score
 
@@ -68,6 +70,20 @@ def test_summarize_counts_by_kind() -> None:
     assert out["correct"] == 3
     assert out["accuracy"] == 0.75
     assert out["by_kind"] == {"add2": {"problems": 2, "correct": 1}, "mul": {"problems": 2, "correct": 2}}
+
+
+def test_summarize_range_reports_the_exact_mean_loss_and_a_betting_interval() -> None:
+    problems = [Problem(f"p{i}", "1+1=", "2", "add2" if i % 2 else "mul") for i in range(6)]
+    losses = [0.1, 0.3, 0.0, 1.0, 0.2, 0.7]
+    out = summarize_range(problems, losses, 0.9, (0.0, 1.0))
+    total = sum(Fraction(x) for x in losses)
+    assert (out["problems"], Fraction(out["loss_sum"]), out["mean_loss"]) == (6, total, float(total / 6))
+    interval = betting(losses, 0.0, 1.0, (1.0 - 0.9) / 2.0, order="plan")
+    assert out["interval"] == [interval.lower, interval.upper]
+    assert (out["interval_method"], out["interval_version"], out["loss_range"]) == ("betting", "betting/1", [0, 1])
+    assert out["by_kind"] == {"add2": {"problems": 3, "mean_loss": float((Fraction(0.3) + 1 + Fraction(0.7)) / 3)},
+                              "mul": {"problems": 3, "mean_loss": float((Fraction(0.1) + Fraction(0.2)) / 3)}}
+    assert "accuracy" not in out
 
 
 def _recount(run: Path, model: Path) -> int:

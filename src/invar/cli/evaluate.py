@@ -1,4 +1,5 @@
-"""`invar evaluate`: a fixed policy's accuracy on the arithmetic population, scored by the core.
+"""`invar evaluate`: a fixed policy's accuracy on a population (the arithmetic one by default), scored by the core;
+for a scorer whose losses lie in a declared range (not 0/1), its mean loss.
 
 The evaluation itself (per-problem seeds, the seeded sample, core scoring, the Clopper–Pearson interval) lives in
 `invar.runner.evaluate`; this module parses options, shows progress and prints.
@@ -85,7 +86,8 @@ def evaluate(
     call_timeout: CallTimeoutOpt = DEFAULT_CALL_TIMEOUT,
     as_json: JsonOpt = False,
 ) -> None:
-    """Evaluate a fixed policy on the population (or a seeded sample): accuracy with a confidence interval."""
+    """Evaluate a fixed policy on the population (or a seeded sample): accuracy with a confidence interval (for a
+    scorer with losses in a declared range, binary = false: the mean loss with a betting interval)."""
     check_sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seeds=(seed,),
                    batch_size=batch_size, call_timeout=call_timeout)
     if not 0 < confidence < 1:
@@ -95,9 +97,6 @@ def evaluate(
     scorer_file, scorer_dir = _scorer_location(scorer_name)
     scorer = load_scorer(scorer_file, _settings(scorer_setting or []), scorer_dir)
     check_units(scorer, problems)
-    if not scorer.binary:
-        raise ContractError(f"--scorer {scorer_name}: its losses are not 0/1; evaluate reports an accuracy, so "
-                            "declare the scorer binary")
     chosen = [problems[i] for i in sample_indices(len(problems), count, sample_seed)]
     spec = EngineSpec(engine, model, dtype, quantization, adapter)
     meta = spec.meta()
@@ -120,13 +119,22 @@ def evaluate(
         emit_json(result)
         return
     lo, hi = result["interval"]
-    typer.echo(f"accuracy {result['accuracy']:.4f} ({result['correct']}/{result['problems']}), "
-               f"{confidence:.0%} Clopper–Pearson interval [{lo:.4f}, {hi:.4f}]")
+    if scorer.binary:
+        typer.echo(f"accuracy {result['accuracy']:.4f} ({result['correct']}/{result['problems']}), "
+                   f"{confidence:.0%} Clopper–Pearson interval [{lo:.4f}, {hi:.4f}]")
+    else:
+        a, b = result["loss_range"]
+        typer.echo(f"mean loss {result['mean_loss']:.4f} over {result['problems']} problems (losses in [{a:g}, "
+                   f"{b:g}]), {confidence:.0%} betting interval [{lo:.4f}, {hi:.4f}]")
     typer.echo(f"{engine.value} on {model} ({meta['model_digest'][:12]}…), T={temperature:g}, seed {seed}, "
                f"{wall_s:.1f} s ({result['generate_s']:.1f} s generating); records: {run_dir}")
     typer.echo(f"chain head {result['chain_head']}")
     for kind, row in result["by_kind"].items():
-        typer.echo(f"  {kind:<8} {row['correct']:>5}/{row['problems']:<5} {row['correct'] / row['problems']:.3f}")
+        if scorer.binary:
+            typer.echo(f"  {kind:<8} {row['correct']:>5}/{row['problems']:<5} "
+                       f"{row['correct'] / row['problems']:.3f}")
+        else:
+            typer.echo(f"  {kind:<8} {row['problems']:>5} problems, mean loss {row['mean_loss']:.4f}")
 
 
 @contextlib.contextmanager

@@ -12,16 +12,22 @@ Decisions:
   whole population.
 - **Clopper–Pearson interval** (exact binomial, two-sided; `invar.stats.intervals`): it never undercovers, which
   suits a number people compare across engines; it is a little wider than Wilson's.
+- **Losses in a declared range.** A scorer declared with `binary = false` and `loss_range = [a, b]` has no
+  accuracy to report: the evaluation reports the mean loss instead, with the betting interval of
+  `invar.stats.bounds` (each side a one-sided bound at (1 − confidence)/2, so the two together cover at the
+  confidence; the units run in the sample's order, fixed before any response exists). Its sum is exact.
 - One `generate` call per batch (one batch per call), so progress moves per call.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +37,15 @@ from invar.errors import ContractError, EvidenceError
 from invar.records import RunStore
 from invar.runner.engine import EngineSpec, Session, check_output, engine_session
 from invar.runner.options import check_context, model_context
+from invar.stats.bounds import betting
 from invar.stats.intervals import clopper_pearson
 from invar.tasks import ModelTokenizer, Problem
 from invar.tasks.population import Unit
 from invar.tasks.scorers import Scorer
 
 INTERVAL_METHOD = "clopper-pearson"
+RANGE_INTERVAL_METHOD = "betting"
+"""The interval of a mean loss in a declared range: the betting bounds, valid for any bounded loss."""
 
 
 def request_seed(seed: int, problem_id: str) -> int:
@@ -100,7 +109,7 @@ def evaluate_policy(
     prompts = [_prompt(vocab, p) for p in problems]
     for p, (_, ids) in zip(problems, prompts, strict=True):
         check_context(len(ids), settings.max_tokens, context, f"unit {p.id}")
-    losses: list[int] = []
+    losses: list[float] = []
     with engine_session(spec, store, call_timeout=call_timeout) as session:
         generating = time.perf_counter()
         for start in range(0, len(problems), settings.batch_size):
@@ -109,7 +118,10 @@ def evaluate_policy(
                                  scorer)
             advance(len(batch))
         generate_s = time.perf_counter() - generating
-    result = summarize(problems, losses, settings.confidence)
+    if scorer.binary:
+        result = summarize(problems, [int(x) for x in losses], settings.confidence)
+    else:
+        result = summarize_range(problems, losses, settings.confidence, scorer.loss_range)
     result["generate_s"] = round(generate_s, 3)
     return result
 
@@ -122,8 +134,9 @@ def _prompt(vocab: ModelTokenizer, unit: Unit) -> tuple[str, list[int]]:
 
 
 def _run_batch(session: Session, vocab: ModelTokenizer, batch: Sequence[Unit], prompts: Sequence[tuple[str, list[int]]],
-               s: EvaluationSettings, scorer: Scorer) -> list[int]:
-    """One generate call for `batch` (one batch, in order); returns each unit's task loss, scored by the core."""
+               s: EvaluationSettings, scorer: Scorer) -> list[float]:
+    """One generate call for `batch` (one batch, in order); returns each unit's task loss, scored by the core (0 or
+    1 for a binary scorer, within the declared range for any other)."""
     requests = [{"request_id": p.id, "prompt": text, "prompt_ids": ids, "seed": request_seed(s.seed, p.id),
                  "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens}
                 for p, (text, ids) in zip(batch, prompts, strict=True)]
@@ -133,13 +146,20 @@ def _run_batch(session: Session, vocab: ModelTokenizer, batch: Sequence[Unit], p
     if not isinstance(outputs, list) or len(outputs) != len(batch):
         raise EvidenceError(f"generate returned {len(outputs) if isinstance(outputs, list) else 'no'} outputs for "
                             f"{len(batch)} requests")
-    losses = []
+    losses: list[float] = []
     for p, req, out in zip(batch, requests, outputs, strict=True):
         check_output(out, req, session.model_digest, report)
         loss = scorer.loss(p, vocab.decode(out["tokens"]))
-        if loss not in (0, 1):
-            raise EvidenceError(f"unit {p.id}: the scorer gave loss {loss!r}, not 0 or 1")
-        losses.append(int(loss))
+        if scorer.binary:
+            if loss not in (0, 1):
+                raise EvidenceError(f"unit {p.id}: the scorer gave loss {loss!r}, not 0 or 1")
+            losses.append(int(loss))
+        else:
+            low, high = scorer.loss_range
+            if not (math.isfinite(loss) and low <= loss <= high):  # scorers refuse this already
+                raise EvidenceError(f"unit {p.id}: the scorer gave loss {loss!r}, outside its declared loss_range "
+                                    f"[{low:g}, {high:g}]")
+            losses.append(float(loss))
     return losses
 
 
@@ -153,3 +173,22 @@ def summarize(problems: Sequence[Problem | Unit], losses: Sequence[int], confide
     return {"problems": n, "correct": correct, "accuracy": correct / n, "interval": [lo, hi],
             "confidence": confidence, "interval_method": INTERVAL_METHOD,
             "by_kind": {k: {"problems": kinds[k], "correct": right[k]} for k in sorted(kinds)}}
+
+
+def summarize_range(problems: Sequence[Problem | Unit], losses: Sequence[float], confidence: float,
+                    loss_range: tuple[float, float]) -> dict[str, Any]:
+    """The mean loss (losses in `loss_range`, not 0/1), its betting interval at `confidence`, and the mean per
+    problem kind. The sum is exact (a fraction), so the mean is correctly rounded."""
+    n = len(problems)
+    low, high = loss_range
+    total = sum((Fraction(x) for x in losses), Fraction(0))
+    # Two one-sided bounds at (1 − confidence)/2 each: together they miss the mean with probability ≤ 1 − confidence.
+    interval = betting(np.asarray(losses, dtype=np.float64), low, high, (1.0 - confidence) / 2.0, order="plan")
+    kinds: Counter[str] = Counter(p.kind for p in problems)
+    sums: dict[str, Fraction] = {}
+    for p, loss in zip(problems, losses, strict=True):
+        sums[p.kind] = sums.get(p.kind, Fraction(0)) + Fraction(loss)
+    return {"problems": n, "mean_loss": float(total / n), "loss_sum": str(total), "loss_range": [low, high],
+            "interval": [interval.lower, interval.upper], "confidence": confidence,
+            "interval_method": RANGE_INTERVAL_METHOD, "interval_version": interval.version,
+            "by_kind": {k: {"problems": kinds[k], "mean_loss": float(sums[k] / kinds[k])} for k in sorted(kinds)}}
