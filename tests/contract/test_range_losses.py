@@ -20,15 +20,18 @@ import numpy as np
 import pytest
 from contract_runs import RunWriter, Workspace, make_workspace
 from scipy import stats
+from typer.testing import CliRunner
 
+from invar.cli import use
 from invar.contract.admit import Answer, admit
 from invar.contract.plan import PlannedCall
 from invar.contract.prepare import prepare
 from invar.contract.receipt import make_receipt, verify_receipt, write_receipt
-from invar.errors import ContractError
+from invar.errors import ContractError, InvarError
 from invar.evidence import RangeTaskLoss
 from invar.records import RunStore
 from invar.stats import bounds, sequential
+from invar.stats.planning import plan_row
 from invar.tasks.arithmetic import answer_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -48,6 +51,7 @@ RANGE = {"name": "partial.py:loss", "settings": {"loss_range": [0, 1], "binary":
 SOLO: dict[str, Any] = {"layouts": {"solo": {"batch_size": 1}}, "invariance": {"required": False, "layouts": None}}
 DELTA = 0.05
 UNITS = 40
+RUNNER = CliRunner()
 
 
 def _invar(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -349,3 +353,28 @@ def test_the_bounds_cover_the_mean_of_partial_credit_differences(span: float) ->
     for method, got in limits.items():
         for side, missed in (("upper", int((got[:, 1] < mean).sum())), ("lower", int((got[:, 0] > mean).sum()))):
             assert float(stats.binom.sf(missed - 1, reps, DELTA)) >= 1e-3, (method, side, missed)
+
+
+# --- use plan ------------------------------------------------------------------------------------------------------
+
+
+def test_use_plan_sizes_a_range_contract_on_the_range_of_its_differences(tmp_path: Path) -> None:
+    wide = {"name": "partial.py:loss", "settings": {"loss_range": [0, 10], "binary": False}}
+    ws = _workspace(tmp_path / "wide", scorer=wide, requirement={"method": "maurer-pontil", "epsilon": 1.5})
+    result = RUNNER.invoke(use.app, ["plan", str(ws.contract_path), "--assume", "variance=4 mean=0", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["rows"]
+    assert [row["method"] for row in rows] == ["hoeffding", "maurer-pontil"]
+    for row in rows:
+        assert row["n"] == plan_row(row["method"], None, None, 1.5, 0.05, variance=4.0, mean=0.0, a=-10.0,
+                                    b=10.0).n
+        assert "d in [-10, 10]" in row["assumption"]
+    refused = RUNNER.invoke(use.app, ["plan", str(ws.contract_path), "--assume", "worse=0.01 better=0.01"])
+    assert isinstance(refused.exception, InvarError)
+    assert str(refused.exception) == ("--assume worse=/better= describes 0/1 losses, but this contract's differences "
+                                      "lie in [-10, 10]; state --assume 'variance=... mean=...' of the difference")
+    # Losses in [0, 1]: differences in [-1, 1], where 0/1 losses are one possible distribution.
+    unit = _workspace(tmp_path / "unit", requirement={"method": "hoeffding"})
+    args = ["plan", str(unit.contract_path), "--assume", "worse=0.01 better=0.01", "--method", "hoeffding", "--json"]
+    (row,) = json.loads(RUNNER.invoke(use.app, args).output)["rows"]
+    assert row["n"] == plan_row("hoeffding", 0.01, 0.01, 0.05, 0.05).n
