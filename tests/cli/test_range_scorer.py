@@ -10,6 +10,7 @@ import math
 import re
 import subprocess
 import sys
+import tomllib
 from collections.abc import Mapping
 from fractions import Fraction
 from pathlib import Path
@@ -63,6 +64,21 @@ def _validate(name: str, doc: Any) -> None:
 
 def _table(value: Mapping[str, Any]) -> str:
     return "{ " + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in sorted(value.items())) + " }"
+
+
+def _toml(data: Mapping[str, Any]) -> str:
+    """A declaration as TOML: top-level scalars, then one table per section (values inline)."""
+    def value(v: Any) -> str:
+        if isinstance(v, dict):
+            return _table(v) if not any(isinstance(x, dict | list) for x in v.values()) else \
+                "{ " + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in sorted(v.items())) + " }"
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return json.dumps(v)
+    head = [f"{k} = {value(v)}" for k, v in data.items() if not isinstance(v, dict) and v != []]
+    body = [f"[{k}]\n" + "".join(f"{json.dumps(f)} = {value(x)}\n" for f, x in v.items())
+            for k, v in data.items() if isinstance(v, dict)]
+    return "\n".join(head) + "\n" + "".join(body)
 
 
 def _answers() -> dict[str, str]:
@@ -214,3 +230,42 @@ def test_evaluate_reports_the_mean_loss_with_a_betting_interval(tmp_path: Path) 
     assert text.returncode == 0, text.stderr
     assert text.stdout.startswith(f"mean loss {doc['mean_loss']:.4f} over 12 problems (losses in [0, 1]), 95% "
                                   f"betting interval [{interval.lower:.4f}, {interval.upper:.4f}]")
+
+
+def test_a_raising_scorer_stops_a_sequential_run_in_one_line_and_keeps_its_records(tmp_path: Path) -> None:
+    """A sequential contract scores during `use run` (the rule looks after each look): a scorer that raises stops
+    the run with one line naming the unit, exit 2, and every record so far stays on file."""
+    data = tomllib.loads((REPO_ROOT / "contracts" / "arith-fixed-block.toml").read_text(encoding="utf-8"))
+    data.update(name="partial-raising", premises=[], layouts={"b8": {"batch_size": 8}}, invariance={"required": False},
+                execution={"requests_per_call": 8})
+    data["population"] = {**data["population"], "path": str(POPULATION), "sample": 16}
+    data["pairing"] = {**data["pairing"], "layout": "b8"}
+    for role in ("reference", "candidate"):
+        data[role]["model_dir"] = str(DEFAULT_MODEL)
+    data["candidate"].pop("patches")
+    data["candidate"]["dtype"] = "bfloat16"
+    data["candidate"]["settings"] = data["reference"]["settings"]
+    data["scorer"] = {"name": "partial.py:loss", "settings": {"loss_range": [0, 1], "binary": False}}
+    data["requirement"] = {"standard": "population", "epsilon": "0.2", "confidence": "0.95",
+                           "method": "betting-sequence", "sequential": True, "max_n": 16}
+    (tmp_path / "partial.py").write_text("def loss(unit, response, params):\n    raise ValueError('no grade')\n")
+    (tmp_path / "decl.toml").write_text(_toml(data))
+    prepared = _invar("use", "prepare", tmp_path / "decl.toml", "--json")
+    assert prepared.returncode == 0, prepared.stderr
+    contract = Path(json.loads(prepared.stdout)["contract"])
+    _, _, plan = load_contract(contract)
+    assert plan.sequential is not None
+    first = plan.units[plan.sequential.look_units(1)[0]].unit_id
+
+    ran = _invar("use", "run", contract, "--run", tmp_path / "run")
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    assert "Traceback" not in ran.stderr
+    [line] = ran.stderr.strip().splitlines()
+    assert f"scorer partial.py:loss: unit {first!r}" in line
+    assert "raised ValueError: no grade; fix the scorer" in line
+    assert f"resume with: invar use run {contract} --run {tmp_path / 'run'}" in line
+    with RunStore.open(tmp_path / "run") as store:
+        verification = store.verify()
+        generated = [c for c in store.calls() if c.call.method == "generate" and c.report is not None]
+    assert not verification.closed
+    assert len(generated) == 2  # the first look of both packages, answered and kept
