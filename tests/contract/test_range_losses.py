@@ -378,3 +378,16 @@ def test_use_plan_sizes_a_range_contract_on_the_range_of_its_differences(tmp_pat
     args = ["plan", str(unit.contract_path), "--assume", "worse=0.01 better=0.01", "--method", "hoeffding", "--json"]
     (row,) = json.loads(RUNNER.invoke(use.app, args).output)["rows"]
     assert row["n"] == plan_row("hoeffding", 0.01, 0.01, 0.05, 0.05).n
+
+
+def test_measurements_beside_a_range_decision_leave_the_task_to_the_decision(tmp_path: Path) -> None:
+    from test_measurements import write_run  # the plan /3 run writer of the measurements tests
+
+    ws = _workspace(tmp_path, units=12, measurements={"capture_steps": [0, "last"]},
+                    requirement={"method": "hoeffding", "epsilon": 0.5})
+    decision = admit(ws.contract_path, write_run(ws, tmp_path / "run"))
+    assert decision.measurements is not None
+    assert decision.measurements.task() is None  # the comparison counts 0/1 losses; task_loss has these
+    assert isinstance(decision.task_loss, RangeTaskLoss)
+    schema = json.loads((REPO_ROOT / "docs" / "schemas" / "use-admit.schema.json").read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator(schema).validate({**decision.to_json(), "receipt": None})
