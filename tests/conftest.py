@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,3 +25,24 @@ def root() -> Path:
 def python_argv(*args: str) -> list[str]:
     """A command line that runs this interpreter with the repository importable."""
     return [sys.executable, *args]
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """Mounts small tmpfs of our own (CI and these machines run as root), to make a full disk and read-only media real:
+    `mount_tmpfs("256k")` is the folder of a fresh one, unmounted after the test."""
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        mnt = tmp_path / f"tmpfs-{len(mounted)}"
+        mnt.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
+        mounted.append(mnt)
+        return mnt
+
+    try:
+        yield mount
+    finally:
+        for mnt in mounted:
+            subprocess.run(["umount", "-l", str(mnt)], check=True)
+

@@ -5,13 +5,15 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.disks import fill
 
 from invar import canonical
-from invar.errors import ProtocolError, WorkerError
+from invar.errors import ProtocolError, RecordError, WorkerError
 from invar.protocol import Role, WorkerClient
 from invar.records import RunStore
 
@@ -209,6 +211,33 @@ def test_calls_and_reports_are_recorded_and_bound(tmp_path: Path) -> None:
     assert not calls[1].report.report.ok
     v = store.verify()
     assert (v.workers, v.calls, v.reports, v.errors) == (1, 2, 2, 1)
+
+
+def test_a_report_the_disk_cannot_hold_fails_the_call_at_once_naming_the_record(
+        mount_tmpfs: Callable[[str], Path]) -> None:
+    """A full disk met while a report is recorded (on the reader thread): the call fails at once with the store's one
+    line naming the record, not after its timeout; every record before it is kept and the store verifies."""
+    run = mount_tmpfs("256k") / "run"
+    store = RunStore.create(run)
+    w = echo_worker(recorder=store, call_timeout=60)
+    w.start()
+    try:
+        pending = w.submit("sleep", {"seconds": 0.5})  # recorded; the disk fills before its report comes
+        fill(run.parent)
+        started = time.perf_counter()
+        with pytest.raises(RecordError) as caught:
+            pending.answer()
+        assert time.perf_counter() - started < 10
+    finally:
+        w.close()
+    message = str(caught.value)
+    assert "cannot write record 4 (report)" in message
+    assert "records up to 3 are kept" in message
+    assert "\n" not in message
+    store.close()
+    with RunStore.open(run) as kept:
+        v = kept.verify()
+    assert (v.calls, v.reports, v.unanswered) == (1, 0, [3])
 
 
 def test_large_arrays_cross_intact_both_ways() -> None:

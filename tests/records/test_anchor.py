@@ -11,7 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -193,15 +193,9 @@ def test_run_paths_that_cannot_be_runs_are_one_line(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A small tmpfs of our own (CI and these machines run as root), to make read-only media and a full disk real."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
+def tmpfs(mount_tmpfs: Callable[[str], Path]) -> Path:
+    """A small tmpfs, to make read-only media and a full disk real."""
+    return mount_tmpfs("256k")
 
 
 def test_run_on_read_only_media_verifies_and_creating_there_is_one_line(tmpfs: Path) -> None:

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import IO, Any, Protocol, runtime_checkable
 
 from invar import canonical
-from invar.errors import ProtocolError, WorkerError
+from invar.errors import InvarError, ProtocolError, WorkerError
 from invar.protocol import frames
 from invar.protocol.messages import Call, Handshake, Identity, Kind, Report, Role, shutdown_message
 
@@ -112,14 +112,14 @@ class PendingCall:
         self._digest_ready = threading.Event()
         self._digest_ready.set()
         self._answer: Answer | None = None
-        self._failure: ProtocolError | None = None
+        self._failure: InvarError | None = None
 
     def _resolve(self, report: Report, report_digest: str, identity: Identity) -> None:
         self._answer = Answer(self.call, self.call_digest, report, report_digest, identity,
                               time.perf_counter() - self._sent)
         self._done.set()
 
-    def _fail(self, failure: ProtocolError) -> None:
+    def _fail(self, failure: InvarError) -> None:
         self._failure = failure
         self._done.set()
 
@@ -177,7 +177,9 @@ class WorkerClient:
         self._pending: dict[int, PendingCall] = {}
         self._answered: set[int] = set()
         self._next_id = 1
-        self._failure: ProtocolError | None = None
+        self._failure: InvarError | None = None
+        """What stopped the exchange: a `ProtocolError`, or the recorder's `RecordError` (a report that could not be
+        kept, a full disk) raised to every caller as it is."""
         self._closing = False
         self._proc: WorkerProcess | None = None
         self._identity: Identity | None = None
@@ -391,6 +393,15 @@ class WorkerClient:
             kind = WorkerLost if isinstance(exc, WorkerLost) or self._exited(0.5) else ProtocolError
             self._abort(kind(f"{self.name}: {exc}"))
             return
+        except InvarError as exc:
+            # The recorder could not keep a report (a full disk): the report is lost, so every call in flight fails
+            # at once with the recorder's own line, which names the record, instead of waiting out its timeout.
+            self._abort(exc)
+            return
+        except BaseException as exc:
+            # A bug: fail the calls in flight at once (never a silent wait for the timeout), and keep its traceback.
+            self._abort(ProtocolError(f"{self.name}: the report reader failed ({type(exc).__name__}: {exc})"))
+            raise
         # End of stream: a clean exit is fine only if nothing was pending and close() asked for it.
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(10)
@@ -439,7 +450,7 @@ class WorkerClient:
             return False
         return True
 
-    def _abort(self, failure: ProtocolError) -> None:
+    def _abort(self, failure: InvarError) -> None:
         with self._lock:
             if self._failure is None:
                 self._failure = failure
