@@ -19,7 +19,6 @@ database file is created with O_EXCL, so two processes creating the same run can
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import os
@@ -555,12 +554,3 @@ def _check_close(where: str, message: Any, v: Verification, *, chain_before: str
 
 def is_run(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / DB_NAME).is_file()
-
-
-@contextlib.contextmanager
-def open_run(path: str | os.PathLike[str]) -> Iterator[RunStore]:
-    store = RunStore.open(path)
-    try:
-        yield store
-    finally:
-        store.close()

@@ -132,10 +132,6 @@ class Adapter:
     key: str = ""
     """peft's name for it, once installed."""
 
-    @property
-    def scaling(self) -> float:
-        return self.alpha / self.r
-
 
 def _base_layer(module: Any) -> Any:
     """A module's own linear layer: the one peft wraps, or the module itself."""
