@@ -1,5 +1,5 @@
-"""Starting an engine for a package: one place that every command (`infer`, `evaluate`, `use run`, later `train`
-and `compare`) drives engines through.
+"""Starting an engine for a package: one place that every command (`infer`, `evaluate`, `score`, `use run`,
+`train`) drives engines through.
 
 Decisions:
 - **A package is launched, then checked.** A package's launch settings become the worker's command line; the
