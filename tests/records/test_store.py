@@ -17,6 +17,7 @@ from invar import canonical
 from invar.errors import RecordError
 from invar.protocol.messages import Call, Identity, Report, Role
 from invar.records import RunStore
+from invar.records.store import is_run
 
 WRITER = str(Path(__file__).with_name("writer.py"))
 IDENT = Identity("test", {"invar": "test"}, Role.INFERENCE, {"threads": 1}, ("echo",), 42)
@@ -156,6 +157,76 @@ def test_kill_minus_nine_keeps_every_committed_record(tmp_path: Path, trial: int
     assert not missing, f"{len(missing)} committed records lost"
     # At most one call lacks its report: the one in flight at the kill.
     assert len(v.unanswered) <= 1
+
+
+_DIE_WHILE_CREATING = """
+import os, signal, sys
+from invar.records import store as st
+
+stage = sys.argv[2]
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Dying:
+    # The store's connection, killed at one instant of the database's creation.
+    def __init__(self, conn):
+        self._c = conn
+
+    def execute(self, sql, *args):
+        out = self._c.execute(sql, *args)
+        if stage == "wal" and "journal_mode" in sql:
+            die()
+        return out
+
+    def executescript(self, script):
+        if stage == "table":  # the table committed, its triggers not yet
+            self._c.execute(script.split(";")[0])
+            die()
+        self._c.executescript(script)
+        if stage == "schema":  # the schema committed, the first record not yet
+            die()
+
+    def __getattr__(self, name):
+        return getattr(self._c, name)
+
+
+real = st.RunStore._connect
+st.RunStore._connect = staticmethod(lambda db, uri=False: die() if stage == "file" else Dying(real(db, uri=uri)))
+st.RunStore.create(sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("stage", ["file", "wal", "table", "schema"])
+def test_a_run_killed_while_its_database_is_created_is_made_afresh(tmp_path: Path, stage: str) -> None:
+    """kill -9 before the first record commits leaves a database with nothing in it: it is no run (reading it says
+    so in one line), and creating the run again in the same folder succeeds."""
+    run = tmp_path / "run"
+    died = subprocess.run([sys.executable, "-c", _DIE_WHILE_CREATING, str(run), stage])
+    assert died.returncode == -signal.SIGKILL
+    assert (run / "records.sqlite").is_file()
+    assert not is_run(run)
+    with pytest.raises(RecordError, match=r"holds no record .* run the command that makes it again"):
+        RunStore.open(run)
+    with RunStore.create(run, meta={"again": True}) as store:
+        assert store.verify().records == 1
+    assert is_run(run)
+    with RunStore.open(run) as s:
+        assert s.meta()["run"]["again"] is True
+    with pytest.raises(RecordError, match="a run already exists here"):
+        RunStore.create(run)  # once a record is committed, it is a run and is never made afresh
+
+
+def test_a_damaged_database_is_never_taken_for_an_empty_one(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "records.sqlite").write_bytes(b"not a database at all" * 100)
+    assert is_run(run)
+    with pytest.raises(RecordError, match="a run already exists here"):
+        RunStore.create(run)
+    assert (run / "records.sqlite").read_bytes().startswith(b"not a database")
 
 
 def test_calls_decode_with_arrays(tmp_path: Path) -> None:

@@ -14,7 +14,9 @@ holds an anchor that any re-chaining, cut or extension changes (`verify(expect_h
 
 One process writes a run at a time: a writer holds an exclusive `flock` on `writer.lock` for as long as the store
 is open for writing (the kernel releases it when the process dies, so a killed run can be resumed), and a new run's
-database file is created with O_EXCL, so two processes creating the same run cannot both succeed.
+database file is created with O_EXCL, so two processes creating the same run cannot both succeed. A database whose
+creation was killed before its first record committed holds nothing and is no run (`is_run`): creating the run again
+makes it afresh.
 """
 
 from __future__ import annotations
@@ -165,7 +167,8 @@ class RunStore:
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None) -> RunStore:
-        """Make a new run directory; refuses one that already holds records, or that another process is making."""
+        """Make a new run directory; refuses one that already holds records, or that another process is making.
+        A database left with no record by a creation that was killed is made afresh."""
         root = Path(path)
         db = root / DB_NAME
         if root.exists() and not root.is_dir():
@@ -176,6 +179,10 @@ class RunStore:
             raise _os_error(root, exc, "make the run directory") from None
         fd = cls._take_writer_lock(root)
         try:
+            if _holds_no_record(db):
+                # A creation killed before its first record committed (kill -9, power loss) left a database with
+                # nothing in it; under the writer lock no other process is making it, so it is made afresh.
+                _remove_database(db)
             try:
                 os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
             except FileExistsError:
@@ -206,6 +213,10 @@ class RunStore:
         db = root / DB_NAME
         if not db.is_file():
             raise RecordError(f"{root}: no run store here (expected {DB_NAME}); pass a run directory")
+        if _holds_no_record(db):
+            raise RecordError(f"{root}: the run holds no record (its creation was stopped before the first one was "
+                              "committed); run the command that makes it again with this run directory, which "
+                              "starts it afresh")
         if writable:
             fd = cls._take_writer_lock(root)
             try:
@@ -552,5 +563,53 @@ def _check_close(where: str, message: Any, v: Verification, *, chain_before: str
                           "(or its chain value differs): records were removed or forged")
 
 
+def _holds_no_record(db: Path) -> bool:
+    """Whether `db` is a run database whose creation stopped before its first record committed: an empty file, no
+    table yet, or an empty `log`. Anything else, a damaged file included, is not (it is refused by name, never
+    removed)."""
+    try:
+        if db.stat().st_size == 0 and not _nonempty(db.with_name(db.name + "-wal")):
+            return True
+    except OSError:
+        return False
+    if not os.access(db.parent, os.W_OK):
+        return False  # not writable here: it could not be made afresh anyway, and opening it says what it holds
+    try:
+        conn = sqlite3.connect(db, isolation_level=None)
+    except sqlite3.Error:
+        return False
+    try:
+        conn.execute("PRAGMA query_only=ON")
+        tables = {str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables:
+            return True
+        if tables != {"log"}:
+            return False
+        return int(conn.execute("SELECT EXISTS (SELECT 1 FROM log)").fetchone()[0]) == 0
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
+
+
+def _nonempty(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
+
+
+def _remove_database(db: Path) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        part = db.with_name(db.name + suffix)
+        try:
+            part.unlink(missing_ok=True)
+        except OSError as exc:
+            raise _os_error(part, exc, "remove the empty database left by an interrupted creation") from None
+
+
 def is_run(path: str | os.PathLike[str]) -> bool:
-    return (Path(path) / DB_NAME).is_file()
+    """Whether `path` holds a run: a database with at least one committed record (one whose creation was stopped
+    before its first record is no run; `RunStore.create` makes it afresh)."""
+    db = Path(path) / DB_NAME
+    return db.is_file() and not _holds_no_record(db)
