@@ -1,12 +1,14 @@
 """Training on any task: `invar train` on the random Llama with a byte-level BPE of `conftest.py`, a chat population
 and a scorer other than the arithmetic one, on each backend, through the real CLI.
 
-One module-scoped batch of three 2-cycle runs, side by side (vLLM's start dominates):
+One module-scoped batch of four 2-cycle runs, side by side (vLLM's start dominates):
 
-    mlx       `contains` (answer "e": random text often holds one, so rewards vary)
-    hf        a user scorer whose loss lies in [0, 2] and is not 0/1 (the share of the answer's characters missing)
-    vllm+hf   `exact-match` (a random model never matches: every group's advantages are 0, and the run still
-              publishes and is recomputed)
+    mlx        `contains` (answer "e": random text often holds one, so rewards vary)
+    mlx-micro  the same, the learner's work split into micro-batches of 5: `compare histories` finds the same
+               checkpoints, bit for bit
+    hf         a user scorer whose loss lies in [0, 2] and is not 0/1 (the share of the answer's characters missing)
+    vllm+hf    `exact-match` (a random model never matches: every group's advantages are 0, and the run still
+               publishes and is recomputed)
 
 The tests read the records: every request's prompt ids are the ones the core renders and tokenizes and the ones
 transformers' `apply_chat_template` gives; `inspect history` recomputes each cycle's rewards, advantages and
@@ -45,10 +47,13 @@ PARTIAL = '''def grade(unit, response, params):
 
 RUNS = {
     "mlx": ('name = "contains"\nsettings = { case_fold = true }', "e"),
+    "mlx-micro": ('name = "contains"\nsettings = { case_fold = true }', "e"),
     "hf": ('name = "partial.py:grade"\nsettings = { loss_range = [0.0, 2.0] }', None),
     "vllm+hf": ('name = "exact-match"', None),
 }
-"""Backend → its `[scorer]` section, and the answer every unit gets (None: the sum)."""
+"""Run → its `[scorer]` section, and the answer every unit gets (None: the sum). The run's backend is its name up to
+a `-`; `mlx-micro` is `mlx` rescheduled (`SCHEDULE`)."""
+SCHEDULE = "[learner]\nmicro_batch = 5\n"
 
 
 def _population(answer: str | None) -> bytes:
@@ -80,8 +85,9 @@ def trained(any_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     out: dict[str, Trained] = {}
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        for backend, (scorer, answer) in RUNS.items():
-            folder = tmp_path_factory.mktemp(f"train-{backend.replace('+', '-')}")
+        for name, (scorer, answer) in RUNS.items():
+            backend = name.split("-")[0]
+            folder = tmp_path_factory.mktemp(f"train-{name.replace('+', '-')}")
             data = _population(answer)
             (folder / "train.jsonl").write_bytes(data)
             (folder / "train.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n", encoding="ascii")
@@ -90,11 +96,12 @@ def trained(any_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
             config.write_text(f'name = "task"\nbackend = "{backend}"\nmodel = "{any_model}"\ncycles = {CYCLES}\n'
                               f'[prompts]\npath = "train.jsonl"\nper_cycle = {PER_CYCLE}\n'
                               f'[rollout]\ngroup_size = {GROUP}\nmax_tokens = {MAX_TOKENS}\n'
-                              f'[optimizer]\nlr = 0.01\n[scorer]\n{scorer}\n', encoding="utf-8")
+                              f'[optimizer]\nlr = 0.01\n[scorer]\n{scorer}\n'
+                              f'{SCHEDULE if name.endswith("-micro") else ""}', encoding="utf-8")
             run = folder / "run"
-            out[backend] = Trained(folder, config, run, {})
+            out[name] = Trained(folder, config, run, {})
             with (folder / "train.err").open("wb") as err:
-                procs[backend] = subprocess.Popen([sys.executable, "-m", "invar.cli", "train", str(config), "--run",
+                procs[name] = subprocess.Popen([sys.executable, "-m", "invar.cli", "train", str(config), "--run",
                                                    str(run)], stdout=subprocess.DEVNULL, stderr=err)
         for backend, proc in procs.items():
             try:
@@ -123,7 +130,7 @@ def _generate_requests(run: Path) -> list[dict[str, Any]]:
     return [r for c in calls if c.call.method == "generate" for r in c.call.params["requests"]]
 
 
-@pytest.mark.parametrize("backend", RUNS)
+@pytest.mark.parametrize("backend", [n for n in RUNS if "-" not in n])
 def test_every_request_carries_the_chat_template_s_ids(trained: dict[str, Trained], any_model: Path,
                                                        backend: str) -> None:
     from transformers import AutoTokenizer
@@ -141,7 +148,7 @@ def test_every_request_carries_the_chat_template_s_ids(trained: dict[str, Traine
         assert req["prompt"].endswith("<|im_start|>assistant\n")
 
 
-@pytest.mark.parametrize("backend", RUNS)
+@pytest.mark.parametrize("backend", [n for n in RUNS if "-" not in n])
 def test_history_recomputes_the_rewards_from_the_run_alone(trained: dict[str, Trained], any_model: Path,
                                                            tmp_path: Path, backend: str) -> None:
     t = trained[backend]
@@ -205,3 +212,10 @@ def test_a_changed_scorer_file_or_population_is_refused_at_resume(trained: dict[
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1
     assert "the prompts file changed since the run started" in out.stderr
+
+
+def test_a_rescheduled_mlx_run_publishes_the_same_checkpoints(trained: dict[str, Trained]) -> None:
+    out = _invar("compare", "histories", trained["mlx"].run, trained["mlx-micro"].run, "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert (doc["verdict"], doc["cycles_compared"]) == ("identical", CYCLES)
