@@ -86,19 +86,19 @@ def _answers() -> dict[str, str]:
 
 
 def _responses(run: Path, vocab: ModelTokenizer) -> dict[str, dict[str, str]]:
-    """dtype of the loaded model → request id → the response text, read from the run's records."""
+    """The loaded model's quantization → request id → the response text, read from the run's records."""
     out: dict[str, dict[str, str]] = {}
-    dtype: dict[str, str] = {}
+    loaded: dict[str, str] = {}
     with RunStore.open(run) as store:
         for rec in store.calls():
             if rec.report is None or not rec.report.report.ok:
                 continue
             if rec.call.method == "load_model":
-                dtype[rec.worker] = rec.call.params["dtype"]
+                loaded[rec.worker] = rec.call.params["quantization"]
             elif rec.call.method == "generate":
                 for o in rec.report.report.result["outputs"]:
                     text = vocab.decode([int(t) for t in o["tokens"]])
-                    out.setdefault(dtype[rec.worker], {})[o["request_id"]] = text
+                    out.setdefault(loaded[rec.worker], {})[o["request_id"]] = text
     return out
 
 
@@ -116,8 +116,8 @@ def test_a_partial_credit_scorer_through_prepare_run_admit_and_verify(tmp_path: 
               f'settings = {_table(pkg["settings"])}\nmodel_dir = "{DEFAULT_MODEL}"\n'
               f'model_digest = "{pkg["model_digest"]}"\n')
     sha = POPULATION.with_suffix(".sha256").read_text().split()[0]
-    (tmp_path / "decl.toml").write_text(f'''name = "partial-bf16"
-description = "May bfloat16 weights replace float32, graded by how far the answer is off?"
+    (tmp_path / "decl.toml").write_text(f'''name = "partial-nf4"
+description = "May NF4 weights replace float32, graded by how far the answer is off?"
 [population]
 path = "{POPULATION}"
 sha256 = "{sha}"
@@ -143,7 +143,8 @@ required = false
 [reference]
 {common}dtype = "float32"
 [candidate]
-{common}dtype = "bfloat16"
+{common}dtype = "float32"
+quantization = "nf4"
 [[premises]]
 statement = "The sample represents the use."
 party = "the test"
@@ -168,8 +169,8 @@ reliance = "vouched"
     texts = _responses(tmp_path / "run", vocab)
     _, _, plan = load_contract(contract)
     order = [u.unit_id for u in plan.units]  # betting reads the units in the plan's order
-    ref = np.array([_partial_credit(texts["float32"][i], answers[i]) for i in order])
-    cand = np.array([_partial_credit(texts["bfloat16"][i], answers[i]) for i in order])
+    ref = np.array([_partial_credit(texts["none"][i], answers[i]) for i in order])
+    cand = np.array([_partial_credit(texts["nf4"][i], answers[i]) for i in order])
     assert len(order) == UNITS
     assert (set(ref.tolist()) | set(cand.tolist())) - {0.0, 1.0}, "every loss was 0 or 1: no partial credit seen"
     task = doc["task_loss"]
@@ -186,7 +187,7 @@ reliance = "vouched"
         "Violated" if Fraction(expected.lower) > eps else "Unknown"
     assert doc["answer"] == answer
     print(f"measured: {UNITS} units, mean loss {float(ref.mean()):.3f} (float32) and {float(cand.mean()):.3f} "
-          f"(bfloat16), betting [{expected.lower:.4f}, {expected.upper:.4f}]: {answer}")
+          f"(NF4), betting [{expected.lower:.4f}, {expected.upper:.4f}]: {answer}")
     hoeffding = bounds.hoeffding(cand - ref, -1.0, 1.0, _delta("0.05"))
     assert doc["diagnostics"]["hoeffding"]["upper"] == hoeffding.upper
 
