@@ -11,20 +11,26 @@ The error is `ContractError` whichever file it is; the training configuration re
 
 from __future__ import annotations
 
+import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 from pydantic import AfterValidator, ValidationError
 
 from invar import canonical
-from invar.errors import ContractError
+from invar.errors import ContractError, InvarError
 
 MAX_FILE_BYTES = 1 << 20
 """A declaration, contract or configuration file holds at most 1 MiB."""
 MAX_PATH = 1024
 """Characters in a path (no NUL character)."""
+MAX_DATA_BYTES = 1 << 30
+"""A data file a command reads whole (a population, a scorer, a tokens file) holds at most 1 GiB."""
+SHA256_FILE_BYTES = 4096
+"""A `.sha256` file beside another (as `sha256sum` writes it: the digest, then the file's name)."""
 
 
 def _show(value: object) -> str:
@@ -96,6 +102,61 @@ def one_line(exc: ValidationError, what: str) -> ContractError:
     more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
     head = f"{field}: " if field else ""
     return ContractError(f"{what}: {head}{text}{more}")
+
+
+_FILE_KINDS: tuple[tuple[Callable[[int], bool], str], ...] = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_regular_file(path: str | Path, what: str, *, limit: int = MAX_DATA_BYTES,
+                      error: type[InvarError] = ContractError, fix: str = "point the declaration at the file") -> bytes:
+    """The bytes of a regular file of at most `limit` bytes, read once: every file a command reads whole comes
+    through here. `what` names the file in errors (`"population file"`, `"receipt"`), `fix` says what to do, and
+    `error` is the error class the caller's family raises.
+
+    A FIFO, device, socket or directory is refused before it is opened for reading, and the opened file is checked
+    again (non-blocking open, then `fstat`), so a file swapped in between can neither block nor be read; at most
+    `limit` + 1 bytes are ever read, so a file that grows (or lies about its size) cannot exhaust memory.
+    """
+    path = Path(path)
+
+    def refuse(text: str) -> NoReturn:
+        raise error(f"{what} {path} {text}: {fix}")
+
+    def not_regular(mode: int) -> NoReturn:
+        refuse(f"is {next((name for test, name in _FILE_KINDS if test(mode)), 'not a regular file')}, not a "
+               "regular file")
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        refuse("does not exist")
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        refuse(f"cannot be read ({getattr(exc, 'strerror', None) or exc})")
+    if not stat.S_ISREG(mode):
+        not_regular(mode)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        refuse(f"cannot be read ({exc.strerror})")
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            not_regular(info.st_mode)
+        if info.st_size > limit:
+            refuse(f"holds {info.st_size:,} bytes, over the {limit:,} a {what} may hold")
+        try:
+            data = f.read(limit + 1)
+        except OSError as exc:
+            refuse(f"cannot be read ({exc.strerror})")
+    if len(data) > limit:
+        refuse(f"holds more than the {limit:,} bytes a {what} may hold")
+    return data
 
 
 def read_owner_file(path: Path, what: str) -> str:

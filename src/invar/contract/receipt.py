@@ -28,11 +28,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from invar import canonical
 from invar.contract.admit import Decision, admit
 from invar.errors import EvidenceError, InvarError
+from invar.owner_files import read_regular_file
 
 RECEIPT_SCHEMA = "invar.receipt/1"
 """Names the receipt's layout and the signed bytes' derivation; a receipt of another schema is refused."""
 
 MAX_RECEIPT_BYTES = 1 << 20
+MAX_KEY_BYTES = 64 * 1024
 
 
 def _canonical_json(obj: Any) -> bytes:
@@ -103,13 +105,9 @@ def new_key_pair(out_dir: Path, name: str) -> tuple[Path, Path, str]:
 
 
 def _read_pem(path: Path, what: str) -> bytes:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InvarError(f"{path}: cannot read the {what} ({exc.strerror}); check the path") from None
-    if len(data) > 64 * 1024:
-        raise InvarError(f"{path}: too large for a {what}; give the file `invar keys new` wrote")
-    return data
+    # A key file is a few hundred bytes; a device or a pipe given for it must not be read without end.
+    return read_regular_file(path, what, limit=MAX_KEY_BYTES, error=InvarError,
+                             fix=f"give the {'.key' if what == 'private key' else '.pub'} file `invar keys new` wrote")
 
 
 def load_private_key(path: Path) -> Ed25519PrivateKey:
@@ -189,12 +187,10 @@ def _first_difference(expected: Any, actual: Any, where: str) -> str | None:
 
 
 def read_receipt(path: Path) -> dict[str, Any]:
+    raw = read_regular_file(path, "receipt", limit=MAX_RECEIPT_BYTES, error=InvarError,
+                            fix="give the file `use admit --receipt` wrote")
     try:
-        if path.stat().st_size > MAX_RECEIPT_BYTES:
-            raise InvarError(f"{path}: larger than {MAX_RECEIPT_BYTES} bytes; give the receipt `use admit` wrote")
-        data = json.loads(path.read_bytes())
-    except OSError as exc:
-        raise InvarError(f"{path}: cannot read the receipt ({exc.strerror}); check the path") from None
+        data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise InvarError(f"{path}: not a JSON receipt ({exc}); give the file `use admit --receipt` wrote") from None
     if not isinstance(data, dict) or not isinstance(data.get("receipt"), dict) \
@@ -207,6 +203,7 @@ def verify_receipt(receipt_path: Path, run: Path, contract: Path, public_key: Pa
     """Recompute the decision from the run with the receipt's head as anchor, compare every field, check the
     signature. Raises `InvarError` (naming what differs) unless everything matches."""
     data = read_receipt(receipt_path)
+    given = None if public_key is None else load_public_key(public_key)  # a bad key fails before the long part
     body = data["receipt"]
     run_part = body.get("run")
     head = run_part.get("head") if isinstance(run_part, dict) else None
@@ -232,8 +229,8 @@ def verify_receipt(receipt_path: Path, run: Path, contract: Path, public_key: Pa
     except ValueError:
         raise InvarError(f"{receipt_path}: malformed signature: public_key and value must be hex") from None
     key = embedded
-    if public_key is not None:
-        key = load_public_key(public_key)
+    if given is not None:
+        key = given
         if fingerprint(key) != fingerprint(embedded):
             raise InvarError(f"{receipt_path}: signed by key {fingerprint(embedded)[:16]}…, not by the key in "
                              f"{public_key} ({fingerprint(key)[:16]}…)")

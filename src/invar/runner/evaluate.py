@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from invar.errors import ContractError, EvidenceError
+from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
 from invar.records import RunStore
 from invar.runner.engine import EngineSpec, Session, check_output, engine_session
 from invar.runner.options import check_context, model_context
@@ -72,10 +73,13 @@ def population_digest(population: Path, declared: str | None) -> str:
     if declared is not None:
         return declared
     sibling = population.with_suffix(".sha256")
-    if not sibling.is_file():
-        raise ContractError(f"{population}: no {sibling.name} beside it; pass --population-sha256 with the digest "
-                            "you expect")
-    return sibling.read_text(encoding="ascii").split()[0]
+    fix = "pass --population-sha256 with the digest you expect"
+    if not sibling.exists():
+        raise ContractError(f"{population}: no {sibling.name} beside it; {fix}")
+    words = read_regular_file(sibling, "sha256 file", limit=SHA256_FILE_BYTES, fix=fix).split()
+    if not words:
+        raise ContractError(f"{sibling}: empty; {fix}")
+    return words[0].decode("ascii", "replace")  # checked as 64 hex digits where the population is read
 
 
 @dataclass(frozen=True)

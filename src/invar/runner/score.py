@@ -25,14 +25,19 @@ from typing import Any
 
 import numpy as np
 
+from invar.canonical import show
 from invar.compare.runs import check_score_output, open_verified
 from invar.compare.steps import Step, resolve_steps
 from invar.errors import EvidenceError, InvarError
 from invar.evidence import check_patches_active
+from invar.owner_files import read_regular_file
 from invar.records import RunStore
 from invar.runner.engine import EngineSpec, engine_session
 from invar.runner.options import check_context, model_context
 from invar.tasks import ModelTokenizer
+
+TOKEN_ID_MAX = (1 << 31) - 1
+"""Token ids travel as int32 arrays."""
 
 
 @dataclass(frozen=True)
@@ -86,10 +91,12 @@ def items_from_file(path: Path, temperature: float, spec: Sequence[Step], batch_
     """Items from a JSON-lines file of `{"item_id", "prompt", "tokens"[, "temperature"]}`, cut into batches."""
     import json
 
+    raw = read_regular_file(path, "--tokens file", error=InvarError, fix="give a JSON-lines file of items")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvarError(f"--tokens {path}: cannot read it ({exc}); give a JSON-lines file") from None
+        lines = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise InvarError(f"--tokens {path}: not UTF-8 text (byte offset {exc.start:,}); give a JSON-lines file") \
+            from None
     items: list[ScoreItem] = []
     seen: set[str] = set()
     for number, line in enumerate(lines, start=1):
@@ -105,6 +112,10 @@ def items_from_file(path: Path, temperature: float, spec: Sequence[Step], batch_
                 not all(isinstance(t, int) and not isinstance(t, bool) for t in row["tokens"]):
             raise InvarError(f"{where}: expected {{\"item_id\": str, \"prompt\": str, \"tokens\": [ids], "
                              "\"temperature\"?: number}")
+        wide = next((t for t in row["tokens"] if not 0 <= t <= TOKEN_ID_MAX), None)
+        if wide is not None:  # an int32 on the wire: a wider id would wrap to another token, or not convert at all
+            raise InvarError(f"{where}: token id {show(wide, 40)} is outside [0, 2^31 − 1]; give the model's token "
+                             "ids")
         if row["item_id"] in seen:
             raise InvarError(f"{where}: item_id {row['item_id']!r} repeats; give every item its own id")
         seen.add(row["item_id"])

@@ -74,6 +74,7 @@ from invar.contract.prepare import (
 )
 from invar.errors import ContractError, EvidenceError, InvarError
 from invar.evidence import check_patches_active
+from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
 from invar.records import RunStore
 from invar.records.store import is_run
 from invar.runner.engine import (
@@ -140,13 +141,14 @@ def admit_command(run: Path, contract: Path, head: str) -> str:
 def check_sha256_file(contract_path: Path, sha: str) -> None:
     """A contract whose `.sha256` sibling (written by `use prepare`) names other bytes was changed since: refuse it."""
     sibling = contract_path.with_name(contract_path.name + ".sha256")
-    if not sibling.is_file():
+    if not sibling.exists():
         return
+    fix = "it should hold the contract's sha256 as use prepare wrote it"
+    raw = read_regular_file(sibling, "sha256 file", limit=SHA256_FILE_BYTES, fix=fix)
     try:
-        recorded = sibling.read_text(encoding="ascii").split()[0]
-    except (OSError, UnicodeDecodeError, IndexError):
-        raise ContractError(f"{sibling}: unreadable; it should hold the contract's sha256 as use prepare wrote it")\
-            from None
+        recorded = raw.decode("ascii").split()[0]
+    except (UnicodeDecodeError, IndexError):
+        raise ContractError(f"{sibling}: unreadable; {fix}") from None
     if recorded != sha:
         raise ContractError(f"{contract_path}: its sha256 is {sha[:16]}…, but {sibling.name} records {recorded[:16]}…: "
                             "the contract was changed after use prepare wrote it; prepare it again from the "

@@ -40,14 +40,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
-import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from invar import owner_files
 from invar.canonical import show
 from invar.errors import ContractError
 
@@ -148,47 +147,10 @@ class Unit:
         return row
 
 
-_FILE_KINDS: tuple[tuple[Callable[[int], bool], str], ...] = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def _not_regular(what: str, path: Path, mode: int) -> NoReturn:
-    kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
-    raise ContractError(f"{what} {path} is {kind}, not a regular file: point the declaration at a regular file")
-
-
 def read_regular_file(path: str | Path, what: str) -> bytes:
-    """The bytes of a regular file, read once; `what` names the file in errors (e.g. `"population file"`).
-
-    A FIFO, device, socket or directory is refused before it is opened for reading, and the opened file is checked
-    again (non-blocking open, then `fstat`), so a file swapped in between can neither block nor be read.
-    """
-    path = Path(path)
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise ContractError(f"{what} {path} does not exist: point the declaration at the file") from None
-    except OSError as exc:
-        raise ContractError(f"{what} {path} cannot be read ({exc.strerror}): fix its path or permissions") from None
-    if not stat.S_ISREG(mode):
-        _not_regular(what, path, mode)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise ContractError(f"{what} {path} cannot be read ({exc.strerror}): fix its path or permissions") from None
-    with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            _not_regular(what, path, mode)
-        try:
-            return f.read()
-        except OSError as exc:
-            raise ContractError(f"{what} {path} cannot be read ({exc.strerror})") from None
+    """The bytes of a regular file of at most 1 GiB (`invar.owner_files.read_regular_file`); `what` names the file
+    in errors (e.g. `"population file"`)."""
+    return owner_files.read_regular_file(path, what)
 
 
 def check_sha256(what: str, path: Path, data: bytes, expected: str) -> str:
