@@ -26,6 +26,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from invar.errors import InvarError
+
 ARRAY_EXT = 1
 """msgpack extension code for an array: payload is msgpack([dtype, shape, offset, nbytes])."""
 
@@ -48,6 +50,11 @@ class BFloat16Array:
 
 class CanonicalError(ValueError):
     """A value that has no canonical encoding, or bytes that do not decode."""
+
+
+class FolderError(CanonicalError, InvarError):
+    """A folder `tree_digest` cannot name (missing, empty, holding a pipe or device, unreadable): one line for the
+    user, wherever a model or adapter folder is digested."""
 
 
 class NotCanonicalError(CanonicalError):
@@ -340,15 +347,20 @@ def tree_digest(root: str | Any) -> str:
             rel = os.path.relpath(full, root).replace(os.sep, "/")
             # Opened without blocking and checked before reading: a pipe in the folder would wait forever for a
             # writer, a device (a link to /dev/zero) would never end.
-            fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                raise FolderError(f"{full}: cannot be read ({exc.strerror}); every file of a model or adapter folder "
+                                  "must be readable") from None
             with open(fd, "rb") as f:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise CanonicalError(f"{full}: not a regular file (a pipe, device or socket); a model or adapter "
-                                         "folder holds files and folders only")
+                    raise FolderError(f"{full}: not a regular file (a pipe, device or socket); a model or adapter "
+                                      "folder holds files and folders only")
                 h = hashlib.sha256()
                 while block := f.read(1 << 20):
                     h.update(block)
             files[rel] = h.hexdigest()
     if not files:
-        raise CanonicalError(f"{root}: the folder is empty or missing")
+        raise FolderError(f"{root}: the folder is empty or missing; pass the folder that holds the model's (or the "
+                          "adapter's) files")
     return digest(files)

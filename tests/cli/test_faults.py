@@ -75,3 +75,33 @@ def test_a_file_past_its_bound_is_refused_unread(tmp_path: Path) -> None:
         f.truncate((1 << 20) + 1)  # sparse: costs no disk
     _one_line(_invar("use", "verify", str(big), "--run", str(tmp_path / "run"), "--contract", str(big)),
               f"receipt {big} holds 1,048,577 bytes, over the 1,048,576 a receipt may hold")
+
+
+@pytest.mark.parametrize("command", [["infer", "1+1="], ["evaluate", "--count", "2"], ["score", "--tokens", "t.jsonl"]])
+@pytest.mark.parametrize("folder", ["empty", "fifo"])
+def test_a_model_folder_that_cannot_be_digested_is_one_line(tmp_path: Path, command: list[str], folder: str) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    if folder == "fifo":
+        os.mkfifo(model / "config.json")
+    (tmp_path / "t.jsonl").write_text('{"item_id": "a", "prompt": "1+1=", "tokens": [5]}\n')
+    out = _invar(*command, "--model", str(model), "--run", str(tmp_path / "run"), cwd=tmp_path)
+    _one_line(out, "the folder is empty or missing; pass the folder" if folder == "empty" else
+              "config.json: not a regular file (a pipe, device or socket)")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("token", [2**63, 2**31, -1])
+def test_a_token_id_outside_int32_is_one_line(tmp_path: Path, token: int) -> None:
+    tokens = tmp_path / "t.jsonl"
+    tokens.write_text(json.dumps({"item_id": "a", "prompt": "1+1=", "tokens": [5, token]}) + "\n")
+    _one_line(_invar("score", "--tokens", str(tokens), "--run", str(tmp_path / "run")),
+              f"line 1: token id {token} is outside [0, 2^31 − 1]")
+
+
+def test_a_sequential_max_past_its_bound_is_one_line(tmp_path: Path, root: Path) -> None:
+    prepared = _invar("use", "prepare", str(root / "contracts" / "walkthrough.toml"), "--out", str(tmp_path))
+    assert prepared.returncode == 0, prepared.stderr
+    out = _invar("use", "plan", str(tmp_path / "walkthrough.contract.json"), "--assume", "worse=0.01 better=0.01",
+                 "--sequential-max", str(10**30))
+    _one_line(out, f"--sequential-max {10**30}: at most 16,777,216 units")

@@ -183,6 +183,10 @@ def plan_cmd(
         typer.echo(f"the contract decides with {req.method} and runs {units:,} units")
 
 
+SEQUENTIAL_MAX = 1 << 24
+"""The largest `--sequential-max`: the bound on a contract's `requirement.max_n`."""
+
+
 def _sequential_plan(c: Contract, looks: tuple[int, ...] | None, stated: dict[str, float], n_max: int | None) -> \
         SequentialPlan | None:
     """The stopping-n plan for --sequential-max (or a contract that declares `requirement.max_n`), looking after each
@@ -191,6 +195,9 @@ def _sequential_plan(c: Contract, looks: tuple[int, ...] | None, stated: dict[st
     horizon = n_max if n_max is not None else req.max_n
     if horizon is None:
         return None
+    if horizon > SEQUENTIAL_MAX:  # the simulation's counters are 64-bit: a larger n would overflow, not plan
+        raise InvarError(f"--sequential-max {canonical.show(horizon, 40)}: at most {SEQUENTIAL_MAX:,} units, the "
+                         "most a sequential contract's requirement.max_n may be; choose a smaller n")
     if "p_worse" not in stated or "p_better" not in stated:
         raise InvarError("--sequential-max plans 0/1 losses: state --assume 'worse=... better=...'")
     assert req.delta is not None
