@@ -105,3 +105,25 @@ def test_a_sequential_max_past_its_bound_is_one_line(tmp_path: Path, root: Path)
     out = _invar("use", "plan", str(tmp_path / "walkthrough.contract.json"), "--assume", "worse=0.01 better=0.01",
                  "--sequential-max", str(10**30))
     _one_line(out, f"--sequential-max {10**30}: at most 16,777,216 units")
+
+
+def test_a_path_with_a_newline_stays_one_line(tmp_path: Path) -> None:
+    odd = tmp_path / "two\nlines\r.json"
+    out = _invar("use", "verify", str(odd), "--run", str(tmp_path / "run"), "--contract", str(odd))
+    _one_line(out, "two\\nlines\\r.json does not exist")
+
+
+def test_a_workers_error_text_with_newlines_stays_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from invar.cli import app as cli
+    from invar.errors import WorkerError
+
+    def fails() -> None:
+        raise WorkerError("generate", "MethodError", "CUDA out of memory\nTraceback (most recent call last):\n  x")
+
+    monkeypatch.setattr(cli, "app", fails)
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "invar: error: generate: MethodError: CUDA out of memory\\nTraceback (most recent call last):\\n  x\n"

@@ -174,9 +174,16 @@ def version(as_json: JsonOpt = False) -> None:
     typer.echo(__version__)
 
 
+def one_line(text: str) -> str:
+    """`text` as one line: a newline or other control character (in a worker's error text, its stderr tail, a path
+    a user gave) is written as its escape, so the error stays the one line a script reads."""
+    return "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
+                   for ch in text)
+
+
 def main() -> None:
     try:
         app()
     except InvarError as exc:
-        print(f"invar: error: {exc}", file=sys.stderr)
+        print(f"invar: error: {one_line(str(exc))}", file=sys.stderr)
         sys.exit(2)
