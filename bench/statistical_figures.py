@@ -30,6 +30,7 @@ from statistics import NormalDist  # noqa: E402
 import mpmath as mp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from invar.parallel import forked  # noqa: E402
 from invar.stats import METHODS, bounds, planning, score, sequential, trinomial  # noqa: E402
 
 DELTA = 0.05
@@ -289,4 +290,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with forked():  # as `invar use plan` plans: the pieces on every core
+        main()

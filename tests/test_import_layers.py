@@ -26,6 +26,7 @@ LAYERS = [
     "errors",
     "canonical",
     "home",
+    "parallel",  # independent calls over the cores, for the commands that opt in (stats calls it)
     "outputs",
     "protocol",
     "records",

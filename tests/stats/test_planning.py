@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from invar.parallel import forked
 from invar.stats import (
     DEFAULT_BINARY_METHOD,
     METHODS,
@@ -268,13 +269,28 @@ def test_exact_plan_searches_again_when_the_cheap_power_misleads() -> None:
 def test_parallel_planning_gives_the_numbers_of_one_process() -> None:
     """plan_table's worker processes and the betting simulation's blocks in parallel change no number."""
     scenario = (0.05, 0.05, 0.1, 0.05)
-    rows = plan_table(*scenario, reps=400, methods=("maurer-pontil", "betting", "paired-binary-exact"))
+    with forked():
+        rows = plan_table(*scenario, reps=400, methods=("maurer-pontil", "betting", "paired-binary-exact"))
     alone = [planning.plan_row(row.method, *scenario, reps=400) for row in rows]
     assert rows == alone
     assumption = planning._assumption(0.05, 0.05, None, 0.0, -1.0, 1.0)
     starts = list(range(0, 700, planning._CHUNK))
     in_one = planning._betting_share(300, assumption, 0.1, 0.05, 700, [5, 1], starts)
-    assert planning._betting_hits(300, assumption, 0.1, 0.05, 700, [5, 1]) == in_one
+    with forked():
+        assert planning._betting_hits(300, assumption, 0.1, 0.05, 700, [5, 1]) == in_one
+
+
+def test_statistics_fork_no_process_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside `invar.parallel.forked()` the pieces run in this process, in order."""
+    import invar.parallel
+
+    def no_fork(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a process pool was started outside forked()")
+
+    monkeypatch.setattr(invar.parallel, "ProcessPoolExecutor", no_fork)
+    assert invar.parallel.map_calls([lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]
+    rows = plan_table(0.05, 0.05, 0.1, 0.05, methods=("maurer-pontil", "paired-binary-exact"))
+    assert [r.method for r in rows] == ["maurer-pontil", "paired-binary-exact"]
 
 
 def test_vectorised_clopper_pearson_limits_are_the_bounds_own() -> None:

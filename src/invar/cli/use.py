@@ -38,6 +38,7 @@ from invar.contract.prepare import declared_difference_range, load_for_planning,
 from invar.contract.receipt import fingerprint, load_private_key, make_receipt, verify_receipt, write_receipt
 from invar.errors import ContractError, InvarError
 from invar.evidence import RangeTaskLoss
+from invar.parallel import forked
 from invar.patches import patch_digest, patch_dir
 from invar.runner.engine import Engine, default_run_dir, probe_identity
 from invar.runner.options import check_sampling
@@ -163,10 +164,11 @@ def plan_cmd(
                          f"[{low:g}, {high:g}]; state --assume 'variance=... mean=...' of the difference")
     if methods is None and loss_span(c.scorer) is not None and "variance" not in stated:
         methods = list(range_methods(False))  # the binary methods cannot decide this contract's losses
-    rows = plan_table(
-        stated.get("p_worse"), stated.get("p_better"), float(req.epsilon), float(req.delta), power,
-        methods=methods, variance=stated.get("variance"), mean=stated.get("mean", 0.0), a=low, b=high,
-    )
+    with forked():  # the methods, and the pieces of each, on every core
+        rows = plan_table(
+            stated.get("p_worse"), stated.get("p_better"), float(req.epsilon), float(req.delta), power,
+            methods=methods, variance=stated.get("variance"), mean=stated.get("mean", 0.0), a=low, b=high,
+        )
     stops = _sequential_plan(c, looks, stated, sequential_max)
     if json_out:
         emit_json({"contract": str(contract), "contract_method": req.method, "epsilon": str(req.epsilon),

@@ -32,25 +32,24 @@ The search is a secant on probit(power) against sqrt(n) (nearly linear), kept in
 handful of power evaluations; power is taken as non-decreasing in n, which holds up to the small ripples of
 discrete distributions (the reported n reaches the target, n − 1 does not: for the two exact methods both are
 exact computations; where the cheap power the search ran on disagrees there, the search runs again on the exact
-power alone). Several methods are planned in parallel processes, and the two exact evaluations and the betting
-simulation's blocks of runs too, where there are several cores; the numbers do not depend on it.
+power alone). Several methods, the two exact evaluations and the betting simulation's blocks of runs are
+independent pieces, handed to `invar.parallel.map_calls`: in this process, or one forked process per core when
+the caller asks for it (`invar use plan` does); the numbers do not depend on it.
 """
 
 from __future__ import annotations
 
 import math
-import multiprocessing
 import operator
-import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from statistics import NormalDist
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import numpy as np
 
+from invar.parallel import cores, map_calls
 from invar.stats import _binom, bounds, score, trinomial
 from invar.stats.bounds import METHODS, VERSIONS, StatisticsError
 
@@ -402,7 +401,7 @@ def _verified(
     computing it (an upper bound below the target); then only n's is computed."""
     shown_below = n > n_min and n - 1 not in exact and below is not None and below(n - 1, target)
     wanted = [m for m in (n, n - 1) if m >= n_min and m not in exact and not (m == n - 1 and shown_below)]
-    exact.update(zip(wanted, _parallel([partial(power, m) for m in wanted]), strict=True))
+    exact.update(zip(wanted, map_calls([partial(power, m) for m in wanted]), strict=True))
     return exact[n] >= target and (n == n_min or shown_below or exact[n - 1] < target)
 
 
@@ -624,9 +623,9 @@ def _betting_hits(n: int, assumption: _Assumption, epsilon: float, delta: float,
     The runs are simulated in float32: a plan needs the frequency, not the last bits of each capital. Blocks of
     runs are simulated in parallel processes where there are cores (the same runs and count in any case)."""
     starts = list(range(0, reps, _CHUNK))
-    shares = [starts[i :: _cores()] for i in range(min(len(starts), _cores()))]
+    shares = [starts[i :: cores()] for i in range(min(len(starts), cores()))]
     calls = [partial(_betting_share, n, assumption, epsilon, delta, reps, stream, share) for share in shares]
-    return sum(_parallel(calls))
+    return sum(map_calls(calls))
 
 
 def _betting_share(
@@ -1061,68 +1060,21 @@ def plan_table(
 ) -> list[PlanRow]:
     """Every method's required n (those that apply: a variance assumption plans Hoeffding and Maurer–Pontil).
 
-    Several methods are planned in parallel processes (forked, one per core, the costliest first); the rows are
-    the same numbers as one process gives, in the order asked."""
+    The methods are independent pieces (`invar.parallel.map_calls`, the costliest first: inside
+    `invar.parallel.forked()` one process per core plans them); the rows are the same numbers either way, in the
+    order asked."""
     if methods is None:
         methods = METHODS if variance is None else ("hoeffding", "maurer-pontil")
     plan = partial(
         _plan_one, p_worse, p_better, epsilon, delta, power, variance, mean, a, b, n_max, reps, seed
     )
     costliest = sorted(methods, key=lambda m: -_COST.get(m, 0.0))
-    rows = dict(zip(costliest, _parallel([partial(plan, method) for method in costliest]), strict=True))
+    rows = dict(zip(costliest, map_calls([partial(plan, method) for method in costliest]), strict=True))
     return [rows[method] for method in methods]
 
 
 _COST = {"betting": 3.0, "paired-binary-score": 2.0, "paired-binary-exact": 2.0, "maurer-pontil": 0.2}
 """Relative planning time per method (only the order of submission depends on it)."""
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on every platform
-        return os.cpu_count() or 1
-
-
-_PENDING: list[Callable[[], object]] = []  # the calls the next pool's workers run (they see them by fork)
-_CALLS: list[Callable[[], object]] = []  # in a worker: the calls its pool was started for
-_DEPTH = [0]  # 0: the main process; 1: a worker; 2: a worker's worker
-
-
-def _run_pending(index: int) -> object:
-    return _CALLS[index]()
-
-
-def _start_worker(depth: int) -> None:
-    _CALLS[:] = _PENDING
-    _PENDING.clear()
-    _DEPTH[0] = depth
-
-
-def _parallel(calls: Sequence[Callable[[], T]]) -> list[T]:
-    """The results of `calls`, in order, computed in forked processes (one per core) where there are several
-    cores and calls; in this process otherwise. The calls reach the workers by fork, not by pickling (closures
-    are fine); their results are pickled back, and their side effects stay in the workers. A worker may use
-    workers of its own (so a core whose method is done helps with another's blocks), theirs may not."""
-    workers = min(len(calls), _cores())
-    if (
-        workers < 2
-        or _DEPTH[0] >= 2
-        or _PENDING
-        or multiprocessing.current_process().daemon  # a daemonic process may not start children
-        or "fork" not in multiprocessing.get_all_start_methods()
-    ):
-        return [call() for call in calls]
-    _PENDING.extend(calls)
-    try:
-        context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(
-            max_workers=workers, mp_context=context, initializer=_start_worker, initargs=(_DEPTH[0] + 1,)
-        ) as pool:
-            futures = [pool.submit(_run_pending, i) for i in range(len(calls))]
-            return [cast(T, future.result()) for future in futures]
-    finally:
-        _PENDING.clear()
 
 
 def _plan_one(

@@ -1,0 +1,80 @@
+"""Independent calls spread over the machine's cores, for the commands that opt in.
+
+The statistics call `map_calls` wherever their work splits into independent pieces (several methods to plan, two
+exact power evaluations, the blocks of a simulation), and it runs them in order in this process: the statistics
+stay pure functions with no process of their own. A command that wants the cores (`invar use plan`) runs its work
+inside `forked()`, and then `map_calls` runs the pieces in forked processes, one per core. The results are the same
+numbers either way, in the same order: each piece is a pure function of its arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import TypeVar, cast
+
+T = TypeVar("T")
+
+_ENABLED = [False]  # set by `forked()`; a forked worker inherits it
+_PENDING: list[Callable[[], object]] = []  # the calls the next pool's workers run (they see them by fork)
+_CALLS: list[Callable[[], object]] = []  # in a worker: the calls its pool was started for
+_DEPTH = [0]  # 0: the main process; 1: a worker; 2: a worker's worker
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def forked() -> Iterator[None]:
+    """Within this block, `map_calls` may fork one process per core."""
+    before = _ENABLED[0]
+    _ENABLED[0] = True
+    try:
+        yield
+    finally:
+        _ENABLED[0] = before
+
+
+def _run_pending(index: int) -> object:
+    return _CALLS[index]()
+
+
+def _start_worker(depth: int) -> None:
+    _CALLS[:] = _PENDING
+    _PENDING.clear()
+    _DEPTH[0] = depth
+
+
+def map_calls(calls: Sequence[Callable[[], T]]) -> list[T]:
+    """The results of `calls`, in order: computed in forked processes (one per core) inside `forked()` where there
+    are several cores and calls, in this process otherwise. The calls reach the workers by fork, not by pickling
+    (closures are fine); their results are pickled back, and their side effects stay in the workers. A worker may
+    use workers of its own (so a core whose piece is done helps with another's), theirs may not."""
+    workers = min(len(calls), cores())
+    if (
+        not _ENABLED[0]
+        or workers < 2
+        or _DEPTH[0] >= 2
+        or _PENDING
+        or multiprocessing.current_process().daemon  # a daemonic process may not start children
+        or "fork" not in multiprocessing.get_all_start_methods()
+    ):
+        return [call() for call in calls]
+    _PENDING.extend(calls)
+    try:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(
+            max_workers=workers, mp_context=context, initializer=_start_worker, initargs=(_DEPTH[0] + 1,)
+        ) as pool:
+            futures = [pool.submit(_run_pending, i) for i in range(len(calls))]
+            return [cast(T, future.result()) for future in futures]
+    finally:
+        _PENDING.clear()
