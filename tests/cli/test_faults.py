@@ -127,3 +127,17 @@ def test_a_workers_error_text_with_newlines_stays_one_line(monkeypatch: pytest.M
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert err == "invar: error: generate: MethodError: CUDA out of memory\\nTraceback (most recent call last):\\n  x\n"
+
+
+@pytest.mark.parametrize("name", ["../escape", "", ".hidden", "a/b", "/abs", "x\ny", "..", "a" * 65])
+def test_a_key_name_that_is_not_a_plain_file_name_is_refused(tmp_path: Path, name: str) -> None:
+    out = tmp_path / "keys"
+    _one_line(_invar("keys", "new", "--out", str(out), "--name", name, cwd=tmp_path),
+              "a key's name is a plain file name")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written, inside --out or beside it
+
+
+def test_a_plain_key_name_is_written_inside_out(tmp_path: Path) -> None:
+    made = _invar("keys", "new", "--out", str(tmp_path / "keys"), "--name", "Owner-2.test_a")
+    assert made.returncode == 0, made.stderr
+    assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == ["Owner-2.test_a.key", "Owner-2.test_a.pub"]

@@ -5,17 +5,27 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from contract_runs import RunWriter, Workspace, make_workspace, unit_ids
+from support.disks import fill
 
 from invar import canonical
 from invar.contract.admit import admit
-from invar.contract.receipt import make_receipt, new_key_pair, verify_receipt, write_receipt
+from invar.contract.receipt import (
+    RECEIPT_SCHEMA,
+    make_receipt,
+    new_key_pair,
+    read_receipt,
+    verify_receipt,
+    write_receipt,
+)
 from invar.errors import EvidenceError, InvarError, RecordError
 from invar.records.store import GENESIS, _chain
 
@@ -123,3 +133,39 @@ def test_an_incomplete_run_is_refused_by_admit(ws: Workspace, tmp_path: Path) ->
     run = RunWriter(ws, tmp_path / "run").complete().close(closed=False)
     with pytest.raises(EvidenceError, match="the run is incomplete"):
         admit(ws.contract_path, run)
+
+
+def test_a_full_disk_while_the_receipt_is_written_leaves_no_receipt_and_a_second_try_succeeds(
+        ws: Workspace, tmp_path: Path, mount_tmpfs: Callable[[str], Path]) -> None:
+    run = _violated_run(ws, tmp_path / "run")
+    disk = mount_tmpfs("64k")
+    receipt = disk / "receipt.json"
+    filler = fill(disk)
+    args = ("use", "admit", str(run), "--contract", str(ws.contract_path), "--receipt", str(receipt))
+    full = _invar(*args)
+    assert full.returncode == 2, full.stderr
+    assert full.stderr.count("\n") == 1
+    assert f"{receipt}: cannot write the receipt (No space left on device)" in full.stderr
+    assert sorted(p.name for p in disk.iterdir()) == ["filler"]  # no cut receipt, no temporary file
+    filler.unlink()
+    again = _invar(*args)
+    assert again.returncode == 10, again.stderr
+    ok = _invar("use", "verify", str(receipt), "--run", str(run), "--contract", str(ws.contract_path))
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_a_kill_while_the_receipt_is_written_leaves_no_receipt(tmp_path: Path) -> None:
+    receipt = tmp_path / "receipt.json"
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from invar.contract import receipt\n"
+        "os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)  # killed after the bytes, before they are kept\n"
+        "receipt.write_receipt(Path(sys.argv[1]), {'receipt': {'schema': receipt.RECEIPT_SCHEMA}})\n"
+    )
+    assert subprocess.run([sys.executable, "-c", script, str(receipt)]).returncode == -signal.SIGKILL
+    assert not receipt.exists()
+    write_receipt(receipt, {"receipt": {"schema": RECEIPT_SCHEMA}, "signature": None})
+    assert read_receipt(receipt)["receipt"]["schema"] == RECEIPT_SCHEMA
+    with pytest.raises(InvarError, match="receipts are never overwritten"):
+        write_receipt(receipt, {"receipt": {"schema": RECEIPT_SCHEMA}, "signature": None})

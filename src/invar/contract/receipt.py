@@ -14,9 +14,12 @@ by whoever holds the embedded key; `verify_receipt` says which of the two was ch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,8 +83,16 @@ def fingerprint(public: Ed25519PublicKey) -> str:
     return canonical.sha256(raw)
 
 
+KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""A key's name is a plain file name: no folder part (`../x` would write outside `--out`), not hidden, not empty."""
+
+
 def new_key_pair(out_dir: Path, name: str) -> tuple[Path, Path, str]:
     """Write `<name>.key` (PKCS#8 PEM, readable by its owner only) and `<name>.pub`; refuse to overwrite either."""
+    if not KEY_NAME.fullmatch(name):
+        raise InvarError(f"--name {canonical.show(name, 60)}: a key's name is a plain file name of 1-64 letters, "
+                         "digits, '_', '.' or '-', starting with a letter or digit; choose another (--out picks the "
+                         "folder)")
     key_path, pub_path = out_dir / f"{name}.key", out_dir / f"{name}.pub"
     private = Ed25519PrivateKey.generate()
     pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -147,15 +158,47 @@ def make_receipt(decision: Decision, key: Ed25519PrivateKey | None = None) -> di
 
 
 def write_receipt(path: Path, receipt: dict[str, Any]) -> None:
-    """Write a receipt as indented JSON; refuse to overwrite an existing file (receipts are records too)."""
+    """Write a receipt as indented JSON; refuse to overwrite an existing file (receipts are records too).
+
+    The receipt appears whole or not at all: it is written to a temporary file in the same folder, synced, and
+    linked to its name (a link, unlike a rename, refuses a name that exists), so a full disk or a kill mid-write
+    never leaves a cut receipt under the name, which could then never be written again.
+    """
+    data = (json.dumps(receipt, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+    exists = InvarError(f"{path}: a file is already there and receipts are never overwritten; choose another "
+                        "--receipt path")
+    if os.path.lexists(path):
+        raise exists
+    folder = path.parent
+    tmp: str | None = None
     try:
-        with open(path, "x", encoding="utf-8") as f:
-            f.write(json.dumps(receipt, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-    except FileExistsError:
-        raise InvarError(f"{path}: a file is already there and receipts are never overwritten; choose another "
-                         "--receipt path") from None
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=folder)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # as an ordinary file; mkstemp makes it owner-only
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise exists from None
+        _sync_folder(folder)
     except OSError as exc:
-        raise InvarError(f"{path}: cannot write the receipt ({exc.strerror}); choose another path") from None
+        raise InvarError(f"{path}: cannot write the receipt ({exc.strerror or exc}); nothing was written under "
+                         "that name: free space or choose another path, and decide again") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make a new name in `folder` durable (a crash after this keeps the receipt)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
