@@ -204,3 +204,14 @@ def test_the_contract_ran_both_engines_on_the_same_ids_and_decides_by_its_bound(
     bound = paired_binary_exact(worse, better, len(units), 0.1)
     assert d["bound"]["upper"] == bound.upper
     assert d["answer"] == ("Admitted" if bound.upper <= 0.4 else "Unknown" if bound.lower <= 0.4 else "Violated")
+
+
+def test_compare_numerical_pairs_the_chat_runs_of_vllm_and_mlx(used: Used) -> None:
+    """The two `evaluate` runs asked the same ids with the same seeds (greedy): `compare numerical` pairs them."""
+    out = subprocess.run([sys.executable, "-m", "invar.cli", "compare", "numerical", str(used.folder / "evaluate-vllm"),
+                          str(used.folder / "evaluate-mlx"), "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    generation = json.loads(out.stdout)["generation"]
+    assert generation["units"] == 8
+    assert generation["tokens_identical"] == generation["first_divergence"]["none"] == 8
+    assert generation["max_abs_delta"]["max"] < 1e-4  # float32 rounding between engines (test_any_model_engines)
