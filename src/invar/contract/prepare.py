@@ -142,13 +142,7 @@ def prompt_encoders(tokenizers: Mapping[Role, ModelTokenizer]) -> dict[Role, Pro
     """Each package's rendering and tokenization of a unit, as `derive_plan` takes it: a plain prompt as is, encoded
     with the tokenizer's special tokens (as an engine adds them to text); chat messages rendered by the model's chat
     template (with the generation prompt) and encoded without them (the template writes its own)."""
-    def encoder(tokenizer: ModelTokenizer) -> PromptEncoder:
-        def encode(unit: PopulationUnit) -> tuple[str, list[int]]:
-            messages = None if unit.messages is None else unit.chat()
-            return (tokenizer.render_prompt(prompt=unit.prompt, messages=messages),
-                    tokenizer.prompt_ids(prompt=unit.prompt, messages=messages))
-        return encode
-    return {role: encoder(tokenizers[role]) for role in ROLES}
+    return {role: tokenizers[role].unit_prompt for role in ROLES}
 
 
 def model_folders(contract: Contract, base: Path) -> dict[Role, Path]:
