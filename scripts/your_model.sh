@@ -78,9 +78,13 @@ step "6. How many prompts each bound needs, if 1% of prompts get worse and 1% be
   invar use plan "$contract" --assume "worse=0.01 better=0.01" --method paired-binary-exact
 step "7. Run the plan: both packages on the same prompt ids and seeds; every call and report kept" \
   invar use run "$contract" --run "$out/use-run"
+invar keys new --out "$out/keys" --name owner > /dev/null
 set +e
-step "8. Decide from the records alone" invar use admit "$out/use-run" --contract "$contract"
+step "8. Decide from the records alone, and sign a receipt of the decision" \
+  invar use admit "$out/use-run" --contract "$contract" --receipt "$out/receipt.json" --key "$out/keys/owner.key"
 answer=$?
 set -e
 case $answer in 0|10|11) ;; *) exit "$answer";; esac
+step "9. Anyone holding the run, the contract, the receipt and the owner's public key can check the decision" \
+  invar use verify "$out/receipt.json" --run "$out/use-run" --contract "$contract" --public-key "$out/keys/owner.pub"
 printf '\nRecords are in %s/ (use admit exit code %s: 0 Admitted, 10 Violated, 11 Unknown)\n' "$out" "$answer"

@@ -30,6 +30,7 @@ def test_the_worked_example_runs_from_a_model_folder_to_a_decision(tmp_path: Pat
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Admitted: upper bound" in proc.stdout  # both packages answer every unit wrongly: no unit gets worse
     assert "use admit exit code 0" in proc.stdout
+    assert "== 9. Anyone holding the run" in proc.stdout  # use verify recomputed the decision and checked the receipt
 
     tokenizer = ModelTokenizer.from_model_dir(out / "model")
     units = {u.id: u for u in load_units(out / "population.jsonl")}
