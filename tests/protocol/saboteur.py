@@ -61,6 +61,14 @@ def main() -> int:
     if mode == "die-at-start":
         print("cannot load the engine: something is missing", file=sys.stderr, flush=True)
         return 7
+    if mode == "noisy":  # an engine that logs a lot while it loads: 32 MB of lines, one very long, then a last one
+        err = sys.stderr.buffer
+        lines = b"".join(b"loading shard %07d of the weights, all is well\n" % i for i in range(20_000))
+        for _ in range(32 * 1024 * 1024 // len(lines)):
+            err.write(lines)
+        err.write(b"x" * 10_000 + b"\n" + "last log line: ready ✓\n".encode())
+        err.flush()
+        mode = "echo"
     send(out, Handshake(PROTOCOL_VERSION, IDENTITY).to_wire())
     while True:
         payload = frames.read_frame(inp)

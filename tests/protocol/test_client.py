@@ -213,6 +213,24 @@ def test_calls_and_reports_are_recorded_and_bound(tmp_path: Path) -> None:
     assert (v.workers, v.calls, v.reports, v.errors) == (1, 2, 2, 1)
 
 
+def test_a_worker_that_logs_a_lot_is_read_in_blocks_and_its_tail_kept() -> None:
+    """32 MB on stderr before the handshake (an engine's loading logs): read in blocks, not a byte per system call
+    (0.42 MB/s, which took 76 s here), so it starts within its handshake timeout; the tail keeps the last lines
+    whole, a very long one cut."""
+    w = saboteur("noisy", handshake_timeout=30)
+    started = time.perf_counter()
+    try:
+        w.start()
+        assert w.call("echo", {"x": 1}) == {"echo": {"x": 1}}
+    finally:
+        w.close()
+    assert time.perf_counter() - started < 30
+    tail = w.stderr_tail().splitlines()
+    assert tail[-1] == "last log line: ready \u2713"
+    assert tail[-2] == "x" * 4096 + "…"
+    assert tail[-3] == "loading shard 0019999 of the weights, all is well"
+
+
 def test_a_report_the_disk_cannot_hold_fails_the_call_at_once_naming_the_record(
         mount_tmpfs: Callable[[str], Path]) -> None:
     """A full disk met while a report is recorded (on the reader thread): the call fails at once with the store's one

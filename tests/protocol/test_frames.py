@@ -243,3 +243,38 @@ def test_zero_dimensional_arrays_keep_their_shape() -> None:
         bits = back.bits if isinstance(back, canonical.BFloat16Array) else back
         assert bits.shape == ()
         assert bits.tobytes() == (value.bits if isinstance(value, canonical.BFloat16Array) else value).tobytes()
+
+
+def test_a_length_that_lies_costs_the_bytes_that_came_not_the_length_announced() -> None:
+    """A frame announcing 1.5 GiB that delivers 8 MiB and ends: refused as truncated, having taken memory for what
+    arrived (the reader once allocated, and zero-filled, the whole announced length)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import io, resource\n"
+        "from invar.errors import ProtocolError\n"
+        "from invar.protocol import frames\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "stream = io.BytesIO(frames.HEADER.pack(frames.MAGIC, 3 << 29) + b'x' * (8 << 20))\n"
+        "try:\n"
+        "    frames.read_frame(stream)\n"
+        "except ProtocolError as exc:\n"
+        "    print(exc)\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    message, grown_mib = out.stdout.splitlines()
+    assert message == f"truncated frame: {8 << 20} of {3 << 29} payload bytes before end of stream"
+    assert int(grown_mib) < 64  # the 8 MiB that came (and the 8 MiB stream itself), not 1.5 GiB
+
+
+def test_a_large_frame_round_trips_through_its_lazy_buffer() -> None:
+    arr = np.arange(3 << 20, dtype=np.float32)  # 12 MiB: past the first megabyte read into a bytearray
+    payload = canonical.encode({"kind": "report", "a": arr})
+    got = frames.read_frame(io.BytesIO(frames.encode_frame(payload)))
+    assert got is not None
+    assert bytes(got) == payload
+    back = frames.decode_payload(got)["a"]
+    assert back.tobytes() == arr.tobytes()
+    assert not back.flags.writeable

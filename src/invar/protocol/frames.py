@@ -6,6 +6,7 @@ worker's stdout (a library that prints) fail at once and by name instead of bein
 
 from __future__ import annotations
 
+import mmap
 import queue
 import struct
 import threading
@@ -112,8 +113,9 @@ def _read_hashing_aside(stream: IO[bytes], buf: memoryview, hasher: Hasher | Non
     return got
 
 
-def read_frame(stream: IO[bytes], hasher: Hasher | None = None) -> bytearray | None:
-    """Read one frame's payload; None at a clean end of stream (no byte of a new frame read).
+def read_frame(stream: IO[bytes], hasher: Hasher | None = None) -> bytearray | memoryview | None:
+    """Read one frame's payload; None at a clean end of stream (no byte of a new frame read). Memory is taken as the
+    payload's bytes arrive, never for its announced length up front.
 
     With `hasher`, the payload's bytes are fed to it as they arrive (the header is not).
     """
@@ -128,21 +130,23 @@ def read_frame(stream: IO[bytes], hasher: Hasher | None = None) -> bytearray | N
         raise ProtocolError(f"non-frame bytes on the stream: expected {MAGIC!r}, got {bytes(header)!r}")
     if length > MAX_FRAME:
         raise ProtocolError(f"frame length {length} exceeds the {MAX_FRAME}-byte limit")
-    # Allocate the whole payload only once its first megabyte has arrived: a corrupt length must not cost 2 GiB.
     first = bytearray(min(length, 1 << 20))
     got = _read_into(stream, memoryview(first), hasher)
     if got == length:
         return first
     if got == len(first):
-        payload = bytearray(length)
+        # The rest lands in anonymous memory that the kernel provides page by page as bytes are written to it: a
+        # length that lies (2 GiB announced, a few bytes sent) costs what arrived, never what was announced, and
+        # nothing is zero-filled first (a bytearray of the length would commit all of it at once).
+        payload = memoryview(mmap.mmap(-1, length))
         payload[: len(first)] = first
-        got += _read_hashing_aside(stream, memoryview(payload)[len(first):], hasher)
+        got += _read_hashing_aside(stream, payload[len(first):], hasher)
         if got == length:
             return payload
     raise ProtocolError(f"truncated frame: {got} of {length} payload bytes before end of stream")
 
 
-def decode_payload(payload: bytes | bytearray, what: str = "frame payload") -> dict[str, Any]:
+def decode_payload(payload: bytes | bytearray | memoryview, what: str = "frame payload") -> dict[str, Any]:
     """Decode a frame payload into a message map; any malformation is a `ProtocolError` naming `what` it was.
 
     Only canonical bytes decode (`canonical.decode`): a payload that is a second spelling of its value would be

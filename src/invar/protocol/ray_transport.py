@@ -184,9 +184,9 @@ class _Relay:
         assert self._proc.stdout is not None
         return os.read(self._proc.stdout.fileno(), size)
 
-    def read_stderr_line(self) -> bytes:
+    def read_stderr(self, size: int) -> bytes:
         assert self._proc.stderr is not None
-        return self._proc.stderr.readline()
+        return os.read(self._proc.stderr.fileno(), size)
 
     def poll(self) -> int | None:
         return self._proc.poll()
@@ -248,12 +248,15 @@ class _Stderr(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readline(self, size: int | None = -1) -> bytes:
+    def readinto(self, buf: Any) -> int:
+        # In blocks, as the client reads a local worker's stderr: one relay call per block, not per line.
+        view = memoryview(buf).cast("B")
         try:
-            line: bytes = self._p.get(self._p.actor.read_stderr_line.remote(), timeout=None)
+            data: bytes = self._p.get(self._p.actor.read_stderr.remote(min(len(view), _CHUNK)), timeout=None)
         except WorkerLost:
-            return b""
-        return line
+            return 0
+        view[:len(data)] = data
+        return len(data)
 
 
 class RayProcess:
