@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from invar.errors import InvarError
+from invar.runner.use_run import MAX_WORKERS, use_run, workers_per_package
+
 BOUND_S = 60
 """What "at once" allows on a loaded machine; a hang or a read without end runs past it."""
 
@@ -141,3 +144,23 @@ def test_a_plain_key_name_is_written_inside_out(tmp_path: Path) -> None:
     made = _invar("keys", "new", "--out", str(tmp_path / "keys"), "--name", "Owner-2.test_a")
     assert made.returncode == 0, made.stderr
     assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == ["Owner-2.test_a.key", "Owner-2.test_a.pub"]
+
+
+@pytest.mark.parametrize("workers", ["65", str(10**9), "0"])
+def test_workers_past_the_bound_are_one_line_and_start_nothing(tmp_path: Path, workers: str) -> None:
+    run = tmp_path / "run"
+    out = _invar("use", "run", str(tmp_path / "c.contract.json"), "--run", str(run), "--workers", workers)
+    _one_line(out, f"--workers {workers}: must be ≥ 1 and at most 64")
+    assert not run.exists()
+
+
+def test_no_package_starts_more_workers_than_it_has_calls_left(tmp_path: Path) -> None:
+    calls: dict[str, list[object]] = {"reference": [object(), object()], "candidate": [object()]}
+    measure: dict[str, list[object]] = {"reference": [], "candidate": [object()]}
+    assert workers_per_package(calls, measure, 6) == {"reference": 2, "candidate": 2}  # type: ignore[arg-type]
+    assert workers_per_package(calls, measure, 1) == {"reference": 1, "candidate": 1}  # type: ignore[arg-type]
+    assert workers_per_package({"reference": [], "candidate": []}, {"reference": [], "candidate": []},  # type: ignore[arg-type]
+                               6) == {"reference": 0, "candidate": 0}
+    with pytest.raises(InvarError, match=f"at most {MAX_WORKERS}"):
+        use_run(tmp_path / "never-read.contract.json", tmp_path / "run", workers=MAX_WORKERS + 1)
+    assert not (tmp_path / "run").exists()

@@ -42,7 +42,7 @@ from invar.parallel import forked
 from invar.patches import patch_digest, patch_dir
 from invar.runner.engine import Engine, default_run_dir, probe_identity
 from invar.runner.options import check_sampling
-from invar.runner.use_run import Progress, admit_command, use_run
+from invar.runner.use_run import MAX_WORKERS, Progress, admit_command, use_run
 from invar.stats.diagnostics import RangeDiagnostics
 from invar.stats.planning import plan_table, render_plan
 from invar.stats.sequential import SequentialPlan, render_sequential, sequential_plan
@@ -366,8 +366,9 @@ def run_cmd(
     ] = None,
     call_timeout: CallTimeoutOpt = DEFAULT_CALL_TIMEOUT,
     workers: Annotated[
-        int, typer.Option("--workers", help="Worker processes per package; the plan's calls are spread over them "
-                                            "(the records and the decision are those of one worker).")
+        int, typer.Option("--workers", help="Worker processes per package, at most 64 and never more than the "
+                                            "package has calls left; the plan's calls are spread over them (the "
+                                            "records and the decision are those of one worker).")
     ] = 1,
     ray: Annotated[
         str | None, typer.Option("--ray", metavar="HOST:PORT",
@@ -382,8 +383,9 @@ def run_cmd(
     Ends with the run's chain head (keep it) and the command that decides the run.
     """
     check_sampling(temperature=0.0, top_p=1.0, max_tokens=1, call_timeout=call_timeout)
-    if workers < 1:
-        raise InvarError(f"--workers {workers}: must be ≥ 1 (worker processes per package)")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise InvarError(f"--workers {workers}: must be ≥ 1 and at most {MAX_WORKERS} (worker processes per package; "
+                         "each loads the model)")
     run_dir = run if run is not None else default_run_dir(f"use-{contract.name.removesuffix('.contract.json')}")
     with resumable(run_dir, f"invar use run {contract}"), _run_progress() as show:
         outcome = use_run(contract, run_dir, call_timeout=call_timeout, progress=show, workers=workers, ray=ray)

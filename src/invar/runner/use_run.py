@@ -96,6 +96,8 @@ if TYPE_CHECKING:
 
 ROLES: tuple[Role, Role] = ("reference", "candidate")
 T = TypeVar("T")
+MAX_WORKERS = 64
+"""The most worker processes `use run --workers` starts per package (fewer when the package has fewer calls left)."""
 
 
 @dataclass(frozen=True)
@@ -225,8 +227,9 @@ def use_run(
     processes per package (each started from the package and checked against it; a call is answered by one of
     them and bound to the one that answered it). `ray`: the address of a Ray cluster to place the workers on, as
     actors (joined before the run directory is touched)."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise InvarError(f"--workers {workers}: must be a whole number ≥ 1 (worker processes per package)")
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise InvarError(f"--workers {workers}: must be a whole number ≥ 1 and at most {MAX_WORKERS} (worker "
+                         "processes per package; each loads the model)")
     started = time.perf_counter()
     contract, sha, plan = load_contract(contract_path)
     check_sha256_file(contract_path, sha)
@@ -367,6 +370,13 @@ class _Counter:
         self._sink(Progress(self.calls_done, self.calls_total, self.requests_done, self.requests_total))
 
 
+def workers_per_package(todo: Mapping[Role, Sequence[PlannedCall]], measure: Mapping[Role, Sequence[MeasurementCall]],
+                        workers: int) -> dict[Role, int]:
+    """How many workers each package starts: `workers`, but never more than it has calls left to issue (a worker
+    with nothing to answer would only load the model), and none for a package that is done."""
+    return {role: min(workers, len(todo[role]) + len(measure[role])) for role in ROLES}
+
+
 def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, EngineSpec],
              todo: Mapping[Role, Sequence[PlannedCall]], measure: Mapping[Role, Sequence[MeasurementCall]],
              tokens: dict[tuple[Role, int], np.ndarray], store: RunStore, eos: Mapping[Role, frozenset[int]],
@@ -376,11 +386,12 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
     then (once every package has sampled) measurements; the first failure stops all. `tokens` holds the pairing
     layout's response tokens already on record, by (package, unit index), and gains those sampled now. With a
     stopping `rule` (plan /4) the generate calls go look by look from `first_look`, the rule evaluated after each."""
-    roles = [role for role in ROLES if todo[role] or measure[role]]
+    count = workers_per_package(todo, measure, workers)
+    roles = [role for role in ROLES if count[role]]
     if not roles:
         return 0
     # One thread per worker; a package's threads take its calls from shared queues, each call exactly once.
-    threads = [(role, n) for role in roles for n in range(workers)]
+    threads = [(role, n) for role in roles for n in range(count[role])]
     generate_share = {role: _Share(todo[role]) for role in roles}
     measure_share = {role: _Share(measure[role]) for role in roles}
     look_share: dict[tuple[Role, int], _Share[PlannedCall]] = {}
