@@ -40,7 +40,7 @@ from invar.errors import ContractError, InvarError
 from invar.evidence import RangeTaskLoss
 from invar.parallel import forked
 from invar.patches import patch_digest, patch_dir
-from invar.runner.engine import Engine, default_run_dir, probe_identity
+from invar.runner.engine import Engine, default_run_dir, parse_launch_settings, probe_identity
 from invar.runner.options import check_sampling
 from invar.runner.use_run import MAX_WORKERS, Progress, admit_command, use_run
 from invar.stats.diagnostics import RangeDiagnostics
@@ -308,7 +308,8 @@ def package_cmd(
         list[str] | None, typer.Option("--patch", help="A patch under patches/ to run with (repeatable).")
     ] = None,
     setting: Annotated[
-        list[str] | None, typer.Option("--setting", help="A launch setting, name=value (e.g. threads=1).")
+        list[str] | None, typer.Option("--setting", help="A launch setting of the engine's worker, NAME=VALUE (e.g. "
+                                                         "threads=1), checked before it starts (repeatable).")
     ] = None,
     model: Annotated[
         Path | None, typer.Option("--model", help="A model folder: also print its model_dir and model_digest, and "
@@ -324,12 +325,7 @@ def package_cmd(
     folder: dict[str, str] = {}
     if model is not None:
         folder = _model_folder(model)
-    settings: dict[str, Any] = {}
-    for item in setting or []:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise InvarError(f"--setting {item!r}: write name=value, e.g. threads=1")
-        settings[name] = value
+    settings = parse_launch_settings(engine.value, setting or [])
     patches = {name: patch_digest(patch_dir(name)) for name in patch or []}
     identity = probe_identity(engine, settings, patches)
     package: dict[str, Any] = {"engine": engine.value, "engine_version": identity.engine_version, "settings": {

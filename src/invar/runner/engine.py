@@ -18,7 +18,8 @@ import contextlib
 import datetime
 import enum
 import functools
-from collections.abc import Callable, Iterator, Mapping
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,33 +57,98 @@ class Quantization(enum.StrEnum):
 ADAPTER_NAME = "policy"
 """The name under which a session loads its adapter into the worker."""
 
-# Package settings that are launch options of a worker; every other setting is fixed by the worker itself and only
-# checked against its identity. Booleans map to a flag given when the value differs from the worker's default.
-_LAUNCH: dict[str, dict[str, str]] = {
-    "hf": {"device": "--device", "threads": "--threads"},
-    "vllm": {"device": "--device", "max_model_len": "--max-model-len",
-             "gpu_memory_utilization": "--gpu-memory-utilization", "max_num_seqs": "--max-num-seqs",
-             "max_lora_rank": "--max-lora-rank", "max_loras": "--max-loras", "engine_seed": "--seed",
-             "tensor_parallel_size": "--tensor-parallel-size", "pipeline_parallel_size": "--pipeline-parallel-size",
-             "distributed_executor_backend": "--distributed-executor-backend"},
+@dataclass(frozen=True)
+class LaunchSetting:
+    """A package setting that is a launch option of a worker: its flag, the type of its value, the values it takes.
+
+    A `bool` setting is a flag given only when the value is `flag_when` (the other value is the worker's default).
+    """
+
+    flag: str
+    kind: type[int] | type[float] | type[str] | type[bool]
+    choices: tuple[Any, ...] = ()
+    flag_when: bool | None = None
+
+
+_VLLM_BACKENDS = ("mp", "ray", "uni", "external_launcher")  # `invar.workers.vllm_worker.EXECUTOR_BACKENDS`
+
+LAUNCH_SETTINGS: dict[str, dict[str, LaunchSetting]] = {
+    "hf": {"device": LaunchSetting("--device", str), "threads": LaunchSetting("--threads", int),
+           "attn_implementation": LaunchSetting("--attn-implementation", str, ("sdpa", "eager"))},
+    "vllm": {"device": LaunchSetting("--device", str, ("auto", "cpu", "cuda")),
+             "max_model_len": LaunchSetting("--max-model-len", int),
+             "gpu_memory_utilization": LaunchSetting("--gpu-memory-utilization", float),
+             "max_num_seqs": LaunchSetting("--max-num-seqs", int),
+             "max_lora_rank": LaunchSetting("--max-lora-rank", int, (1, 8, 16, 32, 64, 128, 256)),
+             "max_loras": LaunchSetting("--max-loras", int), "engine_seed": LaunchSetting("--seed", int),
+             "tensor_parallel_size": LaunchSetting("--tensor-parallel-size", int),
+             "pipeline_parallel_size": LaunchSetting("--pipeline-parallel-size", int),
+             "distributed_executor_backend": LaunchSetting("--distributed-executor-backend", str, _VLLM_BACKENDS),
+             "enforce_eager": LaunchSetting("--no-enforce-eager", bool, flag_when=False)},
     "mlx": {},
 }
-_LAUNCH_FLAGS: dict[str, dict[str, tuple[bool, str]]] = {"vllm": {"enforce_eager": (False, "--no-enforce-eager")}}
+"""Each engine's package settings that are launch options of its worker (the worker's own command line); every
+other setting is fixed by the worker itself and only checked against its identity."""
 
 
 def launch_args(engine: str, settings: Mapping[str, Any], patches: Mapping[str, str]) -> list[str]:
     """The worker command-line options that make a worker of `engine` start with `settings` and `patches`."""
     args: list[str] = []
-    for key, flag in _LAUNCH.get(engine, {}).items():
+    for key, launch in LAUNCH_SETTINGS.get(engine, {}).items():
         value = settings.get(key)
-        if value is not None:
-            args += [flag, str(value)]
-    for key, (when, flag) in _LAUNCH_FLAGS.get(engine, {}).items():
-        if settings.get(key) is when:
-            args.append(flag)
+        if launch.kind is bool:
+            if value is launch.flag_when:
+                args.append(launch.flag)
+        elif value is not None:
+            args += [launch.flag, str(value)]
     for name, sha in sorted(patches.items()):
         args += ["--patch", f"{name}={sha}"]
     return args
+
+
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def parse_launch_settings(engine: str, items: Sequence[str]) -> dict[str, Any]:
+    """`--setting NAME=VALUE` options as the typed launch settings of `engine`'s worker, checked before any worker
+    starts: an unknown name, a value of the wrong type or outside its choices is refused in one line naming what
+    the engine takes."""
+    declared = LAUNCH_SETTINGS.get(engine, {})
+    valid = ", ".join(declared) if declared else "none"
+    settings: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise InvarError(f"--setting {item!r}: write NAME=VALUE, e.g. threads=1 (the {engine} launch settings: "
+                             f"{valid})")
+        launch = declared.get(name)
+        if launch is None:
+            takes = f"the {engine} launch settings are: {valid}" if declared else \
+                f"the {engine} worker takes no launch settings"
+            raise InvarError(f"--setting {item!r}: {engine} has no launch setting {name!r}; {takes}")
+        value: Any
+        try:
+            if launch.kind is bool:
+                if text.strip().lower() not in ("true", "false"):
+                    raise ValueError(text)
+                value = text.strip().lower() == "true"
+            elif launch.kind is int:
+                value = int(text.strip(), 10)
+            elif launch.kind is float:
+                value = float(text.strip())
+                if not math.isfinite(value):
+                    raise ValueError(text)
+            else:
+                value = text
+        except ValueError:
+            raise InvarError(f"--setting {item!r}: {name} takes {_KIND_NAMES[launch.kind]}, not {text!r}") from None
+        if launch.choices and value not in launch.choices:
+            raise InvarError(f"--setting {item!r}: {name} is one of {', '.join(str(c) for c in launch.choices)}")
+        if name in settings:
+            raise InvarError(f"--setting {name} is given twice; give each setting once")
+        settings[name] = value
+    return settings
 
 
 def _difference(expected: Any, actual: Any, where: str) -> str | None:

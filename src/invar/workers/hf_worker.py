@@ -1,7 +1,7 @@
 """The Hugging Face worker: transformers (with bitsandbytes for NF4) as an inference engine and as the learner.
 
     python -m invar.workers.hf_worker --role inference|learner [--threads N] [--device cpu|cuda]
-        [--patch NAME=SHA256 ...] [--patch-poison NAME]
+        [--attn-implementation sdpa|eager] [--patch NAME=SHA256 ...] [--patch-poison NAME]
 
 Decisions this worker embodies:
 
@@ -54,8 +54,10 @@ Decisions this worker embodies:
   what it had.
 - **Candidate patches** (`--patch NAME=SHA256`, `patches/`): checked against their digest and applied before any
   model loads (`invar.workers.common.load_patches`); the model then runs with eager attention, since SDPA's fused CPU
-  kernel would bypass the patched matrix products and softmax. The identity's settings gain `patches` (and
-  `patch_poison`), and `generate` / `score` results gain `patch_calls`, the patched ops each call ran.
+  kernel would bypass the patched matrix products and softmax (`--attn-implementation eager` runs an unpatched model
+  that way too: a package setting, so eager-vs-SDPA is a candidate of its own). The identity's settings gain
+  `patches` (and `patch_poison`), and `generate` / `score` results gain `patch_calls`, the patched ops each call
+  ran.
 """
 
 from __future__ import annotations
@@ -815,6 +817,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--role", choices=[r.value for r in Role], default=Role.INFERENCE.value)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (fixed: numerics follow it)")
     parser.add_argument("--device", default="cpu", help="torch device: cpu, or cuda where one is present")
+    parser.add_argument("--attn-implementation", choices=["sdpa", "eager"], default=None,
+                        help="transformers' attention: sdpa (the fused kernel) or eager (matmul and softmax); "
+                             "default sdpa, eager under a patch")
     add_patch_arguments(parser)
     args = parser.parse_args(argv)
     try:
@@ -830,9 +835,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_interop_threads(1)
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    if patches.active and args.attn_implementation == "sdpa":
+        print("invar.workers.hf_worker: --attn-implementation sdpa cannot run under a patch (SDPA's fused kernel "
+              "would bypass the patched matmul and softmax); leave it out or pass eager", file=sys.stderr, flush=True)
+        return 2
     engine = Engine(Role(args.role), args.device)
-    if patches.active:
-        engine.attn_implementation = "eager"
+    engine.attn_implementation = args.attn_implementation or ("eager" if patches.active else "sdpa")
     methods = {"load_model": engine.load_model, "load_adapter": engine.load_adapter,
                "score": patches.counted(engine.score)}
     if engine.role == Role.INFERENCE:

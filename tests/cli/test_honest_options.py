@@ -1,0 +1,91 @@
+"""Options are checked before any worker starts, and what the CLI prints is honest: no silently dropped setting, no
+ignored flag, no Python repr or `None` where a user reads, no bytes in JSON (issue 27)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from invar.cli import use
+from invar.cli.app import app
+from invar.errors import InvarError
+from invar.runner.engine import LAUNCH_SETTINGS, launch_args, parse_launch_settings
+
+
+def _invar(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def _one_line_error(out: subprocess.CompletedProcess[str]) -> str:
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("invar: error: "), out.stderr
+    assert "Traceback" not in out.stderr
+    assert "usage:" not in out.stderr
+    return lines[0]
+
+
+# -- 1. --setting is checked against the engine's declared launch settings -------------------------------------
+
+
+@pytest.mark.parametrize(("args", "names"), [
+    (["hf", "--setting", "attn_implementaton=eager"], ["'attn_implementaton'", "device, threads, attn_implementation"]),
+    (["hf", "--setting", "threads=abc"], ["threads takes an integer, not 'abc'"]),
+    (["hf", "--setting", "attn_implementation=flash"], ["attn_implementation is one of sdpa, eager"]),
+    (["hf", "--setting", "threads"], ["write NAME=VALUE", "device, threads, attn_implementation"]),
+    (["vllm", "--setting", "enforce_eager=maybe"], ["enforce_eager takes true or false"]),
+    (["vllm", "--setting", "gpu_memory_utilization=nan"], ["gpu_memory_utilization takes a number"]),
+    (["mlx", "--setting", "threads=1"], ["the mlx worker takes no launch settings"]),
+])
+def test_use_package_refuses_a_bad_setting_in_one_line(args: list[str], names: list[str]) -> None:
+    line = _one_line_error(_invar("use", "package", *args))
+    for name in names:
+        assert name in line, line
+
+
+def test_a_bad_setting_is_refused_before_any_worker_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_worker(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("a worker was started for a setting that is refused")
+
+    monkeypatch.setattr(use, "probe_identity", no_worker)
+    for bad in ("attn_implementaton=eager", "threads=abc", "threads=1.5"):
+        result = CliRunner().invoke(app, ["use", "package", "hf", "--setting", bad])
+        assert isinstance(result.exception, InvarError), (bad, result.exception)
+
+
+def test_settings_are_typed_and_every_declared_one_reaches_the_worker_command_line() -> None:
+    settings = parse_launch_settings("hf", ["threads=2", "attn_implementation=eager", "device=cpu"])
+    assert settings == {"threads": 2, "attn_implementation": "eager", "device": "cpu"}
+    assert launch_args("hf", settings, {}) == ["--device", "cpu", "--threads", "2", "--attn-implementation", "eager"]
+    # A boolean given as text used to be dropped (`"false" is False` never held); now it is the flag.
+    vllm = parse_launch_settings("vllm", ["enforce_eager=false", "max_num_seqs=4"])
+    assert vllm == {"enforce_eager": False, "max_num_seqs": 4}
+    assert launch_args("vllm", vllm, {}) == ["--max-num-seqs", "4", "--no-enforce-eager"]
+    with pytest.raises(InvarError, match="given twice"):
+        parse_launch_settings("hf", ["threads=1", "threads=2"])
+    assert set(LAUNCH_SETTINGS) >= {"hf", "vllm", "mlx"}
+
+
+def test_every_help_example_of_use_package_names_real_settings() -> None:
+    from invar.cli.app import EXAMPLES
+
+    for line in EXAMPLES["use package"]:
+        words = line.split()
+        engine = words[3]
+        settings = [words[i + 1] for i, w in enumerate(words) if w == "--setting"]
+        parse_launch_settings(engine, settings)  # raises on a name the engine does not take
+
+
+@pytest.mark.engine
+def test_the_help_example_setting_is_what_the_worker_runs() -> None:
+    out = _invar("use", "package", "hf", "--setting", "attn_implementation=eager", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["settings"]["attn_implementation"] == "eager"  # was "sdpa": the name was dropped
