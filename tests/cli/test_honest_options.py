@@ -89,3 +89,17 @@ def test_the_help_example_setting_is_what_the_worker_runs() -> None:
     out = _invar("use", "package", "hf", "--setting", "attn_implementation=eager", "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["settings"]["attn_implementation"] == "eager"  # was "sdpa": the name was dropped
+
+
+# -- 2. the top-level --json is read only with --version, and refused before a command ---------------------------
+
+
+def test_top_level_json_is_not_silently_ignored() -> None:
+    line = _one_line_error(_invar("--json", "use", "plan", "missing.contract.json"))
+    assert "put it after the command" in line, line
+    options = [line.split()[1] for line in _invar("--help").stdout.splitlines() if line.startswith("│ --")]
+    assert "--version" in options
+    assert "--json" not in options  # not offered as a global flag
+    out = _invar("--version", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["invar"]

@@ -154,10 +154,15 @@ def _print_versions(as_json: bool) -> None:
 def root(
     ctx: typer.Context,
     version: Annotated[
-        bool, typer.Option("--version", help="Print the core's, the decision arithmetic's and the engines' versions.")
+        bool, typer.Option("--version", help="Print the core's, the decision arithmetic's and the engines' versions "
+                                             "(--version --json: as JSON).")
     ] = False,
-    as_json: JsonOpt = False,
+    # Only `--version` reads it: every command has its own `--json`, after the command's name.
+    as_json: Annotated[bool, typer.Option("--json", hidden=True)] = False,
 ) -> None:
+    if as_json and not version and ctx.invoked_subcommand is not None:
+        raise InvarError(f"--json before the command is not read: put it after the command (invar "
+                         f"{ctx.invoked_subcommand} … --json); before it, --json goes only with --version")
     if version:
         _print_versions(as_json)
         raise typer.Exit(0)
