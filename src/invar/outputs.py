@@ -225,7 +225,7 @@ class InspectRecordsOutput(Closed):
     unanswered: list[Any]
     meta: dict[str, Any]
     """The run's meta records as written (the command, its settings, its inputs): open, as each command writes its
-    own."""
+    own. A kept file (bytes) is shown as `{sha256, bytes}`, an array as `{dtype, shape, sha256}`."""
     call_log: list[CallLogRow]
 
 

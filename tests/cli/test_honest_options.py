@@ -103,3 +103,30 @@ def test_top_level_json_is_not_silently_ignored() -> None:
     out = _invar("--version", "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["invar"]
+
+
+# -- 3. bytes never reach JSON as reprs, and JSON has no NaN or Infinity ------------------------------------------
+
+
+def test_inspect_records_json_gives_kept_files_as_digests_and_sizes(tmp_path: Path) -> None:
+    import hashlib
+
+    import numpy as np
+
+    from invar.records import RunStore
+
+    kept = b"\x00\x01 a kept file " * 20_000  # 300 kB, as a run keeps its population and tokenizer bytes
+    store = RunStore.create(tmp_path / "run", meta={"inputs": {"population.jsonl": kept},
+                                                    "array": np.arange(4, dtype=np.int32), "ratio": float("nan")})
+    store.close_run()
+    store.close()
+    out = _invar("inspect", "records", tmp_path / "run", "--json")
+    assert out.returncode == 0, out.stderr
+    assert "b'" not in out.stdout
+    assert "NaN" not in out.stdout
+    assert len(out.stdout) < 10_000  # was the whole file, as a repr
+    meta = json.loads(out.stdout)["meta"]
+    assert meta["run"]["inputs"]["population.jsonl"] == {"sha256": hashlib.sha256(kept).hexdigest(),
+                                                         "bytes": len(kept)}
+    assert meta["run"]["array"]["shape"] == [4]
+    assert meta["run"]["ratio"] is None

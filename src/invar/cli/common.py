@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import enum
+import hashlib
 import json
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 
+from invar.canonical import BFloat16Array
 from invar.errors import InvarError
 from invar.records.store import is_run
 
@@ -23,8 +28,36 @@ ExpectHeadOpt = Annotated[
 ]
 
 
+def plain(obj: Any) -> Any:
+    """`obj` as plain JSON values: bytes (a kept file, say) as their digest and size, never a Python `b'…'` repr;
+    an array as its dtype, shape and digest; an enum as its value, a path (or a Decimal) as its text; a float that
+    is not finite as null (JSON has no NaN or Infinity)."""
+    if obj is None or isinstance(obj, bool | int | str):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [plain(v) for v in obj]
+    if isinstance(obj, bytes | bytearray | memoryview):
+        raw = bytes(obj)
+        return {"sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
+    if isinstance(obj, BFloat16Array):
+        return {**plain(obj.bits), "dtype": "bfloat16"}
+    if isinstance(obj, np.ndarray):
+        return {"dtype": str(obj.dtype), "shape": list(obj.shape),
+                "sha256": hashlib.sha256(np.ascontiguousarray(obj).tobytes()).hexdigest()}
+    if isinstance(obj, np.generic):
+        return plain(obj.item())
+    if isinstance(obj, enum.Enum):
+        return plain(obj.value)
+    # A path, a Decimal, a Fraction: its text.
+    return str(obj)
+
+
 def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    sys.stdout.write(json.dumps(plain(obj), indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 @contextlib.contextmanager
