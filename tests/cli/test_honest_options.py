@@ -130,3 +130,51 @@ def test_inspect_records_json_gives_kept_files_as_digests_and_sizes(tmp_path: Pa
                                                          "bytes": len(kept)}
     assert meta["run"]["array"]["shape"] == [4]
     assert meta["run"]["ratio"] is None
+
+
+# -- 4, 5. score's options and help; no "None" in a message -------------------------------------------------------
+
+
+def test_score_refuses_an_empty_capture_steps(tmp_path: Path) -> None:
+    line = _one_line_error(_invar("score", "--tokens", tmp_path / "items.jsonl", "--capture-steps", ""))
+    assert "--capture-steps '': name at least one step" in line, line  # was "0 captures of None tokens", exit 0
+
+
+def test_score_help_shows_the_token_list() -> None:
+    out = _invar("score", "--help")
+    assert '"tokens": [ids]' in " ".join(out.stdout.replace("│", " ").split()), out.stdout  # was `"tokens": ,`
+
+
+def test_a_run_no_command_made_is_named_without_none(tmp_path: Path) -> None:
+    from invar.records import RunStore
+
+    store = RunStore.create(tmp_path / "run", meta={"purpose": "not a command's run"})
+    store.close_run()
+    store.close()
+    runs: list[list[str | Path]] = [["score", "--from-run", tmp_path / "run"],
+                                    ["compare", "numerical", tmp_path / "run", tmp_path / "run"]]
+    for args in runs:
+        line = _one_line_error(_invar(*args))
+        assert "None" not in line, line
+        assert "a run whose records name no invar command" in line, line
+
+
+def test_a_contract_without_a_schema_is_named_without_none() -> None:
+    from invar.contract.model import parse_contract
+    from invar.errors import ContractError
+
+    with pytest.raises(ContractError) as err:
+        parse_contract(b'{"name": "x"}', "c.contract.json")
+    assert "None" not in str(err.value)
+    assert "it states no schema" in str(err.value)
+
+
+def test_the_compare_docs_capture_steps_are_within_every_shipped_response() -> None:
+    from invar.compare.steps import parse_steps, resolve_steps
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "compare.md").read_text(encoding="utf-8")
+    given = [line.split("--capture-steps ")[1].split()[0] for line in doc.splitlines()
+             if line.startswith("invar score") and "--capture-steps " in line]
+    assert given
+    for text in given:  # the shipped model's shortest response: one digit and EOS
+        resolve_steps(parse_steps(text), 2, strict=True)

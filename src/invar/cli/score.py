@@ -40,7 +40,7 @@ _SHOWN = 50
 
 def score(
     tokens: Annotated[
-        Path | None, typer.Option("--tokens", help="JSON lines: {\"item_id\", \"prompt\", \"tokens\": [ids], "
+        Path | None, typer.Option("--tokens", help="JSON lines: {\"item_id\", \"prompt\", \"tokens\": \\[ids], "
                                                    "\"temperature\"?}.")
     ] = None,
     from_run: Annotated[
@@ -48,9 +48,10 @@ def score(
                                                      "at each request's temperature, in its batches.")
     ] = None,
     capture_steps: Annotated[
-        str, typer.Option("--capture-steps", help="Steps with a whole-vocabulary capture: numbers, 'last', "
-                                                  "'every:K', comma-separated (e.g. 0,1,last); '' for none.")
-    ] = "",
+        str | None, typer.Option("--capture-steps", help="Steps with a whole-vocabulary capture: numbers, 'last', "
+                                                         "'every:K', comma-separated (e.g. 0,1,last); leave it out "
+                                                         "for none. A step past a response's end is refused.")
+    ] = None,
     temperature: Annotated[
         float, typer.Option("--temperature", help="Temperature of --tokens items that state none (> 0).")
     ] = 1.0,
@@ -76,8 +77,11 @@ def score(
         raise InvarError(f"--temperature {temperature}: scoring needs a temperature in (0, {TEMPERATURE_MAX:g}]")
     check_sampling(temperature=temperature, top_p=1.0, max_tokens=1, batch_size=batch_size,
                    call_timeout=call_timeout)
+    if capture_steps is not None and not capture_steps.strip():
+        raise InvarError(f"--capture-steps {capture_steps!r}: name at least one step (e.g. 0,last), or leave the "
+                         "option out for no captures")
     try:
-        spec_steps = parse_steps(capture_steps) if capture_steps.strip() else ()
+        spec_steps = parse_steps(capture_steps) if capture_steps is not None else ()
     except ValueError as exc:
         raise InvarError(f"--capture-steps {capture_steps!r}: {exc}") from None
     patches = {name: patch_digest(patch_dir(name)) for name in patch or []}
@@ -118,9 +122,10 @@ def score(
     if as_json:
         emit_json(result)
         return
+    captured = "no captures" if not counts["captures"] else \
+        f"{counts['captures']} captures of {counts['vocab_size']} tokens"
     typer.echo(f"{engine.value} on {model} ({meta['model_digest'][:12]}…): {counts['items']} items in "
-               f"{counts['calls']} score calls, {counts['captures']} captures of {counts['vocab_size']} tokens; "
-               f"records: {run_dir}")
+               f"{counts['calls']} score calls, {captured}; records: {run_dir}")
     typer.echo(f"chain head {head} (keep it to check these records later: --expect-head)")
     for r in rows:
         typer.echo(f"[{r['item_id']}] {r['prompt']}{r['text']}   (T={r['temperature']:g})")

@@ -109,12 +109,19 @@ def _request_field(req: Mapping[str, Any], key: str) -> Any:
     return tuple(value) if key == "prompt_ids" and isinstance(value, list) else value
 
 
+def run_kind(command: object) -> str:
+    """A run as messages name it: by the command its meta says made it, or as naming none (never "a None run")."""
+    if isinstance(command, str) and command:
+        return f"a {command!r} run"
+    return "a run whose records name no invar command"
+
+
 def read_generate_run(path: Path, what: str) -> GenerateRun:
     """Every generate call of a finished run, verified as it streams; `what` names the run in messages."""
     with open_verified(path, what) as store:
         meta = store.meta().get("run", {})
         if meta.get("command") not in ("infer", "evaluate"):
-            raise InvarError(f"{what} {path}: a {meta.get('command')!r} run; give a run made by invar infer or "
+            raise InvarError(f"{what} {path}: {run_kind(meta.get('command'))}; give a run made by invar infer or "
                              "invar evaluate (a use run compares with: invar compare numerical RUN --contract C)")
         run = GenerateRun(path, "", dict(meta))
         stream = store.stream()
@@ -232,7 +239,7 @@ def read_score_run(path: Path, what: str) -> ScoreRun:
     with open_verified(path, what) as store:
         meta = store.meta().get("run", {})
         if meta.get("command") != "score":
-            raise InvarError(f"{what} {path}: a {meta.get('command')!r} run; give a run made by invar score")
+            raise InvarError(f"{what} {path}: {run_kind(meta.get('command'))}; give a run made by invar score")
         run = ScoreRun(path, "", dict(meta))
         stream = store.stream()
         for rec in stream:

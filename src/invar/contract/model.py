@@ -756,7 +756,9 @@ def parse_contract(data: bytes, source: str = "contract") -> Contract:
     _check_nesting(obj, source, "contract")
     if obj.get("schema") != CONTRACT_SCHEMA:
         raise ContractError(
-            f"{source}: schema is {_show(obj.get('schema'))}, this Invar reads {CONTRACT_SCHEMA!r}; re-run use prepare"
+            f"{source}: " + ("it states no schema" if obj.get("schema") is None else
+                             f"schema is {_show(obj.get('schema'))}")
+            + f", this Invar reads {CONTRACT_SCHEMA!r}; re-run use prepare"
         )
     try:
         return Contract.model_validate(obj)

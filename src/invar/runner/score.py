@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from invar.canonical import show
-from invar.compare.runs import check_score_output, open_verified
+from invar.compare.runs import check_score_output, open_verified, run_kind
 from invar.compare.steps import Step, resolve_steps
 from invar.errors import EvidenceError, InvarError
 from invar.evidence import check_patches_active
@@ -145,7 +145,7 @@ def verify_source(path: Path) -> SourceRun:
         meta = store.meta().get("run", {})
         command = meta.get("command")
         if command not in ("infer", "evaluate"):
-            raise InvarError(f"--from-run {path}: a {command!r} run; give a run made by invar infer or evaluate")
+            raise InvarError(f"--from-run {path}: {run_kind(command)}; give a run made by invar infer or evaluate")
         stream = store.stream()
         units = 0
         for rec in stream:
