@@ -21,13 +21,12 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli_runs import invar, side_by_side
 
 from invar.records import RunStore
 from invar.tasks import ModelTokenizer
@@ -75,49 +74,28 @@ class Trained:
     history: dict[str, Any]
 
 
-def _invar(*args: str | Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def trained(any_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Trained]:
     out: dict[str, Trained] = {}
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    try:
-        for name, (scorer, answer) in RUNS.items():
-            backend = name.split("-")[0]
-            folder = tmp_path_factory.mktemp(f"train-{name.replace('+', '-')}")
-            data = _population(answer)
-            (folder / "train.jsonl").write_bytes(data)
-            (folder / "train.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n", encoding="ascii")
-            (folder / "partial.py").write_text(PARTIAL, encoding="utf-8")
-            config = folder / "task.toml"
-            config.write_text(f'name = "task"\nbackend = "{backend}"\nmodel = "{any_model}"\ncycles = {CYCLES}\n'
-                              f'[prompts]\npath = "train.jsonl"\nper_cycle = {PER_CYCLE}\n'
-                              f'[rollout]\ngroup_size = {GROUP}\nmax_tokens = {MAX_TOKENS}\n'
-                              f'[optimizer]\nlr = 0.01\n[scorer]\n{scorer}\n'
-                              f'{SCHEDULE if name.endswith("-micro") else ""}', encoding="utf-8")
-            run = folder / "run"
-            out[name] = Trained(folder, config, run, {})
-            with (folder / "train.err").open("wb") as err:
-                procs[name] = subprocess.Popen([sys.executable, "-m", "invar.cli", "train", str(config), "--run",
-                                                   str(run)], stdout=subprocess.DEVNULL, stderr=err)
-        for backend, proc in procs.items():
-            try:
-                proc.wait(timeout=TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            err = (out[backend].folder / "train.err").read_text(encoding="utf-8", errors="replace")
-            assert proc.returncode == 0, f"train {backend} exited {proc.returncode}:\n{err[-4000:]}"
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    commands: dict[str, list[str | Path]] = {}
+    for name, (scorer, answer) in RUNS.items():
+        backend = name.split("-")[0]
+        folder = tmp_path_factory.mktemp(f"train-{name.replace('+', '-')}")
+        data = _population(answer)
+        (folder / "train.jsonl").write_bytes(data)
+        (folder / "train.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n", encoding="ascii")
+        (folder / "partial.py").write_text(PARTIAL, encoding="utf-8")
+        config = folder / "task.toml"
+        config.write_text(f'name = "task"\nbackend = "{backend}"\nmodel = "{any_model}"\ncycles = {CYCLES}\n'
+                          f'[prompts]\npath = "train.jsonl"\nper_cycle = {PER_CYCLE}\n'
+                          f'[rollout]\ngroup_size = {GROUP}\nmax_tokens = {MAX_TOKENS}\n'
+                          f'[optimizer]\nlr = 0.01\n[scorer]\n{scorer}\n'
+                          f'{SCHEDULE if name.endswith("-micro") else ""}', encoding="utf-8")
+        out[name] = Trained(folder, config, folder / "run", {})
+        commands[name] = ["train", config, "--run", folder / "run"]
+    side_by_side(commands, tmp_path_factory.mktemp("train-logs"), TIMEOUT)
     for t in out.values():
-        shown = _invar("inspect", "history", t.run, "--json")
+        shown = invar("inspect", "history", t.run, "--json")
         assert shown.returncode == 0, shown.stderr
         t.history = json.loads(shown.stdout)
     return out
@@ -179,7 +157,7 @@ def test_history_recomputes_the_rewards_from_the_run_alone(trained: dict[str, Tr
     # moved away from its population and scorer file, the run still recomputes to the same history
     moved = tmp_path / "moved"
     shutil.copytree(t.run, moved)
-    shown = _invar("inspect", "history", moved, "--json")
+    shown = invar("inspect", "history", moved, "--json")
     assert shown.returncode == 0, shown.stderr
     again = json.loads(shown.stdout)
     assert [c["checkpoint"] for c in again["cycles"]] == [c["checkpoint"] for c in cycles]
@@ -192,7 +170,7 @@ def test_a_changed_scorer_file_or_population_is_refused_at_resume(trained: dict[
     kept = scorer.read_bytes()
     scorer.write_text(PARTIAL.replace("2.0 *", "1.0 *"), encoding="utf-8")
     try:
-        out = _invar("train", t.config, "--run", t.run)
+        out = invar("train", t.config, "--run", t.run)
     finally:
         scorer.write_bytes(kept)
     assert out.returncode == 2
@@ -205,7 +183,7 @@ def test_a_changed_scorer_file_or_population_is_refused_at_resume(trained: dict[
     population.write_bytes(changed)
     (t.folder / "train.sha256").write_text(hashlib.sha256(changed).hexdigest() + "\n", encoding="ascii")
     try:
-        out = _invar("train", t.config, "--run", t.run)
+        out = invar("train", t.config, "--run", t.run)
     finally:
         population.write_bytes(data)
         (t.folder / "train.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n", encoding="ascii")
@@ -215,7 +193,7 @@ def test_a_changed_scorer_file_or_population_is_refused_at_resume(trained: dict[
 
 
 def test_a_rescheduled_mlx_run_publishes_the_same_checkpoints(trained: dict[str, Trained]) -> None:
-    out = _invar("compare", "histories", trained["mlx"].run, trained["mlx-micro"].run, "--json")
+    out = invar("compare", "histories", trained["mlx"].run, trained["mlx-micro"].run, "--json")
     assert out.returncode == 0, out.stdout + out.stderr
     doc = json.loads(out.stdout)
     assert (doc["verdict"], doc["cycles_compared"]) == ("identical", CYCLES)

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli_runs import invar, package_lines, side_by_side
 
 from invar.records import RunStore
 from invar.stats.bounds import paired_binary_exact
@@ -43,31 +42,6 @@ def _population() -> bytes:
                     {"role": "user", "content": f"name a word with the letter {'aeiou'[i % 5]}"}]
         rows.append({"id": f"w{i}", "messages": messages, "answer": "aeiou"[i % 5]})
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
-
-
-def _invar(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
-                         timeout=TIMEOUT)
-    return out
-
-
-def _package(engine: str, model: Path) -> str:
-    shown = _invar("use", "package", engine, "--model", model, "--json")
-    assert shown.returncode == 0, shown.stderr
-    pkg = json.loads(shown.stdout)
-
-    def toml(v: Any) -> str:
-        if isinstance(v, dict):
-            return "{ " + ", ".join(f"{json.dumps(k)} = {toml(x)}" for k, x in sorted(v.items())) + " }"
-        if isinstance(v, list):
-            return "[" + ", ".join(toml(x) for x in v) + "]"
-        assert v is not None, pkg  # TOML has no null
-        return json.dumps(v)
-
-    table = toml
-    return (f'engine = "{engine}"\nengine_version = {table(pkg["engine_version"])}\n'
-            f'settings = {table(pkg["settings"])}\nmodel_dir = "{model}"\nmodel_digest = "{pkg["model_digest"]}"\n'
-            'dtype = "float32"\n')
 
 
 @dataclass
@@ -111,47 +85,31 @@ batch_size = 8
 [invariance]
 required = false
 [reference]
-{_package("vllm", any_model)}[candidate]
-{_package("mlx", any_model)}[[premises]]
+{package_lines("vllm", any_model)}dtype = "float32"
+[candidate]
+{package_lines("mlx", any_model)}dtype = "float32"
+[[premises]]
 statement = "Eight prompts stand for the use."
 party = "the test"
 basis_sha256 = "{sha}"
 reliance = "vouched"
 """, encoding="utf-8")
-    prepared = _invar("use", "prepare", folder / "decl.toml", "--json")
+    prepared = invar("use", "prepare", folder / "decl.toml", "--json")
     assert prepared.returncode == 0, prepared.stderr
     contract = Path(json.loads(prepared.stdout)["contract"])
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    logs = {key: folder / f"{key}.log" for key in (*EVALUATE, "use")}
-    try:
-        for engine, (scorer, scorer_settings) in EVALUATE.items():
-            args = ["evaluate", "--engine", engine, "--model", str(any_model), "--population",
-                    str(folder / "words.jsonl"), "--scorer", scorer, "--temperature", "0", "--max-tokens",
-                    str(MAX_TOKENS), "--run", str(folder / f"evaluate-{engine}"), "--json"]
-            for k, v in scorer_settings.items():
-                args += ["--scorer-setting", f"{k}={json.dumps(v)}"]
-            with logs[engine].open("wb") as out, logs[engine].with_suffix(".err").open("wb") as err:
-                procs[engine] = subprocess.Popen([sys.executable, "-m", "invar.cli", *args], stdout=out, stderr=err)
-        with logs["use"].open("wb") as out, logs["use"].with_suffix(".err").open("wb") as err:
-            procs["use"] = subprocess.Popen([sys.executable, "-m", "invar.cli", "use", "run", str(contract), "--run",
-                                             str(folder / "use-run")], stdout=out, stderr=err)
-        for key, proc in procs.items():
-            try:
-                proc.wait(timeout=TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            err = logs[key].with_suffix(".err").read_text(encoding="utf-8", errors="replace")
-            assert proc.returncode == 0, f"{key} exited {proc.returncode}:\n{err[-4000:]}"
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    admitted = _invar("use", "admit", folder / "use-run", "--contract", contract, "--json")
+    commands: dict[str, list[str | Path]] = {}
+    for engine, (scorer, scorer_settings) in EVALUATE.items():
+        commands[engine] = ["evaluate", "--engine", engine, "--model", any_model, "--population",
+                            folder / "words.jsonl", "--scorer", scorer, "--temperature", "0", "--max-tokens",
+                            str(MAX_TOKENS), "--run", folder / f"evaluate-{engine}", "--json"]
+        for k, v in scorer_settings.items():
+            commands[engine] += ["--scorer-setting", f"{k}={json.dumps(v)}"]
+    commands["use"] = ["use", "run", contract, "--run", folder / "use-run"]
+    printed = side_by_side(commands, folder, TIMEOUT)
+    admitted = invar("use", "admit", folder / "use-run", "--contract", contract, "--json")
     assert admitted.returncode in (0, 10, 11), admitted.stderr
-    return Used(folder, {e: json.loads(logs[e].read_text(encoding="utf-8")) for e in EVALUATE}, contract,
-                folder / "use-run", json.loads(admitted.stdout))
+    return Used(folder, {e: json.loads(printed[e]) for e in EVALUATE}, contract, folder / "use-run",
+                json.loads(admitted.stdout))
 
 
 def _calls(run: Path) -> list[Any]:
@@ -208,8 +166,7 @@ def test_the_contract_ran_both_engines_on_the_same_ids_and_decides_by_its_bound(
 
 def test_compare_numerical_pairs_the_chat_runs_of_vllm_and_mlx(used: Used) -> None:
     """The two `evaluate` runs asked the same ids with the same seeds (greedy): `compare numerical` pairs them."""
-    out = subprocess.run([sys.executable, "-m", "invar.cli", "compare", "numerical", str(used.folder / "evaluate-vllm"),
-                          str(used.folder / "evaluate-mlx"), "--json"], capture_output=True, text=True, timeout=120)
+    out = invar("compare", "numerical", used.folder / "evaluate-vllm", used.folder / "evaluate-mlx", "--json")
     assert out.returncode == 0, out.stderr
     generation = json.loads(out.stdout)["generation"]
     assert generation["units"] == 8

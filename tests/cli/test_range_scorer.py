@@ -19,6 +19,7 @@ from typing import Any
 import jsonschema
 import numpy as np
 import pytest
+from support.cli_runs import package_lines, toml_value
 
 from invar import canonical
 from invar.contract.prepare import load_contract
@@ -62,19 +63,9 @@ def _validate(name: str, doc: Any) -> None:
     jsonschema.Draft202012Validator(schema).validate(doc)
 
 
-def _table(value: Mapping[str, Any]) -> str:
-    return "{ " + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in sorted(value.items())) + " }"
-
-
 def _toml(data: Mapping[str, Any]) -> str:
     """A declaration as TOML: top-level scalars, then one table per section (values inline)."""
-    def value(v: Any) -> str:
-        if isinstance(v, dict):
-            return _table(v) if not any(isinstance(x, dict | list) for x in v.values()) else \
-                "{ " + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in sorted(v.items())) + " }"
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return json.dumps(v)
+    value = toml_value
     head = [f"{k} = {value(v)}" for k, v in data.items() if not isinstance(v, dict) and v != []]
     body = [f"[{k}]\n" + "".join(f"{json.dumps(f)} = {value(x)}\n" for f, x in v.items())
             for k, v in data.items() if isinstance(v, dict)]
@@ -108,13 +99,8 @@ def _delta(text: str) -> float:
 
 
 def test_a_partial_credit_scorer_through_prepare_run_admit_and_verify(tmp_path: Path) -> None:
-    package = _invar("use", "package", "hf", "--model", DEFAULT_MODEL, "--json", timeout=300)
-    assert package.returncode == 0, package.stderr
-    pkg = json.loads(package.stdout)
     (tmp_path / "partial.py").write_text(SCORER)
-    common = (f'engine = "hf"\nengine_version = {_table(pkg["engine_version"])}\n'
-              f'settings = {_table(pkg["settings"])}\nmodel_dir = "{DEFAULT_MODEL}"\n'
-              f'model_digest = "{pkg["model_digest"]}"\n')
+    common = package_lines("hf", DEFAULT_MODEL)
     sha = POPULATION.with_suffix(".sha256").read_text().split()[0]
     (tmp_path / "decl.toml").write_text(f'''name = "partial-nf4"
 description = "May NF4 weights replace float32, graded by how far the answer is off?"
