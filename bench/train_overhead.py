@@ -210,8 +210,9 @@ def _direct_cycles(p: tr.Plan, out: Path, device: str, learner: Callable[[str, d
         samples = cyc.read_rollout(gen, requests, cycle=n, model_digest=p.model_digest,
                                    policy_digest=digests[-1] if digests else None, reference=with_reference,
                                    vocab_size=p.vocab.size)
-        adv = group_advantages(cyc.rewards(samples, p.vocab), cfg.rollout.group_size, cfg.advantage.normalization,
-                               cfg.advantage.eps)
+        units = [u for u in prompts for _ in range(cfg.rollout.group_size)]
+        adv = group_advantages(cyc.rewards(samples, units, p.scorer, p.vocab), cfg.rollout.group_size,
+                               cfg.advantage.normalization, cfg.advantage.eps)
         save = out / f"cycle-{n:06d}"
         t1 = time.perf_counter()
         learner("learner_step", tr.learner_step_params(p, samples, adv.values, save))
