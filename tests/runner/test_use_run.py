@@ -117,7 +117,7 @@ def test_a_plan_runs_and_is_decided(contract: Path, baseline: Path) -> None:
     assert json.loads(again.stdout)["already_closed"] is True
 
 
-@pytest.mark.parametrize("trial", range(6))
+@pytest.mark.parametrize("trial", range(4))  # two kills of the CLI, two of a worker, each at a seeded instant
 def test_killed_run_resumes_to_the_same_decision_and_outputs(contract: Path, baseline: Path, tmp_path: Path,
                                                              trial: int) -> None:
     rng = random.Random(1000 + trial)
