@@ -84,18 +84,11 @@ class KindAccuracy(Closed):
     problems: int
 
 
-class EvaluateOutput(EngineFields):
-    """`invar evaluate --json`."""
+class _EvaluateRun(EngineFields):
+    """What both shapes of `invar evaluate --json` state of the run: its population, scorer and sampling."""
 
     run: str
     chain_head: str
-    accuracy: float
-    correct: int
-    problems: int
-    interval: tuple[float, float]
-    interval_method: str
-    confidence: float
-    by_kind: dict[str, KindAccuracy]
     population: str
     population_sha256: str
     scorer: dict[str, Any]
@@ -111,17 +104,27 @@ class EvaluateOutput(EngineFields):
     wall_s: float
 
 
+class EvaluateOutput(_EvaluateRun):
+    """`invar evaluate --json`."""
+
+    accuracy: float
+    correct: int
+    problems: int
+    interval: tuple[float, float]
+    interval_method: str
+    confidence: float
+    by_kind: dict[str, KindAccuracy]
+
+
 class KindMeanLoss(Closed):
     problems: int
     mean_loss: float
 
 
-class EvaluateRangeOutput(EngineFields):
+class EvaluateRangeOutput(_EvaluateRun):
     """`invar evaluate --json` with a scorer whose losses lie in a declared range (`binary = false`): the mean
     loss, not an accuracy."""
 
-    run: str
-    chain_head: str
     mean_loss: float
     loss_sum: str
     """The losses summed exactly, as a fraction."""
@@ -134,19 +137,6 @@ class EvaluateRangeOutput(EngineFields):
     interval_version: str
     confidence: float
     by_kind: dict[str, KindMeanLoss]
-    population: str
-    population_sha256: str
-    scorer: dict[str, Any]
-    """The scorer's identity: name, version, settings, path and sha256."""
-    count: int
-    sample_seed: int
-    seed: int
-    temperature: float
-    top_p: float
-    max_tokens: int
-    batch_size: int
-    generate_s: float
-    wall_s: float
 
 
 class EvaluateAnyOutput(RootModel[EvaluateOutput | EvaluateRangeOutput]):
