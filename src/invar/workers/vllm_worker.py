@@ -10,9 +10,12 @@ Decisions this worker embodies:
   code 2, before any handshake: a core that asks for a learner here learns it at once.
 - **One engine per worker process**, created by the first `load_model` and kept for the process's life. A later
   `load_model` of the same model, dtype and quantization reuses it; another model is refused (start a new worker).
-  vLLM runs its engine core in spawned processes; they inherit the worker's stderr as their stdout and stderr (the
-  protocol server moved fd 1 onto stderr before the engine started; its protocol fd is not inheritable), so vLLM's
-  logs never reach the frame stream. The tests check every descendant's file descriptors.
+  On one CPU device vLLM's engine core runs in the worker's own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` unless
+  the environment says otherwise: half the start-up, the same bits); on CUDA, or split over several workers, vLLM
+  runs it in spawned processes. Either way vLLM's output goes to the worker's stderr: the protocol server moved
+  fd 1 onto stderr before the engine started, spawned processes inherit that as their stdout and stderr, and the
+  protocol fd is not inheritable, so vLLM's logs never reach the frame stream. The tests check the worker's and
+  every descendant's file descriptors.
 - **Sampled log-probabilities are vLLM's `processed_logprobs`**: log_softmax of the exact float32 tensor the sampler
   drew from (the logits divided by the request temperature), computed inside the engine. vLLM's default,
   `raw_logprobs`, is the distribution at temperature 1 whatever the request's temperature, so it is not the behavior
@@ -595,6 +598,12 @@ def main(argv: list[str] | None = None) -> int:
               "VLLM_CPU_OMP_THREADS_BIND, one core list per worker separated by '|' (e.g. '0|1' for two workers "
               "of one core each); set it in the environment that runs invar", file=sys.stderr, flush=True)
         return 2
+    if device == "cpu" and parallel == 1 and args.distributed_executor_backend is None:
+        # One CPU worker runs vLLM's engine core in this process: a spawned core imports vLLM a second time and
+        # competes with it for the cores (measured on 2 cores: start and first load 45 s -> 21 s, the same tokens and
+        # log-probability bits). An explicit VLLM_ENABLE_V1_MULTIPROCESSING=1 still gets the spawned core. vLLM reads
+        # the variable when the engine is built (at load_model), not at import.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     settings = Settings(device=device, max_model_len=args.max_model_len,
                         gpu_memory_utilization=utilization, max_num_seqs=args.max_num_seqs,
                         max_lora_rank=args.max_lora_rank, max_loras=args.max_loras,

@@ -16,6 +16,8 @@ from invar.runner.engine import launch_args
 from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import Problem
 
+from test_vllm_worker import assert_engine_output_on_stderr
+
 pytestmark = pytest.mark.engine
 
 
@@ -47,6 +49,7 @@ def test_tensor_parallel_two_is_identity_and_changes_only_rounding(worker: Worke
         assert settings["env"]["VLLM_CPU_OMP_THREADS_BIND"] == bind
         assert "tensor_parallel_size" not in worker.identity.settings  # unset: vLLM's default, left out
         split.call("load_model", load_params)
+        assert_engine_output_on_stderr(split, spawned=True)  # two CPU workers: vLLM spawns its engine core
         tok = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
         reqs = [{"request_id": f"tp-{i}", "prompt": p.prompt, "prompt_ids": tok.prompt_ids(prompt=p.prompt),
                  "seed": 9000 + i, "temperature": 1.0, "top_p": 1.0, "max_tokens": 5}

@@ -107,11 +107,20 @@ def test_learner_role_is_refused_at_start() -> None:
 
 
 def test_engine_processes_cannot_write_to_the_protocol_stream(worker: WorkerClient) -> None:
-    """vLLM's spawned engine core and model worker hold stderr as their stdout, never the frame pipe."""
+    """On one CPU device vLLM's engine core runs in the worker's process, whose fd 1 is stderr; any process vLLM
+    spawns holds stderr as its stdout and never the frame pipe (the split worker of test_vllm_parallel.py checks the
+    spawned engine core and model workers)."""
+    assert_engine_output_on_stderr(worker, spawned=False)
+
+
+def assert_engine_output_on_stderr(worker: WorkerClient, spawned: bool) -> None:
     proto = os.fstat(worker._proc.stdout.fileno()).st_ino  # type: ignore[union-attr]
     err = os.fstat(worker._proc.stderr.fileno()).st_ino  # type: ignore[union-attr]
-    children = psutil.Process(worker.identity.pid).children(recursive=True)
-    assert any("EngineCore" in c.name() for c in children), [c.name() for c in children]
+    process = psutil.Process(worker.identity.pid)
+    children = process.children(recursive=True)
+    assert any("EngineCore" in c.name() for c in children) == spawned, [c.name() for c in children]
+    own = {fd.name: os.readlink(fd) for fd in Path(f"/proc/{process.pid}/fd").iterdir() if fd.name.isdigit()}
+    assert own.get("1") == f"pipe:[{err}]", own
     for child in children:
         fds = Path(f"/proc/{child.pid}/fd")
         links = {fd.name: os.readlink(fd) for fd in fds.iterdir() if fd.name.isdigit()}
