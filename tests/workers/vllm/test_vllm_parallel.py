@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_vllm_worker import assert_engine_output_on_stderr
 
 from invar.engines import DEFAULT_MODEL, start_worker
 from invar.errors import ProtocolError
@@ -15,8 +16,6 @@ from invar.protocol import WorkerClient
 from invar.runner.engine import launch_args
 from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import Problem
-
-from test_vllm_worker import assert_engine_output_on_stderr
 
 pytestmark = pytest.mark.engine
 
