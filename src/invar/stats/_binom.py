@@ -10,17 +10,19 @@ Where an older SciPy lacks those ufuncs, `scipy.stats` itself is used (imported 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy import special
 
 Ufunc = Callable[..., Any]
 
 
+@functools.cache
 def _ufuncs() -> tuple[Ufunc, Ufunc, Ufunc, Ufunc] | None:
+    """The ufuncs, imported on first use: importing scipy.special costs every command ~0.4 s of start-up."""
     try:
         from scipy.special import _ufuncs as u  # private: the Boost binomial routines behind scipy.stats.binom
     except ImportError:  # pragma: no cover - depends on the SciPy version
@@ -32,7 +34,11 @@ def _ufuncs() -> tuple[Ufunc, Ufunc, Ufunc, Ufunc] | None:
     return pmf_, cdf_, sf_, ppf_
 
 
-_BOOST = _ufuncs()
+def _betainccinv() -> Ufunc:
+    from scipy import special
+
+    inverse: Ufunc = special.betainccinv
+    return inverse
 
 
 def _scipy_binom() -> Any:  # pragma: no cover - only on a SciPy without the ufuncs
@@ -53,7 +59,8 @@ def _finish(output: np.ndarray) -> Any:
 
 def pmf(k: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
     """`scipy.stats.binom.pmf(k, n, p)`."""
-    if _BOOST is None:  # pragma: no cover
+    boost = _ufuncs()
+    if boost is None:  # pragma: no cover
         return _scipy_binom().pmf(k, n, p)
     kk, nn, pp = np.broadcast_arrays(np.asarray(k), np.asarray(n), np.asarray(p))
     good = _valid(nn, pp)
@@ -61,24 +68,26 @@ def pmf(k: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
     output = np.zeros(cond.shape, "d")
     np.place(output, ~good | np.isnan(kk), np.nan)
     if np.any(cond):
-        np.place(output, cond, np.clip(_BOOST[0](kk[cond], nn[cond], pp[cond]), 0, 1))
+        np.place(output, cond, np.clip(boost[0](kk[cond], nn[cond], pp[cond]), 0, 1))
     return _finish(output)
 
 
 def cdf(k: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
     """`scipy.stats.binom.cdf(k, n, p)`."""
-    if _BOOST is None:  # pragma: no cover
+    boost = _ufuncs()
+    if boost is None:  # pragma: no cover
         return _scipy_binom().cdf(k, n, p)
     kk, nn, pp = np.broadcast_arrays(np.asarray(k), np.asarray(n), np.asarray(p))
-    return _tail(kk, nn, pp, _BOOST[1], kk >= nn)
+    return _tail(kk, nn, pp, boost[1], kk >= nn)
 
 
 def sf(k: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
     """`scipy.stats.binom.sf(k, n, p)`."""
-    if _BOOST is None:  # pragma: no cover
+    boost = _ufuncs()
+    if boost is None:  # pragma: no cover
         return _scipy_binom().sf(k, n, p)
     kk, nn, pp = np.broadcast_arrays(np.asarray(k), np.asarray(n), np.asarray(p))
-    return _tail(kk, nn, pp, _BOOST[2], (kk < 0) | np.isneginf(kk))
+    return _tail(kk, nn, pp, boost[2], (kk < 0) | np.isneginf(kk))
 
 
 def _tail(kk: np.ndarray, nn: np.ndarray, pp: np.ndarray, boost: Any, saturated: np.ndarray) -> Any:
@@ -96,7 +105,8 @@ def _tail(kk: np.ndarray, nn: np.ndarray, pp: np.ndarray, boost: Any, saturated:
 
 def ppf(q: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
     """`scipy.stats.binom.ppf(q, n, p)` (as floats: −1 at q = 0, n at q = 1)."""
-    if _BOOST is None:  # pragma: no cover
+    boost = _ufuncs()
+    if boost is None:  # pragma: no cover
         return _scipy_binom().ppf(q, n, p)
     qq, nn, pp = np.broadcast_arrays(np.asarray(q), np.asarray(n), np.asarray(p))
     good = _valid(nn, pp)
@@ -106,32 +116,35 @@ def ppf(q: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
     top = (qq == 1) & good
     np.place(output, top, nn[top])
     if np.any(cond):
-        np.place(output, cond, _BOOST[3](qq[cond], nn[cond], pp[cond]) + 0)
+        np.place(output, cond, boost[3](qq[cond], nn[cond], pp[cond]) + 0)
     return _finish(output)
 
 
 def pmf_inside(k: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
     """`pmf(k, n, p)` where the caller knows every k is an integer in [0, n], n a non-negative integer and p in
     [0, 1]: the same numbers without the checks (which cost more than the pmf itself in small, frequent calls)."""
-    if _BOOST is None:  # pragma: no cover
+    boost = _ufuncs()
+    if boost is None:  # pragma: no cover
         return pmf(k, n, p)
-    return np.clip(_BOOST[0](k, n, p), 0, 1)
+    return np.clip(boost[0](k, n, p), 0, 1)
 
 
 def cdf_inside(k: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
     """`cdf(k, n, p)` where the caller knows every k is an integer in [0, n), n a non-negative integer and p in
     [0, 1] (as `pmf_inside`)."""
-    if _BOOST is None:  # pragma: no cover
+    boost = _ufuncs()
+    if boost is None:  # pragma: no cover
         return cdf(k, n, p)
-    return np.clip(_BOOST[1](k, n, p), 0, 1)
+    return np.clip(boost[1](k, n, p), 0, 1)
 
 
 def sf_inside(k: npt.ArrayLike, n: npt.ArrayLike, p: npt.ArrayLike) -> Any:
     """`sf(k, n, p)` where the caller knows every k is an integer in [0, n), n a non-negative integer and p in
     [0, 1] (as `pmf_inside`)."""
-    if _BOOST is None:  # pragma: no cover
+    boost = _ufuncs()
+    if boost is None:  # pragma: no cover
         return sf(k, n, p)
-    return np.clip(_BOOST[2](k, n, p), 0, 1)
+    return np.clip(boost[2](k, n, p), 0, 1)
 
 
 def beta_isf(q: npt.ArrayLike, a: npt.ArrayLike, b: npt.ArrayLike) -> Any:
@@ -143,5 +156,5 @@ def beta_isf(q: npt.ArrayLike, a: npt.ArrayLike, b: npt.ArrayLike) -> Any:
     np.place(output, good & (qq == 1), 0.0)
     np.place(output, good & (qq == 0), 1.0)
     if np.any(cond):
-        np.place(output, cond, special.betainccinv(aa[cond], bb[cond], qq[cond]) * 1.0 + 0.0)
+        np.place(output, cond, _betainccinv()(aa[cond], bb[cond], qq[cond]) * 1.0 + 0.0)
     return _finish(output)
