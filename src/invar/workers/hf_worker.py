@@ -76,12 +76,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
-from peft.tuners.lora import LoraLayer
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 from transformers.utils import logging as hf_logging
 
@@ -137,7 +135,8 @@ class Adapter:
 
 def _base_layer(module: Any) -> Any:
     """A module's own linear layer: the one peft wraps, or the module itself."""
-    return module.get_base_layer() if isinstance(module, LoraLayer) else module
+    lora = sys.modules.get("peft.tuners.lora")  # peft is imported with the first adapter; before it, none is wrapped
+    return module.get_base_layer() if lora is not None and isinstance(module, lora.LoraLayer) else module
 
 
 def _target_names(model: Any, targets: list[str]) -> list[str]:
@@ -204,6 +203,8 @@ def _write_checkpoint(folder: Path, state: dict[str, Any], moments: dict[str, An
     """The checkpoint's files (into the temporary folder `save_atomically` gives): peft's config, the weights with
     the base model's digest in their metadata, AdamW's moments. The bytes depend only on the weights and settings
     (no paths, no times)."""
+    from peft import LoraConfig
+
     LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=adapter.target_modules, lora_dropout=0.0,
                bias="none", task_type="CAUSAL_LM", inference_mode=True).save_pretrained(str(folder))
     # peft keeps target_modules as a set and writes it in the process's hash order: sort it, or one adapter would
@@ -296,6 +297,8 @@ class Engine:
         try:
             kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": self.attn_implementation}
             if req.quantization == "nf4":
+                from transformers import BitsAndBytesConfig
+
                 kwargs["quantization_config"] = BitsAndBytesConfig(
                     load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype)
                 kwargs["device_map"] = self.device
@@ -356,6 +359,10 @@ class Engine:
 
     def _install(self, name: str, adapter: Adapter) -> None:
         """Add `adapter` to peft under a fresh name and copy its tensors in; drop the adapter `name` replaces."""
+        # peft (and the bitsandbytes it imports) only with the first adapter: a worker without adapters starts ~3 s
+        # sooner.
+        from peft import LoraConfig, get_peft_model
+
         m = self.loaded("load_adapter")
         key = f"invar{self.installed}"
         config = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=sorted(adapter.weights),
@@ -637,6 +644,8 @@ class Engine:
         trainer.steps += 1
 
         assert m.peft is not None
+        from peft import get_peft_model_state_dict
+
         state = {k: v.detach().to("cpu").contiguous()
                  for k, v in get_peft_model_state_dict(m.peft, adapter_name=trainer.adapter.key).items()}
         if sorted(state) != sorted(trainer.names):
