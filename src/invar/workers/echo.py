@@ -7,14 +7,13 @@ tests and benchmark measure the transport with it.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
 from invar import __version__
-from invar.protocol import MethodError, Role, Server
+from invar.protocol import MethodError, Role, Server, exit_worker
 
 
 def echo(params: dict[str, Any]) -> dict[str, Any]:
@@ -57,4 +56,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_worker(main())

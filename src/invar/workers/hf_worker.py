@@ -85,7 +85,7 @@ from transformers.utils import logging as hf_logging
 
 from invar import __version__, canonical
 from invar.loop.checkpoint import MANIFEST, MOMENTS, OPTIMIZER_WEIGHTS, save_atomically
-from invar.protocol import MethodError, Role, Server
+from invar.protocol import MethodError, Role, Server, exit_worker
 from invar.workers.common import (
     ADAPTER_WEIGHTS,
     BASE_DIGEST_KEY,
@@ -870,4 +870,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_worker(main())

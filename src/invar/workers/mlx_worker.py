@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +79,7 @@ from invar.loop.checkpoint import (
     inspect_adapter,
     save_atomically,
 )
-from invar.protocol import MethodError, Role, Server
+from invar.protocol import MethodError, Role, Server, exit_worker
 from invar.workers.common import (
     LoraSettings,
     Request,
@@ -731,4 +730,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_worker(main())

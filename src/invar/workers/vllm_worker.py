@@ -81,7 +81,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from invar import __version__, canonical
-from invar.protocol import MethodError, Role, Server
+from invar.protocol import MethodError, Role, Server, exit_worker
 from invar.workers.common import (
     ADAPTER_WEIGHTS,
     PatchRefused,
@@ -633,4 +633,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_worker(main())

@@ -1,0 +1,193 @@
+"""What a worker costs before and after its calls: start-up and shutdown of each engine's worker against a plain
+script of the same engine, side by side, and the CLI's own start-up.
+
+    .venv/bin/python bench/startup.py [--engines hf,mlx,vllm] [--reps 5] [--json docs/performance/startup.json]
+
+For each engine, each repetition runs a pair in alternating order (invar first on even repetitions, the plain
+script first on odd ones), so both see the same machine:
+
+- **invar**: `invar.engines.start_worker` (a worker process, handshake, identity), then `load_model` of the shipped
+  model in float32, one greedy generate of 4 tokens, and `close`, each step timed by the core, plus the whole
+  from the core's start of the process to the exit status;
+- **plain**: a Python process that imports the engine as a user's script would (hf: torch + transformers'
+  `AutoModelForCausalLM`; vLLM: `vllm`; MLX: `mlx_lm`), loads the same folder (hf `from_pretrained`, vLLM `LLM(...)`
+  with the worker's settings, MLX `mlx_lm.utils.load_model`), generates 4 greedy tokens and exits; it prints the
+  time of each step, and its whole is from spawn to exit status.
+
+Reported per engine: medians (min–max) of each step, and the ratios invar / plain of the median handshake to the
+median import, and of the medians of the wholes. Also the median wall time of `invar --help` and of `python -c
+"import invar.cli.app"` over `--reps` runs. The shipped tiny model, so what shows is the fixed cost of a worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "src") not in sys.path:  # run from a checkout without installing the package
+    sys.path.insert(0, str(REPO / "src"))
+
+from invar import canonical  # noqa: E402
+from invar.engines import DEFAULT_MODEL, start_worker, worker_env  # noqa: E402
+from invar.protocol import Role  # noqa: E402
+from invar.tasks import ModelTokenizer  # noqa: E402
+
+PROMPT = "37+58="
+
+PLAIN = {
+    "hf": """
+        import torch
+        from transformers import AutoModelForCausalLM
+        mark("import")
+        model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+        mark("load")
+        model.generate(torch.tensor([IDS]), max_new_tokens=4, do_sample=False)
+        mark("generate")
+    """,
+    "vllm": """
+        import vllm
+        mark("import")
+        llm = vllm.LLM(model=MODEL, tokenizer=MODEL, dtype="float32", enforce_eager=True, seed=0,
+                       gpu_memory_utilization=0.3, max_num_seqs=256, enable_prefix_caching=False)
+        mark("load")
+        llm.generate([vllm.TokensPrompt(prompt_token_ids=IDS)], vllm.SamplingParams(temperature=0, max_tokens=4),
+                     use_tqdm=False)
+        mark("generate")
+    """,
+    "mlx": """
+        import mlx.core as mx
+        from mlx_lm.generate import generate_step
+        from mlx_lm.utils import load_model
+        mark("import")
+        model, _ = load_model(Path(MODEL))
+        mark("load")
+        for _, (token, _) in zip(range(4), generate_step(mx.array(IDS), model, sampler=lambda x: mx.argmax(x, -1))):
+            pass
+        mark("generate")
+    """,
+}
+"""Each engine's plain script: what a user would write to load the model and generate from it."""
+
+
+def plain_script(engine: str, ids: list[int]) -> str:
+    prelude = f"""
+        import sys, time
+        from pathlib import Path
+        START = time.perf_counter()
+        MODEL = {str(DEFAULT_MODEL)!r}
+        IDS = {ids!r}
+        def mark(step):
+            print(f"step {{step}} {{time.perf_counter() - START:.6f}}", file=sys.__stderr__, flush=True)
+    """
+    return textwrap.dedent(prelude) + textwrap.dedent(PLAIN[engine])
+
+
+def run_plain(engine: str, ids: list[int]) -> dict[str, float]:
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", plain_script(engine, ids)], env=worker_env(), capture_output=True,
+                          text=True, timeout=900)
+    whole = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"bench/startup.py: the plain {engine} script failed (exit {proc.returncode}):\n"
+                         f"{proc.stderr[-2000:]}")
+    marks = {line.split()[1]: float(line.split()[2]) for line in proc.stderr.splitlines() if line.startswith("step ")}
+    return {"import": marks["import"], "load": marks["load"] - marks["import"],
+            "generate": marks["generate"] - marks["load"], "whole": whole}
+
+
+def run_invar(engine: str, ids: list[int], digest: str) -> dict[str, float]:
+    started = time.perf_counter()
+    client = start_worker(engine, Role.INFERENCE)
+    shook = time.perf_counter()
+    try:
+        client.call("load_model", {"model_dir": str(DEFAULT_MODEL), "model_digest": digest, "dtype": "float32",
+                                   "quantization": "none", "adapter": None})
+        loaded = time.perf_counter()
+        client.call("generate", {"requests": [{"request_id": "r0", "prompt": PROMPT, "prompt_ids": ids, "seed": 0,
+                                               "temperature": 0.0, "top_p": 1.0, "max_tokens": 4}]})
+        generated = time.perf_counter()
+    finally:
+        code = client.close()
+    closed = time.perf_counter()
+    if code != 0:
+        raise SystemExit(f"bench/startup.py: the {engine} worker exited with {code}")
+    return {"handshake": shook - started, "load": loaded - shook, "generate": generated - loaded,
+            "close": closed - generated, "whole": closed - started}
+
+
+def timed(argv: list[str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(argv, check=True, capture_output=True, timeout=120)
+    return time.perf_counter() - started
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engines", default="hf,mlx,vllm")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    unknown = sorted(set(engines) - set(PLAIN))
+    if unknown or args.reps < 1:
+        parser.error(f"--engines takes {', '.join(PLAIN)} (not {', '.join(unknown)}); --reps >= 1")
+    ids = ModelTokenizer.from_model_dir(DEFAULT_MODEL).prompt_ids(prompt=PROMPT)
+    digest = canonical.tree_digest(DEFAULT_MODEL)
+    result: dict[str, Any] = {"model": str(DEFAULT_MODEL.name), "reps": args.reps, "load_1min": os.getloadavg()[0],
+                              "engines": {}}
+    for engine in engines:
+        rows: dict[str, list[dict[str, float]]] = {"invar": [], "plain": []}
+        for rep in range(args.reps):
+            order = ("invar", "plain") if rep % 2 == 0 else ("plain", "invar")
+            for who in order:
+                row = run_invar(engine, ids, digest) if who == "invar" else run_plain(engine, ids)
+                rows[who].append(row)
+                print(f"{engine} rep {rep + 1}/{args.reps} {who}: "
+                      + ", ".join(f"{k} {v:.2f} s" for k, v in row.items()), file=sys.stderr, flush=True)
+        steps = {who: {k: summary([r[k] for r in rs]) for k in rs[0]} for who, rs in rows.items()}
+        result["engines"][engine] = {
+            **steps,
+            "handshake_over_import": steps["invar"]["handshake"]["median"] / steps["plain"]["import"]["median"],
+            "whole_over_whole": steps["invar"]["whole"]["median"] / steps["plain"]["whole"]["median"],
+            "raw": rows,
+        }
+    cli = [sys.executable, "-m", "invar.cli", "--help"]
+    imports = [sys.executable, "-c", "import invar.cli.app"]
+    result["cli"] = {"help": summary([timed(cli) for _ in range(args.reps)]),
+                     "import_app": summary([timed(imports) for _ in range(args.reps)]),
+                     "python_alone": summary([timed([sys.executable, "-c", "pass"]) for _ in range(args.reps)])}
+    result["load_1min_end"] = os.getloadavg()[0]
+    print("| engine | invar handshake | plain import | invar load + generate | plain load + generate | invar close "
+          "| invar whole | plain whole | handshake / import | whole / whole |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for engine, r in result["engines"].items():
+        inv, pl = r["invar"], r["plain"]
+        print(f"| {engine} | {inv['handshake']['median']:.2f} s | {pl['import']['median']:.2f} s "
+              f"| {inv['load']['median'] + inv['generate']['median']:.2f} s "
+              f"| {pl['load']['median'] + pl['generate']['median']:.2f} s | {inv['close']['median']:.2f} s "
+              f"| {inv['whole']['median']:.2f} s | {pl['whole']['median']:.2f} s "
+              f"| {r['handshake_over_import']:.2f} | {r['whole_over_whole']:.2f} |")
+    c = result["cli"]
+    print(f"\ninvar --help {c['help']['median']:.2f} s, import invar.cli.app {c['import_app']['median']:.2f} s, "
+          f"python alone {c['python_alone']['median']:.2f} s (medians of {args.reps})")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
