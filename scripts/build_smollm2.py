@@ -157,15 +157,17 @@ def convert(gguf: Path, folder: Path) -> None:
     os.environ["TQDM_DISABLE"] = "1"  # transformers' GGUF reader draws its own bar; the phases are the progress
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging
 
+    hf_logging: Any = logging  # transformers' own functions are untyped
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     progress("dequantizing the GGUF weights to float32 (transformers + gguf)")
     # dequantize=True whatever kernels are installed: the saved folder is dense float32 weights
-    model, info = AutoModelForCausalLM.from_pretrained(
+    loaded: Any = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
         quantization_config=GgufConfig(dequantize=True), output_loading_info=True)
+    model, info = loaded
     unset = {k: v for k, v in info.items() if k in ("missing_keys", "mismatched_keys") and v}
     if unset:
         # a weight the file lacks would be initialised at random: not reproducible, and not the model
