@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from invar.errors import InvarError
 from invar.home import HOME
@@ -28,6 +29,43 @@ ENGINES: dict[str, str] = {
     "mlx": "invar.workers.mlx_worker",
 }
 """Engine name → the worker module that serves it."""
+
+
+@dataclass(frozen=True)
+class LaunchSetting:
+    """A package setting that is a launch option of a worker: its flag, the type of its value, the values it takes.
+
+    A `bool` setting is a flag given only when the value is `flag_when` (the other value is the worker's default).
+    """
+
+    flag: str
+    kind: type[int] | type[float] | type[str] | type[bool]
+    choices: tuple[Any, ...] = ()
+    flag_when: bool | None = None
+
+
+_VLLM_BACKENDS = ("mp", "ray", "uni", "external_launcher")  # `invar.workers.vllm_worker.EXECUTOR_BACKENDS`
+
+LAUNCH_SETTINGS: dict[str, dict[str, LaunchSetting]] = {
+    # The HF worker passes its --device to torch: "cpu", or "cuda" where one is present (its usage line).
+    "hf": {"device": LaunchSetting("--device", str, ("cpu", "cuda")), "threads": LaunchSetting("--threads", int),
+           "attn_implementation": LaunchSetting("--attn-implementation", str, ("sdpa", "eager"))},
+    "vllm": {"device": LaunchSetting("--device", str, ("auto", "cpu", "cuda")),
+             "max_model_len": LaunchSetting("--max-model-len", int),
+             "gpu_memory_utilization": LaunchSetting("--gpu-memory-utilization", float),
+             "max_num_seqs": LaunchSetting("--max-num-seqs", int),
+             "max_lora_rank": LaunchSetting("--max-lora-rank", int, (1, 8, 16, 32, 64, 128, 256)),
+             "max_loras": LaunchSetting("--max-loras", int), "engine_seed": LaunchSetting("--seed", int),
+             "tensor_parallel_size": LaunchSetting("--tensor-parallel-size", int),
+             "pipeline_parallel_size": LaunchSetting("--pipeline-parallel-size", int),
+             "distributed_executor_backend": LaunchSetting("--distributed-executor-backend", str, _VLLM_BACKENDS),
+             "enforce_eager": LaunchSetting("--no-enforce-eager", bool, flag_when=False)},
+    "mlx": {},
+}
+"""Each engine's package settings that are launch options of its worker (the worker's own command line), with the
+type and the values its worker takes; every other setting is fixed by the worker itself and only checked against
+its identity. A contract's packages and `use package --setting` are checked against this before any worker
+starts."""
 
 DEFAULT_MODEL = HOME / "models" / "tiny-arith"
 """The shipped tiny model, the default of every command that takes `--model`."""

@@ -5,12 +5,17 @@ Decision: one reader and one way of reporting a bad field for every such file, s
 with one line naming the file, the field at fault and what to change, never a traceback or an unbounded message:
 a file is a regular file of at most `MAX_FILE_BYTES` in UTF-8 (`read_owner_file`), a validation failure is the first
 field at fault and a count of the rest (`one_line`), and the field types every such file uses (`Name`, `PathText`)
-are checked here. It sits below both the contract and the training loop, which must not import each other for it.
+are checked here. **Nothing is coerced**: the models that read these files are strict, so a boolean where a number
+is expected, a number or boolean written as a string, or a float where an integer is expected is refused, and the
+line says what the value is and what to write instead (`wrong_type`); an integer where a float is expected is
+accepted, as the number it is. It sits below both the contract and the training loop, which must not import each
+other for it.
 The error is `ContractError` whichever file it is; the training configuration rewraps it as its own.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -76,6 +81,57 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+# --- a value of the wrong type: what it is, and what to write instead --------------------------------------------
+
+_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+_TYPE_ERRORS = {"int_type": "int", "int_parsing": "int", "int_from_float": "int", "float_type": "float",
+                "float_parsing": "float", "bool_type": "bool", "bool_parsing": "bool", "string_type": "str"}
+"""pydantic's error types for a value of the wrong kind (strict mode gives the `_type` ones)."""
+_INTEGER = re.compile(r"[+-]?[0-9]{1,30}")
+_NUMBER = re.compile(r"[+-]?([0-9]{1,30}(\.[0-9]{0,30})?|\.[0-9]{1,30})([eE][+-]?[0-9]{1,3})?")
+
+
+def written(value: object) -> str:
+    """`value` as the owner would write it in TOML (`true`, `"16"`, `16.0`), bounded to one short line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        text = json.dumps(value, ensure_ascii=False)
+        return text if len(text) <= 40 else text[:38] + '…"'
+    return _show(value)
+
+
+def what_it_is(value: object) -> str:
+    """`value` named by its kind and as written: `the boolean true`, `the string "16"`, `the float 16.0`."""
+    kinds = ((bool, "the boolean"), (int, "the integer"), (float, "the float"), (str, "the string"),
+             (list, "the list"), (dict, "the table"))
+    kind = next((name for cls, name in kinds if isinstance(value, cls)), f"a {type(value).__name__},")
+    return f"{kind} {written(value)}"
+
+
+def wrong_type(expected: str, given: object) -> str:
+    """What a field that takes `expected` ("int", "float", "bool" or "str") says of `given`, a value of another
+    kind: what it must be, what it is, and what to write instead. Nothing is coerced: `true` is not 1, `"16"` is
+    not 16, 16.0 is not 16."""
+    head = f"must be {_EXPECTED[expected]}, not {what_it_is(given)}; "
+    text = given.strip() if isinstance(given, str) else None
+    if expected == "int":
+        if text is not None and _INTEGER.fullmatch(text):
+            return head + f"write {text} without quotes"
+        if isinstance(given, float) and given.is_integer() and abs(given) < 2**63:
+            return head + f"write {int(given)}"
+        return head + "write a whole number such as 16"
+    if expected == "float":
+        if text is not None and _NUMBER.fullmatch(text):
+            return head + f"write {text} without quotes"
+        return head + "write a number such as 1.0"
+    if expected == "bool":
+        if text is not None and text in ("true", "false"):
+            return head + f"write {text} without quotes"
+        return head + "write true or false" + (" without quotes" if isinstance(given, str) else "")
+    return head + "write it in double quotes"
+
+
 def one_line(exc: ValidationError, what: str) -> ContractError:
     """Turn pydantic's report into one line naming the first field at fault and what to change."""
     errors = exc.errors(include_url=False)
@@ -89,6 +145,8 @@ def one_line(exc: ValidationError, what: str) -> ContractError:
         text = "is required; add it"
     elif kind == "extra_forbidden":
         text = "is not a known field; remove it or check its spelling"
+    elif kind in _TYPE_ERRORS:
+        text = wrong_type(_TYPE_ERRORS[kind], given)
     elif kind in ("value_error", "assertion_error"):
         text = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
     elif kind == "string_too_long" and isinstance(given, str):

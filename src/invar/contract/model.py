@@ -36,18 +36,31 @@ from pydantic import (
     JsonValue,
     PlainSerializer,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
 from invar import canonical
 from invar.compare.steps import MAX_STEPS, check_step
+from invar.engines import LAUNCH_SETTINGS
 from invar.errors import ContractError
 
 # The file size and path limits, the reader and the one-line report are shared with training configurations
 # (`invar.owner_files`); re-exported so that `invar.contract.model.MAX_*` still lists every contract limit.
 from invar.owner_files import MAX_FILE_BYTES as MAX_FILE_BYTES
 from invar.owner_files import MAX_PATH as MAX_PATH
-from invar.owner_files import Name, PathText, check_name, one_line, owner_text, read_owner_file
+from invar.owner_files import (
+    Name,
+    PathText,
+    check_name,
+    one_line,
+    owner_text,
+    read_owner_file,
+    what_it_is,
+    written,
+    wrong_type,
+)
 from invar.stats.bounds import METHODS
 from invar.stats.sequential import SEQUENTIAL_METHODS
 
@@ -179,7 +192,9 @@ NonNegative = Annotated[
 CaptureStep = Annotated[int | str, BeforeValidator(check_step)]
 Scalar = str | int | float | bool
 
-_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, strict=False)
+_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, strict=True)
+"""Strict: nothing the owner writes is coerced (`true` is not 1, `"16"` is not 16, `"yes"` is not true, 16.0 is not
+16); an integer where a float is expected is the number it is. `invar.owner_files.one_line` says what to write."""
 
 
 class _Model(BaseModel):
@@ -325,7 +340,9 @@ class PackageDeclaration(_Model):
     engine_version: dict[ShortText, ShortText] = Field(max_length=MAX_ENTRIES)
     """The engine's package versions, exactly as the worker's identity reports them."""
     settings: WireMap = Field(default_factory=dict)
-    """The worker's launch settings, exactly as its identity reports them (patches excluded, see `patches`)."""
+    """The worker's settings, exactly as its identity reports them (patches excluded, see `patches`). Those that are
+    launch options of the engine's worker (`invar.engines.LAUNCH_SETTINGS`) must have the type and a value the
+    worker takes; the others are only compared with the worker's identity at handshake."""
     patches: dict[ShortText, Hex64] = Field(default_factory=dict, max_length=MAX_ENTRIES)
     """Patches applied to the package: name → sha256. The worker reports them in its settings as `patches`."""
     model_dir: PathText
@@ -338,6 +355,14 @@ class PackageDeclaration(_Model):
     """The weight quantization the model is loaded with."""
     adapter: Adapter | None = None
     """The LoRA adapter loaded with the model, if any."""
+
+    @field_validator("settings")
+    @classmethod
+    def _launch_options(cls, settings: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        engine = info.data.get("engine")  # absent when the engine itself was refused
+        if isinstance(engine, str):
+            check_launch_settings(engine, settings)
+        return settings
 
     def expected_settings(self) -> dict[str, Any]:
         """The settings map the worker identity must report: `settings`, plus `patches` when any are declared."""
@@ -398,6 +423,36 @@ class Premise(_Model):
         if self.reliance == "vouched" and self.basis_path is not None:
             raise ValueError("a vouched premise has no basis_path; use reliance = \"checked\" to have it hashed")
         return self
+
+
+def _either(values: tuple[Any, ...]) -> str:
+    shown = [written(v) for v in values]
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+
+
+def check_launch_settings(engine: str, settings: Mapping[str, Any]) -> None:
+    """A package's settings that are launch options of `engine`'s worker must have the type and a value the worker
+    takes, before any worker starts: `ValueError` naming the setting and what to write. Settings that are not
+    launch options are the worker's identity only (checked at handshake) and pass; so does a setting left null."""
+    for name, launch in LAUNCH_SETTINGS.get(engine, {}).items():
+        value = settings.get(name)
+        if value is None:
+            continue
+        where = f"{name}, a launch option of the {engine} worker,"
+        if launch.kind is float and isinstance(value, int) and not isinstance(value, bool):
+            # The worker reports a float, and its identity must equal the package's exactly (type included).
+            raise ValueError(f"{where} must be a number with a decimal point, as the worker reports it, not "
+                             f"{what_it_is(value)}; write {value}.0")
+        if launch.kind is int:
+            fits = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            fits = isinstance(value, launch.kind)
+        if not fits:
+            raise ValueError(f"{where} {wrong_type(launch.kind.__name__, value)}")
+        if launch.choices and value not in launch.choices:
+            what = "a device" if name == "device" else "one"
+            raise ValueError(f"{name} {written(value)} is not {what} the {engine} worker takes; write "
+                             f"{_either(launch.choices)}")
 
 
 # --- declaration -------------------------------------------------------------------------------------------------
@@ -647,7 +702,8 @@ class Contract(_Model):
     """Teacher forcing and captures (plan `invar.plan/3`). Absent (the key is left out of the JSON, so contracts
     without it keep their bytes and digest), the plan has none."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True,
+                              strict=True)
 
     @model_validator(mode="after")
     def _consistent(self) -> Contract:

@@ -13,9 +13,9 @@ Decisions:
   chat messages, rendered by the model's template) and the rewards come from any scorer a use contract takes;
   the arithmetic task and its scorer are the defaults, and a default `scorer` section is left out of the
   recorded configuration, so configurations written before it existed keep their digests.
-- **Refused, never reinterpreted.** Unknown fields, out-of-range values and combinations that cannot run (an
-  importance cap with no importance handling, NF4 on an engine without it) are one line naming the field
-  (`ConfigError`), before any worker starts.
+- **Refused, never reinterpreted.** Unknown fields, values of the wrong kind (`true` or `"20"` for a number, 8.0 for
+  an integer), out-of-range values and combinations that cannot run (an importance cap with no importance handling,
+  NF4 on an engine without it) are one line naming the field (`ConfigError`), before any worker starts.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from invar import canonical
 from invar.errors import InvarError
@@ -44,7 +44,17 @@ class ConfigError(InvarError):
     """A training configuration that cannot run; the message names the field and what to change."""
 
 
-_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, strict=False)
+_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, strict=True)
+"""Strict, as a use declaration is (`invar.owner_files`): nothing written is coerced; an integer where a float is
+expected is the number it is."""
+
+
+def _pair(value: object) -> object:
+    # TOML (and the recorded JSON) has arrays, not tuples: a list of two is the pair, its items still strict.
+    return tuple(value) if isinstance(value, list) else value
+
+
+Pair = Annotated[tuple[float, float], BeforeValidator(_pair)]
 
 
 class _Model(BaseModel):
@@ -131,7 +141,7 @@ class Optimizer(_Model):
     """AdamW with bias correction (torch's; mlx's with `bias_correction=True`)."""
     lr: float = Field(default=1e-3, gt=0.0, le=1.0)
     """Learning rate."""
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: Pair = (0.9, 0.999)
     """AdamW's β1, β2, each in [0, 1)."""
     eps: float = Field(default=1e-8, gt=0.0, le=1.0)
     """AdamW's ε."""

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from invar import canonical
+from invar.engines import LAUNCH_SETTINGS as LAUNCH_SETTINGS
+from invar.engines import LaunchSetting as LaunchSetting
 from invar.engines import start_worker
 from invar.errors import EvidenceError, InvarError, ProtocolError
 from invar.protocol import Answer, Identity, Role, WorkerClient, WorkerLost
@@ -56,39 +58,6 @@ class Quantization(enum.StrEnum):
 
 ADAPTER_NAME = "policy"
 """The name under which a session loads its adapter into the worker."""
-
-@dataclass(frozen=True)
-class LaunchSetting:
-    """A package setting that is a launch option of a worker: its flag, the type of its value, the values it takes.
-
-    A `bool` setting is a flag given only when the value is `flag_when` (the other value is the worker's default).
-    """
-
-    flag: str
-    kind: type[int] | type[float] | type[str] | type[bool]
-    choices: tuple[Any, ...] = ()
-    flag_when: bool | None = None
-
-
-_VLLM_BACKENDS = ("mp", "ray", "uni", "external_launcher")  # `invar.workers.vllm_worker.EXECUTOR_BACKENDS`
-
-LAUNCH_SETTINGS: dict[str, dict[str, LaunchSetting]] = {
-    "hf": {"device": LaunchSetting("--device", str), "threads": LaunchSetting("--threads", int),
-           "attn_implementation": LaunchSetting("--attn-implementation", str, ("sdpa", "eager"))},
-    "vllm": {"device": LaunchSetting("--device", str, ("auto", "cpu", "cuda")),
-             "max_model_len": LaunchSetting("--max-model-len", int),
-             "gpu_memory_utilization": LaunchSetting("--gpu-memory-utilization", float),
-             "max_num_seqs": LaunchSetting("--max-num-seqs", int),
-             "max_lora_rank": LaunchSetting("--max-lora-rank", int, (1, 8, 16, 32, 64, 128, 256)),
-             "max_loras": LaunchSetting("--max-loras", int), "engine_seed": LaunchSetting("--seed", int),
-             "tensor_parallel_size": LaunchSetting("--tensor-parallel-size", int),
-             "pipeline_parallel_size": LaunchSetting("--pipeline-parallel-size", int),
-             "distributed_executor_backend": LaunchSetting("--distributed-executor-backend", str, _VLLM_BACKENDS),
-             "enforce_eager": LaunchSetting("--no-enforce-eager", bool, flag_when=False)},
-    "mlx": {},
-}
-"""Each engine's package settings that are launch options of its worker (the worker's own command line); every
-other setting is fixed by the worker itself and only checked against its identity."""
 
 
 def launch_args(engine: str, settings: Mapping[str, Any], patches: Mapping[str, str]) -> list[str]:
