@@ -158,12 +158,18 @@ def _scorer_location(name: str) -> tuple[str, Path]:
 
 
 def _settings(items: list[str]) -> dict[str, Any]:
-    """`--scorer-setting NAME=JSON` options as the scorer's settings; one line naming a malformed one."""
+    """`--scorer-setting NAME=JSON` options as the scorer's settings; one line naming a malformed one, or one given
+    twice."""
     out: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise ContractError(f"--scorer-setting {item!r}: write NAME=JSON, e.g. case_fold=true")
+        if name in given:
+            raise ContractError(f"--scorer-setting {name} is given twice ({name}={given[name]}, then {name}={value}); "
+                                "give each setting once")
+        given[name] = value
         try:
             out[name] = json.loads(value)
         except json.JSONDecodeError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -107,14 +108,17 @@ def prepare_cmd(
 
 _ASSUMPTION = re.compile(r"([a-z_]+)=([^\s,]+)")
 _ASSUMPTION_KEYS = {"worse": "p_worse", "better": "p_better", "variance": "variance", "mean": "mean"}
+_DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def parse_assumptions(values: list[str]) -> dict[str, float]:
     """`["worse=0.01 better=0.01"]` or `["worse=0.01", "better=0.01"]` → {"p_worse": 0.01, "p_better": 0.01}.
 
-    Names: worse, better (0/1 losses: probability a unit gets worse / better), or variance and mean (of d).
+    Names: worse, better (0/1 losses: probability a unit gets worse / better), or variance and mean (of d); each
+    once, its value a decimal number (never nan, inf, 1_0 or hex).
     """
     out: dict[str, float] = {}
+    given: dict[str, str] = {}
     for value in values:
         text = value.replace(",", " ").strip()
         if not text or _ASSUMPTION.sub("", text).strip():
@@ -124,11 +128,13 @@ def parse_assumptions(values: list[str]) -> dict[str, float]:
             if name not in _ASSUMPTION_KEYS:
                 raise typer.BadParameter(f"{name!r} is not an assumption; use {', '.join(_ASSUMPTION_KEYS)}",
                                          param_hint="--assume")
-            try:
-                out[_ASSUMPTION_KEYS[name]] = float(number)
-            except ValueError:
-                raise typer.BadParameter(f"{name}={number}: {number!r} is not a number",
-                                         param_hint="--assume") from None
+            if name in given:
+                raise InvarError(f"--assume {name} is given twice ({name}={given[name]}, then {name}={number}); "
+                                 "state each assumption once")
+            given[name] = number
+            if not _DECIMAL.fullmatch(number) or not math.isfinite(float(number)):  # 1e999 is inf
+                raise typer.BadParameter(f"{name}={number}: {number!r} is not a number", param_hint="--assume")
+            out[_ASSUMPTION_KEYS[name]] = float(number)
     return out
 
 
@@ -151,12 +157,12 @@ def plan_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """The sample size each bound method needs to admit under stated assumptions, at a stated power."""
+    stated = parse_assumptions(assume)
     c, units, looks = load_for_planning(contract)  # the unit count without reading the population
     req = c.requirement
     if req.standard != "population" or req.delta is None:
         raise ContractError(f"{contract}: a finite-domain contract decides exactly on its units; there is no "
                             "sample size to plan")
-    stated = parse_assumptions(assume)
     low, high = declared_difference_range(c)
     methods = method or None
     if (low, high) != (-1.0, 1.0) and "variance" not in stated:

@@ -19,6 +19,7 @@ import datetime
 import enum
 import functools
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,8 @@ def launch_args(engine: str, settings: Mapping[str, Any], patches: Mapping[str, 
 
 
 _KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def parse_launch_settings(engine: str, items: Sequence[str]) -> dict[str, Any]:
@@ -103,10 +106,14 @@ def parse_launch_settings(engine: str, items: Sequence[str]) -> dict[str, Any]:
                     raise ValueError(text)
                 value = text.strip().lower() == "true"
             elif launch.kind is int:
+                if not _INTEGER.fullmatch(text.strip()):  # int() would read 1_0 as 10
+                    raise ValueError(text)
                 value = int(text.strip(), 10)
             elif launch.kind is float:
+                if not _DECIMAL.fullmatch(text.strip()):  # float() would read 1_0, nan and inf
+                    raise ValueError(text)
                 value = float(text.strip())
-                if not math.isfinite(value):
+                if not math.isfinite(value):  # 1e999
                     raise ValueError(text)
             else:
                 value = text
