@@ -665,6 +665,14 @@ class UseVerifyOutput(Closed):
     signed: bool
     key_sha256: str | None
     key_checked: bool
+    """True only when the signature was checked against the `--public-key` given."""
+    format: Literal["https://invar.dev/use-decision/v1", "invar.receipt/1"]
+    """The receipt's layout: the in-toto predicate type, or the older invar.receipt/1."""
+    trust: Literal["public-key", "embedded-key"]
+    """`public-key`: checked against the key given; `embedded-key` (--trust-embedded-key): against the key the
+    receipt carries, or unsigned."""
+    warning: str | None
+    """With `embedded-key`: that anyone could have signed (or, unsigned, written) the receipt; null otherwise."""
 
 
 class KeysNewOutput(Closed):

@@ -3,6 +3,7 @@ use decision from declaration to a verified receipt, with a run killed part-way 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -35,8 +36,11 @@ def test_walkthrough_decides_a_contract_from_a_resumed_run(tmp_path: Path) -> No
             assert v.closed
     with RunStore.open(out / "use-run") as store:
         assert store.verify().closed
-    receipt = json.loads((out / "receipt.json").read_text())
-    assert receipt["receipt"]["answer"] in ("Admitted", "Violated", "Unknown")
-    assert receipt["signature"]["algorithm"] == "ed25519"
+    envelope = json.loads((out / "receipt.json").read_text())  # a DSSE envelope around an in-toto statement
+    assert envelope["payloadType"] == "application/vnd.in-toto+json"
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    assert statement["predicateType"] == "https://invar.dev/use-decision/v1"
+    assert statement["predicate"]["answer"] in ("Admitted", "Violated", "Unknown")
+    assert [sorted(s) for s in envelope["signatures"]] == [["keyid", "publicKey", "sig"]]
     assert "verified: " in proc.stdout
     assert "signature: valid, by the key you gave" in proc.stdout

@@ -6,6 +6,7 @@ the responses written (not from the scorer), and the bounds' coverage on such lo
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
@@ -241,11 +242,12 @@ def test_a_receipt_of_a_range_decision_verifies(tmp_path: Path) -> None:
     ws = _workspace(tmp_path, requirement={"method": "hoeffding", "epsilon": 0.3})
     run = _run(ws, tmp_path / "run", _offsets(ws, 6, 2), _offsets(ws, 7, 2))
     decision = admit(ws.contract_path, run)
-    write_receipt(tmp_path / "receipt.json", make_receipt(decision))
-    check = verify_receipt(tmp_path / "receipt.json", run, ws.contract_path)
+    write_receipt(tmp_path / "receipt.json", make_receipt(decision, contract=ws.contract_path))
+    check = verify_receipt(tmp_path / "receipt.json", run, ws.contract_path, trust_embedded_key=True)
     assert check.decision.task_loss == decision.task_loss
-    assert json.loads((tmp_path / "receipt.json").read_text())["receipt"]["figures"]["task_loss"]["loss_range"] == \
-        [0.0, 1.0]
+    envelope = json.loads((tmp_path / "receipt.json").read_text())
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    assert statement["predicate"]["figures"]["task_loss"]["loss_range"] == [0.0, 1.0]
 
 
 def test_a_sequential_range_contract_stops_where_the_rule_says(tmp_path: Path) -> None:

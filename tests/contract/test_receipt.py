@@ -1,8 +1,10 @@
-"""Decision receipts: anchored at the run's head, signed with Ed25519, verified from a folder holding only the run,
-the contract, the receipt and the public key."""
+"""Decision receipts: in-toto statements in DSSE envelopes, anchored at the run's head, signed with Ed25519, verified
+from a folder holding only the run, the contract, the receipt and the public key. The refusals of malformed receipts
+are in test_receipt_refusals.py; a verifier written from the DSSE and in-toto specifications is in test_dsse.py."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import signal
@@ -19,7 +21,9 @@ from support.disks import fill
 from invar import canonical
 from invar.contract.admit import admit
 from invar.contract.receipt import (
+    PREDICATE_TYPE,
     RECEIPT_SCHEMA,
+    load_private_key,
     make_receipt,
     new_key_pair,
     read_receipt,
@@ -66,13 +70,29 @@ def test_signed_receipt_verifies_from_a_fresh_folder(ws: Workspace, tmp_path: Pa
     assert ok.returncode == 0, ok.stderr
     doc = json.loads(ok.stdout)
     assert (doc["verified"], doc["answer"], doc["signed"], doc["key_checked"]) == (True, "Violated", True, True)
+    assert (doc["format"], doc["trust"], doc["warning"]) == (PREDICATE_TYPE, "public-key", None)
+    # Without --public-key, verify refuses unless told to trust the key the receipt carries, and then says so.
+    bare = _invar("use", "verify", "receipt.json", "--run", "run", "--contract", "c.contract.json", cwd=fresh)
+    assert bare.returncode == 2, bare.stderr
+    assert bare.stderr.count("\n") == 1, bare.stderr
+    assert "pass --public-key with the issuer's .pub file to check who signed it, or --trust-embedded-key" in \
+        bare.stderr
+    trusting = _invar("use", "verify", "receipt.json", "--run", "run", "--contract", "c.contract.json",
+                      "--trust-embedded-key", cwd=fresh)
+    assert trusting.returncode == 0, trusting.stderr
+    assert "anyone could have signed it" in trusting.stdout
+    as_json = _invar("use", "verify", "receipt.json", "--run", "run", "--contract", "c.contract.json",
+                     "--trust-embedded-key", "--json", cwd=fresh)
+    doc = json.loads(as_json.stdout)
+    assert (doc["key_checked"], doc["trust"]) == (False, "embedded-key")
+    assert "anyone could have signed it" in doc["warning"]
 
 
 def test_rechained_forgery_turning_violated_into_admitted_is_caught_by_the_receipt(ws: Workspace,
                                                                                    tmp_path: Path) -> None:
     run = _violated_run(ws, tmp_path / "run")
     receipt = tmp_path / "receipt.json"
-    write_receipt(receipt, make_receipt(admit(ws.contract_path, run)))
+    write_receipt(receipt, make_receipt(admit(ws.contract_path, run), contract=ws.contract_path))
     # The forger rewrites every candidate answer to the reference's and re-chains the whole store.
     db = run / "records.sqlite"
     conn = sqlite3.connect(db)
@@ -101,30 +121,51 @@ def test_rechained_forgery_turning_violated_into_admitted_is_caught_by_the_recei
     forged = admit(ws.contract_path, run)
     assert forged.answer.value == "Admitted", forged.reason
     with pytest.raises(RecordError, match="re-chained, cut or extended"):
-        verify_receipt(receipt, run, ws.contract_path)
+        verify_receipt(receipt, run, ws.contract_path, trust_embedded_key=True)
+
+
+def _resigned(envelope: dict[str, object], statement: dict[str, object], key_path: Path) -> dict[str, object]:
+    """The envelope with `statement` as its payload, signed again with the key at `key_path`, as a forger holding
+    the key (or a careless issuer) would."""
+    from invar.contract.receipt import PAYLOAD_TYPE, pae
+
+    payload = json.dumps(statement, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    sig = load_private_key(key_path).sign(pae(PAYLOAD_TYPE, payload))
+    signatures = [{**envelope["signatures"][0], "sig": base64.b64encode(sig).decode()}]  # type: ignore[index]
+    return {**envelope, "payload": base64.b64encode(payload).decode(), "signatures": signatures}
+
+
+def _statement(envelope: dict[str, object]) -> dict[str, object]:
+    return json.loads(base64.b64decode(envelope["payload"]))  # type: ignore[arg-type,no-any-return]
 
 
 def test_a_changed_receipt_or_another_key_is_refused(ws: Workspace, tmp_path: Path) -> None:
     run = _violated_run(ws, tmp_path / "run")
     key_path, _pub, _fp = new_key_pair(tmp_path / "k", "a")
     _k2, other_pub, _fp2 = new_key_pair(tmp_path / "k", "b")
-    from invar.contract.receipt import load_private_key
-
-    receipt = make_receipt(admit(ws.contract_path, run), load_private_key(key_path))
-    edited = json.loads(json.dumps(receipt))
-    edited["receipt"]["answer"] = "Admitted"
-    write_receipt(tmp_path / "edited.json", edited)
-    with pytest.raises(EvidenceError, match=r"receipt\.answer is 'Admitted' in the receipt"):
-        verify_receipt(tmp_path / "edited.json", run, ws.contract_path)
+    receipt = make_receipt(admit(ws.contract_path, run), load_private_key(key_path), contract=ws.contract_path)
+    # Edited and signed again by the key's holder: the signature is good, the records say otherwise.
+    statement = _statement(receipt)
+    statement["predicate"]["answer"] = "Admitted"  # type: ignore[index]
+    write_receipt(tmp_path / "edited.json", _resigned(receipt, statement, key_path))
+    with pytest.raises(EvidenceError, match=r"statement\.predicate\.answer is 'Admitted' in the receipt"):
+        verify_receipt(tmp_path / "edited.json", run, ws.contract_path, _pub)
+    # A subject's digest changed: another model named than the one decided on.
+    statement = _statement(receipt)
+    names = [entry["name"] for entry in statement["subject"]]  # type: ignore[attr-defined]
+    model = names.index("candidate/model")
+    statement["subject"][model]["digest"]["sha256"] = "0" * 64  # type: ignore[index]
+    write_receipt(tmp_path / "subject.json", _resigned(receipt, statement, key_path))
+    with pytest.raises(EvidenceError, match=rf"statement\.subject\[{model}\]\.digest\.sha256 is '0000"):
+        verify_receipt(tmp_path / "subject.json", run, ws.contract_path, _pub)
     write_receipt(tmp_path / "r.json", receipt)
     with pytest.raises(InvarError, match="not by the key in"):
         verify_receipt(tmp_path / "r.json", run, ws.contract_path, other_pub)
-    sig_edited = json.loads(json.dumps(receipt))
-    sig_edited["receipt"]["reason"] = sig_edited["receipt"]["reason"]  # unchanged body, tampered signature
-    sig_edited["signature"]["value"] = "00" * 64
+    sig_edited = json.loads(json.dumps(receipt))  # unchanged payload, tampered signature
+    sig_edited["signatures"][0]["sig"] = base64.b64encode(bytes(64)).decode()
     write_receipt(tmp_path / "s.json", sig_edited)
     with pytest.raises(InvarError, match="changed after it was signed"):
-        verify_receipt(tmp_path / "s.json", run, ws.contract_path)
+        verify_receipt(tmp_path / "s.json", run, ws.contract_path, _pub)
     with pytest.raises(InvarError, match="never overwritten"):
         write_receipt(tmp_path / "r.json", receipt)
 
@@ -150,8 +191,10 @@ def test_a_full_disk_while_the_receipt_is_written_leaves_no_receipt_and_a_second
     filler.unlink()
     again = _invar(*args)
     assert again.returncode == 10, again.stderr
-    ok = _invar("use", "verify", str(receipt), "--run", str(run), "--contract", str(ws.contract_path))
+    ok = _invar("use", "verify", str(receipt), "--run", str(run), "--contract", str(ws.contract_path),
+                "--trust-embedded-key")
     assert ok.returncode == 0, ok.stderr
+    assert "signature: none: the receipt is not signed: anyone could have written it" in ok.stdout
 
 
 def test_a_kill_while_the_receipt_is_written_leaves_no_receipt(tmp_path: Path) -> None:

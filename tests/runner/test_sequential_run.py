@@ -113,8 +113,8 @@ def test_an_identical_candidate_stops_admitted_before_n_max_and_a_killed_run_res
     assert decision.bound.upper <= 0.2 < 0.295
     assert decision.to_json()["sequential"]["version"] == "paired-binary-sequence/1"
     receipt = tmp_path / "receipt.json"
-    write_receipt(receipt, make_receipt(decision))
-    assert verify_receipt(receipt, run, contract).decision.answer is Answer.ADMITTED
+    write_receipt(receipt, make_receipt(decision, contract=contract))
+    assert verify_receipt(receipt, run, contract, trust_embedded_key=True).decision.answer is Answer.ADMITTED
 
     # Killed after the first answer of look 2: the resumed run issues only what look 2 lacks and stops there too.
     killed = tmp_path / "killed"

@@ -451,14 +451,14 @@ def admit_cmd(
     private = load_private_key(key) if key is not None else None  # a bad key fails before the long part
     decision = admit(contract, run, expect_head=expect_head)
     if receipt is not None:
-        write_receipt(receipt, make_receipt(decision, private))
+        write_receipt(receipt, make_receipt(decision, private, contract=contract))
     if json_out:
         emit_json({**decision.to_json(), "receipt": None if receipt is None else str(receipt)})
     else:
         typer.echo(render_decision(decision))
         if receipt is not None:
-            typer.echo(f"receipt    {receipt}" + ("" if private is None else
-                                                  f" (signed, key {fingerprint(private.public_key())[:16]}…)"))
+            signed = "unsigned" if private is None else f"signed, key {fingerprint(private.public_key())[:16]}…"
+            typer.echo(f"receipt    {receipt} (an in-toto statement in a DSSE envelope, {signed})")
     raise typer.Exit(EXIT_CODES[decision.answer])
 
 
@@ -468,15 +468,22 @@ def verify_cmd(
     run: Annotated[Path, typer.Option("--run", help="The run the receipt decided.")],
     contract: ContractOpt,
     public_key: Annotated[
-        Path | None, typer.Option("--public-key", help="The issuer's public key (.pub), held independently.")
+        Path | None, typer.Option("--public-key", help="The issuer's public key (.pub), held independently: the "
+                                                       "signature must be by it.")
     ] = None,
+    trust_embedded_key: Annotated[
+        bool, typer.Option("--trust-embedded-key", help="Without a key of your own: check the signature against the "
+                                                        "key the receipt carries (or take an unsigned receipt), "
+                                                        "which anyone could have signed.")
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Recompute a receipt's decision from the run's records, anchored at its head, and check its signature.
 
-    Exit 0 when every field matches and the signature (if any) is valid; 2, naming what differs, otherwise.
+    Needs --public-key (the issuer's key) or --trust-embedded-key. Exit 0 when every field matches and the signature
+    is valid; 2, naming what is wrong, otherwise.
     """
-    check = verify_receipt(receipt, run, contract, public_key)
+    check = verify_receipt(receipt, run, contract, public_key, trust_embedded_key=trust_embedded_key)
     if json_out:
         emit_json(check.to_json())
         return
@@ -484,9 +491,8 @@ def verify_cmd(
     typer.echo(f"verified: {d.answer.value} under contract {d.contract_sha256[:16]}…, recomputed from {d.records} "
                f"records ending at head {d.chain_head}")
     if not check.signed:
-        typer.echo("signature: none (the receipt says what was decided, not who decided it)")
+        typer.echo(f"signature: none: {check.warning}")
     elif check.key_checked:
         typer.echo(f"signature: valid, by the key you gave ({check.key_fingerprint})")
     else:
-        typer.echo(f"signature: valid for the key embedded in the receipt ({check.key_fingerprint}); pass "
-                   "--public-key to check it is the key you expect")
+        typer.echo(f"signature: valid for the key embedded in the receipt ({check.key_fingerprint}), {check.warning}")

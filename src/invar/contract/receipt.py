@@ -1,19 +1,31 @@
-"""Decision receipts: what a `use admit` decided, bound to the run's head, optionally signed with Ed25519.
+"""Decision receipts: what a `use admit` decided, bound to the run's head, as an in-toto attestation signed with
+Ed25519 inside a DSSE envelope.
 
 A run's records prove nothing about a forger who rewrites a report and recomputes every digest after it: the chain
-is only as good as an anchor kept outside the store. A receipt is that anchor, written at decision time: the
-contract's sha256, the run's head and record count, the plan, decision and bound versions, the answer and the
-figures it rests on. `verify_receipt` recomputes the decision from the records with the head as the expected anchor,
-so a re-chained, cut or extended run, another contract or another answer are all refused, naming what differs.
+is only as good as an anchor kept outside the store. A receipt is that anchor, written at decision time. It is a
+DSSE envelope (`payloadType` `application/vnd.in-toto+json`) around an in-toto Statement v1 whose subjects are the
+digests the decision covers (the contract, the run's chain head, the population, the scorer file, each package's
+model folder, tokenizer, adapter and patches, each premise's basis) and whose predicate (`PREDICATE_TYPE`) is the
+decision: the plan, decision and method versions, the answer, its reason and the figures it rests on, and a digest
+of every piece of evidence. `verify_receipt` recomputes the decision from the records with the head as the expected
+anchor and the whole statement from it and the contract, so a re-chained, cut or extended run, another contract or
+another answer are all refused, naming what differs.
 
-A signature says who issued the receipt. Its key pair is Ed25519 (`cryptography`); the signed bytes are the
-receipt body as canonical JSON (sorted keys, no spaces, UTF-8), so anyone can re-derive them. Without a public key
-that the verifier holds independently, a signature only shows that the receipt was not changed since it was signed
-by whoever holds the embedded key; `verify_receipt` says which of the two was checked.
+The payload is canonical JSON (sorted keys, no spaces, UTF-8), so the same decision gives the same bytes. The
+signature is Ed25519 over DSSE's pre-authentication encoding of the payload (`pae`); `keyid` is the sha256 of the
+raw public key, and the envelope's signature also carries the raw public key (`publicKey`, an extension field DSSE
+lets producers add and other consumers ignore). Without a public key the verifier holds independently, a signature
+only shows that the receipt was not changed since it was signed by whoever holds the embedded key: `verify_receipt`
+refuses to verify unless given that key or told to trust the embedded one, and says which it did.
+
+Receipts of the older `invar.receipt/1` layout (a JSON body and a signature over its canonical JSON) still verify,
+parsed just as strictly. Every refusal is one `InvarError` line naming the file and what is wrong.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import json
 import os
@@ -22,7 +34,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NoReturn
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -30,22 +42,46 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from invar import canonical
 from invar.contract.admit import Decision, admit
+from invar.contract.model import Contract, read_contract
 from invar.errors import EvidenceError, InvarError
 from invar.owner_files import read_regular_file
 
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+"""The DSSE payload type of an in-toto attestation."""
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+"""The in-toto Statement layer's `_type`."""
+
+PREDICATE_TYPE = "https://invar.dev/use-decision/v1"
+"""Names the predicate's layout (docs/records.md, "Decision receipts"); a predicate of another type is refused, and a
+change to the layout gets a new version."""
+
 RECEIPT_SCHEMA = "invar.receipt/1"
-"""Names the receipt's layout and the signed bytes' derivation; a receipt of another schema is refused."""
+"""The older receipt layout (a body and a signature over its canonical JSON): still verified, no longer written."""
 
 MAX_RECEIPT_BYTES = 1 << 20
 MAX_KEY_BYTES = 64 * 1024
 
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX128 = re.compile(r"[0-9a-f]{128}")
+_FIX = "give the file `use admit --receipt` wrote"
+
 
 def _canonical_json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE's pre-authentication encoding, the bytes a signature covers: "DSSEv1" SP LEN(type) SP type SP LEN(body)
+    SP body, each LEN the ASCII decimal byte length."""
+    kind = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
 
 
 def receipt_body(decision: Decision) -> dict[str, Any]:
-    """The receipt's body for a decision: everything `verify_receipt` recomputes and compares. Pure."""
+    """The `invar.receipt/1` body for a decision: everything `verify_receipt` recomputes and compares. Pure.
+
+    The in-toto predicate is this body without its `schema` (the predicate type names the layout)."""
     d = decision.to_json()
     bound = d["bound"]
     body: dict[str, Any] = {
@@ -74,13 +110,40 @@ def receipt_body(decision: Decision) -> dict[str, Any]:
     return body
 
 
+def subjects(decision: Decision, contract: Contract) -> list[dict[str, Any]]:
+    """The statement's subjects: one {name, digest: {sha256}} per digest the decision covers, in a fixed order."""
+    out: list[tuple[str, str]] = [("contract", decision.contract_sha256), ("run/chain-head", decision.chain_head),
+                                  ("population", contract.population.sha256)]
+    if contract.scorer.sha256 is not None:
+        out.append(("scorer", contract.scorer.sha256))
+    for role in ("reference", "candidate"):
+        p = contract.reference if role == "reference" else contract.candidate
+        out += [(f"{role}/model", p.model_digest), (f"{role}/tokenizer", p.tokenizer_digest)]
+        if p.adapter is not None:
+            out.append((f"{role}/adapter", p.adapter.digest))
+        out += [(f"{role}/patch/{name}", sha) for name, sha in sorted(p.patches.items())]
+    out += [(f"premise/{i}/basis", p.basis_sha256) for i, p in enumerate(contract.premises)]
+    return [{"name": name, "digest": {"sha256": sha}} for name, sha in out]
+
+
+def statement(decision: Decision, contract: Contract) -> dict[str, Any]:
+    """The in-toto Statement v1 of a decision under `contract` (the contract the decision names). Pure."""
+    predicate = receipt_body(decision)
+    del predicate["schema"]
+    return {"_type": STATEMENT_TYPE, "subject": subjects(decision, contract), "predicateType": PREDICATE_TYPE,
+            "predicate": predicate}
+
+
 # --- keys ----------------------------------------------------------------------------------------------------------
 
 
+def _raw(public: Ed25519PublicKey) -> bytes:
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
 def fingerprint(public: Ed25519PublicKey) -> str:
-    """sha256 of the raw 32-byte public key, hex: how receipts and messages name a key."""
-    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return canonical.sha256(raw)
+    """sha256 of the raw 32-byte public key, hex: how receipts (`keyid`) and messages name a key."""
+    return canonical.sha256(_raw(public))
 
 
 KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -142,19 +205,35 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
     return key
 
 
-# --- writing and verifying ---------------------------------------------------------------------------------------
+# --- writing -------------------------------------------------------------------------------------------------------
 
 
-def make_receipt(decision: Decision, key: Ed25519PrivateKey | None = None) -> dict[str, Any]:
-    """The receipt of `decision`: its body, and a signature over the body's canonical JSON when a key is given."""
-    body = receipt_body(decision)
-    signature = None
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _decided_under(decision: Decision, contract: Path) -> Contract:
+    """The contract at `contract`, which must still be the one `decision` was made under."""
+    fixed, sha = read_contract(contract)
+    if sha != decision.contract_sha256:
+        raise InvarError(f"{contract}: its sha256 is now {sha[:16]}…, but the decision was made under "
+                         f"{decision.contract_sha256[:16]}…: the contract changed while deciding; decide again")
+    return fixed
+
+
+def make_receipt(decision: Decision, key: Ed25519PrivateKey | None = None, *, contract: Path) -> dict[str, Any]:
+    """The receipt of `decision` under the contract file `contract` (the one it was decided under): a DSSE envelope
+    around its in-toto statement, signed with `key` when one is given (`signatures` is empty otherwise)."""
+    try:
+        payload = _canonical_json(statement(decision, _decided_under(decision, contract)))
+    except ValueError as exc:  # a figure JSON cannot state (NaN, an infinity): a bug, said in one line
+        raise InvarError(f"the decision holds a figure JSON cannot state ({exc}); no receipt was written") from None
+    signatures = []
     if key is not None:
-        signature = {"algorithm": "ed25519", "public_key_sha256": fingerprint(key.public_key()),
-                     "public_key": key.public_key().public_bytes(serialization.Encoding.Raw,
-                                                                 serialization.PublicFormat.Raw).hex(),
-                     "value": key.sign(_canonical_json(body)).hex()}
-    return {"receipt": body, "signature": signature}
+        public = key.public_key()
+        signatures.append({"keyid": fingerprint(public), "publicKey": _b64(_raw(public)),
+                           "sig": _b64(key.sign(pae(PAYLOAD_TYPE, payload)))})
+    return {"payload": _b64(payload), "payloadType": PAYLOAD_TYPE, "signatures": signatures}
 
 
 def write_receipt(path: Path, receipt: dict[str, Any]) -> None:
@@ -201,6 +280,131 @@ def _sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+# --- strict reading ------------------------------------------------------------------------------------------------
+
+
+class _Duplicate(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Duplicate(k)
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def strict_json(data: bytes, where: str, what: str) -> Any:
+    """Parse JSON refusing duplicate keys (at any depth), NaN and infinities, and bytes that are not UTF-8."""
+    try:
+        return json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except _Duplicate as exc:
+        raise InvarError(f"{where}: {what} holds the key {canonical.show(exc.args[0], 40)} twice in one object; "
+                         f"a receipt has each key once: {_FIX}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InvarError(f"{where}: {what} is not JSON ({str(exc)[:120]}); {_FIX}") from None
+
+
+def read_receipt(path: Path) -> dict[str, Any]:
+    """A receipt file's JSON object, read with a bound and parsed strictly (its layout is checked by
+    `verify_receipt`)."""
+    raw = read_regular_file(path, "receipt", limit=MAX_RECEIPT_BYTES, error=InvarError, fix=_FIX)
+    data = strict_json(raw, str(path), "the receipt")
+    if not isinstance(data, dict):
+        raise InvarError(f"{path}: not a receipt (a JSON {_type_name(data)}, not an object); {_FIX}")
+    return data
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+            dict: "object"}.get(type(value), type(value).__name__)
+
+
+class _Shape:
+    """Refusals of one receipt file: each names the file, the field (a dotted path) and what is wrong."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def refuse(self, text: str) -> NoReturn:
+        raise InvarError(f"{self.path}: {text}; {_FIX}")
+
+    def fields(self, obj: Any, where: str, required: set[str], optional: frozenset[str] = frozenset()) -> \
+            dict[str, Any]:
+        if not isinstance(obj, dict):
+            self.refuse(f"{where} is a JSON {_type_name(obj)}, not an object")
+        unknown = sorted(set(obj) - required - optional)
+        if unknown:
+            self.refuse(f"{where} has the unknown field {canonical.show(unknown[0], 40)}"
+                        + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
+        missing = sorted(required - set(obj))
+        if missing:
+            self.refuse(f"{where} lacks the field {missing[0]!r}")
+        return obj
+
+    def text(self, obj: dict[str, Any], key: str, where: str, pattern: re.Pattern[str] | None = None,
+             what: str = "") -> str:
+        value = obj[key]
+        if not isinstance(value, str):
+            self.refuse(f"{where}.{key} is a JSON {_type_name(value)}, not a string")
+        if pattern is not None and not pattern.fullmatch(value):
+            self.refuse(f"{where}.{key} is {canonical.show(value, 40)}, not {what}")
+        return value
+
+    def base64(self, obj: dict[str, Any], key: str, where: str) -> bytes:
+        value = self.text(obj, key, where)
+        try:
+            data = base64.b64decode(value.encode("ascii"), validate=True)
+        except (UnicodeEncodeError, binascii.Error, ValueError):
+            data = None
+        if data is None or _b64(data) != value:
+            self.refuse(f"{where}.{key} is not standard base64 (RFC 4648, '+/' alphabet, padded, as invar writes it)")
+        return data
+
+
+def _first_difference(expected: Any, actual: Any, where: str) -> str | None:
+    """The first place `actual` differs from `expected`, comparing keys, JSON types and values (1, 1.0 and true are
+    three different things here)."""
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        for k in sorted(set(expected) | set(actual)):
+            if k not in actual:
+                return f"{where}.{k} is missing from the receipt, {expected[k]!r} recomputed from the records"
+            if k not in expected:
+                return f"{where}.{k} is an unknown field (the records give no such field)"
+            found = _first_difference(expected[k], actual[k], f"{where}.{k}")
+            if found:
+                return found
+        return None
+    if isinstance(expected, list) and isinstance(actual, list):
+        if len(expected) != len(actual):
+            return f"{where} holds {len(actual)} entries in the receipt, {len(expected)} recomputed from the records"
+        for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
+            found = _first_difference(e, a, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    if type(expected) is not type(actual):
+        return (f"{where} is a JSON {_type_name(actual)} ({canonical.show(actual, 60)}) in the receipt, a JSON "
+                f"{_type_name(expected)} ({canonical.show(expected, 60)}) recomputed from the records")
+    if expected != actual:
+        return f"{where} is {actual!r} in the receipt, {expected!r} recomputed from the records"
+    return None
+
+
+# --- verifying -----------------------------------------------------------------------------------------------------
+
+
+Trust = Literal["public-key", "embedded-key"]
+
+
 @dataclass(frozen=True)
 class ReceiptCheck:
     """What `verify_receipt` established."""
@@ -210,76 +414,195 @@ class ReceiptCheck:
     key_fingerprint: str | None
     key_checked: bool
     """True when the signature was checked against a public key the verifier supplied."""
+    format: str = PREDICATE_TYPE
+    """`PREDICATE_TYPE` for an in-toto receipt, `RECEIPT_SCHEMA` for one of the older layout."""
+
+    @property
+    def trust(self) -> Trust:
+        return "public-key" if self.key_checked else "embedded-key"
+
+    @property
+    def warning(self) -> str | None:
+        """What the verification does not show, when no trusted key was given."""
+        if self.key_checked:
+            return None
+        if not self.signed:
+            return "the receipt is not signed: anyone could have written it"
+        return ("checked only against the key embedded in the receipt: anyone could have signed it; pass --public-key "
+                "with the issuer's .pub to know who did")
 
     def to_json(self) -> dict[str, Any]:
         return {"verified": True, "answer": self.decision.answer.value, "chain_head": self.decision.chain_head,
                 "contract_sha256": self.decision.contract_sha256, "signed": self.signed,
-                "key_sha256": self.key_fingerprint, "key_checked": self.key_checked}
+                "key_sha256": self.key_fingerprint, "key_checked": self.key_checked, "format": self.format,
+                "trust": self.trust, "warning": self.warning}
 
 
-def _first_difference(expected: Any, actual: Any, where: str) -> str | None:
-    if isinstance(expected, dict) and isinstance(actual, dict):
-        for k in sorted(set(expected) | set(actual)):
-            found = _first_difference(expected.get(k), actual.get(k), f"{where}.{k}")
-            if found:
-                return found
+@dataclass(frozen=True)
+class _Signer:
+    key: Ed25519PublicKey
+    keyid: str
+    value: bytes
+
+
+def _choose_key(shape: _Shape, signer: _Signer | None, given: Ed25519PublicKey | None, public_key: Path | None,
+                trust_embedded_key: bool) -> Ed25519PublicKey | None:
+    """The key to check the signature with: the given one (which must be the signer's), or with
+    `trust_embedded_key` the embedded one; None for an unsigned receipt the caller agreed to take unsigned."""
+    if signer is None:
+        if given is not None:
+            raise InvarError(f"{shape.path}: the receipt is not signed, but --public-key asks for a signature; ask its "
+                             "issuer for a signed receipt")
+        if not trust_embedded_key:
+            raise InvarError(f"{shape.path}: the receipt is not signed, so anyone could have written it; pass "
+                             "--trust-embedded-key to verify what it states anyway")
         return None
-    if expected != actual:
-        return f"{where} is {actual!r} in the receipt, {expected!r} recomputed from the records"
-    return None
+    if given is not None:
+        if fingerprint(given) != signer.keyid:
+            raise InvarError(f"{shape.path}: signed by key {signer.keyid[:16]}…, not by the key in {public_key} "
+                             f"({fingerprint(given)[:16]}…)")
+        return given
+    if not trust_embedded_key:
+        raise InvarError(f"{shape.path}: signed by key {signer.keyid[:16]}…; pass --public-key with the issuer's .pub "
+                         "file to check who signed it, or --trust-embedded-key to accept that anyone could have")
+    return signer.key
 
 
-def read_receipt(path: Path) -> dict[str, Any]:
-    raw = read_regular_file(path, "receipt", limit=MAX_RECEIPT_BYTES, error=InvarError,
-                            fix="give the file `use admit --receipt` wrote")
+def _embedded(shape: _Shape, raw: bytes, keyid: str, where: str, key_field: str, id_field: str) -> Ed25519PublicKey:
+    if len(raw) != 32:
+        shape.refuse(f"{where}.{key_field} holds {len(raw)} bytes, not the 32 of a raw Ed25519 public key")
+    key = Ed25519PublicKey.from_public_bytes(raw)
+    if fingerprint(key) != keyid:
+        raise InvarError(f"{shape.path}: {where}.{id_field} is {keyid[:16]}…, but the embedded public key's sha256 is "
+                         f"{fingerprint(key)[:16]}…: the signature names another key than it carries; do not trust "
+                         "the receipt")
+    return key
+
+
+def _dsse(shape: _Shape, data: dict[str, Any]) -> tuple[bytes, _Signer | None]:
+    """The envelope's payload bytes and its signer, every field checked."""
+    env = shape.fields(data, "envelope", {"payload", "payloadType", "signatures"})
+    kind = shape.text(env, "payloadType", "envelope")
+    if kind != PAYLOAD_TYPE:
+        shape.refuse(f"envelope.payloadType is {canonical.show(kind, 60)}, not {PAYLOAD_TYPE!r}")
+    payload = shape.base64(env, "payload", "envelope")
+    sigs = env["signatures"]
+    if not isinstance(sigs, list):
+        shape.refuse(f"envelope.signatures is a JSON {_type_name(sigs)}, not an array")
+    if len(sigs) > 1:
+        shape.refuse(f"envelope.signatures holds {len(sigs)} signatures; invar writes at most one")
+    if not sigs:
+        return payload, None
+    where = "envelope.signatures[0]"
+    sig = shape.fields(sigs[0], where, {"keyid", "publicKey", "sig"})
+    keyid = shape.text(sig, "keyid", where, _HEX64, "a sha256 in 64 lowercase hex digits")
+    raw = shape.base64(sig, "publicKey", where)
+    value = shape.base64(sig, "sig", where)
+    if len(value) != 64:
+        shape.refuse(f"{where}.sig holds {len(value)} bytes, not the 64 of an Ed25519 signature")
+    return payload, _Signer(_embedded(shape, raw, keyid, where, "publicKey", "keyid"), keyid, value)
+
+
+def _statement_head(shape: _Shape, doc: Any) -> str:
+    """Check the statement's layers (the predicate's fields are compared whole later) and return the run's head."""
+    st = shape.fields(doc, "statement", {"_type", "subject", "predicateType", "predicate"})
+    if shape.text(st, "_type", "statement") != STATEMENT_TYPE:
+        shape.refuse(f"statement._type is {canonical.show(st['_type'], 60)}, not {STATEMENT_TYPE!r}")
+    if shape.text(st, "predicateType", "statement") != PREDICATE_TYPE:
+        shape.refuse(f"statement.predicateType is {canonical.show(st['predicateType'], 60)}, not {PREDICATE_TYPE!r} "
+                     "(a receipt of another Invar?)")
+    subject = st["subject"]
+    if not isinstance(subject, list) or not subject:
+        shape.refuse("statement.subject is not a non-empty array")
+    for i, s in enumerate(subject):
+        entry = shape.fields(s, f"statement.subject[{i}]", {"name", "digest"})
+        shape.text(entry, "name", f"statement.subject[{i}]")
+        digest = shape.fields(entry["digest"], f"statement.subject[{i}].digest", {"sha256"})
+        shape.text(digest, "sha256", f"statement.subject[{i}].digest", _HEX64, "a sha256 in 64 lowercase hex digits")
+    return _head(shape, st["predicate"], "statement.predicate")
+
+
+def _head(shape: _Shape, body: Any, where: str) -> str:
+    """The run's head a body states (its other fields are compared whole with what the records give)."""
+    if not isinstance(body, dict):
+        shape.refuse(f"{where} is a JSON {_type_name(body)}, not an object")
+    if "run" not in body:
+        shape.refuse(f"{where} lacks the field 'run'")
+    part = shape.fields(body["run"], f"{where}.run", {"head", "records"})
+    return shape.text(part, "head", f"{where}.run", _HEX64, "a chain head (64 lowercase hex digits)")
+
+
+def _legacy(shape: _Shape, data: dict[str, Any]) -> tuple[dict[str, Any], _Signer | None]:
+    """An `invar.receipt/1` receipt's body and signer, every field checked."""
+    doc = shape.fields(data, "the receipt", {"receipt", "signature"})
+    body = doc["receipt"]
+    if not isinstance(body, dict) or body.get("schema") != RECEIPT_SCHEMA:
+        shape.refuse(f"receipt.schema is not {RECEIPT_SCHEMA!r}")
+    sig = doc["signature"]
+    if sig is None:
+        return body, None
+    where = "signature"
+    sig = shape.fields(sig, where, {"algorithm", "public_key", "public_key_sha256", "value"})
+    if shape.text(sig, "algorithm", where) != "ed25519":
+        shape.refuse(f"signature.algorithm is {canonical.show(sig['algorithm'], 40)}, not 'ed25519'")
+    raw = shape.text(sig, "public_key", where, _HEX64, "a raw Ed25519 public key in 64 lowercase hex digits")
+    keyid = shape.text(sig, "public_key_sha256", where, _HEX64, "a sha256 in 64 lowercase hex digits")
+    value = shape.text(sig, "value", where, _HEX128, "an Ed25519 signature in 128 lowercase hex digits")
+    key = _embedded(shape, bytes.fromhex(raw), keyid, where, "public_key", "public_key_sha256")
+    return body, _Signer(key, keyid, bytes.fromhex(value))
+
+
+def _check_signature(shape: _Shape, key: Ed25519PublicKey, signer: _Signer, signed: bytes) -> None:
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise InvarError(f"{path}: not a JSON receipt ({exc}); give the file `use admit --receipt` wrote") from None
-    if not isinstance(data, dict) or not isinstance(data.get("receipt"), dict) \
-            or data["receipt"].get("schema") != RECEIPT_SCHEMA:
-        raise InvarError(f"{path}: not an {RECEIPT_SCHEMA} receipt; give the file `use admit --receipt` wrote")
-    return data
+        key.verify(signer.value, signed)
+    except InvalidSignature:
+        raise InvarError(f"{shape.path}: the signature does not match the receipt's contents: the receipt was "
+                         "changed after it was signed (or signed by another key)") from None
 
 
-def verify_receipt(receipt_path: Path, run: Path, contract: Path, public_key: Path | None = None) -> ReceiptCheck:
-    """Recompute the decision from the run with the receipt's head as anchor, compare every field, check the
-    signature. Raises `InvarError` (naming what differs) unless everything matches."""
-    data = read_receipt(receipt_path)
+def verify_receipt(receipt_path: Path, run: Path, contract: Path, public_key: Path | None = None, *,
+                   trust_embedded_key: bool = False) -> ReceiptCheck:
+    """Check a receipt's envelope and signature, then recompute the decision from the run with the receipt's head as
+    anchor and compare every field. Raises `InvarError` (naming what is wrong) unless everything matches.
+
+    Strict by default: give `public_key` (the issuer's key, held independently), or `trust_embedded_key` to check the
+    signature against the key the receipt carries (or to take an unsigned receipt), which shows only that the receipt
+    is unchanged since whoever holds that key signed it.
+    """
+    if public_key is not None and trust_embedded_key:
+        raise InvarError("--public-key and --trust-embedded-key: give one; --public-key checks who signed, "
+                         "--trust-embedded-key accepts that anyone could have")
     given = None if public_key is None else load_public_key(public_key)  # a bad key fails before the long part
-    body = data["receipt"]
-    run_part = body.get("run")
-    head = run_part.get("head") if isinstance(run_part, dict) else None
-    if not isinstance(head, str):
-        raise InvarError(f"{receipt_path}: the receipt names no run head; give the file `use admit --receipt` wrote")
-    decision = admit(contract, run, expect_head=head)
-    expected = receipt_body(decision)
-    diff = _first_difference(expected, body, "receipt")
+    data = read_receipt(receipt_path)
+    shape = _Shape(receipt_path)
+    legacy = "receipt" in data and "payloadType" not in data
+    if legacy:
+        body, signer = _legacy(shape, data)
+        key = _choose_key(shape, signer, given, public_key, trust_embedded_key)
+        head = _head(shape, body, "receipt")
+        if key is not None and signer is not None:
+            try:
+                signed = _canonical_json(body)
+            except ValueError:
+                shape.refuse("the receipt holds a number JSON cannot state")
+            _check_signature(shape, key, signer, signed)
+        decision = admit(contract, run, expect_head=head)
+        diff = _first_difference(receipt_body(decision), body, "receipt")
+    else:
+        payload, signer = _dsse(shape, data)
+        key = _choose_key(shape, signer, given, public_key, trust_embedded_key)
+        if key is not None and signer is not None:  # DSSE: the signature is checked before the payload is parsed
+            _check_signature(shape, key, signer, pae(PAYLOAD_TYPE, payload))
+        doc = strict_json(payload, str(receipt_path), "the envelope's payload")
+        head = _statement_head(shape, doc)
+        decision = admit(contract, run, expect_head=head)
+        expected = statement(decision, _decided_under(decision, contract))
+        diff = _first_difference(expected, doc, "statement")
+        if diff is None and payload != _canonical_json(expected):
+            raise EvidenceError(f"{receipt_path}: the payload states what the records give, but not in canonical JSON "
+                                "(sorted keys, no spaces, UTF-8) as invar writes it; do not trust the receipt")
     if diff is not None:
         raise EvidenceError(f"{receipt_path}: does not match the records: {diff}")
-    sig = data.get("signature")
-    if sig is None:
-        if public_key is not None:
-            raise InvarError(f"{receipt_path}: the receipt is not signed, but --public-key asks for a signature; "
-                             "ask its issuer for a signed receipt")
-        return ReceiptCheck(decision, signed=False, key_fingerprint=None, key_checked=False)
-    if not isinstance(sig, dict) or sig.get("algorithm") != "ed25519" or not isinstance(sig.get("value"), str) \
-            or not isinstance(sig.get("public_key"), str):
-        raise InvarError(f"{receipt_path}: malformed signature; expected algorithm ed25519 with public_key and value")
-    try:
-        embedded = Ed25519PublicKey.from_public_bytes(bytes.fromhex(sig["public_key"]))
-        value = bytes.fromhex(sig["value"])
-    except ValueError:
-        raise InvarError(f"{receipt_path}: malformed signature: public_key and value must be hex") from None
-    key = embedded
-    if given is not None:
-        key = given
-        if fingerprint(key) != fingerprint(embedded):
-            raise InvarError(f"{receipt_path}: signed by key {fingerprint(embedded)[:16]}…, not by the key in "
-                             f"{public_key} ({fingerprint(key)[:16]}…)")
-    try:
-        key.verify(value, _canonical_json(body))
-    except InvalidSignature:
-        raise InvarError(f"{receipt_path}: the signature does not match the receipt's contents: the receipt was "
-                         "changed after it was signed") from None
-    return ReceiptCheck(decision, signed=True, key_fingerprint=fingerprint(key), key_checked=public_key is not None)
+    return ReceiptCheck(decision, signed=signer is not None, key_fingerprint=None if signer is None else signer.keyid,
+                        key_checked=given is not None, format=RECEIPT_SCHEMA if legacy else PREDICATE_TYPE)
+
