@@ -84,7 +84,7 @@ def _loc(loc: tuple[int | str, ...]) -> str:
 # --- a value of the wrong type: what it is, and what to write instead --------------------------------------------
 
 _EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
-_TYPE_ERRORS = {"int_type": "int", "int_parsing": "int", "int_from_float": "int", "float_type": "float",
+TYPE_ERRORS = {"int_type": "int", "int_parsing": "int", "int_from_float": "int", "float_type": "float",
                 "float_parsing": "float", "bool_type": "bool", "bool_parsing": "bool", "string_type": "str"}
 """pydantic's error types for a value of the wrong kind (strict mode gives the `_type` ones)."""
 _INTEGER = re.compile(r"[+-]?[0-9]{1,30}")
@@ -113,23 +113,27 @@ def wrong_type(expected: str, given: object) -> str:
     """What a field that takes `expected` ("int", "float", "bool" or "str") says of `given`, a value of another
     kind: what it must be, what it is, and what to write instead. Nothing is coerced: `true` is not 1, `"16"` is
     not 16, 16.0 is not 16."""
-    head = f"must be {_EXPECTED[expected]}, not {what_it_is(given)}; "
+    return f"must be {_EXPECTED[expected]}, not {what_it_is(given)}; {write_instead(expected, given)}"
+
+
+def write_instead(expected: str, given: object) -> str:
+    """What to write for a field that takes `expected` where `given` was written (`wrong_type`'s advice)."""
     text = given.strip() if isinstance(given, str) else None
     if expected == "int":
         if text is not None and _INTEGER.fullmatch(text):
-            return head + f"write {text} without quotes"
+            return f"write {text} without quotes"
         if isinstance(given, float) and given.is_integer() and abs(given) < 2**63:
-            return head + f"write {int(given)}"
-        return head + "write a whole number such as 16"
+            return f"write {int(given)}"
+        return "write a whole number such as 16"
     if expected == "float":
         if text is not None and _NUMBER.fullmatch(text):
-            return head + f"write {text} without quotes"
-        return head + "write a number such as 1.0"
+            return f"write {text} without quotes"
+        return "write a number such as 1.0"
     if expected == "bool":
         if text is not None and text in ("true", "false"):
-            return head + f"write {text} without quotes"
-        return head + "write true or false" + (" without quotes" if isinstance(given, str) else "")
-    return head + "write it in double quotes"
+            return f"write {text} without quotes"
+        return "write true or false" + (" without quotes" if isinstance(given, str) else "")
+    return "write it in double quotes"
 
 
 def one_line(exc: ValidationError, what: str) -> ContractError:
@@ -145,8 +149,8 @@ def one_line(exc: ValidationError, what: str) -> ContractError:
         text = "is required; add it"
     elif kind == "extra_forbidden":
         text = "is not a known field; remove it or check its spelling"
-    elif kind in _TYPE_ERRORS:
-        text = wrong_type(_TYPE_ERRORS[kind], given)
+    elif kind in TYPE_ERRORS:
+        text = wrong_type(TYPE_ERRORS[kind], given)
     elif kind in ("value_error", "assertion_error"):
         text = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
     elif kind == "string_too_long" and isinstance(given, str):

@@ -221,3 +221,24 @@ def test_a_training_config_still_reads_lists_for_tuples_and_integers_for_floats(
     assert config.optimizer.lr == 1.0
     assert isinstance(config.optimizer.lr, float)
     assert config.lora.alpha == 16.0
+
+
+# -- a scorer's settings: already strict; the line now says what to write ------------------------------------------
+
+@pytest.mark.parametrize(("name", "settings", "message"), [
+    ("exact-match", {"case_fold": "yes"}, "scorer exact-match: setting case_fold: Input should be a valid boolean "
+                                          "(got 'yes'); write true or false without quotes"),
+    ("exact-match", {"strip": 1}, "scorer exact-match: setting strip: Input should be a valid boolean (got 1); write "
+                                  "true or false"),
+    ("numeric", {"abs_tol": "0.1"}, "scorer numeric: setting abs_tol: Input should be a valid number (got '0.1'); "
+                                    "write 0.1 without quotes"),
+    ("numeric", {"rel_tol": True}, "scorer numeric: setting rel_tol: Input should be a valid number (got True); "
+                                   "write a number such as 1.0"),
+])
+def test_a_coerced_scorer_setting_is_refused_saying_what_to_write(name: str, settings: dict[str, Any],
+                                                                  message: str) -> None:
+    from invar.tasks.scorers import load_scorer
+
+    with pytest.raises(ContractError) as info:
+        load_scorer(name, settings, Path.cwd())
+    assert str(info.value) == message

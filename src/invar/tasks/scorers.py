@@ -61,6 +61,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from invar.canonical import show
 from invar.errors import ContractError
+from invar.owner_files import TYPE_ERRORS, write_instead
 from invar.tasks import arithmetic
 from invar.tasks.population import check_sha256, freeze, read_regular_file, thaw
 
@@ -195,8 +196,10 @@ def _settings(name: str, model: type[_S], settings: Mapping[str, Any]) -> _S:
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"]) or "settings"
+        kind = TYPE_ERRORS.get(err["type"])  # nothing is coerced: say what to write instead
+        advice = "" if kind is None else f"; {write_instead(kind, err.get('input'))}"
         raise ContractError(f"scorer {name}: setting {loc}: {_one_line(err['msg'])}"
-                            f" (got {show(err.get('input'))})") from None
+                            f" (got {show(err.get('input'))}){advice}") from None
 
 
 def _answers(scorer: Scorer, unit: ScoredUnit) -> tuple[str, ...]:
