@@ -495,4 +495,4 @@ def verify_cmd(
     elif check.key_checked:
         typer.echo(f"signature: valid, by the key you gave ({check.key_fingerprint})")
     else:
-        typer.echo(f"signature: valid for the key embedded in the receipt ({check.key_fingerprint}), {check.warning}")
+        typer.echo(f"signature: valid for the key embedded in the receipt ({check.key_fingerprint}); {check.warning}")

@@ -428,7 +428,7 @@ class ReceiptCheck:
             return None
         if not self.signed:
             return "the receipt is not signed: anyone could have written it"
-        return ("checked only against the key embedded in the receipt: anyone could have signed it; pass --public-key "
+        return ("anyone could have signed it (checked only against the key the receipt carries); pass --public-key "
                 "with the issuer's .pub to know who did")
 
     def to_json(self) -> dict[str, Any]:
