@@ -395,7 +395,8 @@ def _first_difference(expected: Any, actual: Any, where: str) -> str | None:
         return (f"{where} is a JSON {_type_name(actual)} ({canonical.show(actual, 60)}) in the receipt, a JSON "
                 f"{_type_name(expected)} ({canonical.show(expected, 60)}) recomputed from the records")
     if expected != actual:
-        return f"{where} is {actual!r} in the receipt, {expected!r} recomputed from the records"
+        return (f"{where} is {canonical.show(actual, 100)} in the receipt, {canonical.show(expected, 100)} recomputed "
+                "from the records")
     return None
 
 
