@@ -54,6 +54,7 @@ LAUNCH_SETTINGS: dict[str, dict[str, LaunchSetting]] = {
              "max_model_len": LaunchSetting("--max-model-len", int),
              "gpu_memory_utilization": LaunchSetting("--gpu-memory-utilization", float),
              "max_num_seqs": LaunchSetting("--max-num-seqs", int),
+             "max_num_batched_tokens": LaunchSetting("--max-num-batched-tokens", int),
              "max_lora_rank": LaunchSetting("--max-lora-rank", int, (1, 8, 16, 32, 64, 128, 256)),
              "max_loras": LaunchSetting("--max-loras", int), "engine_seed": LaunchSetting("--seed", int),
              "tensor_parallel_size": LaunchSetting("--tensor-parallel-size", int),

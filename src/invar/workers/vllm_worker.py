@@ -1,8 +1,8 @@
 """The vLLM worker: vLLM as an inference engine (never a learner).
 
     python -m invar.workers.vllm_worker --role inference [--device auto|cpu|cuda] [--max-model-len N]
-        [--gpu-memory-utilization F] [--max-num-seqs N] [--max-lora-rank R] [--max-loras N] [--no-enforce-eager]
-        [--patch NAME=SHA256 ...] [--patch-poison NAME]
+        [--gpu-memory-utilization F] [--max-num-seqs N] [--max-num-batched-tokens N] [--max-lora-rank R]
+        [--max-loras N] [--no-enforce-eager] [--patch NAME=SHA256 ...] [--patch-poison NAME]
 
 Decisions this worker embodies:
 
@@ -29,7 +29,9 @@ Decisions this worker embodies:
 - **Batch layout.** Each declared batch is one `LLM.generate` call holding exactly its requests, in the declared
   order; batches run one after another. A batch larger than the scheduler's `max_num_seqs`, or whose prompts exceed
   the tokens it prefills in one step (`max_num_batched_tokens`), is refused, so vLLM's scheduler admits the whole
-  batch in its first step (verified: 32 requests added together all produce their first token in step one).
+  batch in its first step (verified: 32 requests added together all produce their first token in step one). On
+  the CPU that budget is 16,384 prompt tokens unless `--max-num-batched-tokens` sets it (vLLM's 4,096 would refuse 64
+  chat prompts of 100 tokens, and a seeded prompt prefilled in chunks fails in vLLM's CPU sampler).
   Prefix caching is off, so a request's numbers never depend on which prompts ran before it.
 - **Teacher-forced scoring** runs prompt + response as one prompt with `prompt_logprobs`. vLLM computes prompt
   log-probabilities at temperature 1 in every logprobs mode (prompt tokens skip the sampler). At T = 1 the engine's
@@ -106,6 +108,9 @@ LOADED = "@loaded"
 """Internal key of the adapter `load_model` loaded (what a call's null adapter selects)."""
 SAMPLING_EPS = 1e-5
 """vLLM treats temperatures below this as greedy."""
+CPU_PREFILL_BUDGET = 16384
+"""Prompt tokens one engine step prefills on the CPU unless `--max-num-batched-tokens` says otherwise (see
+`Settings.prefill_budget`): 64 prompts of 256 tokens."""
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The projections adapters may target. vLLM would also wrap lm_head, and with an lm_head LoRA layer in the engine
 its prompt log-probabilities fail (the layer's per-request indices meet one row per prompt token), so the engine is
@@ -251,6 +256,21 @@ class Settings:
     tensor_parallel_size: int | None = None
     pipeline_parallel_size: int | None = None
     distributed_executor_backend: str | None = None
+    max_num_batched_tokens: int | None = None
+    """As given at launch (identity); None: `prefill_budget()`'s default."""
+
+    def prefill_budget(self) -> int | None:
+        """The tokens vLLM prefills in one step (`max_num_batched_tokens`), None for vLLM's own default.
+
+        On the CPU the default is `CPU_PREFILL_BUDGET` (or `max_num_seqs` if larger) instead of vLLM's 4,096: a
+        declared batch must be prefilled in one step (the worker refuses a larger one), and vLLM's CPU sampler
+        fails on a seeded request whose prompt is prefilled in chunks ("CPU Generator does not use offset"), so 64
+        chat prompts of 100 tokens would otherwise be refused. A batch that fits either budget is scheduled the
+        same way (all of it in the first step), so its numbers do not change.
+        """
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return max(CPU_PREFILL_BUDGET, self.max_num_seqs) if self.device == "cpu" else None
 
     def parallel(self) -> dict[str, Any]:
         """vLLM's own parallelism, passed through as given (unset: vLLM's default, one device, no pipeline)."""
@@ -263,6 +283,8 @@ class Settings:
         # Unset values are left out rather than reported as null, which a TOML declaration cannot state. A split of
         # the model over devices changes the reduction order of its matrix products, so a given one is identity.
         optional = {} if self.max_model_len is None else {"max_model_len": self.max_model_len}
+        if self.max_num_batched_tokens is not None:
+            optional["max_num_batched_tokens"] = self.max_num_batched_tokens
         optional.update(self.parallel())
         return {
             **optional,
@@ -332,6 +354,8 @@ class Engine:
         kwargs: dict[str, Any] = {"dtype": dtype}
         if s.max_model_len is not None:
             kwargs["max_model_len"] = s.max_model_len
+        if (budget := s.prefill_budget()) is not None:
+            kwargs["max_num_batched_tokens"] = budget
         llm = LLM(
             model=model_dir, tokenizer=model_dir, seed=s.seed, enforce_eager=s.enforce_eager,
             gpu_memory_utilization=s.gpu_memory_utilization, max_num_seqs=s.max_num_seqs,
@@ -469,7 +493,8 @@ class Engine:
             prefill = sum(len(prompt_ids[i]) for i in batch)
             if prefill > m.max_num_batched_tokens:
                 raise MethodError(f"generate.layout[{k}]: the batch's prompts hold {prefill} tokens, more than the "
-                                  f"engine prefills in one step ({m.max_num_batched_tokens}); split the batch")
+                                  f"engine prefills in one step ({m.max_num_batched_tokens}); split the batch or raise "
+                                  "--max-num-batched-tokens")
         outputs: list[dict[str, Any]] = [{} for _ in requests]
         lora = None if adapter is None else adapter.request()
         for batch in layout:
@@ -543,6 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=None,
                         help="fraction of device memory (of host memory on the CPU); default 0.3 on CPU, 0.85 on CUDA")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="the largest batch scheduled together")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="prompt tokens prefilled in one engine step, the most one batch may hold; default "
+                             f"{CPU_PREFILL_BUDGET} on CPU (or --max-num-seqs if larger), vLLM's own on CUDA")
     parser.add_argument("--max-lora-rank", type=int, default=8, choices=[1, 8, 16, 32, 64, 128, 256])
     parser.add_argument("--max-loras", type=int, default=2, help="adapters usable in one engine step")
     parser.add_argument("--no-enforce-eager", dest="enforce_eager", action="store_false",
@@ -584,9 +612,11 @@ def main(argv: list[str] | None = None) -> int:
         utilization = 0.3 if device == "cpu" else 0.85
     if not 0 < utilization <= 1 or (args.max_model_len is not None and args.max_model_len < 2) \
             or args.max_num_seqs < 1 or args.max_loras < 1 or not math.isfinite(utilization) \
+            or (args.max_num_batched_tokens is not None and args.max_num_batched_tokens < args.max_num_seqs) \
             or any(size is not None and size < 1 for size in (args.tensor_parallel_size, args.pipeline_parallel_size)):
         print("invar.workers.vllm_worker: --gpu-memory-utilization must be in (0, 1], --max-model-len ≥ 2, "
-              "--max-num-seqs, --max-loras, --tensor-parallel-size and --pipeline-parallel-size ≥ 1",
+              "--max-num-seqs, --max-loras, --tensor-parallel-size and --pipeline-parallel-size ≥ 1, "
+              "--max-num-batched-tokens ≥ --max-num-seqs",
               file=sys.stderr, flush=True)
         return 2
     parallel = (args.tensor_parallel_size or 1) * (args.pipeline_parallel_size or 1)
@@ -610,7 +640,8 @@ def main(argv: list[str] | None = None) -> int:
                         enforce_eager=args.enforce_eager, seed=args.seed,
                         tensor_parallel_size=args.tensor_parallel_size,
                         pipeline_parallel_size=args.pipeline_parallel_size,
-                        distributed_executor_backend=args.distributed_executor_backend)
+                        distributed_executor_backend=args.distributed_executor_backend,
+                        max_num_batched_tokens=args.max_num_batched_tokens)
     try:
         patches.apply("vllm")  # before the engine (and its model) is built
     except PatchRefused as exc:

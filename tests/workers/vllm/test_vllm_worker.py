@@ -230,6 +230,27 @@ def test_request_alone_and_in_a_batch_of_32_are_bit_identical(worker: WorkerClie
 # -- adapters -------------------------------------------------------------------------------------------------------
 
 
+def test_a_batch_past_vllms_default_prefill_budget_runs_in_one_step(worker: WorkerClient) -> None:
+    """64 seeded prompts of 100 ids (6,400 prompt tokens, past vLLM's CPU default of 4,096, where a seeded prompt
+    prefilled in chunks fails in vLLM's sampler) run as one batch with the numbers of four batches of 16; 168
+    prompts of 100 ids (16,800 tokens) are past the worker's budget and refused, naming it."""
+    rng = np.random.default_rng(5)
+    digits = [TOK.prompt_ids(prompt=str(d))[-1] for d in range(10)]
+    reqs = [{"request_id": f"long{i}", "prompt": "", "prompt_ids": [TOK.bos_token_id or 1, *rng.choice(digits, 99)],
+             "seed": 11000 + i, "temperature": 1.0, "top_p": 1.0, "max_tokens": 4} for i in range(64)]
+    reqs = [{**r, "prompt_ids": [int(t) for t in r["prompt_ids"]]} for r in reqs]
+    together = generate(worker, reqs)
+    quarters = generate(worker, reqs, layout=[list(range(k, k + 16)) for k in range(0, 64, 16)])
+    assert same(together, quarters)
+    many = [{**reqs[i % 64], "request_id": f"many{i}", "seed": 12000 + i} for i in range(168)]
+    message = error_of(worker, "generate", {"requests": many, "layout": [list(range(168))]})
+    assert "16800 tokens" in message, message
+    assert "(16384)" in message, message
+    assert "--max-num-batched-tokens" in message, message
+    print("measured: 64 prompts of 100 ids in one batch = four batches of 16, bit for bit; 16,800 prompt tokens "
+          "refused")
+
+
 def test_adapter_reload_takes_effect_without_restart(worker: WorkerClient, problems: list[Problem],
                                                      adapters: Any) -> None:
     reqs = requests([p.prompt for p in problems[:16]], temperature=1.0, seed0=400)
