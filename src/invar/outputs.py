@@ -63,6 +63,8 @@ class InferOutputRow(Closed):
     request_id: str
     prompt: str
     seed: int
+    messages: list[dict[str, str]] | None = None
+    """With `--chat`: the conversation the model's chat template rendered (the prompt is its user message)."""
     tokens: list[int]
     text: str
     logprobs: list[float]

@@ -43,7 +43,8 @@ app.command("train")(train.train)
 
 EXAMPLES: dict[str, list[str]] = {
     "infer": ['invar infer "37+58=" "12*7=" --temperature 0 --run runs/infer-hf',
-              'invar infer "305-187=" --engine mlx --seed 3 --json'],
+              'invar infer "305-187=" --engine mlx --seed 3 --json',
+              'invar infer --chat "What is the capital of France?" --model models/smollm2-135m-instruct'],
     "evaluate": ["invar evaluate --count 300 --temperature 0 --run runs/eval-fp32",
                  "invar evaluate --count 500 --engine hf --quantization nf4 --json"],
     "score": ["invar score --from-run runs/infer-hf --capture-steps 0,1,last --run runs/score-hf",

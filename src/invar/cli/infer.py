@@ -25,7 +25,7 @@ from invar.cli.options import (
     TemperatureOpt,
     TopPOpt,
 )
-from invar.errors import EvidenceError
+from invar.errors import EvidenceError, InvarError
 from invar.records import RunStore
 from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, check_output, default_run_dir, engine_session
 from invar.runner.options import check_context, check_sampling, model_context
@@ -45,16 +45,27 @@ def infer(
     adapter: AdapterOpt = None,
     run: RunOpt = None,
     call_timeout: CallTimeoutOpt = DEFAULT_CALL_TIMEOUT,
+    chat: Annotated[bool, typer.Option(
+        "--chat", help="Send each prompt as a user message, rendered by the model's chat template (what an "
+                       "instruct model answers); without it a prompt is plain text the model continues.")] = False,
+    system: Annotated[str | None, typer.Option(
+        "--system", help="A system message before each prompt (with --chat).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Make one inference call: print each response's tokens, text and log-probabilities; keep the records."""
     check_sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                    seeds=(seed, seed + len(prompts) - 1), call_timeout=call_timeout)
+    if system is not None and not chat:
+        raise InvarError("--system is a chat message: add --chat (or drop --system)")
     spec = EngineSpec(engine, model, dtype, quantization, adapter)
     meta = spec.meta()
     vocab = ModelTokenizer.from_model_dir(model)
     context = model_context(model)
-    ids = [vocab.prompt_ids(prompt=p) for p in prompts]
+    conversations: list[list[dict[str, str]] | None] = [
+        ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": p}]
+        if chat else None for p in prompts]
+    ids = [vocab.prompt_ids(prompt=p) if c is None else vocab.prompt_ids(messages=c)
+           for p, c in zip(prompts, conversations, strict=True)]
     for i, one in enumerate(ids):
         check_context(len(one), max_tokens, context, f"prompt {i}")
     run_dir = run if run is not None else default_run_dir("infer")
@@ -63,7 +74,7 @@ def infer(
          "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
         for i, (p, one) in enumerate(zip(prompts, ids, strict=True))
     ]
-    with RunStore.create(run_dir, meta={"command": "infer", **meta}) as store:
+    with RunStore.create(run_dir, meta={"command": "infer", **meta, **({"chat": True} if chat else {})}) as store:
         with engine_session(spec, store, call_timeout=call_timeout) as session:
             report = session.client.call("generate", {"requests": requests, "layout": [list(range(len(requests)))],
                                                       "adapter": session.adapter, "reference_adapter": None})
@@ -72,10 +83,11 @@ def infer(
             raise EvidenceError(f"generate returned {len(outputs) if isinstance(outputs, list) else 'no'} outputs "
                                 f"for {len(requests)} requests")
         rows = []
-        for req, out in zip(requests, outputs, strict=True):
+        for req, out, messages in zip(requests, outputs, conversations, strict=True):
             check_output(out, req, session.model_digest, report)
             rows.append({
                 "request_id": req["request_id"], "prompt": req["prompt"], "seed": req["seed"],
+                **({} if messages is None else {"messages": messages}),
                 "tokens": [int(t) for t in out["tokens"]], "text": vocab.decode(out["tokens"]),
                 "logprobs": [float(x) for x in out["logprobs"]], "finish_reason": out.get("finish_reason"),
             })
@@ -89,6 +101,10 @@ def infer(
                f"records: {run_dir}")
     typer.echo(f"chain head {head} (keep it to check these records later: --expect-head)")
     for r in rows:
-        typer.echo(f"[{r['request_id']}] {r['prompt']}{r['text']}   ({r['finish_reason']}, seed {r['seed']})")
+        if chat:  # the rendered template is not the user's text: show the message, then the answer
+            typer.echo(f"[{r['request_id']}] user: {r['prompt']}")
+            typer.echo(f"    answer:   {r['text']}   ({r['finish_reason']}, seed {r['seed']})")
+        else:
+            typer.echo(f"[{r['request_id']}] {r['prompt']}{r['text']}   ({r['finish_reason']}, seed {r['seed']})")
         typer.echo(f"    tokens:   {r['tokens']}")
         typer.echo(f"    logprobs: [{', '.join(f'{x:.6g}' for x in r['logprobs'])}]")
