@@ -33,3 +33,7 @@ class ContractError(InvarError):
 
 class EvidenceError(InvarError):
     """The evidence in a run does not match what the contract requires (missing, altered or foreign records)."""
+
+
+class Interrupted(InvarError):
+    """The user stopped a command (Ctrl-C) and it stopped cleanly: what was recorded is kept (exit status 130)."""

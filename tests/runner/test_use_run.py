@@ -3,10 +3,12 @@ to the same decision and the same outputs, and every refusal one line before any
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -147,6 +149,60 @@ def test_killed_run_resumes_to_the_same_decision_and_outputs(contract: Path, bas
     for pid in worker_pids(run):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def _recorded_calls(run: Path) -> int:
+    """Calls on record so far, read beside the writing process (SQLite lets a reader in while it writes)."""
+    db = run / "records.sqlite"
+    if not db.exists():
+        return 0
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as conn:
+            return int(conn.execute("SELECT count(*) FROM log WHERE kind = 'call'").fetchone()[0])
+    except sqlite3.OperationalError:  # the schema is not written yet
+        return 0
+
+
+def test_ctrl_c_stops_issuing_calls_says_what_it_kept_and_the_run_resumes(contract: Path, baseline: Path,
+                                                                         tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "invar.cli", "use", "run", str(contract), "--run", str(run)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while _recorded_calls(run) < 4 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    at_signal = _recorded_calls(run)
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    _, stderr = proc.communicate(timeout=120)
+    took = time.monotonic() - sent
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("invar:")]
+    assert len(lines) == 1, stderr[-2000:]
+    assert lines[0].startswith("invar: interrupted: stopped issuing calls at Ctrl-C after "), lines[0]
+    assert f"resume with: invar use run {contract} --run {run}" in lines[0]
+    with RunStore.open(run) as store:
+        records = store.calls()
+    # Both workers' load_model calls come before any planned call (no call before every worker is checked).
+    assert [c.call.method for c in records[:2]] == ["load_model", "load_model"]
+    calls = [c for c in records if c.call.method in ("generate", "score")]
+    planned_at_signal = at_signal - 2
+    # At most the call each of the two workers had under way, or was sending as the signal came, is added.
+    assert planned_at_signal <= len(calls) <= planned_at_signal + 2, (planned_at_signal, len(calls))
+    assert len(calls) < 18
+    assert all(c.report is not None for c in records)  # the calls under way answered within the grace
+    print(f"measured: Ctrl-C at {planned_at_signal} recorded planned calls, {len(calls)} on record at exit, "
+          f"{took:.1f} s to exit")
+    for pid in worker_pids(run):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    resumed = _invar("use", "run", str(contract), "--run", str(run), "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["calls_reused"] == len(calls)
+    assert _decision_figures(run, contract) == _decision_figures(baseline, contract)
+    assert _outputs_by_call(run, contract) == _outputs_by_call(baseline, contract)
 
 
 def test_a_second_use_run_on_one_directory_is_refused(contract: Path, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import typer
 from invar import __version__
 from invar.cli import compare, evaluate, infer, inspect, keys, score, train, use
 from invar.cli.common import JsonOpt, emit_json
-from invar.errors import InvarError
+from invar.errors import Interrupted, InvarError
 
 if TYPE_CHECKING:
     from invar.outputs import VersionOutput
@@ -191,6 +191,9 @@ def one_line(text: str) -> str:
 def main() -> None:
     try:
         app()
+    except Interrupted as exc:
+        print(f"invar: interrupted: {one_line(str(exc))}", file=sys.stderr)
+        sys.exit(130)  # the shell's status for a command stopped by SIGINT
     except InvarError as exc:
         print(f"invar: error: {one_line(str(exc))}", file=sys.stderr)
         sys.exit(2)

@@ -72,9 +72,10 @@ from invar.contract.prepare import (
     method_version,
     package_tokenizers,
 )
-from invar.errors import ContractError, EvidenceError, InvarError
+from invar.errors import ContractError, EvidenceError, Interrupted, InvarError
 from invar.evidence import check_patches_active
 from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
+from invar.protocol import WorkerClient
 from invar.records import RunStore
 from invar.records.store import is_run
 from invar.runner.engine import (
@@ -98,6 +99,9 @@ ROLES: tuple[Role, Role] = ("reference", "candidate")
 T = TypeVar("T")
 MAX_WORKERS = 64
 """The most worker processes `use run --workers` starts per package (fewer when the package has fewer calls left)."""
+INTERRUPT_GRACE_S = 30.0
+"""After Ctrl-C, how long the calls under way may take to answer (and be recorded) before their workers are stopped;
+a second Ctrl-C stops them at once."""
 
 
 @dataclass(frozen=True)
@@ -403,6 +407,8 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
                 look_share[(role, look)] = _Share([c for c in plan.look_calls(look)
                                                    if c.package == role and c.key in left])
     stop = threading.Event()
+    live: set[WorkerClient] = set()  # the workers now serving, stopped at a Ctrl-C whose grace has passed
+    live_lock = threading.Lock()
     # No call is made until every worker has shown the identity the contract names.
     checked = threading.Barrier(len(threads))
     # No measurement is made until every package has sampled: the candidate scores the reference's responses.
@@ -456,7 +462,13 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
                 if session.model_digest != package.model_digest:
                     raise EvidenceError(f"the {role} worker loaded model {session.model_digest[:16]}…, not the "
                                         "contract's")
-                yield session
+                with live_lock:
+                    live.add(session.client)
+                try:
+                    yield session
+                finally:
+                    with live_lock:
+                        live.discard(session.client)
 
         restarts = 0 if placement is None else placement.restarts
         with Lease(session_of, checked.wait, restarts, f"the {role} worker {n + 1}") as lease:
@@ -495,6 +507,8 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
                     if stop.is_set():
                         return
                     while (planned := look_share[(role, look)].take()) is not None:
+                        if stop.is_set():
+                            return
                         generate(planned)
                     looked.wait()
                     if finished.is_set():
@@ -516,18 +530,40 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
                     issued[0] += 1
                 counter.add(m)
 
+    def halt() -> None:
+        stop.set()
+        checked.abort()
+        sampled.abort()
+        looked.abort()
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(threads), thread_name_prefix="use-run") as pool:
         futures = [pool.submit(drive, role, n) for role, n in threads]
         failure: BaseException | None = None
-        for future in concurrent.futures.as_completed(futures):
-            exc = future.exception()
-            # A worker released by another's refusal reports the broken barrier; the refusal is the cause.
-            if exc is not None and not isinstance(exc, threading.BrokenBarrierError) and failure is None:
-                failure = exc
-                stop.set()
-                checked.abort()
-                sampled.abort()
-                looked.abort()
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                exc = future.exception()
+                # A worker released by another's refusal reports the broken barrier; the refusal is the cause.
+                if exc is not None and not isinstance(exc, threading.BrokenBarrierError) and failure is None:
+                    failure = exc
+                    halt()
+        except KeyboardInterrupt:
+            # Ctrl-C: no new call starts; the calls under way may answer (and be recorded) for INTERRUPT_GRACE_S,
+            # then (or at a second Ctrl-C) their workers are stopped.
+            halt()
+            forced = False
+            try:
+                _, pending = concurrent.futures.wait(futures, timeout=INTERRUPT_GRACE_S)
+            except KeyboardInterrupt:
+                pending = {f for f in futures if not f.done()}
+            if pending:
+                forced = True
+                with live_lock:
+                    for client in list(live):
+                        client.close(timeout=0.1)
+                concurrent.futures.wait(futures, timeout=60)
+            cut = " (the calls still under way were stopped, unanswered)" if forced else ""
+            raise Interrupted(f"stopped issuing calls at Ctrl-C after {issued[0]} answered call(s) this time"
+                              f"{cut}") from None
         if failure is not None:
             raise failure
     return issued[0]
