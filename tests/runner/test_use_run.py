@@ -205,6 +205,23 @@ def test_ctrl_c_stops_issuing_calls_says_what_it_kept_and_the_run_resumes(contra
     assert _outputs_by_call(run, contract) == _outputs_by_call(baseline, contract)
 
 
+def test_a_resumed_run_keeps_the_inputs_its_first_attempt_did_not(contract: Path, baseline: Path,
+                                                                   tmp_path: Path) -> None:
+    """A run created but stopped before its inputs were kept (the first write after the store's creation failed)
+    gains them on resume: it records exactly the meta an uninterrupted run does."""
+    run = tmp_path / "run"
+    with RunStore.open(baseline) as done:
+        kept = done.meta()
+    RunStore.create(run, meta=kept["run"]).close()  # what `use run` writes before it keeps the inputs
+    resumed = _invar("use", "run", str(contract), "--run", str(run), "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    with RunStore.open(run) as store:
+        meta = store.meta()
+    assert meta["inputs"] == kept["inputs"]
+    assert set(meta) == set(kept)
+    assert _decision_figures(run, contract) == _decision_figures(baseline, contract)
+
+
 def test_a_second_use_run_on_one_directory_is_refused(contract: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     first = subprocess.Popen([sys.executable, "-m", "invar.cli", "use", "run", str(contract), "--run", str(run)],

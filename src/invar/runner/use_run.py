@@ -201,6 +201,10 @@ def _open_run(run_dir: Path, contract: Contract, sha: str, base: Path, contract_
     store = RunStore.open(run_dir, writable=True)
     try:
         _check_run(store, sha, contract_path)
+        if "inputs" not in store.meta():
+            # The first attempt stopped between creating the run and keeping its inputs (a full disk, a kill): keep
+            # them now, so the run decides away from the owner's files as an uninterrupted one does.
+            store.put_meta("inputs", run_inputs(contract, base))
     except BaseException:
         store.close()
         raise
