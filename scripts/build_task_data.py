@@ -25,6 +25,22 @@ POPULATIONS: tuple[tuple[str, Split, int, int], ...] = (
 )
 
 
+def write_or_check(out: Path, stem: str, data: bytes, check: bool, what: str) -> bool:
+    """Write `out/<stem>.jsonl` and its `.sha256` (sha256sum's format), or with `check` compare the file on disk
+    with `data`; prints one line either way and returns whether the file is (now) `data`."""
+    digest = hashlib.sha256(data).hexdigest()
+    path = out / f"{stem}.jsonl"
+    if check:
+        same = path.is_file() and path.read_bytes() == data
+        print(f"{'ok' if same else 'DIFFERS'}  {digest}  {path}")
+        return same
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    (out / f"{stem}.sha256").write_text(f"{digest}  {path.name}\n")
+    print(f"{digest}  {path}  ({what})")
+    return True
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "data")
@@ -33,17 +49,7 @@ def main() -> int:
     ok = True
     for stem, split, seed, count in POPULATIONS:
         data = population_bytes(population(split, seed, count, id_prefix=split))
-        digest = hashlib.sha256(data).hexdigest()
-        path = args.out / f"{stem}.jsonl"
-        if args.check:
-            same = path.is_file() and path.read_bytes() == data
-            ok &= same
-            print(f"{'ok' if same else 'DIFFERS'}  {digest}  {path}")
-            continue
-        args.out.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        (args.out / f"{stem}.sha256").write_text(f"{digest}  {path.name}\n")
-        print(f"{digest}  {path}  ({count} problems)")
+        ok &= write_or_check(args.out, stem, data, args.check, f"{count} problems")
     return 0 if ok else 1
 
 

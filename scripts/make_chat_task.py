@@ -24,13 +24,14 @@ format.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from build_task_data import write_or_check  # this folder's: one way to write a population and its sha256
 
 KINDS: tuple[str, ...] = ("add", "next", "count", "lookup")
 SYSTEM = "You are a careful assistant. Answer with one number."
@@ -159,17 +160,7 @@ def main() -> int:
     args = parser.parse_args()
     ok = True
     for stem, data in build().items():
-        digest = hashlib.sha256(data).hexdigest()
-        path = args.out / f"{stem}.jsonl"
-        if args.check:
-            same = path.is_file() and path.read_bytes() == data
-            ok &= same
-            print(f"{'ok' if same else 'DIFFERS'}  {digest}  {path}")
-            continue
-        args.out.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        (args.out / f"{stem}.sha256").write_text(f"{digest}  {path.name}\n")
-        print(f"{digest}  {path}  ({data.count(NEWLINE)} units)")
+        ok &= write_or_check(args.out, stem, data, args.check, f"{data.count(NEWLINE)} units")
     return 0 if ok else 1
 
 
