@@ -10,7 +10,7 @@ from contract_runs import RunWriter, Workspace, make_workspace, unit_ids
 from typer.testing import CliRunner
 
 from invar.cli import use
-from invar.errors import ContractError, EvidenceError
+from invar.errors import ContractError, EvidenceError, InvarError
 
 RUNNER = CliRunner()
 
@@ -80,8 +80,10 @@ def test_plan_table_and_json(ws: Workspace) -> None:
 
 def test_plan_rejects_unknown_assumption(ws: Workspace) -> None:
     result = RUNNER.invoke(use.app, ["plan", str(ws.contract_path), "--assume", "sigma=2"])
-    assert result.exit_code == 2
-    assert "'sigma' is not an assumption" in result.output
+    assert isinstance(result.exception, InvarError)  # main() prints it as one line and exits 2
+    assert str(result.exception) == "--assume: 'sigma' is not an assumption; use worse, better, variance, mean"
+    result = RUNNER.invoke(use.app, ["plan", str(ws.contract_path), "--assume", "worse 0.01"])
+    assert str(result.exception) == "--assume 'worse 0.01': write name=value pairs, e.g. worse=0.01 better=0.01"
 
 
 def test_plan_refuses_a_finite_domain_contract(tmp_path: Path) -> None:

@@ -122,18 +122,17 @@ def parse_assumptions(values: list[str]) -> dict[str, float]:
     for value in values:
         text = value.replace(",", " ").strip()
         if not text or _ASSUMPTION.sub("", text).strip():
-            raise typer.BadParameter(f"{value!r}: write name=value pairs, e.g. worse=0.01 better=0.01",
-                                     param_hint="--assume")
+            raise InvarError(f"--assume {value!r}: write name=value pairs, e.g. worse=0.01 better=0.01")
         for name, number in _ASSUMPTION.findall(text):
             if name not in _ASSUMPTION_KEYS:
-                raise typer.BadParameter(f"{name!r} is not an assumption; use {', '.join(_ASSUMPTION_KEYS)}",
-                                         param_hint="--assume")
+                raise InvarError(f"--assume: {name!r} is not an assumption; use {', '.join(_ASSUMPTION_KEYS)}")
             if name in given:
                 raise InvarError(f"--assume {name} is given twice ({name}={given[name]}, then {name}={number}); "
                                  "state each assumption once")
             given[name] = number
             if not _DECIMAL.fullmatch(number) or not math.isfinite(float(number)):  # 1e999 is inf
-                raise typer.BadParameter(f"{name}={number}: {number!r} is not a number", param_hint="--assume")
+                raise InvarError(f"--assume {name}={number}: {number!r} is not a number; write a decimal such as "
+                                 "0.01")
             out[_ASSUMPTION_KEYS[name]] = float(number)
     return out
 
