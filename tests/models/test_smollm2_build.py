@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -23,19 +22,11 @@ def _pins() -> dict[str, Any]:
     return pins
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
 @pytest.mark.parametrize("which", ["smollm2-135m-instruct", "smollm2-135m-instruct-mlx"])
 def test_folder_matches_the_pins(smollm2_build: tuple[Path, Path], which: str) -> None:
     folder = {p.name: p for p in smollm2_build}[which]
     pinned = _pins()["folders"][which]
-    assert {p.name: _sha256(p) for p in sorted(folder.iterdir())} == pinned["files"]
+    assert {p.name: canonical.file_sha256(p) for p in sorted(folder.iterdir())} == pinned["files"]
     assert canonical.tree_digest(folder) == pinned["tree_digest"]
 
 
