@@ -97,7 +97,7 @@ def test_the_help_example_setting_is_what_the_worker_runs() -> None:
 def test_top_level_json_is_not_silently_ignored() -> None:
     line = _one_line_error(_invar("--json", "use", "plan", "missing.contract.json"))
     assert "put it after the command" in line, line
-    options = [line.split()[1] for line in _invar("--help").stdout.splitlines() if line.startswith("│ --")]
+    options = [line.split()[0] for line in _invar("--help").stdout.splitlines() if line.startswith("  --")]
     assert "--version" in options
     assert "--json" not in options  # not offered as a global flag
     out = _invar("--version", "--json")

@@ -64,7 +64,9 @@ def test_help_offers_completion_and_version() -> None:
 def _leaves(group: Any, prefix: str = "") -> dict[str, Any]:
     """Every command under a group, by its full name (typer's groups and commands)."""
     found: dict[str, Any] = {}
-    for name, cmd in group.commands.items():
+    ctx = typer.Context(group)
+    for name in group.list_commands(ctx):  # the root builds its commands on first use: ask, don't read `.commands`
+        cmd = group.get_command(ctx, name)
         if hasattr(cmd, "commands"):
             found.update(_leaves(cmd, f"{prefix}{name} "))
         else:
@@ -83,3 +85,28 @@ def test_every_command_help_ends_with_examples_of_itself() -> None:
     out = _invar("use", "admit", "--help")
     assert "Examples:" in out.stdout
     assert "invar use admit" in out.stdout.split("Examples:")[1]
+
+
+def test_help_imports_no_command_module_and_no_heavy_library() -> None:
+    # `invar --help` lists every command from the root's table: what it must not import is what made it slow.
+    code = ("import sys\nsys.argv = ['invar', '--help']\nfrom invar.cli.app import main\n"
+            "try:\n    main()\nexcept SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in {'numpy', 'pydantic', 'rich', 'scipy', "
+            "'msgpack'} or m.startswith('invar.cli.') and m != 'invar.cli.app'), file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.strip() == "[]"
+    for name in ("infer", "evaluate", "score", "train", "inspect", "use", "keys", "compare", "version"):
+        assert f"\n  {name} " in out.stdout, name
+
+
+def test_a_mistake_in_the_command_line_is_one_line() -> None:
+    for args, message in ((["infer", "--nosuch"], "No such option: --nosuch"),
+                          (["use", "admit"], "Missing argument 'run'"),
+                          (["nosuch"], "No such command 'nosuch'")):
+        out = _invar(*args)
+        assert out.returncode == 2, (args, out.stdout)
+        assert out.stderr.startswith("invar: error: "), out.stderr
+        assert out.stderr.count("\n") == 1, out.stderr
+        assert message in out.stderr, out.stderr
+        assert "--help" in out.stderr, out.stderr

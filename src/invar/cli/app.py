@@ -1,45 +1,101 @@
 """The `invar` application: every command is registered here, and only commands that work are.
 
-Known failures (`InvarError`) print one line naming what is wrong and what to change, and exit 2; anything else is a
-bug and keeps its traceback.
+Known failures (`InvarError`) print one line naming what is wrong and what to change, and exit 2; so do mistakes
+in the command line itself (an unknown option, a missing argument). Anything else is a bug and keeps its traceback.
+
+A command's module is imported only when that command runs (or its help is asked for): `invar --help` and every
+command pay for their own imports only, not for those of all the others.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from importlib import metadata
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer import core as typer_core
+from typer.models import CommandInfo
 
 from invar import __version__
-from invar.cli import compare, evaluate, infer, inspect, keys, score, train, use
-from invar.cli.common import JsonOpt, emit_json
 from invar.errors import Interrupted, InvarError
 
 if TYPE_CHECKING:
+    from typer import _click as click  # the click typer's commands are built on (its own copy, in typer ≥ 0.20)
+
     from invar.outputs import VersionOutput
+
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "infer": ("invar.cli.infer", "infer",
+              "Make one inference call: each response's tokens, text and log-probabilities, recorded."),
+    "evaluate": ("invar.cli.evaluate", "evaluate",
+                 "Evaluate a fixed policy on the population: accuracy (or mean loss) with a confidence interval."),
+    "score": ("invar.cli.score", "score",
+              "Score given tokens teacher-forced: log-probabilities and whole-vocabulary captures, recorded."),
+    "train": ("invar.cli.train", "train",
+              "Run the training loop the core owns, one published checkpoint per cycle."),
+    "inspect": ("invar.cli.inspect", "app", "Look into what a run recorded."),
+    "use": ("invar.cli.use", "app",
+            "Use contracts: build one from a declaration, plan its sample size, decide admission from a run."),
+    "keys": ("invar.cli.keys", "app", "Key pairs that sign decision receipts."),
+    "compare": ("invar.cli.compare", "app",
+                "Compare a candidate's numbers with the reference's, from the records alone."),
+}
+"""Each command: the module that defines it, the attribute (a function, or a Typer app for a family), and the
+summary `invar --help` lists it with (the listing reads this table, so it never imports a command's module)."""
+
+
+class LazyGroup(typer_core.TyperGroup):
+    """The root group: commands of `COMMANDS` are built from their modules on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*COMMANDS, *(name for name in super().list_commands(ctx) if name not in COMMANDS)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS and cmd_name not in self.commands:
+            self.add_command(_load(cmd_name), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        loaded = [(name, cmd.get_short_help_str(limit=formatter.width)) for name, cmd in self.commands.items()
+                  if name not in COMMANDS and not cmd.hidden]
+        rows = [(name, summary) for name, (_, _, summary) in COMMANDS.items()] + loaded
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def _load(name: str) -> click.Command:
+    module, attribute, summary = COMMANDS[name]
+    target = getattr(importlib.import_module(module), attribute)
+    cmd: click.Command
+    if isinstance(target, typer.Typer):
+        _add_examples(target, f"{name} ")
+        cmd = typer.main.get_group(target)
+    else:
+        info = CommandInfo(name=name, callback=target, epilog=_epilog(name))
+        cmd = typer.main.get_command_from_info(info, pretty_exceptions_short=True, rich_markup_mode=None)
+    cmd.name = name
+    cmd.short_help = summary
+    return cmd
+
 
 app = typer.Typer(
     name="invar",
     help="Decide whether a changed numerical implementation may replace the trusted one, for a declared use.\n\n"
          "Examples:\n\n"
-         "  invar --version --json\n\n"
-         "  invar use prepare contracts/walkthrough.toml --out runs/w\n\n"
+         "\b\n"
+         "  invar --version --json\n"
+         "  invar use prepare contracts/walkthrough.toml --out runs/w\n"
          "  invar --install-completion   (tab completion for your shell)",
+    cls=LazyGroup,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=True,
     invoke_without_command=True,
+    # Plain help: rich's formatting costs a third of a second at every start and reads `[ids]` as markup.
+    rich_markup_mode=None,
 )
-app.add_typer(inspect.app, name="inspect")
-app.add_typer(use.app, name="use")
-app.add_typer(keys.app, name="keys")
-app.add_typer(compare.app, name="compare")
-app.command("infer")(infer.infer)
-app.command("evaluate")(evaluate.evaluate)
-app.command("score")(score.score)
-app.command("train")(train.train)
 
 EXAMPLES: dict[str, list[str]] = {
     "infer": ['invar infer "37+58=" "12*7=" --temperature 0 --run runs/infer-hf',
@@ -85,19 +141,14 @@ def _epilog(name: str) -> str | None:
     """The help's closing Examples block; a command without an entry gets none (a test lists every such command)."""
     if name not in EXAMPLES:
         return None
-    # Blank lines between examples: the help formatter joins the lines of one paragraph.
-    return "Examples:\n\n" + "\n\n".join(f"  {line}" for line in EXAMPLES[name])
+    # \b: the help formatter keeps this paragraph's lines as they are (a command line is not rewrapped).
+    return "Examples:\n\n\b\n" + "\n".join(f"  {line}" for line in EXAMPLES[name])
 
 
 def _add_examples(typer_app: typer.Typer, prefix: str) -> None:
     for info in typer_app.registered_commands:
         name = info.name or (info.callback.__name__ if info.callback else "")
         info.epilog = _epilog(f"{prefix}{name}")
-
-
-_add_examples(app, "")
-for _group, _sub in (("inspect", inspect.app), ("use", use.app), ("keys", keys.app), ("compare", compare.app)):
-    _add_examples(_sub, f"{_group} ")
 
 ENGINE_PACKAGES: dict[str, tuple[str, ...]] = {
     "hf": ("torch", "transformers", "peft", "bitsandbytes", "safetensors", "tokenizers"),
@@ -140,6 +191,8 @@ def versions() -> VersionOutput:
 def _print_versions(as_json: bool) -> None:
     v = versions()
     if as_json:
+        from invar.cli.common import emit_json
+
         emit_json(v.model_dump(mode="json"))
         return
     typer.echo(f"invar {v.invar}")
@@ -173,7 +226,10 @@ def root(
 
 
 @app.command("version", epilog=_epilog("version"))
-def version(as_json: JsonOpt = False) -> None:
+def version(
+    # The same option as every command's JsonOpt, written out: invar.cli.common is not imported for `--help`.
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (for scripts and agents).")] = False,
+) -> None:
     """Print the invar version (--json: the same record as `invar --version --json`)."""
     if as_json:
         _print_versions(True)
@@ -188,12 +244,31 @@ def one_line(text: str) -> str:
                    for ch in text)
 
 
+# Typer raises click's exceptions (from its own copy of click in recent versions): found from one typer exports.
+_CLICK_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_NO_ARGS_HELP = "NoArgsIsHelpError"
+
+
+def _usage_line(exc: Any) -> str:
+    """A mistake in the command line (unknown option, missing argument, bad value) as one line with where to look."""
+    ctx = getattr(exc, "ctx", None)
+    where = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+    return f"invar: error: {one_line(exc.format_message())}{where}"
+
+
 def main() -> None:
     try:
-        app()
+        code = app(standalone_mode=False)
+    except _CLICK_ERROR as exc:
+        if type(exc).__name__ == _NO_ARGS_HELP:
+            exc.show()  # type: ignore[attr-defined]  # a group named without a command: its help, as git does
+        else:
+            print(_usage_line(exc), file=sys.stderr)
+        sys.exit(2)
     except Interrupted as exc:
         print(f"invar: interrupted: {one_line(str(exc))}", file=sys.stderr)
         sys.exit(130)  # the shell's status for a command stopped by SIGINT
     except InvarError as exc:
         print(f"invar: error: {one_line(str(exc))}", file=sys.stderr)
         sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -22,7 +22,7 @@ from invar.errors import InvarError
 app = typer.Typer(
     name="compare",
     help="Compare a candidate's numbers with the reference's, from the records alone.",
-    no_args_is_help=True,
+    no_args_is_help=True, rich_markup_mode=None,
     pretty_exceptions_enable=False,
     add_completion=False,
 )

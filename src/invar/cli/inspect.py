@@ -11,7 +11,7 @@ from rich.table import Table
 from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json
 from invar.records import RunStore
 
-app = typer.Typer(help="Look into what a run recorded.", no_args_is_help=True)
+app = typer.Typer(help="Look into what a run recorded.", no_args_is_help=True, rich_markup_mode=None)
 app.command("history")(__import__("invar.cli.history", fromlist=["history"]).history)
 
 

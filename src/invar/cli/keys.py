@@ -10,7 +10,7 @@ import typer
 from invar.cli.common import JsonOpt, emit_json
 from invar.contract.receipt import new_key_pair
 
-app = typer.Typer(help="Key pairs that sign decision receipts.", no_args_is_help=True)
+app = typer.Typer(help="Key pairs that sign decision receipts.", no_args_is_help=True, rich_markup_mode=None)
 
 
 @app.command("new")

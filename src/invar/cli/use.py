@@ -52,7 +52,7 @@ from invar.tasks.tokenizer import ModelTokenizer, tokenizer_digest
 app = typer.Typer(
     name="use",
     help="Use contracts: build one from a declaration, plan its sample size, decide admission from a run.",
-    no_args_is_help=True,
+    no_args_is_help=True, rich_markup_mode=None,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
