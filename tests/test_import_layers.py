@@ -25,6 +25,7 @@ LAYERS = [
     "invar",  # the package's own __init__: the version, nothing else
     "errors",
     "canonical",
+    "worker_code",  # the digest naming a worker's code: the workers' protocol server reports it
     "home",
     "parallel",  # independent calls over the cores, for the commands that opt in (stats calls it)
     "outputs",

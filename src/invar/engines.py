@@ -18,6 +18,7 @@ from invar.errors import InvarError
 from invar.home import HOME
 from invar.protocol import Recorder, Role, WorkerClient
 from invar.protocol.client import spawn_local
+from invar.worker_code import WorkerCodeError, code_digest, search_path
 
 if TYPE_CHECKING:
     from invar.protocol.ray_transport import RayPlacement
@@ -90,10 +91,36 @@ def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def worker_argv(engine: str, role: Role, args: list[str] | None = None) -> list[str]:
+def _module(engine: str) -> str:
     module = ENGINES.get(engine)
     if module is None:
         raise InvarError(f"unknown engine {engine!r}; choose one of: {', '.join(sorted(ENGINES))}")
+    return module
+
+
+def worker_digest(engine: str, env: Mapping[str, str] | None = None) -> str:
+    """The worker code digest (`invar.worker_code`) of the files `start_worker(engine, env=env)` would start: the
+    engine's worker module and the core modules it imports, found on the search path that worker will have."""
+    # `-P` leaves the script's folder (sys.path[0]) off the worker's path; the rest is this interpreter's own.
+    default = sys.path if sys.flags.safe_path else sys.path[1:]
+    return code_digest(_module(engine), search_path(worker_env(env).get("PYTHONPATH"), default))
+
+
+def check_worker_code(engine: str, expected: str, who: str, env: Mapping[str, str] | None = None) -> str:
+    """Refuse, before it starts, a worker whose code is not the package's: `WorkerCodeError` naming both digests.
+    Returns the digest."""
+    actual = worker_digest(engine, env)
+    if actual != expected:
+        raise WorkerCodeError(
+            f"the {who} worker's code is not the package's: the {engine} worker's files ({_module(engine)} and the "
+            f"invar modules it imports) have worker digest {actual}, the contract names {expected}; run the worker "
+            f"code the contract names, or prepare a contract for this code (invar use package {engine} prints its "
+            "digest)")
+    return actual
+
+
+def worker_argv(engine: str, role: Role, args: list[str] | None = None) -> list[str]:
+    module = _module(engine)
     # -P: never put the working directory on sys.path, so an `invar/` folder where `invar` runs cannot stand in
     # for the installed worker (the module resolves through PYTHONPATH, set by `worker_env` to this installation).
     return [sys.executable, "-P", "-m", module, "--role", role.value, *(args or [])]
@@ -110,12 +137,18 @@ def start_worker(
     handshake_timeout: float = 300.0,
     call_timeout: float | None = 1800.0,
     placement: RayPlacement | None = None,
+    code: tuple[str, str] | None = None,
 ) -> WorkerClient:
     """Start an engine's worker and handshake with it (the role is checked).
 
     `placement`: start it as a Ray actor on that cluster instead of as a local subprocess; where it ran is kept in
     the recorder's meta (`placement <actor id>`) when the recorder keeps meta (a run store).
+    `code` = (worker digest, who): the worker code the package names. The digest of the files about to start is
+    computed first and a mismatch refused before any process exists (`check_worker_code`); after the handshake the
+    worker's own report of its digest must be the same (a Ray worker runs on another machine's files).
     """
+    if code is not None:
+        check_worker_code(engine, code[0], code[1], env)
     client = WorkerClient(
         worker_argv(engine, role, args),
         name=f"{engine}-{role.value}",
@@ -129,6 +162,14 @@ def start_worker(
         spawn=spawn_local if placement is None else placement.spawn,
     )
     client.start()
+    if code is not None:
+        reported = (client.identity.worker or {}).get("digest")
+        if reported != code[0]:
+            client.close()
+            raise WorkerCodeError(
+                f"the {code[1]} worker reports worker digest {reported}, not {code[0]}, the digest of the files the "
+                "core started: it runs other code than the package names; run it where the worker code is the "
+                "contract's")
     where = getattr(client.process, "where", None)
     put_meta = getattr(recorder, "put_meta", None)
     if where and put_meta is not None:

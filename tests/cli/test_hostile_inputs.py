@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from invar import canonical
-from invar.engines import start_worker
+from invar.engines import start_worker, worker_digest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belong to
 ECHO = REPO_ROOT / "src" / "invar" / "workers" / "echo.py"
@@ -86,4 +86,4 @@ def test_a_workers_folder_in_the_working_directory_cannot_impersonate_a_worker(t
 def test_the_identity_names_the_worker_code() -> None:
     with start_worker("echo") as w:
         assert w.identity.worker == {"module": "invar.workers.echo",
-                                     "sha256": canonical.file_sha256(ECHO)}
+                                     "sha256": canonical.file_sha256(ECHO), "digest": worker_digest("echo")}

@@ -24,6 +24,7 @@ from invar import canonical
 from invar.errors import ProtocolError
 from invar.protocol import frames
 from invar.protocol.messages import PROTOCOL_VERSION, Call, ErrorInfo, Handshake, Identity, Kind, Report, Role
+from invar.worker_code import WorkerCodeError, code_digest
 
 Method = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -42,14 +43,20 @@ def take_stdout() -> BinaryIO:
 
 
 def _worker_code() -> dict[str, str] | None:
-    """The running worker module and the sha256 of its file: the records say which code answered."""
+    """The running worker module, the sha256 of its file and its worker code digest (`invar.worker_code`, over the
+    module and the core modules it imports, on this process's search path): the records say which code answered."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     spec = getattr(main, "__spec__", None)
     if not isinstance(path, str) or not os.path.isfile(path):
         return None
-    return {"module": spec.name if spec is not None else os.path.basename(path),
-            "sha256": canonical.file_sha256(path)}
+    code: dict[str, str] = {"module": spec.name if spec is not None else os.path.basename(path),
+                            "sha256": canonical.file_sha256(path)}
+    # A module that is not on its own search path (run from a file) states no digest, and so pins nothing.
+    if spec is not None:
+        with contextlib.suppress(WorkerCodeError):
+            code["digest"] = code_digest(spec.name, sys.path)
+    return code
 
 
 def _die_with_parent() -> None:
