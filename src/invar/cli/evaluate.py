@@ -42,7 +42,7 @@ from invar.runner.evaluate import (
     population_digest,
     sample_indices,
 )
-from invar.runner.options import check_sampling
+from invar.runner.options import SEED_MAX, check_sampling
 from invar.tasks import MAX_ANSWER_CHARS
 from invar.tasks.arithmetic import SCORER_NAME as ARITHMETIC
 from invar.tasks.population import load_units
@@ -90,6 +90,8 @@ def evaluate(
     scorer with losses in a declared range, binary = false: the mean loss with a betting interval)."""
     check_sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seeds=(seed,),
                    batch_size=batch_size, call_timeout=call_timeout)
+    if not 0 <= sample_seed <= SEED_MAX:
+        raise ContractError(f"--sample-seed {sample_seed}: must be in [0, 2^63 − 1]")
     if not 0 < confidence < 1:
         raise ContractError(f"--confidence {confidence}: must be in (0, 1), e.g. 0.95")
     pop_digest = population_digest(population, population_sha256)

@@ -72,6 +72,8 @@ def population_digest(population: Path, declared: str | None) -> str:
     """The declared sha256 of the population file, or the one in its `.sha256` sibling."""
     if declared is not None:
         return declared
+    if population.is_dir():  # `--population ''` is the working directory: it has no `.sha256` sibling to read
+        raise ContractError(f"--population {population}: is a folder; name the population's JSON-lines file")
     sibling = population.with_suffix(".sha256")
     fix = "pass --population-sha256 with the digest you expect"
     if not sibling.exists():

@@ -16,6 +16,10 @@ from invar.errors import InvarError
 SEED_MAX = (1 << 63) - 1
 """Per-request seeds are 63-bit, as every engine's generator takes them (and as plan seeds are derived)."""
 TEMPERATURE_MAX = 10.0
+COUNT_MAX = (1 << 31) - 1
+"""The most tokens a response, or requests a batch, may ask for: a 32-bit count (a record holds 64-bit integers)."""
+CALL_TIMEOUT_MAX = 7 * 24 * 3600.0
+"""A week: a longer wait for one worker call is a mistake (1e30 s would overflow the timers that wait)."""
 
 
 def check_sampling(*, temperature: float, top_p: float, max_tokens: int, seeds: tuple[int, ...] = (),
@@ -28,13 +32,18 @@ def check_sampling(*, temperature: float, top_p: float, max_tokens: int, seeds: 
         raise InvarError(f"--top-p {top_p}: must be in (0, 1]")
     if max_tokens < 1:
         raise InvarError(f"--max-tokens {max_tokens}: must be at least 1")
+    if max_tokens > COUNT_MAX:
+        raise InvarError(f"--max-tokens {max_tokens}: must be at most 2^31 − 1")
     for seed in seeds:
         if not 0 <= seed <= SEED_MAX:
             raise InvarError(f"--seed {seed}: request seeds must be in [0, 2^63 − 1]; choose a smaller seed")
     if batch_size is not None and batch_size < 1:
         raise InvarError(f"--batch-size {batch_size}: must be at least 1")
-    if call_timeout is not None and (not math.isfinite(call_timeout) or call_timeout <= 0):
-        raise InvarError(f"--call-timeout {call_timeout}: must be a positive number of seconds")
+    if batch_size is not None and batch_size > COUNT_MAX:
+        raise InvarError(f"--batch-size {batch_size}: must be at most 2^31 − 1")
+    if call_timeout is not None and (not math.isfinite(call_timeout) or not 0 < call_timeout <= CALL_TIMEOUT_MAX):
+        raise InvarError(f"--call-timeout {call_timeout}: must be a positive number of seconds, at most "
+                         f"{CALL_TIMEOUT_MAX:g} (a week)")
 
 
 def model_context(model_dir: Path) -> int | None:
