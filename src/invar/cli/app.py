@@ -271,4 +271,12 @@ def main() -> None:
     except InvarError as exc:
         print(f"invar: error: {one_line(str(exc))}", file=sys.stderr)
         sys.exit(2)
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        # The system refused a path the command line named (a name too long, a loop of links, no permission):
+        # the path is the user's to change, wherever in the command it was first touched.
+        print(f"invar: error: {one_line(str(exc.filename))}: {one_line(exc.strerror or type(exc).__name__)}; "
+              "check this path", file=sys.stderr)
+        sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
