@@ -106,7 +106,9 @@ def prepare_cmd(
                    f"({what}; captures at steps {steps})")
 
 
-_ASSUMPTION = re.compile(r"([a-z_]+)=([^\s,]+)")
+# A name starts where no letter precedes it: a long run of letters with no `=` is then one failed try, not one
+# per letter (quadratic; `--assume xxx…` of 100 000 letters took minutes).
+_ASSUMPTION = re.compile(r"(?<![a-z_])([a-z_]+)=([^\s,]+)")
 _ASSUMPTION_KEYS = {"worse": "p_worse", "better": "p_better", "variance": "variance", "mean": "mean"}
 _DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
