@@ -19,10 +19,14 @@ from invar.contract.admit import run_inputs
 from invar.contract.model import Contract
 from invar.contract.plan import ExecutionPlan, PlannedCall
 from invar.contract.prepare import prepare
+from invar.engines import ENGINES, worker_digest
 from invar.protocol.messages import Call, Report
 from invar.records import RunStore
 from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import answer_of, population, population_bytes
+
+# The code that answers, as an hf worker started here reports it: `use prepare` pins this digest in the contract.
+HF_WORKER = {"module": ENGINES["hf"], "sha256": "0" * 64, "digest": worker_digest("hf")}
 
 SPECIALS = ("<pad>", "<s>", "</s>")
 CHARS = "0123456789+-*="
@@ -34,6 +38,7 @@ REFERENCE_IDENTITY: dict[str, Any] = {
     "settings": {"device": "cpu", "threads": 1},
     "methods": ["generate", "load_model", "score"],
     "pid": 101,
+    "worker": HF_WORKER,
 }
 CANDIDATE_IDENTITY: dict[str, Any] = {
     "engine": "hf",
@@ -42,6 +47,7 @@ CANDIDATE_IDENTITY: dict[str, Any] = {
     "settings": {"device": "cpu", "threads": 1, "patches": {"fixed-softmax": "c" * 64}},
     "methods": ["generate", "load_model", "score"],
     "pid": 202,
+    "worker": HF_WORKER,
 }
 
 

@@ -182,6 +182,8 @@ def _anchor_of(rec: CallRecord, load: CallRecord) -> dict[str, Any]:
         "dtype": params.get("dtype"),
         "quantization": params.get("quantization"),
         "adapter_digest": adapter.get("digest") if isinstance(adapter, dict) else None,
+        # The code that answered, as the worker reported it (absent in records made before worker code was pinned).
+        "worker_digest": (ident.worker or {}).get("digest"),
     }
 
 
@@ -202,7 +204,12 @@ def _attribute(rec: CallRecord, load: CallRecord | None, contract: Contract) -> 
         return sum(expected[k] != anchor[k] for k in expected)
 
     closest = min(roles, key=distance)
-    diff = _first_difference(contract.package(closest).anchor(), anchor, "package")
+    expected = contract.package(closest).anchor()
+    if anchor["worker_digest"] is None and expected["worker_digest"] is not None:
+        raise EvidenceError(f"{rec.name}: its worker's identity names no worker code digest (a run made before "
+                            f"worker code was pinned), the {closest}'s names {expected['worker_digest']}; run the "
+                            "contract again")
+    diff = _first_difference(expected, anchor, "package")
     raise EvidenceError(f"{rec.name}: made by a package that is neither reference nor candidate; "
                         f"against the {closest}: {diff}")
 

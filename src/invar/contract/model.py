@@ -355,6 +355,12 @@ class PackageDeclaration(_Model):
     """The weight quantization the model is loaded with."""
     adapter: Adapter | None = None
     """The LoRA adapter loaded with the model, if any."""
+    worker_digest: Hex64 | None = None
+    """The worker code digest (`invar.worker_code`): the engine's worker module and every core module it imports,
+    as a tree digest. `use run` computes it from the files it is about to start and refuses a mismatch before the
+    worker exists; `use admit` compares it with each record's identity. In a declaration, omitted: `use prepare`
+    fixes the digest of the worker code where it runs. In a contract, absent only in contracts prepared before
+    worker code was pinned (the key is left out of their JSON, so they keep their digest); `use run` refuses those."""
 
     @field_validator("settings")
     @classmethod
@@ -390,6 +396,7 @@ class PackageDeclaration(_Model):
             "dtype": self.dtype,
             "quantization": self.quantization,
             "adapter_digest": None if self.adapter is None else self.adapter.digest,
+            "worker_digest": self.worker_digest,
         }
 
 
@@ -734,6 +741,9 @@ class Contract(_Model):
         for key in ("version", "sha256"):  # and for contracts of the arithmetic scorer, prepared before both
             if data["scorer"][key] is None:
                 del data["scorer"][key]
+        for role in ("reference", "candidate"):  # and for contracts prepared before worker code was pinned
+            if data[role]["worker_digest"] is None:
+                del data[role]["worker_digest"]
         return (json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
 
     def sha256(self) -> str:

@@ -34,6 +34,7 @@ from invar.contract.model import (
     read_declaration,
 )
 from invar.contract.plan import ExecutionPlan, PromptEncoder, Role, call_groups, derive_plan
+from invar.engines import worker_digest
 from invar.errors import ContractError
 from invar.owner_files import one_line
 from invar.stats.bounds import BINARY_METHODS, METHODS, VERSIONS
@@ -44,6 +45,7 @@ from invar.tasks.population import load_units
 from invar.tasks.scorers import Scorer as ScorerImpl
 from invar.tasks.scorers import UserScorer, check_units, load_scorer
 from invar.tasks.tokenizer import ModelTokenizer, tokenizer_digest
+from invar.worker_code import WorkerCodeError
 
 ROLES: tuple[Role, Role] = ("reference", "candidate")
 
@@ -101,6 +103,20 @@ def _tree(field: str, folder: Path, declared: str) -> None:
         )
 
 
+def _worker(role: Literal["reference", "candidate"], decl: PackageDeclaration) -> str:
+    """The package's worker code digest: the one the worker files here have; a declared one must be it."""
+    try:
+        actual = worker_digest(decl.engine)
+    except WorkerCodeError as exc:
+        raise ContractError(f"{role}.worker_digest: {exc}") from None
+    if decl.worker_digest is not None and decl.worker_digest != actual:
+        raise ContractError(
+            f"{role}.worker_digest: the {decl.engine} worker's code here has worker digest {actual}, but "
+            f"{decl.worker_digest} was declared; declare this code's digest (invar use package {decl.engine} prints "
+            "it) or prepare where the worker code the digest names is installed")
+    return actual
+
+
 def _package(role: Literal["reference", "candidate"], decl: PackageDeclaration, base: Path, out: Path) -> Package:
     model_dir = base / decl.model_dir
     _tree(f"{role}.model_digest", model_dir, decl.model_digest)
@@ -121,6 +137,7 @@ def _package(role: Literal["reference", "candidate"], decl: PackageDeclaration, 
     }
     with _reading(f"{role}.model_dir", model_dir):
         fields["tokenizer_digest"] = tokenizer_digest(model_dir)
+    fields["worker_digest"] = _worker(role, decl)
     package: Package = _validated(Package, fields)
     return package
 

@@ -5,11 +5,11 @@ A run's records prove nothing about a forger who rewrites a report and recompute
 is only as good as an anchor kept outside the store. A receipt is that anchor, written at decision time. It is a
 DSSE envelope (`payloadType` `application/vnd.in-toto+json`) around an in-toto Statement v1 whose subjects are the
 digests the decision covers (the contract, the run's chain head, the population, the scorer file, each package's
-model folder, tokenizer, adapter and patches, each premise's basis) and whose predicate (`PREDICATE_TYPE`) is the
-decision: the plan, decision and method versions, the answer, its reason and the figures it rests on, and a digest
-of every piece of evidence. `verify_receipt` recomputes the decision from the records with the head as the expected
-anchor and the whole statement from it and the contract, so a re-chained, cut or extended run, another contract or
-another answer are all refused, naming what differs.
+model folder, tokenizer, adapter, patches and worker code, each premise's basis) and whose predicate
+(`PREDICATE_TYPE`) is the decision: the plan, decision and method versions, the answer, its reason and the figures
+it rests on, and a digest of every piece of evidence. `verify_receipt` recomputes the decision from the records with
+the head as the expected anchor and the whole statement from it and the contract, so a re-chained, cut or extended
+run, another contract or another answer are all refused, naming what differs.
 
 The payload is canonical JSON (sorted keys, no spaces, UTF-8), so the same decision gives the same bytes. The
 signature is Ed25519 over DSSE's pre-authentication encoding of the payload (`pae`); `keyid` is the sha256 of the
@@ -122,6 +122,8 @@ def subjects(decision: Decision, contract: Contract) -> list[dict[str, Any]]:
         if p.adapter is not None:
             out.append((f"{role}/adapter", p.adapter.digest))
         out += [(f"{role}/patch/{name}", sha) for name, sha in sorted(p.patches.items())]
+        if p.worker_digest is not None:  # contracts prepared before worker code was pinned keep their statements
+            out.append((f"{role}/worker", p.worker_digest))
     out += [(f"premise/{i}/basis", p.basis_sha256) for i, p in enumerate(contract.premises)]
     return [{"name": name, "digest": {"sha256": sha}} for name, sha in out]
 

@@ -170,6 +170,9 @@ class EngineSpec:
     """Launch settings (a package's `settings`); empty: the worker's defaults."""
     patches: Mapping[str, str] = field(default_factory=dict)
     """Patches to apply at start: name → sha256."""
+    worker_digest: str | None = None
+    """The worker code digest the package names (`invar.worker_code`), checked before the worker starts and again
+    against its handshake; None: not pinned (a command that runs no contract)."""
 
     @functools.cached_property
     def digests(self) -> tuple[str, str | None]:
@@ -233,8 +236,9 @@ def engine_session(
     """
     model_digest, adapter_digest = spec.digests
     args = launch_args(spec.engine.value, spec.settings, spec.patches)
+    code = None if spec.worker_digest is None else (spec.worker_digest, expect[2] if expect else spec.engine.value)
     client = start_worker(spec.engine.value, role, args=args, recorder=store, call_timeout=call_timeout,
-                          placement=placement)
+                          placement=placement, code=code)
     try:
         if expect is not None:
             check_identity(client.identity, expect[0], expect[1], expect[2])

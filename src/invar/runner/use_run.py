@@ -72,6 +72,7 @@ from invar.contract.prepare import (
     method_version,
     package_tokenizers,
 )
+from invar.engines import check_worker_code
 from invar.errors import ContractError, EvidenceError, Interrupted, InvarError
 from invar.evidence import check_patches_active
 from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
@@ -165,8 +166,15 @@ def package_spec(package: Package, base: Path, role: Role) -> EngineSpec:
     """The engine spec of a contract's package, after checking every file it names against the contract."""
     model = base / package.model_dir
     adapter = None if package.adapter is None else base / package.adapter.path
+    if package.worker_digest is None:
+        raise ContractError(f"{role}.worker_digest: the contract names no worker code (it was prepared before worker "
+                            "code was pinned), so no run can show which code answered; prepare it again from its "
+                            "declaration")
+    # The worker's files are hashed before any worker starts, so a changed worker costs no model load.
+    check_worker_code(package.engine, package.worker_digest, role)
     spec = EngineSpec(Engine(package.engine), model, Dtype(package.dtype), Quantization(package.quantization),
-                      adapter, settings=dict(package.settings), patches=dict(package.patches))
+                      adapter, settings=dict(package.settings), patches=dict(package.patches),
+                      worker_digest=package.worker_digest)
     model_digest, adapter_digest = spec.digests
     if model_digest != package.model_digest:
         raise ContractError(f"{role}.model_dir: {model} has tree digest {model_digest[:16]}…, the contract fixes "
