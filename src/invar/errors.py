@@ -35,5 +35,10 @@ class EvidenceError(InvarError):
     """The evidence in a run does not match what the contract requires (missing, altered or foreign records)."""
 
 
+class NotResumable:
+    """Mixed into an error refusing an existing run as it stands (made by another configuration, its inputs changed,
+    its records unreadable): running the same command again cannot help, so the CLI adds no resume hint."""
+
+
 class Interrupted(InvarError):
     """The user stopped a command (Ctrl-C) and it stopped cleanly: what was recorded is kept (exit status 130)."""

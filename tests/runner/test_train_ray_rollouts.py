@@ -44,12 +44,27 @@ class _Worker:
 class _Call:
     def __init__(self, worker: _Worker, params: dict[str, Any], adapter: str | None) -> None:
         self.worker, self.params, self.adapter, self.answered = worker, params, adapter, False
+        self.call_digest = params["requests"][0]["request_id"]  # the same bytes when issued again
+        _STORE.recorded.append(self.call_digest)
 
     def answer(self) -> tuple[str, str, str | None]:
         if self.worker.lost and not self.answered:
             raise WorkerLost(f"{self.worker.name}: the Ray actor relaying the worker is gone (ActorDiedError)")
         self.answered = True
         return self.worker.name, self.params["requests"][0]["request_id"], self.adapter
+
+
+class _Store:
+    """A stand-in store: each call's record is its place in the order the calls were issued."""
+
+    def __init__(self) -> None:
+        self.recorded: list[str] = []
+
+    def call_seq(self, digest: str) -> int | None:
+        return max((i + 1 for i, d in enumerate(self.recorded) if d == digest), default=None)
+
+
+_STORE = _Store()
 
 
 class _Session:
@@ -71,7 +86,8 @@ def _leases(slots: int, restarts: int, log: list[tuple[str, str, Any]],
 
 def _rollouts(tmp_path: Path, leases: list[Lease], **rollout: Any) -> tr._Rollouts:
     config = write_config(tmp_path, "stand-in", "mlx", cycles=4, rollout=rollout)
-    return tr._Rollouts(tr.plan(config), leases)
+    _STORE.recorded.clear()
+    return tr._Rollouts(tr.plan(config), leases, _STORE)  # type: ignore[arg-type]
 
 
 def _published(n: int) -> tr.Published:
@@ -89,7 +105,10 @@ def test_a_lost_workers_call_is_answered_by_a_replacement_that_loaded_its_policy
         done = [_published(0)]
         rollouts.start(1, done)
         workers["w0.0"].lost = True  # while it holds cycle 1's call
-        _, answers = rollouts.take(1, done)
+        pending, answers = rollouts.take(1, done)
+        # The call went twice with the same bytes; the cycle names the record of the copy that was answered.
+        assert _STORE.recorded.count(_STORE.recorded[-1]) == 2
+        assert pending.seqs[0] == len(_STORE.recorded)
     # The replacement loaded cycle 0's checkpoint, then answered the lost call, with the same params.
     assert [a[0] for a in answers] == ["w0.1", "w1.0"]
     assert answers[0][2] == "digest-0"

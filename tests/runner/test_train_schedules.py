@@ -72,7 +72,14 @@ def test_schedules_publish_identical_policies(runs: dict[str, Path], other: str,
     assert published(runs["whole"]) == published(runs[other])
     if other == "engine1":  # two generate calls per cycle, one per worker, each named by the publication
         with RunStore.open(runs[other]) as store:
-            assert all(len(store.meta()[f"cycle-{n:06d}"]["generate_calls"]) == 2 for n in range(2))
+            meta, records = store.meta(), {c.seq: c for c in store.calls()}
+        for n in range(2):
+            entry = meta[f"cycle-{n:06d}"]
+            assert len(entry["generate_calls"]) == 2
+            # ... by digest and by record (seq): the record holds that call, answered
+            assert [records[s].call_digest for s in entry["generate_seqs"]] == entry["generate_calls"]
+            assert records[entry["learner_seq"]].call_digest == entry["learner_call"]
+            assert all(records[s].report is not None for s in [*entry["generate_seqs"], entry["learner_seq"]])
     # The history the core recomputes agrees too: the same losses, to the bit.
     assert [c.loss_core for c in history(runs["whole"]).cycles] == [c.loss_core for c in history(runs[other]).cycles]
 

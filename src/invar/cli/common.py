@@ -16,7 +16,7 @@ import numpy as np
 import typer
 
 from invar.canonical import BFloat16Array
-from invar.errors import Interrupted, InvarError
+from invar.errors import Interrupted, InvarError, NotResumable
 from invar.records.store import is_run
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (for scripts and agents).")]
@@ -66,7 +66,7 @@ def resumable(run_dir: Path, command: str) -> Iterator[None]:
     try:
         yield
     except InvarError as exc:
-        if not is_run(run_dir):
+        if not is_run(run_dir) or isinstance(exc, NotResumable):
             raise
         kind = Interrupted if isinstance(exc, Interrupted) else InvarError  # Ctrl-C keeps its exit status
         raise kind(f"{exc}. Every record so far is kept in {run_dir}; resume with: {command} --run {run_dir}")\

@@ -31,6 +31,7 @@ from invar import canonical
 from invar.errors import EvidenceError, InvarError, RecordError
 from invar.loop.checkpoint import MLX_WEIGHTS, OPTIMIZER_WEIGHTS, PEFT_WEIGHTS, CheckpointError, read_safetensors
 from invar.loop.config import TrainConfig
+from invar.loop.history import PublishedCalls
 from invar.records import RunStore
 from invar.records.store import is_run
 
@@ -181,7 +182,7 @@ def read_run(path: Path, label: str) -> RunHistory:
         with RunStore.open(path) as store:
             v = store.verify()
             meta = store.meta()
-            calls = {c.call_digest: c for c in store.calls()}
+            calls = PublishedCalls(store.calls())
     except RecordError as exc:
         raise NotComparable(f"{label}: refused, its records do not verify: {exc}") from None
     info = meta.get("run", {})
@@ -203,10 +204,11 @@ def read_run(path: Path, label: str) -> RunHistory:
     n = 0
     while (entry := meta.get(f"cycle-{n:06d}")) is not None:
         ck = entry.get("checkpoint") if isinstance(entry, dict) else None
-        names = (entry.get("generate_calls") or [entry.get("generate_call")]) if isinstance(entry, dict) else []
-        gens = [calls.get(str(name)) for name in names]
-        if not isinstance(ck, dict) or not gens or any(g is None or g.report is None or not g.report.report.ok
-                                                       for g in gens):
+        try:
+            gens = calls.of(entry, n)[0] if isinstance(entry, dict) else []
+        except EvidenceError:
+            gens = []
+        if not isinstance(ck, dict) or not gens:
             raise NotComparable(f"{label} {path}: the publication of cycle {n} does not name a checkpoint and "
                                 "answered generate calls")
         folder = path / str(ck.get("path"))

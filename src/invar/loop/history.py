@@ -152,12 +152,49 @@ def _arithmetic_units(requests: Sequence[Mapping[str, Any]], n: int) -> list[Uni
     return units
 
 
-def _answered(calls: Mapping[str, CallRecord], digest: Any, what: str, n: int) -> CallRecord:
-    rec = calls.get(str(digest))
-    if rec is None or rec.report is None or not rec.report.report.ok:
-        raise EvidenceError(f"cycle {n}: the publication names {what} call {str(digest)[:16]}…, which the records do "
-                            "not hold answered")
-    return rec
+class PublishedCalls:
+    """The calls a run's publications name, found by record (seq) and digest.
+
+    A publication names each call by its digest and, since identical call bytes may recur in a run (a lost call
+    issued again, after a resume or to a replacement worker), by its record's seq as well: that record must hold
+    the call with that digest, answered. A publication written before publications named the record has the
+    digest alone; it names the answered copy of the call (the one the cycle consumed), the last one recorded when
+    there are several."""
+
+    def __init__(self, calls: Sequence[CallRecord]) -> None:
+        self.by_seq = {c.seq: c for c in calls}
+        self.answered: dict[str, CallRecord] = {}
+        for c in sorted(calls, key=lambda c: c.seq):
+            if c.report is not None and c.report.report.ok:
+                self.answered[c.call_digest] = c
+
+    def named(self, digest: Any, seq: Any, what: str, n: int) -> CallRecord:
+        """The answered call a publication names (`EvidenceError` naming the cycle if the records hold none)."""
+        if seq is None:
+            rec = self.answered.get(str(digest))
+        else:
+            rec = self.by_seq.get(seq) if isinstance(seq, int) and not isinstance(seq, bool) else None
+            if rec is not None and rec.call_digest != digest:
+                raise EvidenceError(f"cycle {n}: the publication names {what} call {str(digest)[:16]}… in record "
+                                    f"{seq}, which holds call {rec.call_digest[:16]}…")
+        if rec is None or rec.report is None or not rec.report.report.ok or rec.call.method != what:
+            at = "" if seq is None else f" (record {seq})"
+            raise EvidenceError(f"cycle {n}: the publication names {what} call {str(digest)[:16]}…{at}, which the "
+                                "records do not hold answered")
+        return rec
+
+    def of(self, entry: Mapping[str, Any], n: int) -> tuple[list[CallRecord], CallRecord]:
+        """The generate calls (one per inference worker, in shard order) and the learner_step call of cycle n's
+        publication `entry`."""
+        names = entry.get("generate_calls") or [entry.get("generate_call")]
+        seqs = entry.get("generate_seqs")
+        if not isinstance(seqs, list) or len(seqs) != len(names):
+            if seqs is not None:
+                raise EvidenceError(f"cycle {n}: the publication names {len(names)} generate calls but "
+                                    f"{len(seqs) if isinstance(seqs, list) else 'no list of'} records")
+            seqs = [None] * len(names)
+        gens = [self.named(name, seq, "generate", n) for name, seq in zip(names, seqs, strict=True)]
+        return gens, self.named(entry.get("learner_call"), entry.get("learner_seq"), "learner_step", n)
 
 
 def read_history(run: Path, *, expect_head: str | None = None) -> History:
@@ -165,7 +202,7 @@ def read_history(run: Path, *, expect_head: str | None = None) -> History:
     with RunStore.open(run) as store:
         v = store.verify(expect_head=expect_head)
         meta = store.meta()
-        calls = {c.call_digest: c for c in store.calls()}
+        calls = PublishedCalls(store.calls())
     info = meta.get("run", {})
     if info.get("command") != "train":
         raise RecordError(f"{run}: is a run of {info.get('command')!r}, not a training run; inspect history reads "
@@ -183,10 +220,7 @@ def read_history(run: Path, *, expect_head: str | None = None) -> History:
         entry = meta.get(f"cycle-{n:06d}")
         if not isinstance(entry, dict):
             raise RecordError(f"{run}: cycle {n} has no publication record; the publications have a gap")
-        # One generate call per inference worker (`generate_calls`, in shard order), or the one call.
-        names = entry.get("generate_calls") or [entry.get("generate_call")]
-        gens = [_answered(calls, name, "generate", n) for name in names]
-        step = _answered(calls, entry.get("learner_call"), "learner_step", n)
+        gens, step = calls.of(entry, n)
         shards: list[list[Any]] = []
         for g in gens:
             requests = g.call.params.get("requests")

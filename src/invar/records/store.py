@@ -136,6 +136,7 @@ class RunStore:
         self._workers: dict[str, Identity] = {}
         self._walked: list[CallRecord] | None = None
         self._counts = {"call": 0, "report": 0}
+        self._call_seqs: dict[str, int] = {}
         if row:
             for kind, count in conn.execute("SELECT kind, count(*) FROM log GROUP BY kind"):
                 if kind in self._counts:
@@ -313,6 +314,8 @@ class RunStore:
                 raise RecordError(f"{self.path / DB_NAME}: cannot write record {seq} ({kind}): {exc}; records up to "
                                   f"{self._seq} are kept. Free disk space or fix the storage, then resume") from None
             self._seq, self._last = seq, chain
+            if kind == "call":
+                self._call_seqs[digest] = seq
             if kind in self._counts:
                 self._counts[kind] += 1
         return digest
@@ -335,6 +338,13 @@ class RunStore:
     def record_call(self, payload: bytes, *, worker: str) -> CallDigest:
         """Record a call's exact payload, sent to `worker`; returns the call digest."""
         return CallDigest(self._append("call", payload, worker))
+
+    def call_seq(self, digest: str) -> int | None:
+        """The record (seq) of the call with this digest that this process recorded last; None if it recorded none.
+        Identical call bytes recur (a call issued again after its worker was lost), so a record that names a call
+        names its seq as well."""
+        with self._lock:
+            return self._call_seqs.get(digest)
 
     def record_report(self, payload: bytes, *, worker: str) -> ReportDigest:
         """Record a report's exact payload, received from `worker`; returns the report digest."""

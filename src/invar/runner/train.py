@@ -36,19 +36,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from invar import canonical
-from invar.errors import ContractError, EvidenceError, RecordError
+from invar import canonical, owner_files
+from invar.errors import ContractError, EvidenceError, NotResumable, RecordError
 from invar.loop import cycle as cyc
 from invar.loop.advantages import group_advantages
 from invar.loop.checkpoint import check_checkpoint
 from invar.loop.config import ConfigError, TrainConfig, read_config, resolve
 from invar.loop.config import Scorer as ScorerSection
 from invar.loop.objective import OBJECTIVE_VERSION, ObjectiveSettings, loss_terms
+from invar.owner_files import SHA256_FILE_BYTES
 from invar.protocol import Answer, PendingCall, Role, WorkerLost
 from invar.records import RunStore
 from invar.records.store import is_run
 from invar.runner.engine import ADAPTER_NAME, RESTARTS, Dtype, Engine, EngineSpec, Lease, Session, engine_session
-from invar.runner.evaluate import population_digest
 from invar.runner.options import check_context, model_context
 from invar.tasks import SCORER_NAME, ModelTokenizer, split_of
 from invar.tasks.population import Unit, check_sha256, parse_units, read_regular_file
@@ -68,6 +68,15 @@ BACKENDS: dict[str, tuple[Engine, Engine]] = {
 CYCLE_KEY = "cycle-{:06d}"
 """The metadata key that publishes a cycle's checkpoint."""
 CHECKPOINTS = "checkpoints"
+
+
+class ResumeRefused(NotResumable, EvidenceError):
+    """An existing run that is not this configuration's, or whose inputs changed: the message says what to change,
+    and the same command again would be refused again."""
+
+
+class UnreadableRun(NotResumable, RecordError):
+    """An existing run whose records cannot be read or verified: it cannot be resumed as it stands."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +199,20 @@ def _prompt_units(config_path: Path, config: TrainConfig, path: Path, data: byte
     return chosen
 
 
+def _prompts_digest(path: Path, declared: str | None) -> str:
+    """The prompts file's declared sha256: `prompts.sha256`, or the digest in the `.sha256` file beside it."""
+    if declared is not None:
+        return declared
+    sibling = path.with_suffix(".sha256")
+    fix = f"set prompts.sha256 to the digest you expect, or write it to {sibling}"
+    if not sibling.exists():
+        raise ContractError(f"{path}: no {sibling.name} beside it; {fix}")
+    words = owner_files.read_regular_file(sibling, "sha256 file", limit=SHA256_FILE_BYTES, fix=fix).split()
+    if not words:
+        raise ContractError(f"{sibling}: empty; {fix}")
+    return words[0].decode("ascii", "replace")  # checked as 64 hex digits where the prompts are read
+
+
 def plan(config_path: Path) -> Plan:
     """Read the configuration and check every file it names, before any worker starts."""
     config = read_config(config_path)
@@ -206,7 +229,7 @@ def plan(config_path: Path) -> Plan:
         raise ConfigError(f"{config_path}: scorer: {exc}") from None
     prompts_path = resolve(config_path, config.prompts.path)
     try:
-        sha = population_digest(prompts_path, config.prompts.sha256)
+        sha = _prompts_digest(prompts_path, config.prompts.sha256)
         data = read_regular_file(prompts_path, "population file")
         check_sha256("population file", prompts_path, data, sha)
     except ContractError as exc:
@@ -245,22 +268,29 @@ def published_cycles(store: RunStore, run_dir: Path) -> list[Published]:
 
 def _check_made_by(store: RunStore, run_dir: Path, p: Plan) -> None:
     """An existing run must verify and be a training run of this configuration."""
-    store.verify()
-    run = store.meta().get("run", {})
+    try:
+        store.verify()
+        run = store.meta().get("run", {})
+    except RecordError as exc:
+        raise UnreadableRun(f"{exc}; it cannot be resumed: restore its records, or choose a new run directory") \
+            from None
     if run.get("command") != "train":
-        raise EvidenceError(f"{run_dir}: is a run of {run.get('command')!r}, not a training run; choose a new run "
+        raise ResumeRefused(f"{run_dir}: is a run of {run.get('command')!r}, not a training run; choose a new run "
                             "directory")
     if run.get("config_digest") != p.digest:
         made = str(run.get("config_digest"))[:16]
-        raise EvidenceError(f"{run_dir}: the run was made with configuration {made}…, not {p.digest[:16]}… "
-                            f"({p.path}); resume it with its own configuration, or choose a new run directory")
+        recorded = run.get("config_path")
+        own = f" ({recorded}, as recorded)" if isinstance(recorded, str) and Path(recorded) != p.path else ""
+        raise ResumeRefused(f"{run_dir}: the run was made with configuration {made}…, not {p.digest[:16]}… "
+                            f"({p.path}); resume it with the configuration it was made with{own}, or train "
+                            f"{p.path} in a new run directory")
     # The configuration names its files by path; what they held when the run started is in the records, and a
     # resumed run must train on the same bytes.
     now = p.meta()
     for key, what in (("model_digest", "the model folder"), ("prompts_sha256", "the prompts file"),
                       ("scorer", "the scorer")):
         if run.get(key) != now.get(key):
-            raise EvidenceError(f"{run_dir}: {what} changed since the run started ({_short(run.get(key))} → "
+            raise ResumeRefused(f"{run_dir}: {what} changed since the run started ({_short(run.get(key))} → "
                                 f"{_short(now.get(key))}); restore it to resume the run, or choose a new run "
                                 "directory")
 
@@ -282,7 +312,7 @@ def _open(run_dir: Path, p: Plan) -> tuple[RunStore, list[Published]]:
         _check_made_by(store, run_dir, p)
         done = published_cycles(store, run_dir)
         if done and canonical.tree_digest(done[-1].path) != done[-1].digest:
-            raise EvidenceError(f"{done[-1].path}: the published checkpoint of cycle {done[-1].cycle} no longer has "
+            raise ResumeRefused(f"{done[-1].path}: the published checkpoint of cycle {done[-1].cycle} no longer has "
                                 f"its digest {done[-1].digest[:16]}…; restore it to resume the run")
     except BaseException:
         store.close()
@@ -318,7 +348,12 @@ def train(
     p = plan(config_path)
     cfg = p.config
     if is_run(run_dir):
-        with RunStore.open(run_dir) as existing:
+        try:
+            existing = RunStore.open(run_dir)
+        except RecordError as exc:
+            raise UnreadableRun(f"{exc}; it cannot be resumed: restore its records, or choose a new run "
+                                "directory") from None
+        with existing:
             _check_made_by(existing, run_dir, p)
             if existing.closed:
                 done = published_cycles(existing, run_dir)
@@ -373,7 +408,7 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
         if last is not None and learner.adapter_digest != last.digest:
             raise EvidenceError(f"the learner loaded adapter {str(learner.adapter_digest)[:16]}…, not the published "
                                 f"checkpoint {last.digest[:16]}…")
-        rollouts = _Rollouts(p, leases)
+        rollouts = _Rollouts(p, leases, store)
         for n in range(len(done), cfg.cycles):
             done.append(_cycle(p, n, run_dir, store, rollouts, learner, done, progress))
     return done
@@ -479,6 +514,8 @@ class _Pending:
     workers: list[int]
     """The inference worker (its lease's index) each shard's call goes to."""
     calls: list[PendingCall | None]
+    seqs: list[int | None]
+    """Per call, the record (seq) of the copy issued last: the one answered."""
     issued_to: list[int]
     """Per call, how many times its worker had been replaced when it was issued: a loss seen on a call issued before
     the latest replacement needs no new one."""
@@ -497,9 +534,10 @@ class _Rollouts:
     same params after loading the policy that call samples; the requests are seeded, so the replacement answers
     what the lost worker would have. The lost calls stay on record unanswered."""
 
-    def __init__(self, p: Plan, leases: list[Lease]) -> None:
+    def __init__(self, p: Plan, leases: list[Lease], store: RunStore) -> None:
         self.p = p
         self.leases = leases
+        self.store = store
         self.loaded: list[str | None] = [None] * len(leases)
         self.pending: dict[int, _Pending] = {}
 
@@ -521,7 +559,8 @@ class _Rollouts:
                 raise EvidenceError(f"cycle {m}: the engine loaded {str(got.get('adapter_digest'))[:16]}…, not "
                                     f"the published checkpoint {policy.digest[:16]}…")
             self.loaded[i] = policy.digest
-        pending.calls[j] = client.submit("generate", pending.params[j])
+        call = pending.calls[j] = client.submit("generate", pending.params[j])
+        pending.seqs[j] = self.store.call_seq(call.call_digest)
         pending.issued_to[j] = lease.replaced
 
     def _issue(self, m: int, j: int) -> None:
@@ -548,7 +587,7 @@ class _Rollouts:
                                         cfg.rollout.max_tokens, self.p.vocab)
         reference = "base" if cfg.objective.kl_coef > 0 else None
         units = [u for u in prompts for _ in range(cfg.rollout.group_size)]
-        pending = _Pending(version, policy, units, [], [], [], [], [], time.perf_counter())
+        pending = _Pending(version, policy, units, [], [], [], [], [], [], time.perf_counter())
         for i, part in enumerate(cyc.shards(len(requests), cfg.rollout.group_size, len(self.leases))):
             if part:
                 pending.shards.append(requests[part.start:part.stop])
@@ -556,6 +595,7 @@ class _Rollouts:
                                                           None if policy is None else ADAPTER_NAME, reference))
                 pending.workers.append(i)
                 pending.calls.append(None)
+                pending.seqs.append(None)
                 pending.issued_to.append(-1)
         self.pending[m] = pending
         for j in range(len(pending.workers)):
@@ -634,6 +674,7 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, rollouts: _Rollouts,
     save_dir.parent.mkdir(parents=True, exist_ok=True)
     params = learner_step_params(p, samples, adv.values, save_dir)
     submitted = learner.client.submit("learner_step", params)
+    learner_seq = store.call_seq(submitted.call_digest)
     rollouts.ahead(n, done)  # with K ≥ 1 the engines generate the next cycles while the learner updates
     step = submitted.answer()
     # The update starts from the checkpoint published last, whatever policy the rollouts sampled.
@@ -660,6 +701,9 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, rollouts: _Rollouts,
         "generate_call": gens[0].call_digest,
         **({"generate_calls": [g.call_digest for g in gens]} if len(gens) > 1 else {}),
         "learner_call": step.call_digest,
+        # The records of those calls: identical call bytes may recur (a lost call issued again), the seq does not.
+        "generate_seqs": pending.seqs,
+        "learner_seq": learner_seq,
         "policy_digest": None if policy is None else policy.digest,
         "policy_version": pending.version,
         "staleness": staleness,
