@@ -370,6 +370,9 @@ class UsePackageOutput(Closed):
     settings: dict[str, Any]
     patches: dict[str, str] | None = None
     """Only with --patch: each patch's name and digest."""
+    worker_digest: str
+    """The worker code digest of the engine's worker (its module and the core modules it imports), as the package
+    states it."""
     model_dir: str | None = None
     """Only with --model: the model folder as given."""
     model_digest: str | None = None

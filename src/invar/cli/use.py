@@ -37,6 +37,7 @@ from invar.contract.model import Contract, loss_span
 from invar.contract.plan import PlannedCall
 from invar.contract.prepare import declared_difference_range, load_for_planning, prepare, range_methods
 from invar.contract.receipt import fingerprint, load_private_key, make_receipt, verify_receipt, write_receipt
+from invar.engines import worker_digest
 from invar.errors import ContractError, InvarError
 from invar.evidence import RangeTaskLoss
 from invar.parallel import forked
@@ -326,7 +327,8 @@ def package_cmd(
 ) -> None:
     """Start an engine's worker once and print what a contract's package must state for it (TOML lines).
 
-    A package's engine_version and settings must equal the worker's identity exactly; this prints them. With
+    A package's engine_version and settings must equal the worker's identity exactly, and its worker_digest the
+    digest of the worker's code (the worker module and the core modules it imports); this prints them. With
     `--model`, the folder is read first (its tokenizer checked by the core), before any worker starts.
     """
     folder: dict[str, str] = {}
@@ -336,7 +338,9 @@ def package_cmd(
     patches = {name: patch_digest(patch_dir(name)) for name in patch or []}
     identity = probe_identity(engine, settings, patches)
     package: dict[str, Any] = {"engine": engine.value, "engine_version": identity.engine_version, "settings": {
-        k: v for k, v in identity.settings.items() if k != "patches"}, **({"patches": patches} if patches else {})}
+        k: v for k, v in identity.settings.items() if k != "patches"}, **({"patches": patches} if patches else {}),
+        # The core's own digest of the files it started (`use run` checks the same before any worker starts).
+        "worker_digest": worker_digest(engine.value)}
     if folder:
         package["model_dir"] = folder["model_dir"]
         package["model_digest"] = folder["model_digest"]
