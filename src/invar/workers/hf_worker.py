@@ -802,7 +802,7 @@ def _objective(current: list[Any], step: LearnerStep, *, samples: list[Any] | No
         weights.append(w)
         if s.reference is not None and o.kl_coef != 0:
             d = torch.as_tensor(s.reference, device=c.device) - c
-            kl_terms.append(torch.exp(d) - d - 1.0)
+            kl_terms.append(torch.expm1(d) - d)  # k3 as the core has it: no cancellation from size 1
     if n is None:
         n = sum(int(t.numel()) for t in policy_terms)
     policy_all = torch.cat(policy_terms)

@@ -201,6 +201,27 @@ def test_the_kl_term_is_recomputed_by_the_core(learner: WorkerClient, inference:
     assert abs(core.loss - res["loss"]) <= 1e-6 * (float(np.max(np.abs(rollout.advantages))) + 0.1)
 
 
+def test_a_tiny_kl_term_is_the_term_not_rounding(learner: WorkerClient, rollout: Rollout, tmp_path: Path) -> None:
+    """With the reference within ~1.5e-5 of the learner's reading, k3 ≈ d²/2 ≈ 1e-10: written exp(d) − d − 1 in
+    float32 it is rounding of 1 (ulp 1.2e-7, of either sign); expm1(d) − d is the term to about 1 %."""
+    current = [s["logprobs"] for s in score(learner, rollout.requests, rollout.outputs)]
+    delta = np.float32(2.0**-16)
+    reference = [np.asarray(c, np.float32) - delta for c in current]
+    objective = {**OBJECTIVE, "kl_coef": 0.1}
+    res = learner.call("learner_step", {
+        "samples": rollout.samples(reference), "temperature": 1.0, "objective": objective, "optimizer": OPTIMIZER,
+        "lora": None, "seed": 7, "save_dir": str(tmp_path / "tiny-kl")})
+    d = [(r - np.asarray(p, np.float32)).astype(np.float64) for r, p in zip(reference, res["proximal_logprobs"],
+                                                                          strict=True)]
+    exact = sum(float(np.sum(np.expm1(x) - x)) for x in d) / res["tokens"]
+    core = loss_terms(res["proximal_logprobs"], rollout.behavior, rollout.advantages, ObjectiveSettings(**objective),
+                      reference=reference)
+    print(f"\ntiny KL: learner {res['kl']!r}, core {core.kl!r}, float64 {exact!r}")
+    assert 0 < exact < 1e-8
+    assert abs(res["kl"] - exact) <= 0.05 * exact
+    assert abs(core.kl - exact) <= 0.05 * exact
+
+
 def test_a_step_over_the_nf4_base_lowers_the_objective(nf4_learner: WorkerClient, rollout: Rollout,
                                                        tmp_path: Path) -> None:
     before = [s["logprobs"] for s in score(nf4_learner, rollout.requests, rollout.outputs)]

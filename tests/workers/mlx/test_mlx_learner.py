@@ -162,6 +162,27 @@ def test_kl_term_against_the_engines_reference_logprobs(
     assert abs(core.loss - result["loss"]) <= kl_coef * bound + 1e-15
 
 
+def test_a_tiny_kl_term_is_the_term_not_rounding(
+        inference: WorkerClient, learner: WorkerClient, load_params: dict[str, Any], vocab: ModelTokenizer,
+        problems: list[Problem], tmp_path: Path) -> None:
+    """A fresh adapter reads exactly the engine's reference; lowered by 2⁻¹⁶, k3 ≈ d²/2 ≈ 1e-10. Written
+    exp(d) − d − 1 in float32 it is rounding of 1 (ulp 1.2e-7, of either sign); expm1(d) − d is the term to 1 %."""
+    learner.call("load_model", load_params)
+    prompts = [p.prompt for p in problems[600:612]]
+    outputs, order, advantages = rollout(inference, vocab, prompts, seed0=300, reference="base")
+    delta = np.float32(2.0**-16)
+    shifted = [{**o, "reference_logprobs": np.asarray(o["reference_logprobs"], np.float32) - delta} for o in outputs]
+    result = learner.call("learner_step", step_params(shifted, order, advantages, tmp_path / "a", kl_coef=0.1))
+    d = [(o["reference_logprobs"] - np.asarray(p, np.float32)).astype(np.float64)
+         for o, p in zip(shifted, result["proximal_logprobs"], strict=True)]
+    exact = sum(float(np.sum(np.expm1(x) - x)) for x in d) / result["tokens"]
+    core = core_terms(result, shifted, advantages, kl_coef=0.1)
+    print(f"tiny KL: learner {result['kl']!r}, core {core.kl!r}, float64 {exact!r}")
+    assert 0 < exact < 1e-8
+    assert abs(result["kl"] - exact) <= 0.05 * exact
+    assert abs(core.kl - exact) <= 0.05 * exact
+
+
 def test_bad_learner_input_changes_nothing(learner: WorkerClient, inference: WorkerClient,
                                            load_params: dict[str, Any], vocab: ModelTokenizer,
                                            problems: list[Problem], tmp_path: Path) -> None:
