@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from invar.loop.config import ConfigError, TrainConfig, field_help, parse_config, read_config
+from invar.loop.config import ConfigError, TrainConfig, field_help, field_ranges, parse_config, read_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belong to
 
@@ -82,3 +82,35 @@ def test_the_canonical_form_round_trips() -> None:
 def test_docs_training_lists_every_field() -> None:
     text = (REPO_ROOT / "docs" / "training.md").read_text(encoding="utf-8")
     assert [name for name, _, _ in field_help() if f"| `{name}` |" not in text] == []
+
+
+def test_docs_training_states_every_range_the_code_enforces() -> None:
+    # Every bound of the configuration is in the docs' range column (and in --help), none only in the code.
+    text = (REPO_ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    ranges = field_ranges()
+    assert ranges["rollout.temperature"] == "(0, 10]"
+    assert ranges["prompts.per_cycle"] == "[1, 4096]"
+    rows: dict[str, list[str]] = {}
+    for line in text.splitlines():  # the configuration table is the first to list each field
+        if line.startswith("| `"):
+            rows.setdefault(line.split(" | ")[0].removeprefix("| `").removesuffix("`"), line.split(" | "))
+    assert [name for name, r in ranges.items() if rows.get(name, ["", "", ""])[2] != r] == []
+    assert all(f"Range: {r}." in doc for name, _, doc in field_help() if (r := ranges.get(name)))
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"cycles": True}, "c.toml: cycles: must be an integer, not the boolean true; write a whole number such as 16"),
+    ({"prompts": {"per_cycle": True}}, "c.toml: prompts.per_cycle: must be an integer, not the boolean true"),
+    ({"seed": False}, "c.toml: seed: must be an integer, not the boolean false"),
+    ({"rollout": {"group_size": True}}, "c.toml: rollout.group_size: must be an integer, not the boolean true"),
+    ({"rollout": {"temperature": True}}, "c.toml: rollout.temperature: must be a number, not the boolean true"),
+    ({"rollout": {"temperature": float("nan")}},
+     "c.toml: rollout.temperature: is nan, not a number; write a finite number such as 1.0"),
+    ({"optimizer": {"max_grad_norm": float("inf")}},
+     "c.toml: optimizer.max_grad_norm: is inf, not a finite number; write a finite number such as 1.0"),
+    ({"objective": {"kl_coef": float("nan")}}, "c.toml: objective.kl_coef: is nan, not a number"),
+])
+def test_booleans_nan_and_inf_are_refused_as_what_they_are(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"name": "x", "backend": "mlx", **data}, "c.toml")
+    assert str(err.value).startswith(message)

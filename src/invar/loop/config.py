@@ -14,8 +14,9 @@ Decisions:
   the arithmetic task and its scorer are the defaults, and a default `scorer` section is left out of the
   recorded configuration, so configurations written before it existed keep their digests.
 - **Refused, never reinterpreted.** Unknown fields, values of the wrong kind (`true` or `"20"` for a number, 8.0 for
-  an integer), out-of-range values and combinations that cannot run (an importance cap with no importance handling,
-  NF4 on an engine without it) are one line naming the field (`ConfigError`), before any worker starts.
+  an integer), `nan` and `inf`, out-of-range values (every range is stated in docs/training.md and `--help`:
+  `field_ranges`) and combinations that cannot run (an importance cap with no importance handling, NF4 on an
+  engine without it) are one line naming the field (`ConfigError`), before any worker starts.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 
 from invar import canonical
 from invar.errors import InvarError
@@ -44,7 +46,7 @@ class ConfigError(InvarError):
     """A training configuration that cannot run; the message names the field and what to change."""
 
 
-_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, strict=True)
+_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, strict=True, allow_inf_nan=False)
 """Strict, as a use declaration is (`invar.owner_files`): nothing written is coerced; an integer where a float is
 expected is the number it is."""
 
@@ -305,6 +307,12 @@ def parse_config(data: dict[str, Any], source: str = "config") -> TrainConfig:
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        if first["type"] == "finite_number":  # TOML's nan and inf: said as what they are, not as a range missed
+            given = first.get("input")
+            what = "nan, not a number" if given != given else f"{given}, not a finite number"
+            field = ".".join(str(part) for part in first["loc"])
+            raise ConfigError(f"{source}: {field}: is {what}; write a finite number such as 1.0") from None
         raise ConfigError(str(one_line(exc, source))) from None
 
 
@@ -329,19 +337,63 @@ def resolve(config_path: Path, relative: str) -> Path:
     return p if p.is_absolute() else config_path.parent / p
 
 
-def field_help() -> list[tuple[str, str, str]]:
-    """(dotted name, default, docstring) for every field, for `invar train --help` and docs/training.md."""
-    rows: list[tuple[str, str, str]] = []
+def _fields() -> list[tuple[str, FieldInfo]]:
+    """(dotted name, field) for every leaf field, in declaration order."""
+    rows: list[tuple[str, FieldInfo]] = []
 
     def walk(model: type[BaseModel], prefix: str) -> None:
         for name, info in model.model_fields.items():
             sub = info.annotation
-            doc = " ".join((info.description or "").split())
             if isinstance(sub, type) and issubclass(sub, BaseModel):
                 walk(sub, f"{prefix}{name}.")
-                continue
-            default = "required" if info.is_required() else repr(info.get_default(call_default_factory=True))
-            rows.append((f"{prefix}{name}", default, doc))
+            else:
+                rows.append((f"{prefix}{name}", info))
 
     walk(TrainConfig, "")
+    return rows
+
+
+def _number(value: object) -> str:
+    if value == 1 << 63:
+        return "2^63"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e7:
+        return str(int(value))
+    return str(value)
+
+
+def field_ranges() -> dict[str, str]:
+    """The range of every field the configuration bounds, as docs/training.md states it: `[1, 4096]`, `(0, 10]`,
+    `≥ 0`, `1 to 7 entries`."""
+    out: dict[str, str] = {}
+    for name, info in _fields():
+        bounds: dict[str, object] = {}
+        for item in info.metadata:
+            for key in ("gt", "ge", "lt", "le", "min_length", "max_length"):
+                if getattr(item, key, None) is not None:
+                    bounds[key] = getattr(item, key)
+        lo = ("(", bounds["gt"]) if "gt" in bounds else ("[", bounds["ge"]) if "ge" in bounds else None
+        hi = (")", bounds["lt"]) if "lt" in bounds else ("]", bounds["le"]) if "le" in bounds else None
+        if lo and hi:
+            out[name] = f"{lo[0]}{_number(lo[1])}, {_number(hi[1])}{hi[0]}"
+        elif lo:
+            out[name] = f"{'>' if lo[0] == '(' else '≥'} {_number(lo[1])}"
+        elif hi:
+            out[name] = f"{'<' if hi[0] == ')' else '≤'} {_number(hi[1])}"
+        if "max_length" in bounds:
+            unit = "characters" if info.annotation is str else "entries"
+            out[name] = f"{bounds.get('min_length', 0)} to {bounds['max_length']} {unit}"
+    return out
+
+
+def field_help() -> list[tuple[str, str, str]]:
+    """(dotted name, default, docstring with the field's range) for every field, for `invar train --help` and
+    docs/training.md."""
+    ranges = field_ranges()
+    rows: list[tuple[str, str, str]] = []
+    for name, info in _fields():
+        doc = " ".join((info.description or "").split())
+        if name in ranges:
+            doc = f"{doc} Range: {ranges[name]}."
+        default = "required" if info.is_required() else repr(info.get_default(call_default_factory=True))
+        rows.append((name, default, doc))
     return rows
