@@ -28,6 +28,7 @@ ENGINES: dict[str, str] = {
     "hf": "invar.workers.hf_worker",
     "vllm": "invar.workers.vllm_worker",
     "mlx": "invar.workers.mlx_worker",
+    "openai": "invar.workers.openai_worker",
 }
 """Engine name → the worker module that serves it."""
 
@@ -63,6 +64,13 @@ LAUNCH_SETTINGS: dict[str, dict[str, LaunchSetting]] = {
              "distributed_executor_backend": LaunchSetting("--distributed-executor-backend", str, _VLLM_BACKENDS),
              "enforce_eager": LaunchSetting("--no-enforce-eager", bool, flag_when=False)},
     "mlx": {},
+    # An OpenAI-compatible server: where it is and what it serves; the key is named, never given (docs/endpoints.md).
+    "openai": {"base_url": LaunchSetting("--base-url", str), "served_model": LaunchSetting("--served-model", str),
+               "api_key_env": LaunchSetting("--api-key-env", str),
+               "logprobs_mode": LaunchSetting("--logprobs-mode", str, ("raw_logprobs", "processed_logprobs")),
+               "max_in_flight": LaunchSetting("--max-in-flight", int),
+               "request_timeout": LaunchSetting("--request-timeout", float),
+               "retries": LaunchSetting("--retries", int)},
 }
 """Each engine's package settings that are launch options of its worker (the worker's own command line), with the
 type and the values its worker takes; every other setting is fixed by the worker itself and only checked against

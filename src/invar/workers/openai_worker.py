@@ -1,0 +1,456 @@
+"""The endpoint worker: an OpenAI-compatible HTTP server (vLLM's `vllm serve`, and servers that speak its
+completions API) as an inference engine.
+
+    python -m invar.workers.openai_worker --role inference --base-url URL --served-model ID
+        [--api-key-env NAME] [--logprobs-mode raw_logprobs|processed_logprobs] [--max-in-flight N]
+        [--request-timeout S] [--retries N]
+
+Decisions this worker embodies:
+
+- **The deployment is the engine.** The question is whether a served endpoint may replace the trusted
+  implementation, so this worker computes nothing itself: every token and log-probability is the server's. What the
+  worker can check it checks (the local model folder's digest, the server's own report of its version and served
+  model, that it ran the core's prompt ids, that a seeded request repeats); what it cannot (that the server runs
+  the weights of that folder, with the launch options the package states) is a premise the contract declares.
+- **Identity.** The base URL, the served model id, the declared log-probability mode and what the server reports of
+  itself (`/version`; `/v1/models`: the model's id, root and maximum length) are the worker's settings. They are
+  read once before the handshake and again before every call: a server that changed under a run (restarted with
+  another version or model) is refused, not used. An API key is read from the environment variable the package
+  names and is never recorded.
+- **Prompts are token ids** (the core's tokenization), sent as the completions API's token-id prompt; the server's
+  `prompt_token_ids` must equal them. Sampled tokens come back as ids (`return_token_ids`), checked against the
+  `token_id:N` labels of their log-probabilities.
+- **Log-probabilities as the server computes them.** vLLM's server reports them at temperature 1
+  (`raw_logprobs`) unless it was started with `--logprobs-mode processed_logprobs`, which the package must declare
+  (`logprobs_mode`). Under `raw_logprobs` a request at a temperature other than 0 or 1 is refused: its reported
+  values would not be the probabilities the token was drawn with. top_p < 1 is refused (a processed value is
+  renormalized over the nucleus).
+- **Seeds.** Each request carries its seed. At `load_model` one seeded probe runs twice and must repeat, and
+  within a call two identical seeded requests must agree: a server that ignores seeds is refused, not trusted.
+- **Layouts.** A batch of the call's layout is sent as its requests in flight at once (one HTTP request each, at
+  most `--max-in-flight` together); batches run one after another, in the declared order. The client cannot see
+  how the server schedules them: what the records state is which requests were in flight together.
+- **Teacher-forced scoring** sends prompt + response as one token-id prompt with `prompt_logprobs` (and one token
+  to generate, as vLLM needs). At temperature 1 without capture steps the server is asked for the scored tokens
+  only; otherwise for the whole vocabulary (the server must allow it: `--max-logprobs -1`), rescaled to T by the
+  worker exactly as the vLLM worker does.
+- **Failures.** A refused connection, a timeout, HTTP 5xx or 429 is retried up to `--retries` times with
+  exponential backoff, each attempt logged on stderr and counted in the output (`attempts`); a 4xx is the server
+  refusing the request and is not retried. What cannot be answered is a `MethodError`: the core records the
+  failure, and a resumed run sends the call again when the server is back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from invar import __version__
+from invar.protocol import MethodError, Role, Server, exit_worker
+from invar.workers.common import (
+    Request,
+    check_prompt_ids,
+    check_tokens,
+    parse_generate,
+    parse_load_model,
+    parse_score,
+    response_end_ids,
+    verify_dir,
+)
+
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+"""HTTP statuses that say "not now" (timeout, rate limit, server error): retried. Any other 4xx is a refusal."""
+BACKOFF_CAP_S = 8.0
+
+
+class EndpointError(Exception):
+    """The server could not be reached or refused: the message says which URL and why."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    base_url: str
+    served_model: str
+    api_key_env: str | None
+    logprobs_mode: str
+    max_in_flight: int
+    request_timeout: float
+    retries: int
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit] + "…"
+
+
+class Endpoint:
+    """HTTP calls to one server, with bounded retries."""
+
+    def __init__(self, settings: Settings, api_key: str | None) -> None:
+        self.settings = settings
+        self.api_key = api_key
+
+    def _once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        req = urllib.request.Request(self.settings.base_url + path, data=data, method=method)
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if self.api_key is not None:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        with urllib.request.urlopen(req, timeout=self.settings.request_timeout) as resp:
+            return json.loads(resp.read())
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None, *,
+             label: str = "") -> tuple[Any, int]:
+        """The decoded JSON answer and the number of attempts it took; `EndpointError` once retries are spent or
+        the server refused."""
+        url = self.settings.base_url + path
+        attempts = self.settings.retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._once(method, path, body), attempt
+            except urllib.error.HTTPError as exc:
+                detail = _first_line(exc.read().decode("utf-8", "replace"))
+                why = f"HTTP {exc.code}: {detail}"
+                if exc.code not in RETRY_STATUS:
+                    raise EndpointError(f"{url} refused {label or 'the request'} ({why})") from None
+            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+                reason = getattr(exc, "reason", exc)
+                why = _first_line(str(reason) or type(exc).__name__)
+            except json.JSONDecodeError:
+                raise EndpointError(f"{url} answered {label or 'the request'} with something that is not JSON; "
+                                    "is --base-url an OpenAI-compatible API (ending in /v1's parent)?") from None
+            print(f"invar.workers.openai_worker: attempt {attempt}/{attempts} of {label or path} failed: {why}",
+                  file=sys.stderr, flush=True)
+            if attempt < attempts:
+                time.sleep(min(BACKOFF_CAP_S, 0.5 * 2 ** (attempt - 1)))
+        raise EndpointError(f"{url}: {label or 'the request'} failed {attempts} times (last: {why}); check that the "
+                            "server is running, then run the command again (a use run resumes)")
+
+
+def server_identity(endpoint: Endpoint) -> dict[str, Any]:
+    """What the server reports of itself: its version and the served model (the parts that do not change between
+    requests; `created` and permission ids do)."""
+    version, _ = endpoint.call("GET", "/version", label="GET /version")
+    models, _ = endpoint.call("GET", "/v1/models", label="GET /v1/models")
+    entries = models.get("data") if isinstance(models, dict) else None
+    if not isinstance(entries, list):
+        raise EndpointError(f"{endpoint.settings.base_url}/v1/models: no model list in the answer")
+    served = endpoint.settings.served_model
+    match = [m for m in entries if isinstance(m, dict) and m.get("id") == served]
+    if not match:
+        ids = sorted(str(m.get("id")) for m in entries if isinstance(m, dict))
+        raise EndpointError(f"{endpoint.settings.base_url} serves no model {served!r} (it serves: "
+                            f"{', '.join(ids) or 'none'}); set served_model to one of these")
+    m = match[0]
+    return {"version": version.get("version") if isinstance(version, dict) else None,
+            "model": {k: m.get(k) for k in ("id", "root", "max_model_len", "owned_by")}}
+
+
+def at_temperature(logprobs_t1: np.ndarray, temperature: float) -> np.ndarray:
+    """log_softmax(l / T) of temperature-1 log-probabilities l, in float64, rounded once to float32 (as the vLLM
+    worker computes it: the two must agree to the bit on the same server values)."""
+    if temperature == 1.0:
+        return logprobs_t1
+    scaled = logprobs_t1.astype(np.float64) / temperature
+    top = scaled.max(axis=-1, keepdims=True)
+    out = scaled - top - np.log(np.exp(scaled - top).sum(axis=-1, keepdims=True))
+    return out.astype(np.float32)
+
+
+def _token_id(label: Any, where: str) -> int:
+    if not isinstance(label, str) or not label.startswith("token_id:"):
+        raise MethodError(f"{where}: the server labelled a token {label!r}, not 'token_id:N'; it must honour "
+                          "return_tokens_as_token_ids (vLLM's server does)")
+    return int(label.removeprefix("token_id:"))
+
+
+@dataclass
+class Loaded:
+    model_dir: str
+    model_digest: str
+    vocab_size: int
+    eos_ids: frozenset[int]
+    max_model_len: int
+
+
+class Engine:
+    def __init__(self, settings: Settings, endpoint: Endpoint, identity: dict[str, Any]) -> None:
+        self.settings = settings
+        self.endpoint = endpoint
+        self.identity = identity
+        self.m: Loaded | None = None
+
+    def loaded(self, where: str) -> Loaded:
+        if self.m is None:
+            raise MethodError(f"{where}: no model is loaded; call load_model first")
+        return self.m
+
+    def _same_server(self, where: str) -> None:
+        try:
+            now = server_identity(self.endpoint)
+        except EndpointError as exc:
+            raise MethodError(f"{where}: {exc}") from None
+        if now != self.identity:
+            raise MethodError(f"{where}: the server changed under this worker (it reported {self.identity}, now "
+                              f"{now}); records of two servers are not one package's: start a new run for the new "
+                              "server")
+
+    def _post(self, body: dict[str, Any], label: str) -> tuple[dict[str, Any], int]:
+        try:
+            answer, attempts = self.endpoint.call("POST", "/v1/completions", body, label=label)
+        except EndpointError as exc:
+            raise MethodError(str(exc)) from None
+        choices = answer.get("choices") if isinstance(answer, dict) else None
+        if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+            raise MethodError(f"{label}: the server's answer holds no single choice")
+        return choices[0], attempts
+
+    # -- loading ----------------------------------------------------------------------------------------------
+
+    def load_model(self, params: dict[str, Any]) -> dict[str, Any]:
+        req = parse_load_model(params, ("float32", "bfloat16"), ("none",))
+        if req.adapter_path is not None:
+            raise MethodError("load_model.adapter: an endpoint serves the adapters it was started with; this worker "
+                              "does not load adapters (name the served adapter as served_model instead)")
+        digest = verify_dir(req.model_dir, req.model_digest, "model")
+        if self.m is not None and self.m.model_digest != digest:
+            raise MethodError(f"load_model: this worker already names model {self.m.model_digest[:16]}…; start a new "
+                              "worker for another model")
+        config_path = os.path.join(req.model_dir, "config.json")
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                vocab_size = int(json.load(f)["vocab_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise MethodError(f"load_model: {config_path} names no vocab_size; pass the model folder the server "
+                              "was started from") from None
+        self._same_server("load_model")
+        max_len = self.identity["model"].get("max_model_len")
+        if not isinstance(max_len, int) or max_len < 2:
+            raise MethodError("load_model: the server reports no max_model_len for the served model")
+        self.m = Loaded(req.model_dir, digest, vocab_size, response_end_ids(req.model_dir), max_len)
+        self._check_seeds()
+        return {"model_digest": digest, "adapter_digest": None, "vocab_size": vocab_size,
+                "eos_token_id": min(self.m.eos_ids), "max_model_len": max_len}
+
+    def _check_seeds(self) -> None:
+        """A seeded request sent twice must come back the same: a server that ignores seeds is refused here."""
+        m = self.loaded("load_model")
+        probe = Request("seed-probe", [min(m.eos_ids)], seed=20261201, temperature=1.0, top_p=1.0,
+                        max_tokens=min(8, m.max_model_len - 1))
+        first, _ = self._generate_one(probe, "load_model seed probe")
+        second, _ = self._generate_one(probe, "load_model seed probe")
+        if not (np.array_equal(first["tokens"], second["tokens"])
+                and np.array_equal(first["logprobs"], second["logprobs"])):
+            raise MethodError("load_model: the same seeded request sent twice came back different; the server does "
+                              "not honour request seeds, so its samples cannot be paired (start it with a seed-"
+                              "honouring configuration)")
+
+    # -- calls ------------------------------------------------------------------------------------------------
+
+    def _check_request(self, req: Request, where: str) -> None:
+        m = self.loaded(where)
+        check_prompt_ids(req.prompt_ids, m.vocab_size, where)
+        if req.top_p != 1.0 and req.temperature > 0:
+            raise MethodError(f"{where}.top_p: the server's log-probabilities after top-p are renormalized over the "
+                              "nucleus (or taken before it, by mode), not what the protocol reports; send top_p 1.0")
+        if self.settings.logprobs_mode == "raw_logprobs" and req.temperature not in (0.0, 1.0):
+            raise MethodError(f"{where}.temperature: {req.temperature:g}: this server reports log-probabilities at "
+                              "temperature 1 (logprobs_mode raw_logprobs), not the ones a token was drawn with at "
+                              f"{req.temperature:g}; sample at 0 or 1, or start the server with --logprobs-mode "
+                              "processed_logprobs and declare logprobs_mode = processed_logprobs")
+        if len(req.prompt_ids) + req.max_tokens > m.max_model_len:
+            raise MethodError(f"{where}: {len(req.prompt_ids)} prompt tokens + max_tokens {req.max_tokens} exceed the "
+                              f"served model's maximum length {m.max_model_len}; shorten the prompt or lower "
+                              "max_tokens")
+
+    def _generate_one(self, req: Request, label: str) -> tuple[dict[str, Any], int]:
+        m = self.loaded(label)
+        body = {"model": self.settings.served_model, "prompt": req.prompt_ids, "max_tokens": req.max_tokens,
+                "temperature": req.temperature, "top_p": 1.0, "seed": req.seed, "logprobs": 0,
+                "return_tokens_as_token_ids": True, "return_token_ids": True,
+                "stop_token_ids": sorted(m.eos_ids), "ignore_eos": True, "skip_special_tokens": False}
+        choice, attempts = self._post(body, label)
+        if choice.get("prompt_token_ids") != req.prompt_ids:
+            raise MethodError(f"{label}: the server ran other prompt tokens than the ids sent (it must accept a "
+                              "token-id prompt as given)")
+        ids = choice.get("token_ids")
+        lp = choice.get("logprobs")
+        if not isinstance(ids, list) or not isinstance(lp, dict):
+            raise MethodError(f"{label}: the server returned no token ids or no log-probabilities; it must honour "
+                              "return_token_ids and logprobs")
+        labels, values = lp.get("tokens"), lp.get("token_logprobs")
+        if not isinstance(labels, list) or not isinstance(values, list) or not len(labels) == len(values) == len(ids):
+            raise MethodError(f"{label}: the server's log-probabilities do not cover each sampled token once")
+        if [_token_id(t, label) for t in labels] != ids:
+            raise MethodError(f"{label}: the server's token ids and its log-probability labels disagree")
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v <= 0
+                   for v in values):
+            raise MethodError(f"{label}: the server reported a log-probability that is missing, not finite or "
+                              "above 0; it cannot be used as the probability a token was drawn with")
+        finish = choice.get("finish_reason")
+        if finish not in ("stop", "length"):
+            raise MethodError(f"{label}: the server finished with {finish!r}, not stop or length")
+        tokens = np.asarray(ids, dtype=np.int32)
+        if finish == "stop" and (not ids or ids[-1] not in m.eos_ids):
+            raise MethodError(f"{label}: the server stopped on something other than the model's end ids "
+                              f"{sorted(m.eos_ids)}")
+        return {"prompt_tokens": np.asarray(req.prompt_ids, dtype=np.int32), "tokens": tokens,
+                "logprobs": np.asarray(values, dtype=np.float32), "finish_reason": finish}, attempts
+
+    def generate(self, params: dict[str, Any]) -> dict[str, Any]:
+        m = self.loaded("generate")
+        requests, layout = parse_generate(params)
+        if params.get("adapter") not in (None, "base") or params.get("reference_adapter") is not None:
+            raise MethodError("generate.adapter: an endpoint serves the model it was started with; send no adapter")
+        for i, req in enumerate(requests):
+            self._check_request(req, f"generate.requests[{i}]")
+        self._same_server("generate")
+        outputs: list[dict[str, Any]] = [{} for _ in requests]
+        for batch in layout:
+            # One batch: its requests in flight together, as far as a client can make them so.
+            with ThreadPoolExecutor(max_workers=min(len(batch), self.settings.max_in_flight)) as pool:
+                answers = list(pool.map(lambda i: self._generate_one(requests[i], f"generate.requests[{i}]"),
+                                        batch))
+            for i, (out, attempts) in zip(batch, answers, strict=True):
+                outputs[i] = {"request_id": requests[i].request_id, **out, "attempts": attempts}
+        seen: dict[tuple[Any, ...], int] = {}
+        for i, req in enumerate(requests):
+            key = (tuple(req.prompt_ids), req.seed, req.temperature, req.max_tokens)
+            j = seen.setdefault(key, i)
+            if j != i and not (np.array_equal(outputs[i]["tokens"], outputs[j]["tokens"])
+                               and np.array_equal(outputs[i]["logprobs"], outputs[j]["logprobs"])):
+                raise MethodError(f"generate: requests {requests[j].request_id!r} and {req.request_id!r} are the same "
+                                  "seeded request and came back different; the server does not honour request seeds")
+        self._same_server("generate")
+        return {"outputs": outputs, "model_digest": m.model_digest, "adapter_digest": None}
+
+    def score(self, params: dict[str, Any]) -> dict[str, Any]:
+        m = self.loaded("score")
+        items = parse_score(params)
+        if params.get("adapter") not in (None, "base"):
+            raise MethodError("score.adapter: an endpoint serves the model it was started with; send no adapter")
+        for i, it in enumerate(items):
+            where = f"score.items[{i}]"
+            check_tokens(it.response_tokens, m.vocab_size, f"{where}.response_tokens")
+            check_prompt_ids(it.prompt_ids, m.vocab_size, where)
+            if len(it.prompt_ids) + it.response_tokens.size + 1 > m.max_model_len:
+                raise MethodError(f"{where}: {len(it.prompt_ids)} prompt tokens + {it.response_tokens.size} response "
+                                  f"tokens leave no room in the served model's maximum length {m.max_model_len} "
+                                  "(the server scores a sequence only with one position to spare)")
+        self._same_server("score")
+        outputs = []
+        for i, it in enumerate(items):
+            label = f"score.items[{i}]"
+            whole = it.temperature != 1.0 or bool(it.vocab_steps)
+            ids = it.prompt_ids + [int(t) for t in it.response_tokens]
+            body = {"model": self.settings.served_model, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
+                    "prompt_logprobs": -1 if whole else 0, "return_tokens_as_token_ids": True,
+                    "return_token_ids": True}
+            choice, _ = self._post(body, label)
+            if choice.get("prompt_token_ids") != ids:
+                raise MethodError(f"{label}: the server scored other tokens than the ids sent")
+            rows = choice.get("prompt_logprobs")
+            if not isinstance(rows, list) or len(rows) != len(ids):
+                raise MethodError(f"{label}: the server returned no prompt log-probabilities (it must support "
+                                  "prompt_logprobs, as vLLM's server does)")
+            rows = rows[len(it.prompt_ids):]
+            if whole:
+                full = np.full((len(rows), m.vocab_size), np.nan, dtype=np.float32)
+                for r, row in enumerate(rows):
+                    for key, v in (row or {}).items():
+                        full[r, int(key.removeprefix("token_id:"))] = v["logprob"]
+                if np.isnan(full).any():
+                    raise MethodError(f"{label}: the server returned fewer than the whole vocabulary's log-"
+                                      "probabilities; start it with --max-logprobs -1 to score at T != 1 or capture "
+                                      "steps")
+                scaled = at_temperature(full, it.temperature)
+                lps = scaled[np.arange(it.response_tokens.size), it.response_tokens]
+                vocab = scaled[it.vocab_steps] if it.vocab_steps else np.zeros((0, m.vocab_size), np.float32)
+            else:
+                values = []
+                for row, t in zip(rows, it.response_tokens, strict=True):
+                    entry = (row or {}).get(str(int(t))) or (row or {}).get(f"token_id:{int(t)}")
+                    if not isinstance(entry, dict) or not isinstance(entry.get("logprob"), int | float):
+                        raise MethodError(f"{label}: the server's prompt log-probabilities miss a scored token")
+                    values.append(entry["logprob"])
+                lps = np.asarray(values, dtype=np.float32)
+                vocab = np.zeros((0, m.vocab_size), dtype=np.float32)
+            outputs.append({"item_id": it.item_id, "logprobs": lps, "vocab_logprobs": vocab})
+        return {"outputs": outputs, "model_digest": m.model_digest, "adapter_digest": None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="invar.workers.openai_worker")
+    parser.add_argument("--role", choices=[r.value for r in Role], default=Role.INFERENCE.value)
+    parser.add_argument("--base-url", required=True, help="the server's root, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--served-model", required=True, help="the model id the server serves it under")
+    parser.add_argument("--api-key-env", default=None, help="the environment variable holding the API key")
+    parser.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="raw_logprobs",
+                        help="how the server computes sampled log-probabilities (vLLM's --logprobs-mode)")
+    parser.add_argument("--max-in-flight", type=int, default=64, help="HTTP requests in flight at once")
+    parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds per HTTP attempt")
+    parser.add_argument("--retries", type=int, default=4, help="further attempts after a failed one")
+    args = parser.parse_args(argv)
+    me = "invar.workers.openai_worker"
+    if args.role != Role.INFERENCE.value:
+        print(f"{me}: an endpoint serves as an inference engine only; start the learner with the hf or mlx worker",
+              file=sys.stderr, flush=True)
+        return 2
+    base = args.base_url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[: -len("/v1")]
+    if not base.startswith(("http://", "https://")):
+        print(f"{me}: --base-url {args.base_url!r} is not an http(s) URL", file=sys.stderr, flush=True)
+        return 2
+    if args.max_in_flight < 1 or args.retries < 0 or not (math.isfinite(args.request_timeout)
+                                                           and args.request_timeout > 0):
+        print(f"{me}: --max-in-flight must be ≥ 1, --retries ≥ 0, --request-timeout a positive number of seconds",
+              file=sys.stderr, flush=True)
+        return 2
+    api_key = None
+    if args.api_key_env is not None:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            print(f"{me}: the environment variable {args.api_key_env} (api_key_env) is not set; export the API key "
+                  "in it", file=sys.stderr, flush=True)
+            return 2
+    settings = Settings(base, args.served_model, args.api_key_env, args.logprobs_mode, args.max_in_flight,
+                        args.request_timeout, args.retries)
+    endpoint = Endpoint(settings, api_key)
+    try:
+        identity = server_identity(endpoint)
+    except EndpointError as exc:
+        print(f"{me}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    engine = Engine(settings, endpoint, identity)
+    server = Server(
+        engine="openai",
+        engine_version={"invar": __version__, "server": str(identity["version"])},
+        role=Role.INFERENCE,
+        # Unset values are left out, not null (a TOML declaration cannot state null); the key itself never is.
+        settings={"base_url": base, "served_model": settings.served_model,
+                  **({} if settings.api_key_env is None else {"api_key_env": settings.api_key_env}),
+                  "logprobs_mode": settings.logprobs_mode, "max_in_flight": settings.max_in_flight,
+                  "request_timeout": settings.request_timeout, "retries": settings.retries,
+                  "top_p": "1 only", "server": identity},
+        methods={"load_model": engine.load_model, "generate": engine.generate, "score": engine.score},
+    )
+    return server.serve()
+
+
+if __name__ == "__main__":
+    exit_worker(main())
