@@ -112,6 +112,11 @@ EXAMPLES: dict[str, list[str]] = {
                         "invar inspect records runs/use-run --expect-head HEAD --json"],
     "inspect history": ["invar inspect history runs/train-mlx --plot history.png",
                         "invar inspect history runs/train-mlx --json"],
+    "use init": ["invar use init my-use.toml --candidate-patch fixed-block "
+                 "--candidate-setting attn_implementation=eager",
+                 "invar use init nf4.toml --candidate-quantization nf4 --sample 500 --no-invariance --party owner",
+                 "invar use init mine.toml --model REF_DIR --candidate-model CAND_DIR --population pop.jsonl "
+                 "--scorer scorer.py:loss --scorer-setting binary=true --max-tokens 32"],
     "use prepare": ["invar use prepare contracts/walkthrough.toml --out runs/w",
                     "invar use prepare contracts/arith-nf4.toml --json"],
     "use plan": ['invar use plan runs/w/walkthrough.contract.json --assume "worse=0.01 better=0.01"',

@@ -32,6 +32,7 @@ from rich.text import Text
 from invar import canonical
 from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
+from invar.cli.use_init import init_cmd
 from invar.contract.admit import EXIT_CODES, Decision, admit
 from invar.contract.model import Contract, loss_span
 from invar.contract.plan import PlannedCall
@@ -57,6 +58,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+app.command("init")(init_cmd)  # first in the help: a declaration comes before every other use command
 
 ContractOpt = Annotated[
     Path, typer.Option("--contract", help="The owner's contract file (<name>.contract.json): the anchors.")

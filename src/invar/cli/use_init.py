@@ -1,0 +1,437 @@
+"""`invar use init`: write a complete declaration from a model folder (or two), an engine per side, a population and a
+scorer.
+
+Every digest is computed here (population, model folders, patches, a user scorer's file) and each package's
+`engine_version` and `settings` are the identity its worker reports, so `use prepare` accepts the file as written.
+Paths are written relative to the declaration's folder, so the folder moves with what it names. Nothing is written
+until the whole declaration has passed the checks `use prepare` makes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from invar import canonical
+from invar.cli.evaluate import _settings as scorer_settings
+from invar.contract.model import parse_declaration
+from invar.contract.plan import derive_plan
+from invar.contract.prepare import build_contract, model_folders, package_tokenizers, prompt_encoders
+from invar.engines import DEFAULT_MODEL, worker_digest
+from invar.errors import ContractError, InvarError
+from invar.home import HOME
+from invar.patches import patch_digest, patch_dir
+from invar.runner.engine import Dtype, Engine, Quantization, parse_launch_settings, probe_identity
+from invar.stats.bounds import DEFAULT_BINARY_METHOD
+from invar.tasks.arithmetic import SCORER_NAME as ARITHMETIC
+from invar.tasks.scorers import UserScorer, load_scorer
+from invar.tasks.tokenizer import ModelTokenizer, tokenizer_digest
+
+DEFAULT_POPULATION = HOME / "data" / "arith-eval.jsonl"
+DEFAULT_SAMPLE = 2000
+"""As the shipped contracts: 2,000 sampled units (the whole population when it has fewer)."""
+DEFAULT_SEED = 20261130
+
+_OPTION_OF = {
+    # A field the declaration model refuses, and the option of `use init` that set it.
+    "name": "--name", "description": "--description", "population.sample": "--sample", "scorer": "--scorer",
+    "sampling.temperature": "--temperature", "sampling.top_p": "--top-p", "sampling.max_tokens": "--max-tokens",
+    "requirement.epsilon": "--epsilon", "requirement.confidence": "--confidence", "requirement.delta": "--confidence",
+    "requirement.method": "--method", "requirement.max_n": "--sample", "pairing.seed": "--seed",
+    "layouts": "--batch-size", "execution.requests_per_call": "--requests-per-call",
+    "reference.settings": "--setting", "candidate.settings": "--candidate-setting", "premises": "--party",
+    "candidate": "--candidate-model, --candidate-engine, --candidate-setting, --candidate-patch, --candidate-dtype or "
+                 "--candidate-quantization",
+}
+
+
+@dataclass
+class _Side:
+    """What one package states, before and after its worker was asked for its identity."""
+
+    role: str
+    engine: Engine
+    model: Path
+    launch: dict[str, Any]
+    patches: dict[str, str]
+    dtype: Dtype
+    quantization: Quantization
+    model_digest: str = ""
+    tokenizer_digest: str = ""
+    worker_digest: str = ""
+    engine_version: dict[str, str] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def _rel(target: Path, start: Path) -> str:
+    """`target` relative to the declaration's folder, with forward slashes."""
+    return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()
+
+
+def _model(option: str, folder: Path) -> tuple[str, str]:
+    """A model folder's tree digest and tokenizer digest, after the core has read its tokenizer."""
+    if not (folder / "config.json").is_file():
+        raise ContractError(f"{option} {folder}: no config.json there; name a model folder (config.json, weights and "
+                            "tokenizer files)")
+    try:
+        ModelTokenizer.from_model_dir(folder)
+    except ContractError as exc:
+        raise ContractError(f"{option} {folder}: {exc}") from None
+    return canonical.tree_digest(folder), tokenizer_digest(folder)
+
+
+def _patches(option: str, names: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name in names:
+        if name in out:
+            raise InvarError(f"{option} {name} is given twice; give each patch once")
+        out[name] = patch_digest(patch_dir(name))
+    return out
+
+
+def _toml(value: Any) -> str:
+    """A value as TOML: strings as JSON strings (a TOML basic string), tables inline with sorted keys."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml(v)}" for k, v in sorted(value.items())) + " }"
+    raise InvarError(f"{value!r} cannot be written in TOML; write the declaration by hand")
+
+
+def _line(key: str, value: Any, comment: str) -> str:
+    text = f"{key} = {_toml(value)}"
+    return f"{text:<29} # {comment}" if len(text) < 29 else f"# {comment}\n{text}"
+
+
+def _package_lines(side: _Side, base: Path) -> list[str]:
+    what = "that is trusted" if side.role == "reference" else "proposed to replace the reference"
+    lines = [f"[{side.role}]", f"# The package {what}: its worker must report exactly this identity at handshake.",
+             _line("engine", side.engine.value, "the engine whose worker runs the model"),
+             "# Every package version the worker reports (invar use package prints them).",
+             f"engine_version = {_toml(side.engine_version)}",
+             "# Every setting the worker's identity reports; launch options among them start the worker.",
+             f"settings = {_toml(side.settings)}",
+             "# The digest of the worker's code (its module and the core modules it imports): other code is refused.",
+             f"worker_digest = {_toml(side.worker_digest)}"]
+    if side.patches:
+        lines += ["# Patches the worker runs with: name → digest of the folder under patches/.",
+                  f"patches = {_toml(side.patches)}"]
+    lines += ["# The model folder (relative to this file) and its tree digest: another folder is refused.",
+              f"model_dir = {_toml(_rel(side.model, base))}", f"model_digest = {_toml(side.model_digest)}",
+              f"# (use prepare fixes its tokenizer digest, {side.tokenizer_digest}, in the contract)",
+              _line("dtype", side.dtype.value, "the dtype the model is loaded in"),
+              _line("quantization", side.quantization.value, "the weight quantization (none or nf4)")]
+    return lines
+
+
+@dataclass
+class _Choices:
+    """Everything the options decide, as the declaration will state it."""
+
+    name: str
+    description: str
+    population: Path
+    population_sha256: str
+    sample: int | None
+    scorer: str
+    scorer_sha256: str | None
+    scorer_settings: dict[str, Any]
+    binary: bool
+    temperature: float
+    top_p: float
+    max_tokens: int
+    standard: str
+    epsilon: str
+    confidence: str
+    method: str | None
+    sequential: bool
+    seed: int
+    batch_size: int
+    invariance: bool
+    requests_per_call: int
+    party: str | None
+
+
+def _render(c: _Choices, reference: _Side, candidate: _Side, base: Path, file_name: str) -> str:
+    pairing = f"b{c.batch_size}"
+    lines = [
+        "# A use declaration written by `invar use init`: may the candidate package replace the reference for this",
+        "# use? Every digest was computed from the files named here and every engine_version and settings is what",
+        "# the worker reported. Paths are relative to this file. Next:",
+        "#",
+        f"#   invar use prepare {file_name}            (writes {c.name}.contract.json beside it)",
+        f"#   invar use run {c.name}.contract.json --run RUN",
+        f"#   invar use admit RUN --contract {c.name}.contract.json",
+        "",
+        _line("name", c.name, "the contract's name: use prepare writes <name>.contract.json"),
+        _line("description", c.description, "the use, in the owner's words"),
+        "",
+        "[population]",
+        "# The prompts the use is about: the file (relative to this file) and the sha256 of its bytes.",
+        f"path = {_toml(_rel(c.population, base))}",
+        f"sha256 = {_toml(c.population_sha256)}",
+        _line("unit", "prompt", "each unit gets one paired comparison"),
+    ]
+    if c.sample is not None:
+        lines.append(_line("sample", c.sample, "a seeded sample of this many units (omit: every unit)"))
+    else:
+        lines.append("# no sample: every unit of the population is run")
+    lines += ["", "[scorer]",
+              _line("name", c.scorer, "scores each response: its loss per unit (built in, or path.py:function)")]
+    if c.scorer_sha256 is not None:
+        lines.append(_line("sha256", c.scorer_sha256, "the scorer file's sha256: a changed file is refused"))
+    if c.scorer_settings:
+        lines.append(_line("settings", c.scorer_settings, "the scorer's settings"))
+    lines += ["", "[sampling]", "# Identical for both packages on every request.",
+              _line("temperature", c.temperature, "0 is greedy"),
+              _line("top_p", c.top_p, "nucleus mass kept before sampling"),
+              _line("max_tokens", c.max_tokens, "the longest response, end-of-sequence included"),
+              "", "[requirement]",
+              _line("standard", c.standard, "population: a confidence bound; finite-domain: exact on the units"),
+              _line("epsilon", c.epsilon, "ε: the largest allowed rise of the mean task loss")]
+    if c.standard == "population":
+        lines.append(_line("confidence", c.confidence, "1 − δ: each side of the bound holds with this probability"))
+        lines.append(_line("method", c.method, "the confidence bound that decides (docs/statistics.md)"))
+        if c.sequential:
+            lines.append(_line("sequential", True, "look after each pairing call; stop when the bound decides"))
+            lines.append(_line("max_n", c.sample, "the most units the run uses: every unit the plan runs"))
+    lines += ["", "[pairing]",
+              _line("seed", c.seed, "fixes the sample, every unit's sampling seed and shuffled orders"),
+              _line("layout", pairing, "the batch layout both packages run for the paired comparison"),
+              "", f"[layouts.{pairing}]", _line("batch_size", c.batch_size, "prompts per batch, in population order")]
+    if c.invariance:
+        lines += ["", f"[layouts.b{2 * c.batch_size}-shuffled]",
+                  _line("batch_size", 2 * c.batch_size, "larger batches"),
+                  _line("order", "shuffled", "in a seeded shuffled order"),
+                  "", "[layouts.solo]", _line("batch_size", 1, "every prompt alone")]
+    lines += ["", "[invariance]"]
+    if c.invariance:
+        lines += [_line("required", True, "the candidate must give identical bits under every layout below"),
+                  f"layouts = {_toml([pairing, f'b{2 * c.batch_size}-shuffled', 'solo'])}"]
+    else:
+        lines.append(_line("required", False, "the candidate runs only the pairing layout"))
+    lines += ["", "[execution]",
+              _line("requests_per_call", c.requests_per_call, "the most requests one worker call carries"),
+              "", *_package_lines(reference, base), "", *_package_lines(candidate, base), ""]
+    if c.party is not None:
+        lines += ["[[premises]]", "# An assumption the decision rests on, and who vouches for it.",
+                  f"statement = {_toml('The population represents the prompts the model will be asked in this use.')}",
+                  f"party = {_toml(c.party)}",
+                  _line("basis_sha256", c.population_sha256, "the document vouched with: here the population"),
+                  _line("reliance", "vouched", "the decision relies on the party's word"), ""]
+    else:
+        lines += ["# Premises the decision rests on (none stated; `use init --party NAME` writes one), e.g.",
+                  "# [[premises]]",
+                  '# statement = "The population represents the prompts the model will be asked in this use."',
+                  '# party = "who vouches"', f"# basis_sha256 = {_toml(c.population_sha256)}",
+                  '# reliance = "vouched"', ""]
+    return "\n".join(lines)
+
+
+def _check(text: str, out: Path) -> None:
+    """The checks `use prepare` makes on the text as written, without writing a contract: one line naming the option
+    that set a refused field."""
+    try:
+        declaration = parse_declaration(tomllib.loads(text), str(out))
+        base = out.parent
+        contract, units = build_contract(declaration, base, base)
+        encoders = prompt_encoders(package_tokenizers(contract, model_folders(contract, base)))
+        derive_plan(contract, canonical.sha256(contract.canonical_json()), units, encoders)
+    except InvarError as exc:
+        message = str(exc).removeprefix(f"{out}: ")
+        field_name = next((f for f in sorted(_OPTION_OF, key=len, reverse=True) if message.startswith(f)), None)
+        hint = "" if field_name is None else f" (set by {_OPTION_OF[field_name]})"
+        raise type(exc)(f"use init: {message}{hint}; nothing was written to {out}") from None
+
+
+def init_cmd(
+    out: Annotated[Path, typer.Argument(help="The declaration to write (TOML); never overwritten without --force.")],
+    model: Annotated[Path, typer.Option("--model", help="The reference's model folder.")] = DEFAULT_MODEL,
+    candidate_model: Annotated[
+        Path | None, typer.Option("--candidate-model", help="The candidate's model folder (default: --model).")
+    ] = None,
+    engine: Annotated[Engine, typer.Option("--engine", help="The reference's engine.")] = Engine.HF,
+    candidate_engine: Annotated[
+        Engine | None, typer.Option("--candidate-engine", help="The candidate's engine (default: --engine).")
+    ] = None,
+    setting: Annotated[
+        list[str] | None, typer.Option("--setting", help="A launch setting of the reference's worker, NAME=VALUE "
+                                                         "(repeatable; checked before it starts).")
+    ] = None,
+    candidate_setting: Annotated[
+        list[str] | None, typer.Option("--candidate-setting", help="A launch setting of the candidate's worker, "
+                                       "NAME=VALUE (repeatable; default: --setting when the engines are the same).")
+    ] = None,
+    patch: Annotated[list[str] | None, typer.Option("--patch", help="A patch the reference runs with.")] = None,
+    candidate_patch: Annotated[
+        list[str] | None, typer.Option("--candidate-patch", help="A patch under patches/ the candidate runs with "
+                                                                 "(repeatable), e.g. fixed-block.")
+    ] = None,
+    dtype: Annotated[Dtype, typer.Option("--dtype", help="The reference's dtype.")] = Dtype.FLOAT32,
+    candidate_dtype: Annotated[
+        Dtype | None, typer.Option("--candidate-dtype", help="The candidate's dtype (default: --dtype).")
+    ] = None,
+    quantization: Annotated[
+        Quantization, typer.Option("--quantization", help="The reference's weight quantization.")
+    ] = Quantization.NONE,
+    candidate_quantization: Annotated[
+        Quantization | None, typer.Option("--candidate-quantization", help="The candidate's weight quantization "
+                                                                           "(default: --quantization), e.g. nf4.")
+    ] = None,
+    population: Annotated[
+        Path, typer.Option("--population", help="The population file (JSON lines).")
+    ] = DEFAULT_POPULATION,
+    scorer: Annotated[
+        str, typer.Option("--scorer", help="A built-in scorer's name or path.py:function.")
+    ] = ARITHMETIC,
+    scorer_setting: Annotated[
+        list[str] | None, typer.Option("--scorer-setting", metavar="NAME=JSON",
+                                       help="A setting of the scorer, its value as JSON (repeatable).")
+    ] = None,
+    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature (0: greedy).")] = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].")] = 1.0,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="The longest response, in tokens.")] = 5,
+    standard: Annotated[
+        str, typer.Option("--standard", help="population (a confidence bound) or finite-domain (exact on the "
+                                             "declared units).")
+    ] = "population",
+    epsilon: Annotated[
+        str, typer.Option("--epsilon", help="ε: the largest allowed rise of the mean task loss, a decimal.")
+    ] = "0.01",
+    confidence: Annotated[str, typer.Option("--confidence", help="1 − δ, a decimal.")] = "0.95",
+    method: Annotated[
+        str | None, typer.Option("--method", help="The bound method (default: paired-binary-score for 0/1 losses, "
+                                                  "maurer-pontil otherwise; sequential: the *-sequence one).")
+    ] = None,
+    sequential: Annotated[
+        bool, typer.Option("--sequential", help="Decide sequentially: stop as soon as the bound decides.")
+    ] = False,
+    sample: Annotated[
+        int | None, typer.Option("--sample", help=f"Run a seeded sample of this many units (default "
+                                                  f"{DEFAULT_SAMPLE:,}, or every unit of a smaller population).")
+    ] = None,
+    every_unit: Annotated[bool, typer.Option("--every-unit", help="Run every unit of the population.")] = False,
+    seed: Annotated[int, typer.Option("--seed", help="The contract seed.")] = DEFAULT_SEED,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="The pairing layout's batch size.")] = 16,
+    invariance: Annotated[
+        bool | None, typer.Option("--invariance/--no-invariance",
+                                  help="Require the candidate bit-identical alone, in batches of --batch-size and "
+                                       "in shuffled batches of twice that (default: yes; no when sequential).")
+    ] = None,
+    requests_per_call: Annotated[
+        int, typer.Option("--requests-per-call", help="The most requests one worker call carries.")
+    ] = 64,
+    name: Annotated[str | None, typer.Option("--name", help="The contract's name (default: the file's stem).")] = None,
+    description: Annotated[str | None, typer.Option("--description", help="The use, in your words.")] = None,
+    party: Annotated[
+        str | None, typer.Option("--party", help="Who vouches that the population represents the use: writes "
+                                                 "that premise.")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+) -> None:
+    """Write a complete declaration: every digest filled in, each package's identity as its worker reports it.
+
+    `use prepare` accepts the file as written. Every option is checked, and the declaration as a whole goes through
+    prepare's checks, before anything is written; a worker is started once per distinct package identity.
+    """
+    if out.exists() and not force:
+        raise InvarError(f"{out} exists; choose another path, or add --force to overwrite it")
+    if out.exists() and not out.is_file():
+        raise InvarError(f"{out} is not a file; choose a path for the declaration")
+    if not out.parent.is_dir():
+        raise InvarError(f"{out.parent} is no folder; create it, or choose a path in an existing folder")
+    if standard not in ("population", "finite-domain"):
+        raise InvarError(f"--standard {standard!r}: write population or finite-domain")
+    if sequential and standard != "population":
+        raise InvarError("--sequential decides with a confidence bound: it needs --standard population")
+    if sequential and invariance:
+        raise InvarError("--sequential stops early and cannot cover every unit under other layouts: leave out "
+                         "--invariance")
+    if every_unit and sample is not None:
+        raise InvarError("--every-unit and --sample both say how many units to run; give one")
+    base = out.parent
+    scorer_values = scorer_settings(scorer_setting or [])
+    c_engine = candidate_engine or engine
+    ref_launch = parse_launch_settings(engine.value, setting or [])
+    # The candidate's launch defaults to the reference's on the same engine (a change of kernels keeps the threads).
+    same = candidate_setting is None and c_engine == engine
+    cand_launch = dict(ref_launch) if same else parse_launch_settings(c_engine.value, candidate_setting or [])
+    sides = [_Side("reference", engine, model, ref_launch, _patches("--patch", patch or []), dtype, quantization),
+             _Side("candidate", c_engine, candidate_model or model, cand_launch,
+                   _patches("--candidate-patch", candidate_patch or []), candidate_dtype or dtype,
+                   candidate_quantization or quantization)]
+    for side, option in zip(sides, ("--model", "--candidate-model"), strict=True):
+        side.model_digest, side.tokenizer_digest = _model(option, side.model)
+        side.worker_digest = worker_digest(side.engine.value)
+    if not population.is_file():
+        raise InvarError(f"--population {population}: no such file; name the population (JSON lines)")
+    population_sha256 = canonical.file_sha256(population)
+    # A user scorer's file is named relative to where `use init` runs, then written relative to the declaration.
+    try:
+        loaded = load_scorer(scorer, scorer_values, Path.cwd())
+    except ContractError as exc:
+        raise ContractError(f"--scorer {scorer}: {exc}") from None
+    scorer_name, scorer_sha256 = scorer, None
+    if isinstance(loaded, UserScorer):
+        file_part, _, function = scorer.rpartition(":")
+        scorer_name, scorer_sha256 = f"{_rel(Path(file_part), base)}:{function}", loaded.sha256
+    if method is None and standard == "population":
+        if sequential:
+            method = "paired-binary-sequence" if loaded.binary else "betting-sequence"
+        else:
+            method = DEFAULT_BINARY_METHOD if loaded.binary else "maurer-pontil"
+    units = sum(1 for line in population.read_bytes().splitlines() if line.strip())
+    chosen = None if every_unit else sample if sample is not None else \
+        DEFAULT_SAMPLE if units > DEFAULT_SAMPLE else None
+    if sequential and chosen is None:
+        chosen = units  # max_n must state the units the plan runs
+    choices = _Choices(
+        name=name if name is not None else out.stem.lower(),
+        description=description if description is not None else
+        f"May {_describe(sides[1])} replace {_describe(sides[0])} for this use?",
+        population=population, population_sha256=population_sha256, sample=chosen, scorer=scorer_name,
+        scorer_sha256=scorer_sha256, scorer_settings=scorer_values, binary=loaded.binary, temperature=temperature,
+        top_p=top_p, max_tokens=max_tokens, standard=standard, epsilon=epsilon, confidence=confidence,
+        method=method, sequential=sequential, seed=seed, batch_size=batch_size,
+        invariance=bool(invariance) if invariance is not None else not sequential,
+        requests_per_call=requests_per_call, party=party)
+    for side in sides:  # everything but the identities first: a mistake costs no worker start
+        side.engine_version, side.settings = {"invar": "0"}, dict(side.launch)
+    _check(_render(choices, sides[0], sides[1], base, out.name), out)
+    identities: dict[str, tuple[dict[str, str], dict[str, Any]]] = {}
+    for side in sides:
+        key = json.dumps([side.engine.value, side.launch, side.patches], sort_keys=True)
+        if key not in identities:
+            identity = probe_identity(side.engine, side.launch, side.patches)
+            identities[key] = (dict(identity.engine_version),
+                               {k: v for k, v in identity.settings.items() if k != "patches"})
+        side.engine_version, side.settings = identities[key]
+    text = _render(choices, sides[0], sides[1], base, out.name)
+    _check(text, out)
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InvarError(f"{out}: cannot write the declaration ({exc.strerror or exc}); choose another path") \
+            from None
+    typer.echo(f"wrote {out}: {choices.name}, {_describe(sides[1])} against {_describe(sides[0])}")
+    typer.echo(f"next: invar use prepare {out}")
+
+
+def _describe(side: _Side) -> str:
+    parts = [side.engine.value, side.dtype.value]
+    if side.quantization != Quantization.NONE:
+        parts.append(side.quantization.value)
+    parts += [f"{k}={v}" for k, v in sorted(side.launch.items())] + sorted(side.patches)
+    return " ".join(parts)
