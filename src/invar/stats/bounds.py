@@ -377,8 +377,9 @@ def paired_binary_exact(worse: int, better: int, n: int, delta: float) -> Bound:
     """Exact one-sided bounds on p_worse − p_better from trinomial counts (n units: worse, better, the rest tied).
 
     The upper limit inverts the Berger–Boos exact unconditional test of `invar.stats.trinomial`; the lower limit is
-    minus the upper limit with the roles of worse and better swapped. Valid for every n ≥ 1 and every true
-    (p_worse, p_better), boundary included. Limits lie on the dyadic grid 2^-41 of [-1, 1], so they are exact floats.
+    minus the upper limit with the roles of worse and better swapped. P(Δ > upper) ≤ δ for every n ≥ 1 and every true
+    (p_worse, p_better) (the cap at 1 is proven for no Δ0). Limits lie on the dyadic grid 2^-41 of [-1, 1], so they
+    are exact floats.
     """
     w, bt, total = check_counts(worse, better, n)
     delta = check_delta(delta)
@@ -392,8 +393,9 @@ def paired_binary_score(worse: int, better: int, n: int, delta: float) -> Bound:
 
     The upper limit inverts the exact unconditional test of `invar.stats.score` (outcomes ordered by Tango's
     asymptotic limit, Berger–Boos restriction with γ = δ/100, supremum proven by branch-and-bound); the lower limit
-    is minus the upper limit with worse and better swapped. Valid for every n ≥ 1 and every true
-    (p_worse, p_better), boundary included. Limits lie on the grid 2^-(17 + ⌊bit_length(n − 1)/2⌋) of [-1, 1].
+    is minus the upper limit with worse and better swapped. P(Δ > upper) ≤ δ for every n ≥ 1 and every true
+    (p_worse, p_better) (the cap at 1 is proven for no Δ0). Limits lie on the grid 2^-(17 + ⌊bit_length(n − 1)/2⌋)
+    of [-1, 1].
     """
     w, bt, total = check_counts(worse, better, n)
     delta = check_delta(delta)

@@ -20,8 +20,8 @@ way the normal approximation does, yet no step is asymptotic:
   "supremum ≤ α = δ − γ" with finitely many tail evaluations; every term is an upper bound (TAIL_SLACK).
 
 The reported upper limit is the smallest point of the grid 2^-(17 + ⌊bit_length(n − 1)/2⌋) of [-1, 1] the proof
-reaches (bisection), so it is a valid one-sided (1 − δ) bound for every n ≥ 1 and every true (p_worse, p_better),
-boundary included.
+reaches (bisection), so P(Δ > upper) ≤ δ for every n ≥ 1 and every true (p_worse, p_better). Not P(Δ ≥ upper): the
+limit 1 is a cap proven for no Δ0, and at p_worse = 1 every outcome gives it.
 """
 
 from __future__ import annotations

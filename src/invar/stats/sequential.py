@@ -16,7 +16,8 @@ Two methods, each a test supermartingale per candidate mean m (Ville: P(sup_t K_
   holds at every t ≤ n.
 * ``paired-binary-sequence`` (0/1 losses, d ∈ {-1, 0, 1}): a mixture e-process for paired trinomial data:
   weights 1/2, 1/4, 1/4 on the betting processes with bets ρ·λ_t, ρ = 1, 2, 4, where λ_t uses the trinomial
-  variance estimate p̂_d − m̂² from the counts of worse and better units so far (prior 0.1 each). A mixture of test
+  variance estimate p̂_d − m̂² from the counts of worse and better units so far (0.1 pseudo-discordant units in 0.2
+  pseudo-units: p̂_d = (W + B + 0.1)/(t − 1 + 0.2), m̂ = (W − B)/(t − 1 + 0.2)). A mixture of test
   supermartingales is one. The larger bets stop clearly fine or clearly broken candidates sooner; the unit bet keeps
   the boundary case close to the horizon-tuned process.
 
@@ -56,7 +57,8 @@ MIXTURE_SCALES: tuple[float, ...] = (1.0, 2.0, 4.0)
 MIXTURE_WEIGHTS: tuple[float, ...] = (0.5, 0.25, 0.25)
 """paired-binary-sequence: their weights (sum 1)."""
 TRINOMIAL_PRIOR = 0.1
-"""paired-binary-sequence: pseudo-counts of worse and better units in the variance estimate."""
+"""paired-binary-sequence: the variance estimate's pseudo-count: this many discordant units in the share's numerator,
+twice as many units in both denominators."""
 
 _UNIT = 2.0**-53
 _STEPS = bounds.BET_RESOLUTION_STEPS
