@@ -151,10 +151,13 @@ def test_in_process_cases_print_what_the_invar_script_prints(tmp_path: Path) -> 
     (["evaluate", "--population", ""], "--population .: is a folder; name the population's JSON-lines file"),
     (["use", "plan", "{missing}", "--assume", "x" * 100_000], "--assume 'xxxxxxxx"),
     (["inspect", "records", "{long-name}"], "File name too long; check this path"),
+    (["use", "init", "{missing}", "--name", "a=b\nc=d"], "name: must be 1-64 characters of a-z"),
+    (["use", "init", "{unicode-newline}"], "use init: name: must be 1-64 characters"),
 ])
 def test_what_the_fuzz_found_is_one_line(tmp_path: Path, argv: list[str], line: str) -> None:
     """Each of these was a traceback (a 64-bit overflow in the records, an empty path's missing name, a path the
-    system refuses), a hang (a quadratic pattern) or a worker started with a timer that overflows."""
+    system refuses, a declaration use init wrote with a newline in a comment), a hang (a quadratic pattern) or a
+    worker started with a timer that overflows."""
     ws = fuzz.make_workspace(tmp_path / "ws")
     cwd = fuzz.make_workspace(tmp_path / "cwd").root
     argv = [ws.path(a[1:-1]) if a.startswith("{") else a for a in argv]

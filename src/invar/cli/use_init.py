@@ -110,6 +110,13 @@ def _toml(value: Any) -> str:
     raise InvarError(f"{value!r} cannot be written in TOML; write the declaration by hand")
 
 
+def _said(text: str) -> str:
+    """`text` fit for a TOML comment: a newline or other control character (in a name or path the user gave) is
+    written as its escape, so the comment stays one line and the file stays TOML."""
+    return "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
+                   for ch in text)
+
+
 def _line(key: str, value: Any, comment: str) -> str:
     text = f"{key} = {_toml(value)}"
     return f"{text:<29} # {comment}" if len(text) < 29 else f"# {comment}\n{text}"
@@ -171,9 +178,9 @@ def _render(c: _Choices, reference: _Side, candidate: _Side, base: Path, file_na
         "# use? Every digest was computed from the files named here and every engine_version and settings is what",
         "# the worker reported. Paths are relative to this file. Next:",
         "#",
-        f"#   invar use prepare {file_name}            (writes {c.name}.contract.json beside it)",
-        f"#   invar use run {c.name}.contract.json --run RUN",
-        f"#   invar use admit RUN --contract {c.name}.contract.json",
+        f"#   invar use prepare {_said(file_name)}            (writes {_said(c.name)}.contract.json beside it)",
+        f"#   invar use run {_said(c.name)}.contract.json --run RUN",
+        f"#   invar use admit RUN --contract {_said(c.name)}.contract.json",
         "",
         _line("name", c.name, "the contract's name: use prepare writes <name>.contract.json"),
         _line("description", c.description, "the use, in the owner's words"),
@@ -257,7 +264,7 @@ def _check(text: str, out: Path) -> None:
 
 
 def init_cmd(
-    out: Annotated[Path, typer.Argument(help="The declaration to write (TOML); never overwritten without --force.")],
+    out: Annotated[Path, typer.Argument(metavar="OUT.toml", help="The declaration to write (TOML); never overwritten without --force.")],
     model: Annotated[Path, typer.Option("--model", help="The reference's model folder.")] = DEFAULT_MODEL,
     candidate_model: Annotated[
         Path | None, typer.Option("--candidate-model", help="The candidate's model folder (default: --model).")
@@ -267,16 +274,16 @@ def init_cmd(
         Engine | None, typer.Option("--candidate-engine", help="The candidate's engine (default: --engine).")
     ] = None,
     setting: Annotated[
-        list[str] | None, typer.Option("--setting", help="A launch setting of the reference's worker, NAME=VALUE "
+        list[str] | None, typer.Option("--setting", metavar="NAME=VALUE", help="A launch setting of the reference's worker, NAME=VALUE "
                                                          "(repeatable; checked before it starts).")
     ] = None,
     candidate_setting: Annotated[
-        list[str] | None, typer.Option("--candidate-setting", help="A launch setting of the candidate's worker, "
+        list[str] | None, typer.Option("--candidate-setting", metavar="NAME=VALUE", help="A launch setting of the candidate's worker, "
                                        "NAME=VALUE (repeatable; default: --setting when the engines are the same).")
     ] = None,
-    patch: Annotated[list[str] | None, typer.Option("--patch", help="A patch the reference runs with.")] = None,
+    patch: Annotated[list[str] | None, typer.Option("--patch", metavar="NAME", help="A patch the reference runs with.")] = None,
     candidate_patch: Annotated[
-        list[str] | None, typer.Option("--candidate-patch", help="A patch under patches/ the candidate runs with "
+        list[str] | None, typer.Option("--candidate-patch", metavar="NAME", help="A patch under patches/ the candidate runs with "
                                                                  "(repeatable), e.g. fixed-block.")
     ] = None,
     dtype: Annotated[Dtype, typer.Option("--dtype", help="The reference's dtype.")] = Dtype.FLOAT32,
