@@ -264,7 +264,8 @@ def _check(text: str, out: Path) -> None:
 
 
 def init_cmd(
-    out: Annotated[Path, typer.Argument(help="The declaration to write (TOML); never overwritten without --force.")],
+    out: Annotated[Path, typer.Argument(metavar="OUT.toml", help="The declaration to write (TOML); never "
+                                                                 "overwritten without --force.")],
     model: Annotated[Path, typer.Option("--model", help="The reference's model folder.")] = DEFAULT_MODEL,
     candidate_model: Annotated[
         Path | None, typer.Option("--candidate-model", help="The candidate's model folder (default: --model).")
@@ -274,17 +275,20 @@ def init_cmd(
         Engine | None, typer.Option("--candidate-engine", help="The candidate's engine (default: --engine).")
     ] = None,
     setting: Annotated[
-        list[str] | None, typer.Option("--setting", help="A launch setting of the reference's worker, NAME=VALUE "
-                                                         "(repeatable; checked before it starts).")
+        list[str] | None, typer.Option("--setting", metavar="NAME=VALUE", help="A launch setting of the reference's "
+                                       "worker (repeatable; checked before it starts).")
     ] = None,
     candidate_setting: Annotated[
-        list[str] | None, typer.Option("--candidate-setting", help="A launch setting of the candidate's worker, "
-                                       "NAME=VALUE (repeatable; default: --setting when the engines are the same).")
+        list[str] | None, typer.Option("--candidate-setting", metavar="NAME=VALUE", help="A launch setting of the "
+                                       "candidate's worker (repeatable; default: --setting when the engines are the "
+                                       "same).")
     ] = None,
-    patch: Annotated[list[str] | None, typer.Option("--patch", help="A patch the reference runs with.")] = None,
+    patch: Annotated[
+        list[str] | None, typer.Option("--patch", metavar="NAME", help="A patch the reference runs with.")
+    ] = None,
     candidate_patch: Annotated[
-        list[str] | None, typer.Option("--candidate-patch", help="A patch under patches/ the candidate runs with "
-                                                                 "(repeatable), e.g. fixed-block.")
+        list[str] | None, typer.Option("--candidate-patch", metavar="NAME", help="A patch under patches/ the "
+                                       "candidate runs with (repeatable), e.g. fixed-block.")
     ] = None,
     dtype: Annotated[Dtype, typer.Option("--dtype", help="The reference's dtype.")] = Dtype.FLOAT32,
     candidate_dtype: Annotated[
