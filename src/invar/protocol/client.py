@@ -243,6 +243,9 @@ class WorkerClient:
             self._kill()
             self._stderr_reader.join(timeout=2)
             if isinstance(got, ProtocolError):
+                refusal = self._start_refusal()
+                if refusal is not None:
+                    raise type(got)(f"{self.name}: the worker refused to start: {refusal}") from None
                 raise type(got)(f"{self.name}: bad handshake: {got}{self._exit_suffix()}") from None
             raise got
         identity = got.identity
@@ -504,6 +507,15 @@ class WorkerClient:
     def _stderr_suffix(self) -> str:
         tail = [line for line in self._stderr_tail if line.strip()][-8:]
         return ("; stderr tail:\n  " + "\n  ".join(tail)) if tail else ""
+
+    def _start_refusal(self) -> str | None:
+        """A worker that refuses its launch options exits 2 with one line of its own (`invar.workers.<engine>: …`)
+        as its last stderr line: that line is the whole message, without the lines before it."""
+        proc = self._proc
+        lines = [line for line in self._stderr_tail if line.strip()]
+        if proc is None or proc.poll() != 2 or not lines or not lines[-1].startswith("invar.workers."):
+            return None
+        return lines[-1]
 
     def _exit_suffix(self) -> str:
         proc = self._proc
