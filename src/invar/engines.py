@@ -44,6 +44,8 @@ class LaunchSetting:
     kind: type[int] | type[float] | type[str] | type[bool]
     choices: tuple[Any, ...] = ()
     flag_when: bool | None = None
+    required: bool = False
+    """The worker cannot start without it (an endpoint's URL): refused before any worker starts when absent."""
 
 
 _VLLM_BACKENDS = ("mp", "ray", "uni", "external_launcher")  # `invar.workers.vllm_worker.EXECUTOR_BACKENDS`
@@ -65,7 +67,8 @@ LAUNCH_SETTINGS: dict[str, dict[str, LaunchSetting]] = {
              "enforce_eager": LaunchSetting("--no-enforce-eager", bool, flag_when=False)},
     "mlx": {},
     # An OpenAI-compatible server: where it is and what it serves; the key is named, never given (docs/endpoints.md).
-    "openai": {"base_url": LaunchSetting("--base-url", str), "served_model": LaunchSetting("--served-model", str),
+    "openai": {"base_url": LaunchSetting("--base-url", str, required=True),
+               "served_model": LaunchSetting("--served-model", str, required=True),
                "api_key_env": LaunchSetting("--api-key-env", str),
                "logprobs_mode": LaunchSetting("--logprobs-mode", str, ("raw_logprobs", "processed_logprobs")),
                "max_in_flight": LaunchSetting("--max-in-flight", int),
@@ -76,6 +79,12 @@ LAUNCH_SETTINGS: dict[str, dict[str, LaunchSetting]] = {
 type and the values its worker takes; every other setting is fixed by the worker itself and only checked against
 its identity. A contract's packages and `use package --setting` are checked against this before any worker
 starts."""
+
+def missing_settings(engine: str, given: Mapping[str, Any]) -> list[str]:
+    """The required launch settings of `engine` that `given` lacks (or leaves null)."""
+    return [name for name, launch in LAUNCH_SETTINGS.get(engine, {}).items()
+            if launch.required and given.get(name) is None]
+
 
 DEFAULT_MODEL = HOME / "models" / "tiny-arith"
 """The shipped tiny model, the default of every command that takes `--model`."""

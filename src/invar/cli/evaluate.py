@@ -29,13 +29,14 @@ from invar.cli.options import (
     ModelOpt,
     QuantOpt,
     RunOpt,
+    SettingOpt,
     TemperatureOpt,
     TopPOpt,
 )
 from invar.errors import ContractError
 from invar.home import HOME
 from invar.records import RunStore
-from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, default_run_dir
+from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, default_run_dir, parse_launch_settings
 from invar.runner.evaluate import (
     EvaluationSettings,
     evaluate_policy,
@@ -78,6 +79,7 @@ def evaluate(
                                             "'options=[\"A\",\"B\"]'); repeatable.")
     ] = None,
     engine: EngineOpt = Engine.HF,
+    setting: SettingOpt = None,
     model: ModelOpt = DEFAULT_MODEL,
     dtype: DtypeOpt = Dtype.FLOAT32,
     quantization: QuantOpt = Quantization.NONE,
@@ -100,7 +102,8 @@ def evaluate(
     scorer = load_scorer(scorer_file, _settings(scorer_setting or []), scorer_dir)
     check_units(scorer, problems)
     chosen = [problems[i] for i in sample_indices(len(problems), count, sample_seed)]
-    spec = EngineSpec(engine, model, dtype, quantization, adapter)
+    spec = EngineSpec(engine, model, dtype, quantization, adapter,
+                      settings=parse_launch_settings(engine.value, setting or []))
     meta = spec.meta()
     settings = {"population": str(population), "population_sha256": pop_digest, "scorer": scorer_identity(scorer),
                 "count": len(chosen),

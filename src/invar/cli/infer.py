@@ -22,12 +22,22 @@ from invar.cli.options import (
     ModelOpt,
     QuantOpt,
     RunOpt,
+    SettingOpt,
     TemperatureOpt,
     TopPOpt,
 )
 from invar.errors import EvidenceError, InvarError
 from invar.records import RunStore
-from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, check_output, default_run_dir, engine_session
+from invar.runner.engine import (
+    Dtype,
+    Engine,
+    EngineSpec,
+    Quantization,
+    check_output,
+    default_run_dir,
+    engine_session,
+    parse_launch_settings,
+)
 from invar.runner.options import check_context, check_sampling, model_context
 from invar.tasks import ModelTokenizer
 
@@ -39,6 +49,7 @@ def infer(
     top_p: TopPOpt = 1.0,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Most response tokens per request.")] = 16,
     engine: EngineOpt = Engine.HF,
+    setting: SettingOpt = None,
     model: ModelOpt = DEFAULT_MODEL,
     dtype: DtypeOpt = Dtype.FLOAT32,
     quantization: QuantOpt = Quantization.NONE,
@@ -57,7 +68,8 @@ def infer(
                    seeds=(seed, seed + len(prompts) - 1), call_timeout=call_timeout)
     if system is not None and not chat:
         raise InvarError("--system is a chat message: add --chat (or drop --system)")
-    spec = EngineSpec(engine, model, dtype, quantization, adapter)
+    spec = EngineSpec(engine, model, dtype, quantization, adapter,
+                      settings=parse_launch_settings(engine.value, setting or []))
     meta = spec.meta()
     vocab = ModelTokenizer.from_model_dir(model)
     context = model_context(model)

@@ -13,6 +13,9 @@ from invar.runner.engine import Dtype, Engine, Quantization
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature, in [0, 10] (0: greedy).")]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].")]
 EngineOpt = Annotated[Engine, typer.Option("--engine", help="The engine whose worker runs the model.")]
+SettingOpt = Annotated[list[str] | None, typer.Option(
+    "--setting", help="A launch setting of the engine's worker, NAME=VALUE (e.g. threads=1; for --engine openai: "
+                      "base_url=URL and served_model=ID), checked before it starts (repeatable).")]
 ModelOpt = Annotated[Path, typer.Option("--model", help="The model folder (named by its tree digest).")]
 DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="The dtype the engine computes in.")]
 QuantOpt = Annotated[
@@ -27,5 +30,16 @@ CallTimeoutOpt = Annotated[
 ]
 DEFAULT_CALL_TIMEOUT = 1800.0
 
-__all__ = ["DEFAULT_MODEL", "AdapterOpt", "CallTimeoutOpt", "DtypeOpt", "EngineOpt", "ModelOpt", "QuantOpt",
-           "RunOpt", "TemperatureOpt", "TopPOpt"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "AdapterOpt",
+    "CallTimeoutOpt",
+    "DtypeOpt",
+    "EngineOpt",
+    "ModelOpt",
+    "QuantOpt",
+    "RunOpt",
+    "SettingOpt",
+    "TemperatureOpt",
+    "TopPOpt",
+]

@@ -24,12 +24,13 @@ from invar.cli.options import (
     ModelOpt,
     QuantOpt,
     RunOpt,
+    SettingOpt,
 )
 from invar.compare.steps import parse_steps, show_steps
 from invar.errors import InvarError
 from invar.patches import patch_digest, patch_dir
 from invar.records import RunStore
-from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, default_run_dir
+from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, default_run_dir, parse_launch_settings
 from invar.runner.options import TEMPERATURE_MAX, check_sampling
 from invar.runner.score import ScoredOutput, batches_from_run, items_from_file, score_batches, verify_source
 from invar.tasks import ModelTokenizer
@@ -40,7 +41,7 @@ _SHOWN = 50
 
 def score(
     tokens: Annotated[
-        Path | None, typer.Option("--tokens", help="JSON lines: {\"item_id\", \"prompt\", \"tokens\": \\[ids], "
+        Path | None, typer.Option("--tokens", help="JSON lines: {\"item_id\", \"prompt\", \"tokens\": [ids], "
                                                    "\"temperature\"?}.")
     ] = None,
     from_run: Annotated[
@@ -57,6 +58,7 @@ def score(
     ] = 1.0,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Items per score call (--tokens).")] = 64,
     engine: EngineOpt = Engine.HF,
+    setting: SettingOpt = None,
     model: ModelOpt = DEFAULT_MODEL,
     dtype: DtypeOpt = Dtype.FLOAT32,
     quantization: QuantOpt = Quantization.NONE,
@@ -85,7 +87,8 @@ def score(
     except ValueError as exc:
         raise InvarError(f"--capture-steps {capture_steps!r}: {exc}") from None
     patches = {name: patch_digest(patch_dir(name)) for name in patch or []}
-    spec = EngineSpec(engine, model, dtype, quantization, adapter, patches=patches)
+    spec = EngineSpec(engine, model, dtype, quantization, adapter, patches=patches,
+                      settings=parse_launch_settings(engine.value, setting or []))
     meta: dict[str, Any] = {"command": "score", **spec.meta(), "capture_steps": show_steps(spec_steps)}
     if from_run is not None:
         source = verify_source(from_run)

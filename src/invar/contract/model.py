@@ -335,7 +335,7 @@ class Adapter(_Model):
 class PackageDeclaration(_Model):
     """A frozen package: the worker that must answer and the model it must load."""
 
-    engine: Literal["hf", "vllm", "mlx"]
+    engine: Literal["hf", "vllm", "mlx", "openai"]
     """The worker's engine, as its handshake identity names it."""
     engine_version: dict[ShortText, ShortText] = Field(max_length=MAX_ENTRIES)
     """The engine's package versions, exactly as the worker's identity reports them."""
@@ -444,6 +444,9 @@ def check_launch_settings(engine: str, settings: Mapping[str, Any]) -> None:
     for name, launch in LAUNCH_SETTINGS.get(engine, {}).items():
         value = settings.get(name)
         if value is None:
+            if launch.required:
+                raise ValueError(f"{name} is missing: the {engine} worker cannot start without it; state it in the "
+                                 "package's settings (invar use package prints them)")
             continue
         where = f"{name}, a launch option of the {engine} worker,"
         if launch.kind is float and isinstance(value, int) and not isinstance(value, bool):

@@ -30,7 +30,7 @@ import numpy as np
 from invar import canonical
 from invar.engines import LAUNCH_SETTINGS as LAUNCH_SETTINGS
 from invar.engines import LaunchSetting as LaunchSetting
-from invar.engines import start_worker
+from invar.engines import missing_settings, start_worker
 from invar.errors import EvidenceError, InvarError, ProtocolError
 from invar.protocol import Answer, Identity, Role, WorkerClient, WorkerLost
 from invar.records import RunStore
@@ -45,6 +45,8 @@ class Engine(enum.StrEnum):
     HF = "hf"
     VLLM = "vllm"
     MLX = "mlx"
+    OPENAI = "openai"
+    """An OpenAI-compatible server (`invar.workers.openai_worker`; docs/endpoints.md): inference only."""
 
 
 class Dtype(enum.StrEnum):
@@ -124,6 +126,9 @@ def parse_launch_settings(engine: str, items: Sequence[str]) -> dict[str, Any]:
         if name in settings:
             raise InvarError(f"--setting {name} is given twice; give each setting once")
         settings[name] = value
+    if missing := missing_settings(engine, settings):
+        raise InvarError(f"the {engine} worker needs " + " and ".join(f"--setting {name}=…" for name in missing)
+                         + (" (where the server is and the model id it serves)" if engine == "openai" else ""))
     return settings
 
 

@@ -1,0 +1,233 @@
+"""A use decision about a deployment: may the served endpoint replace the in-process vLLM engine of the same
+build? Decided end to end from the README's commands (`use package`, `use prepare`, `use run`, `use admit`) on the
+shipped model, with requests one at a time and 16 in flight as invariance layouts, and recomputed from the records.
+
+The endpoint going away mid-run is a proxy in front of the real server that stops listening (the client sees
+exactly what a killed server gives it: connection refused) and comes back on the same address: the run fails in
+one line keeping its records, and the same command resumes it to the same decision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai_server import SERVED, VllmServer
+
+from invar import canonical
+from invar.contract.admit import admit
+from invar.engines import DEFAULT_MODEL
+from invar.errors import RecordError
+from invar.records import RunStore
+
+REPO_ROOT = Path(__file__).resolve().parents[3]  # the checkout these tests belong to
+POPULATION = REPO_ROOT / "data" / "arith-eval.jsonl"
+UNITS = 32
+
+pytestmark = pytest.mark.engine
+
+
+def _invar(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=900)
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
+    return json.dumps(value)
+
+
+def package(engine: str, *settings: str) -> dict[str, Any]:
+    """What `invar use package` says the package must state, plus the model it runs."""
+    out = _invar("use", "package", engine, *(a for s in settings for a in ("--setting", s)), "--json")
+    assert out.returncode == 0, out.stderr
+    pkg = json.loads(out.stdout)
+    return {**{k: pkg[k] for k in ("engine", "engine_version", "settings", "worker_digest")},
+            "model_dir": str(DEFAULT_MODEL), "model_digest": canonical.tree_digest(DEFAULT_MODEL),
+            "dtype": "float32"}
+
+
+def write_declaration(folder: Path, url: str) -> Path:
+    reference = package("vllm")
+    candidate = package("openai", f"base_url={url}", f"served_model={SERVED}", "retries=0")
+    lines = [
+        'name = "served-vllm"',
+        "[population]", f'path = "{POPULATION}"',
+        f'sha256 = "{POPULATION.with_suffix(".sha256").read_text().split()[0]}"', f"sample = {UNITS}",
+        "[scorer]", 'name = "arithmetic-exact"',
+        "[sampling]", "temperature = 1.0", "max_tokens = 5",
+        "[requirement]", 'standard = "population"', 'epsilon = "0.2"', 'confidence = "0.95"',
+        'method = "paired-binary-exact"',
+        "[pairing]", "seed = 20261201", 'layout = "in-flight-16"',
+        "[layouts.one-at-a-time]", "batch_size = 1",
+        "[layouts.in-flight-16]", "batch_size = 16",
+        "[layouts.in-flight-16-shuffled]", "batch_size = 16", 'order = "shuffled"',
+        "[invariance]", "required = true", 'layouts = ["one-at-a-time", "in-flight-16", "in-flight-16-shuffled"]',
+        "[execution]", "requests_per_call = 16",
+        "[reference]", *(f"{k} = {_toml(v)}" for k, v in reference.items()),
+        "[candidate]", *(f"{k} = {_toml(v)}" for k, v in candidate.items()),
+        "[[premises]]",
+        'statement = "The server at base_url runs vLLM on the weights of model_dir, launched as docs/endpoints.md '
+        'says."',
+        'party = "deployment owner"', f'basis_sha256 = "{canonical.tree_digest(DEFAULT_MODEL)}"',
+        'reliance = "vouched"',
+    ]
+    decl = folder / "served-vllm.toml"
+    decl.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return decl
+
+
+class Gate:
+    """A TCP relay on a fixed port in front of the real server that can stop listening and listen again."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.listener: socket.socket | None = None
+        self.thread: threading.Thread | None = None
+        self.budget: int | None = None
+        """Close after this many more connections (the worker opens one per HTTP request)."""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def open(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self.listener = listener
+        self.thread = threading.Thread(target=self._accept, args=(listener,), daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        if self.listener is not None:
+            # shutdown wakes the accepting thread, so the port is free again at once; new connections are refused
+            with contextlib.suppress(OSError):
+                self.listener.shutdown(socket.SHUT_RDWR)
+            self.listener.close()
+            self.listener = None
+            if self.thread is not None and self.thread is not threading.current_thread():
+                self.thread.join(timeout=10)
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            except OSError:  # the server itself is gone (the session is ending)
+                client.close()
+                continue
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            if self.budget is not None:
+                self.budget -= 1
+                if self.budget <= 0:
+                    self.budget = None
+                    self.close()
+                    return
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.fixture(scope="module")
+def gate(vllm_server: VllmServer) -> Iterator[Gate]:
+    g = Gate(int(vllm_server.url.rsplit(":", 1)[1]))
+    g.open()
+    try:
+        yield g
+    finally:
+        g.close()
+
+
+@pytest.fixture(scope="module")
+def contract(gate: Gate, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("served")
+    out = _invar("use", "prepare", str(write_declaration(folder, gate.url)))
+    assert out.returncode == 0, out.stderr
+    return folder / "served-vllm.contract.json"
+
+
+def test_the_endpoint_is_admitted_for_the_use_and_the_decision_recomputes(contract: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    out = _invar("use", "run", str(contract), "--run", str(run), "--json")
+    assert out.returncode == 0, out.stderr
+    head = json.loads(out.stdout)["chain_head"]
+    out = _invar("use", "admit", str(run), "--contract", str(contract), "--expect-head", head, "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["answer"] == "Admitted"
+    assert doc["invariance"]["holds"] is True  # one at a time, 16 in flight, shuffled: the same bits
+    # Served and in-process: the same tokens on every unit (same vLLM build, same seeds).
+    assert doc["task_loss"]["n"] == UNITS
+    assert (doc["task_loss"]["worse"], doc["task_loss"]["better"]) == (0, 0), doc["task_loss"]
+    decision = admit(contract, run)  # from the records alone, in this process
+    assert decision.answer.value == "Admitted"
+
+
+def _generate_records(run: Path) -> int:
+    """Answered generate calls in a run being written (0 while it is still being created)."""
+    try:
+        store = RunStore.open(run)
+    except RecordError:
+        return 0
+    with store:
+        return sum(1 for c in store.calls() if c.call.method == "generate" and c.report is not None
+                   and c.report.report.ok)
+
+
+def test_an_endpoint_that_goes_away_mid_run_loses_nothing_and_the_run_resumes(
+        contract: Path, gate: Gate, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    # The endpoint worker opens one connection per HTTP request: 2 at start (the server's identity), 4 at
+    # load_model (identity, seed probe), then 2 + 16 + 2 per generate call of 16 requests. The gate closes five
+    # requests into the candidate's third call: two of its six calls answered, the third lost mid-flight.
+    gate.budget = 2 + 4 + 2 * 20 + 2 + 5
+    try:
+        out = _invar("use", "run", str(contract), "--run", str(run))
+    finally:
+        if gate.listener is None:
+            gate.open()
+    err = out.stderr
+    assert out.returncode == 2, err
+    assert err.startswith("invar: error: "), err
+    assert err.count("\n") == 1, err
+    assert "Connection refused" in err
+    assert "resume" in err
+    kept = _generate_records(run)
+    assert kept >= 2
+    with urllib.request.urlopen(gate.url + "/v1/models", timeout=10) as resp:
+        assert resp.status == 200  # back
+    out = _invar("use", "run", str(contract), "--run", str(run), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["calls_reused"] >= kept  # every answered call kept, none sent again
+    assert doc["calls_issued"] + doc["calls_reused"] == doc["calls_total"]
+    out = _invar("use", "admit", str(run), "--contract", str(contract), "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(out.stdout)["answer"] == "Admitted"
