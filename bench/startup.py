@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -130,6 +131,14 @@ def timed(argv: list[str]) -> float:
     return time.perf_counter() - started
 
 
+def cpu_timed(argv: list[str]) -> float:
+    """The command's CPU seconds (user + system): what it costs, less moved by other work than its wall time."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, check=True, capture_output=True, timeout=120)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -166,9 +175,14 @@ def main(argv: list[str] | None = None) -> int:
         }
     cli = [sys.executable, "-m", "invar.cli", "--help"]
     imports = [sys.executable, "-c", "import invar.cli.app"]
+    # `use plan --help` builds one command family: what a command pays for its own module before it does anything.
+    family = [sys.executable, "-m", "invar.cli", "use", "plan", "--help"]
     result["cli"] = {"help": summary([timed(cli) for _ in range(args.reps)]),
+                     "use_plan_help": summary([timed(family) for _ in range(args.reps)]),
                      "import_app": summary([timed(imports) for _ in range(args.reps)]),
-                     "python_alone": summary([timed([sys.executable, "-c", "pass"]) for _ in range(args.reps)])}
+                     "python_alone": summary([timed([sys.executable, "-c", "pass"]) for _ in range(args.reps)]),
+                     "help_cpu": summary([cpu_timed(cli) for _ in range(args.reps)]),
+                     "use_plan_help_cpu": summary([cpu_timed(family) for _ in range(args.reps)])}
     result["load_1min_end"] = os.getloadavg()[0]
     print("| engine | invar handshake | plain import | invar load + generate | plain load + generate | invar close "
           "| invar whole | plain whole | handshake / import | whole / whole |")
@@ -181,8 +195,10 @@ def main(argv: list[str] | None = None) -> int:
               f"| {inv['whole']['median']:.2f} s | {pl['whole']['median']:.2f} s "
               f"| {r['handshake_over_import']:.2f} | {r['whole_over_whole']:.2f} |")
     c = result["cli"]
-    print(f"\ninvar --help {c['help']['median']:.2f} s, import invar.cli.app {c['import_app']['median']:.2f} s, "
-          f"python alone {c['python_alone']['median']:.2f} s (medians of {args.reps})")
+    print(f"\ninvar --help {c['help']['median']:.2f} s, invar use plan --help {c['use_plan_help']['median']:.2f} s, "
+          f"import invar.cli.app {c['import_app']['median']:.2f} s, "
+          f"python alone {c['python_alone']['median']:.2f} s (medians of {args.reps}); CPU time: invar --help "
+          f"{c['help_cpu']['median']:.2f} s, invar use plan --help {c['use_plan_help_cpu']['median']:.2f} s")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
