@@ -9,6 +9,7 @@ the same tokens and the same log-probability bits through the server.
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 import time
 import urllib.request
@@ -202,3 +203,46 @@ def test_transient_server_errors_are_retried_and_counted(vllm_server: VllmServer
     finally:
         client.close()
         proxy.shutdown()
+
+
+class _Seedless(http.server.BaseHTTPRequestHandler):
+    """A stand-in for a server that ignores request seeds (vLLM's honours them): every completion is drawn afresh,
+    with well-formed ids and log-probabilities, so only the repetition check can tell."""
+
+    draws = np.random.default_rng()
+
+    def _send(self, doc: dict[str, Any]) -> None:
+        data = json.dumps(doc).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/version":
+            self._send({"version": "0.0.0-seedless"})
+        else:
+            self._send({"data": [{"id": SERVED, "root": "seedless", "max_model_len": 128, "owned_by": "test"}]})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        ids = [int(t) for t in self.draws.integers(3, 18, size=body["max_tokens"])]
+        self._send({"choices": [{
+            "prompt_token_ids": body["prompt"], "token_ids": ids, "finish_reason": "length",
+            "logprobs": {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": [-1.0] * len(ids)}}]})
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_server_that_ignores_seeds_is_refused(load_params: dict[str, Any]) -> None:
+    stand_in = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Seedless)
+    threading.Thread(target=stand_in.serve_forever, daemon=True).start()
+    client = start_worker("openai", args=endpoint_args(f"http://127.0.0.1:{stand_in.server_address[1]}"))
+    try:
+        with pytest.raises(WorkerError, match="does not honour request seeds"):
+            client.call("load_model", load_params)
+    finally:
+        client.close()
+        stand_in.shutdown()
