@@ -236,6 +236,19 @@ def test_a_second_use_run_on_one_directory_is_refused(contract: Path, tmp_path: 
         assert store.verify().closed
 
 
+def test_a_run_of_another_contract_is_refused_without_a_resume_hint(contract: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    with RunStore.create(run, meta={"command": "use run", "contract_sha256": "f" * 64,
+                                    "contract": "other.contract.json"}) as store:
+        store.close_run()
+    out = _invar("use", "run", str(contract), "--run", str(run))
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "the run was made under contract ffffffffffffffff…" in out.stderr
+    assert "resume it with the contract it was made under (other.contract.json, as recorded)" in out.stderr
+    assert "resume with:" not in out.stderr  # running this command again cannot help: no hint that says it would
+
+
 def test_a_worker_that_is_not_the_package_is_refused_before_any_call(tmp_path: Path) -> None:
     decl = write_declaration(tmp_path, "foreign", candidate={"engine_version": {"torch": "0.0.1"}})
     assert _invar("use", "prepare", str(decl)).returncode == 0

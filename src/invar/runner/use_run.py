@@ -73,7 +73,7 @@ from invar.contract.prepare import (
     package_tokenizers,
 )
 from invar.engines import check_worker_code
-from invar.errors import ContractError, EvidenceError, Interrupted, InvarError
+from invar.errors import ContractError, EvidenceError, Interrupted, InvarError, NotResumable
 from invar.evidence import check_patches_active
 from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
 from invar.protocol import WorkerClient
@@ -190,13 +190,21 @@ def package_spec(package: Package, base: Path, role: Role) -> EngineSpec:
     return spec
 
 
+class ForeignRun(NotResumable, EvidenceError):
+    """The run directory holds a run of another contract: this command cannot resume it (the CLI adds no hint)."""
+
+
 def _check_run(store: RunStore, sha: str, contract_path: Path) -> None:
     """An existing run must verify and have been made under this contract."""
     store.verify()
     made_under = run_contract_sha256(store)
     if made_under != sha:
-        raise EvidenceError(f"{store.path}: the run was made under contract {made_under[:16]}…, not {sha[:16]}… "
-                            f"({contract_path}); resume it with its own contract, or choose a new run directory")
+        run_meta = store.meta().get("run")
+        recorded = run_meta.get("contract") if isinstance(run_meta, dict) else None
+        own = f" ({recorded}, as recorded)" if isinstance(recorded, str) else ""
+        raise ForeignRun(f"{store.path}: the run was made under contract {made_under[:16]}…, not {sha[:16]}… "
+                         f"({contract_path}); resume it with the contract it was made under{own}, or choose a new "
+                         "run directory for this one")
 
 
 def _open_run(run_dir: Path, contract: Contract, sha: str, base: Path, contract_path: Path) -> tuple[RunStore, bool]:
