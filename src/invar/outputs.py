@@ -360,6 +360,15 @@ class UsePlanOutput(Closed):
     delta: str
     rows: list[PlanRow]
     sequential: SequentialPlanRow | None
+    contract_units: int | None = None
+    """The units the contract runs (at most, for a sequential contract)."""
+    contract_power: float | None = None
+    """The contract's own method's power at `contract_units` under the assumption; None for a sequential contract,
+    a method the assumption cannot plan, or n at least twice the planned n (far past the target)."""
+    underpowered: bool = False
+    """`contract_power` is below the target power: the contract's own n is too small for this assumption."""
+    plot: str | None = None
+    """The PNG `--plot` drew (power against n per method), if any."""
 
 
 class UsePackageOutput(Closed):
@@ -569,6 +578,8 @@ class SelfConsistency(Closed):
 class UnitComparison(Closed):
     unit_id: str
     prompt: str
+    expected: str | None = None
+    """The unit's expected answer as its scorer reads it (None when not known: a prompt that is not arithmetic)."""
     reference_text: str | None
     candidate_text: str | None
     first_divergence: int | None
@@ -597,10 +608,26 @@ class ComparisonBody(Closed):
     worst: list[UnitComparison]
 
 
+class CompareDecision(Closed):
+    """A use run's decision under its contract, as `use admit` computes it: the headline of the comparison."""
+
+    answer: str | None
+    """Admitted, Violated or Unknown; None when admission refuses the run (the reason says why)."""
+    reason: str
+    standard: str | None = None
+    epsilon: str | None = None
+    delta: str | None = None
+    bound: BoundOutput | None
+    task_loss: dict[str, Any] | None = None
+    """`use admit --json`'s task_loss."""
+
+
 class CompareNumericalOutput(ComparisonBody):
     """`invar compare numerical --json`."""
 
     units: list[UnitComparison]
+    decision: CompareDecision | None = None
+    """A use run's decision (None for REF_RUN CAND_RUN)."""
 
 
 class DecisionMeasurements(ComparisonBody):

@@ -7,6 +7,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,109 @@ def test_the_report_is_self_contained_html_with_pngs(runs: dict[str, Path], tmp_
     assert pngs == ["out-first-divergence.png", "out-kl.png", "out-teacher-forcing.png"]
     for name in pngs:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class _Outline(HTMLParser):
+    """The report's skeleton: its headings and sections in order, and its text outside the inline images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[str] = []
+        self.text: list[str] = []
+        self._heading: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "section":
+            self.order.append(f"section#{dict(attrs).get('id')}")
+        if tag in ("h1", "h2"):
+            self._heading = tag
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == self._heading:
+            self._heading = None
+
+    def handle_data(self, data: str) -> None:
+        if self._heading is not None:
+            self.order.append(f"{self._heading}:{data}")
+        self.text.append(data)
+
+
+def test_the_report_leads_with_a_headline_then_where_how_far_worst_and_tables(runs: dict[str, Path],
+                                                                              tmp_path: Path) -> None:
+    report = tmp_path / "out.html"
+    out = _invar("compare", "numerical", runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"],
+                 "--ref-scores", runs["ref_scores"], "--report", report)
+    assert out.returncode == 0, out.stderr
+    outline = _Outline()
+    outline.feed(report.read_text(encoding="utf-8"))
+    assert outline.order == [f"h1:{runs['cand']} (hf float32 none) against {runs['ref']} (hf float32 none)",
+                             "section#headline", "section#where", "h2:Where they part", "section#how-far",
+                             "h2:How far", "section#worst", "h2:Units that part most", "section#tables",
+                             "h2:All figures"]
+    text = " ".join(outline.text)
+    head = text[:text.index("Where they part")]
+    assert "8 units" in head
+    assert "6 of 8 units bit-identical" in head
+    assert "reference 0 → candidate 1 of 8 units: change +1" in head  # the task-loss change
+    assert "1 of 8 units part; most at token 1 (1 unit)" in head
+    # No Python reprs anywhere: sources in words, a unit that does not part says so.
+    assert "None" not in text
+    assert "{'" not in text
+    assert "none (same tokens)" in text
+    worst = text[text.index("Units that part most"):text.index("All figures")]
+    assert "42+37=" in worst  # unit 2: prompt, expected answer, both responses
+    assert "79 79 7 token 1" in " ".join(worst.split())
+    # The percentile tables come last, after every chart.
+    assert text.index("max ULP per unit 99.9 %") > text.index("Units that part most")
+
+
+def test_the_first_divergence_chart_counts_every_bar_on_a_log_scale(runs: dict[str, Path]) -> None:
+    from invar.compare.numerical import compare
+    from invar.compare.report import divergence_figure
+    from invar.compare.runs import pair_runs, read_generate_run
+
+    pairs, _ = pair_runs(read_generate_run(runs["ref"], "REF_RUN"), read_generate_run(runs["cand"], "CAND_RUN"))
+    fig = divergence_figure(compare(pairs))
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"  # a handful of units that part stays visible beside the many that agree
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "none"]
+    assert [t.get_text() for t in ax.texts] == ["1", "7"]  # each bar's count written on it
+
+
+def test_the_text_output_labels_units_and_shows_kl_per_capture_step(runs: dict[str, Path]) -> None:
+    out = _invar("compare", "numerical", runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"],
+                 "--ref-scores", runs["ref_scores"])
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"compare numerical: {runs['cand']} (hf float32 none) against {runs['ref']} (hf float32 none)"
+    assert lines[4].startswith("task loss ")
+    assert "change +1" in lines[4]
+    ulp = next(line for line in lines if line.startswith("max ULP per unit"))
+    assert "ULP;" in ulp
+    assert "nats" not in ulp  # a count of float32 steps, not a size in nats
+    doc = _json(runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"], "--ref-scores", runs["ref_scores"])
+    at = lines.index("KL(ref‖cand) per capture step:")
+    for line, row in zip(lines[at + 1:at + 3], doc["captures"]["by_step"], strict=True):
+        assert line.split()[:8] == ["step", str(row["step"]), "n", str(row["n"]), "mean",
+                                    f"{row['mean_kl_ref_cand']:.6g}", "max", f"{row['max_kl_ref_cand']:.6g}"]
+        assert f"within bound of 0 {row['indistinguishable_from_0']}" in line
+    assert [r["indistinguishable_from_0"] for r in doc["captures"]["by_step"]] == [7, 7]  # unit 3's two captures
+    assert doc["decision"] is None  # two runs: no contract, no decision
+
+
+def test_a_unit_whose_first_token_differs_has_no_shared_prefix_not_a_delta_of_0(tmp_path: Path) -> None:
+    ref_units = units(4)
+    first = ref_units[1].text[0]
+    cand_units = units(4, {1: str((int(first) + 1) % 10)})
+    ref, cand = generate_run(tmp_path / "ref", ref_units), generate_run(tmp_path / "cand", cand_units)
+    doc = _json(ref, cand)
+    row = next(u for u in doc["units"] if u["unit_id"] == ref_units[1].unit_id)
+    assert (row["first_divergence"], row["shared"], row["expected"]) == (0, 0, ref_units[1].text)
+    out = _invar("compare", "numerical", ref, cand)
+    assert out.returncode == 0, out.stderr
+    line = next(line for line in out.stdout.splitlines() if line.startswith(ref_units[1].unit_id))
+    assert "first divergence at token 0, no shared prefix" in line
+    assert "max |Δ|" not in line
 
 
 def test_runs_with_other_requests_or_seeds_are_one_line(runs: dict[str, Path], tmp_path: Path) -> None:

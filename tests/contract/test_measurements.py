@@ -3,6 +3,7 @@ recorded responses, reports them beside the decision, and lets them decide only 
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import numpy as np
 import pytest
 from contract_runs import RunWriter, Workspace, make_workspace
@@ -18,6 +20,7 @@ from scipy.special import log_softmax
 from invar.contract.admit import Answer, admit
 from invar.contract.plan import measurement_params
 from invar.errors import ContractError, EvidenceError
+from invar.tasks.arithmetic import answer_of
 
 UNITS = 40
 MEASURE = {"capture_steps": [0, "last"]}
@@ -179,8 +182,22 @@ def test_compare_numerical_reads_a_use_run_with_its_contract(ws: Workspace, tmp_
     doc = json.loads(out.stdout)
     assert doc["generation"]["units"] == UNITS
     assert doc["teacher_forcing"]["identical"] == UNITS
-    decided = admit(ws.contract_path, run).to_json()["measurements"]
+    full = admit(ws.contract_path, run).to_json()
+    decided = full["measurements"]
     assert doc["captures"] == decided["captures"]  # streamed or held, the same numbers
+    # The headline's decision is admission's own.
+    assert doc["decision"] == {k: full[k] for k in ("answer", "reason", "standard", "epsilon", "delta", "bound",
+                                                    "task_loss")}
+    assert doc["worst"][0]["expected"] == str(answer_of(doc["worst"][0]["prompt"]))
+    schema = Path(__file__).resolve().parents[2] / "docs" / "schemas" / "compare-numerical.schema.json"
+    jsonschema.Draft202012Validator(json.loads(schema.read_text(encoding="utf-8"))).validate(doc)
+    text = subprocess.run([sys.executable, "-m", "invar.cli", "compare", "numerical", str(run), "--contract",
+                           str(ws.contract_path), "--report", str(tmp_path / "r.html")],
+                          capture_output=True, text=True, timeout=300)
+    assert text.returncode == 0, text.stderr
+    assert f"decision                   {full['answer']}: {full['reason']}" in text.stdout.splitlines()[:8]
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert page.index(f"{full['answer']}: {html.escape(full['reason'])}") < page.index("Where they part")
     wrong = subprocess.run([sys.executable, "-m", "invar.cli", "compare", "numerical", str(run)],
                            capture_output=True, text=True, timeout=300)
     assert wrong.returncode == 2

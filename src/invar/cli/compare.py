@@ -58,12 +58,13 @@ def _llama_block(label: str, dist: dict[str, Any], scale: float = 1.0, unit: str
 
 def render_comparison(result: NumericalComparison) -> str:
     """The comparison as text: the responses, the teacher forcing, the captures (llama.cpp's layout), the worst."""
+    from invar.compare.report import headline
+
     doc = result.to_json(per_unit=False)
     g = doc["generation"]
     n = g["units"]
-    src = doc["sources"]
-    lines = [f"compare numerical: {n} units; reference {src.get('reference', {}).get('label', '?')}, candidate "
-             f"{src.get('candidate', {}).get('label', '?')}"]
+    title, rows = headline(result)
+    lines = [f"compare numerical: {title}", *(f"{label:<26} {text}" for label, text in rows)]
     lines.append("== sampled responses (same requests, same seeds: paired, not coupled) ==")
     lines.append(f"bit-identical units        {g['identical']} / {n} ({_pct(g['fraction_identical'])} %): tokens, "
                  "log-probability bits and finish reason")
@@ -71,17 +72,14 @@ def render_comparison(result: NumericalComparison) -> str:
     lines.append(f"log-probs bit-identical    {g['logprobs_identical_over_shared_prefix']} / {n} over the shared "
                  "prefix")
     lines.append(f"first divergence           {_positions(g['first_divergence'])}")
-    for key, title in (("max_ulp", "max ULP per unit"), ("max_abs_delta", "max |Δ logprob| per unit"),
-                       ("sum_delta", "Σ Δ logprob per unit")):
+    for key, name, unit in (("max_ulp", "max ULP per unit", "ULP"), ("max_abs_delta", "max |Δ logprob| per unit",
+                                                                     "nats"),
+                            ("sum_delta", "Σ Δ logprob per unit", "nats")):
         d = g[key]
         if d is not None:
-            lines.append(f"{title:<26} mean {_fmt(d['mean'])} ± {_fmt(d['stderr'])}, median "
-                         f"{_fmt(d['percentiles']['50'])}, max {_fmt(d['max'])} (shared prefix, nats; "
+            lines.append(f"{name:<26} mean {_fmt(d['mean'])} ± {_fmt(d['stderr'])}, median "
+                         f"{_fmt(d['percentiles']['50'])}, max {_fmt(d['max'])} (shared prefix, {unit}; "
                          f"{d['n']} units)")
-    t = doc["task"]
-    if t is not None:
-        lines.append(f"task loss                  reference {t['reference_loss']}, candidate {t['candidate_loss']} "
-                     f"of {t['units']}; worse {t['worse']}, better {t['better']}")
     tf = doc["teacher_forcing"]
     if tf is not None:
         lines.append("== teacher forcing: the candidate scores the reference's responses ==")
@@ -106,6 +104,11 @@ def render_comparison(result: NumericalComparison) -> str:
             verdict = "indistinguishable from 0" if d["mean_indistinguishable_from_0"] else "above it"
             lines.append(f"numerical error of the mean ≤ {d['mean_bound']:.3g} (from the capture's precision): "
                          f"{verdict}")
+        lines.append("KL(ref‖cand) per capture step:")
+        for row in c["by_step"]:
+            lines.append(f"  step {row['step']:>3}  n {row['n']:>6}  mean {_fmt(row['mean_kl_ref_cand']):>12}  max "
+                         f"{_fmt(row['max_kl_ref_cand']):>12}  mean bound {row['mean_bound_ref_cand']:.3g}  within "
+                         f"bound of 0 {row['indistinguishable_from_0']}  same top {row['same_top']}")
         lines.extend(_llama_block("Δp", c["delta_p"], 100.0, "%"))
         lines.append(f"RMS Δp    : {100 * c['rms_delta_p']['value']:6.3f} ± {100 * c['rms_delta_p']['stderr']:5.3f} %")
         lines.append(f"Same top p: {100 * c['same_top']['fraction']:6.3f} ± {100 * c['same_top']['stderr']:5.3f} %")
@@ -118,9 +121,15 @@ def render_comparison(result: NumericalComparison) -> str:
         lines.append("== units that part most ==")
         for u in worst[:5]:
             kl = max((cap["kl_ref_cand"] for cap in u["captures"]), default=None)
-            lines.append(f"{u['unit_id']}: {u['prompt']!r} → reference {u['reference_text']!r}, candidate "
-                         f"{u['candidate_text']!r}; first divergence {u['first_divergence']}, max |Δ| "
-                         f"{_fmt(u['max_abs_delta'])}" + ("" if kl is None else f", max KL {_fmt(kl)}"))
+            fd = u["first_divergence"]
+            # A unit whose first token differs shares no prefix: there is no |Δ| to show, not a |Δ| of 0.
+            delta = "no shared prefix" if u["shared"] == 0 else f"max |Δ| {_fmt(u['max_abs_delta'])} over " \
+                f"{u['shared']} shared tokens"
+            expected = "" if u["expected"] is None else f" (expected {u['expected']!r})"
+            lines.append(f"{u['unit_id']}: {u['prompt']!r}{expected} → reference {u['reference_text']!r}, candidate "
+                         f"{u['candidate_text']!r}; first divergence "
+                         f"{'none' if fd is None else f'at token {fd}'}, {delta}"
+                         + ("" if kl is None else f", max KL {_fmt(kl)}"))
     return "\n".join(lines)
 
 
@@ -190,7 +199,7 @@ def numerical(
         written = write_report(result, report)
         result.sources["report"] = [str(p) for p in written]
     if json_out:
-        emit_json(result.to_json())
+        emit_json({**result.to_json(), "decision": result.decision})
         return
     typer.echo(render_comparison(result))
     if report is not None:

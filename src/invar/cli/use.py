@@ -46,8 +46,9 @@ from invar.patches import patch_digest, patch_dir
 from invar.runner.engine import Engine, default_run_dir, parse_launch_settings, probe_identity
 from invar.runner.options import check_sampling
 from invar.runner.use_run import MAX_WORKERS, Progress, admit_command, use_run
+from invar.stats.bounds import StatisticsError
 from invar.stats.diagnostics import RangeDiagnostics
-from invar.stats.planning import plan_table, render_plan
+from invar.stats.planning import PlanRow, plan_table, power_at, power_curves, render_plan
 from invar.stats.sequential import SequentialPlan, render_sequential, sequential_plan
 from invar.tasks.tokenizer import ModelTokenizer, tokenizer_digest
 
@@ -159,6 +160,10 @@ def plan_cmd(
         int | None, typer.Option("--sequential-max", min=1, help="Also plan sequential admission stopping at most "
                                  "at this n: expected and 90th-percentile stopping n (0/1 losses).")
     ] = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Draw power against n per method into this PNG, with the "
+                                               "contract's n and the target power.")
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """The sample size each bound method needs to admit under stated assumptions, at a stated power."""
@@ -180,11 +185,21 @@ def plan_cmd(
             stated.get("p_worse"), stated.get("p_better"), float(req.epsilon), float(req.delta), power,
             methods=methods, variance=stated.get("variance"), mean=stated.get("mean", 0.0), a=low, b=high,
         )
+        own = _contract_power(c, units, looks, rows, stated, power, (low, high))
+        if plot is not None:
+            from invar.cli.plan_plot import draw_power
+
+            curves = power_curves(rows, variance=stated.get("variance"), mean=stated.get("mean", 0.0), a=low, b=high,
+                                  p_worse=stated.get("p_worse"), p_better=stated.get("p_better"), extra=[units])
+            draw_power(curves, target=power, contract_n=units, contract_method=req.method,
+                       assumption=rows[0].assumption if rows else "", out=plot)
     stops = _sequential_plan(c, looks, stated, sequential_max)
     if json_out:
         emit_json({"contract": str(contract), "contract_method": req.method, "epsilon": str(req.epsilon),
                    "delta": str(req.delta), "rows": [dataclasses.asdict(r) for r in rows],
-                   "sequential": None if stops is None else dataclasses.asdict(stops)})
+                   "sequential": None if stops is None else dataclasses.asdict(stops), "contract_units": units,
+                   "contract_power": own, "underpowered": own is not None and own < power,
+                   "plot": None if plot is None else str(plot)})
         return
     typer.echo(render_plan(rows), nl=False)
     if stops is not None:
@@ -194,6 +209,36 @@ def plan_cmd(
                    f"{len(looks)} pairing calls, and runs at most {units:,} units")
     else:
         typer.echo(f"the contract decides with {req.method} and runs {units:,} units")
+    if own is not None:
+        needed = next((r.n for r in rows if r.method == req.method), None)
+        if own < power:
+            typer.echo(f"warning: the contract's n is underpowered for this assumption: at {units:,} units "
+                       f"{req.method} admits with probability {own:.4f}, below the target {power:g}"
+                       + ("" if needed is None else f"; it needs {needed:,} units"))
+        else:
+            typer.echo(f"at its {units:,} units {req.method} admits with probability {own:.4f} under this "
+                       "assumption")
+    if plot is not None:
+        typer.echo(f"power curves: {plot}")
+
+
+def _contract_power(c: Contract, units: int, looks: tuple[int, ...] | None, rows: list[PlanRow],
+                    stated: dict[str, float], target: float, d_range: tuple[float, float]) -> float | None:
+    """The contract's own method's power at the contract's own n under the stated assumption. None for a sequential
+    contract (its stopping plan says how many it stops at), a method the assumption cannot plan, and an n at least
+    twice the method's planned n, far past the target (the exact methods' cost grows with n)."""
+    req = c.requirement
+    if looks is not None or req.method is None or req.delta is None:
+        return None
+    planned = next((r.n for r in rows if r.method == req.method), None)
+    if planned is not None and units >= 2 * planned:
+        return None
+    try:
+        return power_at(req.method, units, stated.get("p_worse"), stated.get("p_better"), float(req.epsilon),
+                        float(req.delta), power=target, variance=stated.get("variance"),
+                        mean=stated.get("mean", 0.0), a=d_range[0], b=d_range[1])
+    except StatisticsError:
+        return None
 
 
 SEQUENTIAL_MAX = 1 << 24

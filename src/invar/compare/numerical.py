@@ -63,6 +63,8 @@ class UnitPair:
     """The candidate's log-probabilities (float32[T_ref]) of the reference's tokens, on the reference's context."""
     reference_scored: np.ndarray | None = None
     """The reference's own teacher-forced log-probabilities of its response (float32[T_ref]), when it scored it."""
+    expected: str | None = None
+    """The unit's expected answer as its scorer reads it, for the reader (None when unknown)."""
 
 
 @dataclass(frozen=True)
@@ -112,13 +114,16 @@ class UnitResult:
     reference_self_identical: bool | None
     """The reference's own teacher-forced scores equal the log-probabilities it sampled with, bit for bit (None:
     it did not score its response)."""
+    expected: str | None = None
+    """The unit's expected answer, for the reader (None when unknown)."""
 
     @property
     def max_kl(self) -> float:
         return max((c.kl_ref_cand for c in self.captures), default=0.0)
 
     def to_json(self) -> dict[str, Any]:
-        return {"unit_id": self.unit_id, "prompt": self.prompt, "reference_text": self.reference_text,
+        return {"unit_id": self.unit_id, "prompt": self.prompt, "expected": self.expected,
+                "reference_text": self.reference_text,
                 "candidate_text": self.candidate_text, **self.sequence.to_json(),
                 "reference_loss": self.reference_loss, "candidate_loss": self.candidate_loss,
                 "teacher_forcing": None if self.teacher is None else self.teacher.to_json(),
@@ -225,7 +230,7 @@ def compare_unit(pair: UnitPair, captures: tuple[CaptureComparison, ...] = (),
             np.array_equal(pair.reference_scored.view(np.uint32), ref.logprobs.view(np.uint32)))
     return UnitResult(pair.unit_id, pair.prompt, pair.reference_text, pair.candidate_text,
                       tuple(int(t) for t in ref.tokens), tuple(int(t) for t in cand.tokens), seq,
-                      pair.reference_loss, pair.candidate_loss, teacher, captures, self_identical)
+                      pair.reference_loss, pair.candidate_loss, teacher, captures, self_identical, pair.expected)
 
 
 def _positions(values: Iterable[int | None]) -> dict[str, Any]:
@@ -243,6 +248,9 @@ class NumericalComparison:
     context: CaptureContext | None
     sources: dict[str, Any] = field(default_factory=dict)
     """What was compared (runs, heads, packages), for the reader."""
+    decision: dict[str, Any] | None = None
+    """A use run's decision under its contract (`use admit`'s answer, reason and bound), for the report's headline;
+    None for two runs compared by their records alone."""
 
     # -- aggregates ----------------------------------------------------------------------------------------------
 
@@ -377,6 +385,8 @@ def _by_step(caps: list[CaptureComparison]) -> list[dict[str, Any]]:
         group = steps[s]
         out.append({"step": s, "n": len(group), "mean_kl_ref_cand": float(np.mean([c.kl_ref_cand for c in group])),
                     "max_kl_ref_cand": max(c.kl_ref_cand for c in group),
+                    "mean_bound_ref_cand": float(np.mean([c.bound_ref_cand for c in group])),
+                    "indistinguishable_from_0": sum(c.indistinguishable for c in group),
                     "same_top": sum(c.same_top for c in group)})
     return out
 

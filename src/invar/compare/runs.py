@@ -275,6 +275,14 @@ def task_loss(prompt: str, tokens: np.ndarray, vocabulary: ModelTokenizer | None
     return text, score(prompt, text)
 
 
+def expected_answer(prompt: str) -> str | None:
+    """The arithmetic answer of `prompt`, as its task scores it; None for a prompt that is not arithmetic."""
+    try:
+        return str(answer_of(prompt))
+    except ContractError:
+        return None
+
+
 def _scored_temperature(request: Mapping[str, Any]) -> float:
     """The temperature a response's log-probabilities are at: the request's, or 1 for greedy requests."""
     t = float(request["temperature"])
@@ -329,7 +337,8 @@ def pair_runs(ref: GenerateRun, cand: GenerateRun, cand_scores: ScoreRun | None 
         taught = cand_scores.items.get(rid) if cand_scores is not None else None
         own = ref_scores.items.get(rid) if ref_scores is not None else None
         pairs.append(UnitPair(rid, req["prompt"], r, c, r_loss, c_loss, r_text, c_text,
-                              None if taught is None else taught.logprobs, None if own is None else own.logprobs))
+                              None if taught is None else taught.logprobs, None if own is None else own.logprobs,
+                              expected_answer(req["prompt"])))
     captures = None
     if cand_scores is not None and ref_scores is not None:
         with_steps = frozenset(i for i, it in ref_scores.items.items() if it.steps) | frozenset(
@@ -344,6 +353,7 @@ __all__ = [
     "ScoreRun",
     "ScoredItem",
     "check_score_output",
+    "expected_answer",
     "open_verified",
     "pair_runs",
     "read_generate_run",

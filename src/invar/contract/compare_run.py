@@ -12,17 +12,21 @@ computations; `compare` stays the layer below, computing from numbers it is give
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from invar.compare.numerical import DEFAULT_LARGE_STEP, NumericalComparison
-from invar.contract.admit import layout_losses, measurement_comparison, read_anchors, stream_evidence
+from invar.contract.admit import Decision, admit, layout_losses, measurement_comparison, read_anchors, stream_evidence
 from invar.contract.model import read_contract
 from invar.contract.plan import Role
 from invar.contract.prepare import contract_scorer
 from invar.errors import InvarError
 from invar.records import RunStore
 from invar.records.store import is_run
+from invar.tasks.population import thaw
 
 
 def run_contract_path(run: Path) -> Path:
@@ -55,8 +59,28 @@ def compare_use_run(run: Path, contract_path: Path | None, *, large_step: float 
                   for role in roles}
         result = measurement_comparison(store, contract, plan, bound, vocab, losses["reference"],
                                         losses["candidate"], large_step=large_step)
+        expected = [None if u.source is None else _shown(thaw(u.source.answer)) for u in plan.units]
     result.sources["contract_file"] = str(contract_file)
-    return result
+    units = tuple(dataclasses.replace(u, expected=e) for u, e in zip(result.units, expected, strict=True))
+    # The headline's decision is use admit's own, computed by the same function after the comparison is done
+    # (so the two never hold their records at once); a run admission refuses is compared all the same.
+    try:
+        decision: dict[str, Any] = decision_summary(admit(contract_file, run))
+    except InvarError as exc:
+        decision = {"answer": None, "reason": f"not decided: {exc}", "bound": None}
+    return dataclasses.replace(result, units=units, decision=decision)
 
 
-__all__ = ["compare_use_run", "run_contract_path"]
+def _shown(answer: Any) -> str:
+    return answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False)
+
+
+def decision_summary(d: Decision) -> dict[str, Any]:
+    """What the report's headline shows of a decision: the answer, its reason, ε, δ and the bound."""
+    full = d.to_json()
+    return {"answer": full["answer"], "reason": full["reason"], "standard": full["standard"],
+            "epsilon": full["epsilon"], "delta": full["delta"], "bound": full["bound"],
+            "task_loss": full["task_loss"]}
+
+
+__all__ = ["compare_use_run", "decision_summary", "run_contract_path"]

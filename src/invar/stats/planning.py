@@ -1112,3 +1112,58 @@ def render_plan(rows: Sequence[PlanRow]) -> str:
         cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]), row[2].rjust(widths[2]), row[3].rjust(widths[3])]
         lines.append("  ".join([*cells, row[4]]))
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class PowerCurve:
+    """One method's power against n under the stated assumption (as `power_at` computes it), for `use plan --plot`."""
+
+    method: str
+    n: tuple[int, ...]
+    power: tuple[float, ...]
+    required_n: int
+    """The planned n (the row's)."""
+
+
+def power_curve_points(row: PlanRow, n_min: int = 1, extra: Sequence[int] = (), points: int = 12) -> list[int]:
+    """The n at which a method's curve is drawn: geometric from an eighth to 2.5 times its planned n, the planned n
+    itself and `extra` (the contract's n) where it falls in that span (past it the power is far above the target,
+    and the exact methods' cost grows with n); at least `n_min` (the method's smallest n)."""
+    lo, hi = max(n_min, row.n // 8, 1), max(n_min + 1, int(row.n * 2.5))
+    grid = {round(float(x)) for x in np.geomspace(lo, hi, points)} | {row.n} | {int(e) for e in extra
+                                                                               if n_min <= e <= hi}
+    return sorted(n for n in grid if n >= n_min)
+
+
+def power_curves(
+    rows: Sequence[PlanRow],
+    *,
+    variance: float | None = None,
+    mean: float = 0.0,
+    a: float = -1.0,
+    b: float = 1.0,
+    p_worse: float | None = None,
+    p_better: float | None = None,
+    extra: Sequence[int] = (),
+    points: int = 12,
+    reps: int = 2000,
+    seed: int = 0,
+) -> list[PowerCurve]:
+    """Each row's method's power at `power_curve_points` (every (method, n) an independent piece for `map_calls`)."""
+    pieces: list[tuple[str, int]] = []
+    for r in rows:
+        n_min = 2 if r.method == "maurer-pontil" else 1
+        pieces += [(r.method, n) for n in power_curve_points(r, n_min, extra, points)]
+
+    def one(method: str, n: int, target: float, eps: float, dlt: float) -> float:
+        return power_at(method, n, p_worse, p_better, eps, dlt, power=target, variance=variance, mean=mean, a=a,
+                        b=b, reps=reps, seed=seed)
+
+    first = {r.method: r for r in rows}
+    values = map_calls([partial(one, m, n, first[m].power_target, first[m].epsilon, first[m].delta)
+                        for m, n in pieces])
+    curves = []
+    for r in rows:
+        got = [(n, v) for (m, n), v in zip(pieces, values, strict=True) if m == r.method]
+        curves.append(PowerCurve(r.method, tuple(n for n, _ in got), tuple(v for _, v in got), r.n))
+    return curves
