@@ -244,7 +244,7 @@ def test_a_raising_scorer_stops_a_sequential_run_in_one_line_and_keeps_its_recor
     assert plan.sequential is not None
     first = plan.units[plan.sequential.look_units(1)[0]].unit_id
 
-    ran = _invar("use", "run", contract, "--run", tmp_path / "run")
+    ran = _invar("use", "run", contract, "--run", tmp_path / "run", "--quiet")  # no phase before the error
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert "Traceback" not in ran.stderr
     [line] = ran.stderr.strip().splitlines()

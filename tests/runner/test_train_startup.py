@@ -213,7 +213,7 @@ def test_a_learner_that_dies_while_starting_stops_the_inference_worker(tmp_path:
     config = write_config(tmp_path, "mlx-learner-dies", "mlx", cycles=1)
     run = tmp_path / "run"
     env = {**os.environ, "INVAR_SABOTAGE": "learner-dies"}
-    out = subprocess.run([sys.executable, "-c", code, "train", str(config), "--run", str(run)],
+    out = subprocess.run([sys.executable, "-c", code, "train", str(config), "--run", str(run), "--quiet"],
                          capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1, out.stderr

@@ -180,7 +180,7 @@ def test_a_ray_placed_worker_that_is_not_the_package_is_refused(cluster: str, co
     decl.write_text(head.replace('name = "ray-nf4"', 'name = "foreign"') + "[candidate]" + cand, encoding="utf-8")
     assert _invar("use", "prepare", str(decl)).returncode == 0
     out = ray_invar("use", "run", str(tmp_path / "foreign.contract.json"), "--run", str(tmp_path / "run"),
-                     "--ray", cluster)
+                     "--ray", cluster, "--quiet")  # the error line alone, no phase before it
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1, out.stderr
     assert "the candidate worker is not the package the contract names: candidate.engine_version" in out.stderr

@@ -7,16 +7,12 @@ The evaluation itself (per-problem seeds, the seeded sample, core scoring, the C
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from invar.cli.common import JsonOpt, emit_json
 from invar.cli.options import (
@@ -33,6 +29,7 @@ from invar.cli.options import (
     TemperatureOpt,
     TopPOpt,
 )
+from invar.cli.progress import QuietOpt, Reporter, reporting
 from invar.errors import ContractError
 from invar.home import HOME
 from invar.records import RunStore
@@ -87,6 +84,7 @@ def evaluate(
     run: RunOpt = None,
     call_timeout: CallTimeoutOpt = DEFAULT_CALL_TIMEOUT,
     as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Evaluate a fixed policy on the population (or a seeded sample): accuracy with a confidence interval (for a
     scorer with losses in a declared range, binary = false: the mean loss with a betting interval)."""
@@ -112,10 +110,17 @@ def evaluate(
     run_dir = run if run is not None else default_run_dir("evaluate")
     started = time.perf_counter()
     with RunStore.create(run_dir, meta={"command": "evaluate", **meta, **settings}) as store:
-        with _progress(len(chosen)) as advance:
+        with reporting(quiet) as shown:
+            done = [0]
+
+            def advance(units: int) -> None:
+                done[0] += units
+                shown.count(done[0])
+
             result = evaluate_policy(
                 spec, chosen, EvaluationSettings(seed, temperature, top_p, max_tokens, batch_size, confidence),
-                store, scorer, call_timeout=call_timeout, advance=advance)
+                store, scorer, call_timeout=call_timeout, advance=advance,
+                phase=lambda text: _phase(shown, text, len(chosen)))
         wall_s = time.perf_counter() - started
         result.update({"run": str(run_dir), **meta, **settings, "wall_s": round(wall_s, 3)})
         store.put_meta("evaluation", result)
@@ -142,15 +147,12 @@ def evaluate(
             typer.echo(f"  {kind:<8} {row['problems']:>5} problems, mean loss {row['mean_loss']:.4f}")
 
 
-@contextlib.contextmanager
-def _progress(total: int) -> Iterator[Callable[[int], None]]:
-    """A progress bar on stderr (stdout stays clean for --json); yields the function that advances it."""
-    console = Console(stderr=True)
-    bar = Progress(TextColumn("evaluating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=console, transient=True, disable=not console.is_terminal)
-    with bar:
-        task = bar.add_task("evaluate", total=total)
-        yield lambda done: bar.advance(task, done)
+def _phase(shown: Reporter, text: str, units: int) -> None:
+    """A phase of the evaluation as shown: generating counts the units."""
+    if text == "generating":
+        shown.phase(text, total=units, unit="units")
+    else:
+        shown.phase(text)
 
 
 def _scorer_location(name: str) -> tuple[str, Path]:

@@ -26,6 +26,7 @@ from invar.cli.options import (
     TemperatureOpt,
     TopPOpt,
 )
+from invar.cli.progress import QuietOpt, reporting
 from invar.errors import EvidenceError, InvarError
 from invar.records import RunStore
 from invar.runner.engine import (
@@ -62,6 +63,7 @@ def infer(
     system: Annotated[str | None, typer.Option(
         "--system", help="A system message before each prompt (with --chat).")] = None,
     as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Make one inference call: print each response's tokens, text and log-probabilities; keep the records."""
     check_sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
@@ -87,7 +89,9 @@ def infer(
         for i, (p, one) in enumerate(zip(prompts, ids, strict=True))
     ]
     with RunStore.create(run_dir, meta={"command": "infer", **meta, **({"chat": True} if chat else {})}) as store:
-        with engine_session(spec, store, call_timeout=call_timeout) as session:
+        with reporting(quiet) as shown, engine_session(spec, store, call_timeout=call_timeout,
+                                                       phase=shown.phase) as session:
+            shown.phase("generating")
             report = session.client.call("generate", {"requests": requests, "layout": [list(range(len(requests)))],
                                                       "adapter": session.adapter, "reference_adapter": None})
         outputs = report.get("outputs")

@@ -26,6 +26,7 @@ from invar.cli.options import (
     RunOpt,
     SettingOpt,
 )
+from invar.cli.progress import QuietOpt, reporting
 from invar.compare.steps import parse_steps, show_steps
 from invar.errors import InvarError
 from invar.patches import patch_digest, patch_dir
@@ -70,6 +71,7 @@ def score(
     run: RunOpt = None,
     call_timeout: CallTimeoutOpt = DEFAULT_CALL_TIMEOUT,
     as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Score given tokens teacher-forced: each token's log-probability and, at the capture steps, the whole
     vocabulary's; keep the records."""
@@ -95,8 +97,7 @@ def score(
         meta["source"] = {"run": str(from_run), "head": source.head, "command": source.command}
         batches = batches_from_run(source, spec_steps)
         # Every item is checked before a worker starts: a step past a response's end costs no model load.
-        for _ in batches_from_run(source, spec_steps):
-            pass
+        total = sum(len(batch) for batch in batches_from_run(source, spec_steps))
     vocab = ModelTokenizer.from_model_dir(model)
     if from_run is None:
         assert tokens is not None
@@ -105,10 +106,15 @@ def score(
                   for batch in items_from_file(tokens, temperature, spec_steps, batch_size)]
         meta["source"] = {"tokens": str(tokens)}
         batches = iter(listed)
+        total = sum(len(batch) for batch in listed)
     run_dir = run if run is not None else default_run_dir("score")
     rows: list[dict[str, Any]] = []
 
+    scored = [0]
+
     def keep(out: ScoredOutput) -> None:
+        scored[0] += 1
+        shown.count(scored[0])
         if as_json or len(rows) < _SHOWN:
             rows.append({
                 "item_id": out.item.item_id, "prompt": out.item.prompt, "temperature": out.item.temperature,
@@ -118,8 +124,10 @@ def score(
                              for s, row in zip(out.item.steps, out.vocab_logprobs, strict=True)],
             })
 
-    with RunStore.create(run_dir, meta=meta) as store:
-        counts = score_batches(spec, batches, store, call_timeout=call_timeout, on_output=keep)
+    with RunStore.create(run_dir, meta=meta) as store, reporting(quiet) as shown:
+        counts = score_batches(spec, batches, store, call_timeout=call_timeout, on_output=keep,
+                               phase=lambda text: shown.phase(text, total=total, unit="items")
+                               if text == "scoring" else shown.phase(text))
         head = store.close_run()
     result = {"run": str(run_dir), "chain_head": head, **meta, **counts, "items": rows}
     if as_json:

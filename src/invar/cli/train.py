@@ -6,18 +6,15 @@ progress and prints.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.progress import Progress as RichProgress
 
 from invar.cli.common import JsonOpt, emit_json, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
+from invar.cli.progress import QuietOpt, Reporter, reporting
 from invar.loop.config import field_help, read_config
 from invar.runner.engine import default_run_dir
 from invar.runner.options import check_sampling
@@ -38,11 +35,12 @@ def train(
                                       "this address (the learner and every record stay here).")
     ] = None,
     json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     check_sampling(temperature=0.0, top_p=1.0, max_tokens=1, call_timeout=call_timeout)
     run_dir = run if run is not None else default_run_dir(f"train-{read_config(config).name}")
-    with resumable(run_dir, f"invar train {config}"), _progress() as show:
-        outcome = run_training(config, run_dir, call_timeout=call_timeout, progress=show, ray=ray)
+    with resumable(run_dir, f"invar train {config}"), reporting(quiet) as shown:
+        outcome = run_training(config, run_dir, call_timeout=call_timeout, progress=_progress(shown), ray=ray)
     if json_out:
         emit_json(outcome.to_json())
         return
@@ -72,20 +70,20 @@ def _help() -> str:
 train.__doc__ = _help()
 
 
-@contextlib.contextmanager
-def _progress() -> Iterator[Callable[[Progress], None]]:
-    """Cycles done, the phase of the current one and the last cycle's reward, on stderr (stdout stays clean for
-    --json); no bar's frames when stderr is not a terminal."""
-    console = Console(stderr=True)
-    bar = RichProgress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("cycles"),
-                       TextColumn("{task.fields[phase]}"), TextColumn("{task.fields[last]}"), TimeElapsedColumn(),
-                       TimeRemainingColumn(), console=console, transient=True, disable=not console.is_terminal)
-    with bar:
-        task = bar.add_task("train", total=None, phase="starting", last="")
+_DOING = {"generate": "generating", "learn": "learning", "publish": "checking and publishing"}
 
-        def show(p: Progress) -> None:
-            bar.update(task, total=p.cycles, completed=p.cycle, phase=p.phase)
-            if p.reward is not None:
-                bar.update(task, last=f"reward {p.reward:.3f}, gap max {p.gap_max:.2g}")
 
-        yield show
+def _progress(shown: Reporter) -> Callable[[Progress], None]:
+    """The training loop's phases as shown: the workers' start, then each cycle's phase, with the last published
+    cycle's reward and gap."""
+    last = [""]
+
+    def show(p: Progress) -> None:
+        if p.reward is not None:
+            last[0] = f"; cycle {p.cycle} reward {p.reward:.3f}, gap max {p.gap_max:.2g}"
+        if p.phase == "start":
+            shown.phase("starting the inference and learner workers and loading the model")
+        elif p.phase in _DOING:
+            shown.phase(f"{_DOING[p.phase]} (cycle {p.cycle + 1} of {p.cycles}{last[0]})")
+
+    return show

@@ -6,32 +6,20 @@ input is bad (an `InvarError`, printed as one line by the application).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    ProgressColumn,
-    Task,
-    TaskProgressColumn,
-    TextColumn,
-    TimeRemainingColumn,
-)
-from rich.progress import Progress as RichProgress
-from rich.text import Text
 
 from invar import canonical
 from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
+from invar.cli.progress import QuietOpt, Reporter, reporting
 from invar.cli.use_init import init_cmd
 from invar.contract.admit import EXIT_CODES, Decision, admit
 from invar.contract.model import Contract, loss_span
@@ -432,6 +420,7 @@ def run_cmd(
                                       "issued again.")
     ] = None,
     json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Execute a contract's plan through the packages' workers and keep every record; resume a stopped run.
 
@@ -442,8 +431,10 @@ def run_cmd(
         raise InvarError(f"--workers {workers}: must be ≥ 1 and at most {MAX_WORKERS} (worker processes per package; "
                          "each loads the model)")
     run_dir = run if run is not None else default_run_dir(f"use-{contract.name.removesuffix('.contract.json')}")
-    with resumable(run_dir, f"invar use run {contract}"), _run_progress() as show:
-        outcome = use_run(contract, run_dir, call_timeout=call_timeout, progress=show, workers=workers, ray=ray)
+    with resumable(run_dir, f"invar use run {contract}"), reporting(quiet) as shown:
+        show, phase = _run_progress(shown)
+        outcome = use_run(contract, run_dir, call_timeout=call_timeout, progress=show, workers=workers, ray=ray,
+                          phase=phase)
     if json_out:
         emit_json(outcome.to_json())
         return
@@ -460,29 +451,23 @@ def run_cmd(
     typer.echo(f"decide with: {admit_command(run_dir, contract, outcome.head)}")
 
 
-class _RateColumn(ProgressColumn):
-    """Requests per second, as rich measures the task's speed."""
+def _run_progress(shown: Reporter) -> tuple[Callable[[Progress], None], Callable[[str], None]]:
+    """The progress and phase sinks of `use run`: the generating and measuring phases count requests, and name the
+    planned calls done."""
+    last = [Progress(0, 0, 0, 0)]
 
-    def render(self, task: Task) -> Text:
-        return Text("" if task.speed is None else f"{task.speed:.1f} req/s")
+    def show(p: Progress) -> None:
+        last[0] = p
+        shown.count(p.requests_done, p.requests_total, detail=f"{p.calls_done}/{p.calls_total} calls")
 
+    def phase(text: str) -> None:
+        p = last[0]
+        if text in ("generating", "measuring"):
+            shown.phase(text, total=p.requests_total, unit="requests", done=p.requests_done)
+        else:
+            shown.phase(text)
 
-@contextlib.contextmanager
-def _run_progress() -> Iterator[Callable[[Progress], None]]:
-    """Calls and requests done, rate and time left, on stderr (stdout stays clean for --json)."""
-    console = Console(stderr=True)
-    bar = RichProgress(TextColumn("use run"), BarColumn(), TextColumn("{task.fields[calls]} calls"),
-                       MofNCompleteColumn(), TextColumn("requests"), TaskProgressColumn(),
-                       _RateColumn(), TimeRemainingColumn(), console=console, transient=True,
-                       disable=not console.is_terminal)  # a log gets the closing lines, not a bar's frames
-    with bar:
-        task = bar.add_task("run", total=None, calls="0/0")
-
-        def show(p: Progress) -> None:
-            bar.update(task, total=p.requests_total, completed=p.requests_done,
-                       calls=f"{p.calls_done}/{p.calls_total}")
-
-        yield show
+    return show, phase
 
 
 @app.command("admit")

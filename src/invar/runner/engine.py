@@ -228,6 +228,7 @@ def engine_session(
     call_timeout: float | None = 1800.0,
     ready: Callable[[], object] = lambda: None,
     placement: RayPlacement | None = None,
+    phase: Callable[[str], object] = lambda text: None,
 ) -> Iterator[Session]:
     """Start the engine's worker (recording into `store`), load the model and adapter; stop the worker after.
 
@@ -238,16 +239,19 @@ def engine_session(
     `ready` is called after the identity check and before the first call (`use run` waits there until every
     package's worker has passed its check).
     `placement`: start the worker as a Ray actor there (`invar.engines.start_worker`).
+    `phase` is told what the session is doing (starting the worker, loading the model), for a command to show.
     """
     model_digest, adapter_digest = spec.digests
     args = launch_args(spec.engine.value, spec.settings, spec.patches)
     code = None if spec.worker_digest is None else (spec.worker_digest, expect[2] if expect else spec.engine.value)
+    phase(f"starting the {spec.engine.value} worker")
     client = start_worker(spec.engine.value, role, args=args, recorder=store, call_timeout=call_timeout,
                           placement=placement, code=code)
     try:
         if expect is not None:
             check_identity(client.identity, expect[0], expect[1], expect[2])
         ready()
+        phase("loading the model")
         adapter_param = None
         if adapter_in_load and spec.adapter is not None:
             adapter_param = {"path": str(spec.adapter.resolve()), "digest": adapter_digest,

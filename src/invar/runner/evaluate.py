@@ -105,18 +105,22 @@ def evaluate_policy(
     *,
     call_timeout: float | None = None,
     advance: Callable[[int], None] = lambda done: None,
+    phase: Callable[[str], object] = lambda text: None,
 ) -> dict[str, Any]:
     """Run every unit through the engine (one call per batch), score each response with `scorer`, and summarise.
 
     Each unit's prompt (or its messages, through the model's chat template) is tokenized by the core before any
-    worker starts, so a prompt the model cannot read or one too long for its context costs no model load."""
+    worker starts, so a prompt the model cannot read or one too long for its context costs no model load.
+    `phase` is told what is under way (starting the worker, loading the model, generating); `advance`, the units
+    each call answered."""
     vocab = ModelTokenizer.from_model_dir(spec.model)
     context = model_context(spec.model)
     prompts = [_prompt(vocab, p) for p in problems]
     for p, (_, ids) in zip(problems, prompts, strict=True):
         check_context(len(ids), settings.max_tokens, context, f"unit {p.id}")
     losses: list[float] = []
-    with engine_session(spec, store, call_timeout=call_timeout) as session:
+    with engine_session(spec, store, call_timeout=call_timeout, phase=phase) as session:
+        phase("generating")
         generating = time.perf_counter()
         for start in range(0, len(problems), settings.batch_size):
             batch = problems[start : start + settings.batch_size]

@@ -196,14 +196,17 @@ def check_items(items: Sequence[ScoreItem], vocab: ModelTokenizer, context: int 
 
 def score_batches(spec: EngineSpec, batches: Iterator[list[ScoreItem]], store: RunStore, *,
                   call_timeout: float | None = None,
-                  on_output: Callable[[ScoredOutput], None] = lambda out: None) -> dict[str, Any]:
+                  on_output: Callable[[ScoredOutput], None] = lambda out: None,
+                  phase: Callable[[str], object] = lambda text: None) -> dict[str, Any]:
     """One `score` call per batch through the engine's worker; each item's result is checked and handed to
-    `on_output` as it arrives. Returns counts: calls, items, captures, vocab_size."""
+    `on_output` as it arrives. Returns counts: calls, items, captures, vocab_size. `phase` is told what is under
+    way (starting the worker, loading the model, scoring)."""
     vocab = ModelTokenizer.from_model_dir(spec.model)
     context = model_context(spec.model)
     calls = items = captures = 0
     width: int | None = None
-    with engine_session(spec, store, call_timeout=call_timeout) as session:
+    with engine_session(spec, store, call_timeout=call_timeout, phase=phase) as session:
+        phase("scoring")
         for batch in batches:
             batch = [it.with_ids(vocab) for it in batch]
             check_items(batch, vocab, context)

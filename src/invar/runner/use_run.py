@@ -246,11 +246,14 @@ def use_run(
     progress: Callable[[Progress], None] = lambda p: None,
     workers: int = 1,
     ray: str | None = None,
+    phase: Callable[[str], object] = lambda text: None,
 ) -> RunOutcome:
     """Execute (or resume) the plan of the contract at `contract_path` into `run_dir`, over `workers` worker
     processes per package (each started from the package and checked against it; a call is answered by one of
     them and bound to the one that answered it). `ray`: the address of a Ray cluster to place the workers on, as
-    actors (joined before the run directory is touched)."""
+    actors (joined before the run directory is touched). `phase` is told what is under way (verifying the records
+    of a resumed run, starting workers, loading the models, generating, measuring, deciding); `progress`, the
+    planned calls done."""
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
         raise InvarError(f"--workers {workers}: must be a whole number ≥ 1 and at most {MAX_WORKERS} (worker "
                          "processes per package; each loads the model)")
@@ -280,6 +283,8 @@ def use_run(
 
         connect(ray)
         placement = RayPlacement(ray, restarts=RESTARTS)
+    if is_run(run_dir):
+        phase("verifying the records")
     store, resumed = _open_run(run_dir, contract, sha, base, contract_path)
     with store:
         tokens: dict[tuple[Role, int], np.ndarray] = {}
@@ -302,7 +307,9 @@ def use_run(
         if rule is not None and first_look and rule.stops(first_look):
             todo = {role: [] for role in ROLES}  # stopped before the kill: only the stop and the close are left
         issued = _execute(contract, plan, specs, todo, measure, tokens, store, eos, counter, call_timeout,
-                          rule, first_look, workers, placement)
+                          rule, first_look, workers, placement, phase)
+        if rule is not None:
+            phase("deciding")
         stop = None if rule is None else _record_stop(store, contract, plan, vocab, eos, scorer)
         head = store.close_run()
     return RunOutcome(run_dir, contract_path, sha, head, total, len(done), issued,
@@ -405,7 +412,8 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
              todo: Mapping[Role, Sequence[PlannedCall]], measure: Mapping[Role, Sequence[MeasurementCall]],
              tokens: dict[tuple[Role, int], np.ndarray], store: RunStore, eos: Mapping[Role, frozenset[int]],
              counter: _Counter, call_timeout: float | None, rule: _Rule | None = None, first_look: int = 0,
-             workers: int = 1, placement: RayPlacement | None = None) -> int:
+             workers: int = 1, placement: RayPlacement | None = None,
+             phase: Callable[[str], object] = lambda text: None) -> int:
     """Start `workers` workers per package that has calls left and issue its calls over them, generate calls first,
     then (once every package has sampled) measurements; the first failure stops all. `tokens` holds the pairing
     layout's response tokens already on record, by (package, unit index), and gains those sampled now. With a
@@ -416,6 +424,12 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
         return 0
     # One thread per worker; a package's threads take its calls from shared queues, each call exactly once.
     threads = [(role, n) for role in roles for n in range(count[role])]
+    phase("starting workers (" + ", ".join(f"{specs[role].engine.value} {role}" + (f" ×{count[role]}"
+                                                                                   if count[role] > 1 else "")
+                                           for role in roles) + ")")
+    # Once every worker is loaded its package's calls go out: generate calls, or only measurements on a resume.
+    loaded = [0]
+    after_load = "generating" if any(todo[role] for role in roles) else "measuring"
     generate_share = {role: _Share(todo[role]) for role in roles}
     measure_share = {role: _Share(measure[role]) for role in roles}
     look_share: dict[tuple[Role, int], _Share[PlannedCall]] = {}
@@ -429,10 +443,18 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
     stop = threading.Event()
     live: set[WorkerClient] = set()  # the workers now serving, stopped at a Ctrl-C whose grace has passed
     live_lock = threading.Lock()
+
+    def identities_checked() -> None:
+        phase("loading the models")
+
+    def all_sampled() -> None:
+        if any(measure.values()):
+            phase("measuring")
+
     # No call is made until every worker has shown the identity the contract names.
-    checked = threading.Barrier(len(threads))
+    checked = threading.Barrier(len(threads), action=identities_checked)
     # No measurement is made until every package has sampled: the candidate scores the reference's responses.
-    sampled = threading.Barrier(len(threads))
+    sampled = threading.Barrier(len(threads), action=all_sampled)
     issued = [0]
     lock = threading.Lock()
     # Sequential: both packages finish look k before the rule looks, and no call of look k + 1 precedes its verdict.
@@ -484,6 +506,9 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
                                         "contract's")
                 with live_lock:
                     live.add(session.client)
+                    loaded[0] += 1
+                    if loaded[0] == len(threads):
+                        phase(after_load)
                 try:
                     yield session
                 finally:
