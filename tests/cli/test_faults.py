@@ -121,7 +121,7 @@ def test_a_workers_error_text_with_newlines_stays_one_line(monkeypatch: pytest.M
     from invar.cli import app as cli
     from invar.errors import WorkerError
 
-    def fails() -> None:
+    def fails(**_: object) -> None:  # main() calls the app as app(standalone_mode=False)
         raise WorkerError("generate", "MethodError", "CUDA out of memory\nTraceback (most recent call last):\n  x")
 
     monkeypatch.setattr(cli, "app", fails)
