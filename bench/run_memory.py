@@ -4,20 +4,22 @@
 
 The contract (written and prepared here, identities probed from the installed worker): the shipped model on Hugging
 Face, FP32 with 1 thread as the reference against FP32 with 2 threads as the candidate, `--units` seeded prompts of
-the evaluation population at T = 1 in one pairing layout of batches of 16, 64 requests per call. Each command runs in
-a process of its own; reported for each: wall time and the peak resident memory of the core's process alone
-(`ru_maxrss` of that process, read as it exits: the engine workers are other processes and are not counted), and
-for the run: bytes in the store (database and write-ahead log) per unit and per call, and the records' count.
-
-What it shows: the core's memory stays flat while the run and its records grow, because `use run` keeps only the
-pairing responses' tokens it needs and `use admit` reads the records as a stream (`RunStore.stream`), one call and
-its report at a time.
+the evaluation population at T = 1 in one pairing layout of batches of 16, 64 requests per call. The commands:
+`use prepare`, `use run`, `use admit`, `inspect records --json`, and a resumed `use run`: a copy of the run's first
+half of records (what a run killed half-way leaves) resumed to the end, then decided again (it must decide as the
+whole run did). Each command runs in a process of its own, importing this checkout's `src`; reported for each: wall
+time and the peak resident memory of the core's process alone (`ru_maxrss` of that process, read as it exits: the
+engine workers are other processes and are not counted), and for the run: bytes in the store (database and
+write-ahead log) per unit and per call, and the records' count.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -33,6 +35,7 @@ for path in (REPO / "src", REPO):  # run from a checkout without installing the 
 from declarations import hf_package, write_declaration  # noqa: E402
 
 from invar.records import RunStore  # noqa: E402
+from invar.records.store import _SCHEMA, DB_NAME  # noqa: E402
 
 # Runs the CLI in this process and prints its own peak RSS (KiB on Linux) on stderr's last line as it exits.
 MEASURED = ("import resource, runpy, sys\n"
@@ -58,9 +61,25 @@ def _bytes_in(value: Any) -> int:
     return 0
 
 
+def cut_copy(run: Path, into: Path, keep: int) -> None:
+    """`into`: a run holding the first `keep` records of `run`, as a run killed after its record `keep` is left."""
+    into.mkdir()
+    conn = sqlite3.connect(into / DB_NAME, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.executescript(_SCHEMA)
+        conn.execute("ATTACH DATABASE ? AS whole", (str(run / DB_NAME),))
+        conn.execute("INSERT INTO log SELECT * FROM whole.log WHERE seq <= ?", (keep,))
+        conn.execute("DETACH DATABASE whole")
+    finally:
+        conn.close()
+
+
 def measured(*args: str | Path, ok: tuple[int, ...] = (0,)) -> dict[str, Any]:
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", MEASURED, *map(str, args)], capture_output=True, text=True, cwd=REPO)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", MEASURED, *map(str, args)], capture_output=True, text=True, cwd=REPO,
+                         env=env)
     wall = time.perf_counter() - t0
     if out.returncode not in ok:
         raise SystemExit(f"bench/run_memory.py: invar {' '.join(map(str, args))} exited {out.returncode}: "
@@ -81,19 +100,35 @@ def main(argv: list[str] | None = None) -> int:
         decl = declaration(folder, args.units)
         contract = folder / "bench-memory.contract.json"
         run = folder / "run"
+        resumed = folder / "resumed"
         steps = {
             "use prepare": ("use", "prepare", decl),
             "use run": ("use", "run", contract, "--run", run),
             "use admit": ("use", "admit", run, "--contract", contract, "--json"),
+            "inspect records": ("inspect", "records", run, "--json"),
+            "resumed use run": ("use", "run", contract, "--run", resumed),
+            "use admit (resumed)": ("use", "admit", resumed, "--contract", contract, "--json"),
         }
+        decisions: dict[str, Any] = {}
         for name, command in steps.items():
-            got = measured(*command, ok=(0, 10, 11) if name == "use admit" else (0,))
-            if name == "use admit":
+            if name == "resumed use run":
+                with RunStore.open(run) as store:
+                    half = store.verify().records // 2
+                cut_copy(run, resumed, half)
+                result["resumed_from_records"] = half
+            got = measured(*command, ok=(0, 10, 11) if name.startswith("use admit") else (0,))
+            if name.startswith("use admit"):
                 decision = json.loads(got["stdout"])
-                result["decision"] = {"answer": decision["answer"], "bound": decision.get("bound")}
+                decisions[name] = {k: decision[k] for k in ("answer", "reason", "bound", "task_loss")}
+                result.setdefault("decision", {"answer": decision["answer"], "bound": decision.get("bound")})
+            if name == "inspect records":
+                got["json_sha256"] = hashlib.sha256(got["stdout"].encode()).hexdigest()
             del got["stdout"]
             result[name] = got
             print(f"{name}: {got['wall_s']} s, core peak RSS {got['peak_rss_mib']} MiB", flush=True)
+        if decisions["use admit"] != decisions["use admit (resumed)"]:
+            raise SystemExit("bench/run_memory.py: the resumed run decides otherwise than the whole run: "
+                             f"{decisions}")
         files = [run / "records.sqlite", run / "records.sqlite-wal"]
         size = sum(f.stat().st_size for f in files if f.exists())
         with RunStore.open(run) as store:

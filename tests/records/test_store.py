@@ -17,7 +17,7 @@ from invar import canonical
 from invar.errors import RecordError
 from invar.protocol.messages import Call, Identity, Report, Role
 from invar.records import RunStore
-from invar.records.store import is_run
+from invar.records.store import CallRecord, is_run
 
 WRITER = str(Path(__file__).with_name("writer.py"))
 IDENT = Identity("test", {"invar": "test"}, Role.INFERENCE, {"threads": 1}, ("echo",), 42)
@@ -236,3 +236,50 @@ def test_calls_decode_with_arrays(tmp_path: Path) -> None:
     store.record_call(canonical.encode(Call(1, "echo", {"a": arr}).to_wire()), worker=key)
     got = store.calls()[0].call.params["a"]
     assert got.tobytes() == arr.tobytes()
+
+
+def _as_compared(rec: CallRecord) -> tuple[object, ...]:
+    """A call record as bytes and numbers (reports hold arrays, which `==` cannot compare)."""
+    rep = rec.report
+    return (rec.seq, rec.worker, rec.call_digest, rec.at_ns, canonical.encode(rec.call.to_wire()),
+            None if rep is None else (rep.seq, rep.report_digest, rep.at_ns, canonical.encode(rep.report.to_wire())))
+
+
+def test_iter_calls_gives_what_calls_gives_one_at_a_time(tmp_path: Path) -> None:
+    store = RunStore.create(tmp_path / "run")
+    key = store.record_worker(IDENT.to_wire())
+    lost = store.record_call(canonical.encode(Call(1, "echo", {"x": 1.0}).to_wire()), worker=key)  # never answered
+    for i in range(2, 6):
+        call = canonical.encode(Call(i, "echo", {"a": np.arange(i, dtype=np.float32)}).to_wire())
+        d = store.record_call(call, worker=key)
+        store.record_report(canonical.encode(Report(i, d, key, result={"a": np.ones(i, np.int32)}).to_wire()),
+                            worker=key)
+    store.close()
+    with RunStore.open(tmp_path / "run") as s:
+        streamed = [_as_compared(r) for r in s.iter_calls()]
+        assert streamed == [_as_compared(r) for r in s.calls()]
+        assert streamed[0][2] == lost
+        assert streamed[0][5] is None
+        again = s.call_at(4)
+        assert again.call.call_id == 2
+        assert again.report is not None
+        assert _as_compared(again) == streamed[1]
+        with pytest.raises(RecordError, match="record 2: no call is recorded there"):
+            s.call_at(2)
+
+
+def test_a_record_changed_after_verification_is_refused_when_read_again(tmp_path: Path) -> None:
+    store = RunStore.create(tmp_path / "run")
+    _fill(store, 3)
+    store.close()
+    with RunStore.open(tmp_path / "run") as s:
+        s.verify()
+        # Rewritten behind the store's back, digest and chain recomputed: the pass that verified saw other bytes.
+        conn = sqlite3.connect(tmp_path / "run" / "records.sqlite")
+        body = canonical.encode(Report(2, canonical.sha256(b"x"), "k", result={"x": 9.0}).to_wire())
+        conn.execute("DROP TRIGGER log_no_update")
+        conn.execute("UPDATE log SET body = ?, digest = ? WHERE seq = 6", (body, canonical.sha256(body)))
+        conn.commit()
+        conn.close()
+        with pytest.raises(RecordError, match=r"record 6 \(report\): its bytes are not those verified"):
+            list(s.iter_calls())

@@ -22,25 +22,26 @@ def records(run: RunDir, expect_head: ExpectHeadOpt = None, as_json: JsonOpt = F
     Without --expect-head this shows the records are consistent with each other; only the head kept from when the
     run closed (or from a receipt) shows they are the records that were written.
     """
+    rows: list[dict[str, Any]] = []
     with RunStore.open(run) as store:
         v = store.verify(expect_head=expect_head)
-        calls = store.calls()
         meta = store.meta()
-    rows: list[dict[str, Any]] = []
-    for c in calls:
-        rep = c.report
-        rows.append({
-            "seq": c.seq,
-            "call_id": c.call.call_id,
-            "engine": c.identity.engine,
-            "role": c.identity.role.value,
-            "method": c.call.method,
-            "call_digest": c.call_digest,
-            "status": "unanswered" if rep is None else ("ok" if rep.report.ok else "error"),
-            "error": None if rep is None or rep.report.error is None else
-            f"{rep.report.error.type}: {rep.report.error.message}",
-            "elapsed_ms": None if rep is None else round((rep.at_ns - c.at_ns) / 1e6, 3),
-        })
+        # One call and its report at a time, each dropped once its row is made: memory follows the calls' count,
+        # not the size of what they carried.
+        for c in store.iter_calls():
+            rep = c.report
+            rows.append({
+                "seq": c.seq,
+                "call_id": c.call.call_id,
+                "engine": c.identity.engine,
+                "role": c.identity.role.value,
+                "method": c.call.method,
+                "call_digest": c.call_digest,
+                "status": "unanswered" if rep is None else ("ok" if rep.report.ok else "error"),
+                "error": None if rep is None or rep.report.error is None else
+                f"{rep.report.error.type}: {rep.report.error.message}",
+                "elapsed_ms": None if rep is None else round((rep.at_ns - c.at_ns) / 1e6, 3),
+            })
     summary = {"run": str(run), "verified": True, "closed": v.closed, "chain_head": v.head,
                "anchored": expect_head is not None, "records": v.records, "workers": v.workers, "calls": v.calls,
                "reports": v.reports, "errors": v.errors, "unanswered": v.unanswered, "meta": meta}

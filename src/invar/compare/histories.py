@@ -180,9 +180,10 @@ def read_run(path: Path, label: str) -> RunHistory:
                             "invar train run")
     try:
         with RunStore.open(path) as store:
+            records = store.calls()  # verifies the store, walked once: verify() below reuses the walk
             v = store.verify()
             meta = store.meta()
-            calls = PublishedCalls(store.calls())
+            calls = PublishedCalls(records)
     except RecordError as exc:
         raise NotComparable(f"{label}: refused, its records do not verify: {exc}") from None
     info = meta.get("run", {})

@@ -25,12 +25,15 @@ the same differences and reported beside the decision; they never decide it.
 
 from __future__ import annotations
 
+import collections
 import enum
+import functools
+import hashlib
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -119,7 +122,18 @@ class CallEvidence:
     call_id: int
     call_digest: str
     report_digest: str
-    outputs: tuple[Output, ...]
+    kept: tuple[Output, ...] | None = None
+    """The outputs as bound, when binding kept them; None when they are read again from the store when asked."""
+    reread: Callable[[], tuple[Output, ...]] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def outputs(self) -> tuple[Output, ...]:
+        """The report's outputs, checked against the planned requests (read again from the store, which must still
+        be open, when binding did not keep them)."""
+        if self.kept is not None:
+            return self.kept
+        assert self.reread is not None
+        return self.reread()
 
     @property
     def name(self) -> str:
@@ -365,8 +379,30 @@ def _bind_measurement(rec: CallRecord, load: CallRecord | None, contract: Contra
         items=tuple(scored))
 
 
+class OutputReader:
+    """Reads a bound generate record's outputs again from the store, when asked, instead of binding keeping them:
+    the evidence of a run then takes memory per call, not per token. The last few calls read are kept (the
+    measurements of one generate call read its outputs once per item)."""
+
+    def __init__(self, store: RunStore, keep: int = 4) -> None:
+        self._store = store
+        self._keep = keep
+        self._recent: collections.OrderedDict[int, tuple[Output, ...]] = collections.OrderedDict()
+
+    def read(self, seq: int, planned: PlannedCall, eos: frozenset[int], name: str) -> tuple[Output, ...]:
+        if seq in self._recent:
+            self._recent.move_to_end(seq)
+            return self._recent[seq]
+        outputs = parse_outputs(_result(self._store.call_at(seq)), planned, eos, name)
+        self._recent[seq] = outputs
+        if len(self._recent) > self._keep:
+            self._recent.popitem(last=False)
+        return outputs
+
+
 def bind_records(
-    records: Iterable[CallRecord], contract: Contract, plan: ExecutionPlan, eos: Mapping[Role, frozenset[int]]
+    records: Iterable[CallRecord], contract: Contract, plan: ExecutionPlan, eos: Mapping[Role, frozenset[int]],
+    reader: OutputReader | None = None,
 ) -> BoundEvidence:
     """Bind each answered generate record, and under plan /3 each measurement (score) record, to the planned call
     it executes, by plan call key.
@@ -374,8 +410,9 @@ def bind_records(
     Raises `EvidenceError`, naming the record, for a call from a foreign package, a call or parameter the plan does
     not contain, a repeated call, a report naming other files, or outputs the plan refuses. A measurement record
     must carry exactly the recorded responses the plan says it scores. A run that is still going (or was killed)
-    binds as far as it got: `use run` resumes from this. Records may come in call order (`RunStore.calls`) or
-    report order (`RunStore.stream`).
+    binds as far as it got: `use run` resumes from this. Records may come in call order (`RunStore.calls`,
+    `RunStore.iter_calls`) or report order (`RunStore.stream`). With a `reader`, each record's outputs are checked
+    as they bind and then dropped; the evidence reads them again through it when asked.
     """
     by_params = {(c.package, c.params_digest): c for c in plan.calls}
     by_items = {(m.package, tuple(plan.units[i].unit_id for i in m.units)): m for m in plan.measurements}
@@ -412,10 +449,12 @@ def bind_records(
         _check_loaded(rec, load, package, role)
         check_patches_active(_result(rec), package.patches, rec.name)
         assert rec.report is not None
+        outputs = parse_outputs(_result(rec), planned, eos[role], rec.name)
         found[planned.key] = CallEvidence(
             key=planned.key, package=role, layout=planned.layout, record_seq=rec.seq, call_id=rec.call.call_id,
             call_digest=rec.call_digest, report_digest=rec.report.report_digest,
-            outputs=parse_outputs(_result(rec), planned, eos[role], rec.name),
+            kept=outputs if reader is None else None,
+            reread=None if reader is None else functools.partial(reader.read, rec.seq, planned, eos[role], rec.name),
         )
     bound.failed = {k: v for k, v in failed.items() if k not in found and k not in bound.measured}
     return bound
@@ -436,13 +475,13 @@ def collect_evidence(
 
     Raises `RecordError` for a store that fails verification and `EvidenceError`, naming the record, for a run
     of another contract, an incomplete run, anything `bind_records` refuses, or a planned call with no successful
-    record.
+    record. The evidence reads its outputs from `store` when asked: use it while the store is open.
     """
-    records = store.calls()  # verifies digests, the chain and every report's binding to its call, meta included
-    if not store.verify().closed:
+    if not store.verify().closed:  # digests, the chain and every report's binding to its call, meta included
         raise _incomplete(store)
     _check_run_contract(store, sha256)
-    return _complete(store, plan, bind_records(records, contract, plan, eos))
+    # Read one call at a time, outputs checked and dropped: the store stays open while the evidence is used.
+    return _complete(store, plan, bind_records(store.iter_calls(), contract, plan, eos, OutputReader(store)))
 
 
 def stream_evidence(
@@ -577,6 +616,47 @@ def check_invariance(runs: Mapping[str, Sequence[Output]]) -> tuple[int, str | N
                     description += f" ({detail}" if detail else ""
                 break
     return differing, description
+
+
+def layout_invariance(plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role,
+                      layouts: Sequence[str]) -> tuple[int, str | None]:
+    """`check_invariance` of one package's outputs under `layouts`, read one call at a time: each unit's output is
+    kept as a digest of its tokens, log-probability bits and finish reason, and only the first differing unit's two
+    outputs are read again to describe the difference. The same count and description."""
+    names = list(layouts)
+    digests = {name: _output_digests(plan, found, package, name) for name in names}
+    differs = {name: (digests[name] != digests[names[0]]).any(axis=1) for name in names[1:]}
+    if not differs:
+        return 0, None
+    any_differs = np.logical_or.reduce(list(differs.values()))
+    differing = int(any_differs.sum())
+    if not differing:
+        return 0, None
+    i = int(np.flatnonzero(any_differs)[0])
+    name = next(n for n in names[1:] if differs[n][i])
+    _, first = check_invariance({n: [_layout_output(plan, found, package, n, i)] for n in (names[0], name)})
+    return differing, first
+
+
+def _output_digests(plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role, layout: str) -> np.ndarray:
+    """uint8[units, 32]: per unit, sha256 of its output's token count, tokens, log-probability bits and finish."""
+    out = np.zeros((len(plan.units), 32), dtype=np.uint8)
+    for c in plan.layout_calls(package, layout):
+        for index, o in zip(c.units, found[c.key].outputs, strict=True):
+            h = hashlib.sha256(len(o.tokens).to_bytes(8, "little"))
+            h.update(np.ascontiguousarray(o.tokens, dtype="<i4").tobytes())
+            h.update(np.ascontiguousarray(o.logprobs, dtype="<f4").tobytes())  # the bits, as check_invariance compares
+            h.update(o.finish_reason.encode())
+            out[index] = np.frombuffer(h.digest(), dtype=np.uint8)
+    return out
+
+
+def _layout_output(plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role, layout: str,
+                   index: int) -> Output:
+    for c in plan.layout_calls(package, layout):
+        if index in c.units:
+            return found[c.key].outputs[c.units.index(index)]
+    raise AssertionError("a plan's calls of one layout cover every unit")
 
 
 def _output_difference(a: Output, b: Output) -> str | None:
@@ -949,6 +1029,11 @@ def admit(
             ref_loss, cand_loss = ref_loss[used], cand_loss[used]
             stopped = sequential_stop(contract, plan, cand_loss - ref_loss, str(store.path), (d_low, d_high))
             check_stop_record(store, stopped, plan, found)
+        inv_layouts = tuple(contract.invariance.layouts)
+        if contract.invariance.required:
+            differing, first = layout_invariance(plan, found, "candidate", inv_layouts)
+        else:
+            differing, first = 0, None
     # The decision's losses are evidence: each unit's loss typed by its package and bound to the record it was
     # scored from (invar.evidence), so the reference's cannot stand in for the candidate's, nor 0/1 losses for
     # losses in a declared range.
@@ -968,12 +1053,6 @@ def admit(
                                          scorer.loss_range)
         d = ranged_cand.values - ranged_ref.values
         loss = paired_range_loss(ranged_ref, ranged_cand)
-    inv_layouts = tuple(contract.invariance.layouts)
-    if contract.invariance.required:
-        differing, first = check_invariance({name: layout_outputs(plan, found, "candidate", name)
-                                             for name in inv_layouts})
-    else:
-        differing, first = 0, None
     invariance = Invariance(contract.invariance.required, inv_layouts, differing == 0, len(plan.units),
                             differing, first)
     premises = check_premises(contract, base)
@@ -1125,6 +1204,7 @@ __all__ = [
     "Decision",
     "Invariance",
     "Output",
+    "OutputReader",
     "PremiseCheck",
     "RangeTaskLoss",
     "TaskLoss",
@@ -1136,6 +1216,7 @@ __all__ = [
     "collect_evidence",
     "decide",
     "diagnostics_json",
+    "layout_invariance",
     "layout_losses",
     "layout_outputs",
     "measurement_comparison",

@@ -200,9 +200,10 @@ class PublishedCalls:
 def read_history(run: Path, *, expect_head: str | None = None) -> History:
     """Verify the run's records and recompute every published cycle's numbers from them."""
     with RunStore.open(run) as store:
+        records = store.calls()  # verifies the store, walked once: verify() below reuses the walk
         v = store.verify(expect_head=expect_head)
         meta = store.meta()
-        calls = PublishedCalls(store.calls())
+        calls = PublishedCalls(records)
     info = meta.get("run", {})
     if info.get("command") != "train":
         raise RecordError(f"{run}: is a run of {info.get('command')!r}, not a training run; inspect history reads "

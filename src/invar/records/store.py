@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +135,11 @@ class RunStore:
         self._closed = bool(row) and row[2] == "close"
         self._workers: dict[str, Identity] = {}
         self._walked: list[CallRecord] | None = None
+        self._verification: Verification | None = None
+        # From the last verifying pass, for `iter_calls`: each call's and report's digest by seq, and each answered
+        # call's report seq (a few hundred bytes per call, never the bodies).
+        self._digests: dict[int, str] = {}
+        self._report_of: dict[int, int] = {}
         self._counts = {"call": 0, "report": 0}
         self._call_seqs: dict[str, int] = {}
         if row:
@@ -370,12 +375,13 @@ class RunStore:
 
     # -- reading ----------------------------------------------------------------------------------------------
 
-    def _rows(self, where: str = "") -> Iterator[tuple[int, str, str | None, str, bytes, int, str]]:
+    def _rows(self, where: str = "", args: tuple[Any, ...] = ()) -> Iterator[
+            tuple[int, str, str | None, str, bytes, int, str]]:
         try:
             # Not `yield from`: closing an abandoned walk would close the cursor, which fails once the store is
             # closed; the rows are simply no longer read.
             cursor = self._conn.execute(
-                f"SELECT seq, kind, worker, digest, body, at_ns, chain FROM log {where} ORDER BY seq")
+                f"SELECT seq, kind, worker, digest, body, at_ns, chain FROM log {where} ORDER BY seq", args)
             while (row := cursor.fetchone()) is not None:
                 yield row
         except sqlite3.DatabaseError as exc:
@@ -391,9 +397,9 @@ class RunStore:
 
     def verify(self, *, expect_head: str | None = None) -> Verification:
         """Check every digest, the chain, every binding and the closing record; raise `RecordError` naming the
-        first bad record. With `expect_head`, also demand that the run's head is that anchor."""
-        self._walk()
-        v = self._verification
+        first bad record. With `expect_head`, also demand that the run's head is that anchor. The records are read
+        as a stream and none is kept, so a store of any size verifies in bounded memory."""
+        v = self._verified()
         if expect_head is not None and v.head != expect_head.strip().lower():
             raise RecordError(
                 f"{self.path}: the run's head is {v.head}, but the anchor given is {expect_head.strip()}: the records "
@@ -401,12 +407,65 @@ class RunStore:
         return v
 
     def calls(self) -> list[CallRecord]:
-        """Every call in order, with its report; verifies the whole store first."""
+        """Every call in order, with its report; verifies the whole store first. Holds every call and report decoded:
+        `iter_calls` gives the same records one at a time."""
         return self._walk()
 
+    def iter_calls(self) -> Iterator[CallRecord]:
+        """Every call in order with its report, as `calls` gives them, read one at a time so that memory does not
+        grow with the run: the whole store is verified first (a streaming pass, as `verify`), then each call and its
+        report are read again and must be the very bytes that pass verified (`RecordError` otherwise)."""
+        v = self._verified()
+        for row in self._rows("WHERE kind = 'call' AND seq <= ?", (v.records,)):
+            yield self._call_record(row)
+
+    def call_at(self, seq: int) -> CallRecord:
+        """The call recorded at `seq`, with its report, read again as `iter_calls` reads it: it must be a call the last
+        verifying pass saw (a store is verified first if it has not been)."""
+        v = self._verification if self._verification is not None else self._verified()
+        for row in self._rows("WHERE seq = ? AND seq <= ? AND kind = 'call'", (seq, v.records)):
+            return self._call_record(row)
+        raise RecordError(f"record {seq}: no call is recorded there")
+
+    def _call_record(self, row: tuple[int, str, str | None, str, bytes, int, str]) -> CallRecord:
+        seq, _kind, worker, digest, body, at_ns, _chain = row
+        message = self._reread(seq, "call", digest, body)
+        assert worker is not None  # verified: every call names a recorded worker
+        try:
+            rec = CallRecord(seq, worker, self._workers[worker], Call.from_wire(message), digest, at_ns)
+            rseq = self._report_of.get(seq)
+            if rseq is not None:
+                for _s, _k, _w, rdigest, rbody, rat_ns, _c in self._rows("WHERE seq = ?", (rseq,)):
+                    report = Report.from_wire(self._reread(rseq, "report", rdigest, rbody))
+                    rec = replace(rec, report=ReportRecord(rseq, report, ReportDigest(rdigest), rat_ns))
+        except ProtocolError as exc:
+            raise RecordError(f"record {seq}: malformed: {exc}") from None
+        return rec
+
+    def _reread(self, seq: int, kind: str, digest: str, body: bytes) -> Any:
+        """A record read again after verification, decoded; `RecordError` unless its bytes are the verified ones."""
+        if not isinstance(body, bytes) or self._digests.get(seq) != digest or canonical.sha256(body) != digest:
+            raise RecordError(f"record {seq} ({kind}): its bytes are not those verified a moment before: the store "
+                              "was changed while it was read")
+        return _canonical_body(f"record {seq} ({kind})", body)
+
     def workers(self) -> dict[str, Identity]:
-        self._walk()
+        self._verified()
         return dict(self._workers)
+
+    def _verified(self) -> Verification:
+        """The verification of the whole store by one streaming pass that keeps no record (a store opened read-only
+        by this process: once, as `_walk`)."""
+        if not self._writable and self._verification is not None:
+            return self._verification
+        digests: dict[int, str] = {}
+        report_of: dict[int, int] = {}
+        stream = CallStream(self, digests, report_of)
+        for _ in stream:
+            pass
+        assert stream.verification is not None
+        self._verification, self._digests, self._report_of = stream.verification, digests, report_of
+        return self._verification
 
     def _walk(self) -> list[CallRecord]:
         # A store opened read-only by this process is walked once: its verdict cannot change under us, since a
@@ -428,14 +487,18 @@ class RunStore:
         return CallStream(self)
 
     def _walk_all(self) -> list[CallRecord]:
-        stream = self.stream()
+        digests: dict[int, str] = {}
+        report_of: dict[int, int] = {}
+        stream = CallStream(self, digests, report_of)
         found = sorted(stream, key=lambda rec: rec.seq)  # call order
         assert stream.verification is not None
-        self._verification = stream.verification
+        self._verification, self._digests, self._report_of = stream.verification, digests, report_of
         return found
 
-    def _walk_records(self, v: Verification) -> Iterator[CallRecord]:
-        """The walk behind `stream`: fills `v` as it goes; see `stream`."""
+    def _walk_records(self, v: Verification, digests: dict[int, str] | None = None,
+                      report_of: dict[int, int] | None = None) -> Iterator[CallRecord]:
+        """The walk behind `stream`: fills `v` as it goes (and `digests`, `report_of` for `iter_calls`, when given);
+        see `stream`."""
         prev = GENESIS
         workers: dict[str, Identity] = {}
         pending: dict[tuple[str, int], CallRecord] = {}
@@ -480,6 +543,8 @@ class RunStore:
                         raise RecordError(f"{where}: call id {call.call_id} is used twice for one worker")
                     pending[key] = CallRecord(seq, worker, workers[worker], call, digest, at_ns)
                     v.calls += 1
+                    if digests is not None:
+                        digests[seq] = digest
                 elif kind == "report":
                     if worker not in workers:
                         raise RecordError(f"{where}: from worker {str(worker)[:16]}…, which has no record")
@@ -504,6 +569,9 @@ class RunStore:
                                       rec.at_ns, ReportRecord(seq, report, ReportDigest(digest), at_ns))
                     v.reports += 1
                     v.errors += 0 if report.ok else 1
+                    if digests is not None and report_of is not None:
+                        digests[seq] = digest
+                        report_of[rec.seq] = seq
                 else:
                     raise RecordError(f"{where}: unknown record kind {kind!r}")
             except ProtocolError as exc:
@@ -520,8 +588,10 @@ class RunStore:
 class CallStream:
     """One verified pass over a store's calls (see `RunStore.stream`); `verification` is set once it is exhausted."""
 
-    def __init__(self, store: RunStore) -> None:
+    def __init__(self, store: RunStore, digests: dict[int, str] | None = None,
+                 report_of: dict[int, int] | None = None) -> None:
         self._store = store
+        self._index = digests, report_of
         self._v = Verification()
         self._started = False
         self.verification: Verification | None = None
@@ -530,7 +600,7 @@ class CallStream:
         if self._started:
             raise RuntimeError("a CallStream is read once; ask the store for another")
         self._started = True
-        yield from self._store._walk_records(self._v)
+        yield from self._store._walk_records(self._v, *self._index)
         self.verification = self._v
 
 

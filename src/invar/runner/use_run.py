@@ -52,6 +52,7 @@ from invar import patches
 from invar.compare.runs import check_score_output
 from invar.contract.admit import (
     SEQUENTIAL_META,
+    OutputReader,
     bind_records,
     layout_losses,
     parse_outputs,
@@ -291,9 +292,10 @@ def use_run(
         done: set[str] = set()
         first_look = 0
         if resumed:
-            bound = bind_records(store.calls(), contract, plan, eos)
+            # One call at a time, outputs checked and dropped: a resumed run reads its records in bounded memory.
+            bound = bind_records(store.iter_calls(), contract, plan, eos, OutputReader(store))
             done = set(bound.found) | set(bound.measured)
-            for c in plan.calls:
+            for c in plan.calls if _needs_tokens(plan) else ():
                 if c.layout == plan.pairing_layout and c.key in bound.found:
                     for index, out in zip(c.units, bound.found[c.key].outputs, strict=True):
                         tokens[(c.package, index)] = np.array(out.tokens, copy=True)
@@ -314,6 +316,12 @@ def use_run(
         head = store.close_run()
     return RunOutcome(run_dir, contract_path, sha, head, total, len(done), issued,
                       time.perf_counter() - started, already_closed=False, stop=stop)
+
+
+def _needs_tokens(plan: ExecutionPlan) -> bool:
+    """Whether the run needs the pairing responses' tokens as it goes: measurements are made of them (plan /3) and
+    the stopping rule scores them (plan /4); any other plan's calls depend on nothing sampled."""
+    return bool(plan.measurements) or plan.sequential is not None
 
 
 class _Rule:
@@ -346,7 +354,7 @@ class _Rule:
 def _record_stop(store: RunStore, contract: Contract, plan: ExecutionPlan, vocab: Mapping[Role, ModelTokenizer],
                  eos: Mapping[Role, frozenset[int]], scorer: Scorer) -> dict[str, Any]:
     """Recompute the stop from the records, exactly as admission does, and record it in the run's meta (once)."""
-    found = bind_records(store.calls(), contract, plan, eos).found
+    found = bind_records(store.iter_calls(), contract, plan, eos, OutputReader(store)).found
     assert plan.sequential is not None
     looks = recorded_looks(plan, found, str(store.path))
     losses = {role: layout_losses(plan, found, role, plan.pairing_layout, vocab[role], scorer) for role in ROLES}
@@ -424,6 +432,7 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
         return 0
     # One thread per worker; a package's threads take its calls from shared queues, each call exactly once.
     threads = [(role, n) for role in roles for n in range(count[role])]
+    keep_tokens = _needs_tokens(plan)
     phase("starting workers (" + ", ".join(f"{specs[role].engine.value} {role}" + (f" ×{count[role]}"
                                                                                    if count[role] > 1 else "")
                                            for role in roles) + ")")
@@ -533,7 +542,7 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
             def generate(planned: PlannedCall) -> None:
                 result, where = ask("generate", planned.params, planned.key)
                 outputs = parse_outputs(result, planned, eos[role], where)
-                if planned.layout == plan.pairing_layout:
+                if planned.layout == plan.pairing_layout and keep_tokens:
                     with lock:
                         for index, out in zip(planned.units, outputs, strict=True):
                             tokens[(role, index)] = np.array(out.tokens, copy=True)

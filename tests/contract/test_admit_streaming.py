@@ -1,0 +1,87 @@
+"""Admission reads a run one call at a time: the evidence keeps no outputs (they are read again from the store when
+a loss or an invariance check needs them), and gives exactly what binding every record with its outputs gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from contract_runs import RunWriter, Workspace, make_workspace, unit_ids
+
+from invar.contract.admit import (
+    Answer,
+    admit,
+    bind_records,
+    check_invariance,
+    collect_evidence,
+    layout_invariance,
+    layout_losses,
+    layout_outputs,
+)
+from invar.contract.prepare import contract_scorer
+from invar.records import RunStore
+
+N = 120
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    # Three invariance layouts, several calls each, so a difference is found across calls and layouts.
+    return make_workspace(tmp_path_factory.mktemp("stream"), units=N,
+                          layouts={"solo": {"batch_size": 1}, "b4r": {"batch_size": 4, "order": "reverse"},
+                                   "b8": {"batch_size": 8}},
+                          invariance={"required": True, "layouts": ["solo", "b4r", "b8"]},
+                          execution={"requests_per_call": 16})
+
+
+def _differing_run(ws: Workspace, run: Path) -> Path:
+    """Candidate outputs that differ across layouts: a token in b8, a log-probability's last bit in b4r."""
+    writer = RunWriter(ws, run)
+    ref, cand = writer.worker("reference"), writer.worker("candidate")
+
+    def flip_bit(outputs: list[dict[str, Any]]) -> None:
+        lp = outputs[5]["logprobs"]
+        lp[0] = np.float32(np.nextafter(lp[0], np.float32(0)))
+
+    def change_token(outputs: list[dict[str, Any]]) -> None:
+        outputs[2]["tokens"][0] = (int(outputs[2]["tokens"][0]) + 1) % 10 + 3
+
+    for planned in ws.plan.calls:
+        edit = {"candidate/b4r#3": flip_bit, "candidate/b8#1": change_token}.get(planned.key)
+        writer.generate(ref if planned.package == "reference" else cand, planned,
+                        wrong=unit_ids(ws, 4, 10) if planned.package == "candidate" else (), edit_outputs=edit)
+    return writer.close()
+
+
+def test_streamed_evidence_keeps_no_outputs_and_gives_the_same_numbers(ws: Workspace, tmp_path: Path) -> None:
+    run = _differing_run(ws, tmp_path / "run")
+    eos = {r: frozenset(ws.vocab.eos_token_ids) for r in ("reference", "candidate")}
+    scorer = contract_scorer(ws.contract, ws.contract_path.parent)
+    layouts = ("solo", "b4r", "b8")
+    with RunStore.open(run) as store:
+        held = bind_records(store.calls(), ws.contract, ws.plan, eos).found  # every output kept, as before
+        streamed = collect_evidence(store, ws.contract, ws.sha256, ws.plan, eos).found
+        assert set(streamed) == set(held)
+        assert all(e.kept is None for e in streamed.values())
+        assert [e.to_json() for e in streamed.values()] == [e.to_json() for e in held.values()]
+        for key, e in streamed.items():
+            for a, b in zip(e.outputs, held[key].outputs, strict=True):
+                assert a.tokens.tobytes() == b.tokens.tobytes()
+                assert a.logprobs.tobytes() == b.logprobs.tobytes()
+                assert a.finish_reason == b.finish_reason
+        for role in ("reference", "candidate"):
+            assert np.array_equal(layout_losses(ws.plan, streamed, role, "solo", ws.vocab, scorer),
+                                  layout_losses(ws.plan, held, role, "solo", ws.vocab, scorer))
+        expected = check_invariance({name: layout_outputs(ws.plan, held, "candidate", name) for name in layouts})
+        assert expected[0] == 2
+        assert layout_invariance(ws.plan, streamed, "candidate", layouts) == expected
+        for pair in (("solo", "b4r"), ("solo", "b8"), ("b8", "solo")):
+            assert layout_invariance(ws.plan, streamed, "candidate", pair) == \
+                check_invariance({name: layout_outputs(ws.plan, held, "candidate", name) for name in pair})
+    d = admit(ws.contract_path, run)
+    assert d.answer is Answer.VIOLATED
+    assert d.invariance.units_differing == 2
+    assert expected[1] is not None
+    assert expected[1] in d.reason
