@@ -70,7 +70,10 @@ def test_plan_table_and_json(ws: Workspace) -> None:
     result = RUNNER.invoke(use.app, args)
     assert result.exit_code == 0, result.output
     assert "maurer-pontil/1" in result.output
-    assert result.output.rstrip().endswith("the contract decides with maurer-pontil and runs 600 units")
+    lines = result.output.rstrip().splitlines()
+    assert lines[-2] == "the contract decides with maurer-pontil and runs 600 units"
+    # then the power the contract's own n reaches under the assumption (a warning when it is below the target)
+    assert lines[-1].startswith("at its 600 units maurer-pontil admits with probability 0.8"), lines[-1]
     doc = json.loads(RUNNER.invoke(use.app, [*args, "--json"]).output)
     (row,) = doc["rows"]
     assert row["method"] == "maurer-pontil"
