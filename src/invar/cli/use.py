@@ -7,7 +7,6 @@ input is bad (an `InvarError`, printed as one line by the application).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from invar import canonical
 from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
 from invar.cli.progress import QuietOpt, Reporter, reporting
-from invar.cli.use_init import init_cmd
+from invar.cli.use_init import init_cmd, toml_value
 from invar.contract.admit import EXIT_CODES, Decision, admit
 from invar.contract.model import Contract, loss_span
 from invar.contract.plan import PlannedCall
@@ -332,17 +331,7 @@ def render_decision(decision: Decision) -> str:
 
 
 def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in sorted(value.items())) + " }"
-    raise InvarError(f"the worker's identity holds {value!r}, which TOML cannot state; write the contract in JSON")
+    return toml_value(value, instead="the worker's identity holds it: write the contract in JSON")
 
 
 @app.command("package")

@@ -95,8 +95,9 @@ def _patches(option: str, names: list[str]) -> dict[str, str]:
     return out
 
 
-def _toml(value: Any) -> str:
-    """A value as TOML: strings as JSON strings (a TOML basic string), tables inline with sorted keys."""
+def toml_value(value: Any, *, instead: str = "write the declaration by hand") -> str:
+    """A value as TOML: strings as JSON strings (a TOML basic string), tables inline with sorted keys; `instead`
+    says what to do with a value TOML cannot state."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -104,10 +105,13 @@ def _toml(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v, instead=instead) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml(v)}" for k, v in sorted(value.items())) + " }"
-    raise InvarError(f"{value!r} cannot be written in TOML; write the declaration by hand")
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {toml_value(v, instead=instead)}"
+                                for k, v in sorted(value.items())) + " }"
+    raise InvarError(f"{value!r} cannot be written in TOML; {instead}")
+
+
 
 
 def _said(text: str) -> str:
@@ -118,7 +122,7 @@ def _said(text: str) -> str:
 
 
 def _line(key: str, value: Any, comment: str) -> str:
-    text = f"{key} = {_toml(value)}"
+    text = f"{key} = {toml_value(value)}"
     return f"{text:<29} # {comment}" if len(text) < 29 else f"# {comment}\n{text}"
 
 
@@ -127,16 +131,16 @@ def _package_lines(side: _Side, base: Path) -> list[str]:
     lines = [f"[{side.role}]", f"# The package {what}: its worker must report exactly this identity at handshake.",
              _line("engine", side.engine.value, "the engine whose worker runs the model"),
              "# Every package version the worker reports (invar use package prints them).",
-             f"engine_version = {_toml(side.engine_version)}",
+             f"engine_version = {toml_value(side.engine_version)}",
              "# Every setting the worker's identity reports; launch options among them start the worker.",
-             f"settings = {_toml(side.settings)}",
+             f"settings = {toml_value(side.settings)}",
              "# The digest of the worker's code (its module and the core modules it imports): other code is refused.",
-             f"worker_digest = {_toml(side.worker_digest)}"]
+             f"worker_digest = {toml_value(side.worker_digest)}"]
     if side.patches:
         lines += ["# Patches the worker runs with: name → digest of the folder under patches/.",
-                  f"patches = {_toml(side.patches)}"]
+                  f"patches = {toml_value(side.patches)}"]
     lines += ["# The model folder (relative to this file) and its tree digest: another folder is refused.",
-              f"model_dir = {_toml(_rel(side.model, base))}", f"model_digest = {_toml(side.model_digest)}",
+              f"model_dir = {toml_value(_rel(side.model, base))}", f"model_digest = {toml_value(side.model_digest)}",
               f"# (use prepare fixes its tokenizer digest, {side.tokenizer_digest}, in the contract)",
               _line("dtype", side.dtype.value, "the dtype the model is loaded in"),
               _line("quantization", side.quantization.value, "the weight quantization (none or nf4)")]
@@ -187,8 +191,8 @@ def _render(c: _Choices, reference: _Side, candidate: _Side, base: Path, file_na
         "",
         "[population]",
         "# The prompts the use is about: the file (relative to this file) and the sha256 of its bytes.",
-        f"path = {_toml(_rel(c.population, base))}",
-        f"sha256 = {_toml(c.population_sha256)}",
+        f"path = {toml_value(_rel(c.population, base))}",
+        f"sha256 = {toml_value(c.population_sha256)}",
         _line("unit", "prompt", "each unit gets one paired comparison"),
     ]
     if c.sample is not None:
@@ -226,7 +230,7 @@ def _render(c: _Choices, reference: _Side, candidate: _Side, base: Path, file_na
     lines += ["", "[invariance]"]
     if c.invariance:
         lines += [_line("required", True, "the candidate must give identical bits under every layout below"),
-                  f"layouts = {_toml([pairing, f'b{2 * c.batch_size}-shuffled', 'solo'])}"]
+                  f"layouts = {toml_value([pairing, f'b{2 * c.batch_size}-shuffled', 'solo'])}"]
     else:
         lines.append(_line("required", False, "the candidate runs only the pairing layout"))
     lines += ["", "[execution]",
@@ -234,15 +238,16 @@ def _render(c: _Choices, reference: _Side, candidate: _Side, base: Path, file_na
               "", *_package_lines(reference, base), "", *_package_lines(candidate, base), ""]
     if c.party is not None:
         lines += ["[[premises]]", "# An assumption the decision rests on, and who vouches for it.",
-                  f"statement = {_toml('The population represents the prompts the model will be asked in this use.')}",
-                  f"party = {_toml(c.party)}",
+                  "statement = " + toml_value("The population represents the prompts the model will be asked in this "
+                                              "use."),
+                  f"party = {toml_value(c.party)}",
                   _line("basis_sha256", c.population_sha256, "the document vouched with: here the population"),
                   _line("reliance", "vouched", "the decision relies on the party's word"), ""]
     else:
         lines += ["# Premises the decision rests on (none stated; `use init --party NAME` writes one), e.g.",
                   "# [[premises]]",
                   '# statement = "The population represents the prompts the model will be asked in this use."',
-                  '# party = "who vouches"', f"# basis_sha256 = {_toml(c.population_sha256)}",
+                  '# party = "who vouches"', f"# basis_sha256 = {toml_value(c.population_sha256)}",
                   '# reliance = "vouched"', ""]
     return "\n".join(lines)
 
