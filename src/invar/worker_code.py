@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import os
+import threading
 from collections.abc import Sequence
 from importlib.machinery import PathFinder
 from pathlib import Path
@@ -28,6 +29,11 @@ from invar.errors import InvarError
 
 FOLLOWED = "invar"
 """The package whose modules a worker's code digest follows: the core's own code, which every worker imports."""
+
+
+_PARSE = threading.Lock()
+"""One `ast.parse` at a time: `use run` starts its packages' workers from threads, and CPython 3.11 before 3.11.8
+can fail two parses running at once with "SystemError: AST constructor recursion depth mismatch"."""
 
 
 class WorkerCodeError(InvarError):
@@ -61,7 +67,9 @@ def _imports(source: Path, name: str) -> set[str]:
     """The absolute names of every module `source` (the module `name`) imports, and of each `from X import Y` also
     X.Y (Y may be a submodule; whether it is, is decided by the files)."""
     try:
-        tree = ast.parse(source.read_bytes(), filename=str(source))
+        data = source.read_bytes()
+        with _PARSE:
+            tree = ast.parse(data, filename=str(source))
     except (OSError, SyntaxError, ValueError) as exc:
         raise WorkerCodeError(f"{source}: cannot be read as Python ({exc}); the worker's code must be readable "
                               "source") from None

@@ -185,3 +185,15 @@ def test_the_shipped_declarations_pin_the_worker_code_installed_here() -> None:
     for path in sorted((script.parents[1] / "contracts").glob("*.toml")):
         text = path.read_text(encoding="utf-8")
         assert text.count("worker_digest = ") == 2, path.name  # stated by both packages, not left to use prepare
+
+
+def test_digests_computed_from_many_threads_at_once_agree() -> None:
+    # use run starts its packages' workers from threads, each hashing its worker's code first
+    from concurrent.futures import ThreadPoolExecutor
+
+    from invar.engines import worker_digest
+
+    expected = worker_digest("hf")
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        digests = list(pool.map(lambda _: worker_digest("hf"), range(16)))
+    assert set(digests) == {expected}
