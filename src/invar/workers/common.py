@@ -231,6 +231,21 @@ def check_prompt_ids(ids: list[int], vocab_size: int, where: str) -> None:
                           "tokenize the prompt with this model's tokenizer")
 
 
+def at_temperature(logprobs_t1: np.ndarray, temperature: float) -> np.ndarray:
+    """log_softmax(l / T) of temperature-1 log-probabilities `l` ([..., V] float32, nats) → [..., V] float32.
+
+    Equal to log_softmax(logits / T) in exact arithmetic; computed in float64 and rounded once. At T = 1 the input
+    is returned as is, so the engine's own values pass through untouched. One definition for the vLLM and endpoint
+    workers: the same server values must rescale to the same bits in both.
+    """
+    if temperature == 1.0:
+        return logprobs_t1.astype(np.float32)
+    z = logprobs_t1.astype(np.float64) / temperature
+    top = np.max(z, axis=-1, keepdims=True)
+    out: np.ndarray = (z - (top + np.log(np.sum(np.exp(z - top), axis=-1, keepdims=True)))).astype(np.float32)
+    return out
+
+
 def response_end_ids(model_dir: str) -> frozenset[int]:
     """The ids that end a response, resolved exactly as the core resolves them (`ModelTokenizer.eos_token_ids`:
     `generation_config.json`'s eos_token_id, else `config.json`'s, else `tokenizer_config.json`'s eos_token).

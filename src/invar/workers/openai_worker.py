@@ -60,6 +60,7 @@ from invar import __version__
 from invar.protocol import MethodError, Role, Server, exit_worker
 from invar.workers.common import (
     Request,
+    at_temperature,
     check_prompt_ids,
     check_tokens,
     parse_generate,
@@ -158,17 +159,6 @@ def server_identity(endpoint: Endpoint) -> dict[str, Any]:
     m = match[0]
     return {"version": version.get("version") if isinstance(version, dict) else None,
             "model": {k: m.get(k) for k in ("id", "root", "max_model_len", "owned_by")}}
-
-
-def at_temperature(logprobs_t1: np.ndarray, temperature: float) -> np.ndarray:
-    """log_softmax(l / T) of temperature-1 log-probabilities l, in float64, rounded once to float32 (as the vLLM
-    worker computes it: the two must agree to the bit on the same server values)."""
-    if temperature == 1.0:
-        return logprobs_t1
-    scaled = logprobs_t1.astype(np.float64) / temperature
-    top = scaled.max(axis=-1, keepdims=True)
-    out = scaled - top - np.log(np.exp(scaled - top).sum(axis=-1, keepdims=True))
-    return out.astype(np.float32)
 
 
 def _token_id(label: Any, where: str) -> int:

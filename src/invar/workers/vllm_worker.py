@@ -89,6 +89,7 @@ from invar.workers.common import (
     PatchRefused,
     Request,
     add_patch_arguments,
+    at_temperature,
     check_prompt_ids,
     check_tokens,
     check_trained_on,
@@ -203,23 +204,6 @@ def check_adapter(path: str, model_shapes: dict[str, tuple[int, ...]], model_dig
                 f"{where}: adapter {path!r} has shapes A {ab['A']}, B {ab['B']} for {module!r}, but this model needs "
                 f"A ({r}, {in_f}), B ({out_f}, {r}): the adapter is for another base model")
     return r
-
-
-# -- temperature ----------------------------------------------------------------------------------------------------
-
-
-def at_temperature(logprobs_t1: np.ndarray, temperature: float) -> np.ndarray:
-    """log_softmax(l / T) of temperature-1 log-probabilities `l` ([..., V] float32, nats) → [..., V] float32.
-
-    Equal to log_softmax(logits / T) in exact arithmetic; computed in float64 and rounded once. At T = 1 the input
-    is returned as is, so the engine's own values pass through untouched.
-    """
-    if temperature == 1.0:
-        return logprobs_t1.astype(np.float32)
-    z = logprobs_t1.astype(np.float64) / temperature
-    top = np.max(z, axis=-1, keepdims=True)
-    out: np.ndarray = (z - (top + np.log(np.sum(np.exp(z - top), axis=-1, keepdims=True)))).astype(np.float32)
-    return out
 
 
 # -- the engine -----------------------------------------------------------------------------------------------------
