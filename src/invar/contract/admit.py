@@ -460,14 +460,6 @@ def bind_records(
     return bound
 
 
-def bind_evidence(
-    records: Sequence[CallRecord], contract: Contract, plan: ExecutionPlan, eos: Mapping[Role, frozenset[int]]
-) -> tuple[dict[str, CallEvidence], dict[str, str]]:
-    """The generate evidence of `bind_records`, and why planned calls have none."""
-    bound = bind_records(records, contract, plan, eos)
-    return bound.found, bound.failed
-
-
 def collect_evidence(
     store: RunStore, contract: Contract, sha256: str, plan: ExecutionPlan, eos: Mapping[Role, frozenset[int]]
 ) -> BoundEvidence:
@@ -1209,7 +1201,6 @@ __all__ = [
     "RangeTaskLoss",
     "TaskLoss",
     "admit",
-    "bind_evidence",
     "bind_records",
     "check_invariance",
     "check_premises",

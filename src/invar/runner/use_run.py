@@ -9,7 +9,7 @@ Decisions:
   model and adapter tree digests and each patch's digest must be the contract's.
 - **Resume from the records.** A run directory that already holds records is verified (a damaged store is refused,
   naming the record), must have been made under this contract, and is bound against the plan with the same code
-  admission uses (`bind_evidence`); only planned calls without a successful record are issued again. Engines are
+  admission uses (`bind_records`); only planned calls without a successful record are issued again. Engines are
   seeded per request, so a re-issued call gives what the lost one would have, and the decision equals that of an
   uninterrupted run. The writer lock refuses a second `use run` on the same directory.
 - **Reference and candidate run side by side**, one worker thread each; their generate calls do not depend on

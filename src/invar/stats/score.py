@@ -676,19 +676,6 @@ def _subset(cells: _Cells, rows: IntArray) -> _Cells:
     return _Cells(**{name: getattr(cells, name)[rows] for name in cells.__dataclass_fields__})
 
 
-def point_tails(n: int, c: IntArray, pi: FloatArray, delta0: float) -> FloatArray:
-    """The probability of the extreme set at boundary points (π, q(π)): lower bounds on the supremum, used to refute."""
-    k_lo, k_hi = k_ranges(n, pi, pi)
-    width = int(np.max(k_hi - k_lo)) + 1
-    raw = k_lo[:, None] + np.arange(width)[None, :]
-    mask = raw <= k_hi[:, None]
-    k = np.minimum(raw, k_hi[:, None])
-    pmf = _binom.pmf(k, n, pi[:, None])
-    q = _q_of(pi, delta0)
-    values: FloatArray = np.sum(np.where(mask, pmf * _cdf(c[k], k, q[:, None]), 0.0), axis=1)
-    return values
-
-
 # --- the test and its inversion --------------------------------------------------------------------------------------
 
 
