@@ -501,9 +501,6 @@ class WorkerClient:
     def _keep_stderr_line(self, raw: bytes, cut: bool) -> None:
         self._stderr_tail.append(raw.decode("utf-8", "replace").rstrip("\r") + ("…" if cut else ""))
 
-    def stderr_tail(self) -> str:
-        return "\n".join(self._stderr_tail)
-
     def _stderr_suffix(self) -> str:
         tail = [line for line in self._stderr_tail if line.strip()][-8:]
         return ("; stderr tail:\n  " + "\n  ".join(tail)) if tail else ""
