@@ -9,12 +9,15 @@ import json
 import math
 import sys
 from collections.abc import Iterator
-from pathlib import Path
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path, PurePath
 from typing import Annotated, Any
 
 import numpy as np
 import typer
 
+from invar import canonical
 from invar.canonical import BFloat16Array
 from invar.errors import Interrupted, InvarError, NotResumable
 from invar.records.store import is_run
@@ -30,14 +33,15 @@ ExpectHeadOpt = Annotated[
 
 def plain(obj: Any) -> Any:
     """`obj` as plain JSON values: bytes (a kept file, say) as their digest and size, never a Python `b'…'` repr;
-    an array as its dtype, shape and digest; an enum as its value, a path (or a Decimal) as its text; a float that
-    is not finite as null (JSON has no NaN or Infinity)."""
+    an array as its dtype, shape and digest; an enum as its value, a path, a Decimal or a Fraction as its text; a
+    float that is not finite as null (JSON has no NaN or Infinity). Anything else is refused (`TypeError`) rather
+    than printed as its repr: an output that holds another object is a bug in the command that built it."""
     if obj is None or isinstance(obj, bool | int | str):
         return obj
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {str(k): plain(v) for k, v in obj.items()}
+        return {_key(k): plain(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [plain(v) for v in obj]
     if isinstance(obj, bytes | bytearray | memoryview):
@@ -52,8 +56,15 @@ def plain(obj: Any) -> Any:
         return plain(obj.item())
     if isinstance(obj, enum.Enum):
         return plain(obj.value)
-    # A path, a Decimal, a Fraction: its text.
-    return str(obj)
+    if isinstance(obj, PurePath | Decimal | Fraction):
+        return str(obj)
+    raise TypeError(f"no JSON for a {type(obj).__qualname__} in a command's output: {canonical.show(obj, 80)}")
+
+
+def _key(key: Any) -> str:
+    if isinstance(key, bytes | bytearray | memoryview):  # str() would give the `b'…'` repr
+        raise TypeError(f"no JSON key for bytes in a command's output: {canonical.show(bytes(key), 80)}")
+    return str(key)
 
 
 def emit_json(obj: Any) -> None:

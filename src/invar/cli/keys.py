@@ -9,6 +9,7 @@ import typer
 
 from invar.cli.common import JsonOpt, emit_json
 from invar.contract.receipt import new_key_pair
+from invar.outputs import KeysNewOutput
 
 app = typer.Typer(help="Key pairs that sign decision receipts.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -22,7 +23,7 @@ def new(
     """Make an Ed25519 key pair: NAME.key (private, owner-only) and NAME.pub (give it to whoever verifies)."""
     key, pub, fp = new_key_pair(out, name)
     if as_json:
-        emit_json({"private_key": str(key), "public_key": str(pub), "key_sha256": fp})
+        emit_json(KeysNewOutput(private_key=str(key), public_key=str(pub), key_sha256=fp).model_dump(mode="json"))
         return
     typer.echo(f"private key {key} (keep it; it signs receipts)")
     typer.echo(f"public key  {pub} (give it to verifiers)")
