@@ -4,20 +4,26 @@ The worker's real stdout is kept for frames alone: at start, file descriptor 1 i
 then pointed at stderr, so that whatever an engine prints (vLLM logs to stdout) lands in the log, not in the stream.
 A method that raises is answered with an error report (the exception's type and message) and the worker keeps
 serving; only a broken stream ends it.
+
+One process may serve both roles of the training loop (`serve_together`): one channel (a pair of pipes) per role,
+each with its own handshake, identity and calls, the methods run one at a time, so each channel reads exactly as a
+worker process of that role would.
 """
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import hashlib
 import os
+import queue
 import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, BinaryIO, NoReturn
 
 from invar import canonical
@@ -126,6 +132,8 @@ class Server:
             worker=_worker_code(),
         )
         self.identity_digest = self.identity.digest
+        self.turn: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        """Held while a method runs: a lock shared with the other role's server when one process serves both."""
 
     def serve(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> int:
         """Run until end of input or a shutdown message; returns the process exit code."""
@@ -158,7 +166,9 @@ class Server:
             except ProtocolError as exc:
                 log(f"invar worker: stopping on a malformed call: {exc}")
                 return 3
-            frames.write_parts(out, self._answer(call, hasher.hexdigest()))
+            with self.turn:
+                answer = self._answer(call, hasher.hexdigest())
+            frames.write_parts(out, answer)
 
     def _answer(self, call: Call, call_digest: str) -> list[bytes | memoryview]:
         """The encoded report for `call`: its result, or its error."""
@@ -185,3 +195,68 @@ class Server:
     @staticmethod
     def _send(out: BinaryIO, message: dict[str, Any]) -> None:
         frames.write_parts(out, canonical.encode_parts(message))
+
+
+def serve_together(channels: Sequence[tuple[Server, BinaryIO, BinaryIO]]) -> int:
+    """Serve several servers (one per role) from this process, each on its own channel (input, output); returns the
+    process exit code once every channel has ended, or at once when one ends on a broken stream.
+
+    Each channel is a worker of its role on the wire: its own handshake and identity, its own call ids and
+    digests. The methods run one at a time, in the order their calls arrive (the engines of one process take
+    turns, as a one-process runner's do), while each channel reads its next call. A channel that ends (a shutdown,
+    or the end of its input) closes its output, so its client sees the end of its stream while the other role is
+    still served.
+    """
+    _die_with_parent()
+    turn = threading.Lock()
+    ended: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def run(server: Server, inp: BinaryIO, out: BinaryIO) -> None:
+        code = 1
+        try:
+            code = server.serve(inp, out)
+            if code == 0:
+                out.close()
+        except BaseException:  # a bug: the process stops with its traceback on stderr, exit code 1
+            log(f"invar worker: the {server.identity.role.value} channel failed:\n{traceback.format_exc()}")
+        finally:
+            ended.put(code)
+
+    for server, inp, out in channels:
+        server.turn = turn
+        threading.Thread(target=run, args=(server, inp, out), name=f"serve-{server.identity.role.value}",
+                         daemon=True).start()
+    for _ in channels:
+        code = ended.get()
+        if code != 0:
+            return code
+    return 0
+
+
+def _channel(text: str) -> tuple[int, int]:
+    fds = text.split(",")
+    if len(fds) != 2 or not all(fd.isdigit() and int(fd) > 2 for fd in fds):
+        raise argparse.ArgumentTypeError(f"expected IN,OUT, two inherited file descriptors above 2; got {text!r}")
+    return int(fds[0]), int(fds[1])
+
+
+def add_channel_argument(parser: argparse.ArgumentParser) -> None:
+    """`--learner-channel IN,OUT`: the learner role too, served by this process on its own channel."""
+    parser.add_argument("--learner-channel", type=_channel, default=None, metavar="IN,OUT",
+                        help="with --role inference: serve the learner role as well, from this process, on the "
+                             "inherited file descriptors IN (its calls) and OUT (its reports), with its own "
+                             "handshake and identity (the training loop's shared layout)")
+
+
+def serve_roles(parser: argparse.ArgumentParser, server_for: Callable[[Role], Server], role: Role,
+                learner_channel: tuple[int, int] | None) -> int:
+    """Serve `role` on stdin/stdout; with `learner_channel`, the learner as well on that channel, each role by its
+    own server (`server_for(role)`: its own engine, methods and identity), the methods one at a time."""
+    if learner_channel is None:
+        return server_for(role).serve()
+    if role is not Role.INFERENCE:
+        parser.error("--learner-channel: only an inference worker serves the learner as well; pass --role inference")
+    inference, learner = server_for(Role.INFERENCE), server_for(Role.LEARNER)
+    calls, reports = learner_channel
+    return serve_together([(inference, sys.stdin.buffer, take_stdout()),
+                           (learner, os.fdopen(calls, "rb"), os.fdopen(reports, "wb", buffering=0))])

@@ -1,7 +1,9 @@
 """The reference worker: no engine, only the protocol. It shows a new engine what serving takes, and the protocol's
 tests and benchmark measure the transport with it.
 
-    python -m invar.workers.echo [--role inference|learner]
+    python -m invar.workers.echo [--role inference|learner] [--learner-channel IN,OUT]
+
+With `--learner-channel` it serves both roles from one process, one channel each (`invar.protocol.shared`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 
 from invar import __version__
 from invar.protocol import MethodError, Role, Server, exit_worker
+from invar.protocol.server import add_channel_argument, serve_roles
 
 
 def echo(params: dict[str, Any]) -> dict[str, Any]:
@@ -44,15 +47,14 @@ def fail(params: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="invar.workers.echo")
     parser.add_argument("--role", choices=[r.value for r in Role], default=Role.INFERENCE.value)
+    add_channel_argument(parser)
     args = parser.parse_args(argv)
-    server = Server(
-        engine="echo",
-        engine_version={"invar": __version__, "numpy": np.__version__},
-        role=Role(args.role),
-        settings={},
-        methods={"echo": echo, "checksum": checksum, "sleep": sleep, "fail": fail},
-    )
-    return server.serve()
+
+    def server_for(role: Role) -> Server:
+        return Server(engine="echo", engine_version={"invar": __version__, "numpy": np.__version__}, role=role,
+                      settings={}, methods={"echo": echo, "checksum": checksum, "sleep": sleep, "fail": fail})
+
+    return serve_roles(parser, server_for, Role(args.role), args.learner_channel)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python -m invar.workers.hf_worker --role inference|learner [--threads N] [--device cpu|cuda]
         [--attn-implementation sdpa|eager] [--patch NAME=SHA256 ...] [--patch-poison NAME]
+        [--learner-channel IN,OUT]
 
 Decisions this worker embodies:
 
@@ -58,6 +59,10 @@ Decisions this worker embodies:
   that way too: a package setting, so eager-vs-SDPA is a candidate of its own). The identity's settings gain
   `patches` (and `patch_poison`), and `generate` / `score` results gain `patch_calls`, the patched ops each call
   ran.
+- **Both roles in one process** (`--learner-channel`, the training loop's shared layout): an inference engine and a
+  learner engine, each its own `Engine` with its own model, adapters and optimizer state, served on their own
+  channels under their own identities (the same settings: one process has one torch thread setting), their methods
+  run one at a time. Each call then runs what it would run in a worker of its role alone.
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ from transformers.utils import logging as hf_logging
 from invar import __version__, canonical
 from invar.loop.checkpoint import MANIFEST, MOMENTS, OPTIMIZER_WEIGHTS, save_atomically
 from invar.protocol import MethodError, Role, Server, exit_worker
+from invar.protocol.server import add_channel_argument, serve_roles
 from invar.workers.common import (
     ADAPTER_WEIGHTS,
     BASE_DIGEST_KEY,
@@ -830,6 +836,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="transformers' attention: sdpa (the fused kernel) or eager (matmul and softmax); "
                              "default sdpa, eager under a patch")
     add_patch_arguments(parser)
+    add_channel_argument(parser)
     args = parser.parse_args(argv)
     try:
         patches = load_patches(args.patch, args.patch_poison)
@@ -848,26 +855,29 @@ def main(argv: list[str] | None = None) -> int:
         print("invar.workers.hf_worker: --attn-implementation sdpa cannot run under a patch (SDPA's fused kernel "
               "would bypass the patched matmul and softmax); leave it out or pass eager", file=sys.stderr, flush=True)
         return 2
-    engine = Engine(Role(args.role), args.device)
-    engine.attn_implementation = args.attn_implementation or ("eager" if patches.active else "sdpa")
-    methods = {"load_model": engine.load_model, "load_adapter": engine.load_adapter,
-               "score": patches.counted(engine.score)}
-    if engine.role == Role.INFERENCE:
-        methods["generate"] = patches.counted(engine.generate)
-    else:
-        methods["learner_step"] = engine.learner_step
-    server = Server(
-        engine="hf",
-        engine_version={"invar": __version__, **versions("torch", "transformers", "bitsandbytes", "safetensors",
-                                                        "tokenizers")},
-        role=Role(args.role),
-        settings={"device": args.device, "threads": args.threads, "interop_threads": 1,
-                  "deterministic_algorithms": True, "attn_implementation": engine.attn_implementation,
-                  **patches.settings()},
-        methods=methods,
-    )
-    return server.serve()
+    attn_implementation = args.attn_implementation or ("eager" if patches.active else "sdpa")
 
+    def server_for(role: Role) -> Server:
+        engine = Engine(role, args.device)
+        engine.attn_implementation = attn_implementation
+        methods = {"load_model": engine.load_model, "load_adapter": engine.load_adapter,
+                   "score": patches.counted(engine.score)}
+        if role == Role.INFERENCE:
+            methods["generate"] = patches.counted(engine.generate)
+        else:
+            methods["learner_step"] = engine.learner_step
+        return Server(
+            engine="hf",
+            engine_version={"invar": __version__, **versions("torch", "transformers", "bitsandbytes",
+                                                            "safetensors", "tokenizers")},
+            role=role,
+            settings={"device": args.device, "threads": args.threads, "interop_threads": 1,
+                      "deterministic_algorithms": True, "attn_implementation": attn_implementation,
+                      **patches.settings()},
+            methods=methods,
+        )
+
+    return serve_roles(parser, server_for, Role(args.role), args.learner_channel)
 
 if __name__ == "__main__":
     exit_worker(main())

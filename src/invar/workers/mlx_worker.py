@@ -1,10 +1,12 @@
 """The MLX worker: inference engine or learner on mlx + mlx-lm (the CPU device on Linux, Metal on a Mac).
 
-    python -m invar.workers.mlx_worker --role inference|learner
+    python -m invar.workers.mlx_worker --role inference|learner [--learner-channel IN,OUT]
 
 The role fixes the methods served: inference serves `load_model`, `load_adapter`, `generate`, `score`; the
 learner serves `load_model`, `load_adapter`, `score`, `learner_step`. A call to the other role's method is
-answered UnknownMethod. Decisions this worker embodies:
+answered UnknownMethod. With `--learner-channel` (the training loop's shared layout) one process serves both
+roles, each by its own `Engine` (its own model, adapters and optimizer state) on its own channel under its own
+identity, their methods one at a time. Decisions this worker embodies:
 
 - **Loading.** `mlx_lm.utils.load_model` builds the architecture and loads the weights (rope settings that
   transformers 5 nests under `rope_parameters` are passed at the top level, `rope_overrides`); the pad id comes
@@ -80,6 +82,7 @@ from invar.loop.checkpoint import (
     save_atomically,
 )
 from invar.protocol import MethodError, Role, Server, exit_worker
+from invar.protocol.server import add_channel_argument, serve_roles
 from invar.workers.common import (
     LoraSettings,
     Request,
@@ -710,24 +713,27 @@ def _read_moments(folder: Path, adapter: Adapter) -> tuple[dict[str, tuple[mx.ar
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="invar.workers.mlx_worker")
     parser.add_argument("--role", choices=[r.value for r in Role], default=Role.INFERENCE.value)
+    add_channel_argument(parser)
     args = parser.parse_args(argv)
-    engine = Engine(Role(args.role))
-    methods = {"load_model": engine.load_model, "load_adapter": engine.load_adapter, "score": engine.score}
-    if engine.role is Role.INFERENCE:
-        methods["generate"] = engine.generate
-    else:
-        methods["learner_step"] = engine.learner_step
-    server = Server(
-        engine="mlx",
-        engine_version={"invar": __version__,
-                        **versions("mlx", "mlx-cpu", "mlx-metal", "mlx-lm", "tokenizers", "numpy")},
-        role=Role(args.role),
-        settings={"device": str(mx.default_device()), "decode": "batched, BatchKVCache, left padded",
-                  "teacher_forcing": "one item per forward"},
-        methods=methods,
-    )
-    return server.serve()
 
+    def server_for(role: Role) -> Server:
+        engine = Engine(role)
+        methods = {"load_model": engine.load_model, "load_adapter": engine.load_adapter, "score": engine.score}
+        if role is Role.INFERENCE:
+            methods["generate"] = engine.generate
+        else:
+            methods["learner_step"] = engine.learner_step
+        return Server(
+            engine="mlx",
+            engine_version={"invar": __version__,
+                            **versions("mlx", "mlx-cpu", "mlx-metal", "mlx-lm", "tokenizers", "numpy")},
+            role=role,
+            settings={"device": str(mx.default_device()), "decode": "batched, BatchKVCache, left padded",
+                      "teacher_forcing": "one item per forward"},
+            methods=methods,
+        )
+
+    return serve_roles(parser, server_for, Role(args.role), args.learner_channel)
 
 if __name__ == "__main__":
     exit_worker(main())
