@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from invar.errors import InvarError
 from invar.home import HOME
-from invar.protocol import Recorder, Role, WorkerClient
+from invar.protocol import Recorder, Role, WorkerClient, WorkerProcess
 from invar.protocol.client import spawn_local
 from invar.worker_code import WorkerCodeError, code_digest, search_path
-
-if TYPE_CHECKING:
-    from invar.protocol.ray_transport import RayPlacement
 
 ENGINES: dict[str, str] = {
     "echo": "invar.workers.echo",
@@ -31,6 +28,22 @@ ENGINES: dict[str, str] = {
     "openai": "invar.workers.openai_worker",
 }
 """Engine name → the worker module that serves it."""
+
+
+class Transport(Protocol):
+    """Where a command's workers start instead of as local subprocesses, and how many times one that is lost may
+    be replaced: a Ray placement (`invar.protocol.ray_transport.RayPlacement`), or in tests an in-process worker
+    serving the protocol from scripted answers (tests/support/fake_worker.py). The frames, the binding and the
+    records are the client's whichever transport carries them."""
+
+    @property
+    def restarts(self) -> int:
+        """How many times a command may replace one lost worker before it stops (0: a loss stops it)."""
+        ...
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> WorkerProcess:
+        """Start the worker's command line (`invar.protocol.client.Spawn`); `OSError` if it cannot start."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -153,13 +166,14 @@ def start_worker(
     echo_stderr: bool = False,
     handshake_timeout: float = 300.0,
     call_timeout: float | None = 1800.0,
-    placement: RayPlacement | None = None,
+    placement: Transport | None = None,
     code: tuple[str, str] | None = None,
 ) -> WorkerClient:
     """Start an engine's worker and handshake with it (the role is checked).
 
-    `placement`: start it as a Ray actor on that cluster instead of as a local subprocess; where it ran is kept in
-    the recorder's meta (`placement <actor id>`) when the recorder keeps meta (a run store).
+    `placement`: start it there instead of as a local subprocess (a Ray placement: as an actor on that cluster);
+    where a Ray actor ran is kept in the recorder's meta (`placement <actor id>`) when the recorder keeps meta (a
+    run store).
     `code` = (worker digest, who): the worker code the package names. The digest of the files about to start is
     computed first and a mismatch refused before any process exists (`check_worker_code`); after the handshake the
     worker's own report of its digest must be the same (a Ray worker runs on another machine's files).

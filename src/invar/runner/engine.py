@@ -23,20 +23,17 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from invar import canonical
 from invar.engines import LAUNCH_SETTINGS as LAUNCH_SETTINGS
 from invar.engines import LaunchSetting as LaunchSetting
-from invar.engines import missing_settings, start_worker
+from invar.engines import Transport, missing_settings, start_worker
 from invar.errors import EvidenceError, InvarError, ProtocolError
 from invar.protocol import Answer, Identity, Role, WorkerClient, WorkerLost
 from invar.records import RunStore
-
-if TYPE_CHECKING:
-    from invar.protocol.ray_transport import RayPlacement
 
 
 class Engine(enum.StrEnum):
@@ -227,7 +224,7 @@ def engine_session(
     resume_training: bool = False,
     call_timeout: float | None = 1800.0,
     ready: Callable[[], object] = lambda: None,
-    placement: RayPlacement | None = None,
+    placement: Transport | None = None,
     phase: Callable[[str], object] = lambda text: None,
 ) -> Iterator[Session]:
     """Start the engine's worker (recording into `store`), load the model and adapter; stop the worker after.
@@ -238,7 +235,7 @@ def engine_session(
     state saved with it (a training checkpoint).
     `ready` is called after the identity check and before the first call (`use run` waits there until every
     package's worker has passed its check).
-    `placement`: start the worker as a Ray actor there (`invar.engines.start_worker`).
+    `placement`: start the worker there, e.g. as a Ray actor (`invar.engines.start_worker`).
     `phase` is told what the session is doing (starting the worker, loading the model), for a command to show.
     """
     model_digest, adapter_digest = spec.digests

@@ -29,7 +29,8 @@ Decisions:
   whose identity is checked against the contract again, and the call it left unanswered is issued again (the
   unanswered call stays on record; the re-issued one is a new record that binds the planned call), at most
   `RESTARTS` times per worker. A local worker's death stops the run instead (it is usually the machine or the
-  operator; resuming the run recovers it with nothing lost).
+  operator; resuming the run recovers it with nothing lost). A `transport` in place of local subprocesses (the
+  tests' in-process fake worker) is replaced as many times as it says.
 - A finished run gets its closing record; its head is returned for the caller to print and keep.
 """
 
@@ -73,7 +74,7 @@ from invar.contract.prepare import (
     method_version,
     package_tokenizers,
 )
-from invar.engines import check_worker_code
+from invar.engines import Transport, check_worker_code
 from invar.errors import ContractError, EvidenceError, Interrupted, InvarError, NotResumable
 from invar.evidence import check_patches_active
 from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
@@ -248,13 +249,17 @@ def use_run(
     workers: int = 1,
     ray: str | None = None,
     phase: Callable[[str], object] = lambda text: None,
+    transport: Transport | None = None,
 ) -> RunOutcome:
     """Execute (or resume) the plan of the contract at `contract_path` into `run_dir`, over `workers` worker
     processes per package (each started from the package and checked against it; a call is answered by one of
     them and bound to the one that answered it). `ray`: the address of a Ray cluster to place the workers on, as
     actors (joined before the run directory is touched). `phase` is told what is under way (verifying the records
     of a resumed run, starting workers, loading the models, generating, measuring, deciding); `progress`, the
-    planned calls done."""
+    planned calls done. `transport`: start the workers there instead of as local subprocesses (tests: an in-process
+    fake worker), replacing a lost one at most `transport.restarts` times."""
+    if ray is not None and transport is not None:
+        raise InvarError("use_run: give a Ray address or a transport, not both")
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
         raise InvarError(f"--workers {workers}: must be a whole number ≥ 1 and at most {MAX_WORKERS} (worker "
                          "processes per package; each loads the model)")
@@ -309,7 +314,7 @@ def use_run(
         if rule is not None and first_look and rule.stops(first_look):
             todo = {role: [] for role in ROLES}  # stopped before the kill: only the stop and the close are left
         issued = _execute(contract, plan, specs, todo, measure, tokens, store, eos, counter, call_timeout,
-                          rule, first_look, workers, placement, phase)
+                          rule, first_look, workers, placement, phase, transport)
         if rule is not None:
             phase("deciding")
         stop = None if rule is None else _record_stop(store, contract, plan, vocab, eos, scorer)
@@ -421,7 +426,7 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
              tokens: dict[tuple[Role, int], np.ndarray], store: RunStore, eos: Mapping[Role, frozenset[int]],
              counter: _Counter, call_timeout: float | None, rule: _Rule | None = None, first_look: int = 0,
              workers: int = 1, placement: RayPlacement | None = None,
-             phase: Callable[[str], object] = lambda text: None) -> int:
+             phase: Callable[[str], object] = lambda text: None, transport: Transport | None = None) -> int:
     """Start `workers` workers per package that has calls left and issue its calls over them, generate calls first,
     then (once every package has sampled) measurements; the first failure stops all. `tokens` holds the pairing
     layout's response tokens already on record, by (package, unit index), and gains those sampled now. With a
@@ -501,10 +506,11 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
         spec = specs[role]
         expect = (package.engine_version, package.expected_settings(), role)
 
-        placed = placement
-        if placed is not None and str(spec.settings.get("device", "")).startswith("cuda"):
+        placed: Transport | None = transport
+        if placement is not None:
             # Ray shows an actor only the accelerators it reserved: a package on a GPU reserves one.
-            placed = dataclasses.replace(placed, num_gpus=1.0)
+            on_gpu = str(spec.settings.get("device", "")).startswith("cuda")
+            placed = dataclasses.replace(placement, num_gpus=1.0) if on_gpu else placement
 
         @contextlib.contextmanager
         def session_of(ready: Callable[[], object]) -> Any:
@@ -524,7 +530,7 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
                     with live_lock:
                         live.discard(session.client)
 
-        restarts = 0 if placement is None else placement.restarts
+        restarts = 0 if placed is None else placed.restarts
         with Lease(session_of, checked.wait, restarts, f"the {role} worker {n + 1}") as lease:
 
             def ask(method: str, params: dict[str, Any], key: str) -> tuple[dict[str, Any], str]:

@@ -1,0 +1,272 @@
+"""`use run`'s orchestration against in-process fake workers (tests/support/fake_worker.py): a resumed run
+re-issues only the planned calls without a successful record and reaches the uninterrupted run's records and
+decision; no call precedes every worker's identity check; each call runs the plan's batch schedule; a sequential
+contract stops early and a run killed mid-look resumes to the same stop; a lost worker is replaced and its call
+issued again, a bounded number of times. The fakes speak the real protocol and their calls are recorded by the real
+store, so every claim here is about the core; what real engines answer is for the `engine` tests."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from contract.contract_runs import Workspace, make_workspace
+from support.fake_worker import ENGINE_VERSION, FakeTransport, FakeWorker, Fault, Script
+
+from invar import canonical
+from invar.contract.admit import SEQUENTIAL_META, Answer, admit
+from invar.errors import EvidenceError, ProtocolError, WorkerError
+from invar.protocol import WorkerLost
+from invar.records import RunStore
+from invar.runner.use_run import RunOutcome, use_run
+
+UNITS = 32
+PER_CALL = 8
+
+
+def _workspace(root: Path, **changes: Any) -> Workspace:
+    """The contract_runs declaration over fake workers: both packages report the fake engine's versions, the
+    candidate (nf4) has no patch; four calls of 8 requests per package and layout (solo, b4r)."""
+    candidate = {"engine_version": ENGINE_VERSION, "patches": None, **changes.pop("candidate", {})}
+    return make_workspace(root, units=changes.pop("units", UNITS), reference={"engine_version": ENGINE_VERSION},
+                          candidate=candidate, execution={"requests_per_call": PER_CALL}, **changes)
+
+
+def _candidate(worker: FakeWorker) -> bool:
+    return worker.package == "candidate"
+
+
+# A candidate that answers a quarter of the prompts wrong: the decision has losses to get right.
+SCRIPT = Script(wrong=lambda w: 0.25 if w.package == "candidate" else 0.0)
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    return _workspace(tmp_path_factory.mktemp("fake-run"))
+
+
+@pytest.fixture(scope="module")
+def baseline(ws: Workspace) -> Path:
+    run = ws.root / "baseline"
+    outcome = use_run(ws.contract_path, run, transport=FakeTransport(SCRIPT))
+    assert (outcome.calls_total, outcome.calls_issued, outcome.calls_reused) == (len(ws.plan.calls),) * 2 + (0,)
+    return run
+
+
+def _outputs_by_call(run: Path, contract: Path) -> dict[str, str]:
+    """Each planned call's outputs as a digest, by the planned call's key."""
+    decision = admit(contract, run)
+    with RunStore.open(run) as store:
+        by_seq = {c.seq: c for c in store.calls()}
+    out = {}
+    for e in decision.evidence:
+        rep = by_seq[e.record_seq].report
+        assert rep is not None
+        out[e.key] = canonical.digest(rep.report.result["outputs"])  # type: ignore[index]
+    return out
+
+
+def _figures(run: Path, contract: Path) -> dict[str, Any]:
+    d = admit(contract, run).to_json()
+    return {k: d[k] for k in ("answer", "reason", "task_loss", "bound", "invariance", "diagnostics")}
+
+
+def _generate_calls(run: Path) -> list[tuple[str, str, bool]]:
+    """(package, params digest, answered without error) of every generate call on record, in order. The package
+    is told by the quantization its worker loaded (the two packages' calls may have the same params)."""
+    with RunStore.open(run) as store:
+        calls = store.calls()
+    package = {c.worker: "candidate" if c.call.params["quantization"] == "nf4" else "reference"
+               for c in calls if c.call.method == "load_model"}
+    return [(package[c.worker], canonical.digest(c.call.params),
+             c.report is not None and c.report.report.error is None)
+            for c in calls if c.call.method == "generate"]
+
+
+def test_a_run_of_fake_workers_is_the_plan_and_is_decided(ws: Workspace, baseline: Path) -> None:
+    decision = admit(ws.contract_path, baseline)
+    assert len(decision.evidence) == len(ws.plan.calls)
+    # A quarter of the candidate's answers are wrong and none of the reference's: the losses reach the decision.
+    assert decision.task_loss.n == UNITS
+    assert decision.task_loss.worse > 0
+    assert decision.task_loss.better == 0
+    with RunStore.open(baseline) as store:
+        assert store.verify().closed
+        assert len(store.workers()) == 2
+    # Running it again on a closed run issues nothing.
+    again = use_run(ws.contract_path, baseline, transport=(fresh := FakeTransport(SCRIPT)))
+    assert again.already_closed
+    assert fresh.started == []
+
+
+def test_each_call_runs_its_planned_batch_schedule(ws: Workspace, tmp_path: Path) -> None:
+    transport = FakeTransport(SCRIPT)
+    use_run(ws.contract_path, tmp_path / "run", transport=transport)
+    planned = Counter((c.package, canonical.digest(c.params["layout"])) for c in ws.plan.calls)
+    received = Counter((package, canonical.digest(layout)) for package, layout in transport.layouts)
+    assert received == planned
+    assert {len(batch) for _, layout in transport.layouts for batch in layout} == {1, 4}  # solo and b4r
+    # Each call on record is a planned call's exact params (requests in the plan's order: b4r reversed), once.
+    assert Counter((p, d) for p, d, _ in _generate_calls(tmp_path / "run")) == \
+        Counter((c.package, canonical.digest(c.params)) for c in ws.plan.calls)
+
+
+def test_a_batch_dependent_candidate_fails_the_invariance_layouts(tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+    script = Script(batch_dependent=_candidate)
+    use_run(ws.contract_path, tmp_path / "run", transport=FakeTransport(script))
+    d = admit(ws.contract_path, tmp_path / "run").to_json()
+    assert d["answer"] != "Admitted"
+    assert "b4r" in str(d["invariance"])
+    # The same contract with an engine whose samples do not depend on their batch passes them.
+    use_run(ws.contract_path, tmp_path / "steady", transport=FakeTransport())
+    steady = admit(ws.contract_path, tmp_path / "steady")
+    assert steady.to_json()["invariance"] != d["invariance"]
+
+
+@pytest.mark.parametrize("fault", ["die", "error", "hang"])
+def test_a_run_stopped_mid_plan_resumes_to_the_uninterrupted_records_and_decision(
+        ws: Workspace, baseline: Path, tmp_path: Path, fault: str) -> None:
+    run = tmp_path / "run"
+    broken = FakeTransport(SCRIPT, faults=[Fault(fault, calls=(3,), where=_candidate)])  # type: ignore[arg-type]
+    expected = {"die": WorkerLost, "error": WorkerError, "hang": ProtocolError}[fault]
+    with pytest.raises(expected):
+        use_run(ws.contract_path, run, transport=broken, call_timeout=0.5 if fault == "hang" else 30.0)
+    with RunStore.open(run) as store:
+        assert not store.verify().closed
+    before = _generate_calls(run)
+    answered = {(package, digest) for package, digest, ok in before if ok}
+    assert len(answered) == sum(ok for *_, ok in before)  # no planned call answered twice
+    assert 2 <= len(answered) < len(ws.plan.calls)
+    assert len(before) > len(answered)  # the stopped call is on record, without a successful report
+
+    healthy = FakeTransport(SCRIPT)
+    resumed = use_run(ws.contract_path, run, transport=healthy)
+    assert resumed.calls_reused == len(answered)
+    assert resumed.calls_issued == len(ws.plan.calls) - len(answered)
+    # Only the planned calls without a successful record went out again, each once.
+    again = [(package, digest) for package, digest, _ in _generate_calls(run)[len(before):]]
+    assert len(again) == len(set(again)) == resumed.calls_issued
+    assert not set(again) & answered
+    assert sum(1 for _, method in healthy.received if method == "generate") == resumed.calls_issued
+    assert _figures(run, ws.contract_path) == _figures(baseline, ws.contract_path)
+    assert _outputs_by_call(run, ws.contract_path) == _outputs_by_call(baseline, ws.contract_path)
+
+
+def test_no_call_is_made_before_every_worker_shows_the_contracts_identity(tmp_path: Path) -> None:
+    ws = _workspace(tmp_path, candidate={"engine_version": {"invar-fake-engine": "2"}})
+    transport = FakeTransport()
+    with pytest.raises(EvidenceError, match=re.escape("the candidate worker is not the package the contract names: "
+                                                      "candidate.engine_version")):
+        use_run(ws.contract_path, tmp_path / "run", transport=transport)
+    assert len(transport.started) == 2
+    assert transport.received == []  # the reference, whose identity is right, was sent nothing either
+    with RunStore.open(tmp_path / "run") as store:
+        assert store.calls() == []
+        assert len(store.workers()) == 2  # both identities are on record, the refused one too
+
+
+def test_a_worker_that_refuses_to_start_stops_the_run_before_any_call(ws: Workspace, tmp_path: Path) -> None:
+    transport = FakeTransport(refuse=lambda number, argv: "--threads 1: not on this machine" if number == 2 else None)
+    refused = "hf-inference: the worker refused to start: invar.workers.hf_worker: --threads 1: not on this machine"
+    with pytest.raises(ProtocolError, match=f"^{re.escape(refused)}$"):
+        use_run(ws.contract_path, tmp_path / "run", transport=transport)
+    assert transport.received == []
+
+
+def test_a_lost_worker_is_replaced_and_its_call_issued_again(ws: Workspace, baseline: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    transport = FakeTransport(SCRIPT, restarts=3, faults=[Fault("die", calls=(2, 5), where=_candidate)])
+    outcome = use_run(ws.contract_path, run, transport=transport)
+    assert outcome.calls_issued == len(ws.plan.calls)
+    assert len(transport.started) == 4  # the reference, the candidate and its two replacements
+    calls = _generate_calls(run)
+    assert len(calls) == len(ws.plan.calls) + 2
+    lost = [(package, digest) for package, digest, ok in calls if not ok]
+    assert len(lost) == 2
+    assert {p for p, _ in lost} == {"candidate"}
+    for key in lost:  # answered once, by a replacement, after the loss
+        assert [ok for p, d, ok in calls if (p, d) == key] == [False, True]
+    with RunStore.open(run) as store:
+        assert len(store.workers()) == 4  # each replacement's identity is checked and on record
+    assert _figures(run, ws.contract_path) == _figures(baseline, ws.contract_path)
+    assert _outputs_by_call(run, ws.contract_path) == _outputs_by_call(baseline, ws.contract_path)
+
+
+def test_a_worker_lost_more_often_than_it_may_be_replaced_stops_the_run(ws: Workspace, tmp_path: Path) -> None:
+    transport = FakeTransport(SCRIPT, restarts=2, faults=[Fault("die", calls=range(1, 100), where=_candidate)])
+    with pytest.raises(ProtocolError, match=r"^the candidate worker 1 was lost 3 times \(replaced 2 times\); last: "):
+        use_run(ws.contract_path, tmp_path / "run", transport=transport)
+    assert len([w for w in transport.started if w.package == "candidate"]) == 3
+    # Without replacements (local workers) the first loss stops the run as it came.
+    local = FakeTransport(SCRIPT, faults=[Fault("die", calls=(1,), where=_candidate)])
+    with pytest.raises(WorkerLost, match="worker exited"):
+        use_run(ws.contract_path, tmp_path / "local", transport=local)
+    assert len(local.started) == 2
+
+
+def _sequential(root: Path, epsilon: str) -> Workspace:
+    """Three looks of 16 units (one call per package and look), no invariance layouts."""
+    return make_workspace(
+        root, units=48, reference={"engine_version": ENGINE_VERSION},
+        candidate={"engine_version": ENGINE_VERSION, "patches": None},
+        requirement={"standard": "population", "epsilon": epsilon, "confidence": "0.95",
+                     "method": "paired-binary-sequence", "sequential": True, "max_n": 48},
+        pairing={"layout": "b16"}, layouts={"b16": {"batch_size": 16}}, invariance={"required": False, "layouts": None},
+        execution={"requests_per_call": 16}, premises=[])
+
+
+def _stop(outcome: RunOutcome) -> tuple[Any, ...]:
+    assert outcome.stop is not None
+    return outcome.stop["answer"], outcome.stop["look"], outcome.stop["units"]
+
+
+def test_a_sequential_run_stops_early_and_a_run_lost_mid_look_resumes_to_the_same_stop(tmp_path: Path) -> None:
+    # Identical packages: every d is 0, so the bound after 16 units (0.295) is above ε = 0.2, after 32 below it.
+    ws = _sequential(tmp_path / "ws", "0.2")
+    transport = FakeTransport()
+    outcome = use_run(ws.contract_path, tmp_path / "run", transport=transport)
+    assert _stop(outcome) == ("Admitted", 2, 32)
+    assert outcome.calls_issued == 4  # look 3 never ran
+    assert len(transport.layouts) == 4
+    decision = admit(ws.contract_path, tmp_path / "run", expect_head=outcome.head)
+    assert decision.answer is Answer.ADMITTED
+    assert decision.task_loss.n == 32
+
+    # The candidate's worker is lost on its look-2 call, after the reference's may have been answered.
+    killed = tmp_path / "killed"
+    with pytest.raises(WorkerLost):
+        use_run(ws.contract_path, killed, transport=FakeTransport(faults=[Fault("die", calls=(2,),
+                                                                                where=_candidate)]))
+    with RunStore.open(killed) as store:
+        assert not store.closed
+        assert SEQUENTIAL_META not in store.meta()
+    answered = sum(ok for *_, ok in _generate_calls(killed))
+    assert answered in (2, 3)
+    resumed = use_run(ws.contract_path, killed, transport=FakeTransport())
+    assert resumed.calls_issued == 4 - answered
+    assert _stop(resumed) == _stop(outcome)
+    again = admit(ws.contract_path, killed, expect_head=resumed.head)
+    assert (again.answer, again.reason, again.task_loss) == (decision.answer, decision.reason, decision.task_loss)
+
+
+def test_a_broken_candidate_stops_violated_at_the_first_look(tmp_path: Path) -> None:
+    ws = _sequential(tmp_path / "ws", "0.2")
+    broken = FakeTransport(Script(wrong=lambda w: 1.0 if w.package == "candidate" else 0.0))
+    outcome = use_run(ws.contract_path, tmp_path / "run", transport=broken)
+    assert _stop(outcome) == ("Violated", 1, 16)
+    assert outcome.calls_issued == 2
+    decision = admit(ws.contract_path, tmp_path / "run", expect_head=outcome.head)
+    assert decision.answer is Answer.VIOLATED
+    assert decision.task_loss.worse == 16
+
+
+def test_the_fake_workers_stop_with_the_run(ws: Workspace, tmp_path: Path) -> None:
+    transport = FakeTransport(SCRIPT)
+    use_run(ws.contract_path, tmp_path / "run", transport=transport)
+    assert [w.process.returncode for w in transport.started] == [0, 0]  # shut down cleanly, not killed
+    shutil.rmtree(tmp_path / "run")
