@@ -26,8 +26,10 @@ def _history(**config: object) -> RunHistory:
 def test_schedule_knobs_may_differ_and_are_named() -> None:
     knobs = check_comparable(_history(**{"learner.micro_batch": None}), _history(**{"learner.micro_batch": 4}))
     assert knobs == {"learner.micro_batch": (None, 4)}
-    assert set(SCHEDULE_KNOBS) == {"rollout.batch_size", "rollout.workers", "learner.micro_batch",
+    assert set(SCHEDULE_KNOBS) == {"rollout.batch_size", "rollout.workers", "rollout.layout", "learner.micro_batch",
                                    "learner.reduction"}
+    knobs = check_comparable(_history(**{"rollout.layout": "split"}), _history(**{"rollout.layout": "shared"}))
+    assert knobs == {"rollout.layout": ("split", "shared")}
 
 
 def test_every_other_difference_is_named_in_the_refusal() -> None:

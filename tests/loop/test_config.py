@@ -30,6 +30,17 @@ def test_defaults_fill_every_field_and_the_digest_follows_the_values() -> None:
     assert a.digest() == b.digest() != c.digest()
 
 
+def test_the_default_layout_keeps_the_digest_and_shared_changes_it() -> None:
+    # Configurations written before `rollout.layout` existed keep their digests (split is the default); a shared
+    # run is another configuration (a resume must give the layout it was made with).
+    split = parse_config({"name": "a", "backend": "hf", "rollout": {"layout": "split"}})
+    shared = parse_config({"name": "a", "backend": "hf", "rollout": {"layout": "shared"}})
+    assert "layout" not in split.canonical()["rollout"]
+    assert split.digest() == parse_config({"name": "a", "backend": "hf"}).digest() != shared.digest()
+    assert shared.canonical()["rollout"]["layout"] == "shared"
+    assert all(read_config(p).rollout.layout == "split" for p in CONFIGS)
+
+
 def test_every_field_has_a_docstring() -> None:
     rows = field_help()
     assert len(rows) >= 30
@@ -57,6 +68,15 @@ def test_every_field_has_a_docstring() -> None:
      "c.toml: lora.r: vLLM serves adapters of rank at most 8 (its --max-lora-rank); got 16: lower r, or train on "
      "the mlx or hf backend"),
     ({"backend": "mlx"}, "c.toml: name: is required; add it"),
+    ({"name": "x", "backend": "mlx", "rollout": {"layout": "together"}},
+     "c.toml: rollout.layout: input should be 'split' or 'shared'; got 'together'"),
+    ({"name": "x", "backend": "vllm+hf", "rollout": {"layout": "shared"}},
+     'c.toml: rollout.layout: "shared" runs both roles in one worker process, which needs one engine for both; '
+     'vllm+hf generates with vLLM and learns with Hugging Face: set layout = "split", or train on the mlx or hf '
+     "backend"),
+    ({"name": "x", "backend": "hf", "rollout": {"layout": "shared", "workers": 2}},
+     'c.toml: rollout.layout: "shared" runs the one inference worker in the learner\'s process; rollout.workers = 2 '
+     'needs layout = "split" (or workers = 1)'),
 ])
 def test_a_bad_config_is_one_line_naming_the_field(data: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -97,3 +97,12 @@ def test_a_missing_prompts_digest_names_the_config_field(tmp_path: Path) -> None
     assert f"p.jsonl: no p.sha256 beside it; set prompts.sha256 to the digest you expect, or write it to " \
            f"{tmp_path / 'p.sha256'}" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_the_shared_layout_is_refused_with_ray_before_anything_starts(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    config.write_text(config.read_text(encoding="utf-8") + '[rollout]\nlayout = "shared"\n', encoding="utf-8")
+    err = _refused(_invar("train", config, "--run", tmp_path / "run", "--ray", "127.0.0.1:1"))
+    assert err == (f'invar: error: {config}: rollout.layout: "shared" runs both roles in one local worker process, '
+                   'and --ray places the inference workers on a cluster; set layout = "split" to train there\n')
+    assert not (tmp_path / "run").exists()

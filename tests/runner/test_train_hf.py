@@ -1,6 +1,8 @@
 """`invar train` on the Hugging Face backend (HF generates, and learns through peft), on the shipped model: a short
 run whose objective the core recomputes and whose checkpoint chain verifies, and a run killed at random instants
-that resumes to the same checkpoints bit for bit (the HF worker's calls are deterministic on one CPU build)."""
+that resumes to the same checkpoints bit for bit (the HF worker's calls are deterministic on one CPU build), and the
+same configuration with both roles in one worker process (`rollout.layout = "shared"`) publishing the same
+checkpoints."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from train_helpers import check_finished, invar, kill_and_resume, published, write_config
+
+from invar.records import RunStore
 
 pytestmark = pytest.mark.engine
 
@@ -34,6 +38,24 @@ def test_a_short_run_publishes_a_verified_chain(finished: tuple[Path, dict[str, 
     first = h.cycles[0]
     assert first.gap.equal > first.gap.tokens // 2
     assert first.gap.max < 1e-4
+
+
+def test_both_roles_in_one_process_publish_the_split_runs_checkpoints(finished: tuple[Path, dict[str, object]],
+                                                                    tmp_path: Path) -> None:
+    config = write_config(tmp_path, "hf-small-shared", "hf", rollout={"layout": "shared"})
+    run = tmp_path / "run"
+    out = invar("train", config, "--run", run, "--json")
+    assert out.returncode == 0, out.stderr
+    compared = invar("compare", "histories", finished[0], run, "--json")
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    doc = json.loads(compared.stdout)
+    assert doc["schedule_knobs_differing"] == {"rollout.layout": ["split", "shared"]}
+    assert [c["responses_same"] for c in doc["cycles"]] == [True, True, True]
+    with RunStore.open(run) as store:
+        pids = {ident.pid for ident in store.workers().values()}
+        placement = [v for k, v in store.meta().items() if k.startswith("placement shared ")]
+    assert len(pids) == 1
+    assert [p["pid"] for p in placement] == list(pids)
 
 
 @pytest.mark.slow

@@ -2,10 +2,12 @@
 into micro-batches of 4 or take it whole, and that generate in engine batches of 1 or 32 (on two inference workers
 or one), publish the same checkpoints bit for bit; the negative control (float32 accumulation in micro-batch
 order) is reported as different from its first cycle; histories of another seed or learning rate, and a
-tampered history, are refused in one line; a run of declared staleness K = 1 samples cycle 1 from the base model
-while the learner makes the first update, and differs from K = 0 from that cycle, as it should.
+tampered history, are refused in one line; a run whose two roles share one worker process (`rollout.layout =
+"shared"`) publishes the split run's checkpoints and records the same identities and calls; a run of declared
+staleness K = 1 samples cycle 1 from the base model while the learner makes the first update, and differs from
+K = 0 from that cycle, as it should.
 
-Five MLX training runs of 2 cycles × 16 samples (4 prompts × G = 4) on the shipped model, about 15 s each here,
+Six MLX training runs of 2 cycles × 16 samples (4 prompts × G = 4) on the shipped model, about 15 s each here,
 and (slow) two HF runs showing the same for the HF learner.
 """
 
@@ -33,6 +35,7 @@ SCHEDULES: dict[str, dict[str, dict[str, Any]]] = {
     "engine1": {"rollout": {"batch_size": 1, "workers": 2}},
     "control4": {"rollout": {"batch_size": 32}, "learner": {"micro_batch": 4, "reduction": "float32-microbatch"}},
     "stale1": {"rollout": {"batch_size": 32, "staleness": 1}},
+    "shared": {"rollout": {"batch_size": 32, "layout": "shared"}},
 }
 
 
@@ -61,6 +64,7 @@ def compare(a: Path, b: Path, *, cli: bool = False) -> tuple[int, dict[str, Any]
 @pytest.mark.parametrize(("other", "knobs"), [
     ("micro4", {"learner.micro_batch": [None, 4]}),
     ("engine1", {"rollout.batch_size": [32, 1], "rollout.workers": [1, 2]}),
+    ("shared", {"rollout.layout": ["split", "shared"]}),
 ])
 def test_schedules_publish_identical_policies(runs: dict[str, Path], other: str, knobs: dict[str, Any]) -> None:
     code, doc = compare(runs["whole"], runs[other], cli=other == "micro4")
@@ -82,6 +86,30 @@ def test_schedules_publish_identical_policies(runs: dict[str, Path], other: str,
             assert all(records[s].report is not None for s in [*entry["generate_seqs"], entry["learner_seq"]])
     # The history the core recomputes agrees too: the same losses, to the bit.
     assert [c.loss_core for c in history(runs["whole"]).cycles] == [c.loss_core for c in history(runs[other]).cycles]
+
+
+def test_a_shared_run_records_what_a_split_run_records_but_where_the_roles_ran(runs: dict[str, Path]) -> None:
+    seen = {}
+    for name in ("whole", "shared"):
+        with RunStore.open(runs[name]) as store:
+            workers, meta, records = store.workers(), store.meta(), store.calls()
+        seen[name] = (
+            sorted((ident.role.value, {k: v for k, v in ident.to_wire().items() if k != "pid"})
+                   for ident in workers.values()),
+            sorted((workers[r.worker].role.value, r.call.method) for r in records),
+            {ident.role.value: ident.pid for ident in workers.values()},
+            {k: v for k, v in meta.items() if k.startswith("placement ")},
+        )
+    split, shared = seen["whole"], seen["shared"]
+    assert shared[0] == split[0]  # the same two declared identities, roles included, but for the pids
+    assert shared[1] == split[1]  # the same calls, each to the same role
+    assert split[2]["inference"] != split[2]["learner"]
+    assert split[3] == {}
+    pid = shared[2]["inference"]
+    assert shared[2]["learner"] == pid
+    with RunStore.open(runs["shared"]) as store:
+        keys = {ident.role.value: key for key, ident in store.workers().items()}
+    assert shared[3] == {f"placement shared {pid}": {"layout": "shared", "pid": pid, "workers": keys}}
 
 
 def test_the_negative_control_is_reported_different_at_its_first_cycle(runs: dict[str, Path]) -> None:

@@ -37,10 +37,12 @@ from invar.records.store import is_run
 
 EXIT_IDENTICAL, EXIT_DIFFER = 0, 10
 
-SCHEDULE_KNOBS = ("rollout.batch_size", "rollout.workers", "learner.micro_batch", "learner.reduction")
+SCHEDULE_KNOBS = ("rollout.batch_size", "rollout.workers", "rollout.layout", "learner.micro_batch",
+                  "learner.reduction")
 """Configuration fields that only decide how a cycle's work is scheduled (engine batch layout, inference workers,
-learner micro-batch and its reduction). `learner.reduction = "float32-microbatch"` is the negative control: a
-schedule-dependent reduction, which this comparison must report as different."""
+whether the roles share a worker process, learner micro-batch and its reduction).
+`learner.reduction = "float32-microbatch"` is the negative control: a schedule-dependent reduction, which this
+comparison must report as different."""
 
 DECLARED_KNOBS = ("rollout.staleness",)
 """Configuration fields that may differ between comparable runs but are expected to change the policies: the

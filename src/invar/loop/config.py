@@ -123,6 +123,11 @@ class Rollout(_Model):
     """Inference workers generating each cycle's rollouts: the cycle's prompt groups are split into this many
     contiguous shards, one generate call per worker (one after the other; the records are written by one
     process). A schedule knob."""
+    layout: Literal["split", "shared"] = "split"
+    """Where the inference engine and the learner run: `split`, a worker process for each; `shared`, one worker
+    process serving both roles (mlx and hf), each on its own protocol channel under its own identity, their calls
+    answered in turn. A schedule knob: every call and report is the one a split run records, and the published
+    policies are the same (`invar compare histories` checks it); the run's metadata says where the roles ran."""
 
 
 class Lora(_Model):
@@ -273,6 +278,13 @@ class TrainConfig(_Model):
         if self.backend == "vllm+hf" and self.lora.r > 8:
             raise ValueError(f"lora.r: vLLM serves adapters of rank at most 8 (its --max-lora-rank); got "
                              f"{self.lora.r}: lower r, or train on the mlx or hf backend")
+        if self.rollout.layout == "shared" and self.backend == "vllm+hf":
+            raise ValueError("rollout.layout: \"shared\" runs both roles in one worker process, which needs one engine "
+                             "for both; vllm+hf generates with vLLM and learns with Hugging Face: set layout = "
+                             "\"split\", or train on the mlx or hf backend")
+        if self.rollout.layout == "shared" and self.rollout.workers > 1:
+            raise ValueError(f"rollout.layout: \"shared\" runs the one inference worker in the learner's process; "
+                             f"rollout.workers = {self.rollout.workers} needs layout = \"split\" (or workers = 1)")
         return self
 
     def schedule(self) -> dict[str, Any]:
@@ -292,7 +304,7 @@ class TrainConfig(_Model):
             del out["learner"]
         if self.scorer == Scorer():
             del out["scorer"]
-        for key, default in (("workers", 1), ("staleness", 0)):
+        for key, default in (("workers", 1), ("staleness", 0), ("layout", "split")):
             if out["rollout"][key] == default:
                 del out["rollout"][key]
         return out

@@ -32,12 +32,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from invar import canonical, owner_files
-from invar.errors import ContractError, EvidenceError, NotResumable, RecordError
+from invar.engines import Transport
+from invar.errors import ContractError, EvidenceError, InvarError, NotResumable, RecordError
 from invar.loop import cycle as cyc
 from invar.loop.advantages import group_advantages
 from invar.loop.checkpoint import check_checkpoint
@@ -46,6 +47,7 @@ from invar.loop.config import Scorer as ScorerSection
 from invar.loop.objective import OBJECTIVE_VERSION, ObjectiveSettings, loss_terms
 from invar.owner_files import SHA256_FILE_BYTES
 from invar.protocol import Answer, PendingCall, Role, WorkerLost
+from invar.protocol.shared import SharedProcess
 from invar.records import RunStore
 from invar.records.store import is_run
 from invar.runner.engine import ADAPTER_NAME, RESTARTS, Dtype, Engine, EngineSpec, Lease, Session, engine_session
@@ -54,9 +56,6 @@ from invar.tasks import SCORER_NAME, ModelTokenizer, split_of
 from invar.tasks.population import Unit, check_sha256, parse_units, read_regular_file
 from invar.tasks.scorers import Scorer, UserScorer, check_units, load_scorer, scorer_identity
 from invar.tasks.tokenizer import kept_files
-
-if TYPE_CHECKING:
-    from invar.protocol.ray_transport import RayPlacement
 
 BACKENDS: dict[str, tuple[Engine, Engine]] = {
     "mlx": (Engine.MLX, Engine.MLX),
@@ -338,15 +337,26 @@ def train(
     call_timeout: float | None = 1800.0,
     progress: Callable[[Progress], None] = lambda p: None,
     ray: str | None = None,
+    transport: Transport | None = None,
 ) -> TrainOutcome:
     """Run (or resume) the training run of the configuration at `config_path` in `run_dir`.
 
     `ray`: the address of a Ray cluster on which the inference workers are placed, as actors (the learner stays
     on this machine); a lost inference worker is replaced and its unanswered generate calls issued again
-    (`_Rollouts`), at most `RESTARTS` times per worker, then the run stops and resumes like any other."""
+    (`_Rollouts`), at most `RESTARTS` times per worker, then the run stops and resumes like any other.
+    `transport`: start every worker there instead of as a local subprocess (tests: an in-process fake worker),
+    replacing a lost inference worker at most `transport.restarts` times."""
+    if ray is not None and transport is not None:
+        raise InvarError("train: give a Ray address or a transport, not both")
     started = time.perf_counter()
     p = plan(config_path)
     cfg = p.config
+    if cfg.rollout.layout == "shared" and ray is not None:
+        raise ConfigError(f"{config_path}: rollout.layout: \"shared\" runs both roles in one local worker process, "
+                          "and --ray places the inference workers on a cluster; set layout = \"split\" to train "
+                          "there")
+    if cfg.rollout.layout == "shared" and transport is not None:
+        raise InvarError("train: rollout.layout = \"shared\" starts its own worker process; give no transport")
     if is_run(run_dir):
         try:
             existing = RunStore.open(run_dir)
@@ -369,7 +379,7 @@ def train(
     with store:
         reused = len(done)
         if reused < cfg.cycles:
-            done = _run_cycles(p, run_dir, store, done, call_timeout, progress, placement)
+            done = _run_cycles(p, run_dir, store, done, call_timeout, progress, placement or transport, transport)
         head = store.close_run()
     progress(Progress(len(done), cfg.cycles, "done"))
     return TrainOutcome(run_dir, config_path, p.digest, head, len(done), reused, done[-1] if done else None,
@@ -377,11 +387,17 @@ def train(
 
 
 def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], call_timeout: float | None,
-                progress: Callable[[Progress], None], placement: RayPlacement | None = None) -> list[Published]:
+                progress: Callable[[Progress], None], placement: Transport | None = None,
+                local: Transport | None = None) -> list[Published]:
+    """The cycles left: the inference workers started at `placement`, the learner at `local` (None: local
+    subprocesses)."""
     cfg = p.config
     inference_engine, learner_engine = BACKENDS[cfg.backend]
     last = done[-1] if done else None
     progress(Progress(len(done), cfg.cycles, "start"))
+    shared = SharedProcess() if cfg.rollout.layout == "shared" else None
+    if shared is not None:  # one process serves both roles, one protocol channel each (`invar.protocol.shared`)
+        placement = local = shared
     inference_spec = EngineSpec(inference_engine, p.model, Dtype(cfg.dtype))
     learner_spec = EngineSpec(learner_engine, p.model, Dtype(cfg.dtype), adapter=None if last is None else last.path)
     start = _InferenceStart(inference_spec, store, call_timeout, placement)
@@ -395,16 +411,21 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
             raise _Stopped
 
     with contextlib.ExitStack() as stack:
+        if shared is not None:
+            stack.callback(shared.close)  # after both roles' sessions have closed
         # The workers are independent processes: their start-up (spawn, imports, handshake, load_model) overlaps,
         # so it costs about the slowest one's, not the sum.
         *leases, learner = _start_together(stack, [
             *(Lease(start, ready, restarts, f"the inference worker {i + 1}") for i in range(cfg.rollout.workers)),
             engine_session(learner_spec, store, role=Role.LEARNER, adapter_in_load=True, resume_training=True,
-                           call_timeout=call_timeout, ready=ready),
+                           call_timeout=call_timeout, ready=ready, placement=local),
         ], stop)
         for lease in leases:  # worker 1's identity is the one every other (and every replacement) must declare
             assert lease.session is not None
             start.declare(lease.session)
+        if shared is not None:
+            assert leases[0].session is not None
+            _record_shared(store, shared, leases[0].session, learner)
         if last is not None and learner.adapter_digest != last.digest:
             raise EvidenceError(f"the learner loaded adapter {str(learner.adapter_digest)[:16]}…, not the published "
                                 f"checkpoint {last.digest[:16]}…")
@@ -412,6 +433,19 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
         for n in range(len(done), cfg.cycles):
             done.append(_cycle(p, n, run_dir, store, rollouts, learner, done, progress))
     return done
+
+
+def _record_shared(store: RunStore, shared: SharedProcess, inference: Session, learner: Session) -> None:
+    """Where the roles ran, kept outside their identities (as a Ray worker's placement is): one process, whose
+    two channels answered as these two workers."""
+    meta = store.meta()
+    key = f"placement shared {shared.process.pid}"
+    n = 1
+    while key in meta:  # a pid that recurs in a resumed run
+        n += 1
+        key = f"placement shared {shared.process.pid}.{n}"
+    store.put_meta(key, {"layout": "shared", "pid": shared.process.pid,
+                         "workers": {"inference": inference.client.worker_key, "learner": learner.client.worker_key}})
 
 
 class _Stopped(Exception):
@@ -476,7 +510,7 @@ class _InferenceStart:
     replacement is checked before it is handed out."""
 
     def __init__(self, spec: EngineSpec, store: RunStore, call_timeout: float | None,
-                 placement: RayPlacement | None) -> None:
+                 placement: Transport | None) -> None:
         self.spec, self.store, self.call_timeout, self.placement = spec, store, call_timeout, placement
         self.first: dict[str, Any] | None = None
 
