@@ -8,6 +8,8 @@ Both drivers run the same cycles of the same configuration (cycles, model and pr
 - **invar**: `invar train CONFIG --run DIR` (core, worker processes, protocol, records, the core's recomputation of
   rewards, advantages and the objective, the checkpoint check, publication). Per cycle: the wall time the run
   records for it (generate + learner + publish, start-up excluded).
+- **shared** (with `--drivers ...,shared`): `invar train` with `rollout.layout = "shared"`: the same, but one worker
+  process serves both roles, each on its own channel (docs/training.md, "Where the roles run").
 - **direct**: one Python process imports the worker engine classes (`workers.<engine>_worker.Engine`, an inference
   and a learner instance) and runs each cycle's calls with the same params: load the last checkpoint as the policy,
   generate, the core's rewards and advantages (a runner must compute them too), one learner step that saves the
@@ -65,13 +67,18 @@ sys.path.append(str(REPO / "bench"))  # last: the direct runner runs with -P; be
 from overhead import tree_cpu_s  # noqa: E402
 
 DIRECT_BACKENDS = ("mlx", "hf")
-DRIVERS = ("invar", "direct", "split")
-"""split: the direct runner with its learner engine in a second process, Invar's process layout without Invar."""
+DRIVERS = ("invar", "direct", "split", "shared")
+"""split: the direct runner with its learner engine in a second process, Invar's process layout without Invar;
+shared: `invar train` with both roles in one worker process (`rollout.layout = "shared"`)."""
+DEFAULT_DRIVERS = ("invar", "direct", "split")
 
 
-def write_config(source: Path, out: Path, cycles: int, model: Path | None, per_cycle: int | None) -> Path:
+def write_config(source: Path, out: Path, cycles: int, model: Path | None, per_cycle: int | None,
+                 layout: str | None = None) -> Path:
     """The configuration with its paths made absolute and the overrides applied."""
     data = tomllib.loads(source.read_text())
+    if layout is not None:
+        data.setdefault("rollout", {})["layout"] = layout
     data["cycles"] = cycles
     data["model"] = str(model.resolve() if model is not None else (source.parent / data["model"]).resolve())
     data["prompts"]["path"] = str((source.parent / data["prompts"]["path"]).resolve())
@@ -327,15 +334,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--invar-train-on", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--split", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--drivers", default=",".join(DRIVERS),
-                        help="comma-separated, invar and direct first: " + ", ".join(DRIVERS))
+    parser.add_argument("--drivers", default=",".join(DEFAULT_DRIVERS),
+                        help="comma-separated, invar and direct first, of: " + ", ".join(DRIVERS))
     parser.add_argument("--nice", type=int, default=-10, help="priority of the bench and its workers (root lowers it)")
     if argv is None and len(sys.argv) > 2 and sys.argv[1] == "--invar-train-on":
         return invar_train_on(sys.argv[2], sys.argv[3:])  # before parsing: the rest is invar's command line
     args = parser.parse_args(argv)
     drivers = args.drivers.split(",")
     if drivers[:2] != ["invar", "direct"] or not set(drivers) <= set(DRIVERS) or len(set(drivers)) != len(drivers):
-        parser.error(f"--drivers {args.drivers}: give invar,direct, optionally followed by split")
+        parser.error(f"--drivers {args.drivers}: give invar,direct, optionally followed by split and shared")
     if args.direct is not None:
         print(json.dumps(run_direct(args.direct, args.out, args.device, args.split)))
         return 0
@@ -348,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="invar-train-overhead-") as tmp:
         folder = Path(tmp)
         config = write_config(args.config, folder / "config.toml", args.cycles, args.model, args.per_cycle)
+        configs = {"invar": config, "shared": write_config(args.config, folder / "config-shared.toml", args.cycles,
+                                                           args.model, args.per_cycle, layout="shared")}
         backend = tomllib.loads(config.read_text())["backend"]
         if backend not in DIRECT_BACKENDS:
             parser.error(f"the direct runner drives {', '.join(DIRECT_BACKENDS)}; the config's backend is {backend}")
@@ -359,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             order = drivers[rep % len(drivers):] + drivers[:rep % len(drivers)]
             for driver in order:
                 where = folder / f"{driver}-{rep}"
-                got = (run_invar(config, where, args.device) if driver == "invar" else
+                got = (run_invar(configs[driver], where, args.device) if driver in configs else
                        direct_subprocess(config, where, args.device, split=driver == "split"))
                 runs[driver].append(got)
                 print(f"rep {rep + 1}/{args.reps} {driver}: cycles " +
@@ -395,20 +404,29 @@ def main(argv: list[str] | None = None) -> int:
                            "share_of_invar_cycle": float(np.median(np.array(publish) / inv))}
     # With the split runner: how much of invar/direct is the process layout (split/direct: two engine processes
     # taking turns, no Invar) and how much is Invar's own (invar/split: the same layout, with Invar).
+    # With the shared layout: what one worker process for both roles costs against the direct runner
+    # (shared/direct), and what it saves against two (shared/invar).
+    pairs: dict[str, tuple[str, str]] = {}
     if "split" in runs:
-        pairs = {"invar_over_split": ("invar", "split"), "split_over_direct": ("split", "direct")}
-        for name, (num, den) in pairs.items():
-            result["paired_" + name] = paired(np.array([s for r in runs[num] for s in r["cycle_s"]]),
-                                              np.array([s for r in runs[den] for s in r["cycle_s"]]))
-            result["paired_cpu_" + name] = paired(np.array([s for r in runs[num] for s in r["cycle_cpu_s"]]),
-                                                  np.array([s for r in runs[den] for s in r["cycle_cpu_s"]]))
-            q = result["paired_" + name]
-            print(f"{num}/{den}: total ratio {q['total_ratio']:.4f} ({q['total_ratio_ci95'][0]:.4f}-"
-                  f"{q['total_ratio_ci95'][1]:.4f}), CPU {result['paired_cpu_' + name]['total_ratio']:.4f}; phases "
-                  f"{num} {result[num]['median_phase_s']}")
+        pairs |= {"invar_over_split": ("invar", "split"), "split_over_direct": ("split", "direct")}
+    if "shared" in runs:
+        pairs |= {"shared_over_direct": ("shared", "direct"), "shared_over_invar": ("shared", "invar")}
+    for name, (num, den) in pairs.items():
+        result["paired_" + name] = paired(np.array([s for r in runs[num] for s in r["cycle_s"]]),
+                                          np.array([s for r in runs[den] for s in r["cycle_s"]]))
+        result["paired_cpu_" + name] = paired(np.array([s for r in runs[num] for s in r["cycle_cpu_s"]]),
+                                              np.array([s for r in runs[den] for s in r["cycle_cpu_s"]]))
+        q = result["paired_" + name]
+        print(f"{num}/{den}: total ratio {q['total_ratio']:.4f} ({q['total_ratio_ci95'][0]:.4f}-"
+              f"{q['total_ratio_ci95'][1]:.4f}), CPU {result['paired_cpu_' + name]['total_ratio']:.4f}; phases "
+              f"{num} {result[num]['median_phase_s']}")
     outside = [s for r in runs["invar"] for s in r["core_outside_calls_s"]]
     result["core_outside_calls_s"] = {"median": float(np.median(outside)), "min": min(outside), "max": max(outside),
                                       "share_of_invar_cycle": float(np.median(np.array(outside) / inv))}
+    if "shared" in runs:
+        out_shared = [s for r in runs["shared"] for s in r["core_outside_calls_s"]]
+        result["shared"]["core_outside_calls_s"] = {"median": float(np.median(out_shared)), "min": min(out_shared),
+                                                    "max": max(out_shared)}
     print(f"invar's core outside its calls: median {np.median(outside) * 1e3:.1f} ms a cycle "
           f"({min(outside) * 1e3:.1f}-{max(outside) * 1e3:.1f})")
     p = result["paired"]
