@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -15,6 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # Engines must never reach for a hub: every model is the project's own.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# A suite started in the background by a non-interactive shell (`make test &`, nohup) inherits SIGINT ignored, and
+# so does every `invar` it starts: the Ctrl-C tests would then see a command that never hears Ctrl-C. They test a
+# command run from a terminal, where Python's own handler is installed.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
