@@ -31,8 +31,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# Two pytest sessions side by side: the tests that start no engine beside those that do (scripts/test_lanes.py).
 pytest: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python scripts/test_lanes.py -q
 
 test: lint typecheck pytest
 
