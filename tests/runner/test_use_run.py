@@ -119,24 +119,30 @@ def test_a_plan_runs_and_is_decided(contract: Path, baseline: Path) -> None:
     assert json.loads(again.stdout)["already_closed"] is True
 
 
-@pytest.mark.parametrize("trial", range(4))  # two kills of the CLI, two of a worker, each at a seeded instant
+# The CLI killed, then one of its workers, each after a seeded number of recorded calls (of 2 load_model + 18), so
+# the kill always lands mid-run whatever the machine's speed. Resume after a worker that dies mid-call, answers an
+# error or hangs, and after several losses, is checked in seconds on in-process workers
+# (test_fake_worker_orchestration.py); these two keep the claim for real processes of a real engine: SIGKILL, the
+# workers of a killed CLI gone, the same outputs bit for bit.
+@pytest.mark.parametrize("trial", range(2))
 def test_killed_run_resumes_to_the_same_decision_and_outputs(contract: Path, baseline: Path, tmp_path: Path,
                                                              trial: int) -> None:
     rng = random.Random(1000 + trial)
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "invar.cli", "use", "run", str(contract), "--run", str(run)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    kill_worker = trial % 2 == 1  # alternately the CLI itself and one of its workers, mid-call or mid-report
-    deadline = time.monotonic() + rng.uniform(3.0, 9.0)
-    while time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    if proc.poll() is None:
-        if kill_worker and (pids := live_workers(run, proc.pid)):
-            os.kill(rng.choice(pids), signal.SIGKILL)
-            proc.wait(60)
-        else:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(60)
+    kill_worker = trial % 2 == 1  # the CLI itself, then one of its workers, mid-call or mid-report
+    at_calls = rng.randint(3, 14)
+    deadline = time.monotonic() + 300
+    while _recorded_calls(run) < at_calls and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    if kill_worker and (pids := live_workers(run, proc.pid)):
+        os.kill(rng.choice(pids), signal.SIGKILL)
+        proc.wait(60)
+    else:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
     stderr = proc.stderr.read() if proc.stderr else ""
     assert "Traceback" not in stderr
     if kill_worker and proc.returncode == 2:
