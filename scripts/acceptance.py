@@ -77,7 +77,8 @@ def redecide(name: str, out: Path) -> dict[str, object]:
     """The kept run of `name` decided again with the default method for 0/1 losses (see the module docstring)."""
     import numpy as np
 
-    from invar.contract.admit import admit, conservative_delta, decide
+    from invar.contract.admit import admit
+    from invar.contract.decide import conservative_delta, decide
     from invar.contract.model import read_contract
     from invar.stats.bounds import DEFAULT_BINARY_METHOD, bound
 

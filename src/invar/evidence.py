@@ -115,7 +115,7 @@ def paired_range_task_loss(reference: npt.NDArray[np.float64], candidate: npt.ND
 
 
 class Answered(Protocol):
-    """A planned call's evidence as admission binds it (`invar.contract.admit.CallEvidence`): only made from a
+    """A planned call's evidence as admission binds it (`invar.contract.bind.CallEvidence`): only made from a
     recorded call whose report answered it."""
 
     @property

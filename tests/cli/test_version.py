@@ -14,7 +14,7 @@ import typer.main
 
 from invar import __version__
 from invar.cli.app import EXAMPLES, app
-from invar.contract.admit import DECISION_VERSION
+from invar.contract.decide import DECISION_VERSION
 from invar.stats.bounds import VERSIONS
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from support.char_model import write_char_model
 
 from invar import canonical
-from invar.contract.admit import run_inputs
+from invar.contract.inputs import run_inputs
 from invar.contract.model import Contract
 from invar.contract.plan import ExecutionPlan, PlannedCall
 from invar.contract.prepare import prepare

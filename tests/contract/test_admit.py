@@ -20,7 +20,8 @@ from contract_runs import (
     unit_ids,
 )
 
-from invar.contract.admit import Answer, admit
+from invar.contract.admit import admit
+from invar.contract.decide import Answer
 from invar.errors import ContractError, EvidenceError, RecordError
 from invar.records import RunStore
 
@@ -376,7 +377,8 @@ def test_token_outside_the_vocabulary_is_refused(ws: Workspace, tmp_path: Path) 
 
 
 def test_crossing_one_sided_bounds_never_decide(tmp_path: Path) -> None:
-    from invar.contract.admit import Invariance, TaskLoss, decide
+    from invar.contract.decide import Invariance, decide
+    from invar.evidence import TaskLoss
     from invar.stats import Bound
 
     ws = make_workspace(tmp_path / "ws", units=20)

@@ -10,16 +10,9 @@ import numpy as np
 import pytest
 from contract_runs import RunWriter, Workspace, make_workspace, unit_ids
 
-from invar.contract.admit import (
-    Answer,
-    admit,
-    bind_records,
-    check_invariance,
-    collect_evidence,
-    layout_invariance,
-    layout_losses,
-    layout_outputs,
-)
+from invar.contract.admit import admit
+from invar.contract.bind import bind_records, collect_evidence, layout_outputs
+from invar.contract.decide import Answer, check_invariance, layout_invariance, layout_losses
 from invar.contract.prepare import contract_scorer
 from invar.records import RunStore
 

@@ -17,7 +17,8 @@ import pytest
 from contract_runs import RunWriter, Workspace, make_workspace
 from scipy.special import log_softmax
 
-from invar.contract.admit import Answer, admit
+from invar.contract.admit import admit
+from invar.contract.decide import Answer
 from invar.contract.plan import measurement_params
 from invar.errors import ContractError, EvidenceError
 from invar.tasks.arithmetic import answer_of

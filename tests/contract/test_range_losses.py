@@ -24,7 +24,8 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from invar.cli import use
-from invar.contract.admit import Answer, admit
+from invar.contract.admit import admit
+from invar.contract.decide import Answer
 from invar.contract.plan import PlannedCall
 from invar.contract.prepare import prepare
 from invar.contract.receipt import make_receipt, verify_receipt, write_receipt

@@ -18,7 +18,8 @@ import pytest
 from contract_runs import RunWriter, make_workspace, unit_ids
 from cryptography.hazmat.primitives import serialization
 
-from invar.contract.admit import Decision, admit
+from invar.contract.admit import admit
+from invar.contract.decide import Decision
 from invar.contract.receipt import (
     PAYLOAD_TYPE,
     PREDICATE_TYPE,

@@ -13,7 +13,9 @@ import pytest
 from contract_runs import RunWriter, Workspace, declaration, make_model, make_workspace, toml_text
 
 from invar import canonical
-from invar.contract.admit import SEQUENTIAL_META, Answer, admit, stop_record
+from invar.contract.admit import admit
+from invar.contract.bind import SEQUENTIAL_META, stop_record
+from invar.contract.decide import Answer
 from invar.contract.plan import PLAN_VERSION_4
 from invar.contract.prepare import prepare
 from invar.errors import ContractError, EvidenceError

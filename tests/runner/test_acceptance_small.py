@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from invar.contract.admit import Answer, admit
+from invar.contract.admit import admit
+from invar.contract.decide import Answer
 from invar.contract.model import parse_declaration
 from invar.contract.prepare import build_contract
 from invar.runner.use_run import use_run

@@ -18,7 +18,9 @@ from contract.contract_runs import Workspace, make_workspace
 from support.fake_worker import ENGINE_VERSION, FakeTransport, FakeWorker, Fault, Script
 
 from invar import canonical
-from invar.contract.admit import SEQUENTIAL_META, Answer, admit
+from invar.contract.admit import admit
+from invar.contract.bind import SEQUENTIAL_META
+from invar.contract.decide import Answer
 from invar.errors import EvidenceError, ProtocolError, WorkerError
 from invar.protocol import WorkerLost
 from invar.records import RunStore

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from invar import canonical
-from invar.contract.admit import SEQUENTIAL_META, Answer, admit
+from invar.contract.admit import admit
+from invar.contract.bind import SEQUENTIAL_META
+from invar.contract.decide import Answer
 from invar.contract.model import parse_declaration
 from invar.contract.prepare import build_contract, load_contract
 from invar.contract.receipt import make_receipt, verify_receipt, write_receipt

@@ -168,7 +168,7 @@ the installed metadata, so `--version` never imports an engine."""
 def versions() -> VersionOutput:
     """The core's version, the versions of the decision arithmetic, and each engine's installed packages."""
     from invar.contract import plan
-    from invar.contract.admit import DECISION_VERSION
+    from invar.contract.decide import DECISION_VERSION
     from invar.loop.objective import OBJECTIVE_VERSION
     from invar.outputs import OUTPUT_SCHEMA_VERSION, EngineVersions, VersionOutput  # pydantic models: built on use
     from invar.protocol.messages import PROTOCOL_VERSION

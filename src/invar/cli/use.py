@@ -20,7 +20,8 @@ from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json, resumabl
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
 from invar.cli.progress import QuietOpt, Reporter, reporting
 from invar.cli.use_init import init_cmd, toml_value
-from invar.contract.admit import EXIT_CODES, Decision, admit
+from invar.contract.admit import admit
+from invar.contract.decide import EXIT_CODES, Decision
 from invar.contract.model import Contract, loss_span
 from invar.contract.plan import PlannedCall
 from invar.contract.prepare import declared_difference_range, load_for_planning, prepare, range_methods

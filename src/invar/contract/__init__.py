@@ -4,7 +4,8 @@
 it before any data exists; `admit` decides from a run's records under the owner's contract file.
 """
 
-from invar.contract.admit import DECISION_VERSION, EXIT_CODES, Answer, Decision, admit
+from invar.contract.admit import admit
+from invar.contract.decide import DECISION_VERSION, EXIT_CODES, Answer, Decision
 from invar.contract.model import (
     CONTRACT_SCHEMA,
     Contract,

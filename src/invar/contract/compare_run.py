@@ -1,7 +1,7 @@
 """`compare numerical RUN [--contract C]`: a use run's numbers, from its records and its contract.
 
 The run is read as admission reads it (the contract's anchors, every record verified and bound to the plan), but as
-a stream (`invar.contract.admit.stream_evidence`), and the captures of plan /3 measurements are read again side by
+a stream (`invar.contract.bind.stream_evidence`), and the captures of plan /3 measurements are read again side by
 side and dropped once compared: memory follows the number of units, not the captures' size. Every unit's
 pairing-layout responses are compared; teacher forcing and captures where the plan measured them.
 
@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from invar.compare.numerical import DEFAULT_LARGE_STEP, NumericalComparison
-from invar.contract.admit import Decision, admit, layout_losses, measurement_comparison, read_anchors, stream_evidence
+from invar.contract.admit import admit, measurement_comparison
+from invar.contract.bind import stream_evidence
+from invar.contract.decide import Decision, layout_losses
+from invar.contract.inputs import read_anchors
 from invar.contract.model import read_contract
 from invar.contract.plan import Role
 from invar.contract.prepare import contract_scorer

@@ -41,7 +41,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from invar import canonical
-from invar.contract.admit import Decision, admit
+from invar.contract.admit import admit
+from invar.contract.decide import Decision
 from invar.contract.model import Contract, read_contract
 from invar.errors import EvidenceError, InvarError
 from invar.owner_files import read_regular_file

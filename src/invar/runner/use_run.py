@@ -19,7 +19,7 @@ Decisions:
   same worker. Their params are `invar.contract.plan.measurement_params` of the recorded responses, exactly what
   admission recomputes.
 - **Sequential contracts (plan /4) run look by look.** Look k is part k of both packages' pairing calls; after each
-  look the stopping rule (`invar.contract.admit.sequential_rule`, the function admission recomputes) is evaluated
+  look the stopping rule (`invar.contract.decide.sequential_rule`, the function admission recomputes) is evaluated
   on the losses of every unit so far, in the plan's order, and no call of the next look is issued once it stops.
   The stop (answer, look, units, and the digests of the calls it used) is recorded in the run's meta before the
   closing record. A resumed run first evaluates the rule on the looks already recorded, so it reaches the same stop.
@@ -51,27 +51,23 @@ import numpy as np
 
 from invar import patches
 from invar.compare.runs import check_score_output
-from invar.contract.admit import (
+from invar.contract.bind import (
     SEQUENTIAL_META,
     OutputReader,
     bind_records,
-    layout_losses,
     parse_outputs,
     recorded_looks,
     run_contract_sha256,
-    run_inputs,
-    sequential_rule,
     stop_record,
-    unit_loss,
-    unit_range_loss,
 )
+from invar.contract.decide import layout_losses, sequential_rule, unit_loss, unit_range_loss
+from invar.contract.inputs import check_method_version, run_inputs
 from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
 from invar.contract.prepare import (
     contract_scorer,
     difference_range,
     load_contract,
-    method_version,
     package_tokenizers,
 )
 from invar.engines import Transport, check_worker_code
@@ -266,10 +262,7 @@ def use_run(
     started = time.perf_counter()
     contract, sha, plan = load_contract(contract_path)
     check_sha256_file(contract_path, sha)
-    method = contract.requirement.method
-    if method is not None and method_version(method) != contract.method_version:
-        raise ContractError(f"method_version: the contract fixes {contract.method_version}, this Invar computes "
-                            f"{method_version(method)}; run with the Invar version the contract names")
+    check_method_version(contract, "run with the Invar version the contract names")
     base = contract_path.parent
     specs = {role: package_spec(contract.package(role), base, role) for role in ROLES}
     vocab = package_tokenizers(contract, {role: specs[role].model for role in ROLES})

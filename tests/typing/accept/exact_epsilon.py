@@ -3,9 +3,8 @@
 from decimal import Decimal
 from fractions import Fraction
 
-from invar.contract.admit import TaskLoss
 from invar.contract.model import Contract
-from invar.evidence import within_epsilon
+from invar.evidence import TaskLoss, within_epsilon
 
 
 def admissible(contract: Contract, loss: TaskLoss) -> bool:

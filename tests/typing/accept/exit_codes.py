@@ -1,6 +1,6 @@
 """An answer maps to its exit status; an agent reads the typed --json output of `use admit`."""
 
-from invar.contract.admit import EXIT_CODES, Answer
+from invar.contract.decide import EXIT_CODES, Answer
 from invar.outputs import UseAdmitOutput
 
 

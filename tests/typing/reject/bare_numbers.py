@@ -2,8 +2,7 @@
 
 import numpy as np
 
-from invar.contract.admit import TaskLoss
-from invar.evidence import paired_loss
+from invar.evidence import TaskLoss, paired_loss
 
 
 def compare() -> TaskLoss:

@@ -1,6 +1,6 @@
 """Exit statuses are keyed by the Answer enum, not by its text."""
 
-from invar.contract.admit import EXIT_CODES
+from invar.contract.decide import EXIT_CODES
 
 
 def status(answer: str) -> int:

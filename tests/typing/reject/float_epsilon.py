@@ -1,7 +1,6 @@
 """A float ε is not the contract's exact one."""
 
-from invar.contract.admit import TaskLoss
-from invar.evidence import within_epsilon
+from invar.evidence import TaskLoss, within_epsilon
 
 
 def admissible(loss: TaskLoss) -> bool:

@@ -1,8 +1,7 @@
 """A rounded mean loss increase is not compared with ε: the exact fraction is."""
 
-from invar.contract.admit import TaskLoss
 from invar.contract.model import Contract
-from invar.evidence import within_epsilon
+from invar.evidence import TaskLoss, within_epsilon
 
 
 def admissible(contract: Contract, loss: TaskLoss) -> bool:

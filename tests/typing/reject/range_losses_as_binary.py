@@ -1,7 +1,6 @@
 """Losses in a declared range are not 0/1 losses: the binary pairing does not take them."""
 
-from invar.contract.admit import TaskLoss
-from invar.evidence import Candidate, RangeLosses, Reference, paired_loss
+from invar.evidence import Candidate, RangeLosses, Reference, TaskLoss, paired_loss
 
 
 def compare(reference: RangeLosses[Reference], candidate: RangeLosses[Candidate]) -> TaskLoss:

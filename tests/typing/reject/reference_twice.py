@@ -2,8 +2,7 @@
 
 from collections.abc import Sequence
 
-from invar.contract.admit import TaskLoss
-from invar.evidence import Reference, paired_loss, recorded_losses
+from invar.evidence import Reference, TaskLoss, paired_loss, recorded_losses
 from invar.records import CallRecord
 
 

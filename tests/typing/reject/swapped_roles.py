@@ -1,7 +1,6 @@
 """The reference's evidence cannot be used as the candidate's (nor the other way round)."""
 
-from invar.contract.admit import TaskLoss
-from invar.evidence import Candidate, Losses, Reference, paired_loss
+from invar.evidence import Candidate, Losses, Reference, TaskLoss, paired_loss
 
 
 def compare(reference: Losses[Reference], candidate: Losses[Candidate]) -> TaskLoss:

@@ -1,0 +1,540 @@
+"""Binding a run's evidence: each record of a run matched to the planned call of the owner's contract it executes.
+
+The anchors come from outside the evidence: the contract fixes the packages and every planned call with its exact
+parameters; the run only supplies records. Binding attributes each generate record to a package by its worker's
+identity and the model that worker loaded, demands that every call of the plan is answered exactly once with
+exactly the contract's parameters, checks each report's outputs against the requests they answer, and refuses
+anything else by naming the record. It is its own module because two procedures bind the same way: admission
+(`invar.contract.admit`) decides from the bound evidence, and `use run` (`invar.runner.use_run`) resumes from it,
+so a run resumes exactly where admission would say it stopped.
+
+Binding keeps no outputs unless asked to: with an `OutputReader` the evidence reads each call's outputs again from
+the store when a loss or an invariance check needs them, so a run's evidence takes memory per call, not per token.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from invar import canonical
+from invar.compare.measured import MeasuredItem, MeasurementRecord
+from invar.compare.runs import check_score_output
+from invar.contract.model import Contract, Package
+from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
+from invar.errors import EvidenceError
+from invar.evidence import check_patches_active
+from invar.records.store import CallRecord, RunStore
+from invar.stats.sequential import SequentialDecision
+
+
+@dataclass(frozen=True)
+class Output:
+    """One request's output as the core reads it from a report."""
+
+    request_id: str
+    tokens: np.ndarray
+    """int32[T], end-of-sequence token included when `finish_reason` is `stop`."""
+    logprobs: np.ndarray
+    """float32[T], natural log, at the request's temperature."""
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class CallEvidence:
+    """A planned call and the record that answered it."""
+
+    key: str
+    package: Role
+    layout: str
+    record_seq: int
+    call_id: int
+    call_digest: str
+    report_digest: str
+    kept: tuple[Output, ...] | None = None
+    """The outputs as bound, when binding kept them; None when they are read again from the store when asked."""
+    reread: Callable[[], tuple[Output, ...]] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def outputs(self) -> tuple[Output, ...]:
+        """The report's outputs, checked against the planned requests (read again from the store, which must still
+        be open, when binding did not keep them)."""
+        if self.kept is not None:
+            return self.kept
+        assert self.reread is not None
+        return self.reread()
+
+    @property
+    def name(self) -> str:
+        """How messages name the record, as the store does."""
+        return f"record {self.record_seq} (call {self.call_id}, generate, {self.call_digest[:12]}…)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "call": self.key,
+            "record": self.record_seq,
+            "call_id": self.call_id,
+            "call_digest": self.call_digest,
+            "report_digest": self.report_digest,
+        }
+
+
+def _first_difference(expected: Any, actual: Any, where: str) -> str | None:
+    """The first place two decoded values differ (types included), as `where: what`; None if equal."""
+    if isinstance(expected, np.ndarray) or isinstance(actual, np.ndarray):
+        if not isinstance(expected, np.ndarray) or not isinstance(actual, np.ndarray):
+            return f"{where} is {canonical.show(actual)} in the record, {canonical.show(expected)} in the contract"
+        if expected.dtype != actual.dtype or expected.shape != actual.shape or \
+                expected.tobytes() != actual.tobytes():
+            return (f"{where} is a {actual.dtype} array of shape {actual.shape} in the record, not the "
+                    f"{expected.dtype} array of shape {expected.shape} the plan and the recorded responses give")
+        return None
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        for key in sorted(set(expected) | set(actual)):
+            if key not in actual:
+                return f"{where}.{key} is missing (the contract has {expected[key]!r})"
+            if key not in expected:
+                return f"{where}.{key} is not in the contract"
+            found = _first_difference(expected[key], actual[key], f"{where}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(expected, list) and isinstance(actual, list):
+        for i, (e, a) in enumerate(zip(expected, actual, strict=False)):
+            found = _first_difference(e, a, f"{where}[{i}]")
+            if found:
+                return found
+        if len(expected) != len(actual):
+            return f"{where} has {len(actual)} entries, the contract's has {len(expected)}"
+        return None
+    if type(expected) is not type(actual) or expected != actual:
+        return f"{where} is {actual!r} in the record, {expected!r} in the contract"
+    return None
+
+
+def _anchor_of(rec: CallRecord, load: CallRecord) -> dict[str, Any]:
+    """The package anchor a generate record was made under: its worker's identity and last model load."""
+    ident = rec.identity
+    params = load.call.params
+    adapter = params.get("adapter")
+    return {
+        "engine": ident.engine,
+        "engine_version": dict(ident.engine_version),
+        "settings": ident.settings,
+        "model_digest": params.get("model_digest"),
+        "dtype": params.get("dtype"),
+        "quantization": params.get("quantization"),
+        "adapter_digest": adapter.get("digest") if isinstance(adapter, dict) else None,
+        # The code that answered, as the worker reported it (absent in records made before worker code was pinned).
+        "worker_digest": (ident.worker or {}).get("digest"),
+    }
+
+
+def _attribute(rec: CallRecord, load: CallRecord | None, contract: Contract) -> Role:
+    """Which package made a generate record; `EvidenceError` naming the record if neither did."""
+    if rec.identity.role.value != "inference":
+        raise EvidenceError(f"{rec.name}: made by a {rec.identity.role.value} worker; generate needs inference")
+    if load is None:
+        raise EvidenceError(f"{rec.name}: its worker loaded no model before it (no successful load_model record)")
+    anchor = _anchor_of(rec, load)
+    roles: tuple[Role, Role] = ("reference", "candidate")
+    for role in roles:
+        if anchor == contract.package(role).anchor():
+            return role
+    # Name the difference from the package it is closest to, so the owner sees what is foreign.
+    def distance(role: Role) -> int:
+        expected = contract.package(role).anchor()
+        return sum(expected[k] != anchor[k] for k in expected)
+
+    closest = min(roles, key=distance)
+    expected = contract.package(closest).anchor()
+    if anchor["worker_digest"] is None and expected["worker_digest"] is not None:
+        raise EvidenceError(f"{rec.name}: its worker's identity names no worker code digest (a run made before "
+                            f"worker code was pinned), the {closest}'s names {expected['worker_digest']}; run the "
+                            "contract again")
+    diff = _first_difference(expected, anchor, "package")
+    raise EvidenceError(f"{rec.name}: made by a package that is neither reference nor candidate; "
+                        f"against the {closest}: {diff}")
+
+
+def _result(rec: CallRecord) -> dict[str, Any]:
+    """The result of a record answered ok (callers check that first)."""
+    assert rec.report is not None
+    assert rec.report.report.result is not None
+    return rec.report.report.result
+
+
+def _check_loaded(rec: CallRecord, load: CallRecord, package: Package, role: Role) -> None:
+    """The load report and the generate report both name the package's model and adapter digests."""
+    want = (package.model_digest, None if package.adapter is None else package.adapter.digest)
+    for source in (load, rec):
+        result = _result(source)
+        got = (result.get("model_digest"), result.get("adapter_digest"))
+        if got != want:
+            raise EvidenceError(
+                f"{source.name}: its report names model {str(got[0])[:16]}… adapter {str(got[1])[:16]}…, not the "
+                f"{role}'s model {want[0][:16]}… adapter {str(want[1])[:16]}…"
+            )
+
+
+def parse_outputs(result: Mapping[str, Any], planned: PlannedCall, eos: frozenset[int], name: str) -> tuple[
+        Output, ...]:
+    """Check a generate result's outputs against its planned requests (`eos`: the ids that end a response);
+    `EvidenceError` naming the record `name`."""
+    requests = planned.params["requests"]
+    outputs = result.get("outputs")
+    if not isinstance(outputs, list) or len(outputs) != len(requests):
+        n = len(outputs) if isinstance(outputs, list) else "no"
+        raise EvidenceError(f"{name}: the report has {n} outputs for {len(requests)} requests")
+    out: list[Output] = []
+    for i, (o, req) in enumerate(zip(outputs, requests, strict=True)):
+        where = f"{name}: output {i}"
+        if not isinstance(o, dict) or o.get("request_id") != req["request_id"]:
+            got = o.get("request_id") if isinstance(o, dict) else None
+            raise EvidenceError(f"{where} answers request {got!r}, expected {req['request_id']!r}")
+        tokens, logprobs, finish = o.get("tokens"), o.get("logprobs"), o.get("finish_reason")
+        if not isinstance(tokens, np.ndarray) or tokens.dtype != np.int32 or tokens.ndim != 1:
+            raise EvidenceError(f"{where} ({req['request_id']}): tokens are not an int32 vector")
+        if not isinstance(logprobs, np.ndarray) or logprobs.dtype != np.float32 or logprobs.shape != tokens.shape:
+            raise EvidenceError(f"{where} ({req['request_id']}): logprobs are not a float32 vector as long as tokens")
+        ran = o.get("prompt_tokens")
+        if not isinstance(ran, np.ndarray) or not np.array_equal(ran, req["prompt_ids"]):
+            raise EvidenceError(f"{where} ({req['request_id']}): the engine ran other prompt tokens than the call "
+                                "asked for")
+        t = len(tokens)
+        stops = np.isin(tokens, np.fromiter(eos, dtype=np.int64))
+        if finish == "stop":
+            if t == 0 or not stops[-1] or stops[:-1].any():
+                raise EvidenceError(f"{where} ({req['request_id']}): finish_reason stop, but the tokens do not end "
+                                    "at the first end-of-sequence token")
+        elif finish == "length":
+            if t != req["max_tokens"] or stops.any():
+                raise EvidenceError(f"{where} ({req['request_id']}): finish_reason length with {t} tokens "
+                                    f"(max_tokens {req['max_tokens']}) or an end-of-sequence token inside")
+        else:
+            raise EvidenceError(f"{where} ({req['request_id']}): finish_reason {finish!r} is neither stop nor length")
+        if t > req["max_tokens"]:
+            raise EvidenceError(f"{where} ({req['request_id']}): {t} tokens exceed max_tokens {req['max_tokens']}")
+        out.append(Output(req["request_id"], tokens, logprobs, finish))
+    return tuple(out)
+
+
+def run_contract_sha256(store: RunStore) -> str:
+    """The contract a run was made under (its meta `run.contract_sha256`); `EvidenceError` if it names none."""
+    meta = store.meta().get("run", {})
+    run_contract = meta.get("contract_sha256") if isinstance(meta, dict) else None
+    if not isinstance(run_contract, str):
+        raise EvidenceError(f"{store.path}: the run names no contract (meta run.contract_sha256); "
+                            "admit only runs made with use run")
+    return run_contract
+
+
+@dataclass
+class BoundEvidence:
+    """What a run's records bind to the plan: generate evidence and measurement records by plan call key, and why
+    planned calls without a successful record have none (unanswered, or answered with an error)."""
+
+    found: dict[str, CallEvidence]
+    measured: dict[str, MeasurementRecord]
+    failed: dict[str, str]
+
+
+class _PairingIndex:
+    """Where each unit's pairing-layout response of each package is: (planned call key, position in its outputs)."""
+
+    def __init__(self, plan: ExecutionPlan) -> None:
+        self.where: dict[tuple[Role, int], tuple[str, int]] = {}
+        roles: tuple[Role, Role] = ("reference", "candidate")
+        for role in roles:
+            for c in plan.layout_calls(role, plan.pairing_layout):
+                for pos, index in enumerate(c.units):
+                    self.where[(role, index)] = (c.key, pos)
+
+
+def _bind_measurement(rec: CallRecord, load: CallRecord | None, contract: Contract, plan: ExecutionPlan,
+                      pairing: _PairingIndex, by_items: Mapping[tuple[Role, tuple[Any, ...]], MeasurementCall],
+                      bound: BoundEvidence) -> None:
+    """Bind one score record of a plan /3 run to its planned measurement call (see `bind_records`)."""
+    role = _attribute(rec, load, contract)
+    params = rec.call.params
+    items = params.get("items")
+    ids = tuple(it.get("item_id") if isinstance(it, dict) else None for it in items) if isinstance(items, list) \
+        else ()
+    planned = by_items.get((role, ids))
+    if planned is None:
+        raise EvidenceError(f"{rec.name}: a score call of the {role} that is no planned measurement (its items are not "
+                            "the units of a measured batch of the pairing layout)")
+
+    def tokens(index: int) -> np.ndarray:
+        key, pos = pairing.where[(planned.source, index)]
+        evidence = bound.found.get(key)
+        if evidence is None:
+            raise EvidenceError(f"{rec.name}: measures unit {plan.units[index].unit_id} before the {planned.source}'s "
+                                f"response to it is on record (planned call {key})")
+        return evidence.outputs[pos].tokens
+
+    expected = measurement_params(plan, planned, tokens)
+    if canonical.digest(expected) != canonical.digest(params):
+        diff = _first_difference(expected, params, "params") or "params are encoded differently"
+        raise EvidenceError(f"{rec.name}: does not match planned measurement call {planned.key}: {diff}")
+    answered = rec.report is not None and rec.report.report.ok
+    if not answered:
+        reason = "was never answered" if rec.report is None else "was answered with an error"
+        bound.failed.setdefault(planned.key, f"{rec.name} {reason}")
+        return
+    if planned.key in bound.measured:
+        raise EvidenceError(f"{rec.name}: repeats planned call {planned.key}, already answered by record "
+                            f"{bound.measured[planned.key].record_seq}")
+    assert load is not None  # _attribute refuses a record without a load
+    assert rec.report is not None
+    package = contract.package(role)
+    _check_loaded(rec, load, package, role)
+    result = _result(rec)
+    check_patches_active(result, package.patches, rec.name)
+    outputs = result.get("outputs")
+    if not isinstance(outputs, list) or len(outputs) != len(planned.units):
+        raise EvidenceError(f"{rec.name}: the report does not answer its {len(planned.units)} items")
+    width = _result(load).get("vocab_size")
+    scored: list[MeasuredItem] = []
+    for index, item, out in zip(planned.units, params["items"], outputs, strict=True):
+        got = check_score_output(item, out, rec.name)
+        if got.vocab_size is not None and isinstance(width, int) and got.vocab_size != width:
+            raise EvidenceError(f"{rec.name} ({plan.units[index].unit_id}): captures of {got.vocab_size} tokens from "
+                                f"a model whose worker reported a vocabulary of {width}")
+        scored.append(MeasuredItem(index, got.logprobs, got.steps, got.vocab_size))
+    bound.measured[planned.key] = MeasurementRecord(
+        key=planned.key, package=role, source=planned.source, record_seq=rec.seq, report_seq=rec.report.seq,
+        call_id=rec.call.call_id, call_digest=rec.call_digest, report_digest=rec.report.report_digest,
+        items=tuple(scored))
+
+
+class OutputReader:
+    """Reads a bound generate record's outputs again from the store, when asked, instead of binding keeping them:
+    the evidence of a run then takes memory per call, not per token. The last few calls read are kept (the
+    measurements of one generate call read its outputs once per item)."""
+
+    def __init__(self, store: RunStore, keep: int = 4) -> None:
+        self._store = store
+        self._keep = keep
+        self._recent: collections.OrderedDict[int, tuple[Output, ...]] = collections.OrderedDict()
+
+    def read(self, seq: int, planned: PlannedCall, eos: frozenset[int], name: str) -> tuple[Output, ...]:
+        if seq in self._recent:
+            self._recent.move_to_end(seq)
+            return self._recent[seq]
+        outputs = parse_outputs(_result(self._store.call_at(seq)), planned, eos, name)
+        self._recent[seq] = outputs
+        if len(self._recent) > self._keep:
+            self._recent.popitem(last=False)
+        return outputs
+
+
+def bind_records(
+    records: Iterable[CallRecord], contract: Contract, plan: ExecutionPlan, eos: Mapping[Role, frozenset[int]],
+    reader: OutputReader | None = None,
+) -> BoundEvidence:
+    """Bind each answered generate record, and under plan /3 each measurement (score) record, to the planned call
+    it executes, by plan call key.
+
+    Raises `EvidenceError`, naming the record, for a call from a foreign package, a call or parameter the plan does
+    not contain, a repeated call, a report naming other files, or outputs the plan refuses. A measurement record
+    must carry exactly the recorded responses the plan says it scores. A run that is still going (or was killed)
+    binds as far as it got: `use run` resumes from this. Records may come in call order (`RunStore.calls`,
+    `RunStore.iter_calls`) or report order (`RunStore.stream`). With a `reader`, each record's outputs are checked
+    as they bind and then dropped; the evidence reads them again through it when asked.
+    """
+    by_params = {(c.package, c.params_digest): c for c in plan.calls}
+    by_items = {(m.package, tuple(plan.units[i].unit_id for i in m.units)): m for m in plan.measurements}
+    pairing = _PairingIndex(plan)
+    last_load: dict[str, CallRecord] = {}
+    bound = BoundEvidence({}, {}, {})
+    found, failed = bound.found, bound.failed
+    for rec in records:
+        method = rec.call.method
+        answered = rec.report is not None and rec.report.report.ok
+        if method == "load_model" and answered:
+            last_load[rec.worker] = rec
+        if method == "score" and plan.measurements:
+            _bind_measurement(rec, last_load.get(rec.worker), contract, plan, pairing, by_items, bound)
+            continue
+        if method != "generate":
+            continue  # scoring outside a plan's measurements does not enter the decision
+        role = _attribute(rec, last_load.get(rec.worker), contract)
+        params = rec.call.params
+        planned = by_params.get((role, canonical.digest(params)))
+        if planned is None:
+            nearest = _nearest_call(plan, role, params)
+            diff = _first_difference(nearest.params, params, "params") or "params are encoded differently"
+            raise EvidenceError(f"{rec.name}: does not match planned call {nearest.key} (nor any other): {diff}")
+        if not answered:
+            reason = "was never answered" if rec.report is None else "was answered with an error"
+            failed.setdefault(planned.key, f"{rec.name} {reason}")
+            continue
+        if planned.key in found:
+            raise EvidenceError(f"{rec.name}: repeats planned call {planned.key}, already answered by record "
+                                f"{found[planned.key].record_seq}")
+        load = last_load[rec.worker]
+        package = contract.package(role)
+        _check_loaded(rec, load, package, role)
+        check_patches_active(_result(rec), package.patches, rec.name)
+        assert rec.report is not None
+        outputs = parse_outputs(_result(rec), planned, eos[role], rec.name)
+        found[planned.key] = CallEvidence(
+            key=planned.key, package=role, layout=planned.layout, record_seq=rec.seq, call_id=rec.call.call_id,
+            call_digest=rec.call_digest, report_digest=rec.report.report_digest,
+            kept=outputs if reader is None else None,
+            reread=None if reader is None else functools.partial(reader.read, rec.seq, planned, eos[role], rec.name),
+        )
+    bound.failed = {k: v for k, v in failed.items() if k not in found and k not in bound.measured}
+    return bound
+
+
+def collect_evidence(
+    store: RunStore, contract: Contract, sha256: str, plan: ExecutionPlan, eos: Mapping[Role, frozenset[int]]
+) -> BoundEvidence:
+    """Verify the store and bind every planned call to the one record that answered it, by plan call key.
+
+    Raises `RecordError` for a store that fails verification and `EvidenceError`, naming the record, for a run
+    of another contract, an incomplete run, anything `bind_records` refuses, or a planned call with no successful
+    record. The evidence reads its outputs from `store` when asked: use it while the store is open.
+    """
+    if not store.verify().closed:  # digests, the chain and every report's binding to its call, meta included
+        raise _incomplete(store)
+    _check_run_contract(store, sha256)
+    # Read one call at a time, outputs checked and dropped: the store stays open while the evidence is used.
+    return _complete(store, plan, bind_records(store.iter_calls(), contract, plan, eos, OutputReader(store)))
+
+
+def stream_evidence(
+    store: RunStore, contract: Contract, sha256: str, plan: ExecutionPlan, eos: Mapping[Role, frozenset[int]]
+) -> BoundEvidence:
+    """As `collect_evidence`, reading the store once as a stream (`RunStore.stream`) instead of holding every record:
+    the same checks, though a record the plan refuses may be named before a damaged record later in the store."""
+    stream = store.stream()
+    bound = bind_records(stream, contract, plan, eos)
+    if stream.verification is None or not stream.verification.closed:
+        raise _incomplete(store)
+    _check_run_contract(store, sha256)
+    return _complete(store, plan, bound)
+
+
+def _incomplete(store: RunStore) -> EvidenceError:
+    return EvidenceError(f"{store.path}: the run is incomplete (no closing record: it stopped before it finished, "
+                         "or its tail was cut); resume it with `invar use run CONTRACT --run RUN`")
+
+
+def _check_run_contract(store: RunStore, sha256: str) -> None:
+    run_contract = run_contract_sha256(store)
+    if run_contract != sha256:
+        raise EvidenceError(f"{store.path}: the run was made under contract {str(run_contract)[:16]}…, not the "
+                            f"given contract {sha256[:16]}…; give the contract the run was made for")
+
+
+def recorded_looks(plan: ExecutionPlan, found: Mapping[str, CallEvidence], where: str, *,
+                   running: bool = False) -> int:
+    """Plan /4: how many looks the records complete. The answered calls must be exactly the calls of looks 0..K-1
+    (both packages'), since the run issues look after look; anything else is refused naming the first call out of
+    place. `running`: a run being resumed may also hold part of look K (it was killed during it)."""
+    assert plan.sequential is not None
+    looks = len(plan.sequential.boundaries)
+    complete = 0
+    while complete < looks and all(c.key in found for c in plan.look_calls(complete)):
+        complete += 1
+    for c in plan.calls:
+        if c.key in found and (c.part is None or c.part >= complete + running):
+            missing = next(m.key for m in plan.look_calls(complete) if m.key not in found)
+            raise EvidenceError(f"{where}: planned call {c.key} (look {(c.part or 0) + 1}) is on record, but look "
+                                f"{complete + 1} lacks {missing}; a sequential run completes each look before the next")
+    return complete
+
+
+def _complete(store: RunStore, plan: ExecutionPlan, bound: BoundEvidence) -> BoundEvidence:
+    if plan.sequential is not None:
+        # The stopping rule, not the plan's length, says how many looks a run holds: admit checks that.
+        recorded_looks(plan, bound.found, str(store.path))
+        return bound
+    for c in plan.calls:
+        if c.key not in bound.found:
+            why = f" ({bound.failed[c.key]})" if c.key in bound.failed else ""
+            raise EvidenceError(f"{store.path}: planned call {c.key} (generate, {len(c.params['requests'])} requests) "
+                                f"has no successful record{why}; run the whole plan")
+    for m in plan.measurements:
+        if m.key not in bound.measured:
+            why = f" ({bound.failed[m.key]})" if m.key in bound.failed else ""
+            raise EvidenceError(f"{store.path}: planned measurement {m.key} (score, {len(m.units)} items) has no "
+                                f"successful record{why}; run the whole plan")
+    return bound
+
+
+def _nearest_call(plan: ExecutionPlan, role: Role, params: Any) -> PlannedCall:
+    """The planned call of `role` a foreign call is closest to (same first request, then same batch structure),
+    so the refusal can name what differs."""
+    mine = [c for c in plan.calls if c.package == role] or list(plan.calls)
+    requests = params.get("requests") if isinstance(params, dict) else None
+    first = requests[0].get("request_id") if isinstance(requests, list) and requests and \
+        isinstance(requests[0], dict) else None
+    layout = canonical.digest(params.get("layout")) if isinstance(params, dict) else None
+
+    def score(c: PlannedCall) -> tuple[bool, bool]:
+        return (c.params["requests"][0]["request_id"] == first, canonical.digest(c.batches) == layout)
+
+    return max(mine, key=score)
+
+
+def layout_outputs(plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role,
+                   layout: str) -> list[Output]:
+    """One package's outputs under one layout, gathered from all its calls into the plan's unit order."""
+    outputs: list[Output | None] = [None] * len(plan.units)
+    for c in plan.layout_calls(package, layout):
+        for index, output in zip(c.units, found[c.key].outputs, strict=True):
+            outputs[index] = output
+    assert all(o is not None for o in outputs), "a plan's calls of one layout cover every unit"
+    return [o for o in outputs if o is not None]
+
+
+SEQUENTIAL_META = "sequential_stop"
+"""The run's meta entry where `use run` records where the stopping rule stopped and the calls it used."""
+
+
+def stop_record(decision: SequentialDecision, plan: ExecutionPlan, found: Mapping[str, CallEvidence]) -> dict[
+        str, Any]:
+    """The meta entry `use run` writes when the rule stops: the answer, look, units and the call digests it used."""
+    looks = len(decision.looks)
+    calls = [c for look in range(looks) for c in plan.look_calls(look)]
+    return {"answer": decision.answer, "version": decision.version, "look": looks, "units": decision.stop,
+            "calls": [[c.key, found[c.key].call_digest] for c in calls]}
+
+
+def check_stop_record(store: RunStore, decision: SequentialDecision, plan: ExecutionPlan,
+                      found: Mapping[str, CallEvidence]) -> None:
+    """The stop `use run` recorded must be the one recomputed from the records (when the run recorded one)."""
+    kept = store.meta().get(SEQUENTIAL_META)
+    if kept is None:
+        return
+    expected = stop_record(decision, plan, found)
+    if kept != expected:
+        diff = _first_difference(expected, kept, SEQUENTIAL_META) or "it is encoded differently"
+        raise EvidenceError(f"{store.path}: the stop the run recorded is not the one its records give: {diff}")
+
+
+__all__ = [
+    "SEQUENTIAL_META",
+    "BoundEvidence",
+    "CallEvidence",
+    "Output",
+    "OutputReader",
+    "bind_records",
+    "check_stop_record",
+    "collect_evidence",
+    "layout_outputs",
+    "parse_outputs",
+    "recorded_looks",
+    "run_contract_sha256",
+    "stop_record",
+    "stream_evidence",
+]

@@ -1,0 +1,96 @@
+"""Reading the owner's inputs for a decision: the files a contract fixes by digest, and the plan derived from them.
+
+A contract names its population and each package's tokenizer by digest; the plan (every call and seed) follows
+from those bytes. They are read from beside the contract when they are there, else from the copies a run keeps in
+its meta (`run_inputs`, which `use run` writes), and every byte is checked against the contract's digests either
+way, so a run can be decided from a folder holding only the run and the contract without trusting the run for any
+of them. This is its own module because `use run` keeps what admission later reads: the two must agree on the form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from invar.contract.model import Contract
+from invar.contract.plan import ExecutionPlan, Role, derive_plan
+from invar.contract.prepare import ROLES, method_version, model_folders, package_tokenizers, prompt_encoders
+from invar.errors import ContractError, EvidenceError
+from invar.records.store import RunStore
+from invar.tasks.population import load_units
+from invar.tasks.tokenizer import BASE_FILES, ModelTokenizer, from_kept, kept_files
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Where admission reads the files the contract fixes by digest: the population and each tokenizer folder."""
+
+    population: Path
+    tokenizers: Mapping[Role, Path]
+
+
+def run_inputs(contract: Contract, base: Path) -> dict[str, Any]:
+    """The files a contract fixes by digest, as bytes, for a run to keep beside its records (meta `inputs`).
+
+    A run that carries them can be decided from a folder holding only the run and the contract: every byte is still
+    checked against the contract's digests, so where the bytes come from does not matter.
+    """
+    population = (base / contract.population.path).read_bytes()
+    folders = model_folders(contract, base)
+    return {"population": population, "tokenizers": {role: kept_files(folders[role]) for role in ROLES}}
+
+
+def resolve_inputs(contract: Contract, base: Path, kept: Any, scratch: Path) -> Inputs:
+    """The contract's files beside the contract if they are there, else the copies the run keeps (written into
+    `scratch`); the caller checks every one against the contract's digests."""
+    population = base / contract.population.path
+    tokenizers: dict[Role, Path] = model_folders(contract, base)
+    if population.is_file() and all((tokenizers[r] / n).is_file() for r in ROLES for n in BASE_FILES):
+        return Inputs(population, tokenizers)
+    if not isinstance(kept, dict) or not isinstance(kept.get("population"), bytes) \
+            or not isinstance(kept.get("tokenizers"), dict):
+        raise ContractError(f"population: {population} or a tokenizer folder is missing beside the contract, and the "
+                            "run keeps no copy of them; put the contract beside the files it names")
+    population = scratch / "population.jsonl"
+    population.write_bytes(kept["population"])
+    for role in ROLES:
+        files = kept["tokenizers"].get(role)
+        folder = scratch / role
+        folder.mkdir()
+        if not isinstance(files, dict):
+            raise EvidenceError(f"the run's kept inputs lack the {role}'s tokenizer; put the contract beside the "
+                                "files it names")
+        from_kept(files, folder)  # refuses a copy without the base files, before anything reads it
+        tokenizers[role] = folder
+    return Inputs(population, tokenizers)
+
+
+def check_method_version(contract: Contract, remedy: str) -> None:
+    """The contract's bound method must be the version this Invar computes (`ContractError`, ending in `remedy`):
+    an owner's contract fixes the method's version, and another version's numbers would not be the ones it fixed."""
+    method = contract.requirement.method
+    if method is not None and method_version(method) != contract.method_version:
+        raise ContractError(f"method_version: the contract fixes {contract.method_version}, this Invar computes "
+                            f"{method_version(method)}; {remedy}")
+
+
+def read_anchors(contract: Contract, sha: str, base: Path, store: RunStore, scratch: Path) -> tuple[
+        ExecutionPlan, dict[Role, ModelTokenizer]]:
+    """The plan and each package's tokenizer, from the files the contract fixes by digest (beside the contract at
+    `base`, or the copies the run keeps, written into `scratch`), every one checked against the contract."""
+    inputs = resolve_inputs(contract, base, store.meta().get("inputs"), scratch)
+    units = load_units(inputs.population, contract.population.sha256)
+    tokenizers = package_tokenizers(contract, inputs.tokenizers)
+    plan = derive_plan(contract, sha, units, prompt_encoders(tokenizers))
+    return plan, tokenizers
+
+
+__all__ = [
+    "Inputs",
+    "check_method_version",
+    "read_anchors",
+    "resolve_inputs",
+    "run_inputs",
+]
