@@ -197,9 +197,9 @@ def versions() -> VersionOutput:
 def _print_versions(as_json: bool) -> None:
     v = versions()
     if as_json:
-        from invar.cli.common import emit_json
+        from invar.cli.common import emit_model
 
-        emit_json(v.model_dump(mode="json"))
+        emit_model(v)
         return
     typer.echo(f"invar {v.invar}")
     typer.echo(f"decision {v.decision}; plans {', '.join(v.plans)}; objective {v.objective}")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path, PurePath
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import typer
@@ -21,6 +21,9 @@ from invar import canonical
 from invar.canonical import BFloat16Array
 from invar.errors import Interrupted, InvarError, NotResumable
 from invar.records.store import is_run
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (for scripts and agents).")]
 RunDir = Annotated[Path, typer.Argument(help="A run directory (holds records.sqlite).")]
@@ -69,6 +72,21 @@ def _key(key: Any) -> str:
 
 def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(plain(obj), indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+
+def emit_model(output: BaseModel, *, exclude_none: bool = False, exclude_unset: bool = False) -> None:
+    """Print a command's `--json` as its model in `invar.outputs` serialises it: the model that generates the
+    command's published schema is the one that prints it, so the two cannot drift (a field the command sets but the
+    model lacks, or one it leaves out, is an error before anything is printed).
+
+    Where an optional part is absent rather than null: `exclude_none` leaves out each field that is None (a nested
+    model's too); `exclude_unset` each field the model was not given (for a model validated from an object's own
+    JSON, exactly the keys that JSON has).
+
+    The model's own fields are typed and validated; what its open maps (`dict[str, Any]`) hold is written by
+    `plain`, as every output is: a kept file as its digest, an array as its dtype, shape and digest, a float that is
+    not finite as null (pydantic's JSON mode would write bytes as text and refuses numpy values)."""
+    emit_json(output.model_dump(exclude_none=exclude_none, exclude_unset=exclude_unset))
 
 
 @contextlib.contextmanager

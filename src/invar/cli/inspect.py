@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json
+from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_model
+from invar.outputs import CallLogRow, InspectRecordsOutput
 from invar.records import RunStore
 
 app = typer.Typer(help="Look into what a run recorded.", no_args_is_help=True, rich_markup_mode=None)
@@ -22,7 +21,7 @@ def records(run: RunDir, expect_head: ExpectHeadOpt = None, as_json: JsonOpt = F
     Without --expect-head this shows the records are consistent with each other; only the head kept from when the
     run closed (or from a receipt) shows they are the records that were written.
     """
-    rows: list[dict[str, Any]] = []
+    rows: list[CallLogRow] = []
     with RunStore.open(run) as store:
         v = store.verify(expect_head=expect_head)
         meta = store.meta()
@@ -30,23 +29,23 @@ def records(run: RunDir, expect_head: ExpectHeadOpt = None, as_json: JsonOpt = F
         # not the size of what they carried.
         for c in store.iter_calls():
             rep = c.report
-            rows.append({
-                "seq": c.seq,
-                "call_id": c.call.call_id,
-                "engine": c.identity.engine,
-                "role": c.identity.role.value,
-                "method": c.call.method,
-                "call_digest": c.call_digest,
-                "status": "unanswered" if rep is None else ("ok" if rep.report.ok else "error"),
-                "error": None if rep is None or rep.report.error is None else
+            rows.append(CallLogRow(
+                seq=c.seq,
+                call_id=c.call.call_id,
+                engine=c.identity.engine,
+                role=c.identity.role.value,
+                method=c.call.method,
+                call_digest=c.call_digest,
+                status="unanswered" if rep is None else ("ok" if rep.report.ok else "error"),
+                error=None if rep is None or rep.report.error is None else
                 f"{rep.report.error.type}: {rep.report.error.message}",
-                "elapsed_ms": None if rep is None else round((rep.at_ns - c.at_ns) / 1e6, 3),
-            })
-    summary = {"run": str(run), "verified": True, "closed": v.closed, "chain_head": v.head,
-               "anchored": expect_head is not None, "records": v.records, "workers": v.workers, "calls": v.calls,
-               "reports": v.reports, "errors": v.errors, "unanswered": v.unanswered, "meta": meta}
+                elapsed_ms=None if rep is None else round((rep.at_ns - c.at_ns) / 1e6, 3),
+            ))
     if as_json:
-        emit_json({**summary, "call_log": rows})
+        emit_model(InspectRecordsOutput(
+            run=str(run), verified=True, closed=v.closed, chain_head=v.head, anchored=expect_head is not None,
+            records=v.records, workers=v.workers, calls=v.calls, reports=v.reports, errors=v.errors,
+            unanswered=v.unanswered, meta=meta, call_log=rows))
         return
     console = Console()
     state = "closed" if v.closed else "[bold yellow]INCOMPLETE[/] (no closing record: stopped before it finished, " \
@@ -58,7 +57,7 @@ def records(run: RunDir, expect_head: ExpectHeadOpt = None, as_json: JsonOpt = F
     console.print(f"chain head {v.head} ({anchor})")
     table = Table("seq", "call", "engine", "role", "method", "status", "ms", "call digest")
     for r in rows:
-        table.add_row(str(r["seq"]), str(r["call_id"]), r["engine"], r["role"], r["method"],
-                      r["status"] if r["error"] is None else f"error: {r['error'][:60]}",
-                      "" if r["elapsed_ms"] is None else f"{r['elapsed_ms']:.1f}", r["call_digest"][:16])
+        table.add_row(str(r.seq), str(r.call_id), r.engine, r.role, r.method,
+                      r.status if r.error is None else f"error: {r.error[:60]}",
+                      "" if r.elapsed_ms is None else f"{r.elapsed_ms:.1f}", r.call_digest[:16])
     console.print(table)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from invar.cli.common import JsonOpt, emit_json
+from invar.cli.common import JsonOpt, emit_model
 from invar.contract.receipt import new_key_pair
 from invar.outputs import KeysNewOutput
 
@@ -23,7 +23,7 @@ def new(
     """Make an Ed25519 key pair: NAME.key (private, owner-only) and NAME.pub (give it to whoever verifies)."""
     key, pub, fp = new_key_pair(out, name)
     if as_json:
-        emit_json(KeysNewOutput(private_key=str(key), public_key=str(pub), key_sha256=fp).model_dump(mode="json"))
+        emit_model(KeysNewOutput(private_key=str(key), public_key=str(pub), key_sha256=fp))
         return
     typer.echo(f"private key {key} (keep it; it signs receipts)")
     typer.echo(f"public key  {pub} (give it to verifiers)")

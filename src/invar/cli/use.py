@@ -15,8 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
-from invar import canonical
-from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json, resumable
+from invar import canonical, outputs
+from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_model, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
 from invar.cli.progress import QuietOpt, Reporter, reporting
 from invar.cli.use_init import init_cmd, toml_value
@@ -66,17 +66,13 @@ def prepare_cmd(
     """Validate a declaration and write <name>.contract.json and its .sha256; print the sha256."""
     prepared = prepare(declaration, out)
     plan = prepared.plan
-    summary = {
-        "contract": str(prepared.path),
-        "sha256": prepared.sha256,
-        "units": len(plan.units),
-        "calls": [{"call": c.key, "purposes": list(c.purposes), "batches": len(c.batches)} for c in plan.calls],
-        "measurements": len(plan.measurements),
-        "plan_version": plan.version,
-        "sequential": None if plan.sequential is None else plan.sequential.to_json(),
-    }
     if json_out:
-        emit_json(summary)
+        emit_model(outputs.UsePrepareOutput(
+            contract=str(prepared.path), sha256=prepared.sha256, units=len(plan.units),
+            calls=[outputs.PreparedCall(call=c.key, purposes=list(c.purposes), batches=len(c.batches))
+                   for c in plan.calls],
+            measurements=len(plan.measurements), plan_version=plan.version,
+            sequential=None if plan.sequential is None else plan.sequential.to_json()))
         return
     typer.echo(f"{prepared.sha256}  {prepared.path}")
     typer.echo(f"plan {plan.version}: {len(plan.units)} units, {len(plan.calls)} generate calls")
@@ -183,11 +179,12 @@ def plan_cmd(
                        assumption=rows[0].assumption if rows else "", out=plot)
     stops = _sequential_plan(c, looks, stated, sequential_max)
     if json_out:
-        emit_json({"contract": str(contract), "contract_method": req.method, "epsilon": str(req.epsilon),
-                   "delta": str(req.delta), "rows": [dataclasses.asdict(r) for r in rows],
-                   "sequential": None if stops is None else dataclasses.asdict(stops), "contract_units": units,
-                   "contract_power": own, "underpowered": own is not None and own < power,
-                   "plot": None if plot is None else str(plot)})
+        emit_model(outputs.UsePlanOutput(
+            contract=str(contract), contract_method=req.method, epsilon=str(req.epsilon), delta=str(req.delta),
+            rows=[outputs.PlanRow(**dataclasses.asdict(r)) for r in rows],
+            sequential=None if stops is None else outputs.SequentialPlanRow(**dataclasses.asdict(stops)),
+            contract_units=units, contract_power=own, underpowered=own is not None and own < power,
+            plot=None if plot is None else str(plot)))
         return
     typer.echo(render_plan(rows), nl=False)
     if stops is not None:
@@ -363,17 +360,17 @@ def package_cmd(
     settings = parse_launch_settings(engine.value, setting or [])
     patches = {name: patch_digest(patch_dir(name)) for name in patch or []}
     identity = probe_identity(engine, settings, patches)
-    package: dict[str, Any] = {"engine": engine.value, "engine_version": identity.engine_version, "settings": {
-        k: v for k, v in identity.settings.items() if k != "patches"}, **({"patches": patches} if patches else {}),
+    package = outputs.UsePackageOutput(
+        engine=engine.value, engine_version=identity.engine_version,
+        settings={k: v for k, v in identity.settings.items() if k != "patches"}, patches=patches or None,
         # The core's own digest of the files it started (`use run` checks the same before any worker starts).
-        "worker_digest": worker_digest(engine.value)}
-    if folder:
-        package["model_dir"] = folder["model_dir"]
-        package["model_digest"] = folder["model_digest"]
+        worker_digest=worker_digest(engine.value), model_dir=folder.get("model_dir"),
+        model_digest=folder.get("model_digest"), tokenizer_digest=folder.get("tokenizer_digest"))
     if json_out:
-        emit_json({**package, **({"tokenizer_digest": folder["tokenizer_digest"]} if folder else {})})
+        emit_model(package, exclude_none=True)  # patches and the model's fields are absent when not asked for
         return
-    for name, value in package.items():
+    # The same fields as TOML lines, in the model's order, less the digest that is no declaration field.
+    for name, value in package.model_dump(exclude_none=True, exclude={"tokenizer_digest"}).items():
         typer.echo(f"{name} = {_toml_value(value)}")
     if folder:
         # Not a declaration field: `use prepare` computes it from the folder and fixes it in the contract.
@@ -426,7 +423,11 @@ def run_cmd(
         outcome = use_run(contract, run_dir, call_timeout=call_timeout, progress=show, workers=workers, ray=ray,
                           phase=phase)
     if json_out:
-        emit_json(outcome.to_json())
+        emit_model(outputs.UseRunOutput(
+            run=str(outcome.run), contract=str(outcome.contract), contract_sha256=outcome.contract_sha256,
+            chain_head=outcome.head, calls_total=outcome.calls_total, calls_reused=outcome.calls_reused,
+            calls_issued=outcome.calls_issued, wall_s=round(outcome.wall_s, 3), already_closed=outcome.already_closed,
+            sequential_stop=outcome.stop, admit=admit_command(outcome.run, outcome.contract, outcome.head)))
         return
     if outcome.already_closed:
         typer.echo(f"{run_dir}: the run is already complete; nothing to do")
@@ -481,7 +482,10 @@ def admit_cmd(
     if receipt is not None:
         write_receipt(receipt, make_receipt(decision, private, contract=contract))
     if json_out:
-        emit_json({**decision.to_json(), "receipt": None if receipt is None else str(receipt)})
+        # The decision's own JSON (what a receipt states), validated by the output's model and printed as it; the
+        # parts a decision does not have (measurements, sequential) stay absent.
+        emit_model(outputs.UseAdmitOutput.model_validate(
+            {**decision.to_json(), "receipt": None if receipt is None else str(receipt)}), exclude_unset=True)
     else:
         typer.echo(render_decision(decision))
         if receipt is not None:
@@ -512,10 +516,13 @@ def verify_cmd(
     is valid; 2, naming what is wrong, otherwise.
     """
     check = verify_receipt(receipt, run, contract, public_key, trust_embedded_key=trust_embedded_key)
-    if json_out:
-        emit_json(check.to_json())
-        return
     d = check.decision
+    if json_out:
+        emit_model(outputs.UseVerifyOutput(
+            verified=True, answer=d.answer.value, chain_head=d.chain_head, contract_sha256=d.contract_sha256,
+            signed=check.signed, key_sha256=check.key_fingerprint, key_checked=check.key_checked,
+            format=check.format, trust=check.trust, warning=check.warning))
+        return
     typer.echo(f"verified: {d.answer.value} under contract {d.contract_sha256[:16]}…, recomputed from {d.records} "
                f"records ending at head {d.chain_head}")
     if not check.signed:

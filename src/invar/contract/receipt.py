@@ -435,12 +435,6 @@ class ReceiptCheck:
         return ("anyone could have signed it (checked only against the key the receipt carries); pass --public-key "
                 "with the issuer's .pub to know who did")
 
-    def to_json(self) -> dict[str, Any]:
-        return {"verified": True, "answer": self.decision.answer.value, "chain_head": self.decision.chain_head,
-                "contract_sha256": self.decision.contract_sha256, "signed": self.signed,
-                "key_sha256": self.key_fingerprint, "key_checked": self.key_checked, "format": self.format,
-                "trust": self.trust, "warning": self.warning}
-
 
 @dataclass(frozen=True)
 class _Signer:

@@ -130,13 +130,6 @@ class RunOutcome:
     stop: dict[str, Any] | None = None
     """Sequential contracts: where the stopping rule stopped (the run's meta `sequential_stop`)."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {"run": str(self.run), "contract": str(self.contract), "contract_sha256": self.contract_sha256,
-                "chain_head": self.head, "calls_total": self.calls_total, "calls_reused": self.calls_reused,
-                "calls_issued": self.calls_issued, "wall_s": round(self.wall_s, 3),
-                "already_closed": self.already_closed, "sequential_stop": self.stop,
-                "admit": admit_command(self.run, self.contract, self.head)}
-
 
 def admit_command(run: Path, contract: Path, head: str) -> str:
     """The command that decides a finished run, anchored at its head."""

@@ -1,0 +1,142 @@
+"""Every command's `--json` is its output model's own serialisation (`emit_model`), not a dict built beside the
+model: no command module writes through `emit_json` but those listed in HAND_WRITTEN (still to move), and what each
+command prints is what its model in `invar.outputs` dumps (shown here on the commands that run without an engine,
+with the engine's part scripted where one would start; `tests/cli/test_schemas.py` runs the rest for real)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from contract.contract_runs import REFERENCE_IDENTITY, RunWriter, Workspace, make_workspace, unit_ids
+from pydantic import BaseModel
+from typer.testing import CliRunner
+
+from invar import outputs
+from invar.cli import use
+from invar.cli.app import app
+from invar.runner.use_run import RunOutcome, admit_command
+
+CLI = Path(__file__).resolve().parents[2] / "src" / "invar" / "cli"
+RUNNER = CliRunner()
+
+COMMANDS = {
+    ("app.py", "_print_versions"), ("infer.py", "infer"), ("evaluate.py", "evaluate"), ("score.py", "score"),
+    ("train.py", "train"), ("inspect.py", "records"), ("history.py", "history"), ("use.py", "prepare_cmd"),
+    ("use.py", "plan_cmd"), ("use.py", "package_cmd"), ("use.py", "run_cmd"), ("use.py", "admit_cmd"),
+    ("use.py", "verify_cmd"), ("keys.py", "new"), ("compare.py", "numerical"), ("compare.py", "histories"),
+}
+"""Every command function with a `--json` (one per model in `invar.outputs.OUTPUTS`)."""
+HAND_WRITTEN = {
+    ("infer.py", "infer"), ("evaluate.py", "evaluate"), ("score.py", "score"), ("train.py", "train"),
+    ("history.py", "history"), ("compare.py", "numerical"), ("compare.py", "histories"),
+}
+"""Commands whose `--json` is still a dict beside its model: to move to `emit_model`, never to grow."""
+
+
+def _emitters() -> Iterator[tuple[tuple[str, str], str, ast.Call]]:
+    """((module file, function), called name, call) for each `emit_json`/`emit_model` call in the CLI's modules."""
+    for path in sorted(CLI.glob("*.py")):
+        if path.name == "common.py":  # the writers themselves
+            continue
+        for fn in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                        node.func.id in ("emit_json", "emit_model"):
+                    yield (path.name, fn.name), node.func.id, node
+
+
+def test_every_command_prints_its_model_and_none_a_dict() -> None:
+    """`emit_json` of a dict built in a command would be a second spelling of its output beside the model."""
+    calls = list(_emitters())
+    assert {where for where, name, _ in calls if name == "emit_json"} == HAND_WRITTEN
+    assert {where for where, name, _ in calls if name == "emit_model"} == COMMANDS - HAND_WRITTEN
+    assert len(COMMANDS) == len(outputs.OUTPUTS)
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    return make_workspace(tmp_path_factory.mktemp("models"), units=30)
+
+
+@pytest.fixture(scope="module")
+def run(ws: Workspace) -> Path:
+    return RunWriter(ws, ws.root / "run").complete(candidate_wrong=unit_ids(ws, 3)).close()
+
+
+def _printed_by(model: type[BaseModel], *args: str | Path) -> dict[str, Any]:
+    """The command's --json, with `model.model_dump` marking what it returns: the mark shows in the output only if
+    the output is that dump. The rest must be what the model gives back when it reads the output again."""
+    original = model.model_dump
+
+    def dump(self: BaseModel, **kwargs: Any) -> dict[str, Any]:
+        return {**original(self, **kwargs), "dumped_by": type(self).__name__}
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(model, "model_dump", dump)
+        result = RUNNER.invoke(app, [str(a) for a in args])
+    assert result.exit_code in (0, 10, 11), result.output
+    doc: dict[str, Any] = json.loads(result.stdout)
+    assert doc.pop("dumped_by", None) == model.__name__, f"{args[:2]}: --json is not {model.__name__}'s dump"
+    again = model.model_validate(doc).model_dump(mode="json", exclude_unset=True)
+    assert again == doc
+    return doc
+
+
+def test_use_prepare_and_plan(ws: Workspace, tmp_path: Path) -> None:
+    doc = _printed_by(outputs.UsePrepareOutput, "use", "prepare", ws.root / "decl.toml", "--out",
+                      tmp_path, "--json")
+    assert doc["units"] == 30
+    doc = _printed_by(outputs.UsePlanOutput, "use", "plan", ws.contract_path, "--assume",
+                      "worse=0.01 better=0.01", "--method", "maurer-pontil", "--sequential-max", "30", "--json")
+    assert doc["sequential"]["n_max"] == 30
+    assert doc["rows"][0]["method"] == "maurer-pontil"
+
+
+def test_use_admit_verify_and_inspect_records(ws: Workspace, run: Path, tmp_path: Path) -> None:
+    receipt = tmp_path / "receipt.json"
+    doc = _printed_by(outputs.UseAdmitOutput, "use", "admit", run, "--contract", ws.contract_path,
+                      "--receipt", receipt, "--json")
+    assert doc["receipt"] == str(receipt)
+    assert "sequential" not in doc  # absent, as the decision's own JSON has it, not null
+    doc = _printed_by(outputs.UseVerifyOutput, "use", "verify", receipt, "--run", run, "--contract",
+                      ws.contract_path, "--trust-embedded-key", "--json")
+    assert (doc["signed"], doc["trust"]) == (False, "embedded-key")
+    doc = _printed_by(outputs.InspectRecordsOutput, "inspect", "records", run, "--json")
+    assert doc["call_log"][0]["seq"] > 0
+
+
+def test_use_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the worker's identity scripted (no worker starts): the fields not asked for are absent, not null."""
+    identity = types.SimpleNamespace(engine_version=REFERENCE_IDENTITY["engine_version"],
+                                     settings={"device": "cpu", "threads": 1, "patches": {}})
+    monkeypatch.setattr(use, "probe_identity", lambda engine, settings, patches: identity)
+    doc = _printed_by(outputs.UsePackageOutput, "use", "package", "hf", "--json")
+    assert sorted(doc) == ["engine", "engine_version", "settings", "worker_digest"]
+    assert doc["settings"] == {"device": "cpu", "threads": 1}
+
+
+def test_use_run(monkeypatch: pytest.MonkeyPatch, ws: Workspace, tmp_path: Path) -> None:
+    """With the run itself scripted (no worker starts): the outcome as UseRunOutput prints it."""
+    outcome = RunOutcome(run=tmp_path / "run", contract=ws.contract_path, contract_sha256=ws.sha256, head="a" * 64,
+                         calls_total=6, calls_reused=2, calls_issued=4, wall_s=1.23456, already_closed=False,
+                         stop={"version": "paired-binary-sequence/1", "look": 1, "units": 16, "answer": "Admitted"})
+    monkeypatch.setattr(use, "use_run", lambda *args, **kwargs: outcome)
+    doc = _printed_by(outputs.UseRunOutput, "use", "run", ws.contract_path, "--run", tmp_path / "run", "--json")
+    assert doc == {"run": str(tmp_path / "run"), "contract": str(ws.contract_path), "contract_sha256": ws.sha256,
+                   "chain_head": "a" * 64, "calls_total": 6, "calls_reused": 2, "calls_issued": 4, "wall_s": 1.235,
+                   "already_closed": False, "sequential_stop": outcome.stop,
+                   "admit": admit_command(tmp_path / "run", ws.contract_path, "a" * 64)}
+
+
+def test_version_and_keys_new(tmp_path: Path) -> None:
+    assert _printed_by(outputs.VersionOutput, "--version", "--json")["output_schemas"] == outputs.OUTPUT_SCHEMA_VERSION
+    doc = _printed_by(outputs.KeysNewOutput, "keys", "new", "--out", tmp_path, "--json")
+    assert Path(doc["public_key"]).is_file()
