@@ -6,6 +6,7 @@ with the engine's part scripted where one would start; `tests/cli/test_schemas.p
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import types
 from collections.abc import Iterator
@@ -15,11 +16,17 @@ from typing import Any
 import pytest
 from contract.contract_runs import REFERENCE_IDENTITY, RunWriter, Workspace, make_workspace, unit_ids
 from pydantic import BaseModel
+from runner.train_helpers import write_config
 from typer.testing import CliRunner
 
 from invar import outputs
-from invar.cli import use
+from invar.cli import history as history_cli
+from invar.cli import train, use
 from invar.cli.app import app
+from invar.loop.config import read_config
+from invar.loop.cycle import Gap, Importance
+from invar.loop.history import CycleHistory, History
+from invar.runner.train import Published, TrainOutcome
 from invar.runner.use_run import RunOutcome, admit_command
 
 CLI = Path(__file__).resolve().parents[2] / "src" / "invar" / "cli"
@@ -33,8 +40,8 @@ COMMANDS = {
 }
 """Every command function with a `--json` (one per model in `invar.outputs.OUTPUTS`)."""
 HAND_WRITTEN = {
-    ("infer.py", "infer"), ("evaluate.py", "evaluate"), ("score.py", "score"), ("train.py", "train"),
-    ("history.py", "history"), ("compare.py", "numerical"), ("compare.py", "histories"),
+    ("infer.py", "infer"), ("evaluate.py", "evaluate"), ("score.py", "score"), ("compare.py", "numerical"),
+    ("compare.py", "histories"),
 }
 """Commands whose `--json` is still a dict beside its model: to move to `emit_model`, never to grow."""
 
@@ -134,6 +141,39 @@ def test_use_run(monkeypatch: pytest.MonkeyPatch, ws: Workspace, tmp_path: Path)
                    "chain_head": "a" * 64, "calls_total": 6, "calls_reused": 2, "calls_issued": 4, "wall_s": 1.235,
                    "already_closed": False, "sequential_stop": outcome.stop,
                    "admit": admit_command(tmp_path / "run", ws.contract_path, "a" * 64)}
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_train(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, closed: bool) -> None:
+    """With the training scripted (no worker starts): the outcome as TrainOutput prints it."""
+    config = tmp_path / "train.toml"
+    ck = Published(cycle=2, path=tmp_path / "run" / "ck", digest="c" * 64, optimizer_steps=4)
+    outcome = TrainOutcome(run=tmp_path / "run", config=config, config_digest="d" * 64, head="a" * 64, cycles=3,
+                           cycles_reused=1, checkpoint=ck, wall_s=2.0004, already_closed=closed)
+    monkeypatch.setattr(train, "run_training", lambda *args, **kwargs: outcome)
+    doc = _printed_by(outputs.TrainOutput, "train", config, "--run", tmp_path / "run", "--json")
+    assert doc == {"run": str(tmp_path / "run"), "config": str(config), "config_digest": "d" * 64,
+                   "chain_head": "a" * 64, "cycles": 3, "cycles_reused": 1, "cycles_run": 0 if closed else 2,
+                   "checkpoint": {"cycle": 2, "path": str(ck.path), "digest": "c" * 64}, "wall_s": 2.0,
+                   "already_closed": closed, "history": f"invar inspect history {tmp_path / 'run'}"}
+
+
+def test_inspect_history(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With the history scripted (no training run): each cycle's numbers as HistoryCycle prints them."""
+    config = read_config(write_config(tmp_path, "models", "hf", cycles=1))
+    cycle = CycleHistory(
+        cycle=0, prompts=4, samples=16, reward_mean=0.25, accuracy=0.25, accuracy_interval=(0.07, 0.52),
+        advantage_mean=0.0, advantage_std=0.9, advantage_min=-1.5, advantage_max=1.5, zero_variance_groups=1,
+        groups=4, loss_core=0.1, loss_learner=0.1, loss_abs_diff=0.0, policy_core=0.1, kl_core=0.0, grad_norm=2.5,
+        gap=Gap(tokens=40, equal=30, p50=0.0, p99=1e-6, max=2e-6, k3_mean=0.0, k3_max=1e-12),
+        importance=Importance(min=0.9, mean=1.0, max=1.1, exactly_one=30, handled=0, ess=0.99), staleness=0,
+        policy=None, checkpoint="c" * 64, wall_s={"generate": 1.5, "learner": 2.5, "publish": 0.5})
+    history = History(tmp_path / "run", config, True, "a" * 64, [cycle])
+    monkeypatch.setattr(history_cli, "read_history", lambda *args, **kwargs: history)
+    doc = _printed_by(outputs.InspectHistoryOutput, "inspect", "history", tmp_path / "run", "--json")
+    assert doc["config"] == json.loads(json.dumps(config.canonical()))
+    (row,) = doc["cycles"]
+    assert row == {**json.loads(json.dumps(dataclasses.asdict(cycle))), "accuracy_interval": [0.07, 0.52]}
 
 
 def test_version_and_keys_new(tmp_path: Path) -> None:

@@ -13,8 +13,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_json
+from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_model
 from invar.loop.history import CONFIDENCE, History, read_history
+from invar.outputs import HistoryCycle, InspectHistoryOutput
 
 
 def history(
@@ -29,7 +30,10 @@ def history(
     if plot is not None:
         draw(h, plot)
     if as_json:
-        emit_json({**h.to_json(), "plot": None if plot is None else str(plot)})
+        emit_model(InspectHistoryOutput(
+            run=str(h.run), chain_head=h.head, closed=h.closed, config=h.config.canonical(),
+            cycles=[HistoryCycle.model_validate(c, from_attributes=True) for c in h.cycles],
+            plot=None if plot is None else str(plot)))
         return
     console = Console()
     state = "closed" if h.closed else "[bold yellow]INCOMPLETE[/] (no closing record: stopped, or still running)"

@@ -12,10 +12,11 @@ from typing import Annotated
 
 import typer
 
-from invar.cli.common import JsonOpt, emit_json, resumable
+from invar.cli.common import JsonOpt, emit_model, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
 from invar.cli.progress import QuietOpt, Reporter, reporting
 from invar.loop.config import field_help, read_config
+from invar.outputs import TrainCheckpoint, TrainOutput
 from invar.runner.engine import default_run_dir
 from invar.runner.options import check_sampling
 from invar.runner.train import Progress
@@ -41,8 +42,15 @@ def train(
     run_dir = run if run is not None else default_run_dir(f"train-{read_config(config).name}")
     with resumable(run_dir, f"invar train {config}"), reporting(quiet) as shown:
         outcome = run_training(config, run_dir, call_timeout=call_timeout, progress=_progress(shown), ray=ray)
+    ck = outcome.checkpoint
     if json_out:
-        emit_json(outcome.to_json())
+        emit_model(TrainOutput(
+            run=str(outcome.run), config=str(outcome.config), config_digest=outcome.config_digest,
+            chain_head=outcome.head, cycles=outcome.cycles, cycles_reused=outcome.cycles_reused,
+            cycles_run=0 if outcome.already_closed else outcome.cycles - outcome.cycles_reused,
+            checkpoint=None if ck is None else TrainCheckpoint(cycle=ck.cycle, path=str(ck.path), digest=ck.digest),
+            wall_s=round(outcome.wall_s, 3), already_closed=outcome.already_closed,
+            history=f"invar inspect history {outcome.run}"))
         return
     if outcome.already_closed:
         typer.echo(f"{run_dir}: the run is already complete; nothing to do")
@@ -50,7 +58,6 @@ def train(
         kept = f", {outcome.cycles_reused} kept from before" if outcome.cycles_reused else ""
         typer.echo(f"trained {outcome.cycles - outcome.cycles_reused} of {outcome.cycles} cycles{kept} in "
                    f"{outcome.wall_s:.1f} s; records: {run_dir}")
-    ck = outcome.checkpoint
     if ck is not None:
         typer.echo(f"checkpoint of cycle {ck.cycle}: {ck.path} (digest {ck.digest})")
     typer.echo(f"chain head {outcome.head} (keep it: it anchors these records)")

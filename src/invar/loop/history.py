@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,12 +76,6 @@ class CycleHistory:
     wall_s: Mapping[str, float]
     """Seconds per phase: generate, learner, publish."""
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["accuracy_interval"] = list(self.accuracy_interval)
-        out["wall_s"] = dict(self.wall_s)
-        return out
-
 
 @dataclass(frozen=True)
 class History:
@@ -90,10 +84,6 @@ class History:
     closed: bool
     head: str
     cycles: list[CycleHistory]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"run": str(self.run), "config": self.config.canonical(), "closed": self.closed,
-                "chain_head": self.head, "cycles": [c.to_json() for c in self.cycles]}
 
 
 def _vocabulary(kept: Any, run: Path) -> ModelTokenizer:

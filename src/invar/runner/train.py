@@ -115,16 +115,6 @@ class TrainOutcome:
     wall_s: float
     already_closed: bool
 
-    def to_json(self) -> dict[str, Any]:
-        ck = self.checkpoint
-        return {"run": str(self.run), "config": str(self.config), "config_digest": self.config_digest,
-                "chain_head": self.head, "cycles": self.cycles, "cycles_reused": self.cycles_reused,
-                "cycles_run": self.cycles - self.cycles_reused if not self.already_closed else 0,
-                "checkpoint": None if ck is None else {"cycle": ck.cycle, "path": str(ck.path),
-                                                       "digest": ck.digest},
-                "wall_s": round(self.wall_s, 3), "already_closed": self.already_closed,
-                "history": f"invar inspect history {self.run}"}
-
 
 @dataclass(frozen=True)
 class Plan:
