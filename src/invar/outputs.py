@@ -1,10 +1,11 @@
 """The shapes of every command's `--json` output, as typed models.
 
 `scripts/schemas.py` turns each model into a JSON Schema under docs/schemas/ (`<command>.schema.json`), and the
-tests validate each command's real output against it. A model here states what a command prints; the commands
-build their output from the core's own objects (`to_json()`), so a field renamed there without a change here
-fails the schema tests. Closed objects forbid fields they do not name; maps keyed by data (engines, packages, kinds)
-are open by nature.
+tests validate each command's real output against it. A model here is what a command prints: each command builds
+its model (or validates the core's own JSON into it, where a receipt or the records keep that JSON too) and prints
+the model's serialisation (`invar.cli.common.emit_model`), so a field the core renames without a change here is
+an error before anything is printed. Closed objects forbid fields they do not name; maps keyed by data (engines,
+packages, kinds) are open by nature.
 """
 
 from __future__ import annotations
@@ -183,7 +184,8 @@ class ScoreOutput(EngineFields):
     items: list[ScoreItem]
     calls: int
     captures: int
-    vocab_size: int
+    vocab_size: int | None
+    """The width of each capture; None when nothing was captured (no --capture-steps)."""
 
 
 # --- records and training ------------------------------------------------------------------------------------------

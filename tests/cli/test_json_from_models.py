@@ -1,11 +1,12 @@
 """Every command's `--json` is its output model's own serialisation (`emit_model`), not a dict built beside the
-model: no command module writes through `emit_json` but those listed in HAND_WRITTEN (still to move), and what each
-command prints is what its model in `invar.outputs` dumps (shown here on the commands that run without an engine,
-with the engine's part scripted where one would start; `tests/cli/test_schemas.py` runs the rest for real)."""
+model: no command module writes through `emit_json`, and what each command prints is what its model in
+`invar.outputs` dumps (shown here with the engine's part scripted or served by the in-process fake worker;
+`tests/cli/test_schemas.py` runs every command on a real engine and validates its output against the schema)."""
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import json
 import types
@@ -17,15 +18,17 @@ import pytest
 from contract.contract_runs import REFERENCE_IDENTITY, RunWriter, Workspace, make_workspace, unit_ids
 from pydantic import BaseModel
 from runner.train_helpers import write_config
+from support.fake_worker import FakeTransport
 from typer.testing import CliRunner
 
 from invar import outputs
 from invar.cli import history as history_cli
-from invar.cli import train, use
+from invar.cli import infer, train, use
 from invar.cli.app import app
 from invar.loop.config import read_config
 from invar.loop.cycle import Gap, Importance
 from invar.loop.history import CycleHistory, History
+from invar.runner import engine, evaluate, score
 from invar.runner.train import Published, TrainOutcome
 from invar.runner.use_run import RunOutcome, admit_command
 
@@ -39,11 +42,6 @@ COMMANDS = {
     ("use.py", "verify_cmd"), ("keys.py", "new"), ("compare.py", "numerical"), ("compare.py", "histories"),
 }
 """Every command function with a `--json` (one per model in `invar.outputs.OUTPUTS`)."""
-HAND_WRITTEN = {
-    ("infer.py", "infer"), ("evaluate.py", "evaluate"), ("score.py", "score"), ("compare.py", "numerical"),
-    ("compare.py", "histories"),
-}
-"""Commands whose `--json` is still a dict beside its model: to move to `emit_model`, never to grow."""
 
 
 def _emitters() -> Iterator[tuple[tuple[str, str], str, ast.Call]]:
@@ -63,8 +61,8 @@ def _emitters() -> Iterator[tuple[tuple[str, str], str, ast.Call]]:
 def test_every_command_prints_its_model_and_none_a_dict() -> None:
     """`emit_json` of a dict built in a command would be a second spelling of its output beside the model."""
     calls = list(_emitters())
-    assert {where for where, name, _ in calls if name == "emit_json"} == HAND_WRITTEN
-    assert {where for where, name, _ in calls if name == "emit_model"} == COMMANDS - HAND_WRITTEN
+    assert [where for where, name, _ in calls if name == "emit_json"] == []
+    assert {where for where, name, _ in calls if name == "emit_model"} == COMMANDS
     assert len(COMMANDS) == len(outputs.OUTPUTS)
 
 
@@ -118,6 +116,9 @@ def test_use_admit_verify_and_inspect_records(ws: Workspace, run: Path, tmp_path
     assert (doc["signed"], doc["trust"]) == (False, "embedded-key")
     doc = _printed_by(outputs.InspectRecordsOutput, "inspect", "records", run, "--json")
     assert doc["call_log"][0]["seq"] > 0
+    doc = _printed_by(outputs.CompareNumericalOutput, "compare", "numerical", run, "--contract", ws.contract_path,
+                      "--json")
+    assert doc["decision"]["answer"] == "Unknown"
 
 
 def test_use_package(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -174,6 +175,39 @@ def test_inspect_history(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
     assert doc["config"] == json.loads(json.dumps(config.canonical()))
     (row,) = doc["cycles"]
     assert row == {**json.loads(json.dumps(dataclasses.asdict(cycle))), "accuracy_interval": [0.07, 0.52]}
+
+
+@pytest.fixture
+def fake_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """infer, evaluate and score start the in-process fake worker instead of an engine."""
+    real = engine.engine_session
+
+    @contextlib.contextmanager
+    def session(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        with real(*args, **{**kwargs, "placement": FakeTransport()}) as started:
+            yield started
+
+    for module in (infer, evaluate, score):
+        monkeypatch.setattr(module, "engine_session", session)
+
+
+@pytest.mark.usefixtures("fake_engine")
+def test_engine_commands(tmp_path: Path) -> None:
+    doc = _printed_by(outputs.InferOutput, "infer", "37+58=", "12*7=", "--engine", "hf", "--run", tmp_path / "a",
+                      "--json")
+    assert "messages" not in doc["outputs"][0]  # only with --chat
+    _printed_by(outputs.InferOutput, "infer", "37+58=", "12*7=", "--engine", "hf", "--dtype", "bfloat16", "--run",
+                tmp_path / "b", "--json")
+    doc = _printed_by(outputs.EvaluateAnyOutput, "evaluate", "--count", "4", "--engine", "hf", "--run",
+                      tmp_path / "eval", "--json")
+    assert doc["problems"] == 4
+    doc = _printed_by(outputs.ScoreOutput, "score", "--from-run", tmp_path / "a", "--engine", "hf", "--run",
+                      tmp_path / "score", "--json")
+    assert doc["vocab_size"] is None  # nothing captured
+    assert "patches" not in doc
+    doc = _printed_by(outputs.CompareNumericalOutput, "compare", "numerical", tmp_path / "a", tmp_path / "b",
+                      "--json")
+    assert doc["decision"] is None
 
 
 def test_version_and_keys_new(tmp_path: Path) -> None:

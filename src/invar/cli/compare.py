@@ -13,11 +13,12 @@ from typing import Annotated, Any
 
 import typer
 
-from invar.cli.common import JsonOpt, emit_json
+from invar.cli.common import JsonOpt, emit_model
 from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, NumericalComparison, compare
 from invar.compare.runs import pair_runs, read_generate_run, read_score_run
 from invar.contract.compare_run import compare_use_run
 from invar.errors import InvarError
+from invar.outputs import CompareHistoriesOutput, CompareNumericalOutput
 
 app = typer.Typer(
     name="compare",
@@ -199,7 +200,8 @@ def numerical(
         written = write_report(result, report)
         result.sources["report"] = [str(p) for p in written]
     if json_out:
-        emit_json({**result.to_json(), "decision": result.decision})
+        emit_model(CompareNumericalOutput.model_validate({**result.to_json(), "decision": result.decision}),
+                   exclude_unset=True)
         return
     typer.echo(render_comparison(result))
     if report is not None:
@@ -220,7 +222,7 @@ def histories(
 
     result = compare_histories(run_a, run_b)
     if json_out:
-        emit_json(result.to_json())
+        emit_model(CompareHistoriesOutput.model_validate(result.to_json()), exclude_unset=True)
     else:
         typer.echo(render(result))
     raise typer.Exit(result.exit_code)

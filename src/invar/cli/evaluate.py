@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from invar.cli.common import JsonOpt, emit_json
+from invar.cli.common import JsonOpt, emit_model
 from invar.cli.options import (
     DEFAULT_CALL_TIMEOUT,
     DEFAULT_MODEL,
@@ -32,6 +32,7 @@ from invar.cli.options import (
 from invar.cli.progress import QuietOpt, Reporter, reporting
 from invar.errors import ContractError
 from invar.home import HOME
+from invar.outputs import EvaluateAnyOutput
 from invar.records import RunStore
 from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, default_run_dir, parse_launch_settings
 from invar.runner.evaluate import (
@@ -126,7 +127,8 @@ def evaluate(
         store.put_meta("evaluation", result)
         result["chain_head"] = store.close_run()
     if as_json:
-        emit_json(result)
+        # The evaluation as the run's meta keeps it, validated by the output's model and printed as it.
+        emit_model(EvaluateAnyOutput.model_validate(result), exclude_unset=True)
         return
     lo, hi = result["interval"]
     if scorer.binary:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from invar.cli.common import JsonOpt, emit_json
+from invar.cli.common import JsonOpt, emit_model
 from invar.cli.options import (
     DEFAULT_CALL_TIMEOUT,
     DEFAULT_MODEL,
@@ -28,6 +28,7 @@ from invar.cli.options import (
 )
 from invar.cli.progress import QuietOpt, reporting
 from invar.errors import EvidenceError, InvarError
+from invar.outputs import InferOutput
 from invar.records import RunStore
 from invar.runner.engine import (
     Dtype,
@@ -111,7 +112,7 @@ def infer(
     result = {"run": str(run_dir), "chain_head": head, **meta, "temperature": temperature, "top_p": top_p,
               "outputs": rows}
     if as_json:
-        emit_json(result)
+        emit_model(InferOutput.model_validate(result), exclude_unset=True)  # `messages` only with --chat
         return
     typer.echo(f"{engine.value} on {model} ({meta['model_digest'][:12]}…), T={temperature:g}, top-p={top_p:g}; "
                f"records: {run_dir}")

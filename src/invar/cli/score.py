@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from invar.cli.common import JsonOpt, emit_json
+from invar.cli.common import JsonOpt, emit_model
 from invar.cli.options import (
     DEFAULT_CALL_TIMEOUT,
     DEFAULT_MODEL,
@@ -29,6 +29,7 @@ from invar.cli.options import (
 from invar.cli.progress import QuietOpt, reporting
 from invar.compare.steps import parse_steps, show_steps
 from invar.errors import InvarError
+from invar.outputs import ScoreOutput
 from invar.patches import patch_digest, patch_dir
 from invar.records import RunStore
 from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, default_run_dir, parse_launch_settings
@@ -131,7 +132,7 @@ def score(
         head = store.close_run()
     result = {"run": str(run_dir), "chain_head": head, **meta, **counts, "items": rows}
     if as_json:
-        emit_json(result)
+        emit_model(ScoreOutput.model_validate(result), exclude_unset=True)  # `patches` only with --patch
         return
     captured = "no captures" if not counts["captures"] else \
         f"{counts['captures']} captures of {counts['vocab_size']} tokens"
