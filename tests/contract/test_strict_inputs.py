@@ -16,6 +16,7 @@ from contract_runs import declaration, make_workspace, toml_text
 from invar.contract.model import parse_contract, read_declaration
 from invar.errors import ContractError
 from invar.loop.config import ConfigError, parse_config, read_config
+from invar.owner_files import read_regular_file
 
 POP = "a" * 64
 MODEL = "b" * 64
@@ -242,3 +243,15 @@ def test_a_coerced_scorer_setting_is_refused_saying_what_to_write(name: str, set
     with pytest.raises(ContractError) as info:
         load_scorer(name, settings, Path.cwd())
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize("name", ["pop\rulation.jsonl", "pop\nulation.jsonl", "pop\x1bulation.jsonl"])
+def test_a_missing_file_whose_name_holds_a_control_character_is_named_on_one_line(tmp_path: Path,
+                                                                                  name: str) -> None:
+    # Found by the declaration fuzz: a population path of "\r" was echoed raw, splitting the one-line error.
+    with pytest.raises(ContractError) as err:
+        read_regular_file(tmp_path / name, "population file")
+    text = str(err.value)
+    assert text.isprintable(), repr(text)
+    shown = name.encode("unicode_escape").decode("ascii")
+    assert text == f"population file {tmp_path}/{shown} does not exist: point the declaration at the file"
