@@ -63,7 +63,18 @@ def test_ray_placed_workers_give_the_decision_of_local_ones(cluster: str, contra
 
 def test_a_killed_actor_is_replaced_and_its_call_issued_again(cluster: str, contract: Path, local: Path,
                                                                tmp_path: Path) -> None:
-    run = tmp_path / "run"
+    # The kill is aimed at a call seen unanswered on record, but the worker may answer it before SIGKILL lands (a
+    # few milliseconds, more on a loaded machine): such an attempt still checks the run, then the scenario is run
+    # again, until a kill lands on a call in flight.
+    for attempt in range(3):
+        if _kill_an_actor_mid_call(cluster, contract, local, tmp_path / f"run-{attempt}"):
+            return
+    pytest.fail("in 3 attempts, every killed actor had answered its call before the kill landed")
+
+
+def _kill_an_actor_mid_call(cluster: str, contract: Path, local: Path, run: Path) -> bool:
+    """One run with a relay actor killed while its worker holds a generate call; False when the call turned out to
+    be answered before the kill (the run is checked all the same)."""
     proc = subprocess.Popen([sys.executable, "-m", "invar.cli", "use", "run", str(contract), "--run", str(run),
                              "--ray", cluster, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **LOOPBACK_ENV})
@@ -105,7 +116,8 @@ def test_a_killed_actor_is_replaced_and_its_call_issued_again(cluster: str, cont
     # The killed attempt's call stays on record, unanswered; the same planned call was issued again and answered.
     lost = [c for c in calls if (c.worker, c.call_digest) == unanswered]
     assert len(lost) == 1
-    assert lost[0].report is None
+    if lost[0].report is not None:
+        return False
     # (the other package's call has the same params: it is answered by the other package's first worker)
     again = [c for c in calls if c.call.method == "generate" and c.call.params == lost[0].call.params
              and c.report is not None and c.worker not in first_workers]
@@ -114,6 +126,7 @@ def test_a_killed_actor_is_replaced_and_its_call_issued_again(cluster: str, cont
     # The killed actor's worker went with it.
     with pytest.raises(ProcessLookupError):
         os.kill(killed["worker_pid"], 0)
+    return True
 
 
 def test_an_unreachable_address_is_one_line_and_loses_nothing(contract: Path, tmp_path: Path) -> None:
