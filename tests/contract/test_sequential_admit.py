@@ -4,6 +4,7 @@ refusing runs that went on past the stop, stopped before it, or left a look inco
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -190,3 +191,16 @@ def test_use_admit_refuses_a_run_past_the_stop_with_one_line_and_exit_2(ws: Work
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert "stopping rule stops at 32" in lines[0]
+
+
+def test_compare_numerical_reads_a_run_stopped_early_by_the_looks_it_reached(ws: Workspace, tmp_path: Path) -> None:
+    # It used to fail with a KeyError on the first call of a look the run never reached.
+    assert ws.plan.sequential is not None
+    run = _run(ws, tmp_path / "run", 2)
+    out = subprocess.run([sys.executable, "-m", "invar.cli", "compare", "numerical", str(run), "--contract",
+                          str(ws.contract_path), "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    reached = [ws.plan.units[i].unit_id for i in ws.plan.sequential.look_units(2)]
+    assert [u["unit_id"] for u in doc["units"]] == reached  # the rule's order, 32 of the 48 planned
+    assert doc["decision"]["answer"] == "Admitted"

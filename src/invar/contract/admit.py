@@ -168,24 +168,28 @@ def measurement_comparison(
     captures streamed from `store`) on the units they cover (`invar.compare.measured`). `EvidenceError` for
     measurements that cannot be compared."""
     roles: tuple[Role, Role] = ("reference", "candidate")
+    # A sequential run holds the units of the looks it reached, in the rule's order (it has no measurements, which
+    # index every planned unit); any other run holds every planned unit.
+    used = list(range(len(plan.units))) if plan.sequential is None else \
+        list(plan.sequential.look_units(recorded_looks(plan, bound.found, str(store.path))))
     outputs: dict[Role, list[Response]] = {}
     texts: dict[Role, list[str | None]] = {}
     for role in roles:
-        outs = layout_outputs(plan, bound.found, role, plan.pairing_layout)
+        outs = layout_outputs(plan, bound.found, role, plan.pairing_layout, units=used)
         outputs[role] = [Response(o.tokens, o.logprobs, o.finish_reason) for o in outs]
         texts[role] = [vocab[role].decode(o.tokens.tolist()) for o in outs]
     # The comparison counts 0/1 losses; losses in a wider range are summarised by the decision's task loss only.
     binary = reference_loss.dtype.kind == "i"
     losses: dict[Role, list[int | None]] = {
-        "reference": [int(x) if binary else None for x in reference_loss],
-        "candidate": [int(x) if binary else None for x in candidate_loss]}
+        "reference": [int(reference_loss[i]) if binary else None for i in used],
+        "candidate": [int(candidate_loss[i]) if binary else None for i in used]}
     sources = {"mode": "use run", "run": str(store.path), "contract": contract.name, "plan_version": plan.version,
                "reference": {"label": f"{contract.name} reference ({_label(contract.reference)})"},
                "candidate": {"label": f"{contract.name} candidate ({_label(contract.candidate)})"},
                "measurements": None if plan.measure is None else plan.measure.model_dump(mode="json")}
     try:
         return measured_comparison(
-            store, [u.unit_id for u in plan.units], [u.prompt for u in plan.units], outputs,
+            store, [plan.units[i].unit_id for i in used], [plan.units[i].prompt for i in used], outputs,
             [bound.measured[m.key] for m in plan.measurements],
             teacher_forcing=plan.measure is None or plan.measure.teacher_forcing,
             texts=texts, losses=losses, large_step=large_step, sources=sources)

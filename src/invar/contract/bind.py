@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -487,14 +487,18 @@ def _nearest_call(plan: ExecutionPlan, role: Role, params: Any) -> PlannedCall:
 
 
 def layout_outputs(plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role,
-                   layout: str) -> list[Output]:
-    """One package's outputs under one layout, gathered from all its calls into the plan's unit order."""
+                   layout: str, *, units: Sequence[int] | None = None) -> list[Output]:
+    """One package's outputs under one layout, gathered from all its calls into the plan's unit order, or of
+    `units` only, in that order (a sequential run's reached looks: the calls of later looks are not on record)."""
     outputs: list[Output | None] = [None] * len(plan.units)
     for c in plan.layout_calls(package, layout):
-        for index, output in zip(c.units, found[c.key].outputs, strict=True):
-            outputs[index] = output
-    assert all(o is not None for o in outputs), "a plan's calls of one layout cover every unit"
-    return [o for o in outputs if o is not None]
+        if c.key in found:
+            for index, output in zip(c.units, found[c.key].outputs, strict=True):
+                outputs[index] = output
+    picked = [outputs[i] for i in (range(len(plan.units)) if units is None else units)]
+    if any(o is None for o in picked):
+        raise KeyError(next(c.key for c in plan.layout_calls(package, layout) if c.key not in found))
+    return [o for o in picked if o is not None]
 
 
 SEQUENTIAL_META = "sequential_stop"

@@ -62,9 +62,10 @@ def compare_use_run(run: Path, contract_path: Path | None, *, large_step: float 
                   for role in roles}
         result = measurement_comparison(store, contract, plan, bound, vocab, losses["reference"],
                                         losses["candidate"], large_step=large_step)
-        expected = [None if u.source is None else _shown(thaw(u.source.answer)) for u in plan.units]
+        expected = {u.unit_id: None if u.source is None else _shown(thaw(u.source.answer)) for u in plan.units}
     result.sources["contract_file"] = str(contract_file)
-    units = tuple(dataclasses.replace(u, expected=e) for u, e in zip(result.units, expected, strict=True))
+    # By unit id: a sequential run stopped early compares the units of the looks it reached only.
+    units = tuple(dataclasses.replace(u, expected=expected[u.unit_id]) for u in result.units)
     # The headline's decision is use admit's own, computed by the same function after the comparison is done
     # (so the two never hold their records at once); a run admission refuses is compared all the same.
     try:
