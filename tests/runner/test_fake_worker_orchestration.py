@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from contract.contract_runs import Workspace, make_workspace
 from support.fake_worker import ENGINE_VERSION, FakeTransport, FakeWorker, Fault, Script
+from support.use_runs import decision_figures as _figures
+from support.use_runs import outputs_by_call as _outputs_by_call
 
 from invar import canonical
 from invar.contract.admit import admit
@@ -59,22 +61,8 @@ def baseline(ws: Workspace) -> Path:
     return run
 
 
-def _outputs_by_call(run: Path, contract: Path) -> dict[str, str]:
-    """Each planned call's outputs as a digest, by the planned call's key."""
-    decision = admit(contract, run)
-    with RunStore.open(run) as store:
-        by_seq = {c.seq: c for c in store.calls()}
-    out = {}
-    for e in decision.evidence:
-        rep = by_seq[e.record_seq].report
-        assert rep is not None
-        out[e.key] = canonical.digest(rep.report.result["outputs"])  # type: ignore[index]
-    return out
 
 
-def _figures(run: Path, contract: Path) -> dict[str, Any]:
-    d = admit(contract, run).to_json()
-    return {k: d[k] for k in ("answer", "reason", "task_loss", "bound", "invariance", "diagnostics")}
 
 
 def _generate_calls(run: Path) -> list[tuple[str, str, bool]]:

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.use_runs import decision_figures as _decision_figures
+from support.use_runs import outputs_by_call as _outputs_by_call
 from train_helpers import live_workers, worker_pids
 
 from invar import canonical
-from invar.contract.admit import admit
 from invar.engines import DEFAULT_MODEL
 from invar.records import RunStore
 from invar.runner.engine import Engine, probe_identity
@@ -89,22 +90,8 @@ def baseline(contract: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-def _outputs_by_call(run: Path, contract: Path) -> dict[str, str]:
-    """Each planned call's outputs, as a digest: what a resumed run must reproduce for every answered call."""
-    decision = admit(contract, run)
-    with RunStore.open(run) as store:
-        by_seq = {c.seq: c for c in store.calls()}
-    out = {}
-    for e in decision.evidence:
-        rep = by_seq[e.record_seq].report
-        assert rep is not None
-        out[e.key] = canonical.digest(rep.report.result["outputs"])  # type: ignore[index]
-    return out
 
 
-def _decision_figures(run: Path, contract: Path) -> dict[str, Any]:
-    d = admit(contract, run).to_json()
-    return {k: d[k] for k in ("answer", "reason", "task_loss", "bound", "invariance", "diagnostics")}
 
 
 def test_a_plan_runs_and_is_decided(contract: Path, baseline: Path) -> None:

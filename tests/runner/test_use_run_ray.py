@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 from ray_cluster import LOOPBACK_ENV, free_port, placements, ray_invar
-from test_use_run import _decision_figures, _invar, _outputs_by_call, write_declaration
+from support.use_runs import decision_figures as _decision_figures
+from support.use_runs import outputs_by_call as _outputs_by_call
+from test_use_run import _invar, write_declaration
 
 from invar.records import RunStore
 
