@@ -5,6 +5,13 @@ wrong and what to change. Anything else escaping to the top level is a bug and k
 """
 
 
+def one_line(text: str) -> str:
+    """`text` as one line: a newline or other control character (in a worker's error text, its stderr tail, a path
+    or name a user gave) is written as its escape, so an error stays the one line a script reads."""
+    return "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
+                   for ch in text)
+
+
 class InvarError(Exception):
     """A failure with a one-line, actionable message."""
 

@@ -25,7 +25,7 @@ from typing import Annotated, NoReturn
 
 from pydantic import AfterValidator, ValidationError
 
-from invar import canonical
+from invar import canonical, errors
 from invar.errors import ContractError, InvarError
 
 MAX_FILE_BYTES = 1 << 20
@@ -175,12 +175,6 @@ _FILE_KINDS: tuple[tuple[Callable[[int], bool], str], ...] = (
 )
 
 
-def printable(text: str) -> str:
-    """`text` with each newline or other control character written as its escape: a path the owner wrote (a `\r` in
-    a declaration's string) stays inside the one line an error is."""
-    return "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii") for ch in text)
-
-
 def read_regular_file(path: str | Path, what: str, *, limit: int = MAX_DATA_BYTES,
                       error: type[InvarError] = ContractError, fix: str = "point the declaration at the file") -> bytes:
     """The bytes of a regular file of at most `limit` bytes, read once: every file a command reads whole comes
@@ -194,7 +188,7 @@ def read_regular_file(path: str | Path, what: str, *, limit: int = MAX_DATA_BYTE
     path = Path(path)
 
     def refuse(text: str) -> NoReturn:
-        raise error(f"{what} {printable(str(path))} {text}: {fix}")
+        raise error(f"{what} {errors.one_line(str(path))} {text}: {fix}")
 
     def not_regular(mode: int) -> NoReturn:
         refuse(f"is {next((name for test, name in _FILE_KINDS if test(mode)), 'not a regular file')}, not a "

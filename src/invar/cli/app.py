@@ -19,7 +19,7 @@ from typer import core as typer_core
 from typer.models import CommandInfo
 
 from invar import __version__
-from invar.errors import Interrupted, InvarError
+from invar.errors import Interrupted, InvarError, one_line
 
 if TYPE_CHECKING:
     from typer import _click as click  # the click typer's commands are built on (its own copy, in typer ≥ 0.20)
@@ -241,13 +241,6 @@ def version(
         _print_versions(True)
         return
     typer.echo(__version__)
-
-
-def one_line(text: str) -> str:
-    """`text` as one line: a newline or other control character (in a worker's error text, its stderr tail, a path
-    a user gave) is written as its escape, so the error stays the one line a script reads."""
-    return "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
-                   for ch in text)
 
 
 # Typer raises click's exceptions (from its own copy of click in recent versions): found from one typer exports.

@@ -24,7 +24,7 @@ from invar.contract.model import parse_declaration
 from invar.contract.plan import derive_plan
 from invar.contract.prepare import build_contract, model_folders, package_tokenizers, prompt_encoders
 from invar.engines import DEFAULT_MODEL, worker_digest
-from invar.errors import ContractError, InvarError
+from invar.errors import ContractError, InvarError, one_line
 from invar.home import HOME
 from invar.patches import patch_digest, patch_dir
 from invar.runner.engine import Dtype, Engine, Quantization, parse_launch_settings, probe_identity
@@ -114,13 +114,6 @@ def toml_value(value: Any, *, instead: str = "write the declaration by hand") ->
 
 
 
-def _said(text: str) -> str:
-    """`text` fit for a TOML comment: a newline or other control character (in a name or path the user gave) is
-    written as its escape, so the comment stays one line and the file stays TOML."""
-    return "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
-                   for ch in text)
-
-
 def _line(key: str, value: Any, comment: str) -> str:
     text = f"{key} = {toml_value(value)}"
     return f"{text:<29} # {comment}" if len(text) < 29 else f"# {comment}\n{text}"
@@ -182,9 +175,9 @@ def _render(c: _Choices, reference: _Side, candidate: _Side, base: Path, file_na
         "# use? Every digest was computed from the files named here and every engine_version and settings is what",
         "# the worker reported. Paths are relative to this file. Next:",
         "#",
-        f"#   invar use prepare {_said(file_name)}            (writes {_said(c.name)}.contract.json beside it)",
-        f"#   invar use run {_said(c.name)}.contract.json --run RUN",
-        f"#   invar use admit RUN --contract {_said(c.name)}.contract.json",
+        f"#   invar use prepare {one_line(file_name)}            (writes {one_line(c.name)}.contract.json beside it)",
+        f"#   invar use run {one_line(c.name)}.contract.json --run RUN",
+        f"#   invar use admit RUN --contract {one_line(c.name)}.contract.json",
         "",
         _line("name", c.name, "the contract's name: use prepare writes <name>.contract.json"),
         _line("description", c.description, "the use, in the owner's words"),
