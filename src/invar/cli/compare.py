@@ -18,7 +18,6 @@ from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, NumericalCom
 from invar.compare.runs import pair_runs, read_generate_run, read_score_run
 from invar.contract.compare_run import compare_use_run
 from invar.errors import InvarError
-from invar.outputs import CompareHistoriesOutput, CompareNumericalOutput
 
 app = typer.Typer(
     name="compare",
@@ -200,6 +199,8 @@ def numerical(
         written = write_report(result, report)
         result.sources["report"] = [str(p) for p in written]
     if json_out:
+        from invar.outputs import CompareNumericalOutput  # the models cost a start that prints text nothing
+
         emit_model(CompareNumericalOutput.model_validate({**result.to_json(), "decision": result.decision}),
                    exclude_unset=True)
         return
@@ -222,6 +223,8 @@ def histories(
 
     result = compare_histories(run_a, run_b)
     if json_out:
+        from invar.outputs import CompareHistoriesOutput
+
         emit_model(CompareHistoriesOutput.model_validate(result.to_json()), exclude_unset=True)
     else:
         typer.echo(render(result))

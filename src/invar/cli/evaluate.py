@@ -32,7 +32,6 @@ from invar.cli.options import (
 from invar.cli.progress import QuietOpt, Reporter, reporting
 from invar.errors import ContractError
 from invar.home import HOME
-from invar.outputs import EvaluateAnyOutput
 from invar.records import RunStore
 from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, default_run_dir, parse_launch_settings
 from invar.runner.evaluate import (
@@ -127,6 +126,8 @@ def evaluate(
         store.put_meta("evaluation", result)
         result["chain_head"] = store.close_run()
     if as_json:
+        from invar.outputs import EvaluateAnyOutput  # the models cost a start that prints text nothing
+
         # The evaluation as the run's meta keeps it, validated by the output's model and printed as it.
         emit_model(EvaluateAnyOutput.model_validate(result), exclude_unset=True)
         return

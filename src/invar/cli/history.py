@@ -15,7 +15,6 @@ from rich.table import Table
 
 from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_model
 from invar.loop.history import CONFIDENCE, History, read_history
-from invar.outputs import HistoryCycle, InspectHistoryOutput
 
 
 def history(
@@ -30,6 +29,8 @@ def history(
     if plot is not None:
         draw(h, plot)
     if as_json:
+        from invar.outputs import HistoryCycle, InspectHistoryOutput  # the models cost a text-only start
+
         emit_model(InspectHistoryOutput(
             run=str(h.run), chain_head=h.head, closed=h.closed, config=h.config.canonical(),
             cycles=[HistoryCycle.model_validate(c, from_attributes=True) for c in h.cycles],

@@ -28,7 +28,6 @@ from invar.cli.options import (
 )
 from invar.cli.progress import QuietOpt, reporting
 from invar.errors import EvidenceError, InvarError
-from invar.outputs import InferOutput
 from invar.records import RunStore
 from invar.runner.engine import (
     Dtype,
@@ -112,6 +111,8 @@ def infer(
     result = {"run": str(run_dir), "chain_head": head, **meta, "temperature": temperature, "top_p": top_p,
               "outputs": rows}
     if as_json:
+        from invar.outputs import InferOutput  # the models cost a start that prints text nothing
+
         emit_model(InferOutput.model_validate(result), exclude_unset=True)  # `messages` only with --chat
         return
     typer.echo(f"{engine.value} on {model} ({meta['model_digest'][:12]}…), T={temperature:g}, top-p={top_p:g}; "

@@ -9,7 +9,6 @@ import typer
 
 from invar.cli.common import JsonOpt, emit_model
 from invar.contract.receipt import new_key_pair
-from invar.outputs import KeysNewOutput
 
 app = typer.Typer(help="Key pairs that sign decision receipts.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -23,6 +22,8 @@ def new(
     """Make an Ed25519 key pair: NAME.key (private, owner-only) and NAME.pub (give it to whoever verifies)."""
     key, pub, fp = new_key_pair(out, name)
     if as_json:
+        from invar.outputs import KeysNewOutput  # the models cost a start that prints text nothing
+
         emit_model(KeysNewOutput(private_key=str(key), public_key=str(pub), key_sha256=fp))
         return
     typer.echo(f"private key {key} (keep it; it signs receipts)")

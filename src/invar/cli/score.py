@@ -29,7 +29,6 @@ from invar.cli.options import (
 from invar.cli.progress import QuietOpt, reporting
 from invar.compare.steps import parse_steps, show_steps
 from invar.errors import InvarError
-from invar.outputs import ScoreOutput
 from invar.patches import patch_digest, patch_dir
 from invar.records import RunStore
 from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, default_run_dir, parse_launch_settings
@@ -132,6 +131,8 @@ def score(
         head = store.close_run()
     result = {"run": str(run_dir), "chain_head": head, **meta, **counts, "items": rows}
     if as_json:
+        from invar.outputs import ScoreOutput  # the models cost a start that prints text nothing
+
         emit_model(ScoreOutput.model_validate(result), exclude_unset=True)  # `patches` only with --patch
         return
     captured = "no captures" if not counts["captures"] else \

@@ -16,7 +16,6 @@ from invar.cli.common import JsonOpt, emit_model, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
 from invar.cli.progress import QuietOpt, Reporter, reporting
 from invar.loop.config import field_help, read_config
-from invar.outputs import TrainCheckpoint, TrainOutput
 from invar.runner.engine import default_run_dir
 from invar.runner.options import check_sampling
 from invar.runner.train import Progress
@@ -44,6 +43,8 @@ def train(
         outcome = run_training(config, run_dir, call_timeout=call_timeout, progress=_progress(shown), ray=ray)
     ck = outcome.checkpoint
     if json_out:
+        from invar.outputs import TrainCheckpoint, TrainOutput  # the models cost a start that prints text nothing
+
         emit_model(TrainOutput(
             run=str(outcome.run), config=str(outcome.config), config_digest=outcome.config_digest,
             chain_head=outcome.head, cycles=outcome.cycles, cycles_reused=outcome.cycles_reused,
