@@ -78,7 +78,7 @@ LAUNCH_SETTINGS: dict[str, dict[str, LaunchSetting]] = {
              "pipeline_parallel_size": LaunchSetting("--pipeline-parallel-size", int),
              "distributed_executor_backend": LaunchSetting("--distributed-executor-backend", str, _VLLM_BACKENDS),
              "enforce_eager": LaunchSetting("--no-enforce-eager", bool, flag_when=False)},
-    "mlx": {},
+    "mlx": {"map_rope_parameters": LaunchSetting("--no-map-rope-parameters", bool, flag_when=False)},
     # An OpenAI-compatible server: where it is and what it serves; the key is named, never given (docs/endpoints.md).
     "openai": {"base_url": LaunchSetting("--base-url", str, required=True),
                "served_model": LaunchSetting("--served-model", str, required=True),

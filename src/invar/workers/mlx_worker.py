@@ -9,7 +9,8 @@ roles, each by its own `Engine` (its own model, adapters and optimizer state) on
 identity, their methods one at a time. Decisions this worker embodies:
 
 - **Loading.** `mlx_lm.utils.load_model` builds the architecture and loads the weights (rope settings that
-  transformers 5 nests under `rope_parameters` are passed at the top level, `rope_overrides`); the pad id comes
+  transformers 5 nests under `rope_parameters` are passed at the top level, `rope_overrides`, unless the worker
+  is started with `--no-map-rope-parameters`: then mlx-lm reads the folder as it would alone); the pad id comes
   from the folder's `config.json`, the ids that end a response as the core resolves them (`response_end_ids`:
   `generation_config.json` first). Prompts arrive as the core's token ids (`prompt_ids`, tokenized
   with the model's own tokenizer), so every engine runs the same ids and the worker never tokenizes. Not
@@ -170,8 +171,11 @@ class Loaded:
 
 
 class Engine:
-    def __init__(self, role: Role) -> None:
+    def __init__(self, role: Role, *, map_rope: bool = True) -> None:
         self.role = role
+        self.map_rope = map_rope
+        """Map a config's `rope_parameters` onto what mlx-lm reads (`rope_overrides`); off only to show mlx-lm as
+        it loads the folder."""
         self.m: Loaded | None = None
         self.trainee: Trainee | None = None
 
@@ -190,7 +194,7 @@ class Engine:
             raise MethodError(f"load_model: {root / 'config.json'} is missing; the model folder must hold its "
                               "config")
         try:
-            model, config = load_model(root, model_config=rope_overrides(root))
+            model, config = load_model(root, model_config=rope_overrides(root) if self.map_rope else {})
         except Exception as exc:  # mlx-lm raises plain exceptions for unreadable folders
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise MethodError(f"load_model: mlx-lm cannot load {str(root)!r} ({type(exc).__name__}: "
@@ -713,11 +717,18 @@ def _read_moments(folder: Path, adapter: Adapter) -> tuple[dict[str, tuple[mx.ar
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="invar.workers.mlx_worker")
     parser.add_argument("--role", choices=[r.value for r in Role], default=Role.INFERENCE.value)
+    parser.add_argument("--no-map-rope-parameters", dest="map_rope", action="store_false",
+                        help="load the folder exactly as mlx-lm reads it: no top-level rope_theta/rope_scaling from "
+                             "rope_parameters (mlx-lm's Llama then uses θ = 10,000; for showing that engine bug)")
     add_channel_argument(parser)
     args = parser.parse_args(argv)
+    settings: dict[str, Any] = {"device": str(mx.default_device()), "decode": "batched, BatchKVCache, left padded",
+                                "teacher_forcing": "one item per forward"}
+    if not args.map_rope:
+        settings["map_rope_parameters"] = False  # in the identity only when given, so default identities stay
 
     def server_for(role: Role) -> Server:
-        engine = Engine(role)
+        engine = Engine(role, map_rope=args.map_rope)
         methods = {"load_model": engine.load_model, "load_adapter": engine.load_adapter, "score": engine.score}
         if role is Role.INFERENCE:
             methods["generate"] = engine.generate
@@ -728,8 +739,7 @@ def main(argv: list[str] | None = None) -> int:
             engine_version={"invar": __version__,
                             **versions("mlx", "mlx-cpu", "mlx-metal", "mlx-lm", "tokenizers", "numpy")},
             role=role,
-            settings={"device": str(mx.default_device()), "decode": "batched, BatchKVCache, left padded",
-                      "teacher_forcing": "one item per forward"},
+            settings=settings,
             methods=methods,
         )
 
