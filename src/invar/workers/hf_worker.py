@@ -452,28 +452,47 @@ class Engine:
         results = [RowResult([], [], [], "length") for _ in rows]
         done = [False] * n
         cache = DynamicCache(config=m.model.config)
+        # Rows grouped by their divisor: one log_softmax per group and step instead of one per row. Each row's
+        # values are those of the row alone (the CPU and CUDA kernels reduce each row on its own; the division is
+        # elementwise by the same scalar), so the bits are the per-row loop's: bench/decode_loop.py digest pins them.
+        groups: dict[float, list[int]] = {}
+        for i, r in enumerate(rows):
+            groups.setdefault(r.temperature if r.temperature > 0 else 1.0, []).append(i)
+        plan = [(t, idx, torch.tensor(idx, device=self.device)) for t, idx in groups.items()]
+        whole = len(plan) == 1
+        greedy = [r.forced is None and r.temperature == 0 for r in rows]
+        vocab_steps = [set(r.vocab_steps) for r in rows]
         with torch.no_grad():
             out = m.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                           use_cache=True, logits_to_keep=1)
             for step in range(steps):
                 logits = out.logits[:, -1, :].float()
+                if whole:
+                    lp_all = torch.log_softmax(logits / plan[0][0], dim=-1)
+                else:
+                    lp_all = torch.empty_like(logits)
+                    for t, _, at in plan:
+                        lp_all[at] = torch.log_softmax(logits[at] / t, dim=-1)
+                # One host copy a step: the logprobs (and greedy rows' argmax) read as numpy, not per token.
+                lp_host = lp_all.cpu().numpy()
+                top = logits.argmax(-1).tolist() if any(greedy) else None
                 nxt = []
                 for i, r in enumerate(rows):
                     if done[i]:
                         nxt.append(m.pad_id)
                         continue
-                    lp = torch.log_softmax(logits[i] / (r.temperature if r.temperature > 0 else 1.0), dim=-1)
                     if r.forced is not None:
                         token = int(r.forced[step])
-                    elif r.temperature == 0:
-                        token = int(torch.argmax(logits[i]))
+                    elif greedy[i]:
+                        assert top is not None
+                        token = top[i]
                     else:
-                        token = _draw(lp, r.top_p, r.generator)
+                        token = _draw(lp_all[i], r.top_p, r.generator)
                     res = results[i]
                     res.tokens.append(token)
-                    res.logprobs.append(lp[token])
-                    if step in r.vocab_steps:
-                        res.vocab.append(lp)
+                    res.logprobs.append(lp_host[i, token])
+                    if step in vocab_steps[i]:
+                        res.vocab.append(lp_host[i].copy())
                     if r.forced is not None:
                         done[i] = step + 1 == len(r.forced)
                     elif token in m.eos_ids:
@@ -542,7 +561,7 @@ class Engine:
             results = self.run_batch(rows)
         outputs = []
         for it, res in zip(items, results, strict=True):
-            vocab = (torch.stack(res.vocab).cpu().numpy().astype(np.float32) if res.vocab
+            vocab = (np.stack(res.vocab).astype(np.float32) if res.vocab
                      else np.zeros((0, m.vocab_size), dtype=np.float32))
             outputs.append({"item_id": it.item_id, "logprobs": _f32(res.logprobs), "vocab_logprobs": vocab})
         return {"outputs": outputs, "model_digest": m.model_digest, "adapter_digest": self._digest(key)}
@@ -767,9 +786,8 @@ def _draw(lp: Any, top_p: float, generator: Any) -> int:
 
 
 def _f32(values: list[Any]) -> np.ndarray:
-    if not values:
-        return np.zeros(0, dtype=np.float32)
-    return torch.stack(values).cpu().numpy().astype(np.float32)
+    """float32 [T] from the loop's per-token values (numpy float32 scalars)."""
+    return np.asarray(values, dtype=np.float32).reshape(-1)
 
 
 REDUCTIONS = ("float64-sequence", "float32-microbatch")

@@ -323,25 +323,41 @@ class Engine:
         x = mx.array([[m.pad_id] * pad + p for pad, p in zip(padding, prompts, strict=True)], dtype=mx.int32)
         cache = [BatchKVCache(padding) for _ in m.model.layers]
         logits = m.model(x, cache=cache)[:, -1, :]
-        keys = [mx.random.key(r.seed) for r in requests]
+        # The whole batch's sampling is a few array ops a step, not a dozen per row: each row's numbers are those of
+        # `_sample` on that row alone (a row's log_softmax reduces that row only; `categorical` is the argmax of
+        # the row plus Gumbel noise from the row's own key, drawn here for every row at once with `vmap`), and
+        # bench/decode_loop.py digest pins the bits.
+        keys = mx.stack([mx.random.key(r.seed) for r in requests])
+        temperatures = {r.temperature for r in requests}
+        sampled = [r.temperature != 0 for r in requests]
+        nucleus = [r.temperature != 0 and r.top_p < 1.0 for r in requests]
+        noise = mx.vmap(lambda k: mx.random.gumbel((logits.shape[-1],), key=k))
         tokens: list[list[int]] = [[] for _ in requests]
         logprobs: list[list[float]] = [[] for _ in requests]
         finish = ["length"] * len(requests)
         done = [False] * len(requests)
         for step in range(max(r.max_tokens for r in requests)):
-            picks = []
-            for i, r in enumerate(requests):
-                token, lp, keys[i] = _sample(logits[i], r, keys[i])
-                picks.append((token, lp))
-            mx.eval(picks)
-            feed = []
-            for i, (token, lp) in enumerate(picks):
-                t = int(token.item())
-                feed.append(t)
+            if len(temperatures) == 1:
+                lp = _log_softmax(logits, requests[0].temperature or 1.0)
+            else:
+                lp = mx.stack([_log_softmax(logits[i], r.temperature or 1.0) for i, r in enumerate(requests)])
+            picked = mx.argmax(lp, axis=-1)
+            if any(sampled):
+                pairs = _split(keys)
+                keys = pairs[:, 0]
+                weights = lp if not any(nucleus) else mx.stack(
+                    [_nucleus(lp[i], r.top_p) if nucleus[i] else lp[i] for i, r in enumerate(requests)])
+                drawn = mx.argmax(weights + noise(pairs[:, 1]), axis=-1)
+                picked = drawn if all(sampled) else mx.where(mx.array(sampled), drawn, picked)
+            chosen = mx.take_along_axis(lp, picked[:, None], axis=-1)[:, 0]
+            mx.eval(picked, chosen, keys)
+            feed = picked.tolist()
+            values = chosen.tolist()
+            for i, t in enumerate(feed):
                 if done[i]:
                     continue
                 tokens[i].append(t)
-                logprobs[i].append(float(lp.item()))
+                logprobs[i].append(values[i])
                 if t in m.eos_ids:
                     done[i], finish[i] = True, "stop"
                 elif step + 1 >= requests[i].max_tokens:
@@ -650,6 +666,10 @@ def _gather(lp: mx.array, tokens: np.ndarray) -> np.ndarray:
     """float32 [T]: the log-probabilities of `tokens` [T] in a [T, V] table."""
     idx = mx.array(np.asarray(tokens, dtype=np.int32))[:, None]
     return np.array(mx.take_along_axis(lp, idx, axis=-1)[:, 0], dtype=np.float32)
+
+
+_split = mx.vmap(mx.random.split)
+"""`mx.random.split` of each row's key [n, 2] at once: [n, 2, 2], each row's pair as the row's key alone gives."""
 
 
 def _sample(logits: mx.array, request: Request, key: mx.array) -> tuple[mx.array, mx.array, mx.array]:
