@@ -2,11 +2,15 @@
 
     .venv/bin/python scripts/acceptance.py [NAME ...] [--out runs/acceptance]
     .venv/bin/python scripts/acceptance.py --redecide [NAME ...] [--out runs/acceptance]
+    .venv/bin/python scripts/acceptance.py --real-model [NAME ...] [--out runs/acceptance]
 
 For each contract in contracts/ (all of ACCEPTANCE, or the names given): `invar use prepare`, `invar use plan`
 (population standard), `invar use run`, `invar use admit --json --expect-head HEAD`. The admit output is kept in
-docs/acceptance/<name>.admit.json, and docs/acceptance/summary.json gathers the figures docs/acceptance.md reports
-(answer, counts, bound, wall times, the run's head).
+docs/acceptance/<name>.admit.json, `invar compare numerical RUN --contract` (where the packages' numbers part, from
+the same records) in docs/acceptance/<name>.compare.json, and docs/acceptance/summary.json gathers the figures
+docs/acceptance.md reports (answer, counts, bound, wall times, the store's bytes, the run's head). A run already
+under --out is resumed, so a complete one is decided again without an engine call (`calls_reused`; its `use_run_s`
+is then the resume's, not the run's).
 
 `--redecide` runs no engine: it decides the runs kept under --out again, from the same records. `use admit` (the
 function) checks every record against the contract the run was made under, exactly as the command does; then the
@@ -31,6 +35,9 @@ ACCEPTANCE = ["arith-split-k", "arith-fixed-block", "arith-nf4-fixed-block", "ar
               "arith-fixed-block-sequential"]
 """The decisions of docs/acceptance.md: invariance broken, batch-invariant FP32, NF4, cross-engine, finite domain,
 and fixed-block decided sequentially."""
+REAL_MODEL = ["smollm2-fixed-block", "smollm2-split-k", "smollm2-nf4"]
+"""The same questions on the real model, SmolLM2-135M-Instruct on the chat task (docs/acceptance.md, "The real
+model"): `--real-model` runs these, building the model first when it is missing (scripts/build_smollm2.py)."""
 
 
 def invar(*args: str) -> subprocess.CompletedProcess[str]:
@@ -63,10 +70,16 @@ def run_one(name: str, out: Path) -> dict[str, object]:
     decision = json.loads(admitted.stdout)
     (ROOT / "docs" / "acceptance" / f"{name}.admit.json").write_text(admitted.stdout)
     print(f"{name}: {decision['answer']} ({decision['reason']}); use run {run_s:.0f} s", flush=True)
+    # Where the packages' numbers part, from the same records (no engine): kept beside the decision.
+    compared = invar("compare", "numerical", str(run_dir), "--contract", str(contract), "--json")
+    if compared.returncode in (0, 1):
+        (ROOT / "docs" / "acceptance" / f"{name}.compare.json").write_text(compared.stdout)
+    store_bytes = sum(f.stat().st_size for f in run_dir.iterdir() if f.is_file() and f.suffix != ".lock")
     return {"name": name, "answer": decision["answer"], "reason": decision["reason"],
             "units": decision["task_loss"]["n"], "task_loss": decision["task_loss"], "bound": decision["bound"],
             "invariance": decision["invariance"], "diagnostics": decision["diagnostics"],
             "calls": outcome["calls_total"], "use_run_s": round(run_s, 1), "chain_head": outcome["chain_head"],
+            "calls_reused": outcome["calls_reused"], "store_bytes": store_bytes,
             "contract_sha256": outcome["contract_sha256"], "plan": planned,
             "sequential": decision.get("sequential"), "sequential_stop": outcome.get("sequential_stop"),
             "command": f"invar use prepare contracts/{name}.toml && invar use run contracts/{name}.contract.json "
@@ -114,15 +127,20 @@ def redecide(name: str, out: Path) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", default=ACCEPTANCE)
+    parser.add_argument("names", nargs="*")
+    parser.add_argument("--real-model", action="store_true", help="the real-model decisions (REAL_MODEL) instead "
+                        "of the tiny model's; builds SmolLM2-135M-Instruct into models/ first if it is missing")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "acceptance")
     parser.add_argument("--redecide", action="store_true", help="decide the kept runs again with the default "
                         "method for 0/1 losses; runs no engine")
     args = parser.parse_args()
+    names = args.names or (REAL_MODEL if args.real_model else ACCEPTANCE)
+    if args.real_model and not args.redecide:
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_smollm2.py")], check=True, cwd=ROOT)
     args.out.mkdir(parents=True, exist_ok=True)
     summary_path = ROOT / "docs" / "acceptance" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    for name in args.names:
+    for name in names:
         if args.redecide:
             summary.setdefault(name, {})["redecided"] = redecide(name, args.out)
         else:

@@ -136,3 +136,22 @@ def test_mlx_reads_the_folder_as_transformers_wrote_it(results: dict[str, Any]) 
     """The worker maps `rope_parameters` onto what mlx-lm reads: both folders give the same bits."""
     for a, b in zip(results["scored"]["mlx"], results["scored"]["mlx-fixed"], strict=True):
         assert a.tobytes() == b.tobytes()
+
+
+def test_mlx_lm_as_it_reads_the_folder_shows_its_rope_bug(results: dict[str, Any], smollm2_dir: Path,
+                                                          prompt_ids: list[list[int]]) -> None:
+    """`--no-map-rope-parameters` (package setting `map_rope_parameters = false`) loads the folder as mlx-lm reads it
+    alone: its Llama ignores `rope_parameters` and builds θ = 10,000 instead of 100,000, and the log-probabilities of
+    the same tokens part from HF's by far more than any kernel difference (2.97 nats measured when the bug was found;
+    the mapped worker is within 2e-3). The identity says the folder was read so."""
+    worker = start_worker("mlx", Role.INFERENCE, args=["--no-map-rope-parameters"])
+    try:
+        assert worker.identity.settings["map_rope_parameters"] is False
+        _load(worker, smollm2_dir)
+        scored = _score(worker, prompt_ids, results["reference"])
+    finally:
+        worker.close()
+    gap = max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+              for a, b in zip(results["scored"]["hf"], scored, strict=True))
+    print(f"measured: mlx-lm as it reads the folder, max |Δ log-prob| against hf: {gap:.3f} nats")
+    assert gap > 0.5, gap
