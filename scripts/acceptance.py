@@ -37,7 +37,8 @@ ACCEPTANCE = ["arith-split-k", "arith-fixed-block", "arith-nf4-fixed-block", "ar
 and fixed-block decided sequentially."""
 REAL_MODEL = ["smollm2-fixed-block", "smollm2-split-k", "smollm2-nf4"]
 """The same questions on the real model, SmolLM2-135M-Instruct on the chat task (docs/acceptance.md, "The real
-model"): `--real-model` runs these, building the model first when it is missing (scripts/build_smollm2.py)."""
+model"; declared in contracts/real-model/): `--real-model` runs these, building the model first when it is missing
+(scripts/build_smollm2.py)."""
 
 
 def invar(*args: str) -> subprocess.CompletedProcess[str]:
@@ -46,7 +47,7 @@ def invar(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def run_one(name: str, out: Path) -> dict[str, object]:
-    decl = ROOT / "contracts" / f"{name}.toml"
+    decl = ROOT / "contracts" / ("real-model" if name in REAL_MODEL else "") / f"{name}.toml"
     prepared = invar("use", "prepare", str(decl), "--out", str(out), "--json")
     if prepared.returncode != 0:
         raise SystemExit(f"{name}: prepare failed: {prepared.stderr.strip()}")

@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
         print("usage: pin_worker_code.py [--check]", file=sys.stderr)
         return 2
     stale = []
-    for path in sorted(CONTRACTS.glob("*.toml")):
+    for path in sorted([*CONTRACTS.glob("*.toml"), *CONTRACTS.glob("real-model/*.toml")]):
         text = path.read_text(encoding="utf-8")
         new = pinned(text)
         if new != text:
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
     if check and stale:
         print(f"stale worker_digest in {', '.join(stale)}: run scripts/pin_worker_code.py", file=sys.stderr)
         return 1
-    total = len(list(CONTRACTS.glob("*.toml")))
+    total = len([*CONTRACTS.glob("*.toml"), *CONTRACTS.glob("real-model/*.toml")])
     print(f"every one of {total} declarations pins this worker code" if check else
           f"re-pinned {len(stale)} of {total} declarations")
     return 0
