@@ -43,7 +43,7 @@ def _one_line_error(out: subprocess.CompletedProcess[str]) -> str:
     (["hf", "--setting", "threads"], ["write NAME=VALUE", "device, threads, attn_implementation"]),
     (["vllm", "--setting", "enforce_eager=maybe"], ["enforce_eager takes true or false"]),
     (["vllm", "--setting", "gpu_memory_utilization=nan"], ["gpu_memory_utilization takes a number"]),
-    (["mlx", "--setting", "threads=1"], ["the mlx worker takes no launch settings"]),
+    (["mlx", "--setting", "threads=1"], ["mlx has no launch setting 'threads'", "map_rope_parameters"]),
 ])
 def test_use_package_refuses_a_bad_setting_in_one_line(args: list[str], names: list[str]) -> None:
     line = _one_line_error(_invar("use", "package", *args))
