@@ -44,17 +44,18 @@ def main(argv: list[str]) -> int:
         print("usage: pin_worker_code.py [--check]", file=sys.stderr)
         return 2
     stale = []
-    for path in sorted([*CONTRACTS.glob("*.toml"), *CONTRACTS.glob("real-model/*.toml")]):
+    declarations = sorted(CONTRACTS.rglob("*.toml"))  # contracts/real-model/ too
+    for path in declarations:
         text = path.read_text(encoding="utf-8")
         new = pinned(text)
         if new != text:
-            stale.append(path.name)
+            stale.append(str(path.relative_to(CONTRACTS)))
             if not check:
                 path.write_text(new, encoding="utf-8")
     if check and stale:
         print(f"stale worker_digest in {', '.join(stale)}: run scripts/pin_worker_code.py", file=sys.stderr)
         return 1
-    total = len([*CONTRACTS.glob("*.toml"), *CONTRACTS.glob("real-model/*.toml")])
+    total = len(declarations)
     print(f"every one of {total} declarations pins this worker code" if check else
           f"re-pinned {len(stale)} of {total} declarations")
     return 0

@@ -182,7 +182,7 @@ def test_the_shipped_declarations_pin_the_worker_code_installed_here() -> None:
     script = Path(__file__).resolve().parents[2] / "scripts" / "pin_worker_code.py"
     out = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr  # a worker or a core module it imports changed: re-pin with the script
-    for path in sorted((script.parents[1] / "contracts").glob("*.toml")):
+    for path in sorted((script.parents[1] / "contracts").rglob("*.toml")):  # the script pins the same files
         text = path.read_text(encoding="utf-8")
         assert text.count("worker_digest = ") == 2, path.name  # stated by both packages, not left to use prepare
 

@@ -120,11 +120,15 @@ def test_greedy_responses_are_the_same_on_every_engine(results: dict[str, Any], 
           [tok.decode([int(t) for t in r]) for r in reference])
 
 
+def _max_gap(these: list[np.ndarray], those: list[np.ndarray]) -> float:
+    """The largest |Δ log-probability| in nats between two scorings of the same tokens."""
+    return max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+               for a, b in zip(these, those, strict=True))
+
+
 def test_teacher_forced_logprobs_agree_across_engines(results: dict[str, Any]) -> None:
     scored = results["scored"]
-    gaps = {name: max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
-                      for a, b in zip(scored["hf"], lps, strict=True))
-            for name, lps in scored.items() if name != "hf"}
+    gaps = {name: _max_gap(scored["hf"], lps) for name, lps in scored.items() if name != "hf"}
     lowest = min(float(np.min(lp)) for lp in scored["hf"])
     print(f"measured: max |Δ log-prob| against hf on {sum(r.size for r in results['reference'])} tokens "
           f"(lowest {lowest:.2f} nats): " + ", ".join(f"{k} {v:.2e}" for k, v in gaps.items()))
@@ -151,7 +155,6 @@ def test_mlx_lm_as_it_reads_the_folder_shows_its_rope_bug(results: dict[str, Any
         scored = _score(worker, prompt_ids, results["reference"])
     finally:
         worker.close()
-    gap = max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
-              for a, b in zip(results["scored"]["hf"], scored, strict=True))
+    gap = _max_gap(results["scored"]["hf"], scored)
     print(f"measured: mlx-lm as it reads the folder, max |Δ log-prob| against hf: {gap:.3f} nats")
     assert gap > 0.5, gap

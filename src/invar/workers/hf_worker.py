@@ -458,7 +458,7 @@ class Engine:
         groups: dict[float, list[int]] = {}
         for i, r in enumerate(rows):
             groups.setdefault(r.temperature if r.temperature > 0 else 1.0, []).append(i)
-        plan = [(t, idx, torch.tensor(idx, device=self.device)) for t, idx in groups.items()]
+        plan = [(t, torch.tensor(idx, device=self.device)) for t, idx in groups.items()]
         whole = len(plan) == 1
         greedy = [r.forced is None and r.temperature == 0 for r in rows]
         vocab_steps = [set(r.vocab_steps) for r in rows]
@@ -471,7 +471,7 @@ class Engine:
                     lp_all = torch.log_softmax(logits / plan[0][0], dim=-1)
                 else:
                     lp_all = torch.empty_like(logits)
-                    for t, _, at in plan:
+                    for t, at in plan:
                         lp_all[at] = torch.log_softmax(logits[at] / t, dim=-1)
                 # One host copy a step: the logprobs (and greedy rows' argmax) read as numpy, not per token.
                 lp_host = lp_all.cpu().numpy()

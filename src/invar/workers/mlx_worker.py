@@ -323,10 +323,10 @@ class Engine:
         x = mx.array([[m.pad_id] * pad + p for pad, p in zip(padding, prompts, strict=True)], dtype=mx.int32)
         cache = [BatchKVCache(padding) for _ in m.model.layers]
         logits = m.model(x, cache=cache)[:, -1, :]
-        # The whole batch's sampling is a few array ops a step, not a dozen per row: each row's numbers are those of
-        # `_sample` on that row alone (a row's log_softmax reduces that row only; `categorical` is the argmax of
-        # the row plus Gumbel noise from the row's own key, drawn here for every row at once with `vmap`), and
-        # bench/decode_loop.py digest pins the bits.
+        # The whole batch's sampling is a few array ops a step, not a dozen per row, with each row's numbers those
+        # of the row alone: a row's log_softmax reduces that row only, and `mx.random.categorical` is the argmax of
+        # the row plus Gumbel noise from the row's own split key, drawn here for every row at once with `vmap`.
+        # bench/decode_loop.py digest showed the bits equal to the per-row loop's.
         keys = mx.stack([mx.random.key(r.seed) for r in requests])
         temperatures = {r.temperature for r in requests}
         sampled = [r.temperature != 0 for r in requests]
@@ -670,19 +670,6 @@ def _gather(lp: mx.array, tokens: np.ndarray) -> np.ndarray:
 
 _split = mx.vmap(mx.random.split)
 """`mx.random.split` of each row's key [n, 2] at once: [n, 2, 2], each row's pair as the row's key alone gives."""
-
-
-def _sample(logits: mx.array, request: Request, key: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-    """One token from one row of logits [V]: (token, its log-probability, the request's next key)."""
-    if request.temperature == 0:
-        lp = _log_softmax(logits, 1.0)
-        token = mx.argmax(lp)
-        return token, lp[token], key
-    lp = _log_softmax(logits, request.temperature)
-    key, sub = mx.random.split(key)
-    weights = lp if request.top_p >= 1.0 else _nucleus(lp, request.top_p)
-    token = mx.random.categorical(weights, key=sub)
-    return token, lp[token], key
 
 
 def _nucleus(lp: mx.array, top_p: float) -> mx.array:
