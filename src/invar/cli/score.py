@@ -108,31 +108,28 @@ def score(
         batches = iter(listed)
         total = sum(len(batch) for batch in listed)
     run_dir = run if run is not None else default_run_dir("score")
-    rows: list[dict[str, Any]] = []
+    # Outputs are kept as the float32 arrays they arrived as: a whole-vocabulary capture of a real model (49,152
+    # tokens) is 192 KiB so, and six times that as Python floats. Only --json needs every item.
+    kept: list[ScoredOutput] = []
 
     scored = [0]
 
     def keep(out: ScoredOutput) -> None:
         scored[0] += 1
         shown.count(scored[0])
-        if as_json or len(rows) < _SHOWN:
-            rows.append({
-                "item_id": out.item.item_id, "prompt": out.item.prompt, "temperature": out.item.temperature,
-                "tokens": [int(t) for t in out.item.tokens], "text": vocab.decode(out.item.tokens, stop_at_eos=False),
-                "logprobs": [float(x) for x in out.logprobs],
-                "captures": [{"step": s, "vocab_logprobs": [float(x) for x in row]}
-                             for s, row in zip(out.item.steps, out.vocab_logprobs, strict=True)],
-            })
+        if as_json or len(kept) < _SHOWN:
+            kept.append(out)
 
     with RunStore.create(run_dir, meta=meta) as store, reporting(quiet) as shown:
         counts = score_batches(spec, batches, store, call_timeout=call_timeout, on_output=keep,
                                phase=lambda text: shown.phase(text, total=total, unit="items")
                                if text == "scoring" else shown.phase(text))
         head = store.close_run()
-    result = {"run": str(run_dir), "chain_head": head, **meta, **counts, "items": rows}
     if as_json:
         from invar.outputs import ScoreOutput  # the models cost a start that prints text nothing
 
+        result = {"run": str(run_dir), "chain_head": head, **meta, **counts,
+                  "items": [_json_item(out, vocab) for out in kept]}
         emit_model(ScoreOutput.model_validate(result), exclude_unset=True)  # `patches` only with --patch
         return
     captured = "no captures" if not counts["captures"] else \
@@ -140,13 +137,24 @@ def score(
     typer.echo(f"{engine.value} on {model} ({meta['model_digest'][:12]}…): {counts['items']} items in "
                f"{counts['calls']} score calls, {captured}; records: {run_dir}")
     typer.echo(f"chain head {head} (keep it to check these records later: --expect-head)")
-    for r in rows:
-        typer.echo(f"[{r['item_id']}] {r['prompt']}{r['text']}   (T={r['temperature']:g})")
-        typer.echo(f"    logprobs: [{', '.join(f'{x:.6g}' for x in r['logprobs'])}]")
-        for cap in r["captures"]:
-            row = np.array(cap["vocab_logprobs"])
+    for out in kept:
+        it = out.item
+        typer.echo(f"[{it.item_id}] {it.prompt}{vocab.decode(it.tokens, stop_at_eos=False)}   "
+                   f"(T={it.temperature:g})")
+        typer.echo(f"    logprobs: [{', '.join(f'{x:.6g}' for x in out.logprobs.tolist())}]")
+        for step, row in zip(it.steps, out.vocab_logprobs, strict=True):
             top = np.argsort(-row, kind="stable")[:3]
-            typer.echo(f"    step {cap['step']}: top " + ", ".join(
-                f"{vocab.decode([int(i)], stop_at_eos=False)!r} {row[int(i)]:.6g}" for i in top))
-    if counts["items"] > len(rows):
-        typer.echo(f"… {counts['items'] - len(rows)} more items (--json lists them all)")
+            typer.echo(f"    step {step}: top " + ", ".join(
+                f"{vocab.decode([int(i)], stop_at_eos=False)!r} {float(row[int(i)]):.6g}" for i in top))
+    if counts["items"] > len(kept):
+        typer.echo(f"… {counts['items'] - len(kept)} more items (--json lists them all)")
+
+
+def _json_item(out: ScoredOutput, vocab: ModelTokenizer) -> dict[str, Any]:
+    """One scored item as `--json` lists it; `tolist()` gives each float32 value as the Python float it equals."""
+    it = out.item
+    return {"item_id": it.item_id, "prompt": it.prompt, "temperature": it.temperature,
+            "tokens": [int(t) for t in it.tokens], "text": vocab.decode(it.tokens, stop_at_eos=False),
+            "logprobs": out.logprobs.tolist(),
+            "captures": [{"step": s, "vocab_logprobs": row.tolist()}
+                         for s, row in zip(it.steps, out.vocab_logprobs, strict=True)]}
