@@ -54,12 +54,36 @@ def test_tampering_is_one_line_naming_the_record(tmp_path: Path) -> None:
     pos = data.find(b"needle-1")
     data[pos] ^= 0x20
     db.write_bytes(bytes(data))
-    out = _invar("inspect", "records", str(run))
+    out = _invar("inspect", "records", str(run), "--quiet")
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1, out.stderr
     # needle-1 is in call 2's record (5) and in its echoed report (6): the message names the one flipped.
     assert re.search(r"record (5 \(call\)|6 \(report\)): its bytes do not match its digest", out.stderr)
     assert "Traceback" not in out.stderr
+    # Without --quiet the refusal is the last line, after the phase it stopped in.
+    shown = _invar("inspect", "records", str(run))
+    assert shown.returncode == 2
+    first, error = shown.stderr.splitlines()
+    assert re.fullmatch(r"invar: verifying the records 0/3 calls… \d+\.\d s", first)
+    assert error + "\n" == out.stderr
+
+
+def test_shows_its_phases_on_stderr_and_quiet_shows_none(tmp_path: Path) -> None:
+    """Verifying the records call by call, then listing the calls, each with the time since the command started
+    (issue 27); stdout is the same with --quiet, which leaves stderr empty."""
+    _run_with_echo(tmp_path / "run")
+    for as_json in ((), ("--json",)):
+        shown = _invar("inspect", "records", str(tmp_path / "run"), *as_json)
+        quiet = _invar("inspect", "records", str(tmp_path / "run"), *as_json, "--quiet")
+        assert shown.returncode == quiet.returncode == 0, shown.stderr
+        lines = [re.fullmatch(r"invar: (.+)… (\d+\.\d) s", line) for line in shown.stderr.splitlines()]
+        assert all(lines), shown.stderr
+        assert [m[1] for m in lines if m is not None] == [
+            "verifying the records 0/3 calls", "verifying the records 3/3 calls", "listing the calls 0/3",
+            "listing the calls 3/3"]
+        assert quiet.stderr == ""
+        assert shown.stdout == quiet.stdout
+    assert json.loads(shown.stdout)["calls"] == 3
 
 
 def test_missing_run_is_one_line(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_model
+from invar.cli.progress import QuietOpt, reporting
 from invar.outputs import CallLogRow, InspectRecordsOutput
 from invar.records import RunStore
 
@@ -15,16 +16,22 @@ app.command("history")(__import__("invar.cli.history", fromlist=["history"]).his
 
 
 @app.command("records")
-def records(run: RunDir, expect_head: ExpectHeadOpt = None, as_json: JsonOpt = False) -> None:
+def records(run: RunDir, expect_head: ExpectHeadOpt = None, as_json: JsonOpt = False,
+            quiet: QuietOpt = False) -> None:
     """Verify every digest and binding of a run's records and list its calls.
 
     Without --expect-head this shows the records are consistent with each other; only the head kept from when the
     run closed (or from a receipt) shows they are the records that were written.
     """
     rows: list[CallLogRow] = []
-    with RunStore.open(run) as store:
-        v = store.verify(expect_head=expect_head)
+    with RunStore.open(run) as store, reporting(quiet) as shown:
+        def verifying(done: int, total: int) -> None:
+            shown.phase("verifying the records", total=total, unit="calls", done=done)
+            shown.count(done)
+
+        v = store.verify(expect_head=expect_head, progress=verifying)
         meta = store.meta()
+        shown.phase("listing the calls", total=v.calls)
         # One call and its report at a time, each dropped once its row is made: memory follows the calls' count,
         # not the size of what they carried.
         for c in store.iter_calls():
@@ -41,6 +48,7 @@ def records(run: RunDir, expect_head: ExpectHeadOpt = None, as_json: JsonOpt = F
                 f"{rep.report.error.type}: {rep.report.error.message}",
                 elapsed_ms=None if rep is None else round((rep.at_ns - c.at_ns) / 1e6, 3),
             ))
+            shown.count(len(rows))
     if as_json:
         emit_model(InspectRecordsOutput(
             run=str(run), verified=True, closed=v.closed, chain_head=v.head, anchored=expect_head is not None,
