@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -109,3 +110,25 @@ def test_incomplete_run_and_anchor_through_the_cli(tmp_path: Path) -> None:
     assert wrong.returncode == 2
     assert "re-chained, cut or extended" in wrong.stderr
     assert "Traceback" not in wrong.stderr
+
+
+def test_a_use_runs_reference_and_candidate_read_apart(tmp_path: Path) -> None:
+    """Both packages' workers number their calls from 1 and both are "hf inference": each row names the package
+    that answered (engine, the loaded model's dtype and quantization, patches) and its worker's pid (issue 27)."""
+    from contract.contract_runs import RunWriter, make_workspace
+
+    ws = make_workspace(tmp_path / "ws", units=30)
+    run = RunWriter(ws, tmp_path / "run").complete().close()
+    out = _invar("inspect", "records", str(run), "--json", "--quiet")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["call_log"]
+    seen = {(r["call_id"], r["method"], r["package"], r["pid"]) for r in rows}
+    assert seen == {(1, "load_model", "hf float32 none", 101), (2, "generate", "hf float32 none", 101),
+                    (1, "load_model", "hf float32 nf4 patches fixed-softmax", 202),
+                    (2, "generate", "hf float32 nf4 patches fixed-softmax", 202),
+                    (3, "generate", "hf float32 nf4 patches fixed-softmax", 202)}
+    text = subprocess.run([sys.executable, "-m", "invar.cli", "inspect", "records", str(run), "--quiet"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert text.returncode == 0, text.stderr
+    assert "hf float32 none" in text.stdout
+    assert "hf float32 nf4 patches fixed-softmax" in text.stdout

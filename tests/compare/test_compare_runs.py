@@ -265,7 +265,9 @@ def test_a_run_whose_records_fail_verification_is_one_line(runs: dict[str, Path]
     conn.execute("UPDATE log SET body = ? WHERE seq = ?", (body[:-1] + bytes([body[-1] ^ 1]), seq))
     conn.commit()
     conn.close()
-    _one_line_refusal(_invar("compare", "numerical", runs["ref"], bad), f"record {seq}", "altered")
+    # The message names the run that failed (the candidate here), not only the record (issue 27).
+    _one_line_refusal(_invar("compare", "numerical", runs["ref"], bad), f"CAND_RUN {bad}: record {seq}", "altered")
+    _one_line_refusal(_invar("compare", "numerical", bad, runs["ref"]), f"REF_RUN {bad}: record {seq}", "altered")
 
 
 def test_a_capture_of_another_vocabulary_size_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
