@@ -196,6 +196,13 @@ class CallLogRow(Closed):
     call_id: int
     engine: str
     role: str
+    package: str
+    """What answered, in words: the engine, the dtype and quantization of the model its worker had loaded (or is
+    loading, for a load_model call) and its patches, as compare numerical names a package; so a use run's reference
+    and candidate read apart."""
+    pid: int
+    """The answering worker's process id, as its identity states it: calls with the same id from two workers differ
+    here."""
     method: str
     call_digest: str
     status: str

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -54,12 +55,36 @@ def test_tampering_is_one_line_naming_the_record(tmp_path: Path) -> None:
     pos = data.find(b"needle-1")
     data[pos] ^= 0x20
     db.write_bytes(bytes(data))
-    out = _invar("inspect", "records", str(run))
+    out = _invar("inspect", "records", str(run), "--quiet")
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1, out.stderr
     # needle-1 is in call 2's record (5) and in its echoed report (6): the message names the one flipped.
     assert re.search(r"record (5 \(call\)|6 \(report\)): its bytes do not match its digest", out.stderr)
     assert "Traceback" not in out.stderr
+    # Without --quiet the refusal is the last line, after the phase it stopped in.
+    shown = _invar("inspect", "records", str(run))
+    assert shown.returncode == 2
+    first, error = shown.stderr.splitlines()
+    assert re.fullmatch(r"invar: verifying the records 0/3 calls… \d+\.\d s", first)
+    assert error + "\n" == out.stderr
+
+
+def test_shows_its_phases_on_stderr_and_quiet_shows_none(tmp_path: Path) -> None:
+    """Verifying the records call by call, then listing the calls, each with the time since the command started
+    (issue 27); stdout is the same with --quiet, which leaves stderr empty."""
+    _run_with_echo(tmp_path / "run")
+    for as_json in ((), ("--json",)):
+        shown = _invar("inspect", "records", str(tmp_path / "run"), *as_json)
+        quiet = _invar("inspect", "records", str(tmp_path / "run"), *as_json, "--quiet")
+        assert shown.returncode == quiet.returncode == 0, shown.stderr
+        lines = [re.fullmatch(r"invar: (.+)… (\d+\.\d) s", line) for line in shown.stderr.splitlines()]
+        assert all(lines), shown.stderr
+        assert [m[1] for m in lines if m is not None] == [
+            "verifying the records 0/3 calls", "verifying the records 3/3 calls", "listing the calls 0/3",
+            "listing the calls 3/3"]
+        assert quiet.stderr == ""
+        assert shown.stdout == quiet.stdout
+    assert json.loads(shown.stdout)["calls"] == 3
 
 
 def test_missing_run_is_one_line(tmp_path: Path) -> None:
@@ -85,3 +110,25 @@ def test_incomplete_run_and_anchor_through_the_cli(tmp_path: Path) -> None:
     assert wrong.returncode == 2
     assert "re-chained, cut or extended" in wrong.stderr
     assert "Traceback" not in wrong.stderr
+
+
+def test_a_use_runs_reference_and_candidate_read_apart(tmp_path: Path) -> None:
+    """Both packages' workers number their calls from 1 and both are "hf inference": each row names the package
+    that answered (engine, the loaded model's dtype and quantization, patches) and its worker's pid (issue 27)."""
+    from contract.contract_runs import RunWriter, make_workspace
+
+    ws = make_workspace(tmp_path / "ws", units=30)
+    run = RunWriter(ws, tmp_path / "run").complete().close()
+    out = _invar("inspect", "records", str(run), "--json", "--quiet")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["call_log"]
+    seen = {(r["call_id"], r["method"], r["package"], r["pid"]) for r in rows}
+    assert seen == {(1, "load_model", "hf float32 none", 101), (2, "generate", "hf float32 none", 101),
+                    (1, "load_model", "hf float32 nf4 patches fixed-softmax", 202),
+                    (2, "generate", "hf float32 nf4 patches fixed-softmax", 202),
+                    (3, "generate", "hf float32 nf4 patches fixed-softmax", 202)}
+    text = subprocess.run([sys.executable, "-m", "invar.cli", "inspect", "records", str(run), "--quiet"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert text.returncode == 0, text.stderr
+    assert "hf float32 none" in text.stdout
+    assert "hf float32 nf4 patches fixed-softmax" in text.stdout

@@ -11,6 +11,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
+import headless
 import numpy as np
 import pytest
 from compare_builders import Scored, capture, generate_run, score_run, units
@@ -181,6 +182,23 @@ def test_the_report_leads_with_a_headline_then_where_how_far_worst_and_tables(ru
     assert text.index("max ULP per unit 99.9 %") > text.index("Units that part most")
 
 
+def test_the_report_renders_in_headless_chromium(runs: dict[str, Path], tmp_path: Path) -> None:
+    """The report as a reader's browser draws it: the page is screenshotted, and the picture holds the headline's
+    text near its top and the charts' colours below; skipped, naming why, where no Chromium can be had."""
+    report = tmp_path / "out.html"
+    out = _invar("compare", "numerical", runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"],
+                 "--ref-scores", runs["ref_scores"], "--report", report)
+    assert out.returncode == 0, out.stderr
+    pixels = headless.screenshot(report, tmp_path / "screenshot.png", width=1100, height=2400)
+    assert pixels.shape == (2400, 1100, 3)
+    assert float(np.std(pixels)) > 0.05  # not one flat colour
+    assert headless.colours(pixels) >= 20
+    assert headless.drawn_fraction(pixels) > 0.03  # not an empty white page
+    top = pixels[:300]  # the title and the headline's table
+    assert headless.drawn_fraction(top) > 0.01
+    assert headless.saturated(pixels) > 2000  # the charts' bars and lines are drawn in colour
+
+
 def test_the_first_divergence_chart_counts_every_bar_on_a_log_scale(runs: dict[str, Path]) -> None:
     from invar.compare.numerical import compare
     from invar.compare.report import divergence_figure
@@ -247,7 +265,9 @@ def test_a_run_whose_records_fail_verification_is_one_line(runs: dict[str, Path]
     conn.execute("UPDATE log SET body = ? WHERE seq = ?", (body[:-1] + bytes([body[-1] ^ 1]), seq))
     conn.commit()
     conn.close()
-    _one_line_refusal(_invar("compare", "numerical", runs["ref"], bad), f"record {seq}", "altered")
+    # The message names the run that failed (the candidate here), not only the record (issue 27).
+    _one_line_refusal(_invar("compare", "numerical", runs["ref"], bad), f"CAND_RUN {bad}: record {seq}", "altered")
+    _one_line_refusal(_invar("compare", "numerical", bad, runs["ref"]), f"REF_RUN {bad}: record {seq}", "altered")
 
 
 def test_a_capture_of_another_vocabulary_size_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ def test_a_user_scorer_is_pinned_and_a_changed_file_is_refused(tmp_path: Path) -
         head = store.verify().head
 
     (tmp_path / "owner" / "scorer.py").write_text(USER_SCORER.replace("0 if", "1 if"))
-    message = _one_line_refusal(_invar("use", "admit", run, "--contract", ws.contract_path))
+    message = _one_line_refusal(_invar("use", "admit", run, "--contract", ws.contract_path, "--quiet"))
     assert "scorer" in message
     assert contract["scorer"]["sha256"] in message
     with RunStore.open(run) as store:
@@ -109,7 +109,7 @@ def test_a_changed_tokenizer_is_refused_at_admission(tmp_path: Path) -> None:
     run = RunWriter(ws, tmp_path / "run").complete().close()
     config = tmp_path / "model" / "tokenizer_config.json"
     config.write_text(config.read_text().replace("}", ', "model_max_length": 64}'))
-    message = _one_line_refusal(_invar("use", "admit", run, "--contract", ws.contract_path))
+    message = _one_line_refusal(_invar("use", "admit", run, "--contract", ws.contract_path, "--quiet"))
     assert "the tokenizer files in" in message
     assert "are not the ones the contract names" in message
 

@@ -303,7 +303,7 @@ def test_a_scorer_out_of_range_or_raising_is_one_line_naming_the_unit(tmp_path: 
     run = _run(broken, tmp_path / "run", zero, zero)
     with RunStore.open(run) as store:
         head = store.verify().head
-    out = _invar("use", "admit", run, "--contract", again.path)
+    out = _invar("use", "admit", run, "--contract", again.path, "--quiet")
     assert out.returncode == 2, out.stdout + out.stderr
     assert "Traceback" not in out.stderr
     [line] = out.stderr.strip().splitlines()

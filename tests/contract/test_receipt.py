@@ -182,7 +182,7 @@ def test_a_full_disk_while_the_receipt_is_written_leaves_no_receipt_and_a_second
     disk = mount_tmpfs("64k")
     receipt = disk / "receipt.json"
     filler = fill(disk)
-    args = ("use", "admit", str(run), "--contract", str(ws.contract_path), "--receipt", str(receipt))
+    args = ("use", "admit", str(run), "--contract", str(ws.contract_path), "--receipt", str(receipt), "--quiet")
     full = _invar(*args)
     assert full.returncode == 2, full.stderr
     assert full.stderr.count("\n") == 1

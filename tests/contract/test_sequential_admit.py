@@ -186,7 +186,7 @@ def test_an_incomplete_look_is_refused(ws: Workspace, tmp_path: Path) -> None:
 def test_use_admit_refuses_a_run_past_the_stop_with_one_line_and_exit_2(ws: Workspace, tmp_path: Path) -> None:
     run = _run(ws, tmp_path / "run", 3)
     done = subprocess.run([sys.executable, "-m", "invar.cli", "use", "admit", str(run), "--contract",
-                           str(ws.contract_path)], capture_output=True, text=True, timeout=120)
+                           str(ws.contract_path), "--quiet"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr

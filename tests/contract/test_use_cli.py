@@ -46,14 +46,14 @@ def test_admit_exit_code_per_answer(ws: Workspace, tmp_path: Path, wrong: int, a
     run = RunWriter(ws, tmp_path / "run").complete(candidate_wrong=unit_ids(ws, wrong)).close()
     result = RUNNER.invoke(use.app, ["admit", str(run), "--contract", str(ws.contract_path), "--json"])
     assert result.exit_code == code, result.output
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)  # the phases shown go to stderr
     assert doc["answer"] == answer
     assert doc["exit_code"] == code
     text = RUNNER.invoke(use.app, ["admit", str(run), "--contract", str(ws.contract_path)])
     assert text.exit_code == code
-    assert text.output.startswith(f"{answer}: ")
-    assert "bound      maurer-pontil maurer-pontil/1, δ = 0.05" in text.output
-    assert "diagnostic (never deciding) paired Wald" in text.output
+    assert text.stdout.startswith(f"{answer}: ")
+    assert "bound      maurer-pontil maurer-pontil/1, δ = 0.05" in text.stdout
+    assert "diagnostic (never deciding) paired Wald" in text.stdout
 
 
 def test_admit_refused_evidence_raises(ws: Workspace, tmp_path: Path) -> None:

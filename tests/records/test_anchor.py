@@ -262,7 +262,7 @@ def test_crafted_store_corpus_is_refused_by_the_cli_naming_the_record(tmp_path: 
         key = store.record_worker(IDENT.to_wire())
         store._append(kind, body, key if kind in ("call", "report") else None)
         store.close()
-        out = _invar("inspect", "records", str(run))
+        out = _invar("inspect", "records", str(run), "--quiet")
         assert out.returncode == 2, (kind, body, out.stdout)
         assert f"record 3 ({kind})" in out.stderr
         assert out.stderr.count("\n") == 1
@@ -280,7 +280,7 @@ def test_crafted_store_corpus_is_refused_by_the_cli_naming_the_record(tmp_path: 
     _rechain(cut / "records.sqlite", 0, None, drop_from=9)
     for run, anchor in ((forged, head), (cut, cut_head)):
         assert _invar("inspect", "records", str(run)).returncode == 0  # the chain alone cannot tell
-        out = _invar("inspect", "records", str(run), "--expect-head", anchor)
+        out = _invar("inspect", "records", str(run), "--expect-head", anchor, "--quiet")
         assert out.returncode == 2
         assert "re-chained, cut or extended" in out.stderr
         assert out.stderr.count("\n") == 1

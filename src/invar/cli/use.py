@@ -20,7 +20,7 @@ from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_model, resumab
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
 from invar.cli.progress import QuietOpt, Reporter, reporting
 from invar.cli.use_init import init_cmd, toml_value
-from invar.contract.admit import admit
+from invar.contract.admit import Step, admit
 from invar.contract.decide import EXIT_CODES, Decision
 from invar.contract.model import Contract, loss_span
 from invar.contract.plan import PlannedCall
@@ -461,6 +461,19 @@ def _run_progress(shown: Reporter) -> tuple[Callable[[Progress], None], Callable
     return show, phase
 
 
+def _admit_progress(shown: Reporter) -> Callable[[Step], None]:
+    """The progress sink of `use admit`: verifying the records counts calls; every other phase is a line."""
+
+    def show(step: Step) -> None:
+        if step.total is None:
+            shown.phase(step.phase)
+            return
+        shown.phase(step.phase, total=step.total, unit="calls", done=step.done or 0)
+        shown.count(step.done or 0)
+
+    return show
+
+
 @app.command("admit")
 def admit_cmd(
     run: RunDir,
@@ -473,14 +486,17 @@ def admit_cmd(
         Path | None, typer.Option("--key", help="Sign the receipt with this Ed25519 key (`invar keys new`).")
     ] = None,
     json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Decide admission of a run under the owner's contract: exit 0 Admitted, 10 Violated, 11 Unknown."""
     if key is not None and receipt is None:
         raise InvarError("--key signs a receipt; add --receipt PATH for the receipt to write")
     private = load_private_key(key) if key is not None else None  # a bad key fails before the long part
-    decision = admit(contract, run, expect_head=expect_head)
-    if receipt is not None:
-        write_receipt(receipt, make_receipt(decision, private, contract=contract))
+    with reporting(quiet) as shown:
+        decision = admit(contract, run, expect_head=expect_head, progress=_admit_progress(shown))
+        if receipt is not None:
+            shown.phase("writing the receipt")
+            write_receipt(receipt, make_receipt(decision, private, contract=contract))
     if json_out:
         # The decision's own JSON (what a receipt states), validated by the output's model and printed as it; the
         # parts a decision does not have (measurements, sequential) stay absent.

@@ -16,6 +16,7 @@ Decisions:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ import numpy as np
 
 from invar import canonical
 from invar.compare.numerical import Capture, Response, UnitPair, zip_captures
-from invar.errors import ContractError, EvidenceError, InvarError
+from invar.errors import ContractError, EvidenceError, InvarError, RecordError
 from invar.records import RunStore
 from invar.records.store import CallRecord, is_run
 from invar.tasks import ModelTokenizer
@@ -37,10 +38,17 @@ def _copy(a: np.ndarray) -> np.ndarray:
     return np.array(a, copy=True)
 
 
-def open_verified(path: Path, what: str) -> RunStore:
+@contextlib.contextmanager
+def open_verified(path: Path, what: str) -> Iterator[RunStore]:
+    """The run store at `path`, open while the block reads it; a record that fails verification is refused naming
+    the run (`what` and its path), since a comparison reads several."""
     if not is_run(path):
         raise InvarError(f"{what} {path}: no run store here (expected records.sqlite); pass a run directory")
-    return RunStore.open(path)
+    try:
+        with RunStore.open(path) as store:
+            yield store
+    except RecordError as exc:
+        raise RecordError(f"{what} {path}: {exc}") from None
 
 
 def _closed(store: RunStore, verification: Any, what: str) -> None:

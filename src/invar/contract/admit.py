@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
@@ -56,12 +57,25 @@ from invar.stats.diagnostics import PairedDiagnostics, RangeDiagnostics, paired_
 from invar.tasks.tokenizer import ModelTokenizer
 
 
+@dataclass(frozen=True)
+class Step:
+    """What admission is doing, for a command to show: a phase and, for the one that counts (verifying the
+    records), the calls done of `total`."""
+
+    phase: str
+    done: int | None = None
+    total: int | None = None
+
+
 def admit(
-    contract_path: str | os.PathLike[str], run_path: str | os.PathLike[str], *, expect_head: str | None = None
+    contract_path: str | os.PathLike[str], run_path: str | os.PathLike[str], *, expect_head: str | None = None,
+    progress: Callable[[Step], object] = lambda step: None,
 ) -> Decision:
     """Decide admission of the run at `run_path` under the owner's contract file at `contract_path`.
 
     With `expect_head`, the run's head must be that anchor (kept from when the run closed, or from a receipt).
+    `progress` is told each phase as it starts (verifying the records, call by call; reading the contract's
+    inputs; binding the evidence; scoring the losses; comparing the measurements; deciding); it decides nothing.
     Raises `ContractError` for a bad contract, `RecordError` for a damaged store, `EvidenceError` (naming the
     record) for evidence the contract does not accept.
     """
@@ -71,17 +85,25 @@ def admit(
     base = contract_file.parent
     roles: tuple[Role, Role] = ("reference", "candidate")
     with RunStore.open(run_path) as store, tempfile.TemporaryDirectory(prefix="invar-admit-") as scratch:
-        verification = store.verify(expect_head=expect_head)  # walked once: collect_evidence reuses the walk
+        # walked once: collect_evidence reuses the walk
+        verification = store.verify(expect_head=expect_head, progress=lambda done, total: progress(
+            Step("verifying the records", done, total)))
+        progress(Step("reading the contract's inputs"))
         plan, vocab = read_anchors(contract, sha, base, store, Path(scratch))
         stops = {r: frozenset(vocab[r].eos_token_ids) for r in roles}
+        progress(Step("binding the evidence"))
         bound_evidence = collect_evidence(store, contract, sha, plan, stops)
         found = bound_evidence.found
         pairing = contract.pairing.layout
         scorer = contract_scorer(contract, base)
+        progress(Step("scoring the losses"))
         ref_loss = layout_losses(plan, found, "reference", pairing, vocab["reference"], scorer)
         cand_loss = layout_losses(plan, found, "candidate", pairing, vocab["candidate"], scorer)
+        if plan.measurements:
+            progress(Step("comparing the measurements"))
         measured = measurement_comparison(store, contract, plan, bound_evidence, vocab, ref_loss, cand_loss) \
             if plan.measurements else None
+        progress(Step("deciding"))
         stopped = None
         used: list[int] = []
         d_low, d_high = difference_range(scorer)
@@ -198,6 +220,7 @@ def measurement_comparison(
 
 
 __all__ = [
+    "Step",
     "admit",
     "measurement_comparison",
 ]

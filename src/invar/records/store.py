@@ -29,7 +29,7 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -395,11 +395,13 @@ class RunStore:
             out.update(_meta_entry(seq, body))
         return out
 
-    def verify(self, *, expect_head: str | None = None) -> Verification:
+    def verify(self, *, expect_head: str | None = None,
+               progress: Callable[[int, int], object] | None = None) -> Verification:
         """Check every digest, the chain, every binding and the closing record; raise `RecordError` naming the
         first bad record. With `expect_head`, also demand that the run's head is that anchor. The records are read
-        as a stream and none is kept, so a store of any size verifies in bounded memory."""
-        v = self._verified()
+        as a stream and none is kept, so a store of any size verifies in bounded memory. `progress` is told the
+        calls verified of the store's calls, from 0 (for a command to show; a pass already made tells it the end)."""
+        v = self._verified(progress)
         if expect_head is not None and v.head != expect_head.strip().lower():
             raise RecordError(
                 f"{self.path}: the run's head is {v.head}, but the anchor given is {expect_head.strip()}: the records "
@@ -453,16 +455,24 @@ class RunStore:
         self._verified()
         return dict(self._workers)
 
-    def _verified(self) -> Verification:
+    def _verified(self, progress: Callable[[int, int], object] | None = None) -> Verification:
         """The verification of the whole store by one streaming pass that keeps no record (a store opened read-only
-        by this process: once, as `_walk`)."""
+        by this process: once, as `_walk`); `progress`: see `verify`."""
+        total = self._counts["call"]
         if not self._writable and self._verification is not None:
+            if progress is not None:
+                progress(total, total)
             return self._verification
         digests: dict[int, str] = {}
         report_of: dict[int, int] = {}
         stream = CallStream(self, digests, report_of)
-        for _ in stream:
-            pass
+        if progress is None:
+            for _ in stream:
+                pass
+        else:
+            progress(0, total)
+            for done, _ in enumerate(stream, 1):
+                progress(done, total)
         assert stream.verification is not None
         self._verification, self._digests, self._report_of = stream.verification, digests, report_of
         return self._verification

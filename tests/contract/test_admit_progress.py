@@ -1,0 +1,93 @@
+"""`use admit` says what it is doing, on stderr: verifying the records call by call, reading the contract's inputs,
+binding the evidence, scoring the losses, deciding, writing the receipt, each with the time since the command
+started (issue 27); `--quiet` shows none of it, and stdout (the decision, or its one `--json` document) is the same
+either way. Admission itself only calls its `progress` parameter: the decision does not depend on it."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from contract_runs import RunWriter, Workspace, make_workspace, unit_ids
+
+from invar.contract.admit import Step, admit
+
+LINE = re.compile(r"invar: (?P<phase>.+)… (?P<elapsed>\d+\.\d) s")
+# The run's 5 calls: each package's load_model, and the 3 planned generate calls.
+PHASES = ["verifying the records 0/5 calls", "verifying the records 5/5 calls", "reading the contract's inputs",
+          "binding the evidence", "scoring the losses", "deciding"]
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    return make_workspace(tmp_path_factory.mktemp("progress"), units=60)
+
+
+@pytest.fixture(scope="module")
+def run(ws: Workspace, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return RunWriter(ws, tmp_path_factory.mktemp("run") / "run").complete(
+        candidate_wrong=unit_ids(ws, 20)).close()
+
+
+def _invar(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def _phases(stderr: str) -> list[str]:
+    """The phases shown, in order, with the elapsed time never going back; every line must be a phase line."""
+    matches = [LINE.fullmatch(line) for line in stderr.splitlines()]
+    assert all(matches), stderr
+    elapsed = [float(m["elapsed"]) for m in matches if m is not None]
+    assert elapsed == sorted(elapsed)
+    return [m["phase"] for m in matches if m is not None]
+
+
+def test_admission_tells_its_phases_in_order_and_decides_the_same(ws: Workspace, run: Path) -> None:
+    steps: list[Step] = []
+    told = admit(ws.contract_path, run, progress=steps.append)
+    assert [s.phase for s in steps] == ["verifying the records"] * 6 + [
+        "reading the contract's inputs", "binding the evidence", "scoring the losses", "deciding"]
+    assert [(s.done, s.total) for s in steps[:6]] == [(k, 5) for k in range(6)]
+    assert all(s.done is None and s.total is None for s in steps[6:])
+    assert told.to_json() == admit(ws.contract_path, run).to_json()
+
+
+def test_use_admit_shows_its_phases_on_stderr_and_quiet_shows_none(run: Path, ws: Workspace,
+                                                                   tmp_path: Path) -> None:
+    shown = _invar("use", "admit", run, "--contract", ws.contract_path, "--json")
+    quiet = _invar("use", "admit", run, "--contract", ws.contract_path, "--json", "--quiet")
+    # Unknown: 20 of 60 units worse, too few units for the bound to place the change on either side of ε.
+    assert shown.returncode == quiet.returncode == 11, shown.stderr
+    assert _phases(shown.stderr) == PHASES
+    assert quiet.stderr == ""
+    assert shown.stdout == quiet.stdout
+    assert json.loads(shown.stdout)["answer"] == "Unknown"  # one document
+
+    text = _invar("use", "admit", run, "--contract", ws.contract_path, "--receipt", tmp_path / "receipt.json")
+    assert text.returncode == 11
+    assert _phases(text.stderr) == [*PHASES, "writing the receipt"]
+    assert text.stdout.startswith("Unknown: ")
+    assert (tmp_path / "receipt.json").is_file()
+
+
+def test_a_refusal_is_the_last_line_after_the_phases_and_the_only_line_when_quiet(ws: Workspace,
+                                                                                 tmp_path: Path) -> None:
+    writer = RunWriter(ws, tmp_path / "run")
+    writer.worker("reference")
+    refused = writer.close()  # the reference's load_model alone: no planned call is on record
+    out = _invar("use", "admit", refused, "--contract", ws.contract_path)
+    assert out.returncode == 2
+    *phases, error = out.stderr.splitlines()
+    assert _phases("\n".join(phases)) == ["verifying the records 0/1 calls",
+                                          "verifying the records 1/1 calls", "reading the contract's inputs",
+                                          "binding the evidence"]
+    assert error.startswith("invar: error: ")
+    assert "planned call reference/solo" in error
+    quiet = _invar("use", "admit", refused, "--contract", ws.contract_path, "--quiet")
+    assert quiet.returncode == 2
+    assert quiet.stderr == error + "\n"
