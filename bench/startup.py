@@ -17,6 +17,11 @@ script first on odd ones), so both see the same machine:
 Reported per engine: medians (min–max) of each step, and the ratios invar / plain of the median handshake to the
 median import, and of the medians of the wholes. Also the median wall time of `invar --help` and of `python -c
 "import invar.cli.app"` over `--reps` runs. The shipped tiny model, so what shows is the fixed cost of a worker.
+
+`--cli-before OTHER/src` (another checkout's `src`, e.g. `git worktree add /tmp/old HEAD~1`): the CLI's commands
+(`--help`, `use --help`, `use plan --help`, `use prepare --help`) run in `--reps` alternating pairs, that version
+against this checkout's, each a fresh process; reported per command: the medians (min–max) of each version's wall
+and CPU time and the median per-pair ratio this / before. With `--engines ''` only the CLI is measured.
 """
 
 from __future__ import annotations
@@ -139,6 +144,38 @@ def cpu_timed(argv: list[str]) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+CLI_PAIRS = {"help": ["--help"], "use_help": ["use", "--help"], "use_plan_help": ["use", "plan", "--help"],
+             "use_prepare_help": ["use", "prepare", "--help"]}
+
+
+def cli_pairs(before_src: Path, reps: int) -> dict[str, Any]:
+    """Each of `CLI_PAIRS` from `before_src` and from this checkout, in alternating pairs: wall and CPU seconds."""
+    sources = {"before": str(before_src.resolve()), "after": str(REPO / "src")}
+    out: dict[str, Any] = {}
+    for name, args in CLI_PAIRS.items():
+        times: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in sources}
+        for rep in range(reps):
+            for who in (("before", "after") if rep % 2 == 0 else ("after", "before")):
+                env = {**os.environ, "PYTHONPATH": sources[who]}
+                argv = [sys.executable, "-m", "invar.cli", *args]
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                started = time.perf_counter()
+                subprocess.run(argv, check=True, capture_output=True, timeout=120, env=env)
+                times[who]["wall"].append(time.perf_counter() - started)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                times[who]["cpu"].append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+        row: dict[str, Any] = {"raw": times}
+        for kind in ("wall", "cpu"):
+            ratios = [a / b for a, b in zip(times["after"][kind], times["before"][kind], strict=True)]
+            row[kind] = {"before": summary(times["before"][kind]), "after": summary(times["after"][kind]),
+                         "ratio": summary(ratios)}
+        out[name] = row
+        print(f"invar {' '.join(args)}: CPU {row['cpu']['before']['median']:.2f} → {row['cpu']['after']['median']:.2f}"
+              f" s (pair ratio {row['cpu']['ratio']['median']:.2f}), wall {row['wall']['before']['median']:.2f} → "
+              f"{row['wall']['after']['median']:.2f} s (pair ratio {row['wall']['ratio']['median']:.2f})")
+    return out
+
+
 def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -148,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", default="hf,mlx,vllm")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--cli-before", type=Path, default=None,
+                        help="another checkout's src: pair the CLI's start against it")
     args = parser.parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
     unknown = sorted(set(engines) - set(PLAIN))
@@ -183,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                      "python_alone": summary([timed([sys.executable, "-c", "pass"]) for _ in range(args.reps)]),
                      "help_cpu": summary([cpu_timed(cli) for _ in range(args.reps)]),
                      "use_plan_help_cpu": summary([cpu_timed(family) for _ in range(args.reps)])}
+    if args.cli_before is not None:
+        result["cli_pairs"] = cli_pairs(args.cli_before, args.reps)
     result["load_1min_end"] = os.getloadavg()[0]
     print("| engine | invar handshake | plain import | invar load + generate | plain load + generate | invar close "
           "| invar whole | plain whole | handshake / import | whole / whole |")

@@ -29,6 +29,7 @@ from invar.loop.config import read_config
 from invar.loop.cycle import Gap, Importance
 from invar.loop.history import CycleHistory, History
 from invar.runner import engine, evaluate, score
+from invar.runner import use_run as use_run_module
 from invar.runner.train import Published, TrainOutcome
 from invar.runner.use_run import RunOutcome, admit_command
 
@@ -136,7 +137,8 @@ def test_use_run(monkeypatch: pytest.MonkeyPatch, ws: Workspace, tmp_path: Path)
     outcome = RunOutcome(run=tmp_path / "run", contract=ws.contract_path, contract_sha256=ws.sha256, head="a" * 64,
                          calls_total=6, calls_reused=2, calls_issued=4, wall_s=1.23456, already_closed=False,
                          stop={"version": "paired-binary-sequence/1", "look": 1, "units": 16, "answer": "Admitted"})
-    monkeypatch.setattr(use, "use_run", lambda *args, **kwargs: outcome)
+    # `use run` imports the runner when it runs (its --help does not): the runner's own function is scripted.
+    monkeypatch.setattr(use_run_module, "use_run", lambda *args, **kwargs: outcome)
     doc = _printed_by(outputs.UseRunOutput, "use", "run", ws.contract_path, "--run", tmp_path / "run", "--json")
     assert doc == {"run": str(tmp_path / "run"), "contract": str(ws.contract_path), "contract_sha256": ws.sha256,
                    "chain_head": "a" * 64, "calls_total": 6, "calls_reused": 2, "calls_issued": 4, "wall_s": 1.235,

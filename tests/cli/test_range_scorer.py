@@ -184,7 +184,7 @@ reliance = "vouched"
 
     # The scorer file is pinned: a changed one is refused in one line, and the records stay as they were.
     (tmp_path / "partial.py").write_text(SCORER.replace("/ 10", "/ 5"))
-    refused = _invar("use", "admit", tmp_path / "run", "--contract", contract)
+    refused = _invar("use", "admit", tmp_path / "run", "--contract", contract, "--quiet")
     assert refused.returncode == 2
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert canonical.file_sha256(tmp_path / "partial.py") in refused.stderr

@@ -100,6 +100,35 @@ def test_help_imports_no_command_module_and_no_heavy_library() -> None:
         assert f"\n  {name} " in out.stdout, name
 
 
+# What a `use` command's help must not import: the contract model and the output models (pydantic classes), the
+# statistics (scipy), receipts (cryptography), the tokenizer and the progress display (rich), and other commands.
+# numpy and msgpack stay (the protocol's canonical encoding, through the engines' launch settings), and so does
+# pydantic itself (typer 0.29 builds every command's parameters through it).
+_NOT_FOR_USE_HELP = ("scipy", "cryptography", "tokenizers", "jinja2", "rich", "invar.outputs", "invar.contract",
+                     "invar.stats", "invar.tasks", "invar.evidence", "invar.runner.use_run", "invar.runner.evaluate",
+                     "invar.cli.evaluate", "invar.cli.progress")
+
+
+def test_use_help_imports_neither_the_contract_model_nor_the_statistics() -> None:
+    for args in (["use", "--help"], ["use", "plan", "--help"], ["use", "prepare", "--help"],
+                 ["use", "run", "--help"], ["use", "init", "--help"]):
+        code = (f"import sys\nsys.argv = ['invar', *{args!r}]\nfrom invar.cli.app import main\n"
+                "try:\n    main()\nexcept SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
+                f"print(sorted(m for m in sys.modules if any(m == n or m.startswith(n + '.') "
+                f"for n in {_NOT_FOR_USE_HELP!r})), file=sys.stderr)")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, (args, out.stderr)
+        assert out.stderr.strip() == "[]", args
+        assert "Usage: invar use" in out.stdout, (args, out.stdout)
+
+
+def test_use_init_names_the_shipped_scorer_as_the_task_does() -> None:
+    from invar.cli.use_init import ARITHMETIC
+    from invar.tasks.arithmetic import SCORER_NAME
+
+    assert ARITHMETIC == SCORER_NAME
+
+
 def test_a_mistake_in_the_command_line_is_one_line() -> None:
     for args, message in ((["infer", "--nosuch"], "No such option: --nosuch"),
                           (["use", "admit"], "Missing argument 'run'"),

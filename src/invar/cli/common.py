@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (for scripts and agents).")]
+# Here rather than in invar.cli.progress: a command's --help then builds without rich.
+QuietOpt = Annotated[bool, typer.Option("--quiet", help="Show no progress on stderr (only an error, if any).")]
 RunDir = Annotated[Path, typer.Argument(help="A run directory (holds records.sqlite).")]
 ExpectHeadOpt = Annotated[
     str | None,

@@ -17,9 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Annotated
 
-import typer
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -32,7 +30,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-QuietOpt = Annotated[bool, typer.Option("--quiet", help="Show no progress on stderr (only an error, if any).")]
+from invar.cli.common import QuietOpt as QuietOpt  # defined there so a --help needs no rich; commands import it here
 
 PLAIN_EVERY_S = 10.0
 """Off a terminal, the least time between two lines of one counted phase (its first and last are always shown)."""

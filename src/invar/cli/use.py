@@ -11,34 +11,27 @@ import math
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from invar import canonical, outputs
-from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_model, resumable
+from invar.cli.common import ExpectHeadOpt, JsonOpt, QuietOpt, RunDir, emit_model, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
-from invar.cli.progress import QuietOpt, Reporter, reporting
 from invar.cli.use_init import init_cmd, toml_value
-from invar.contract.admit import Step, admit
-from invar.contract.decide import EXIT_CODES, Decision
-from invar.contract.model import Contract, loss_span
-from invar.contract.plan import PlannedCall
-from invar.contract.prepare import declared_difference_range, load_for_planning, prepare, range_methods
-from invar.contract.receipt import fingerprint, load_private_key, make_receipt, verify_receipt, write_receipt
-from invar.engines import worker_digest
 from invar.errors import ContractError, InvarError
-from invar.evidence import RangeTaskLoss
-from invar.parallel import forked
-from invar.patches import patch_digest, patch_dir
 from invar.runner.engine import Engine, default_run_dir, parse_launch_settings, probe_identity
-from invar.runner.options import check_sampling
-from invar.runner.use_run import MAX_WORKERS, Progress, admit_command, use_run
-from invar.stats.bounds import StatisticsError
-from invar.stats.diagnostics import RangeDiagnostics
-from invar.stats.planning import PlanRow, plan_table, power_at, power_curves, render_plan
-from invar.stats.sequential import SequentialPlan, render_sequential, sequential_plan
-from invar.tasks.tokenizer import ModelTokenizer, tokenizer_digest
+
+# Each command imports the contract model, the statistics and the output models it uses when it runs: a command's
+# --help (and the family's start) then reads none of them (tests/cli/test_version.py).
+if TYPE_CHECKING:
+    from invar.cli.progress import Reporter
+    from invar.contract.admit import Step
+    from invar.contract.decide import Decision
+    from invar.contract.model import Contract
+    from invar.contract.plan import PlannedCall
+    from invar.runner.use_run import Progress
+    from invar.stats.planning import PlanRow
+    from invar.stats.sequential import SequentialPlan
 
 app = typer.Typer(
     name="use",
@@ -64,6 +57,9 @@ def prepare_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Validate a declaration and write <name>.contract.json and its .sha256; print the sha256."""
+    from invar import outputs
+    from invar.contract.prepare import prepare
+
     prepared = prepare(declaration, out)
     plan = prepared.plan
     if json_out:
@@ -151,6 +147,13 @@ def plan_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """The sample size each bound method needs to admit under stated assumptions, at a stated power."""
+    from invar import outputs
+    from invar.contract.model import loss_span
+    from invar.contract.prepare import declared_difference_range, load_for_planning, range_methods
+    from invar.parallel import forked
+    from invar.stats.planning import plan_table, power_curves, render_plan
+    from invar.stats.sequential import render_sequential
+
     stated = parse_assumptions(assume)
     c, units, looks = load_for_planning(contract)  # the unit count without reading the population
     req = c.requirement
@@ -212,6 +215,9 @@ def _contract_power(c: Contract, units: int, looks: tuple[int, ...] | None, rows
     """The contract's own method's power at the contract's own n under the stated assumption. None for a sequential
     contract (its stopping plan says how many it stops at), a method the assumption cannot plan, and an n at least
     twice the method's planned n, far past the target (the exact methods' cost grows with n)."""
+    from invar.stats.bounds import StatisticsError
+    from invar.stats.planning import power_at
+
     req = c.requirement
     if looks is not None or req.method is None or req.delta is None:
         return None
@@ -234,6 +240,9 @@ def _sequential_plan(c: Contract, looks: tuple[int, ...] | None, stated: dict[st
         SequentialPlan | None:
     """The stopping-n plan for --sequential-max (or a contract that declares `requirement.max_n`), looking after each
     batch of the pairing layout; None when neither asks for one."""
+    from invar import canonical
+    from invar.stats.sequential import sequential_plan
+
     req = c.requirement
     horizon = n_max if n_max is not None else req.max_n
     if horizon is None:
@@ -253,6 +262,9 @@ def _sequential_plan(c: Contract, looks: tuple[int, ...] | None, stated: dict[st
 
 def render_decision(decision: Decision) -> str:
     """The decision as a few aligned lines for a person."""
+    from invar.evidence import RangeTaskLoss
+    from invar.stats.diagnostics import RangeDiagnostics
+
     d = decision
     lines = [f"{d.answer.value}: {d.reason}",
              f"contract   {d.contract_name} (sha256 {d.contract_sha256})",
@@ -354,6 +366,10 @@ def package_cmd(
     digest of the worker's code (the worker module and the core modules it imports); this prints them. With
     `--model`, the folder is read first (its tokenizer checked by the core), before any worker starts.
     """
+    from invar import outputs
+    from invar.engines import worker_digest
+    from invar.patches import patch_digest, patch_dir
+
     folder: dict[str, str] = {}
     if model is not None:
         folder = _model_folder(model)
@@ -379,6 +395,9 @@ def package_cmd(
 
 def _model_folder(model: Path) -> dict[str, str]:
     """What a package states about its model folder, after the core has read the folder's tokenizer."""
+    from invar import canonical
+    from invar.tasks.tokenizer import ModelTokenizer, tokenizer_digest
+
     if not (model / "config.json").is_file():
         raise ContractError(f"--model {model}: no config.json there; name a model folder (config.json, weights and "
                             "tokenizer files)")
@@ -413,6 +432,11 @@ def run_cmd(
 
     Ends with the run's chain head (keep it) and the command that decides the run.
     """
+    from invar import outputs
+    from invar.cli.progress import reporting
+    from invar.runner.options import check_sampling
+    from invar.runner.use_run import MAX_WORKERS, admit_command, use_run
+
     check_sampling(temperature=0.0, top_p=1.0, max_tokens=1, call_timeout=call_timeout)
     if not 1 <= workers <= MAX_WORKERS:
         raise InvarError(f"--workers {workers}: must be ≥ 1 and at most {MAX_WORKERS} (worker processes per package; "
@@ -445,6 +469,8 @@ def run_cmd(
 def _run_progress(shown: Reporter) -> tuple[Callable[[Progress], None], Callable[[str], None]]:
     """The progress and phase sinks of `use run`: the generating and measuring phases count requests, and name the
     planned calls done."""
+    from invar.runner.use_run import Progress
+
     last = [Progress(0, 0, 0, 0)]
 
     def show(p: Progress) -> None:
@@ -489,6 +515,12 @@ def admit_cmd(
     quiet: QuietOpt = False,
 ) -> None:
     """Decide admission of a run under the owner's contract: exit 0 Admitted, 10 Violated, 11 Unknown."""
+    from invar import outputs
+    from invar.cli.progress import reporting
+    from invar.contract.admit import admit
+    from invar.contract.decide import EXIT_CODES
+    from invar.contract.receipt import fingerprint, load_private_key, make_receipt, write_receipt
+
     if key is not None and receipt is None:
         raise InvarError("--key signs a receipt; add --receipt PATH for the receipt to write")
     private = load_private_key(key) if key is not None else None  # a bad key fails before the long part
@@ -531,6 +563,9 @@ def verify_cmd(
     Needs --public-key (the issuer's key) or --trust-embedded-key. Exit 0 when every field matches and the signature
     is valid; 2, naming what is wrong, otherwise.
     """
+    from invar import outputs
+    from invar.contract.receipt import verify_receipt
+
     check = verify_receipt(receipt, run, contract, public_key, trust_embedded_key=trust_embedded_key)
     d = check.decision
     if json_out:

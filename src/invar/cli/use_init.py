@@ -19,20 +19,17 @@ from typing import Annotated, Any
 import typer
 
 from invar import canonical
-from invar.cli.evaluate import _settings as scorer_settings
-from invar.contract.model import parse_declaration
-from invar.contract.plan import derive_plan
-from invar.contract.prepare import build_contract, model_folders, package_tokenizers, prompt_encoders
 from invar.engines import DEFAULT_MODEL, worker_digest
 from invar.errors import ContractError, InvarError, one_line
 from invar.home import HOME
 from invar.patches import patch_digest, patch_dir
 from invar.runner.engine import Dtype, Engine, Quantization, parse_launch_settings, probe_identity
-from invar.stats.bounds import DEFAULT_BINARY_METHOD
-from invar.tasks.arithmetic import SCORER_NAME as ARITHMETIC
-from invar.tasks.scorers import UserScorer, load_scorer
-from invar.tasks.tokenizer import ModelTokenizer, tokenizer_digest
 
+# The contract model, the plan, the scorers and the tokenizer are imported where they are used: `use --help` and
+# each `use` command's --help read none of them (tests/cli/test_version.py).
+ARITHMETIC = "arithmetic-exact"
+"""The shipped scorer's name (`invar.tasks.arithmetic.SCORER_NAME`, which imports the task package), the default of
+--scorer."""
 DEFAULT_POPULATION = HOME / "data" / "arith-eval.jsonl"
 DEFAULT_SAMPLE = 2000
 """As the shipped contracts: 2,000 sampled units (the whole population when it has fewer)."""
@@ -76,6 +73,8 @@ def _rel(target: Path, start: Path) -> str:
 
 def _model(option: str, folder: Path) -> tuple[str, str]:
     """A model folder's tree digest and tokenizer digest, after the core has read its tokenizer."""
+    from invar.tasks.tokenizer import ModelTokenizer, tokenizer_digest
+
     if not (folder / "config.json").is_file():
         raise ContractError(f"{option} {folder}: no config.json there; name a model folder (config.json, weights and "
                             "tokenizer files)")
@@ -248,6 +247,10 @@ def _render(c: _Choices, reference: _Side, candidate: _Side, base: Path, file_na
 def _check(text: str, out: Path) -> None:
     """The checks `use prepare` makes on the text as written, without writing a contract: one line naming the option
     that set a refused field."""
+    from invar.contract.model import parse_declaration
+    from invar.contract.plan import derive_plan
+    from invar.contract.prepare import build_contract, model_folders, package_tokenizers, prompt_encoders
+
     try:
         declaration = parse_declaration(tomllib.loads(text), str(out))
         base = out.parent
@@ -370,6 +373,10 @@ def init_cmd(
                          "--invariance")
     if every_unit and sample is not None:
         raise InvarError("--every-unit and --sample both say how many units to run; give one")
+    from invar.cli.evaluate import _settings as scorer_settings
+    from invar.stats.bounds import DEFAULT_BINARY_METHOD
+    from invar.tasks.scorers import UserScorer, load_scorer
+
     base = out.parent
     scorer_values = scorer_settings(scorer_setting or [])
     c_engine = candidate_engine or engine

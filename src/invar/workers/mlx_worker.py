@@ -58,16 +58,13 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_map, tree_unflatten
 from mlx_lm.models.cache import BatchKVCache
-from mlx_lm.tuner.lora import LoRALinear
-from mlx_lm.tuner.utils import remove_lora_layers
 from mlx_lm.utils import load_model
 
 from invar import __version__
@@ -99,6 +96,9 @@ from invar.workers.common import (
     verify_dir,
     versions,
 )
+
+if TYPE_CHECKING:
+    import mlx.optimizers as optim
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
 
@@ -262,6 +262,10 @@ class Engine:
         m = self.need("call")
         if adapter is m.active:
             return
+        # mlx-lm's tuner (and its trainer) is imported by the first adapter, not at every worker's start.
+        from mlx_lm.tuner.lora import LoRALinear
+        from mlx_lm.tuner.utils import remove_lora_layers
+
         remove_lora_layers(m.model)
         if adapter is not None:
             for module, (a, b) in adapter.weights.items():
@@ -397,6 +401,8 @@ class Engine:
     # -- the learner ----------------------------------------------------------------------------------------
 
     def learner_step(self, params: dict[str, Any]) -> dict[str, Any]:
+        import mlx.optimizers as optim  # the learner's alone
+
         m = self.need("learner_step")
         step = parse_learner_step(params)
         rows = []
@@ -607,6 +613,8 @@ class Engine:
                 steps: int) -> tuple[optim.AdamW, int]:
         """An AdamW whose state is the checkpoint's: its moments for each adapter tensor and its step count.
         The hyperparameters are set by each learner_step."""
+        import mlx.optimizers as optim
+
         m = self.need("load_model")
         self.activate(adapter)
         opt = optim.AdamW(learning_rate=0.0, bias_correction=True)

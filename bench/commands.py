@@ -1,0 +1,343 @@
+"""Each user-visible command against the plain script a user would write for the same engine, side by side.
+
+    .venv/bin/python bench/commands.py [--engines hf,mlx] [--commands evaluate,score,use-run] [--reps 3]
+        [--count 512] [--units 64] [--model models/tiny-arith] [--json docs/performance/commands.json]
+
+For each engine and command, one unpaired warm-up run of the invar command fixes the work: its run store holds
+every call it made, with the exact params (prompt token ids, sampling settings, batches). Then `--reps` pairs,
+alternating which runs first (invar first on even repetitions), both as fresh processes from spawn to exit status:
+
+- **invar**: the command as a user types it (`invar evaluate --count N --temperature 1`, `invar score --from-run`
+  of that evaluate run, `invar use run` of a small contract whose two packages are the same HF model with SDPA and
+  with eager attention), each run into a fresh run directory, `--json --quiet`;
+- **native**: a plain Python script per worker the command starts, that imports the engine, loads the same model
+  folder and its tokenizer, and runs the very calls the warm-up recorded, batch by batch, with the engine's own API
+  (HF: `model.generate` on the left-padded batch with the same temperature, top-p and token budget, one
+  `torch.manual_seed` per batch, and the texts decoded; `score`: one forward over the right-padded batch and
+  `log_softmax` at the given tokens; MLX: `mlx_lm.batch_generate` with `make_sampler(temp, top_p)`, and the forward
+  for `score`). `use run`'s two packages run as two such scripts at once, as its two workers do. The native scripts
+  do not compute per-request seeded sampling or log-probabilities of generated tokens, keep no records and check
+  nothing: the ratio is what a user pays for Invar's promises over the script they would have written.
+
+Breakdown (seconds, from the bench's spawn of the process): **start-up** is spawn → the last model loaded (invar:
+the last `load_model` report in the run store; native: each script's mark after loading); **steady state** is
+then → the last generate or score answered (invar: its report's record; native: the script's mark after its last
+call); **shutdown** is then → exit status (invar: the closing record, the decision or summary, printing, the
+workers' exit; native: the interpreter's teardown). Reported per engine and command: medians (min–max) of each part
+and of the whole, and the median per-pair ratio invar / native of the whole and of steady state, each with a 95 %
+bootstrap interval (pairs resampled whole); the load average at the start and the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "src") not in sys.path:  # run from a checkout without installing the package
+    sys.path.insert(0, str(REPO / "src"))
+
+import numpy as np  # noqa: E402
+
+from invar.engines import worker_digest, worker_env  # noqa: E402
+from invar.records import RunStore  # noqa: E402
+
+INVAR = [sys.executable, "-m", "invar.cli"]
+COMMANDS = ("evaluate", "score", "use-run")
+
+NATIVE_PRELUDE = """
+import json, sys, time
+def mark(step):
+    print(f"mark {step} {time.time_ns()}", file=sys.stderr, flush=True)
+MODEL, CALLS, SETTINGS = sys.argv[1], json.load(open(sys.argv[2])), json.loads(sys.argv[3])
+"""
+
+NATIVE = {
+    "hf": """
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+torch.set_num_threads(int(SETTINGS.get("threads", 1)))
+mark("import")
+model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32,
+                                             attn_implementation=SETTINGS.get("attn_implementation", "sdpa"))
+model.eval()
+tok = AutoTokenizer.from_pretrained(MODEL)
+pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+mark("load")
+with torch.no_grad():
+    for method, params in CALLS:
+        if method == "generate":
+            reqs = params["requests"]
+            for batch in params.get("layout") or [list(range(len(reqs)))]:
+                prompts = [reqs[i]["prompt_ids"] for i in batch]
+                width = max(len(p) for p in prompts)
+                ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+                mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+                r = reqs[batch[0]]
+                torch.manual_seed(r["seed"])
+                sampling = ({"do_sample": True, "temperature": r["temperature"], "top_p": r["top_p"], "top_k": 0}
+                            if r["temperature"] > 0 else {"do_sample": False})
+                out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=r["max_tokens"],
+                                     pad_token_id=pad, **sampling)
+                tok.batch_decode(out[:, width:], skip_special_tokens=True)
+        else:
+            items = params["items"]
+            for batch in params.get("layout") or [list(range(len(items)))]:
+                rows = [items[i]["prompt_ids"] + items[i]["response_tokens"] for i in batch]
+                width = max(len(x) for x in rows)
+                ids = torch.tensor([x + [pad] * (width - len(x)) for x in rows])
+                mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in rows])
+                logits = model(input_ids=ids, attention_mask=mask).logits
+                for j, i in enumerate(batch):
+                    p, t = len(items[i]["prompt_ids"]), items[i]["response_tokens"]
+                    lp = torch.log_softmax(logits[j, p - 1:p - 1 + len(t)].float() / items[i]["temperature"], -1)
+                    lp.gather(-1, torch.tensor(t)[:, None]).numpy()
+mark("steady")
+""",
+    "mlx": """
+import mlx.core as mx
+from mlx_lm import batch_generate, load
+from mlx_lm.sample_utils import make_sampler
+mark("import")
+model, tok = load(MODEL)
+mark("load")
+for method, params in CALLS:
+    if method == "generate":
+        reqs = params["requests"]
+        for batch in params.get("layout") or [list(range(len(reqs)))]:
+            r = reqs[batch[0]]
+            mx.random.seed(r["seed"])
+            batch_generate(model, tok, [reqs[i]["prompt_ids"] for i in batch], max_tokens=r["max_tokens"],
+                           sampler=make_sampler(temp=r["temperature"], top_p=r["top_p"]), verbose=False)
+    else:
+        items = params["items"]
+        for batch in params.get("layout") or [list(range(len(items)))]:
+            for i in batch:  # one row at a time: no padding
+                x = items[i]["prompt_ids"] + items[i]["response_tokens"]
+                p, t = len(items[i]["prompt_ids"]), items[i]["response_tokens"]
+                logits = model(mx.array(x)[None])[0, p - 1:p - 1 + len(t)] / items[i]["temperature"]
+                lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+                mx.eval(mx.take_along_axis(lp, mx.array(t)[:, None], axis=-1))
+mark("steady")
+""",
+}
+"""Each engine's plain script: load the folder, run the recorded calls' batches with the engine's own API."""
+
+
+def recorded_work(run: Path) -> tuple[dict[str, list[tuple[str, dict[str, Any]]]], dict[str, dict[str, Any]]]:
+    """The generate and score calls of a run, per worker, in order, and each worker's launch settings."""
+    store = RunStore.open(run)
+    calls: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    settings: dict[str, dict[str, Any]] = {}
+    for rec in store.iter_calls():
+        settings[rec.worker] = dict(rec.identity.settings)
+        if rec.call.method in ("generate", "score"):
+            calls.setdefault(rec.worker, []).append((rec.call.method, _plain(rec.call.params)))
+    return calls, settings
+
+
+def _plain(value: Any) -> Any:
+    """Params as JSON: arrays (prompt ids, tokens) as lists."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def invar_breakdown(run: Path, spawned_ns: int, exited_ns: int) -> dict[str, float]:
+    """start-up, steady state and shutdown of an invar command from its run store's record times."""
+    store = RunStore.open(run)
+    loaded, last = spawned_ns, spawned_ns
+    for rec in store.iter_calls():
+        if rec.report is None:
+            continue
+        if rec.call.method == "load_model":
+            loaded = max(loaded, rec.report.at_ns)
+        elif rec.call.method in ("generate", "score"):
+            last = max(last, rec.report.at_ns)
+    return {"startup": (loaded - spawned_ns) / 1e9, "steady": (last - loaded) / 1e9,
+            "shutdown": (exited_ns - last) / 1e9, "whole": (exited_ns - spawned_ns) / 1e9}
+
+
+def run_invar(argv: list[str], run: Path) -> dict[str, float]:
+    if run.exists():
+        shutil.rmtree(run)
+    started = time.time_ns()
+    proc = subprocess.run([*INVAR, *argv, "--run", str(run), "--json", "--quiet"], env=worker_env(),
+                          capture_output=True, text=True, timeout=3600, cwd=REPO)
+    ended = time.time_ns()
+    if proc.returncode not in (0, 10, 11):  # use admit's answers aside, a command exits 0
+        raise SystemExit(f"bench/commands.py: invar {' '.join(argv)} failed (exit {proc.returncode}):\n"
+                         f"{proc.stderr[-2000:]}")
+    return invar_breakdown(run, started, ended)
+
+
+def run_native(engine: str, model: Path, work: list[tuple[Path, dict[str, Any]]]) -> dict[str, float]:
+    """Every worker's plain script at once (as the command's workers run); the breakdown over all of them."""
+    script = textwrap.dedent(NATIVE_PRELUDE) + textwrap.dedent(NATIVE[engine])
+    started = time.time_ns()
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(model), str(calls), json.dumps(settings)],
+                              env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for calls, settings in work]
+    marks: list[dict[str, int]] = []
+    for p in procs:
+        _, err = p.communicate(timeout=3600)
+        if p.returncode != 0:
+            raise SystemExit(f"bench/commands.py: the plain {engine} script failed (exit {p.returncode}):\n"
+                             f"{err[-2000:]}")
+        marks.append({line.split()[1]: int(line.split()[2]) for line in err.splitlines() if line.startswith("mark ")})
+    ended = time.time_ns()
+    loaded = max(m["load"] for m in marks)
+    last = max(m["steady"] for m in marks)
+    return {"startup": (loaded - started) / 1e9, "steady": (last - loaded) / 1e9, "shutdown": (ended - last) / 1e9,
+            "whole": (ended - started) / 1e9}
+
+
+def use_run_contract(folder: Path, units: int, model: Path) -> Path:
+    """A small contract on the walkthrough's plan: two packages of the same HF model, SDPA and eager attention (no
+    patch, so a plain script can run the candidate too)."""
+    text = (REPO / "contracts" / "walkthrough.toml").read_text(encoding="utf-8")
+    declared = tomllib.loads(text)
+    lines = []
+    section = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("["):
+            section = stripped
+        if stripped.startswith("name =") and not section:
+            line = 'name = "commands-bench"'
+        elif stripped.startswith("sample ="):
+            line = f"sample = {units}"
+        elif stripped.startswith("path =") and section == "[population]":
+            line = f'path = {json.dumps(str(REPO / "data" / "arith-eval.jsonl"))}'
+        elif stripped.startswith("model_dir ="):
+            line = f"model_dir = {json.dumps(str(model))}"
+        elif stripped.startswith("worker_digest ="):
+            line = f'worker_digest = "{worker_digest("hf")}"'
+        elif stripped.startswith("patches =") and section == "[candidate]":
+            continue
+        elif stripped.startswith("basis_path ="):
+            line = f'basis_path = {json.dumps(str(REPO / "data" / "arith-eval.jsonl"))}'
+        lines.append(line)
+    assert declared["candidate"]["settings"]["attn_implementation"] == "eager"
+    decl = folder / "commands-bench.toml"
+    decl.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = subprocess.run([*INVAR, "use", "prepare", str(decl), "--out", str(folder)], env=worker_env(),
+                         capture_output=True, text=True, timeout=600, cwd=REPO)
+    if out.returncode != 0:
+        raise SystemExit(f"bench/commands.py: use prepare failed:\n{out.stderr[-2000:]}")
+    return folder / "commands-bench.contract.json"
+
+
+def _ci(ratios: list[float], resamples: int = 4000) -> list[float]:
+    rng = np.random.default_rng(0)
+    a = np.asarray(ratios)
+    meds = [float(np.median(rng.choice(a, a.size))) for _ in range(resamples)]
+    return [float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engines", default="hf,mlx")
+    parser.add_argument("--commands", default=",".join(COMMANDS))
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--count", type=int, default=512, help="evaluate: problems (64 per call)")
+    parser.add_argument("--units", type=int, default=64, help="use run: the contract's sampled units")
+    parser.add_argument("--model", type=Path, default=REPO / "models" / "tiny-arith")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    commands = [c for c in args.commands.split(",") if c]
+    if set(engines) - set(NATIVE) or set(commands) - set(COMMANDS) or args.reps < 1:
+        parser.error(f"--engines takes {', '.join(NATIVE)}; --commands {', '.join(COMMANDS)}; --reps >= 1")
+    model = args.model.resolve()
+    result: dict[str, Any] = {"model": str(model.relative_to(REPO) if model.is_relative_to(REPO) else model),
+                              "reps": args.reps, "count": args.count, "units": args.units, "cpus": os.cpu_count(),
+                              "load_at_start": os.getloadavg(), "rows": {}}
+    with tempfile.TemporaryDirectory(prefix="invar-bench-commands-") as tmp:
+        scratch = Path(tmp)
+        for engine in engines:
+            common = ["--engine", engine, "--model", str(model)]
+            evaluate = ["evaluate", "--count", str(args.count), "--temperature", "1", *common]
+            for command in commands:
+                if command == "use-run" and engine != "hf":
+                    continue  # the contract's packages are HF's (SDPA and eager attention)
+                warm = scratch / f"{engine}-{command}-warm"
+                if command == "evaluate":
+                    argv_ = evaluate
+                elif command == "score":
+                    source = scratch / f"{engine}-score-source"
+                    if not source.exists():
+                        run_invar(evaluate, source)
+                    argv_ = ["score", "--from-run", str(source), *common]
+                else:
+                    argv_ = ["use", "run", str(use_run_contract(scratch, args.units, model))]
+                run_invar(argv_, warm)  # the warm-up: fixes the calls the native scripts make
+                calls, settings = recorded_work(warm)
+                work = []
+                for k, (worker, worker_calls) in enumerate(sorted(calls.items())):
+                    path = scratch / f"{engine}-{command}-calls-{k}.json"
+                    path.write_text(json.dumps(worker_calls), encoding="utf-8")
+                    work.append((path, settings[worker]))
+                rows: dict[str, list[dict[str, float]]] = {"invar": [], "native": []}
+                loads = [os.getloadavg()[0]]
+                for rep in range(args.reps):
+                    for who in (("invar", "native") if rep % 2 == 0 else ("native", "invar")):
+                        row = (run_invar(argv_, scratch / f"{engine}-{command}-{rep}") if who == "invar"
+                               else run_native(engine, model, work))
+                        rows[who].append(row)
+                        print(f"{engine} {command} rep {rep + 1}/{args.reps} {who}: "
+                              + ", ".join(f"{k} {v:.2f} s" for k, v in row.items())
+                              + f" (load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+                    loads.append(os.getloadavg()[0])
+                entry: dict[str, Any] = {
+                    who: {part: summary([r[part] for r in rs]) for part in rs[0]} for who, rs in rows.items()}
+                for part in ("whole", "steady", "startup"):
+                    ratios = [i[part] / n[part] for i, n in zip(rows["invar"], rows["native"], strict=True)]
+                    entry[f"{part}_ratio"] = {"median": statistics.median(ratios), "ci95": _ci(ratios)}
+                entry["calls"] = {f"worker {k}": len(c) for k, c in enumerate(calls.values())}
+                entry["requests"] = sum(len(p.get("requests", p.get("items", []))) for c in calls.values()
+                                        for _, p in c)
+                entry["load_1min"] = loads
+                entry["raw"] = rows
+                result["rows"][f"{engine} {command}"] = entry
+    result["load_at_end"] = os.getloadavg()
+    print("| engine | command | invar whole | native whole | whole ratio (95 %) | invar start-up | native start-up "
+          "| invar steady | native steady | steady ratio (95 %) | invar shutdown | native shutdown |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, e in result["rows"].items():
+        i, n = e["invar"], e["native"]
+        w, s = e["whole_ratio"], e["steady_ratio"]
+        print(f"| {' | '.join(name.split())} | {i['whole']['median']:.2f} s | {n['whole']['median']:.2f} s "
+              f"| {w['median']:.2f} ({w['ci95'][0]:.2f}–{w['ci95'][1]:.2f}) | {i['startup']['median']:.2f} s "
+              f"| {n['startup']['median']:.2f} s | {i['steady']['median']:.2f} s | {n['steady']['median']:.2f} s "
+              f"| {s['median']:.2f} ({s['ci95'][0]:.2f}–{s['ci95'][1]:.2f}) | {i['shutdown']['median']:.2f} s "
+              f"| {n['shutdown']['median']:.2f} s |")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
