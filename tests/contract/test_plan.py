@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ from contract_runs import Workspace, make_workspace
 from hypothesis import given
 from hypothesis import strategies as st
 
+from invar import canonical
 from invar.contract.model import Layout
 from invar.contract.plan import (
     PromptEncoder,
@@ -23,6 +26,7 @@ from invar.contract.plan import (
 )
 from invar.contract.prepare import load_for_planning, prompt_encoders
 from invar.errors import ContractError
+from invar.tasks.population import load_units
 
 
 def test_unit_seed_is_fixed_and_63_bits() -> None:
@@ -195,3 +199,30 @@ def test_planning_reads_the_plans_unit_count_and_looks_without_the_population(
     assert looks == (None if ws.plan.sequential is None else ws.plan.sequential.boundaries)
     if ws.plan.sequential is not None:
         assert len(looks or ()) > 2
+
+
+def test_a_plan_keeps_no_request_and_derives_each_call_s_params_from_its_digest(tmp_path: Path) -> None:
+    # A plan of many units holds per unit a few small objects, not its requests (prompt, token ids, seed of every
+    # call): admission's memory must not grow with the run by the plan's requests (issue 28). Before, a plan held
+    # every request of every call, about 1.5 KB per unit here.
+    n = 2000
+    ws = make_workspace(tmp_path, units=n, execution={"requests_per_call": 64})
+    units = load_units(ws.contract_path.parent / ws.contract.population.path, ws.contract.population.sha256)
+    encoders = prompt_encoders({"reference": ws.vocab, "candidate": ws.vocab})
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        plan = derive_plan(ws.contract, ws.sha256, units, encoders)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held / n < 400, f"the plan holds {held / n:.0f} bytes per unit"
+    assert plan == ws.plan
+    for call in plan.calls:
+        params = call.params
+        assert canonical.digest(params) == call.params_digest
+        assert [r["request_id"] for r in params["requests"]] == [plan.units[i].unit_id for i in call.units]
+        assert [r["prompt_ids"] for r in params["requests"]] == \
+            [ws.vocab.unit_prompt(plan.units[i].scored())[1] for i in call.units]

@@ -182,11 +182,11 @@ def _check_loaded(rec: CallRecord, load: CallRecord, package: Package, role: Rol
             )
 
 
-def parse_outputs(result: Mapping[str, Any], planned: PlannedCall, eos: frozenset[int], name: str) -> tuple[
-        Output, ...]:
-    """Check a generate result's outputs against its planned requests (`eos`: the ids that end a response);
-    `EvidenceError` naming the record `name`."""
-    requests = planned.params["requests"]
+def parse_outputs(result: Mapping[str, Any], requests: Sequence[Mapping[str, Any]], eos: frozenset[int],
+                  name: str) -> tuple[Output, ...]:
+    """Check a generate result's outputs against the requests of its planned call (`eos`: the ids that end a
+    response); `EvidenceError` naming the record `name`. A record whose params have the planned call's digest carries
+    that call's requests: its own are passed, so the plan's are not derived again."""
     outputs = result.get("outputs")
     if not isinstance(outputs, list) or len(outputs) != len(requests):
         n = len(outputs) if isinstance(outputs, list) else "no"
@@ -323,11 +323,12 @@ class OutputReader:
         self._keep = keep
         self._recent: collections.OrderedDict[int, tuple[Output, ...]] = collections.OrderedDict()
 
-    def read(self, seq: int, planned: PlannedCall, eos: frozenset[int], name: str) -> tuple[Output, ...]:
+    def read(self, seq: int, eos: frozenset[int], name: str) -> tuple[Output, ...]:
         if seq in self._recent:
             self._recent.move_to_end(seq)
             return self._recent[seq]
-        outputs = parse_outputs(_result(self._store.call_at(seq)), planned, eos, name)
+        rec = self._store.call_at(seq)  # the very bytes bound: its params are the planned call's
+        outputs = parse_outputs(_result(rec), rec.call.params["requests"], eos, name)
         self._recent[seq] = outputs
         if len(self._recent) > self._keep:
             self._recent.popitem(last=False)
@@ -350,7 +351,8 @@ def bind_records(
     """
     by_params = {(c.package, c.params_digest): c for c in plan.calls}
     by_items = {(m.package, tuple(plan.units[i].unit_id for i in m.units)): m for m in plan.measurements}
-    pairing = _PairingIndex(plan)
+    # Only measurements look responses up by unit: a plan without them keeps no per-unit index.
+    pairing = _PairingIndex(plan) if plan.measurements else None
     last_load: dict[str, CallRecord] = {}
     bound = BoundEvidence({}, {}, {})
     found, failed = bound.found, bound.failed
@@ -359,7 +361,7 @@ def bind_records(
         answered = rec.report is not None and rec.report.report.ok
         if method == "load_model" and answered:
             last_load[rec.worker] = rec
-        if method == "score" and plan.measurements:
+        if method == "score" and pairing is not None:
             _bind_measurement(rec, last_load.get(rec.worker), contract, plan, pairing, by_items, bound)
             continue
         if method != "generate":
@@ -383,12 +385,12 @@ def bind_records(
         _check_loaded(rec, load, package, role)
         check_patches_active(_result(rec), package.patches, rec.name)
         assert rec.report is not None
-        outputs = parse_outputs(_result(rec), planned, eos[role], rec.name)
+        outputs = parse_outputs(_result(rec), params["requests"], eos[role], rec.name)
         found[planned.key] = CallEvidence(
             key=planned.key, package=role, layout=planned.layout, record_seq=rec.seq, call_id=rec.call.call_id,
             call_digest=rec.call_digest, report_digest=rec.report.report_digest,
             kept=outputs if reader is None else None,
-            reread=None if reader is None else functools.partial(reader.read, rec.seq, planned, eos[role], rec.name),
+            reread=None if reader is None else functools.partial(reader.read, rec.seq, eos[role], rec.name),
         )
     bound.failed = {k: v for k, v in failed.items() if k not in found and k not in bound.measured}
     return bound
@@ -461,7 +463,7 @@ def _complete(store: RunStore, plan: ExecutionPlan, bound: BoundEvidence) -> Bou
     for c in plan.calls:
         if c.key not in bound.found:
             why = f" ({bound.failed[c.key]})" if c.key in bound.failed else ""
-            raise EvidenceError(f"{store.path}: planned call {c.key} (generate, {len(c.params['requests'])} requests) "
+            raise EvidenceError(f"{store.path}: planned call {c.key} (generate, {len(c.units)} requests) "
                                 f"has no successful record{why}; run the whole plan")
     for m in plan.measurements:
         if m.key not in bound.measured:
@@ -481,7 +483,7 @@ def _nearest_call(plan: ExecutionPlan, role: Role, params: Any) -> PlannedCall:
     layout = canonical.digest(params.get("layout")) if isinstance(params, dict) else None
 
     def score(c: PlannedCall) -> tuple[bool, bool]:
-        return (c.params["requests"][0]["request_id"] == first, canonical.digest(c.batches) == layout)
+        return (c.first_request_id == first, canonical.digest(c.batches) == layout)
 
     return max(mine, key=score)
 

@@ -19,6 +19,11 @@ Decisions:
   responses: for each measured batch of the pairing layout, one call per package holding exactly that batch's
   units in order, so a package whose numbers depend on the batch scores its own samples in the batch it sampled
   them in. With teacher forcing both packages score the reference's responses; without, each scores its own.
+- A plan keeps per call its units, batches and the digest of its params, not the params: a call's requests (each
+  unit's text, token ids and seed) are derived from the units when asked, and dropped after. A record whose params
+  have the planned digest carries the planned params, so admission reads a record's requests from the record; the
+  plan's memory is a few small objects per unit, not its prompts. Deriving the plan encodes every unit (once per
+  call it is in, to take that call's digest), so a unit its tokenizer refuses is refused there.
 """
 
 from __future__ import annotations
@@ -60,13 +65,15 @@ Role = Literal["reference", "candidate"]
 Purpose = Literal["pairing", "invariance"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Unit:
-    """One unit of the plan: the population's unit, the text each package's model is given and that text's token ids
-    under the package's tokenizer (the one its contract pins).
+    """One unit of the plan: the population's unit, and the text each package's model is given and that text's token
+    ids under the package's tokenizer (the one its contract pins).
 
     The ids travel in every call, so every engine runs exactly the prompt the core tokenized; the text travels beside
-    them as a label. The scorer reads `source` (its prompt or messages, and its answer).
+    them as a label. The scorer reads `source` (its prompt or messages, and its answer). A planned unit keeps neither
+    the text nor the ids: it asks its package's encoder each time (`ids`, `text`), so a plan's memory does not grow
+    with its prompts (`derive_plan` encodes every unit once, refusing a unit its tokenizer cannot encode).
     """
 
     unit_id: str
@@ -74,22 +81,44 @@ class Unit:
     """The unit's plain prompt, or the reference's rendering of its messages: what reports show."""
     source: PopulationUnit | None = field(default=None, repr=False)
     """The population's unit (None only for units built by hand, which no scorer reads)."""
-    rendered: dict[Role, str] = field(default_factory=dict, compare=False, hash=False, repr=False)
-    """Package → the text its model is given (the prompt, or the messages through its chat template)."""
-    prompt_ids: dict[Role, tuple[int, ...]] = field(default_factory=dict, compare=False, hash=False, repr=False)
-    """Package → the token ids [P] of that text under its tokenizer."""
+    rendered: Mapping[Role, str] | None = field(default=None, compare=False, hash=False, repr=False)
+    """Package → the text its model is given, for a unit built with it by hand; a planned unit's comes from
+    `encoders`."""
+    prompt_ids: Mapping[Role, tuple[int, ...]] | None = field(default=None, compare=False, hash=False, repr=False)
+    """Package → the token ids [P] of that text, for a unit built with them by hand; a planned unit's come from
+    `encoders`."""
+    encoders: Mapping[Role, PromptEncoder] | None = field(default=None, compare=False, hash=False, repr=False)
+    """Each package's rendering and tokenization (shared by every unit of a plan)."""
+
+    def _encoded(self, package: Role) -> tuple[str, Sequence[int]] | None:
+        if self.encoders is None or self.source is None:
+            return None
+        return self.encoders[package](self.source)
 
     def ids(self, package: Role) -> list[int]:
         """The prompt's ids for `package`; a unit built without them is a bug in the caller."""
-        found = self.prompt_ids.get(package)
+        found = None if self.prompt_ids is None else self.prompt_ids.get(package)
         if found is None:
-            raise ContractError(f"unit {self.unit_id}: no prompt token ids for the {package}; tokenize the units "
-                                "with each package's tokenizer before deriving a plan")
+            encoded = self._encoded(package)
+            if encoded is None:
+                raise ContractError(f"unit {self.unit_id}: no prompt token ids for the {package}; tokenize the units "
+                                    "with each package's tokenizer before deriving a plan")
+            return list(encoded[1])
         return list(found)
 
     def text(self, package: Role) -> str:
         """The text `package`'s model is given."""
-        return self.rendered.get(package, self.prompt)
+        if self.rendered is not None and package in self.rendered:
+            return self.rendered[package]
+        encoded = self._encoded(package)
+        return self.prompt if encoded is None else encoded[0]
+
+    def request(self, package: Role) -> tuple[str, list[int]]:
+        """(`text`, `ids`) of `package`, encoded once."""
+        if self.encoders is None or self.source is None or (self.prompt_ids and package in self.prompt_ids):
+            return self.text(package), self.ids(package)
+        text, ids = self.encoders[package](self.source)
+        return text, list(ids)
 
     def scored(self) -> PopulationUnit:
         """The population's unit, as scorers read it."""
@@ -100,16 +129,45 @@ class Unit:
 
 
 @dataclass(frozen=True)
+class Requests:
+    """What every generate request of a plan is made of: the units, their seeds and the contract's sampling. A planned
+    call's requests are derived from it when asked, one call at a time, and dropped after."""
+
+    units: tuple[Unit, ...]
+    seeds: tuple[int, ...]
+    temperature: float
+    top_p: float
+    max_tokens: int
+
+    def requests(self, package: Role, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """The requests of units `indices` (in that order) as `package` is sent them."""
+        out = []
+        for i in indices:
+            unit = self.units[i]
+            text, ids = unit.request(package)
+            out.append({"request_id": unit.unit_id, "prompt": text, "prompt_ids": ids, "seed": self.seeds[i],
+                        "temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens})
+        return out
+
+
+@dataclass(frozen=True)
 class PlannedCall:
-    """One generate call of the plan: which package, under which layout, for what, with exactly these params."""
+    """One generate call of the plan: which package, under which layout, for what, with exactly these params.
+
+    The call keeps its units, batches and the digest of its params; the params themselves (every request's prompt,
+    token ids and seed) are derived from the plan's units when asked (`params`), so a plan of many units holds no
+    request. A record whose params have this digest carries exactly these params."""
 
     package: Role
     layout: str
     purposes: tuple[Purpose, ...]
-    params: dict[str, Any]
-    """The exact `generate` params (docs/protocol.md): requests, layout, adapter, reference_adapter."""
-    units: tuple[int, ...] = ()
+    layout_batches: tuple[tuple[int, ...], ...]
+    """The params' `layout`: the call's batches, as indices into its requests."""
+    units: tuple[int, ...]
     """The plan's unit index of each request, in the call's request order."""
+    params_digest: str
+    """sha256 of the canonical encoding of `params`."""
+    source: Requests = field(compare=False, repr=False)
     part: int | None = None
     """Which of the layout's calls this is (plan /2); None when one call carries the whole layout (plan /1)."""
 
@@ -121,12 +179,19 @@ class PlannedCall:
     @property
     def batches(self) -> list[list[int]]:
         """The layout's batches: indices into the requests, run batch after batch."""
-        return self.params["layout"]  # type: ignore[no-any-return]
+        return [list(b) for b in self.layout_batches]
 
     @property
-    def params_digest(self) -> str:
-        """sha256 of the canonical encoding of `params`."""
-        return canonical.digest(self.params)
+    def params(self) -> dict[str, Any]:
+        """The exact `generate` params (docs/protocol.md): requests, layout, adapter, reference_adapter; derived
+        anew on each use (the units are encoded again)."""
+        return {"requests": self.source.requests(self.package, self.units), "layout": self.batches, "adapter": None,
+                "reference_adapter": None}
+
+    @property
+    def first_request_id(self) -> str:
+        """The request id of the call's first request (what a foreign call is matched on first)."""
+        return self.source.units[self.units[0]].unit_id
 
 
 @dataclass(frozen=True)
@@ -315,16 +380,11 @@ PromptEncoder = Callable[[PopulationUnit], tuple[str, Sequence[int]]]
 
 
 def _encoded(unit: Unit, encoders: Mapping[Role, PromptEncoder]) -> Unit:
-    """`unit` with each package's text and prompt ids; the reference's text is the unit's label for a chat unit."""
+    """`unit` as the plan keeps it: with the encoders rather than its text and ids; a chat unit's label is the
+    reference's rendering of its messages."""
     assert unit.source is not None
-    rendered: dict[Role, str] = {}
-    ids: dict[Role, tuple[int, ...]] = {}
-    roles: tuple[Role, Role] = ("reference", "candidate")
-    for role in roles:
-        rendered[role], encoded = encoders[role](unit.source)
-        ids[role] = tuple(encoded)
-    prompt = unit.prompt if unit.source.prompt is not None else rendered["reference"]
-    return replace(unit, prompt=prompt, rendered=rendered, prompt_ids=ids)
+    prompt = unit.prompt if unit.source.prompt is not None else encoders["reference"](unit.source)[0]
+    return replace(unit, prompt=prompt, encoders=encoders)
 
 
 def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[PopulationUnit],
@@ -341,42 +401,42 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[P
             "load the file the contract names"
         )
     seed = contract.pairing.seed
-    roles: tuple[Role, Role] = ("reference", "candidate")
     planned = [Unit(p.id, p.prompt if p.prompt is not None else "", p) for p in population]
     units = tuple(_encoded(u, encoders) for u in select_units(planned, contract.population.sample, seed))
     seeds = tuple(unit_seed(seed, u.unit_id) for u in units)
     sampling = contract.sampling
-    by_package = {package: [
-        {
-            "request_id": u.unit_id,
-            "prompt": u.text(package),
-            "prompt_ids": u.ids(package),
-            "seed": s,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "max_tokens": sampling.max_tokens,
-        }
-        for u, s in zip(units, seeds, strict=True)
-    ] for package in roles}
+    source = Requests(units, seeds, sampling.temperature, sampling.top_p, sampling.max_tokens)
 
     per_call = None if contract.execution is None else contract.execution.requests_per_call
 
+    # Calls of equal batch structure share one `layout_batches`, and the packages' calls of one layout share their
+    # unit indices: what a plan keeps per unit is its `Unit`, its seed and one index per layout.
+    shapes: dict[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]] = {}
+    cut: dict[str, list[tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]]] = {}
+
+    def layout_cut(layout: str) -> list[tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]]:
+        """Each call of `layout`: its params' layout and its unit indices in request order."""
+        if layout not in cut:
+            groups = call_groups(contract, len(units), layout)
+            if per_call is None:
+                cut[layout] = [(tuple(tuple(b) for b in groups[0]), tuple(range(len(units))))]
+                return cut[layout]
+            cut[layout] = []
+            for group in groups:
+                relabel, start = [], 0
+                for batch in group:
+                    relabel.append(tuple(range(start, start + len(batch))))
+                    start += len(batch)
+                shape = tuple(relabel)
+                cut[layout].append((shapes.setdefault(shape, shape), tuple(i for batch in group for i in batch)))
+        return cut[layout]
+
     def calls_of(package: Role, layout: str, purposes: tuple[Purpose, ...]) -> list[PlannedCall]:
-        requests = by_package[package]
-        groups = call_groups(contract, len(units), layout)
-        if per_call is None:
-            params = {"requests": requests, "layout": groups[0], "adapter": None, "reference_adapter": None}
-            return [PlannedCall(package, layout, purposes, params, tuple(range(len(units))))]
         out: list[PlannedCall] = []
-        for group in groups:
-            order = [i for batch in group for i in batch]
-            relabel, start = [], 0
-            for batch in group:
-                relabel.append(list(range(start, start + len(batch))))
-                start += len(batch)
-            params = {"requests": [requests[i] for i in order], "layout": relabel, "adapter": None,
-                      "reference_adapter": None}
-            out.append(PlannedCall(package, layout, purposes, params, tuple(order), part=len(out)))
+        for part, (shape, order) in enumerate(layout_cut(layout)):
+            call = PlannedCall(package, layout, purposes, shape, order, "", source, None if per_call is None else part)
+            # The params exist only while their digest is taken: each unit is encoded here once per call.
+            out.append(replace(call, params_digest=canonical.digest(call.params)))
         return out
 
     pairing = contract.pairing.layout

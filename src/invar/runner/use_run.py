@@ -532,8 +532,9 @@ def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, Engin
                 return result, where
 
             def generate(planned: PlannedCall) -> None:
-                result, where = ask("generate", planned.params, planned.key)
-                outputs = parse_outputs(result, planned, eos[role], where)
+                params = planned.params
+                result, where = ask("generate", params, planned.key)
+                outputs = parse_outputs(result, params["requests"], eos[role], where)
                 if planned.layout == plan.pairing_layout and keep_tokens:
                     with lock:
                         for index, out in zip(planned.units, outputs, strict=True):
