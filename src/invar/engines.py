@@ -84,6 +84,7 @@ LAUNCH_SETTINGS: dict[str, dict[str, LaunchSetting]] = {
                "served_model": LaunchSetting("--served-model", str, required=True),
                "api_key_env": LaunchSetting("--api-key-env", str),
                "logprobs_mode": LaunchSetting("--logprobs-mode", str, ("raw_logprobs", "processed_logprobs")),
+               "prompt": LaunchSetting("--prompt", str, ("ids", "text")),
                "max_in_flight": LaunchSetting("--max-in-flight", int),
                "request_timeout": LaunchSetting("--request-timeout", float),
                "retries": LaunchSetting("--retries", int)},

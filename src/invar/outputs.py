@@ -70,6 +70,10 @@ class InferOutputRow(Closed):
     text: str
     logprobs: list[float]
     finish_reason: str | None
+    top_ids: list[list[int]] | None = None
+    """With `--top-logprobs K`: the K most likely token ids at each response position, most likely first."""
+    top_logprobs: list[list[float]] | None = None
+    """With `--top-logprobs K`: their log-probabilities."""
 
 
 class InferOutput(EngineFields):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 
 from invar.cli.common import JsonOpt, emit_model
@@ -62,12 +63,17 @@ def infer(
                        "instruct model answers); without it a prompt is plain text the model continues.")] = False,
     system: Annotated[str | None, typer.Option(
         "--system", help="A system message before each prompt (with --chat).")] = None,
+    top_logprobs: Annotated[int, typer.Option(
+        "--top-logprobs", help="Also report the K most likely tokens at each response position (engines that "
+                               "report them: openai); 0 for none.")] = 0,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Make one inference call: print each response's tokens, text and log-probabilities; keep the records."""
     check_sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                    seeds=(seed, seed + len(prompts) - 1), call_timeout=call_timeout)
+    if top_logprobs < 0:
+        raise InvarError(f"--top-logprobs {top_logprobs}: must be ≥ 0 (0 for none)")
     if system is not None and not chat:
         raise InvarError("--system is a chat message: add --chat (or drop --system)")
     spec = EngineSpec(engine, model, dtype, quantization, adapter,
@@ -85,7 +91,9 @@ def infer(
     run_dir = run if run is not None else default_run_dir("infer")
     requests: list[dict[str, Any]] = [
         {"request_id": str(i), "prompt": p, "prompt_ids": one, "seed": seed + i,
-         "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+         "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
+         # absent unless asked: a request without it stays the bytes it always was
+         **({"top_logprobs": top_logprobs} if top_logprobs else {})}
         for i, (p, one) in enumerate(zip(prompts, ids, strict=True))
     ]
     with RunStore.create(run_dir, meta={"command": "infer", **meta, **({"chat": True} if chat else {})}) as store:
@@ -106,6 +114,7 @@ def infer(
                 **({} if messages is None else {"messages": messages}),
                 "tokens": [int(t) for t in out["tokens"]], "text": vocab.decode(out["tokens"]),
                 "logprobs": [float(x) for x in out["logprobs"]], "finish_reason": out.get("finish_reason"),
+                **(_top(out, req) if top_logprobs else {}),
             })
         head = store.close_run()
     result = {"run": str(run_dir), "chain_head": head, **meta, "temperature": temperature, "top_p": top_p,
@@ -126,3 +135,15 @@ def infer(
             typer.echo(f"[{r['request_id']}] {r['prompt']}{r['text']}   ({r['finish_reason']}, seed {r['seed']})")
         typer.echo(f"    tokens:   {r['tokens']}")
         typer.echo(f"    logprobs: [{', '.join(f'{x:.6g}' for x in r['logprobs'])}]")
+        for i, (t, v) in enumerate(zip(r.get("top_ids", []), r.get("top_logprobs", []), strict=True)):
+            typer.echo(f"    top at {i}: " + ", ".join(f"{a} ({b:.6g})" for a, b in zip(t, v, strict=True)))
+
+
+def _top(out: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
+    """The output's top-k ids and log-probabilities as lists; an engine that returned other shapes is refused."""
+    ids, values = out.get("top_ids"), out.get("top_logprobs")
+    want = (int(out["tokens"].size), int(req["top_logprobs"]))
+    if not (isinstance(ids, np.ndarray) and isinstance(values, np.ndarray) and ids.shape == values.shape == want):
+        raise EvidenceError(f"generate output for request {req['request_id']!r}: no top-k log-probabilities of shape "
+                            f"{want} although they were asked")
+    return {"top_ids": ids.astype(int).tolist(), "top_logprobs": values.astype(float).tolist()}

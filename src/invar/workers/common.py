@@ -137,10 +137,13 @@ class Request:
     temperature: float
     top_p: float
     max_tokens: int
+    top_logprobs: int = 0
+    """Top-k log-probabilities asked at each sampled position (0: none, and the field absent from the request)."""
 
 
-def parse_generate(params: dict[str, Any]) -> tuple[list[Request], list[list[int]]]:
-    """The requests and the batch layout of a `generate` call (docs/protocol.md)."""
+def parse_generate(params: dict[str, Any], *, top_logprobs: bool = False) -> tuple[list[Request], list[list[int]]]:
+    """The requests and the batch layout of a `generate` call (docs/protocol.md). A request's `top_logprobs` is
+    refused unless the engine reports them (`top_logprobs`): an engine never drops a field it was asked for."""
     raw = _get(params, "requests", list, "generate")
     if not raw:
         raise MethodError("generate.requests: empty; send at least one request")
@@ -157,7 +160,13 @@ def parse_generate(params: dict[str, Any]) -> tuple[list[Request], list[list[int
             temperature=float(_get(r, "temperature", (int, float), where)),
             top_p=float(r.get("top_p", 1.0)),
             max_tokens=_get(r, "max_tokens", int, where),
+            top_logprobs=_get(r, "top_logprobs", int, where) if "top_logprobs" in r else 0,
         )
+        if "top_logprobs" in r and not top_logprobs:
+            raise MethodError(f"{where}.top_logprobs: this engine does not report top-k log-probabilities; drop the "
+                              "field (the openai engine reports them)")
+        if "top_logprobs" in r and req.top_logprobs < 1:
+            raise MethodError(f"{where}.top_logprobs: must be ≥ 1 (leave the field out for none)")
         if req.request_id in seen:
             raise MethodError(f"{where}.request_id: {req.request_id!r} is used twice")
         seen.add(req.request_id)

@@ -2,7 +2,7 @@
 completions API) as an inference engine.
 
     python -m invar.workers.openai_worker --role inference --base-url URL --served-model ID
-        [--api-key-env NAME] [--logprobs-mode raw_logprobs|processed_logprobs] [--max-in-flight N]
+        [--api-key-env NAME] [--logprobs-mode raw_logprobs|processed_logprobs] [--prompt ids|text] [--max-in-flight N]
         [--request-timeout S] [--retries N]
 
 Decisions this worker embodies:
@@ -19,12 +19,16 @@ Decisions this worker embodies:
   names and is never recorded.
 - **Prompts are token ids** (the core's tokenization), sent as the completions API's token-id prompt; the server's
   `prompt_token_ids` must equal them. Sampled tokens come back as ids (`return_token_ids`), checked against the
-  `token_id:N` labels of their log-probabilities.
+  `token_id:N` labels of their log-probabilities. For a server that takes no token-id prompts (`--prompt text`)
+  the worker sends the text the model folder's tokenizer (the core's) encodes back to exactly those ids, and
+  refuses ids no text gives; a text-only answer is re-tokenized and refused unless it round-trips.
+- **Top-k** log-probabilities are served where a request asks `top_logprobs` (vLLM's `logprobs: k`).
 - **Log-probabilities as the server computes them.** vLLM's server reports them at temperature 1
   (`raw_logprobs`) unless it was started with `--logprobs-mode processed_logprobs`, which the package must declare
-  (`logprobs_mode`). Under `raw_logprobs` a request at a temperature other than 0 or 1 is refused: its reported
-  values would not be the probabilities the token was drawn with. top_p < 1 is refused (a processed value is
-  renormalized over the nucleus).
+  (`logprobs_mode`) and `load_model` checks: the most likely first token's log-probability is the same at T = 1
+  and T = 0.5 under raw, and not under processed. Under `raw_logprobs` a request at a temperature other than 0 or
+  1 is refused: its reported values would not be the probabilities the token was drawn with. top_p < 1 is refused
+  (a processed value is renormalized over the nucleus).
 - **Seeds.** Each request carries its seed. At `load_model` one seeded probe runs twice and must repeat, and
   within a call two identical seeded requests must agree: a server that ignores seeds is refused, not trusted.
 - **Layouts.** A batch of the call's layout is sent as its requests in flight at once (one HTTP request each, at
@@ -57,7 +61,9 @@ from typing import Any
 import numpy as np
 
 from invar import __version__
+from invar.errors import ContractError
 from invar.protocol import MethodError, Role, Server, exit_worker
+from invar.tasks import ModelTokenizer
 from invar.workers.common import (
     Request,
     at_temperature,
@@ -71,6 +77,9 @@ from invar.workers.common import (
 )
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+PROMPT_FORMS = ("ids", "text")
+MODE_PROBE_TEMPERATURE = 0.5
+"""The second temperature of the log-probability mode probe: far enough from 1 that a processed value moves."""
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 """HTTP statuses that say "not now" (timeout, rate limit, server error): retried. Any other 4xx is a refusal."""
 BACKOFF_CAP_S = 8.0
@@ -86,6 +95,7 @@ class Settings:
     served_model: str
     api_key_env: str | None
     logprobs_mode: str
+    prompt_form: str
     max_in_flight: int
     request_timeout: float
     retries: int
@@ -161,6 +171,11 @@ def server_identity(endpoint: Endpoint) -> dict[str, Any]:
             "model": {k: m.get(k) for k in ("id", "root", "max_model_len", "owned_by")}}
 
 
+def _logprob(v: Any) -> bool:
+    """A log-probability as the protocol takes it: a finite number ≤ 0."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v <= 0
+
+
 def _token_id(label: Any, where: str) -> int:
     if not isinstance(label, str) or not label.startswith("token_id:"):
         raise MethodError(f"{where}: the server labelled a token {label!r}, not 'token_id:N'; it must honour "
@@ -175,6 +190,8 @@ class Loaded:
     vocab_size: int
     eos_ids: frozenset[int]
     max_model_len: int
+    tokenizer: ModelTokenizer | None
+    """The model folder's tokenizer (the core's), for a server that takes text prompts; None for token-id ones."""
 
 
 class Engine:
@@ -231,16 +248,19 @@ class Engine:
         max_len = self.identity["model"].get("max_model_len")
         if not isinstance(max_len, int) or max_len < 2:
             raise MethodError("load_model: the server reports no max_model_len for the served model")
-        self.m = Loaded(req.model_dir, digest, vocab_size, response_end_ids(req.model_dir), max_len)
+        tokenizer = ModelTokenizer.from_model_dir(req.model_dir) if self.settings.prompt_form == "text" else None
+        self.m = Loaded(req.model_dir, digest, vocab_size, response_end_ids(req.model_dir), max_len, tokenizer)
         self._check_seeds()
+        self._check_logprobs_mode()
         return {"model_digest": digest, "adapter_digest": None, "vocab_size": vocab_size,
                 "eos_token_id": min(self.m.eos_ids), "max_model_len": max_len}
 
     def _check_seeds(self) -> None:
         """A seeded request sent twice must come back the same: a server that ignores seeds is refused here."""
         m = self.loaded("load_model")
-        probe = Request("seed-probe", [min(m.eos_ids)], seed=20261201, temperature=1.0, top_p=1.0,
-                        max_tokens=min(8, m.max_model_len - 1))
+        ids = self._probe_ids(min(m.eos_ids))
+        probe = Request("seed-probe", ids, seed=20261201, temperature=1.0, top_p=1.0,
+                        max_tokens=min(8, m.max_model_len - len(ids)))
         first, _ = self._generate_one(probe, "load_model seed probe")
         second, _ = self._generate_one(probe, "load_model seed probe")
         if not (np.array_equal(first["tokens"], second["tokens"])
@@ -248,6 +268,36 @@ class Engine:
             raise MethodError("load_model: the same seeded request sent twice came back different; the server does "
                               "not honour request seeds, so its samples cannot be paired (start it with a seed-"
                               "honouring configuration)")
+
+    def _check_logprobs_mode(self) -> None:
+        """The declared `logprobs_mode` must be what the server does: the same seeded one-token request at T = 1
+        and at T = 0.5 names the same most likely first token (a temperature keeps the order); its raw log-
+        probability is the same at both, its processed one is not (unless the token is certain, which tells
+        nothing: then the next probe prompt is tried)."""
+        m = self.loaded("load_model")
+        for token in sorted({min(m.eos_ids), m.vocab_size // 2, m.vocab_size - 1}):
+            top: list[tuple[int, float]] = []
+            for t in (1.0, MODE_PROBE_TEMPERATURE):
+                probe = Request("mode-probe", self._probe_ids(token), seed=20261202, temperature=t, top_p=1.0,
+                                max_tokens=1, top_logprobs=1)
+                out, _ = self._generate_one(probe, "load_model log-probability mode probe")
+                top.append((int(out["top_ids"][0, 0]), float(out["top_logprobs"][0, 0])))
+            (id1, lp1), (id2, lp2) = top
+            if id1 != id2:
+                raise MethodError(f"load_model: the most likely first token of the same prompt differs between "
+                                  f"temperature 1 ({id1}) and {MODE_PROBE_TEMPERATURE:g} ({id2}); the server's top "
+                                  "log-probabilities cannot be trusted")
+            if lp1 == 0.0 and lp2 == 0.0:
+                continue  # a certain token: both modes report 0
+            processed = lp1 != lp2
+            if processed != (self.settings.logprobs_mode == "processed_logprobs"):
+                found = "processed_logprobs" if processed else "raw_logprobs"
+                raise MethodError(f"load_model: logprobs_mode is {self.settings.logprobs_mode} but the server reports "
+                                  f"{found} (the same token's log-probability is {lp1!r} at temperature 1 and "
+                                  f"{lp2!r} at {MODE_PROBE_TEMPERATURE:g}); declare logprobs_mode = {found}, or "
+                                  "start the server with the mode declared")
+            return
+        # Every probe token certain: the probe cannot tell the modes apart, and the declared one stays a premise.
 
     # -- calls ------------------------------------------------------------------------------------------------
 
@@ -267,28 +317,92 @@ class Engine:
                               f"served model's maximum length {m.max_model_len}; shorten the prompt or lower "
                               "max_tokens")
 
+    def _prompt(self, ids: list[int], label: str) -> list[int] | str:
+        """What the request's `prompt` carries: the ids themselves, or (`prompt = text`) the text the model folder's
+        tokenizer gives back exactly these ids when it encodes a text prompt as a server does (with the special
+        tokens its post-processor adds, e.g. BOS). Ids no text gives are refused, never sent approximately."""
+        m = self.loaded(label)
+        if m.tokenizer is None:
+            return ids
+        tok = m.tokenizer
+        added = tok.encode("", add_special_tokens=True)  # what encoding a text prompt puts around it (e.g. [BOS])
+        candidates = [ids[len(added):]] if added and ids[:len(added)] == added else []
+        for body in (*candidates, ids):
+            text = tok.decode(body, stop_at_eos=False)
+            try:
+                if tok.encode(text, add_special_tokens=True) == ids:
+                    return text
+            except ContractError:
+                pass
+        raise MethodError(f"{label}.prompt_ids: no text encodes to these ids under the model's tokenizer (as a "
+                          "server tokenizes a text prompt), so a text-prompt server cannot be sent them; send a "
+                          "prompt the core tokenized as text, or use a server that takes token-id prompts (prompt = "
+                          "ids)")
+
+    def _probe_ids(self, token: int) -> list[int]:
+        """A probe prompt made of `token`: itself, or for a text-prompt server the ids its text encodes to."""
+        m = self.loaded("load_model")
+        if m.tokenizer is None:
+            return [token]
+        return m.tokenizer.encode(m.tokenizer.decode([token], stop_at_eos=False), add_special_tokens=True)
+
+    def _sampled_ids(self, choice: dict[str, Any], labels: list[Any], label: str) -> list[int]:
+        """The sampled tokens as ids: the server's own (`token_ids`, checked against the `token_id:N` labels of
+        their log-probabilities), or for a text-prompt server that returns text only, its text re-tokenized with
+        the model's tokenizer and refused unless it round-trips: each token's label must be the text of one id,
+        and those ids must encode the whole text back."""
+        m = self.loaded(label)
+        ids = choice.get("token_ids")
+        if ids is not None or m.tokenizer is None:
+            if not isinstance(ids, list):
+                raise MethodError(f"{label}: the server returned no token ids; it must honour return_token_ids "
+                                  "(or declare prompt = text for a server that returns text)")
+            if [_token_id(t, label) for t in labels] != ids:
+                raise MethodError(f"{label}: the server's token ids and its log-probability labels disagree")
+            return ids
+        tok = m.tokenizer
+        text = choice.get("text")
+        if not isinstance(text, str) or not all(isinstance(t, str) for t in labels):
+            raise MethodError(f"{label}: the server returned neither token ids nor the sampled text and its pieces")
+        joined = "".join(labels)
+        if joined != text and choice.get("finish_reason") == "stop" and labels and joined == text + labels[-1]:
+            text = joined  # the text leaves out the stop token's own text (vLLM's and OpenAI's convention)
+        try:
+            ids = tok.encode(text, add_special_tokens=False)
+            pieces = [tok.decode([t], stop_at_eos=False) for t in ids]
+        except ContractError as exc:
+            raise MethodError(f"{label}: the server's text does not re-tokenize: {exc}") from None
+        if pieces != labels or joined != text:
+            raise MethodError(f"{label}: the server's sampled text does not round-trip to the tokens it reported "
+                              f"({len(labels)} pieces, re-tokenized as {len(ids)}); its tokens cannot be known as "
+                              "ids, so they are refused rather than guessed")
+        return ids
+
     def _generate_one(self, req: Request, label: str) -> tuple[dict[str, Any], int]:
         m = self.loaded(label)
-        body = {"model": self.settings.served_model, "prompt": req.prompt_ids, "max_tokens": req.max_tokens,
-                "temperature": req.temperature, "top_p": 1.0, "seed": req.seed, "logprobs": 0,
-                "return_tokens_as_token_ids": True, "return_token_ids": True,
+        body = {"model": self.settings.served_model, "prompt": self._prompt(req.prompt_ids, label),
+                "max_tokens": req.max_tokens, "temperature": req.temperature, "top_p": 1.0, "seed": req.seed,
+                "logprobs": req.top_logprobs, "return_tokens_as_token_ids": True, "return_token_ids": True,
                 "stop_token_ids": sorted(m.eos_ids), "ignore_eos": True, "skip_special_tokens": False}
         choice, attempts = self._post(body, label)
-        if choice.get("prompt_token_ids") != req.prompt_ids:
+        ran = choice.get("prompt_token_ids")
+        if ran is None and m.tokenizer is None:
+            raise MethodError(f"{label}: the server returned no token ids for the prompt; it must honour "
+                              "return_token_ids (or declare prompt = text for a server that returns text only)")
+        if ran != req.prompt_ids and not (ran is None and m.tokenizer is not None):
+            # A text-prompt server that does not say what it ran is left with the worker's own round trip
             raise MethodError(f"{label}: the server ran other prompt tokens than the ids sent (it must accept a "
-                              "token-id prompt as given)")
-        ids = choice.get("token_ids")
+                              "token-id prompt as given, or tokenize the text prompt back to them)")
         lp = choice.get("logprobs")
-        if not isinstance(ids, list) or not isinstance(lp, dict):
-            raise MethodError(f"{label}: the server returned no token ids or no log-probabilities; it must honour "
-                              "return_token_ids and logprobs")
+        if not isinstance(lp, dict):
+            raise MethodError(f"{label}: the server returned no log-probabilities; it must honour logprobs")
         labels, values = lp.get("tokens"), lp.get("token_logprobs")
-        if not isinstance(labels, list) or not isinstance(values, list) or not len(labels) == len(values) == len(ids):
+        if not isinstance(labels, list) or not isinstance(values, list) or len(labels) != len(values):
             raise MethodError(f"{label}: the server's log-probabilities do not cover each sampled token once")
-        if [_token_id(t, label) for t in labels] != ids:
-            raise MethodError(f"{label}: the server's token ids and its log-probability labels disagree")
-        if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v <= 0
-                   for v in values):
+        ids = self._sampled_ids(choice, labels, label)
+        if len(ids) != len(values):
+            raise MethodError(f"{label}: the server's log-probabilities do not cover each sampled token once")
+        if not all(_logprob(v) for v in values):
             raise MethodError(f"{label}: the server reported a log-probability that is missing, not finite or "
                               "above 0; it cannot be used as the probability a token was drawn with")
         finish = choice.get("finish_reason")
@@ -298,12 +412,49 @@ class Engine:
         if finish == "stop" and (not ids or ids[-1] not in m.eos_ids):
             raise MethodError(f"{label}: the server stopped on something other than the model's end ids "
                               f"{sorted(m.eos_ids)}")
-        return {"prompt_tokens": np.asarray(req.prompt_ids, dtype=np.int32), "tokens": tokens,
-                "logprobs": np.asarray(values, dtype=np.float32), "finish_reason": finish}, attempts
+        out = {"prompt_tokens": np.asarray(req.prompt_ids, dtype=np.int32), "tokens": tokens,
+               "logprobs": np.asarray(values, dtype=np.float32), "finish_reason": finish}
+        if req.top_logprobs:
+            out["top_ids"], out["top_logprobs"] = self._top(lp.get("top_logprobs"), len(ids), req.top_logprobs,
+                                                            label)
+        return out, attempts
+
+    def _top(self, rows: Any, n: int, k: int, label: str) -> tuple[np.ndarray, np.ndarray]:
+        """The k most likely tokens at each of n positions, [n, k] int32 ids and [n, k] float32 log-probabilities,
+        most likely first (ties by id). vLLM lists the top k and the sampled token when it is not among them."""
+        m = self.loaded(label)
+        if not isinstance(rows, list) or len(rows) != n or not all(isinstance(r, dict) for r in rows):
+            raise MethodError(f"{label}: the server returned no top log-probabilities for each sampled token; it "
+                              "must honour logprobs = k")
+        ids = np.zeros((n, k), dtype=np.int32)
+        values = np.zeros((n, k), dtype=np.float32)
+        for i, row in enumerate(rows):
+            entries = sorted(((float(v), self._top_id(t, m, label)) for t, v in row.items() if _logprob(v)),
+                             key=lambda e: (-e[0], e[1]))
+            if len(entries) < k or len(entries) != len(row):
+                raise MethodError(f"{label}: the server's top log-probabilities at position {i} hold "
+                                  f"{len(entries)} usable entries, fewer than the {k} asked")
+            ids[i] = [t for _, t in entries[:k]]
+            values[i] = [v for v, _ in entries[:k]]
+        return ids, values
+
+    @staticmethod
+    def _top_id(label_: Any, m: Loaded, where: str) -> int:
+        if m.tokenizer is None or (isinstance(label_, str) and label_.startswith("token_id:")):
+            return _token_id(label_, where)
+        # a text-only server labels its top tokens by their text: one id's text, or refused
+        try:
+            ids = m.tokenizer.encode(str(label_), add_special_tokens=False)
+        except ContractError:
+            ids = []
+        if len(ids) != 1 or m.tokenizer.decode(ids, stop_at_eos=False) != label_:
+            raise MethodError(f"{where}: the server labelled a top token {label_!r}, which is not the text of one "
+                              "token id")
+        return ids[0]
 
     def generate(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.loaded("generate")
-        requests, layout = parse_generate(params)
+        requests, layout = parse_generate(params, top_logprobs=True)
         if params.get("adapter") not in (None, "base") or params.get("reference_adapter") is not None:
             raise MethodError("generate.adapter: an endpoint serves the model it was started with; send no adapter")
         for i, req in enumerate(requests):
@@ -319,7 +470,7 @@ class Engine:
                 outputs[i] = {"request_id": requests[i].request_id, **out, "attempts": attempts}
         seen: dict[tuple[Any, ...], int] = {}
         for i, req in enumerate(requests):
-            key = (tuple(req.prompt_ids), req.seed, req.temperature, req.max_tokens)
+            key = (tuple(req.prompt_ids), req.seed, req.temperature, req.max_tokens, req.top_logprobs)
             j = seen.setdefault(key, i)
             if j != i and not (np.array_equal(outputs[i]["tokens"], outputs[j]["tokens"])
                                and np.array_equal(outputs[i]["logprobs"], outputs[j]["logprobs"])):
@@ -347,8 +498,8 @@ class Engine:
             label = f"score.items[{i}]"
             whole = it.temperature != 1.0 or bool(it.vocab_steps)
             ids = it.prompt_ids + [int(t) for t in it.response_tokens]
-            body = {"model": self.settings.served_model, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
-                    "prompt_logprobs": -1 if whole else 0, "return_tokens_as_token_ids": True,
+            body = {"model": self.settings.served_model, "prompt": self._prompt(ids, label), "max_tokens": 1,
+                    "temperature": 0.0, "prompt_logprobs": -1 if whole else 0, "return_tokens_as_token_ids": True,
                     "return_token_ids": True}
             choice, _ = self._post(body, label)
             if choice.get("prompt_token_ids") != ids:
@@ -391,6 +542,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-key-env", default=None, help="the environment variable holding the API key")
     parser.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="raw_logprobs",
                         help="how the server computes sampled log-probabilities (vLLM's --logprobs-mode)")
+    parser.add_argument("--prompt", choices=PROMPT_FORMS, default="ids",
+                        help="send prompts as the core's token ids, or as the text they encode (servers that take no "
+                             "token-id prompts)")
     parser.add_argument("--max-in-flight", type=int, default=64, help="HTTP requests in flight at once")
     parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds per HTTP attempt")
     parser.add_argument("--retries", type=int, default=4, help="further attempts after a failed one")
@@ -418,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{me}: the environment variable {args.api_key_env} (api_key_env) is not set; export the API key "
                   "in it", file=sys.stderr, flush=True)
             return 2
-    settings = Settings(base, args.served_model, args.api_key_env, args.logprobs_mode, args.max_in_flight,
+    settings = Settings(base, args.served_model, args.api_key_env, args.logprobs_mode, args.prompt, args.max_in_flight,
                         args.request_timeout, args.retries)
     endpoint = Endpoint(settings, api_key)
     try:
@@ -434,7 +588,11 @@ def main(argv: list[str] | None = None) -> int:
         # Unset values are left out, not null (a TOML declaration cannot state null); the key itself never is.
         settings={"base_url": base, "served_model": settings.served_model,
                   **({} if settings.api_key_env is None else {"api_key_env": settings.api_key_env}),
-                  "logprobs_mode": settings.logprobs_mode, "max_in_flight": settings.max_in_flight,
+                  "logprobs_mode": settings.logprobs_mode,
+                  # token-id prompts are the default and stay unstated, so packages that predate the setting keep
+                  # their identity
+                  **({} if settings.prompt_form == "ids" else {"prompt": settings.prompt_form}),
+                  "max_in_flight": settings.max_in_flight,
                   "request_timeout": settings.request_timeout, "retries": settings.retries,
                   "top_p": "1 only", "server": identity},
         methods={"load_model": engine.load_model, "generate": engine.generate, "score": engine.score},

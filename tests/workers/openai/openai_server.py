@@ -73,6 +73,16 @@ def stop_server(server: VllmServer) -> None:
         server.process.wait(timeout=60)
 
 
+def restart_server(server: VllmServer) -> float:
+    """Start the server again on its own port, with the same model and launch options, after it was killed;
+    returns the seconds it took to answer."""
+    assert server.process.poll() is not None, "kill the server before restarting it"
+    started = time.perf_counter()
+    again = start_server(server.model_dir, int(server.url.rsplit(":", 1)[1]), server.log.with_suffix(".restart.log"))
+    server.process, server.log = again.process, again.log
+    return time.perf_counter() - started
+
+
 def served_models(url: str) -> list[str]:
     with urllib.request.urlopen(url + "/v1/models", timeout=10) as resp:
         return [m["id"] for m in json.loads(resp.read())["data"]]

@@ -10,18 +10,19 @@ one line keeping its records, and the same command resumes it to the same decisi
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import socket
 import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from openai_server import SERVED, VllmServer
+from openai_server import SERVED, VllmServer, restart_server, stop_server
 
 from invar import canonical
 from invar.contract.admit import admit
@@ -56,11 +57,17 @@ def package(engine: str, *settings: str) -> dict[str, Any]:
             "dtype": "float32"}
 
 
-def write_declaration(folder: Path, url: str) -> Path:
+INVARIANCE = ("one-at-a-time", "in-flight-16", "in-flight-16-shuffled")
+
+
+def write_declaration(folder: Path, url: str, *, invariance: tuple[str, ...] = INVARIANCE, per_call: int = 16,
+                      name: str = "served-vllm") -> Path:
     reference = package("vllm")
     candidate = package("openai", f"base_url={url}", f"served_model={SERVED}", "retries=0")
+    layouts = {"one-at-a-time": ["batch_size = 1"], "in-flight-16": ["batch_size = 16"],
+               "in-flight-16-shuffled": ["batch_size = 16", 'order = "shuffled"']}
     lines = [
-        'name = "served-vllm"',
+        f'name = "{name}"',
         "[population]", f'path = "{POPULATION}"',
         f'sha256 = "{POPULATION.with_suffix(".sha256").read_text().split()[0]}"', f"sample = {UNITS}",
         "[scorer]", 'name = "arithmetic-exact"',
@@ -68,11 +75,11 @@ def write_declaration(folder: Path, url: str) -> Path:
         "[requirement]", 'standard = "population"', 'epsilon = "0.2"', 'confidence = "0.95"',
         'method = "paired-binary-exact"',
         "[pairing]", "seed = 20261201", 'layout = "in-flight-16"',
-        "[layouts.one-at-a-time]", "batch_size = 1",
-        "[layouts.in-flight-16]", "batch_size = 16",
-        "[layouts.in-flight-16-shuffled]", "batch_size = 16", 'order = "shuffled"',
-        "[invariance]", "required = true", 'layouts = ["one-at-a-time", "in-flight-16", "in-flight-16-shuffled"]',
-        "[execution]", "requests_per_call = 16",
+        *(line for n, spec in layouts.items() if n in {"in-flight-16", *invariance}
+          for line in (f"[layouts.{n}]", *spec)),
+        "[invariance]", f"required = {json.dumps(bool(invariance))}",
+        *([f"layouts = {json.dumps(list(invariance))}"] if invariance else []),
+        "[execution]", f"requests_per_call = {per_call}",
         "[reference]", *(f"{k} = {_toml(v)}" for k, v in reference.items()),
         "[candidate]", *(f"{k} = {_toml(v)}" for k, v in candidate.items()),
         "[[premises]]",
@@ -81,7 +88,7 @@ def write_declaration(folder: Path, url: str) -> Path:
         'party = "deployment owner"', f'basis_sha256 = "{canonical.tree_digest(DEFAULT_MODEL)}"',
         'reliance = "vouched"',
     ]
-    decl = folder / "served-vllm.toml"
+    decl = folder / f"{name}.toml"
     decl.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return decl
 
@@ -98,6 +105,8 @@ class Gate:
         self.thread: threading.Thread | None = None
         self.budget: int | None = None
         """Close after this many more connections (the worker opens one per HTTP request)."""
+        self.on_close: Callable[[], None] | None = None
+        """Run when the budget is spent, before the relay stops listening (e.g. kill the server itself)."""
 
     @property
     def url(self) -> str:
@@ -139,6 +148,9 @@ class Gate:
                 self.budget -= 1
                 if self.budget <= 0:
                     self.budget = None
+                    if self.on_close is not None:
+                        self.on_close()
+                        self.on_close = None
                     self.close()
                     return
 
@@ -190,24 +202,32 @@ def test_the_endpoint_is_admitted_for_the_use_and_the_decision_recomputes(contra
     assert decision.answer.value == "Admitted"
 
 
-def _generate_records(run: Path) -> int:
-    """Answered generate calls in a run being written (0 while it is still being created)."""
+def connections_before(calls: int, per_call: int) -> int:
+    """Connections the endpoint worker opens (one per HTTP request) before the first request of its generate call
+    number `calls + 1`: 2 at start (the server's identity), 6 at load_model (identity, the seed probe twice, the
+    log-probability mode probe at two temperatures), then 2 + n + 2 per generate call of n requests (identity
+    before and after), and 2 for the next call's identity."""
+    return 2 + 6 + calls * (per_call + 4) + 2
+
+
+def _generate_records(run: Path, engine: str | None = None) -> int:
+    """Answered generate calls in a run being written (0 while it is still being created), of one engine's worker
+    or of all."""
     try:
         store = RunStore.open(run)
     except RecordError:
         return 0
     with store:
         return sum(1 for c in store.calls() if c.call.method == "generate" and c.report is not None
-                   and c.report.report.ok)
+                   and c.report.report.ok and engine in (None, c.identity.engine))
 
 
 def test_an_endpoint_that_goes_away_mid_run_loses_nothing_and_the_run_resumes(
         contract: Path, gate: Gate, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    # The endpoint worker opens one connection per HTTP request: 2 at start (the server's identity), 4 at
-    # load_model (identity, seed probe), then 2 + 16 + 2 per generate call of 16 requests. The gate closes five
-    # requests into the candidate's third call: two of its six calls answered, the third lost mid-flight.
-    gate.budget = 2 + 4 + 2 * 20 + 2 + 5
+    # The gate closes five requests into the candidate's third call: two of its six calls answered, the third lost
+    # mid-flight.
+    gate.budget = connections_before(2, 16) + 5
     try:
         out = _invar("use", "run", str(contract), "--run", str(run), "--quiet")  # no phase before the error
     finally:
@@ -231,3 +251,123 @@ def test_an_endpoint_that_goes_away_mid_run_loses_nothing_and_the_run_resumes(
     out = _invar("use", "admit", str(run), "--contract", str(contract), "--json")
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout)["answer"] == "Admitted"
+
+
+class _Relabelled(http.server.BaseHTTPRequestHandler):
+    """A proxy in front of the real server that reports another maximum length for the served model: what a
+    server restarted with another `--max-model-len` tells a client."""
+
+    upstream = ""
+
+    def _forward(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0))) if self.command == "POST" else None
+        req = urllib.request.Request(self.upstream + self.path, data=body, method=self.command,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            data = resp.read()
+        if self.path == "/v1/models":
+            doc = json.loads(data)
+            for m in doc["data"]:
+                m["max_model_len"] = 2 * m["max_model_len"]
+            data = json.dumps(doc).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = _forward
+    do_POST = _forward
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_killed_server_restarted_resumes_the_run_and_a_changed_server_is_refused(
+        vllm_server: VllmServer, gate: Gate, tmp_path: Path) -> None:
+    decl = write_declaration(tmp_path, gate.url, invariance=(), name="served-kill")
+    out = _invar("use", "prepare", str(decl))
+    assert out.returncode == 0, out.stderr
+    contract = tmp_path / "served-kill.contract.json"
+    run = tmp_path / "run"
+    server_port = gate.upstream_port
+    # The vLLM server process itself is killed three requests into the candidate's second call (of two, 16
+    # requests each); the relay then stops listening too, as the killed server's port does.
+    gate.budget = connections_before(1, 16) + 3
+    gate.on_close = lambda: stop_server(vllm_server)
+    relabelled: http.server.ThreadingHTTPServer | None = None
+    try:
+        out = _invar("use", "run", str(contract), "--run", str(run), "--quiet")
+        err = out.stderr
+        assert vllm_server.process.poll() is not None, err  # really killed
+        assert out.returncode == 2, err
+        assert err.startswith("invar: error: "), err
+        assert err.count("\n") == 1, err
+        assert "resume" in err
+        kept = _generate_records(run, "openai")
+        assert kept == 1  # the answered call, none of the lost one
+        kept_all = _generate_records(run)
+
+        # The same model and launch options, on the same port: a new process, the same identity.
+        print(f"measured: vLLM server restarted in {restart_server(vllm_server):.1f} s")
+        # First a server that reports itself otherwise (another maximum length): refused in one line, nothing lost.
+        _Relabelled.upstream = vllm_server.url
+        relabelled = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Relabelled)
+        threading.Thread(target=relabelled.serve_forever, daemon=True).start()
+        gate.upstream_port = relabelled.server_address[1]
+        gate.open()
+        out = _invar("use", "run", str(contract), "--run", str(run), "--quiet")
+        err = out.stderr
+        assert out.returncode == 2, err
+        assert err.startswith("invar: error: "), err
+        assert err.count("\n") == 1, err
+        assert "max_model_len" in err, err
+        assert _generate_records(run) == kept_all
+
+        # The restarted server as it was: the same command resumes the run and completes it.
+        gate.upstream_port = server_port
+        out = _invar("use", "run", str(contract), "--run", str(run), "--json")
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)
+        assert doc["calls_reused"] == kept_all  # every answered call kept, none sent again
+        assert doc["calls_issued"] + doc["calls_reused"] == doc["calls_total"]
+        assert _generate_records(run, "openai") == 2
+    finally:
+        if vllm_server.process.poll() is not None:  # failed before the restart: the next tests need the server
+            restart_server(vllm_server)
+        gate.upstream_port = server_port
+        gate.on_close = gate.budget = None
+        if gate.listener is None:
+            gate.open()
+        if relabelled is not None:
+            relabelled.shutdown()
+    out = _invar("use", "admit", str(run), "--contract", str(contract), "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["answer"] == "Admitted"
+    assert (doc["task_loss"]["worse"], doc["task_loss"]["better"]) == (0, 0), doc["task_loss"]
+    assert admit(contract, run).answer.value == "Admitted"  # from the records alone, in this process
+
+
+def test_infer_records_the_top_k_it_asked_and_an_engine_without_them_refuses(
+        vllm_server: VllmServer, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    out = _invar("infer", "37+58=", "--engine", "openai", "--setting", f"base_url={vllm_server.url}",
+                 "--setting", f"served_model={SERVED}", "--max-tokens", "4", "--top-logprobs", "2", "--run", str(run),
+                 "--json")
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout)["outputs"][0]
+    assert len(row["top_ids"]) == len(row["tokens"])
+    assert all(len(t) == 2 for t in row["top_ids"])
+    with RunStore.open(run) as store:
+        (call,) = [c for c in store.calls() if c.call.method == "generate"]
+        assert call.call.params["requests"][0]["top_logprobs"] == 2  # what was asked, recorded
+        assert call.report is not None
+        assert call.report.report.result is not None
+        recorded = call.report.report.result["outputs"][0]
+        assert recorded["top_ids"].tolist() == row["top_ids"]
+        assert recorded["top_logprobs"].astype(float).tolist() == row["top_logprobs"]
+    out = _invar("infer", "37+58=", "--engine", "hf", "--top-logprobs", "2", "--run", str(tmp_path / "hf"), "--quiet")
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "does not report top-k log-probabilities" in out.stderr
