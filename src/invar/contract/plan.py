@@ -36,6 +36,7 @@ from invar import canonical
 from invar.compare.steps import resolve_steps
 from invar.contract.model import Contract, Layout, Measurements
 from invar.errors import ContractError
+from invar.protocol.payloads import GenerateParams, GenerateRequest, ScoreItem, ScoreParams
 from invar.tasks.population import Unit as PopulationUnit
 
 PLAN_VERSION_1 = "invar.plan/1"
@@ -219,13 +220,10 @@ def measurement_params(plan: ExecutionPlan, call: MeasurementCall, responses: Ca
     for index in call.units:
         tokens = responses(index)
         unit = plan.units[index]
-        items.append({
-            "item_id": unit.unit_id, "prompt": unit.text(call.package), "prompt_ids": unit.ids(call.package),
-            "response_tokens": tokens,
-            "temperature": plan.score_temperature,
-            "vocab_steps": list(resolve_steps(plan.measure.capture_steps, int(tokens.size), strict=False)),
-        })
-    return {"items": items, "adapter": None}
+        items.append(ScoreItem(unit.unit_id, unit.ids(call.package), tokens, plan.score_temperature,
+                               list(resolve_steps(plan.measure.capture_steps, int(tokens.size), strict=False)),
+                               prompt=unit.text(call.package)))
+    return ScoreParams(items).to_wire()
 
 
 def _measurement_calls(contract: Contract, n: int) -> tuple[MeasurementCall, ...]:
@@ -347,15 +345,8 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[P
     seeds = tuple(unit_seed(seed, u.unit_id) for u in units)
     sampling = contract.sampling
     by_package = {package: [
-        {
-            "request_id": u.unit_id,
-            "prompt": u.text(package),
-            "prompt_ids": u.ids(package),
-            "seed": s,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "max_tokens": sampling.max_tokens,
-        }
+        GenerateRequest(u.unit_id, u.ids(package), s, sampling.temperature, sampling.max_tokens, sampling.top_p,
+                        prompt=u.text(package))
         for u, s in zip(units, seeds, strict=True)
     ] for package in roles}
 
@@ -365,7 +356,7 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[P
         requests = by_package[package]
         groups = call_groups(contract, len(units), layout)
         if per_call is None:
-            params = {"requests": requests, "layout": groups[0], "adapter": None, "reference_adapter": None}
+            params = GenerateParams(requests, groups[0]).to_wire()
             return [PlannedCall(package, layout, purposes, params, tuple(range(len(units))))]
         out: list[PlannedCall] = []
         for group in groups:
@@ -374,8 +365,7 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[P
             for batch in group:
                 relabel.append(list(range(start, start + len(batch))))
                 start += len(batch)
-            params = {"requests": [requests[i] for i in order], "layout": relabel, "adapter": None,
-                      "reference_adapter": None}
+            params = GenerateParams([requests[i] for i in order], relabel).to_wire()
             out.append(PlannedCall(package, layout, purposes, params, tuple(order), part=len(out)))
         return out
 
