@@ -402,11 +402,11 @@ def load_patches(specs: list[str], poison: list[str]) -> Patches:
     taken: dict[str, str] = {}
     for name in digests:
         code = patch_dir(name) / "patch.py"
-        spec = importlib.util.spec_from_file_location(f"invar_patch_{name.replace('-', '_')}", code)
-        if not code.is_file() or spec is None or spec.loader is None:
+        found = importlib.util.spec_from_file_location(f"invar_patch_{name.replace('-', '_')}", code)
+        if not code.is_file() or found is None or found.loader is None:
             raise PatchRefused(f"--patch {name}: {code} is missing; a patch folder holds its code in patch.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = importlib.util.module_from_spec(found)
+        found.loader.exec_module(module)
         for op in sorted(module.REPLACES):
             if op in taken:
                 raise PatchRefused(f"--patch {name}: it replaces {op}, as --patch {taken[op]} does; apply one of "

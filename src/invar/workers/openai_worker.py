@@ -258,7 +258,7 @@ class Engine:
 
     def _check_request(self, req: GenerateRequest, where: str) -> None:
         m = self.loaded(where)
-        check_prompt_ids(req.prompt_ids, m.vocab_size, where)
+        check_prompt_ids(list(req.prompt_ids), m.vocab_size, where)
         if req.top_p != 1.0 and req.temperature > 0:
             raise MethodError(f"{where}.top_p: the server's log-probabilities after top-p are renormalized over the "
                               "nucleus (or taken before it, by mode), not what the protocol reports; send top_p 1.0")
