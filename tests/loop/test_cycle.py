@@ -12,6 +12,7 @@ from invar.engines import DEFAULT_MODEL
 from invar.errors import EvidenceError
 from invar.loop import cycle as cyc
 from invar.loop.objective import ObjectiveSettings, loss_terms
+from invar.protocol.payloads import GenerateRequest
 from invar.tasks import ModelTokenizer
 from invar.tasks.population import Unit
 
@@ -46,28 +47,29 @@ def test_cycle_prompts_are_a_seeded_sample_without_replacement() -> None:
 def test_requests_put_a_prompts_group_together_and_layout_cuts_batches() -> None:
     reqs = cyc.rollout_requests(PROBLEMS[:3], 4, seed=5, cycle=2, temperature=0.7, max_tokens=5,
                                 tokenizer=TOKENIZER)
-    assert [r["request_id"] for r in reqs[:5]] == ["c2/p0/0", "c2/p0/1", "c2/p0/2", "c2/p0/3", "c2/p1/0"]
-    assert len({r["seed"] for r in reqs}) == 12
-    assert all(r["prompt_ids"] == TOKENIZER.prompt_ids(prompt=r["prompt"]) for r in reqs)
-    cyc.check_prompt_ids(reqs, TOKENIZER, "cycle 2:")
-    reqs[5]["prompt_ids"] = reqs[5]["prompt_ids"][1:]
+    assert [r.request_id for r in reqs[:5]] == ["c2/p0/0", "c2/p0/1", "c2/p0/2", "c2/p0/3", "c2/p1/0"]
+    assert len({r.seed for r in reqs}) == 12
+    assert all(r.prompt_ids == TOKENIZER.prompt_ids(prompt=r.prompt) for r in reqs)
+    recorded = [r.to_wire() for r in reqs]
+    cyc.check_prompt_ids(recorded, TOKENIZER, "cycle 2:")
+    recorded[5]["prompt_ids"] = recorded[5]["prompt_ids"][1:]
     with pytest.raises(EvidenceError, match=r"cycle 2: request c2/p1/1: its prompt_ids are not the tokenizer's ids"):
-        cyc.check_prompt_ids(reqs, TOKENIZER, "cycle 2:")
+        cyc.check_prompt_ids(recorded, TOKENIZER, "cycle 2:")
     params = cyc.generate_params(reqs, 5, "policy", "base")
     assert params["layout"] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11]]
     assert cyc.generate_params(reqs, None, None, None)["layout"] == [list(range(12))]
 
 
-def _output(req: dict[str, Any], n: int = 3, reference: bool = False) -> dict[str, Any]:
-    out = {"request_id": req["request_id"], "prompt_tokens": np.array(req["prompt_ids"], np.int32),
+def _output(req: GenerateRequest, n: int = 3, reference: bool = False) -> dict[str, Any]:
+    out = {"request_id": req.request_id, "prompt_tokens": np.array(req.prompt_ids, np.int32),
            "tokens": np.array([5, 6, 2][:n], np.int32),
-           "logprobs": np.array([-0.5, -0.25, -0.125][:n], np.float32)}
+           "logprobs": np.array([-0.5, -0.25, -0.125][:n], np.float32), "finish_reason": "stop"}
     if reference:
         out["reference_logprobs"] = np.array([-0.5, -0.5, -0.5][:n], np.float32)
     return out
 
 
-def _report(reqs: list[dict[str, Any]], **change: Any) -> dict[str, Any]:
+def _report(reqs: list[GenerateRequest], **change: Any) -> dict[str, Any]:
     return {"outputs": [_output(r) for r in reqs], "model_digest": MODEL, "adapter_digest": POLICY, **change}
 
 

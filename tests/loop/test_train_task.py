@@ -88,9 +88,9 @@ def test_a_chat_unit_s_request_is_its_rendered_template(tmp_path: Path) -> None:
     tokenizer = ModelTokenizer.from_model_dir(tmp_path)
     unit = Unit("u", None, (Message("user", "what is 2 plus 3?"),), "5")
     [req, _] = cyc.rollout_requests([unit], 2, 0, 0, 1.0, 4, tokenizer)
-    assert req["prompt"] == "<|im_start|>user\nwhat is 2 plus 3?<|im_end|>\n<|im_start|>assistant\n"
-    assert req["prompt_ids"] == tokenizer.encode(req["prompt"], add_special_tokens=False)
-    assert req["request_id"] == "c0/u/0"
+    assert req.prompt == "<|im_start|>user\nwhat is 2 plus 3?<|im_end|>\n<|im_start|>assistant\n"
+    assert req.prompt_ids == tokenizer.encode(req.prompt, add_special_tokens=False)
+    assert req.request_id == "c0/u/0"
 
 
 def _task(folder: Path, rows: list[dict[str, object]], scorer: str, extra: str = "") -> Path:

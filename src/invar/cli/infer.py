@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import numpy as np
 import typer
 
 from invar.cli.common import JsonOpt, emit_model
@@ -29,16 +28,17 @@ from invar.cli.options import (
 )
 from invar.cli.progress import QuietOpt, reporting
 from invar.errors import EvidenceError, InvarError
+from invar.protocol.payloads import GenerateOutput, GenerateParams, GenerateRequest
 from invar.records import RunStore
 from invar.runner.engine import (
     Dtype,
     Engine,
     EngineSpec,
     Quantization,
-    check_output,
     default_run_dir,
     engine_session,
     parse_launch_settings,
+    read_generate,
 )
 from invar.runner.options import check_context, check_sampling, model_context
 from invar.tasks import ModelTokenizer
@@ -89,31 +89,25 @@ def infer(
     for i, one in enumerate(ids):
         check_context(len(one), max_tokens, context, f"prompt {i}")
     run_dir = run if run is not None else default_run_dir("infer")
-    requests: list[dict[str, Any]] = [
-        {"request_id": str(i), "prompt": p, "prompt_ids": one, "seed": seed + i,
-         "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
-         # absent unless asked: a request without it stays the bytes it always was
-         **({"top_logprobs": top_logprobs} if top_logprobs else {})}
-        for i, (p, one) in enumerate(zip(prompts, ids, strict=True))
-    ]
+    # `top_logprobs` absent unless asked: a request without it stays the bytes it always was
+    params = GenerateParams([GenerateRequest(str(i), one, seed + i, temperature, max_tokens, top_p, prompt=p,
+                                             top_logprobs=top_logprobs or None)
+                             for i, (p, one) in enumerate(zip(prompts, ids, strict=True))],
+                            [list(range(len(prompts)))])
     with RunStore.create(run_dir, meta={"command": "infer", **meta, **({"chat": True} if chat else {})}) as store:
         with reporting(quiet) as shown, engine_session(spec, store, call_timeout=call_timeout,
                                                        phase=shown.phase) as session:
             shown.phase("generating")
-            report = session.client.call("generate", {"requests": requests, "layout": [list(range(len(requests)))],
-                                                      "adapter": session.adapter, "reference_adapter": None})
-        outputs = report.get("outputs")
-        if not isinstance(outputs, list) or len(outputs) != len(requests):
-            raise EvidenceError(f"generate returned {len(outputs) if isinstance(outputs, list) else 'no'} outputs "
-                                f"for {len(requests)} requests")
-        rows = []
-        for req, out, messages in zip(requests, outputs, conversations, strict=True):
-            check_output(out, req, session.model_digest, report)
+            report = session.client.call("generate", GenerateParams(
+                params.requests, params.layout, session.adapter, None).to_wire())
+            received = read_generate(report, params, session.model_digest)
+        rows: list[dict[str, Any]] = []
+        for req, out, messages in zip(params.requests, received.outputs, conversations, strict=True):
             rows.append({
-                "request_id": req["request_id"], "prompt": req["prompt"], "seed": req["seed"],
+                "request_id": req.request_id, "prompt": req.prompt, "seed": req.seed,
                 **({} if messages is None else {"messages": messages}),
-                "tokens": [int(t) for t in out["tokens"]], "text": vocab.decode(out["tokens"]),
-                "logprobs": [float(x) for x in out["logprobs"]], "finish_reason": out.get("finish_reason"),
+                "tokens": [int(t) for t in out.tokens], "text": vocab.decode(out.tokens),
+                "logprobs": [float(x) for x in out.logprobs], "finish_reason": out.finish_reason,
                 **(_top(out, req) if top_logprobs else {}),
             })
         head = store.close_run()
@@ -139,11 +133,11 @@ def infer(
             typer.echo(f"    top at {i}: " + ", ".join(f"{a} ({b:.6g})" for a, b in zip(t, v, strict=True)))
 
 
-def _top(out: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
+def _top(out: GenerateOutput, req: GenerateRequest) -> dict[str, Any]:
     """The output's top-k ids and log-probabilities as lists; an engine that returned other shapes is refused."""
-    ids, values = out.get("top_ids"), out.get("top_logprobs")
-    want = (int(out["tokens"].size), int(req["top_logprobs"]))
-    if not (isinstance(ids, np.ndarray) and isinstance(values, np.ndarray) and ids.shape == values.shape == want):
-        raise EvidenceError(f"generate output for request {req['request_id']!r}: no top-k log-probabilities of shape "
+    ids, values = out.top_ids, out.top_logprobs
+    want = (int(out.tokens.size), int(req.top_logprobs or 0))
+    if ids is None or values is None or not ids.shape == values.shape == want:
+        raise EvidenceError(f"generate output for request {req.request_id!r}: no top-k log-probabilities of shape "
                             f"{want} although they were asked")
     return {"top_ids": ids.astype(int).tolist(), "top_logprobs": values.astype(float).tolist()}

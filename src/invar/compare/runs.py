@@ -27,6 +27,7 @@ import numpy as np
 from invar import canonical
 from invar.compare.numerical import Capture, Response, UnitPair, zip_captures
 from invar.errors import ContractError, EvidenceError, InvarError, RecordError
+from invar.protocol.payloads import GenerateOutput, PayloadError, ScoreItem, ScoreOutput
 from invar.records import RunStore
 from invar.records.store import CallRecord, is_run
 from invar.tasks import ModelTokenizer
@@ -98,14 +99,11 @@ def _check_output(out: Any, request: Mapping[str, Any], where: str) -> Response:
     if not isinstance(out, dict) or out.get("request_id") != rid:
         raise EvidenceError(f"{where}: an output answers {out.get('request_id') if isinstance(out, dict) else None!r}"
                             f", listed for request {rid!r}")
-    tokens, logprobs, finish = out.get("tokens"), out.get("logprobs"), out.get("finish_reason")
-    if not isinstance(tokens, np.ndarray) or tokens.dtype != np.int32 or tokens.ndim != 1:
-        raise EvidenceError(f"{where} ({rid}): tokens are not an int32 vector")
-    if not isinstance(logprobs, np.ndarray) or logprobs.dtype != np.float32 or logprobs.shape != tokens.shape:
-        raise EvidenceError(f"{where} ({rid}): logprobs are not a float32 vector as long as tokens")
-    if finish not in ("stop", "length"):
-        raise EvidenceError(f"{where} ({rid}): finish_reason {finish!r} is neither stop nor length")
-    return Response(_copy(tokens), _copy(logprobs), str(finish))
+    try:
+        got = GenerateOutput.from_wire(out, where)
+    except PayloadError as exc:
+        raise EvidenceError(str(exc)) from None
+    return Response(_copy(got.tokens), _copy(got.logprobs), str(got.finish_reason))
 
 
 _REQUEST_FIELDS = ("prompt", "prompt_ids", "seed", "temperature", "top_p", "max_tokens")
@@ -219,27 +217,23 @@ def check_score_output(item: Any, out: Any, where: str) -> ScoredItem:
     if not isinstance(item, dict) or not isinstance(out, dict) or out.get("item_id") != item.get("item_id"):
         raise EvidenceError(f"{where}: an output does not answer the item it is listed for")
     iid = item["item_id"]
-    tokens, temperature, steps = item.get("response_tokens"), item.get("temperature"), item.get("vocab_steps", [])
-    if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-        raise EvidenceError(f"{where} ({iid}): response_tokens are not an integer vector")
-    prompt_ids = item.get("prompt_ids")
-    if not isinstance(prompt_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
-        raise EvidenceError(f"{where} ({iid}): prompt_ids are not a list of token ids")
-    if not isinstance(steps, list) or not all(isinstance(s, int) for s in steps):
-        raise EvidenceError(f"{where} ({iid}): vocab_steps are not a list of steps")
-    beyond = [s for s in steps if not 0 <= s < tokens.size]
-    if beyond:
-        raise EvidenceError(f"{where} ({iid}): capture step {beyond[0]} is beyond the response's end "
-                            f"({tokens.size} tokens)")
-    lp, vocab = out.get("logprobs"), out.get("vocab_logprobs")
-    if not isinstance(lp, np.ndarray) or lp.dtype != np.float32 or lp.shape != tokens.shape:
+    tokens, steps = item.get("response_tokens"), item.get("vocab_steps", [])
+    if isinstance(tokens, np.ndarray) and isinstance(steps, list):
+        beyond = [s for s in steps if isinstance(s, int) and not 0 <= s < tokens.size]
+        if beyond:
+            raise EvidenceError(f"{where} ({iid}): capture step {beyond[0]} is beyond the response's end "
+                                f"({tokens.size} tokens)")
+    try:
+        sent, got = ScoreItem.from_wire(item, f"{where} ({iid})"), ScoreOutput.from_wire(out, where)
+    except PayloadError as exc:
+        raise EvidenceError(str(exc)) from None
+    if got.logprobs.shape != sent.response_tokens.shape:
         raise EvidenceError(f"{where} ({iid}): logprobs are not a float32 vector as long as the response")
-    if not isinstance(vocab, np.ndarray) or vocab.ndim != 2 or vocab.shape[0] != len(steps) \
-            or vocab.dtype != np.float32:
-        raise EvidenceError(f"{where} ({iid}): vocab_logprobs are not float32[{len(steps)}, V]")
-    return ScoredItem(str(item.get("prompt")), np.asarray(prompt_ids, dtype=np.int32), _copy(tokens).astype(np.int32),
-                      float(temperature),  # type: ignore[arg-type]
-                      tuple(steps), _copy(lp), int(vocab.shape[1]) if steps else None)
+    if got.vocab_logprobs.shape[0] != len(sent.vocab_steps):
+        raise EvidenceError(f"{where} ({iid}): vocab_logprobs are not float32[{len(sent.vocab_steps)}, V]")
+    return ScoredItem(str(sent.prompt), np.asarray(sent.prompt_ids, dtype=np.int32),
+                      _copy(sent.response_tokens).astype(np.int32), sent.temperature, tuple(sent.vocab_steps),
+                      _copy(got.logprobs), int(got.vocab_logprobs.shape[1]) if sent.vocab_steps else None)
 
 
 def read_score_run(path: Path, what: str) -> ScoreRun:

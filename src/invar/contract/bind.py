@@ -29,6 +29,7 @@ from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
 from invar.errors import EvidenceError
 from invar.evidence import check_patches_active
+from invar.protocol.payloads import GenerateResult
 from invar.records.store import CallRecord, RunStore
 from invar.stats.sequential import SequentialDecision
 
@@ -192,35 +193,31 @@ def parse_outputs(result: Mapping[str, Any], requests: Sequence[Mapping[str, Any
         n = len(outputs) if isinstance(outputs, list) else "no"
         raise EvidenceError(f"{name}: the report has {n} outputs for {len(requests)} requests")
     out: list[Output] = []
-    for i, (o, req) in enumerate(zip(outputs, requests, strict=True)):
+    for i, req in enumerate(requests):
         where = f"{name}: output {i}"
+        o = outputs[i]
         if not isinstance(o, dict) or o.get("request_id") != req["request_id"]:
             got = o.get("request_id") if isinstance(o, dict) else None
             raise EvidenceError(f"{where} answers request {got!r}, expected {req['request_id']!r}")
-        tokens, logprobs, finish = o.get("tokens"), o.get("logprobs"), o.get("finish_reason")
-        if not isinstance(tokens, np.ndarray) or tokens.dtype != np.int32 or tokens.ndim != 1:
-            raise EvidenceError(f"{where} ({req['request_id']}): tokens are not an int32 vector")
-        if not isinstance(logprobs, np.ndarray) or logprobs.dtype != np.float32 or logprobs.shape != tokens.shape:
-            raise EvidenceError(f"{where} ({req['request_id']}): logprobs are not a float32 vector as long as tokens")
-        ran = o.get("prompt_tokens")
-        if not isinstance(ran, np.ndarray) or not np.array_equal(ran, req["prompt_ids"]):
+    received = GenerateResult.received(result, name)
+    for i, (o, req) in enumerate(zip(received.outputs, requests, strict=True)):
+        where = f"{name}: output {i}"
+        tokens = o.tokens
+        if not np.array_equal(o.prompt_tokens, req["prompt_ids"]):
             raise EvidenceError(f"{where} ({req['request_id']}): the engine ran other prompt tokens than the call "
                                 "asked for")
         t = len(tokens)
         stops = np.isin(tokens, np.fromiter(eos, dtype=np.int64))
-        if finish == "stop":
+        if o.finish_reason == "stop":
             if t == 0 or not stops[-1] or stops[:-1].any():
                 raise EvidenceError(f"{where} ({req['request_id']}): finish_reason stop, but the tokens do not end "
                                     "at the first end-of-sequence token")
-        elif finish == "length":
-            if t != req["max_tokens"] or stops.any():
-                raise EvidenceError(f"{where} ({req['request_id']}): finish_reason length with {t} tokens "
-                                    f"(max_tokens {req['max_tokens']}) or an end-of-sequence token inside")
-        else:
-            raise EvidenceError(f"{where} ({req['request_id']}): finish_reason {finish!r} is neither stop nor length")
+        elif t != req["max_tokens"] or stops.any():
+            raise EvidenceError(f"{where} ({req['request_id']}): finish_reason length with {t} tokens "
+                                f"(max_tokens {req['max_tokens']}) or an end-of-sequence token inside")
         if t > req["max_tokens"]:
             raise EvidenceError(f"{where} ({req['request_id']}): {t} tokens exceed max_tokens {req['max_tokens']}")
-        out.append(Output(req["request_id"], tokens, logprobs, finish))
+        out.append(Output(req["request_id"], tokens, o.logprobs, o.finish_reason))
     return tuple(out)
 
 

@@ -41,6 +41,7 @@ from invar import canonical
 from invar.compare.steps import resolve_steps
 from invar.contract.model import Contract, Layout, Measurements
 from invar.errors import ContractError
+from invar.protocol.payloads import GenerateParams, GenerateRequest, ScoreItem, ScoreParams
 from invar.tasks.population import Unit as PopulationUnit
 
 PLAN_VERSION_1 = "invar.plan/1"
@@ -139,14 +140,14 @@ class Requests:
     top_p: float
     max_tokens: int
 
-    def requests(self, package: Role, indices: Sequence[int]) -> list[dict[str, Any]]:
+    def requests(self, package: Role, indices: Sequence[int]) -> list[GenerateRequest]:
         """The requests of units `indices` (in that order) as `package` is sent them."""
         out = []
         for i in indices:
             unit = self.units[i]
             text, ids = unit.request(package)
-            out.append({"request_id": unit.unit_id, "prompt": text, "prompt_ids": ids, "seed": self.seeds[i],
-                        "temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens})
+            out.append(GenerateRequest(unit.unit_id, ids, self.seeds[i], self.temperature, self.max_tokens,
+                                       self.top_p, prompt=text))
         return out
 
 
@@ -185,8 +186,7 @@ class PlannedCall:
     def params(self) -> dict[str, Any]:
         """The exact `generate` params (docs/protocol.md): requests, layout, adapter, reference_adapter; derived
         anew on each use (the units are encoded again)."""
-        return {"requests": self.source.requests(self.package, self.units), "layout": self.batches, "adapter": None,
-                "reference_adapter": None}
+        return GenerateParams(self.source.requests(self.package, self.units), self.batches).to_wire()
 
     @property
     def first_request_id(self) -> str:
@@ -284,13 +284,10 @@ def measurement_params(plan: ExecutionPlan, call: MeasurementCall, responses: Ca
     for index in call.units:
         tokens = responses(index)
         unit = plan.units[index]
-        items.append({
-            "item_id": unit.unit_id, "prompt": unit.text(call.package), "prompt_ids": unit.ids(call.package),
-            "response_tokens": tokens,
-            "temperature": plan.score_temperature,
-            "vocab_steps": list(resolve_steps(plan.measure.capture_steps, int(tokens.size), strict=False)),
-        })
-    return {"items": items, "adapter": None}
+        items.append(ScoreItem(unit.unit_id, unit.ids(call.package), tokens, plan.score_temperature,
+                               list(resolve_steps(plan.measure.capture_steps, int(tokens.size), strict=False)),
+                               prompt=unit.text(call.package)))
+    return ScoreParams(items).to_wire()
 
 
 def _measurement_calls(contract: Contract, n: int) -> tuple[MeasurementCall, ...]:

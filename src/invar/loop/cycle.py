@@ -29,6 +29,7 @@ import numpy as np
 
 from invar.errors import EvidenceError
 from invar.loop.objective import LossTerms, ObjectiveSettings, handle_importance
+from invar.protocol.payloads import GenerateParams, GenerateRequest, GenerateResult
 from invar.tasks import ModelTokenizer
 from invar.tasks.population import Unit
 from invar.tasks.scorers import ScoredUnit, Scorer
@@ -78,16 +79,15 @@ def request_id(cycle: int, unit: _Identified, sample: int) -> str:
 
 
 def rollout_requests(prompts: Sequence[Unit], group_size: int, seed: int, cycle: int, temperature: float,
-                     max_tokens: int, tokenizer: ModelTokenizer) -> list[dict[str, Any]]:
+                     max_tokens: int, tokenizer: ModelTokenizer) -> list[GenerateRequest]:
     """The cycle's generate requests: G per unit, contiguous, each with its derived seed and the token ids the
     core's tokenizer gives the unit (a plain prompt, or chat messages through the model's template; the text
     beside them is a label)."""
     out = []
     for p in prompts:
         text, ids = tokenizer.unit_prompt(p)
-        out += [{"request_id": request_id(cycle, p, j), "prompt": text, "prompt_ids": ids,
-                 "seed": derive_seed(seed, "sample", cycle, p.id, j), "temperature": temperature, "top_p": 1.0,
-                 "max_tokens": max_tokens} for j in range(group_size)]
+        out += [GenerateRequest(request_id(cycle, p, j), ids, derive_seed(seed, "sample", cycle, p.id, j), temperature,
+                                max_tokens, top_p=1.0, prompt=text) for j in range(group_size)]
     return out
 
 
@@ -102,12 +102,13 @@ def check_prompt_ids(requests: Sequence[Mapping[str, Any]], tokenizer: ModelToke
                                 "ids of its prompt")
 
 
-def check_requests(recorded: Sequence[Any], expected: Sequence[Mapping[str, Any]], where: str) -> None:
+def check_requests(recorded: Sequence[Any], expected: Sequence[GenerateRequest], where: str) -> None:
     """The recorded requests are exactly the ones the core derives from the run's population and configuration
     (same order, ids, prompt ids, seeds and sampling); `EvidenceError` naming the first that differs."""
     if len(recorded) != len(expected):
         raise EvidenceError(f"{where} holds {len(recorded)} requests; the configuration asks for {len(expected)}")
-    for got, want in zip(recorded, expected, strict=True):
+    for got, wanted in zip(recorded, expected, strict=True):
+        want = wanted.to_wire()
         if not isinstance(got, Mapping):
             raise EvidenceError(f"{where}: a request is not a map")
         for key, value in want.items():
@@ -129,13 +130,13 @@ def shards(requests: int, group_size: int, workers: int) -> list[range]:
     return out
 
 
-def generate_params(requests: list[dict[str, Any]], batch_size: int | None, policy: str | None,
+def generate_params(requests: Sequence[GenerateRequest], batch_size: int | None, policy: str | None,
                     reference: str | None) -> dict[str, Any]:
     """The cycle's one generate call: batches of `batch_size` in order, from `policy`, scored under `reference`."""
     n = len(requests)
     size = n if batch_size is None else batch_size
-    return {"requests": requests, "layout": [list(range(i, min(i + size, n))) for i in range(0, n, size)],
-            "adapter": policy, "reference_adapter": reference}
+    return GenerateParams(requests, [list(range(i, min(i + size, n))) for i in range(0, n, size)], policy,
+                          reference).to_wire()
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ def _logprobs(value: Any, length: int, where: str) -> np.ndarray:
     return value
 
 
-def read_rollout(result: Mapping[str, Any], requests: Sequence[Mapping[str, Any]], *, cycle: int, model_digest: str,
+def read_rollout(result: Mapping[str, Any], requests: Sequence[GenerateRequest], *, cycle: int, model_digest: str,
                  policy_digest: str | None, reference: bool, vocab_size: int) -> list[Sample]:
     """The samples of a generate report, after checking it is the rollout the core asked for.
 
@@ -183,23 +184,24 @@ def read_rollout(result: Mapping[str, Any], requests: Sequence[Mapping[str, Any]
     if not isinstance(outputs, list) or len(outputs) != len(requests):
         raise EvidenceError(f"{where} returned {len(outputs) if isinstance(outputs, list) else 'no'} outputs for "
                             f"{len(requests)} requests")
-    samples = []
     for req, out in zip(requests, outputs, strict=True):
-        at = f"{where} output {req['request_id']}"
-        if not isinstance(out, dict) or out.get("request_id") != req["request_id"]:
-            raise EvidenceError(f"{at}: labelled {out.get('request_id') if isinstance(out, dict) else out!r}; "
-                                "outputs must come back in request order")
-        tokens = out.get("tokens")
-        if (not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype != np.int32 or tokens.size == 0
-                or int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        if not isinstance(out, dict) or out.get("request_id") != req.request_id:
+            raise EvidenceError(f"{where} output {req.request_id}: labelled "
+                                f"{out.get('request_id') if isinstance(out, dict) else out!r}; outputs must come back "
+                                "in request order")
+    received = GenerateResult.received(result, where)
+    samples = []
+    for req, out in zip(requests, received.outputs, strict=True):
+        at = f"{where} output {req.request_id}"
+        tokens = out.tokens
+        if tokens.size == 0 or int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size:
             raise EvidenceError(f"{at}: tokens must be a non-empty int32 array of ids below {vocab_size}")
-        ran = out.get("prompt_tokens")
-        if not isinstance(ran, np.ndarray) or not np.array_equal(ran, req["prompt_ids"]):
+        if not np.array_equal(out.prompt_tokens, req.prompt_ids):
             raise EvidenceError(f"{at}: the engine ran other prompt tokens than the request asked for")
-        behavior = _logprobs(out.get("logprobs"), tokens.size, f"{at}.logprobs")
-        ref = _logprobs(out.get("reference_logprobs"), tokens.size, f"{at}.reference_logprobs") if reference \
+        behavior = _logprobs(out.logprobs, tokens.size, f"{at}.logprobs")
+        ref = _logprobs(out.reference_logprobs, tokens.size, f"{at}.reference_logprobs") if reference \
             else None
-        samples.append(Sample(str(req["prompt"]), req["prompt_ids"], tokens, behavior, ref))
+        samples.append(Sample(str(req.prompt), list(req.prompt_ids), tokens, behavior, ref))
     return samples
 
 

@@ -24,6 +24,7 @@ from invar.loop.advantages import group_advantages
 from invar.loop.config import Scorer as ScorerSection
 from invar.loop.config import TrainConfig
 from invar.loop.objective import ObjectiveSettings, loss_terms
+from invar.protocol.payloads import GenerateParams, GenerateRequest, PayloadError
 from invar.records import RunStore
 from invar.records.store import CallRecord
 from invar.stats.intervals import clopper_pearson
@@ -242,7 +243,8 @@ def read_history(run: Path, *, expect_head: str | None = None) -> History:
         samples = []
         for gen, requests in zip(gens, shards, strict=True):
             assert gen.report is not None
-            samples += cyc.read_rollout(gen.report.report.result or {}, requests, cycle=n, model_digest=model_digest,
+            samples += cyc.read_rollout(gen.report.report.result or {}, _requests(requests, n), cycle=n,
+                                        model_digest=model_digest,
                                         policy_digest=sampled, reference=with_reference, vocab_size=vocab.size)
         try:
             rewards = cyc.rewards(samples, units, task.scorer, vocab)
@@ -283,3 +285,11 @@ def read_history(run: Path, *, expect_head: str | None = None) -> History:
         previous = report.adapter_digest
         published.append(previous)
     return History(run, config, v.closed, v.head, rows)
+
+
+def _requests(recorded: list[Any], n: int) -> list[GenerateRequest]:
+    """A recorded generate call's requests, read as the worker read them (`EvidenceError` naming the field)."""
+    try:
+        return list(GenerateParams.from_wire({"requests": recorded}).requests)
+    except PayloadError as exc:
+        raise EvidenceError(f"cycle {n}: {exc}") from None

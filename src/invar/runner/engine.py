@@ -33,6 +33,15 @@ from invar.engines import LaunchSetting as LaunchSetting
 from invar.engines import Transport, missing_settings, start_worker
 from invar.errors import EvidenceError, InvarError, ProtocolError
 from invar.protocol import Answer, Identity, Role, WorkerClient, WorkerLost
+from invar.protocol.payloads import (
+    AdapterRef,
+    GenerateParams,
+    GenerateResult,
+    LoadAdapterParams,
+    LoadAdapterResult,
+    LoadModelParams,
+    LoadModelResult,
+)
 from invar.records import RunStore
 
 
@@ -249,29 +258,24 @@ def engine_session(
             check_identity(client.identity, expect[0], expect[1], expect[2])
         ready()
         phase("loading the model")
-        adapter_param = None
+        adapter_ref = None
         if adapter_in_load and spec.adapter is not None:
-            adapter_param = {"path": str(spec.adapter.resolve()), "digest": adapter_digest,
-                             **({"resume": True} if resume_training else {})}
-        loaded = client.call("load_model", {
-            "model_dir": str(spec.model.resolve()), "model_digest": model_digest, "dtype": spec.dtype.value,
-            "quantization": spec.quantization.value, "adapter": adapter_param,
-        })
-        if loaded.get("model_digest") != model_digest:
-            raise EvidenceError(f"the {spec.engine.value} worker reports model digest "
-                                f"{str(loaded.get('model_digest'))[:16]}…, not {model_digest[:16]}…: it loaded "
-                                "other files than the core named")
+            adapter_ref = AdapterRef(str(spec.adapter.resolve()), adapter_digest, True if resume_training else None)
+        loaded = LoadModelResult.received(client.call("load_model", LoadModelParams(
+            str(spec.model.resolve()), model_digest, spec.dtype.value, spec.quantization.value, adapter_ref,
+        ).to_wire()))
+        if loaded.model_digest != model_digest:
+            raise EvidenceError(f"the {spec.engine.value} worker reports model digest {loaded.model_digest[:16]}…, "
+                                f"not {model_digest[:16]}…: it loaded other files than the core named")
         name = None
         if spec.adapter is not None and not adapter_in_load:
-            got = client.call("load_adapter", {"name": ADAPTER_NAME, "path": str(spec.adapter.resolve()),
-                                               "digest": adapter_digest})
-            if got.get("adapter_digest") != adapter_digest:
+            got = LoadAdapterResult.received(client.call("load_adapter", LoadAdapterParams(
+                ADAPTER_NAME, str(spec.adapter.resolve()), adapter_digest).to_wire()))
+            if got.adapter_digest != adapter_digest:
                 raise EvidenceError(f"the {spec.engine.value} worker reports adapter digest "
-                                    f"{str(got.get('adapter_digest'))[:16]}…, not {adapter_digest}")
+                                    f"{got.adapter_digest[:16]}…, not {adapter_digest}")
             name = ADAPTER_NAME
-        max_len = loaded.get("max_model_len")
-        yield Session(client, name, model_digest, adapter_digest, int(loaded["eos_token_id"]),
-                      int(max_len) if isinstance(max_len, int) else None)
+        yield Session(client, name, model_digest, adapter_digest, loaded.eos_token_id, loaded.max_model_len)
     finally:
         client.close()
 
@@ -346,20 +350,25 @@ def probe_identity(engine: Engine, settings: Mapping[str, Any] | None = None,
         client.close()
 
 
-def check_output(output: dict[str, Any], request: Mapping[str, Any], model_digest: str, report: dict[str, Any]) -> None:
-    """A generate output must answer the request it is listed for, with the prompt ids it asked for, from the model
-    the core named."""
-    request_id = request["request_id"]
-    ran = output.get("prompt_tokens")
-    if not isinstance(ran, np.ndarray) or not np.array_equal(ran, request["prompt_ids"]):
-        raise EvidenceError(f"generate output for request {request_id!r}: the engine ran other prompt tokens than "
-                            "the call asked for")
-    if report.get("model_digest") != model_digest:
-        raise EvidenceError(f"generate reports model digest {str(report.get('model_digest'))[:16]}…, not "
+def read_generate(result: Mapping[str, Any], params: GenerateParams, model_digest: str) -> GenerateResult:
+    """A generate result, read once: one output per request, each answering the request it is listed for with the
+    prompt ids it asked for, from the model the core named."""
+    requests = params.requests
+    outputs = result.get("outputs")
+    if not isinstance(outputs, list) or len(outputs) != len(requests):
+        raise EvidenceError(f"generate returned {len(outputs) if isinstance(outputs, list) else 'no'} outputs for "
+                            f"{len(requests)} requests")
+    if result.get("model_digest") != model_digest:
+        raise EvidenceError(f"generate reports model digest {str(result.get('model_digest'))[:16]}…, not "
                             f"{model_digest[:16]}…")
-    if output.get("request_id") != request_id:
-        raise EvidenceError(f"generate output for request {request_id!r} is labelled "
-                            f"{output.get('request_id')!r}: outputs must come back in request order")
-    tokens, logprobs = output.get("tokens"), output.get("logprobs")
-    if not isinstance(tokens, np.ndarray) or not isinstance(logprobs, np.ndarray) or tokens.shape != logprobs.shape:
-        raise EvidenceError(f"generate output for request {request_id!r} lacks tokens and logprobs of one length")
+    for request, output in zip(requests, outputs, strict=True):
+        label = output.get("request_id") if isinstance(output, dict) else None
+        if label != request.request_id:
+            raise EvidenceError(f"generate output for request {request.request_id!r} is labelled {label!r}: outputs "
+                                "must come back in request order")
+    received = GenerateResult.received(result)
+    for request, output in zip(requests, received.outputs, strict=True):
+        if not np.array_equal(output.prompt_tokens, request.prompt_ids):
+            raise EvidenceError(f"generate output for request {request.request_id!r}: the engine ran other prompt "
+                                "tokens than the call asked for")
+    return received

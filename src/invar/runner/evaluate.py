@@ -35,8 +35,9 @@ import numpy as np
 
 from invar.errors import ContractError, EvidenceError
 from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
+from invar.protocol.payloads import GenerateParams, GenerateRequest
 from invar.records import RunStore
-from invar.runner.engine import EngineSpec, Session, check_output, engine_session
+from invar.runner.engine import EngineSpec, Session, engine_session, read_generate
 from invar.runner.options import check_context, model_context
 from invar.stats.bounds import betting
 from invar.stats.intervals import clopper_pearson
@@ -147,19 +148,15 @@ def _run_batch(session: Session, vocab: ModelTokenizer, batch: Sequence[Unit], p
                s: EvaluationSettings, scorer: Scorer) -> list[float]:
     """One generate call for `batch` (one batch, in order); returns each unit's task loss, scored by the core (0 or
     1 for a binary scorer, within the declared range for any other)."""
-    requests = [{"request_id": p.id, "prompt": text, "prompt_ids": ids, "seed": request_seed(s.seed, p.id),
-                 "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens}
-                for p, (text, ids) in zip(batch, prompts, strict=True)]
-    report = session.client.call("generate", {"requests": requests, "layout": [list(range(len(requests)))],
-                                              "adapter": session.adapter, "reference_adapter": None})
-    outputs = report.get("outputs")
-    if not isinstance(outputs, list) or len(outputs) != len(batch):
-        raise EvidenceError(f"generate returned {len(outputs) if isinstance(outputs, list) else 'no'} outputs for "
-                            f"{len(batch)} requests")
+    params = GenerateParams([GenerateRequest(p.id, ids, request_seed(s.seed, p.id), s.temperature, s.max_tokens,
+                                             s.top_p, prompt=text)
+                             for p, (text, ids) in zip(batch, prompts, strict=True)],
+                            [list(range(len(batch)))], session.adapter, None)
+    report = session.client.call("generate", params.to_wire())
+    received = read_generate(report, params, session.model_digest)
     losses: list[float] = []
-    for p, req, out in zip(batch, requests, outputs, strict=True):
-        check_output(out, req, session.model_digest, report)
-        loss = scorer.loss(p, vocab.decode(out["tokens"]))
+    for p, out in zip(batch, received.outputs, strict=True):
+        loss = scorer.loss(p, vocab.decode(out.tokens))
         if scorer.binary:
             if loss not in (0, 1):
                 raise EvidenceError(f"unit {p.id}: the scorer gave loss {loss!r}, not 0 or 1")

@@ -31,6 +31,7 @@ from invar.compare.steps import Step, resolve_steps
 from invar.errors import EvidenceError, InvarError
 from invar.evidence import check_patches_active
 from invar.owner_files import read_regular_file
+from invar.protocol import payloads
 from invar.records import RunStore
 from invar.runner.engine import EngineSpec, engine_session
 from invar.runner.options import check_context, model_context
@@ -59,11 +60,11 @@ class ScoreItem:
             return self
         return dataclasses.replace(self, prompt_ids=tuple(tokenizer.prompt_ids(prompt=self.prompt)))
 
-    def params(self) -> dict[str, Any]:
+    def params(self) -> payloads.ScoreItem:
         """The item as the `score` method takes it (its prompt ids settled by `with_ids`)."""
         assert self.prompt_ids is not None, "settle the prompt ids with with_ids first"
-        return {"item_id": self.item_id, "prompt": self.prompt, "prompt_ids": list(self.prompt_ids),
-                "response_tokens": self.tokens, "temperature": self.temperature, "vocab_steps": list(self.steps)}
+        return payloads.ScoreItem(self.item_id, self.prompt_ids, self.tokens, self.temperature, self.steps,
+                                  prompt=self.prompt)
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,8 @@ def score_batches(spec: EngineSpec, batches: Iterator[list[ScoreItem]], store: R
         for batch in batches:
             batch = [it.with_ids(vocab) for it in batch]
             check_items(batch, vocab, context)
-            answer = session.client.ask("score", {"items": [it.params() for it in batch], "adapter": session.adapter})
+            answer = session.client.ask("score", payloads.ScoreParams([it.params() for it in batch],
+                                                                      session.adapter).to_wire())
             result = answer.result
             where = f"score call {answer.call.call_id}"
             if result.get("model_digest") != session.model_digest:

@@ -47,6 +47,7 @@ from invar.loop.config import Scorer as ScorerSection
 from invar.loop.objective import OBJECTIVE_VERSION, ObjectiveSettings, loss_terms
 from invar.owner_files import SHA256_FILE_BYTES
 from invar.protocol import Answer, PendingCall, Role, WorkerLost
+from invar.protocol.payloads import GenerateRequest, LoadAdapterParams, LoadAdapterResult
 from invar.protocol.shared import SharedProcess
 from invar.records import RunStore
 from invar.records.store import is_run
@@ -533,7 +534,7 @@ class _Pending:
     policy: Published | None
     units: list[Unit]
     """The unit each request answers, in request order (G per unit)."""
-    shards: list[list[dict[str, Any]]]
+    shards: list[list[GenerateRequest]]
     params: list[dict[str, Any]]
     workers: list[int]
     """The inference worker (its lease's index) each shard's call goes to."""
@@ -577,11 +578,11 @@ class _Rollouts:
         assert lease.session is not None
         client = lease.session.client
         if policy is not None and self.loaded[i] != policy.digest:
-            got = client.call("load_adapter", {"name": ADAPTER_NAME, "path": str(policy.path.resolve()),
-                                               "digest": policy.digest})
-            if got.get("adapter_digest") != policy.digest:
-                raise EvidenceError(f"cycle {m}: the engine loaded {str(got.get('adapter_digest'))[:16]}…, not "
-                                    f"the published checkpoint {policy.digest[:16]}…")
+            got = LoadAdapterResult.received(client.call("load_adapter", LoadAdapterParams(
+                ADAPTER_NAME, str(policy.path.resolve()), policy.digest).to_wire()))
+            if got.adapter_digest != policy.digest:
+                raise EvidenceError(f"cycle {m}: the engine loaded {got.adapter_digest[:16]}…, not the published "
+                                    f"checkpoint {policy.digest[:16]}…")
             self.loaded[i] = policy.digest
         call = pending.calls[j] = client.submit("generate", pending.params[j])
         pending.seqs[j] = self.store.call_seq(call.call_digest)

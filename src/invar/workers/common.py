@@ -1,7 +1,8 @@
-"""What every engine worker checks the same way: request schemas, batch layouts, model and adapter digests.
+"""What every engine worker checks the same way: the learner's request schema, model and adapter digests, patches.
 
 The engines differ in how they run a model; they must not differ in what a request means. Every worker parses its
-params through these functions, so a malformed request gets the same message from each engine.
+params through the structs of `invar.protocol.payloads` (and the learner's through `parse_learner_step` here), so a
+malformed request gets the same message from each engine, and builds its results with them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 from invar import canonical
 from invar.loop.checkpoint import ADAPTER_CONFIG, BASE_DIGEST_KEY, PEFT_WEIGHTS
 from invar.protocol import MethodError
+from invar.protocol.payloads import prompt_ids as parse_prompt_ids
 
 
 def versions(*packages: str) -> dict[str, str]:
@@ -34,17 +36,6 @@ def versions(*packages: str) -> dict[str, str]:
     return out
 
 
-def _get(params: dict[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if name not in params:
-        raise MethodError(f"{where}: missing field {name!r}")
-    value = params[name]
-    if isinstance(value, bool) and kind is not bool:
-        raise MethodError(f"{where}.{name}: expected {getattr(kind, '__name__', kind)}, got bool")
-    if not isinstance(value, kind):
-        raise MethodError(f"{where}.{name}: expected {getattr(kind, '__name__', kind)}, got {type(value).__name__}")
-    return value
-
-
 def verify_dir(path: str, digest: str | None, what: str) -> str:
     """Check that `path` is a folder whose tree digest is `digest` (if given); returns the digest."""
     if not os.path.isdir(path):
@@ -54,177 +45,6 @@ def verify_dir(path: str, digest: str | None, what: str) -> str:
         raise MethodError(f"{what} folder {path!r} has digest {actual[:16]}…, expected {digest[:16]}…: "
                           "the files differ from the ones the call names")
     return actual
-
-
-@dataclass(frozen=True)
-class LoadModel:
-    model_dir: str
-    model_digest: str | None
-    dtype: str
-    quantization: str
-    adapter_path: str | None
-    adapter_digest: str | None
-    adapter_resume: bool = False
-    """A learner continues training the adapter: it restores the optimizer state saved with it (a training
-    checkpoint: `invar.loop.checkpoint`)."""
-
-
-def parse_load_model(params: dict[str, Any], dtypes: tuple[str, ...], quantizations: tuple[str, ...]) -> LoadModel:
-    where = "load_model"
-    model_dir = _get(params, "model_dir", str, where)
-    digest = params.get("model_digest")
-    if digest is not None and not isinstance(digest, str):
-        raise MethodError(f"{where}.model_digest: expected a hex string or null")
-    dtype = params.get("dtype", "float32")
-    if dtype not in dtypes:
-        raise MethodError(f"{where}.dtype: {dtype!r} is not supported by this engine; use one of {list(dtypes)}")
-    quant = params.get("quantization", "none")
-    if quant not in quantizations:
-        raise MethodError(f"{where}.quantization: {quant!r} is not supported by this engine; "
-                          f"use one of {list(quantizations)}")
-    adapter = params.get("adapter")
-    a_path = a_digest = None
-    resume = False
-    if adapter is not None:
-        if not isinstance(adapter, dict):
-            raise MethodError(f"{where}.adapter: expected {{path, digest[, resume]}} or null")
-        unknown = sorted(set(adapter) - {"path", "digest", "resume"})
-        if unknown:
-            raise MethodError(f"{where}.adapter: unknown field {unknown[0]!r}; an adapter is {{path, digest, "
-                              "resume}")
-        a_path = _get(adapter, "path", str, f"{where}.adapter")
-        a_digest = adapter.get("digest")
-        resume = adapter.get("resume", False)
-        if not isinstance(resume, bool):
-            raise MethodError(f"{where}.adapter.resume: expected true or false")
-    return LoadModel(model_dir, digest, dtype, quant, a_path, a_digest, resume)
-
-
-_ADAPTER_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-
-
-def parse_load_adapter(params: dict[str, Any]) -> tuple[str, str, str | None]:
-    """The name, folder and expected digest of a `load_adapter` call."""
-    name, path, digest = params.get("name"), params.get("path"), params.get("digest")
-    if not isinstance(name, str) or _ADAPTER_NAME.fullmatch(name) is None or name == "base":
-        raise MethodError("load_adapter.name: expected 1-64 characters of [A-Za-z0-9_.-], not 'base' "
-                          "(which names the model without an adapter)")
-    if not isinstance(path, str):
-        raise MethodError("load_adapter.path: expected the adapter folder as a string")
-    if digest is not None and not isinstance(digest, str):
-        raise MethodError("load_adapter.digest: expected a hex string or null")
-    return name, path, digest
-
-
-def parse_prompt_ids(container: dict[str, Any], where: str) -> list[int]:
-    """The prompt as the core tokenized it: `prompt_ids`, a non-empty list of token ids.
-
-    Workers never tokenize prompt text: the core renders and tokenizes every prompt with the model's own tokenizer,
-    so every engine runs exactly the same ids and the records say which ids were asked. A `prompt` text beside the
-    ids is the core's label for people and is not read here.
-    """
-    ids = _get(container, "prompt_ids", list, where)
-    if not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        raise MethodError(f"{where}.prompt_ids: expected a non-empty list of token ids (integers)")
-    return ids
-
-
-@dataclass(frozen=True)
-class Request:
-    request_id: str
-    prompt_ids: list[int]
-    seed: int
-    temperature: float
-    top_p: float
-    max_tokens: int
-    top_logprobs: int = 0
-    """Top-k log-probabilities asked at each sampled position (0: none, and the field absent from the request)."""
-
-
-def parse_generate(params: dict[str, Any], *, top_logprobs: bool = False) -> tuple[list[Request], list[list[int]]]:
-    """The requests and the batch layout of a `generate` call (docs/protocol.md). A request's `top_logprobs` is
-    refused unless the engine reports them (`top_logprobs`): an engine never drops a field it was asked for."""
-    raw = _get(params, "requests", list, "generate")
-    if not raw:
-        raise MethodError("generate.requests: empty; send at least one request")
-    requests = []
-    seen: set[str] = set()
-    for i, r in enumerate(raw):
-        where = f"generate.requests[{i}]"
-        if not isinstance(r, dict):
-            raise MethodError(f"{where}: expected a map")
-        req = Request(
-            request_id=_get(r, "request_id", str, where),
-            prompt_ids=parse_prompt_ids(r, where),
-            seed=_get(r, "seed", int, where),
-            temperature=float(_get(r, "temperature", (int, float), where)),
-            top_p=float(r.get("top_p", 1.0)),
-            max_tokens=_get(r, "max_tokens", int, where),
-            top_logprobs=_get(r, "top_logprobs", int, where) if "top_logprobs" in r else 0,
-        )
-        if "top_logprobs" in r and not top_logprobs:
-            raise MethodError(f"{where}.top_logprobs: this engine does not report top-k log-probabilities; drop the "
-                              "field (the openai engine reports them)")
-        if "top_logprobs" in r and req.top_logprobs < 1:
-            raise MethodError(f"{where}.top_logprobs: must be ≥ 1 (leave the field out for none)")
-        if req.request_id in seen:
-            raise MethodError(f"{where}.request_id: {req.request_id!r} is used twice")
-        seen.add(req.request_id)
-        if not 0 <= req.seed < 2**63:
-            raise MethodError(f"{where}.seed: must be in [0, 2**63)")
-        if req.temperature < 0:
-            raise MethodError(f"{where}.temperature: must be ≥ 0 (0 is greedy)")
-        if not 0 < req.top_p <= 1:
-            raise MethodError(f"{where}.top_p: must be in (0, 1]")
-        if req.max_tokens < 1:
-            raise MethodError(f"{where}.max_tokens: must be ≥ 1")
-        requests.append(req)
-    layout = params.get("layout")
-    if layout is None:
-        return requests, [list(range(len(requests)))]
-    return requests, parse_layout(layout, len(requests))
-
-
-def parse_layout(layout: Any, n: int) -> list[list[int]]:
-    """A batch layout: a list of batches of request indices, every request exactly once."""
-    if not isinstance(layout, list) or not all(isinstance(b, list) and b for b in layout):
-        raise MethodError("generate.layout: expected a list of non-empty lists of request indices")
-    flat = [i for b in layout for i in b]
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in flat) or sorted(flat) != list(range(n)):
-        raise MethodError(f"generate.layout: must name every request index 0..{n - 1} exactly once")
-    return [list(b) for b in layout]
-
-
-@dataclass(frozen=True)
-class ScoreItem:
-    item_id: str
-    prompt_ids: list[int]
-    response_tokens: np.ndarray
-    temperature: float
-    vocab_steps: list[int]
-
-
-def parse_score(params: dict[str, Any]) -> list[ScoreItem]:
-    raw = _get(params, "items", list, "score")
-    if not raw:
-        raise MethodError("score.items: empty; send at least one item")
-    items = []
-    for i, it in enumerate(raw):
-        where = f"score.items[{i}]"
-        if not isinstance(it, dict):
-            raise MethodError(f"{where}: expected a map")
-        tokens = _get(it, "response_tokens", np.ndarray, where)
-        if tokens.ndim != 1 or tokens.dtype.kind not in "iu" or tokens.size == 0:
-            raise MethodError(f"{where}.response_tokens: expected a non-empty 1-D integer array")
-        temperature = float(_get(it, "temperature", (int, float), where))
-        if temperature <= 0:
-            raise MethodError(f"{where}.temperature: must be > 0 to score")
-        steps = it.get("vocab_steps", [])
-        if not isinstance(steps, list) or not all(isinstance(s, int) and 0 <= s < tokens.size for s in steps):
-            raise MethodError(f"{where}.vocab_steps: must be indices into response_tokens (0..{tokens.size - 1})")
-        items.append(ScoreItem(_get(it, "item_id", str, where), parse_prompt_ids(it, where),
-                               tokens.astype(np.int64), temperature, steps))
-    return items
 
 
 def check_tokens(tokens: np.ndarray, vocab_size: int, where: str) -> None:
@@ -582,11 +402,11 @@ def load_patches(specs: list[str], poison: list[str]) -> Patches:
     taken: dict[str, str] = {}
     for name in digests:
         code = patch_dir(name) / "patch.py"
-        spec = importlib.util.spec_from_file_location(f"invar_patch_{name.replace('-', '_')}", code)
-        if not code.is_file() or spec is None or spec.loader is None:
+        found = importlib.util.spec_from_file_location(f"invar_patch_{name.replace('-', '_')}", code)
+        if not code.is_file() or found is None or found.loader is None:
             raise PatchRefused(f"--patch {name}: {code} is missing; a patch folder holds its code in patch.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = importlib.util.module_from_spec(found)
+        found.loader.exec_module(module)
         for op in sorted(module.REPLACES):
             if op in taken:
                 raise PatchRefused(f"--patch {name}: it replaces {op}, as --patch {taken[op]} does; apply one of "

@@ -91,6 +91,18 @@ from transformers.utils import logging as hf_logging
 from invar import __version__, canonical
 from invar.loop.checkpoint import MANIFEST, MOMENTS, OPTIMIZER_WEIGHTS, save_atomically
 from invar.protocol import MethodError, Role, Server, exit_worker
+from invar.protocol.payloads import (
+    GenerateOutput,
+    GenerateParams,
+    GenerateResult,
+    LoadAdapterParams,
+    LoadAdapterResult,
+    LoadModelParams,
+    LoadModelResult,
+    ScoreOutput,
+    ScoreParams,
+    ScoreResult,
+)
 from invar.protocol.server import add_channel_argument, serve_roles
 from invar.workers.common import (
     ADAPTER_WEIGHTS,
@@ -103,12 +115,8 @@ from invar.workers.common import (
     check_tokens,
     check_trained_on,
     load_patches,
-    parse_generate,
     parse_learner_step,
-    parse_load_adapter,
-    parse_load_model,
     parse_schedule,
-    parse_score,
     read_lora_config,
     response_end_ids,
     verify_dir,
@@ -297,7 +305,7 @@ class Engine:
         return self.m
 
     def load_model(self, params: dict[str, Any]) -> dict[str, Any]:
-        req = parse_load_model(params, ("float32", "bfloat16"), ("none", "nf4"))
+        req = LoadModelParams.from_wire(params).require(("float32", "bfloat16"), ("none", "nf4"))
         digest = verify_dir(req.model_dir, req.model_digest, "model")
         dtype = getattr(torch, req.dtype)
         try:
@@ -333,16 +341,16 @@ class Engine:
             pad_id=cfg.pad_token_id if cfg.pad_token_id is not None else min(eos_ids),
             vocab_size=int(cfg.vocab_size), max_len=int(cfg.max_position_embeddings))
         adapter = None
-        if req.adapter_path is not None:
-            a_digest = verify_dir(req.adapter_path, req.adapter_digest, "adapter")
-            adapter = _read_adapter(req.adapter_path, a_digest, model, digest, "load_model.adapter")
+        if req.adapter is not None:
+            a_digest = verify_dir(req.adapter.path, req.adapter.digest, "adapter")
+            adapter = _read_adapter(req.adapter.path, a_digest, model, digest, "load_model.adapter")
         if req.adapter_resume and self.role != Role.LEARNER:
             raise MethodError("load_model.adapter.resume: only a learner continues training an adapter")
         moments = None
         if req.adapter_resume:
-            assert req.adapter_path is not None
+            assert req.adapter is not None
             assert adapter is not None
-            moments = _read_moments(Path(req.adapter_path), adapter)
+            moments = _read_moments(Path(req.adapter.path), adapter)
         # Everything is checked: now replace what was loaded.
         self.m, self.trainer = loaded, None
         if adapter is not None:
@@ -351,17 +359,16 @@ class Engine:
                 self._train(adapter)
                 if moments is not None:
                     self._restore(*moments)
-        return {"model_digest": digest, "adapter_digest": None if adapter is None else adapter.digest,
-                "vocab_size": loaded.vocab_size, "eos_token_id": min(eos_ids), "max_model_len": loaded.max_len,
-                **({"optimizer_steps": self.trainer.steps} if self.trainer is not None else {})}
+        return LoadModelResult(digest, None if adapter is None else adapter.digest, loaded.vocab_size, min(eos_ids),
+                               loaded.max_len, None if self.trainer is None else self.trainer.steps).to_wire()
 
     def load_adapter(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.loaded("load_adapter")
-        name, path, digest = parse_load_adapter(params)
-        actual = verify_dir(path, digest, "adapter")
-        adapter = _read_adapter(path, actual, m.model, m.model_digest, "load_adapter")
-        self._install(name, adapter)
-        return {"name": name, "adapter_digest": actual}
+        req = LoadAdapterParams.from_wire(params)
+        actual = verify_dir(req.path, req.digest, "adapter")
+        adapter = _read_adapter(req.path, actual, m.model, m.model_digest, "load_adapter")
+        self._install(req.name, adapter)
+        return LoadAdapterResult(req.name, actual).to_wire()
 
     def _install(self, name: str, adapter: Adapter) -> None:
         """Add `adapter` to peft under a fresh name and copy its tensors in; drop the adapter `name` replaces."""
@@ -512,17 +519,18 @@ class Engine:
 
     def generate(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.loaded("generate")
-        requests, layout = parse_generate(params)
-        key = self._key(params.get("adapter"), "generate.adapter")
-        ref = params.get("reference_adapter")
+        call = GenerateParams.from_wire(params)
+        requests = call.requests
+        key = self._key(call.adapter, "generate.adapter")
+        ref = call.reference_adapter
         ref_key = self._key(ref, "generate.reference_adapter") if ref is not None else None
         prompt_ids = []
         for i, req in enumerate(requests):
             where = f"generate.requests[{i}]"
-            prompt_ids.append(self.prompt(req.prompt_ids, where))
+            prompt_ids.append(self.prompt(list(req.prompt_ids), where))
             self.check_length(len(prompt_ids[-1]), req.max_tokens, where)
-        outputs: list[dict[str, Any]] = [{} for _ in requests]
-        for batch in layout:
+        outputs: list[GenerateOutput | None] = [None for _ in requests]
+        for batch in call.batches:
             rows = [Row(prompt_ids[i], requests[i].temperature, requests[i].top_p, requests[i].max_tokens,
                         torch.Generator(device=self.device).manual_seed(requests[i].seed)) for i in batch]
             with self.active(key):
@@ -535,36 +543,31 @@ class Engine:
                     ref_results = self.run_batch(forced)
             for j, i in enumerate(batch):
                 res = results[j]
-                outputs[i] = {
-                    "request_id": requests[i].request_id,
-                    "prompt_tokens": np.asarray(prompt_ids[i], dtype=np.int32),
-                    "tokens": np.asarray(res.tokens, dtype=np.int32),
-                    "logprobs": _f32(res.logprobs),
-                    "finish_reason": res.finish_reason,
-                }
-                if ref is not None:
-                    outputs[i]["reference_logprobs"] = _f32(ref_results[j].logprobs)
-        return {"outputs": outputs, "model_digest": m.model_digest, "adapter_digest": self._digest(key)}
+                outputs[i] = GenerateOutput(
+                    requests[i].request_id, np.asarray(prompt_ids[i], dtype=np.int32),
+                    np.asarray(res.tokens, dtype=np.int32), _f32(res.logprobs), res.finish_reason,
+                    reference_logprobs=None if ref is None else _f32(ref_results[j].logprobs))
+        return GenerateResult([o for o in outputs if o is not None], m.model_digest, self._digest(key)).to_wire()
 
     def score(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.loaded("score")
-        items = parse_score(params)
-        key = self._key(params.get("adapter"), "score.adapter")
+        call = ScoreParams.from_wire(params)
+        key = self._key(call.adapter, "score.adapter")
         rows = []
-        for i, it in enumerate(items):
+        for i, it in enumerate(call.items):
             where = f"score.items[{i}]"
-            check_tokens(it.response_tokens, m.vocab_size, f"{where}.response_tokens")
-            prompt_ids = self.prompt(it.prompt_ids, where)
-            self.check_length(len(prompt_ids), int(it.response_tokens.size), where)
-            rows.append(Row(prompt_ids, it.temperature, forced=it.response_tokens, vocab_steps=it.vocab_steps))
+            check_tokens(it.tokens, m.vocab_size, f"{where}.response_tokens")
+            prompt_ids = self.prompt(list(it.prompt_ids), where)
+            self.check_length(len(prompt_ids), int(it.tokens.size), where)
+            rows.append(Row(prompt_ids, it.temperature, forced=it.tokens, vocab_steps=list(it.vocab_steps)))
         with self.active(key):
             results = self.run_batch(rows)
         outputs = []
-        for it, res in zip(items, results, strict=True):
+        for it, res in zip(call.items, results, strict=True):
             vocab = (np.stack(res.vocab).astype(np.float32) if res.vocab
                      else np.zeros((0, m.vocab_size), dtype=np.float32))
-            outputs.append({"item_id": it.item_id, "logprobs": _f32(res.logprobs), "vocab_logprobs": vocab})
-        return {"outputs": outputs, "model_digest": m.model_digest, "adapter_digest": self._digest(key)}
+            outputs.append(ScoreOutput(it.item_id, _f32(res.logprobs), vocab))
+        return ScoreResult(outputs, m.model_digest, self._digest(key)).to_wire()
 
     def _digest(self, key: str | None) -> str | None:
         m = self.loaded("call")

@@ -80,18 +80,26 @@ from invar.loop.checkpoint import (
     save_atomically,
 )
 from invar.protocol import MethodError, Role, Server, exit_worker
+from invar.protocol.payloads import (
+    GenerateOutput,
+    GenerateParams,
+    GenerateRequest,
+    GenerateResult,
+    LoadAdapterParams,
+    LoadAdapterResult,
+    LoadModelParams,
+    LoadModelResult,
+    ScoreOutput,
+    ScoreParams,
+    ScoreResult,
+)
 from invar.protocol.server import add_channel_argument, serve_roles
 from invar.workers.common import (
     LoraSettings,
-    Request,
     check_prompt_ids,
     check_tokens,
-    parse_generate,
     parse_learner_step,
-    parse_load_adapter,
-    parse_load_model,
     parse_schedule,
-    parse_score,
     response_end_ids,
     verify_dir,
     versions,
@@ -187,7 +195,7 @@ class Engine:
     # -- loading --------------------------------------------------------------------------------------------
 
     def load_model(self, params: dict[str, Any]) -> dict[str, Any]:
-        req = parse_load_model(params, tuple(DTYPES), ("none",))
+        req = LoadModelParams.from_wire(params).require(tuple(DTYPES), ("none",))
         digest = verify_dir(req.model_dir, req.model_digest, "model")
         root = Path(req.model_dir)
         if not (root / "config.json").is_file():
@@ -213,15 +221,15 @@ class Engine:
             linears={f"model.layers.{i}.{path}": module for i, layer in enumerate(model.layers)
                      for path, module in layer.named_modules() if isinstance(module, nn.Linear)})
         adapter = None
-        if req.adapter_path is not None:
-            adapter = _read_adapter(req.adapter_path, req.adapter_digest, loaded, "load_model.adapter")
+        if req.adapter is not None:
+            adapter = _read_adapter(req.adapter.path, req.adapter.digest, loaded, "load_model.adapter")
         if req.adapter_resume and self.role is not Role.LEARNER:
             raise MethodError("load_model.adapter.resume: only a learner continues training an adapter")
         moments = None
         if req.adapter_resume:
-            assert req.adapter_path is not None
+            assert req.adapter is not None
             assert adapter is not None
-            moments = _read_moments(Path(req.adapter_path), adapter)
+            moments = _read_moments(Path(req.adapter.path), adapter)
         # Everything is checked: now replace what was loaded (a new model drops adapters and the trainee).
         loaded.loaded = adapter
         self.m, self.trainee = loaded, None
@@ -229,19 +237,17 @@ class Engine:
             self.trainee = Trainee(adapter)
             if moments is not None:
                 self.trainee.optimizer, self.trainee.steps = self.restore(adapter, *moments)
-        return {"model_digest": digest, "adapter_digest": None if adapter is None else adapter.digest,
-                "vocab_size": loaded.vocab_size, "eos_token_id": min(eos_ids),
-                "max_model_len": loaded.max_len,
-                **({"optimizer_steps": self.trainee.steps} if self.trainee is not None else {})}
+        return LoadModelResult(digest, None if adapter is None else adapter.digest, loaded.vocab_size, min(eos_ids),
+                               loaded.max_len, None if self.trainee is None else self.trainee.steps).to_wire()
 
     def load_adapter(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.need("load_adapter")
-        name, path, digest = parse_load_adapter(params)
-        adapter = _read_adapter(path, digest, m, "load_adapter")
-        if m.active is m.adapters.get(name):
+        req = LoadAdapterParams.from_wire(params)
+        adapter = _read_adapter(req.path, req.digest, m, "load_adapter")
+        if m.active is m.adapters.get(req.name):
             self.activate(None)
-        m.adapters[name] = adapter
-        return {"name": name, "adapter_digest": adapter.digest}
+        m.adapters[req.name] = adapter
+        return LoadAdapterResult(req.name, adapter.digest).to_wire()
 
     def select(self, name: Any, where: str) -> Adapter | None:
         """The adapter a name selects: null → the model as loaded, "base" → none, else a loaded name."""
@@ -294,31 +300,33 @@ class Engine:
 
     def generate(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.need("generate")
-        requests, layout = parse_generate(params)
-        policy = self.select(params.get("adapter"), "generate.adapter")
-        ref_name = params.get("reference_adapter")
+        call = GenerateParams.from_wire(params)
+        requests = call.requests
+        policy = self.select(call.adapter, "generate.adapter")
+        ref_name = call.reference_adapter
         reference = None if ref_name is None else self.select(ref_name, "generate.reference_adapter")
-        prompts = [self.prompt(r.prompt_ids, r.max_tokens, f"generate.requests[{i}]")
+        prompts = [self.prompt(list(r.prompt_ids), r.max_tokens, f"generate.requests[{i}]")
                    for i, r in enumerate(requests)]
-        outputs: list[dict[str, Any]] = [{} for _ in requests]
-        for batch in layout:
+        outputs: list[GenerateOutput | None] = [None for _ in requests]
+        for batch in call.batches:
             self.activate(policy)
             decoded = self.decode([requests[i] for i in batch], [prompts[i] for i in batch])
-            for i, (tokens, logprobs, finish) in zip(batch, decoded, strict=True):
-                outputs[i] = {"request_id": requests[i].request_id,
-                              "prompt_tokens": np.asarray(prompts[i], dtype=np.int32),
-                              "tokens": np.asarray(tokens, dtype=np.int32),
-                              "logprobs": np.asarray(logprobs, dtype=np.float32), "finish_reason": finish}
+            drawn = {i: np.asarray(tokens, dtype=np.int32) for i, (tokens, _, _) in zip(batch, decoded, strict=True)}
+            refs: dict[int, np.ndarray] = {}
             if ref_name is not None:
                 self.activate(reference)
                 for i in batch:
-                    lp = self.teacher(prompts[i], outputs[i]["tokens"], requests[i].temperature or 1.0)
-                    outputs[i]["reference_logprobs"] = _gather(lp, outputs[i]["tokens"])
-        return {"outputs": outputs, "model_digest": m.model_digest,
-                "adapter_digest": None if policy is None else policy.digest}
+                    lp = self.teacher(prompts[i], drawn[i], requests[i].temperature or 1.0)
+                    refs[i] = _gather(lp, drawn[i])
+            for i, (_, logprobs, finish) in zip(batch, decoded, strict=True):
+                outputs[i] = GenerateOutput(requests[i].request_id, np.asarray(prompts[i], dtype=np.int32), drawn[i],
+                                            np.asarray(logprobs, dtype=np.float32), finish,
+                                            reference_logprobs=refs.get(i))
+        return GenerateResult([o for o in outputs if o is not None], m.model_digest,
+                              None if policy is None else policy.digest).to_wire()
 
     def decode(
-        self, requests: list[Request], prompts: list[list[int]]
+        self, requests: list[GenerateRequest], prompts: list[list[int]]
     ) -> list[tuple[list[int], list[float], str]]:
         """Decode one batch together: a left-padded prefill, then one token per row per step."""
         m = self.need("generate")
@@ -381,22 +389,21 @@ class Engine:
 
     def score(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.need("score")
-        items = parse_score(params)
-        adapter = self.select(params.get("adapter"), "score.adapter")
+        call = ScoreParams.from_wire(params)
+        adapter = self.select(call.adapter, "score.adapter")
         prompts = []
-        for i, item in enumerate(items):
-            check_tokens(item.response_tokens, m.vocab_size, f"score.items[{i}].response_tokens")
-            prompts.append(self.prompt(item.prompt_ids, int(item.response_tokens.size), f"score.items[{i}]"))
+        for i, item in enumerate(call.items):
+            check_tokens(item.tokens, m.vocab_size, f"score.items[{i}].response_tokens")
+            prompts.append(self.prompt(list(item.prompt_ids), int(item.tokens.size), f"score.items[{i}]"))
         self.activate(adapter)
         outputs = []
-        for item, prompt in zip(items, prompts, strict=True):
-            lp = self.teacher(prompt, item.response_tokens, item.temperature)
-            vocab = (np.array(lp[mx.array(item.vocab_steps, dtype=mx.int32)], dtype=np.float32)
+        for item, prompt in zip(call.items, prompts, strict=True):
+            tokens = item.tokens
+            lp = self.teacher(prompt, tokens, item.temperature)
+            vocab = (np.array(lp[mx.array(list(item.vocab_steps), dtype=mx.int32)], dtype=np.float32)
                      if item.vocab_steps else np.zeros((0, m.vocab_size), dtype=np.float32))
-            outputs.append({"item_id": item.item_id, "logprobs": _gather(lp, item.response_tokens),
-                            "vocab_logprobs": vocab})
-        return {"outputs": outputs, "model_digest": m.model_digest,
-                "adapter_digest": None if adapter is None else adapter.digest}
+            outputs.append(ScoreOutput(item.item_id, _gather(lp, tokens), vocab))
+        return ScoreResult(outputs, m.model_digest, None if adapter is None else adapter.digest).to_wire()
 
     # -- the learner ----------------------------------------------------------------------------------------
 

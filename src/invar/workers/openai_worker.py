@@ -63,15 +63,22 @@ import numpy as np
 from invar import __version__
 from invar.errors import ContractError
 from invar.protocol import MethodError, Role, Server, exit_worker
+from invar.protocol.payloads import (
+    GenerateOutput,
+    GenerateParams,
+    GenerateRequest,
+    GenerateResult,
+    LoadModelParams,
+    LoadModelResult,
+    ScoreOutput,
+    ScoreParams,
+    ScoreResult,
+)
 from invar.tasks import ModelTokenizer
 from invar.workers.common import (
-    Request,
     at_temperature,
     check_prompt_ids,
     check_tokens,
-    parse_generate,
-    parse_load_model,
-    parse_score,
     response_end_ids,
     verify_dir,
 )
@@ -229,8 +236,8 @@ class Engine:
     # -- loading ----------------------------------------------------------------------------------------------
 
     def load_model(self, params: dict[str, Any]) -> dict[str, Any]:
-        req = parse_load_model(params, ("float32", "bfloat16"), ("none",))
-        if req.adapter_path is not None:
+        req = LoadModelParams.from_wire(params).require(("float32", "bfloat16"), ("none",))
+        if req.adapter is not None:
             raise MethodError("load_model.adapter: an endpoint serves the adapters it was started with; this worker "
                               "does not load adapters (name the served adapter as served_model instead)")
         digest = verify_dir(req.model_dir, req.model_digest, "model")
@@ -252,19 +259,17 @@ class Engine:
         self.m = Loaded(req.model_dir, digest, vocab_size, response_end_ids(req.model_dir), max_len, tokenizer)
         self._check_seeds()
         self._check_logprobs_mode()
-        return {"model_digest": digest, "adapter_digest": None, "vocab_size": vocab_size,
-                "eos_token_id": min(self.m.eos_ids), "max_model_len": max_len}
+        return LoadModelResult(digest, None, vocab_size, min(self.m.eos_ids), max_len).to_wire()
 
     def _check_seeds(self) -> None:
         """A seeded request sent twice must come back the same: a server that ignores seeds is refused here."""
         m = self.loaded("load_model")
         ids = self._probe_ids(min(m.eos_ids))
-        probe = Request("seed-probe", ids, seed=20261201, temperature=1.0, top_p=1.0,
-                        max_tokens=min(8, m.max_model_len - len(ids)))
-        first, _ = self._generate_one(probe, "load_model seed probe")
-        second, _ = self._generate_one(probe, "load_model seed probe")
-        if not (np.array_equal(first["tokens"], second["tokens"])
-                and np.array_equal(first["logprobs"], second["logprobs"])):
+        probe = GenerateRequest("seed-probe", ids, seed=20261201, temperature=1.0, top_p=1.0,
+                                max_tokens=min(8, m.max_model_len - len(ids)))
+        first = self._generate_one(probe, "load_model seed probe")
+        second = self._generate_one(probe, "load_model seed probe")
+        if not (np.array_equal(first.tokens, second.tokens) and np.array_equal(first.logprobs, second.logprobs)):
             raise MethodError("load_model: the same seeded request sent twice came back different; the server does "
                               "not honour request seeds, so its samples cannot be paired (start it with a seed-"
                               "honouring configuration)")
@@ -278,10 +283,12 @@ class Engine:
         for token in sorted({min(m.eos_ids), m.vocab_size // 2, m.vocab_size - 1}):
             top: list[tuple[int, float]] = []
             for t in (1.0, MODE_PROBE_TEMPERATURE):
-                probe = Request("mode-probe", self._probe_ids(token), seed=20261202, temperature=t, top_p=1.0,
-                                max_tokens=1, top_logprobs=1)
-                out, _ = self._generate_one(probe, "load_model log-probability mode probe")
-                top.append((int(out["top_ids"][0, 0]), float(out["top_logprobs"][0, 0])))
+                probe = GenerateRequest("mode-probe", self._probe_ids(token), seed=20261202, temperature=t,
+                                        top_p=1.0, max_tokens=1, top_logprobs=1)
+                out = self._generate_one(probe, "load_model log-probability mode probe")
+                if out.top_ids is None or out.top_logprobs is None:  # asked, so `_generate_one` filled them
+                    raise MethodError("load_model: the log-probability mode probe got no top log-probabilities")
+                top.append((int(out.top_ids[0, 0]), float(out.top_logprobs[0, 0])))
             (id1, lp1), (id2, lp2) = top
             if id1 != id2:
                 raise MethodError(f"load_model: the most likely first token of the same prompt differs between "
@@ -301,9 +308,9 @@ class Engine:
 
     # -- calls ------------------------------------------------------------------------------------------------
 
-    def _check_request(self, req: Request, where: str) -> None:
+    def _check_request(self, req: GenerateRequest, where: str) -> None:
         m = self.loaded(where)
-        check_prompt_ids(req.prompt_ids, m.vocab_size, where)
+        check_prompt_ids(list(req.prompt_ids), m.vocab_size, where)
         if req.top_p != 1.0 and req.temperature > 0:
             raise MethodError(f"{where}.top_p: the server's log-probabilities after top-p are renormalized over the "
                               "nucleus (or taken before it, by mode), not what the protocol reports; send top_p 1.0")
@@ -378,18 +385,19 @@ class Engine:
                               "ids, so they are refused rather than guessed")
         return ids
 
-    def _generate_one(self, req: Request, label: str) -> tuple[dict[str, Any], int]:
+    def _generate_one(self, req: GenerateRequest, label: str) -> GenerateOutput:
+        """One request's output, with the number of requests to the server it took (`attempts`)."""
         m = self.loaded(label)
-        body = {"model": self.settings.served_model, "prompt": self._prompt(req.prompt_ids, label),
+        body = {"model": self.settings.served_model, "prompt": self._prompt(list(req.prompt_ids), label),
                 "max_tokens": req.max_tokens, "temperature": req.temperature, "top_p": 1.0, "seed": req.seed,
-                "logprobs": req.top_logprobs, "return_tokens_as_token_ids": True, "return_token_ids": True,
+                "logprobs": req.top_logprobs or 0, "return_tokens_as_token_ids": True, "return_token_ids": True,
                 "stop_token_ids": sorted(m.eos_ids), "ignore_eos": True, "skip_special_tokens": False}
         choice, attempts = self._post(body, label)
         ran = choice.get("prompt_token_ids")
         if ran is None and m.tokenizer is None:
             raise MethodError(f"{label}: the server returned no token ids for the prompt; it must honour "
                               "return_token_ids (or declare prompt = text for a server that returns text only)")
-        if ran != req.prompt_ids and not (ran is None and m.tokenizer is not None):
+        if ran != list(req.prompt_ids) and not (ran is None and m.tokenizer is not None):
             # A text-prompt server that does not say what it ran is left with the worker's own round trip
             raise MethodError(f"{label}: the server ran other prompt tokens than the ids sent (it must accept a "
                               "token-id prompt as given, or tokenize the text prompt back to them)")
@@ -412,12 +420,12 @@ class Engine:
         if finish == "stop" and (not ids or ids[-1] not in m.eos_ids):
             raise MethodError(f"{label}: the server stopped on something other than the model's end ids "
                               f"{sorted(m.eos_ids)}")
-        out = {"prompt_tokens": np.asarray(req.prompt_ids, dtype=np.int32), "tokens": tokens,
-               "logprobs": np.asarray(values, dtype=np.float32), "finish_reason": finish}
+        top_ids = top_lps = None
         if req.top_logprobs:
-            out["top_ids"], out["top_logprobs"] = self._top(lp.get("top_logprobs"), len(ids), req.top_logprobs,
-                                                            label)
-        return out, attempts
+            top_ids, top_lps = self._top(lp.get("top_logprobs"), len(ids), req.top_logprobs, label)
+        return GenerateOutput(req.request_id, np.asarray(req.prompt_ids, dtype=np.int32), tokens,
+                              np.asarray(values, dtype=np.float32), finish, attempts=attempts, top_ids=top_ids,
+                              top_logprobs=top_lps)
 
     def _top(self, rows: Any, n: int, k: int, label: str) -> tuple[np.ndarray, np.ndarray]:
         """The k most likely tokens at each of n positions, [n, k] int32 ids and [n, k] float32 log-probabilities,
@@ -454,42 +462,44 @@ class Engine:
 
     def generate(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.loaded("generate")
-        requests, layout = parse_generate(params, top_logprobs=True)
-        if params.get("adapter") not in (None, "base") or params.get("reference_adapter") is not None:
+        call = GenerateParams.from_wire(params, top_logprobs=True)
+        requests = call.requests
+        if call.adapter not in (None, "base") or call.reference_adapter is not None:
             raise MethodError("generate.adapter: an endpoint serves the model it was started with; send no adapter")
         for i, req in enumerate(requests):
             self._check_request(req, f"generate.requests[{i}]")
         self._same_server("generate")
-        outputs: list[dict[str, Any]] = [{} for _ in requests]
-        for batch in layout:
+        outputs: dict[int, GenerateOutput] = {}
+        for batch in call.batches:
             # One batch: its requests in flight together, as far as a client can make them so.
             with ThreadPoolExecutor(max_workers=min(len(batch), self.settings.max_in_flight)) as pool:
                 answers = list(pool.map(lambda i: self._generate_one(requests[i], f"generate.requests[{i}]"),
                                         batch))
-            for i, (out, attempts) in zip(batch, answers, strict=True):
-                outputs[i] = {"request_id": requests[i].request_id, **out, "attempts": attempts}
+            for i, out in zip(batch, answers, strict=True):
+                outputs[i] = out
         seen: dict[tuple[Any, ...], int] = {}
         for i, req in enumerate(requests):
             key = (tuple(req.prompt_ids), req.seed, req.temperature, req.max_tokens, req.top_logprobs)
             j = seen.setdefault(key, i)
-            if j != i and not (np.array_equal(outputs[i]["tokens"], outputs[j]["tokens"])
-                               and np.array_equal(outputs[i]["logprobs"], outputs[j]["logprobs"])):
+            if j != i and not (np.array_equal(outputs[i].tokens, outputs[j].tokens)
+                               and np.array_equal(outputs[i].logprobs, outputs[j].logprobs)):
                 raise MethodError(f"generate: requests {requests[j].request_id!r} and {req.request_id!r} are the same "
                                   "seeded request and came back different; the server does not honour request seeds")
         self._same_server("generate")
-        return {"outputs": outputs, "model_digest": m.model_digest, "adapter_digest": None}
+        return GenerateResult([outputs[i] for i in range(len(requests))], m.model_digest, None).to_wire()
 
     def score(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.loaded("score")
-        items = parse_score(params)
-        if params.get("adapter") not in (None, "base"):
+        call = ScoreParams.from_wire(params)
+        items = call.items
+        if call.adapter not in (None, "base"):
             raise MethodError("score.adapter: an endpoint serves the model it was started with; send no adapter")
         for i, it in enumerate(items):
             where = f"score.items[{i}]"
-            check_tokens(it.response_tokens, m.vocab_size, f"{where}.response_tokens")
-            check_prompt_ids(it.prompt_ids, m.vocab_size, where)
-            if len(it.prompt_ids) + it.response_tokens.size + 1 > m.max_model_len:
-                raise MethodError(f"{where}: {len(it.prompt_ids)} prompt tokens + {it.response_tokens.size} response "
+            check_tokens(it.tokens, m.vocab_size, f"{where}.response_tokens")
+            check_prompt_ids(list(it.prompt_ids), m.vocab_size, where)
+            if len(it.prompt_ids) + it.tokens.size + 1 > m.max_model_len:
+                raise MethodError(f"{where}: {len(it.prompt_ids)} prompt tokens + {it.tokens.size} response "
                                   f"tokens leave no room in the served model's maximum length {m.max_model_len} "
                                   "(the server scores a sequence only with one position to spare)")
         self._same_server("score")
@@ -497,7 +507,8 @@ class Engine:
         for i, it in enumerate(items):
             label = f"score.items[{i}]"
             whole = it.temperature != 1.0 or bool(it.vocab_steps)
-            ids = it.prompt_ids + [int(t) for t in it.response_tokens]
+            tokens = it.tokens
+            ids = list(it.prompt_ids) + [int(t) for t in tokens]
             body = {"model": self.settings.served_model, "prompt": self._prompt(ids, label), "max_tokens": 1,
                     "temperature": 0.0, "prompt_logprobs": -1 if whole else 0, "return_tokens_as_token_ids": True,
                     "return_token_ids": True}
@@ -519,19 +530,19 @@ class Engine:
                                       "probabilities; start it with --max-logprobs -1 to score at T != 1 or capture "
                                       "steps")
                 scaled = at_temperature(full, it.temperature)
-                lps = scaled[np.arange(it.response_tokens.size), it.response_tokens]
-                vocab = scaled[it.vocab_steps] if it.vocab_steps else np.zeros((0, m.vocab_size), np.float32)
+                lps = scaled[np.arange(tokens.size), tokens]
+                vocab = scaled[list(it.vocab_steps)] if it.vocab_steps else np.zeros((0, m.vocab_size), np.float32)
             else:
                 values = []
-                for row, t in zip(rows, it.response_tokens, strict=True):
+                for row, t in zip(rows, tokens, strict=True):
                     entry = (row or {}).get(str(int(t))) or (row or {}).get(f"token_id:{int(t)}")
                     if not isinstance(entry, dict) or not isinstance(entry.get("logprob"), int | float):
                         raise MethodError(f"{label}: the server's prompt log-probabilities miss a scored token")
                     values.append(entry["logprob"])
                 lps = np.asarray(values, dtype=np.float32)
                 vocab = np.zeros((0, m.vocab_size), dtype=np.float32)
-            outputs.append({"item_id": it.item_id, "logprobs": lps, "vocab_logprobs": vocab})
-        return {"outputs": outputs, "model_digest": m.model_digest, "adapter_digest": None}
+            outputs.append(ScoreOutput(it.item_id, lps, vocab))
+        return ScoreResult(outputs, m.model_digest, None).to_wire()
 
 
 def main(argv: list[str] | None = None) -> int:

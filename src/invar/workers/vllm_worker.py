@@ -75,7 +75,7 @@ import re
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,20 +84,28 @@ from safetensors import SafetensorError, safe_open
 
 from invar import __version__, canonical
 from invar.protocol import MethodError, Role, Server, exit_worker
+from invar.protocol.payloads import (
+    GenerateOutput,
+    GenerateParams,
+    GenerateRequest,
+    GenerateResult,
+    LoadAdapterParams,
+    LoadAdapterResult,
+    LoadModelParams,
+    LoadModelResult,
+    ScoreOutput,
+    ScoreParams,
+    ScoreResult,
+)
 from invar.workers.common import (
     ADAPTER_WEIGHTS,
     PatchRefused,
-    Request,
     add_patch_arguments,
     at_temperature,
     check_prompt_ids,
     check_tokens,
     check_trained_on,
     load_patches,
-    parse_generate,
-    parse_load_adapter,
-    parse_load_model,
-    parse_score,
     read_lora_config,
     response_end_ids,
     verify_dir,
@@ -307,7 +315,7 @@ class Engine:
         return self.m
 
     def load_model(self, params: dict[str, Any]) -> dict[str, Any]:
-        req = parse_load_model(params, ("float32", "bfloat16"), ("none",))
+        req = LoadModelParams.from_wire(params).require(("float32", "bfloat16"), ("none",))
         digest = verify_dir(req.model_dir, req.model_digest, "model")
         if self.m is not None and (self.m.model_digest, self.m.dtype) != (digest, req.dtype):
             raise MethodError(
@@ -315,19 +323,18 @@ class Engine:
                 f"{self.m.dtype}; a vLLM worker holds one engine for its life: start a new worker for another model")
         shapes = weight_shapes(req.model_dir)
         a_digest = None
-        if req.adapter_path is not None:
-            a_digest = verify_dir(req.adapter_path, req.adapter_digest, "adapter")
-            check_adapter(req.adapter_path, shapes, digest, self.settings.max_lora_rank, "load_model.adapter")
+        if req.adapter is not None:
+            a_digest = verify_dir(req.adapter.path, req.adapter.digest, "adapter")
+            check_adapter(req.adapter.path, shapes, digest, self.settings.max_lora_rank, "load_model.adapter")
         if self.m is None:
             self.m = self._start(req.model_dir, digest, req.dtype, req.quantization, shapes)
         m = self.m
-        if req.adapter_path is not None:
+        if req.adapter is not None:
             assert a_digest is not None
-            self._install(LOADED, req.adapter_path, a_digest, "load_model.adapter")
+            self._install(LOADED, req.adapter.path, a_digest, "load_model.adapter")
         else:
             self._drop(LOADED)
-        return {"model_digest": digest, "adapter_digest": a_digest, "vocab_size": m.vocab_size,
-                "eos_token_id": min(m.eos_ids), "max_model_len": m.max_model_len}
+        return LoadModelResult(digest, a_digest, m.vocab_size, min(m.eos_ids), m.max_model_len).to_wire()
 
     def _start(self, model_dir: str, digest: str, dtype: str, quantization: str,
                shapes: dict[str, tuple[int, ...]]) -> Loaded:
@@ -357,11 +364,11 @@ class Engine:
 
     def load_adapter(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.loaded("load_adapter")
-        name, path, digest = parse_load_adapter(params)
-        actual = verify_dir(path, digest, "adapter")
-        check_adapter(path, m.shapes, m.model_digest, self.settings.max_lora_rank, "load_adapter")
-        self._install(name, path, actual, "load_adapter")
-        return {"name": name, "adapter_digest": actual}
+        req = LoadAdapterParams.from_wire(params)
+        actual = verify_dir(req.path, req.digest, "adapter")
+        check_adapter(req.path, m.shapes, m.model_digest, self.settings.max_lora_rank, "load_adapter")
+        self._install(req.name, req.path, actual, "load_adapter")
+        return LoadAdapterResult(req.name, actual).to_wire()
 
     def _install(self, key: str, path: str, digest: str, where: str) -> None:
         """Copy a checked adapter into the private directory, re-verify it, and load it into the engine."""
@@ -453,9 +460,10 @@ class Engine:
         from vllm.inputs import TokensPrompt
 
         m = self.loaded("generate")
-        requests, layout = parse_generate(params)
-        adapter = self._adapter(params.get("adapter"), "generate.adapter")
-        ref = params.get("reference_adapter")
+        call = GenerateParams.from_wire(params)
+        requests, layout = call.requests, call.batches
+        adapter = self._adapter(call.adapter, "generate.adapter")
+        ref = call.reference_adapter
         ref_adapter = self._adapter(ref, "generate.reference_adapter") if ref is not None else None
         # Scoring the sampled tokens needs one more position than sampling them (see the module docstring).
         room = m.max_model_len - (1 if ref is not None else 0)
@@ -463,7 +471,7 @@ class Engine:
         for i, req in enumerate(requests):
             where = f"generate.requests[{i}]"
             self._check_request(req, where)
-            prompt_ids.append(self.prompt(req.prompt_ids, where))
+            prompt_ids.append(self.prompt(list(req.prompt_ids), where))
             if len(prompt_ids[-1]) + req.max_tokens > room:
                 raise MethodError(
                     f"{where}: {len(prompt_ids[-1])} prompt tokens + max_tokens {req.max_tokens} exceed the "
@@ -479,7 +487,7 @@ class Engine:
                 raise MethodError(f"generate.layout[{k}]: the batch's prompts hold {prefill} tokens, more than the "
                                   f"engine prefills in one step ({m.max_num_batched_tokens}); split the batch or raise "
                                   "--max-num-batched-tokens")
-        outputs: list[dict[str, Any]] = [{} for _ in requests]
+        outputs: list[GenerateOutput | None] = [None for _ in requests]
         lora = None if adapter is None else adapter.request()
         for batch in layout:
             sampling = [SamplingParams(temperature=requests[i].temperature, top_p=1.0, seed=requests[i].seed,
@@ -495,24 +503,22 @@ class Engine:
                     raise RuntimeError(f"vLLM ran request {i} with other prompt tokens than submitted")
                 if completion.finish_reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM finished request {i} with {completion.finish_reason!r}")
-                outputs[i] = {
-                    "request_id": requests[i].request_id,
-                    "prompt_tokens": np.asarray(prompt_ids[i], dtype=np.int32),
-                    "tokens": tokens,
-                    "logprobs": np.array([step[int(t)].logprob for step, t in zip(completion.logprobs, tokens,
-                                                                                   strict=True)], dtype=np.float32),
-                    "finish_reason": completion.finish_reason,
-                }
+                outputs[i] = GenerateOutput(
+                    requests[i].request_id, np.asarray(prompt_ids[i], dtype=np.int32), tokens,
+                    np.array([step[int(t)].logprob for step, t in zip(completion.logprobs, tokens, strict=True)],
+                             dtype=np.float32),
+                    completion.finish_reason)
             if ref is not None:
                 # Greedy requests' log-probabilities are at T = 1, and so are their reference scores.
-                seqs = [(prompt_ids[i], outputs[i]["tokens"].astype(np.int64), requests[i].temperature or 1.0,
-                         list[int]()) for i in batch]
-                for i, (lps, _) in zip(batch, self._teacher_forced(seqs, ref_adapter), strict=True):
-                    outputs[i]["reference_logprobs"] = lps
-        return {"outputs": outputs, "model_digest": m.model_digest,
-                "adapter_digest": None if adapter is None else adapter.digest}
+                drawn = [outputs[i] for i in batch]
+                seqs = [(prompt_ids[i], o.tokens.astype(np.int64), requests[i].temperature or 1.0, list[int]())
+                        for i, o in zip(batch, drawn, strict=True) if o is not None]
+                for i, o, (lps, _) in zip(batch, drawn, self._teacher_forced(seqs, ref_adapter), strict=True):
+                    outputs[i] = replace(o, reference_logprobs=lps)
+        return GenerateResult([o for o in outputs if o is not None], m.model_digest,
+                              None if adapter is None else adapter.digest).to_wire()
 
-    def _check_request(self, req: Request, where: str) -> None:
+    def _check_request(self, req: GenerateRequest, where: str) -> None:
         if 0 < req.temperature < SAMPLING_EPS:
             raise MethodError(f"{where}.temperature: {req.temperature:g} is below vLLM's sampling threshold "
                               f"{SAMPLING_EPS:g}, where it samples greedily; send 0 for greedy")
@@ -523,24 +529,24 @@ class Engine:
 
     def score(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.loaded("score")
-        items = parse_score(params)
-        adapter = self._adapter(params.get("adapter"), "score.adapter")
+        call = ScoreParams.from_wire(params)
+        items = call.items
+        adapter = self._adapter(call.adapter, "score.adapter")
         seqs = []
         for i, it in enumerate(items):
             where = f"score.items[{i}]"
-            check_tokens(it.response_tokens, m.vocab_size, f"{where}.response_tokens")
-            ids = self.prompt(it.prompt_ids, where)
-            if len(ids) + it.response_tokens.size + 1 > m.max_model_len:
+            tokens = it.tokens
+            check_tokens(tokens, m.vocab_size, f"{where}.response_tokens")
+            ids = self.prompt(list(it.prompt_ids), where)
+            if len(ids) + tokens.size + 1 > m.max_model_len:
                 raise MethodError(
-                    f"{where}: {len(ids)} prompt tokens + {it.response_tokens.size} response tokens leave no room "
+                    f"{where}: {len(ids)} prompt tokens + {tokens.size} response tokens leave no room "
                     f"in the engine's maximum length {m.max_model_len} (vLLM scores a sequence only with one "
                     "position to spare); shorten the prompt or the response")
-            seqs.append((ids, it.response_tokens, it.temperature, it.vocab_steps))
+            seqs.append((ids, tokens, it.temperature, list(it.vocab_steps)))
         results = self._teacher_forced(seqs, adapter)
-        outputs = [{"item_id": it.item_id, "logprobs": lps, "vocab_logprobs": vocab}
-                   for it, (lps, vocab) in zip(items, results, strict=True)]
-        return {"outputs": outputs, "model_digest": m.model_digest,
-                "adapter_digest": None if adapter is None else adapter.digest}
+        outputs = [ScoreOutput(it.item_id, lps, vocab) for it, (lps, vocab) in zip(items, results, strict=True)]
+        return ScoreResult(outputs, m.model_digest, None if adapter is None else adapter.digest).to_wire()
 
 
 def main(argv: list[str] | None = None) -> int:

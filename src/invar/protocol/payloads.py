@@ -1,0 +1,618 @@
+"""What travels inside a call and its report: the parameters and results of every engine method, one frozen struct
+each, read and written by the core and by every worker.
+
+Each struct's `to_wire` gives exactly the map that travels (the call digests and records are computed over it, so a
+field is written as it was given: an integer temperature stays an integer, an optional field that was not given is
+not written), and its `from_wire` checks a received map once, raising `PayloadError` with the field's path
+(`generate.requests[3].seed: …`). A worker answers a `PayloadError` as a bad request (it is a `MethodError`); the core
+reads a result through the same struct and reports it as an error of the evidence it was reading.
+
+Decisions: unknown fields of a received map are ignored, not refused (the core sends labels the engines do not read,
+such as a request's `prompt` text, and records of older workers carry fields since dropped); arrays are kept as
+received (a worker widens token ids for its engine, `ScoreItem.tokens`), so what a struct holds re-encodes to the
+bytes it was read from. The message texts are the workers' from before these structs, unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import numpy as np
+
+from invar.errors import EvidenceError, ProtocolError
+from invar.protocol.server import MethodError
+
+
+class PayloadError(MethodError, ProtocolError):
+    """A call's params or a report's result that does not have its method's shape; the message names the field."""
+
+
+def _evidence(error: PayloadError) -> EvidenceError:
+    """How the core reports a result without its method's shape: an error of the evidence it was reading."""
+    return EvidenceError(str(error))
+
+
+# -- reading helpers: every message is `<path>.<field>: <what is wrong>` ----------------------------------------------
+
+
+def _map(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise PayloadError(f"{where}: expected a map")
+    return value
+
+
+def _get(m: Mapping[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if name not in m:
+        raise PayloadError(f"{where}: missing field {name!r}")
+    value = m[name]
+    if isinstance(value, bool) and kind is not bool:
+        raise PayloadError(f"{where}.{name}: expected {getattr(kind, '__name__', kind)}, got bool")
+    if not isinstance(value, kind):
+        raise PayloadError(f"{where}.{name}: expected {getattr(kind, '__name__', kind)}, got {type(value).__name__}")
+    return value
+
+
+def _optional_str(m: Mapping[str, Any], name: str, where: str, what: str) -> str | None:
+    value = m.get(name)
+    if value is not None and not isinstance(value, str):
+        raise PayloadError(f"{where}.{name}: expected {what} or null")
+    return value
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _num(m: Mapping[str, Any], name: str, where: str, *, default: float | None = None) -> float:
+    value = m.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise PayloadError(f"{where}.{name}: expected a finite number")
+    return float(value)
+
+
+def _list(value: Any, where: str, what: str) -> list[Any]:
+    if not isinstance(value, list) or not value:
+        raise PayloadError(f"{where}: empty; send at least one {what}" if isinstance(value, list)
+                           else f"{where}: expected a list of {what}s")
+    return value
+
+
+def _vector(value: Any, kinds: str, where: str, what: str) -> np.ndarray:
+    """A 1-D array of one of the dtype kinds (`iu` integers, `f` floats)."""
+    if not isinstance(value, np.ndarray) or value.ndim != 1 or value.dtype.kind not in kinds:
+        raise PayloadError(f"{where}: expected {what}")
+    return value
+
+
+def prompt_ids(container: Mapping[str, Any], where: str) -> list[int]:
+    """The prompt as the core tokenized it: `prompt_ids`, a non-empty list of token ids.
+
+    Workers never tokenize prompt text: the core renders and tokenizes every prompt with the model's own tokenizer,
+    so every engine runs exactly the same ids and the records say which ids were asked. A `prompt` text beside the
+    ids is the core's label for people and is not read by a worker.
+    """
+    ids: list[int] = _get(container, "prompt_ids", list, where)
+    if not ids or not all(_int(t) for t in ids):
+        raise PayloadError(f"{where}.prompt_ids: expected a non-empty list of token ids (integers)")
+    return ids
+
+
+def _label(m: Mapping[str, Any], where: str) -> str | None:
+    return _optional_str(m, "prompt", where, "the prompt's text")
+
+
+def _put(m: dict[str, Any], name: str, value: Any) -> None:
+    """Write an optional field only when it was given: an absent field and a null one encode differently."""
+    if value is not None:
+        m[name] = value
+
+
+# -- load_model, load_adapter -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """An adapter folder a `load_model` call loads with the model."""
+
+    path: str
+    digest: str | None
+    resume: bool | None = None
+    """A learner continues training the adapter: it restores the optimizer state saved with it (a training
+    checkpoint: `invar.loop.checkpoint`). Not written when None (the same as false)."""
+
+    def to_wire(self) -> dict[str, Any]:
+        m: dict[str, Any] = {"path": self.path, "digest": self.digest}
+        _put(m, "resume", self.resume)
+        return m
+
+
+@dataclass(frozen=True)
+class LoadModelParams:
+    model_dir: str
+    model_digest: str | None
+    dtype: str = "float32"
+    quantization: str = "none"
+    adapter: AdapterRef | None = None
+
+    @property
+    def adapter_resume(self) -> bool:
+        return self.adapter is not None and bool(self.adapter.resume)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"model_dir": self.model_dir, "model_digest": self.model_digest, "dtype": self.dtype,
+                "quantization": self.quantization,
+                "adapter": None if self.adapter is None else self.adapter.to_wire()}
+
+    @classmethod
+    def from_wire(cls, params: Any) -> LoadModelParams:
+        where = "load_model"
+        params = _map(params, where)
+        model_dir = _get(params, "model_dir", str, where)
+        digest = _optional_str(params, "model_digest", where, "a hex string")
+        dtype, quant = params.get("dtype", "float32"), params.get("quantization", "none")
+        if not isinstance(dtype, str):
+            raise PayloadError(f"{where}.dtype: expected a dtype name such as float32")
+        if not isinstance(quant, str):
+            raise PayloadError(f"{where}.quantization: expected a quantization name such as none")
+        adapter = params.get("adapter")
+        ref = None
+        if adapter is not None:
+            if not isinstance(adapter, dict):
+                raise PayloadError(f"{where}.adapter: expected {{path, digest[, resume]}} or null")
+            unknown = sorted(set(adapter) - {"path", "digest", "resume"})
+            if unknown:
+                raise PayloadError(f"{where}.adapter: unknown field {unknown[0]!r}; an adapter is {{path, digest, "
+                                   "resume}")
+            resume = adapter.get("resume")
+            if resume is not None and not isinstance(resume, bool):
+                raise PayloadError(f"{where}.adapter.resume: expected true or false")
+            ref = AdapterRef(_get(adapter, "path", str, f"{where}.adapter"),
+                             _optional_str(adapter, "digest", f"{where}.adapter", "a hex string"), resume)
+        return cls(model_dir, digest, dtype, quant, ref)
+
+    def require(self, dtypes: Sequence[str], quantizations: Sequence[str]) -> LoadModelParams:
+        """These params, if the engine supports their dtype and quantization; `PayloadError` otherwise."""
+        if self.dtype not in dtypes:
+            raise PayloadError(f"load_model.dtype: {self.dtype!r} is not supported by this engine; use one of "
+                               f"{list(dtypes)}")
+        if self.quantization not in quantizations:
+            raise PayloadError(f"load_model.quantization: {self.quantization!r} is not supported by this engine; "
+                               f"use one of {list(quantizations)}")
+        return self
+
+
+@dataclass(frozen=True)
+class LoadModelResult:
+    model_digest: str
+    adapter_digest: str | None
+    vocab_size: int
+    eos_token_id: int
+    max_model_len: int | None
+    optimizer_steps: int | None = None
+    """A learner's: the optimizer steps of the adapter it continues (not written by an inference worker)."""
+
+    def to_wire(self) -> dict[str, Any]:
+        m: dict[str, Any] = {"model_digest": self.model_digest, "adapter_digest": self.adapter_digest,
+                             "vocab_size": self.vocab_size, "eos_token_id": self.eos_token_id,
+                             "max_model_len": self.max_model_len}
+        _put(m, "optimizer_steps", self.optimizer_steps)
+        return m
+
+    @classmethod
+    def received(cls, result: Any) -> LoadModelResult:
+        """`from_wire` for the core, reading a worker's report: `EvidenceError` naming the field."""
+        try:
+            return cls.from_wire(result)
+        except PayloadError as exc:
+            raise _evidence(exc) from None
+
+    @classmethod
+    def from_wire(cls, result: Any) -> LoadModelResult:
+        where = "load_model result"
+        result = _map(result, where)
+        max_len, steps = result.get("max_model_len"), result.get("optimizer_steps")
+        if max_len is not None and not _int(max_len):
+            raise PayloadError(f"{where}.max_model_len: expected an integer or null")
+        if steps is not None and not _int(steps):
+            raise PayloadError(f"{where}.optimizer_steps: expected an integer")
+        return cls(_get(result, "model_digest", str, where),
+                   _optional_str(result, "adapter_digest", where, "a hex string"),
+                   _get(result, "vocab_size", int, where), _get(result, "eos_token_id", int, where), max_len, steps)
+
+
+_ADAPTER_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+
+@dataclass(frozen=True)
+class LoadAdapterParams:
+    name: str
+    path: str
+    digest: str | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"name": self.name, "path": self.path, "digest": self.digest}
+
+    @classmethod
+    def from_wire(cls, params: Any) -> LoadAdapterParams:
+        params = _map(params, "load_adapter")
+        name, path, digest = params.get("name"), params.get("path"), params.get("digest")
+        if (not isinstance(name, str) or not 1 <= len(name) <= 64 or not set(name) <= _ADAPTER_NAME_CHARS
+                or name == "base"):
+            raise PayloadError("load_adapter.name: expected 1-64 characters of [A-Za-z0-9_.-], not 'base' "
+                               "(which names the model without an adapter)")
+        if not isinstance(path, str):
+            raise PayloadError("load_adapter.path: expected the adapter folder as a string")
+        if digest is not None and not isinstance(digest, str):
+            raise PayloadError("load_adapter.digest: expected a hex string or null")
+        return cls(name, path, digest)
+
+
+@dataclass(frozen=True)
+class LoadAdapterResult:
+    name: str
+    adapter_digest: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"name": self.name, "adapter_digest": self.adapter_digest}
+
+    @classmethod
+    def received(cls, result: Any) -> LoadAdapterResult:
+        """`from_wire` for the core, reading a worker's report: `EvidenceError` naming the field."""
+        try:
+            return cls.from_wire(result)
+        except PayloadError as exc:
+            raise _evidence(exc) from None
+
+    @classmethod
+    def from_wire(cls, result: Any) -> LoadAdapterResult:
+        where = "load_adapter result"
+        result = _map(result, where)
+        return cls(_get(result, "name", str, where), _get(result, "adapter_digest", str, where))
+
+
+# -- generate ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    request_id: str
+    prompt_ids: Sequence[int]
+    seed: int
+    temperature: float
+    """0 is greedy."""
+    max_tokens: int
+    top_p: float = 1.0
+    prompt: str | None = None
+    """The prompt's text: the core's label for people, which no worker reads (not written when None)."""
+    top_logprobs: int | None = None
+    """Also report the k most likely tokens at each sampled position (`GenerateOutput.top_ids`); None: not asked,
+    and not written, so a request without it stays the bytes it always was. Only an engine that reports them takes
+    it (`GenerateParams.from_wire(top_logprobs=True)`); every other engine refuses it rather than drop it."""
+
+    def to_wire(self) -> dict[str, Any]:
+        m: dict[str, Any] = {"request_id": self.request_id}
+        _put(m, "prompt", self.prompt)
+        m.update({"prompt_ids": list(self.prompt_ids), "seed": self.seed, "temperature": self.temperature,
+                  "top_p": self.top_p, "max_tokens": self.max_tokens})
+        _put(m, "top_logprobs", self.top_logprobs)
+        return m
+
+    @classmethod
+    def from_wire(cls, r: Any, where: str, *, top_logprobs: bool = False) -> GenerateRequest:
+        """A request as received; `top_logprobs`: whether the receiving engine reports top-k log-probabilities."""
+        r = _map(r, where)
+        top_k = None
+        if "top_logprobs" in r:
+            if not top_logprobs:
+                raise PayloadError(f"{where}.top_logprobs: this engine does not report top-k log-probabilities; "
+                                   "drop the field (the openai engine reports them)")
+            top_k = _get(r, "top_logprobs", int, where)
+            if top_k < 1:
+                raise PayloadError(f"{where}.top_logprobs: must be ≥ 1 (leave the field out for none)")
+        top_p = r.get("top_p", 1.0)
+        if isinstance(top_p, bool) or not isinstance(top_p, int | float):
+            raise PayloadError(f"{where}.top_p: must be in (0, 1]")
+        req = cls(
+            request_id=_get(r, "request_id", str, where),
+            prompt_ids=prompt_ids(r, where),
+            seed=_get(r, "seed", int, where),
+            temperature=float(_get(r, "temperature", (int, float), where)),
+            top_p=float(top_p),
+            max_tokens=_get(r, "max_tokens", int, where),
+            prompt=_label(r, where),
+            top_logprobs=top_k,
+        )
+        if not 0 <= req.seed < 2**63:
+            raise PayloadError(f"{where}.seed: must be in [0, 2**63)")
+        if req.temperature < 0:
+            raise PayloadError(f"{where}.temperature: must be ≥ 0 (0 is greedy)")
+        if not 0 < req.top_p <= 1:
+            raise PayloadError(f"{where}.top_p: must be in (0, 1]")
+        if req.max_tokens < 1:
+            raise PayloadError(f"{where}.max_tokens: must be ≥ 1")
+        return req
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    requests: Sequence[GenerateRequest]
+    layout: Sequence[Sequence[int]] | None
+    """Batches of request indices, every request exactly once; None: one batch of all (not written)."""
+    adapter: str | None = None
+    """The adapter to sample from: a loaded name, "base" for the base model, null for the model as loaded."""
+    reference_adapter: str | None = None
+    """Also score each response under this adapter (`reference_logprobs`); null: no reference."""
+
+    @property
+    def batches(self) -> list[list[int]]:
+        return [list(range(len(self.requests)))] if self.layout is None else [list(b) for b in self.layout]
+
+    def to_wire(self) -> dict[str, Any]:
+        m: dict[str, Any] = {"requests": [r.to_wire() for r in self.requests]}
+        _put(m, "layout", None if self.layout is None else [list(b) for b in self.layout])
+        m.update({"adapter": self.adapter, "reference_adapter": self.reference_adapter})
+        return m
+
+    @classmethod
+    def from_wire(cls, params: Any, *, top_logprobs: bool = False) -> GenerateParams:
+        """The call as received; `top_logprobs`: whether the receiving engine reports top-k log-probabilities (a
+        request asking for them is refused otherwise)."""
+        params = _map(params, "generate")
+        raw = _get(params, "requests", list, "generate")
+        if not raw:
+            raise PayloadError("generate.requests: empty; send at least one request")
+        requests = []
+        seen: set[str] = set()
+        for i, r in enumerate(raw):
+            req = GenerateRequest.from_wire(r, f"generate.requests[{i}]", top_logprobs=top_logprobs)
+            if req.request_id in seen:
+                raise PayloadError(f"generate.requests[{i}].request_id: {req.request_id!r} is used twice")
+            seen.add(req.request_id)
+            requests.append(req)
+        layout = params.get("layout")
+        return cls(tuple(requests), None if layout is None else parse_layout(layout, len(requests)),
+                   _optional_str(params, "adapter", "generate", "an adapter name"),
+                   _optional_str(params, "reference_adapter", "generate", "an adapter name"))
+
+
+def parse_layout(layout: Any, n: int) -> list[list[int]]:
+    """A batch layout: a list of batches of request indices, every request exactly once."""
+    if not isinstance(layout, list) or not all(isinstance(b, list) and b for b in layout):
+        raise PayloadError("generate.layout: expected a list of non-empty lists of request indices")
+    flat = [i for b in layout for i in b]
+    if not all(_int(i) for i in flat) or sorted(flat) != list(range(n)):
+        raise PayloadError(f"generate.layout: must name every request index 0..{n - 1} exactly once")
+    return [list(b) for b in layout]
+
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class GenerateOutput:
+    """One request's response: the prompt ids the engine ran, the tokens it drew and their log-probabilities."""
+
+    request_id: str
+    prompt_tokens: np.ndarray
+    """int [P]: the prompt ids as the engine ran them (int32 from every worker)."""
+    tokens: np.ndarray
+    """int32 [T]: the response, ending with an end-of-sequence id when it stopped."""
+    logprobs: np.ndarray
+    """float32 [T]: each token's log-probability at the request's temperature (at 1 for a greedy request)."""
+    finish_reason: FinishReason
+    reference_logprobs: np.ndarray | None = None
+    """float32 [T]: the tokens under the call's reference adapter (only when one was named)."""
+    attempts: int | None = None
+    """An endpoint worker's: how many requests to its server this response took."""
+    top_ids: np.ndarray | None = None
+    """int32 [T, k]: the k most likely tokens at each position, most likely first (only when the request asked
+    `top_logprobs` = k)."""
+    top_logprobs: np.ndarray | None = None
+    """float32 [T, k]: their log-probabilities."""
+
+    def to_wire(self) -> dict[str, Any]:
+        m: dict[str, Any] = {"request_id": self.request_id, "prompt_tokens": self.prompt_tokens,
+                             "tokens": self.tokens, "logprobs": self.logprobs, "finish_reason": self.finish_reason}
+        _put(m, "top_ids", self.top_ids)
+        _put(m, "top_logprobs", self.top_logprobs)
+        _put(m, "reference_logprobs", self.reference_logprobs)
+        _put(m, "attempts", self.attempts)
+        return m
+
+    @classmethod
+    def from_wire(cls, o: Any, where: str) -> GenerateOutput:
+        o = _map(o, where)
+        request_id = _get(o, "request_id", str, where)
+        at = f"{where} ({request_id})"
+        tokens = o.get("tokens")
+        if not isinstance(tokens, np.ndarray) or tokens.dtype != np.int32 or tokens.ndim != 1:
+            raise PayloadError(f"{at}: tokens are not an int32 vector")
+        lps = o.get("logprobs")
+        if not isinstance(lps, np.ndarray) or lps.dtype != np.float32 or lps.shape != tokens.shape:
+            raise PayloadError(f"{at}: logprobs are not a float32 vector as long as tokens")
+        ref = o.get("reference_logprobs")
+        if ref is not None and (not isinstance(ref, np.ndarray) or ref.dtype != np.float32
+                                or ref.shape != tokens.shape):
+            raise PayloadError(f"{at}: reference_logprobs are not a float32 vector as long as tokens")
+        finish = o.get("finish_reason")
+        if finish not in ("stop", "length"):
+            raise PayloadError(f"{at}: finish_reason {finish!r} is neither stop nor length")
+        attempts = o.get("attempts")
+        if attempts is not None and not _int(attempts):
+            raise PayloadError(f"{at}: attempts is not an integer")
+        top_ids, top_lps = o.get("top_ids"), o.get("top_logprobs")
+        if (top_ids is None) != (top_lps is None):
+            raise PayloadError(f"{at}: top_ids and top_logprobs come together or not at all")
+        if top_ids is not None:
+            if (not isinstance(top_ids, np.ndarray) or top_ids.dtype != np.int32 or top_ids.ndim != 2
+                    or top_ids.shape[0] != tokens.size):
+                raise PayloadError(f"{at}: top_ids are not an int32 [tokens, k] matrix")
+            if not isinstance(top_lps, np.ndarray) or top_lps.dtype != np.float32 or top_lps.shape != top_ids.shape:
+                raise PayloadError(f"{at}: top_logprobs are not a float32 matrix shaped as top_ids")
+        return cls(request_id, _vector(o.get("prompt_tokens"), "iu", f"{at}.prompt_tokens",
+                                       "the prompt ids the engine ran, an integer vector"),
+                   tokens, lps, cast(FinishReason, finish), ref, attempts, top_ids, top_lps)
+
+
+def _patch_calls(result: Mapping[str, Any], where: str) -> dict[str, int] | None:
+    calls = result.get("patch_calls")
+    if calls is not None and (not isinstance(calls, dict) or not all(_int(v) for v in calls.values())):
+        raise PayloadError(f"{where}.patch_calls: expected a map of patch names to call counts")
+    return calls
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    outputs: Sequence[GenerateOutput]
+    """One per request, in request order."""
+    model_digest: str
+    adapter_digest: str | None
+    """The adapter sampled from (null: the base model)."""
+    patch_calls: Mapping[str, int] | None = None
+    """A patched worker's: how often each patch's replaced operations ran during the call."""
+
+    def to_wire(self) -> dict[str, Any]:
+        m: dict[str, Any] = {"outputs": [o.to_wire() for o in self.outputs], "model_digest": self.model_digest,
+                             "adapter_digest": self.adapter_digest}
+        _put(m, "patch_calls", None if self.patch_calls is None else dict(self.patch_calls))
+        return m
+
+    @classmethod
+    def received(cls, result: Any, where: str = "generate") -> GenerateResult:
+        """`from_wire` for the core, reading a worker's report: `EvidenceError` naming the field."""
+        try:
+            return cls.from_wire(result, where)
+        except PayloadError as exc:
+            raise _evidence(exc) from None
+
+    @classmethod
+    def from_wire(cls, result: Any, where: str = "generate") -> GenerateResult:
+        result = _map(result, where)
+        outputs = result.get("outputs")
+        if not isinstance(outputs, list):
+            raise PayloadError(f"{where}: the report has no outputs")
+        return cls(tuple(GenerateOutput.from_wire(o, f"{where}: output {i}") for i, o in enumerate(outputs)),
+                   _get(result, "model_digest", str, where),
+                   _optional_str(result, "adapter_digest", where, "a hex string"), _patch_calls(result, where))
+
+
+# -- score ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScoreItem:
+    """A response to read under the model: its per-token log-probabilities, and the whole distribution at the
+    `vocab_steps`."""
+
+    item_id: str
+    prompt_ids: Sequence[int]
+    response_tokens: np.ndarray
+    """Integer [T], as the core sends it (int32)."""
+    temperature: float
+    vocab_steps: Sequence[int] = ()
+    prompt: str | None = None
+    """The prompt's text, a label no worker reads (not written when None)."""
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """int64 [T]: the response as an engine indexes with it."""
+        return self.response_tokens.astype(np.int64)
+
+    def to_wire(self) -> dict[str, Any]:
+        m: dict[str, Any] = {"item_id": self.item_id}
+        _put(m, "prompt", self.prompt)
+        m.update({"prompt_ids": list(self.prompt_ids), "response_tokens": self.response_tokens,
+                  "temperature": self.temperature, "vocab_steps": list(self.vocab_steps)})
+        return m
+
+    @classmethod
+    def from_wire(cls, it: Any, where: str) -> ScoreItem:
+        it = _map(it, where)
+        tokens = _get(it, "response_tokens", np.ndarray, where)
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu" or tokens.size == 0:
+            raise PayloadError(f"{where}.response_tokens: expected a non-empty 1-D integer array")
+        temperature = float(_get(it, "temperature", (int, float), where))
+        if temperature <= 0:
+            raise PayloadError(f"{where}.temperature: must be > 0 to score")
+        steps = it.get("vocab_steps", [])
+        if not isinstance(steps, list) or not all(_int(s) and 0 <= s < tokens.size for s in steps):
+            raise PayloadError(f"{where}.vocab_steps: must be indices into response_tokens (0..{tokens.size - 1})")
+        return cls(_get(it, "item_id", str, where), prompt_ids(it, where), tokens, temperature, steps,
+                   _label(it, where))
+
+
+@dataclass(frozen=True)
+class ScoreParams:
+    items: Sequence[ScoreItem]
+    adapter: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"items": [it.to_wire() for it in self.items], "adapter": self.adapter}
+
+    @classmethod
+    def from_wire(cls, params: Any) -> ScoreParams:
+        params = _map(params, "score")
+        raw = _get(params, "items", list, "score")
+        if not raw:
+            raise PayloadError("score.items: empty; send at least one item")
+        return cls(tuple(ScoreItem.from_wire(it, f"score.items[{i}]") for i, it in enumerate(raw)),
+                   _optional_str(params, "adapter", "score", "an adapter name"))
+
+
+@dataclass(frozen=True)
+class ScoreOutput:
+    item_id: str
+    logprobs: np.ndarray
+    """float32 [T]: each response token's log-probability at the item's temperature."""
+    vocab_logprobs: np.ndarray
+    """float32 [len(vocab_steps), V]: the whole distribution at each captured step."""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"item_id": self.item_id, "logprobs": self.logprobs, "vocab_logprobs": self.vocab_logprobs}
+
+    @classmethod
+    def from_wire(cls, o: Any, where: str) -> ScoreOutput:
+        o = _map(o, where)
+        iid = _get(o, "item_id", str, where)
+        lp, vocab = o.get("logprobs"), o.get("vocab_logprobs")
+        if not isinstance(lp, np.ndarray) or lp.dtype != np.float32 or lp.ndim != 1:
+            raise PayloadError(f"{where} ({iid}): logprobs are not a float32 vector")
+        if not isinstance(vocab, np.ndarray) or vocab.ndim != 2 or vocab.dtype != np.float32:
+            raise PayloadError(f"{where} ({iid}): vocab_logprobs are not a float32 matrix [steps, V]")
+        return cls(iid, lp, vocab)
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    outputs: Sequence[ScoreOutput]
+    """One per item, in item order."""
+    model_digest: str
+    adapter_digest: str | None
+    patch_calls: Mapping[str, int] | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        m: dict[str, Any] = {"outputs": [o.to_wire() for o in self.outputs], "model_digest": self.model_digest,
+                             "adapter_digest": self.adapter_digest}
+        _put(m, "patch_calls", None if self.patch_calls is None else dict(self.patch_calls))
+        return m
+
+    @classmethod
+    def received(cls, result: Any, where: str = "score") -> ScoreResult:
+        """`from_wire` for the core, reading a worker's report: `EvidenceError` naming the field."""
+        try:
+            return cls.from_wire(result, where)
+        except PayloadError as exc:
+            raise _evidence(exc) from None
+
+    @classmethod
+    def from_wire(cls, result: Any, where: str = "score") -> ScoreResult:
+        result = _map(result, where)
+        outputs = result.get("outputs")
+        if not isinstance(outputs, list):
+            raise PayloadError(f"{where}: the report has no outputs")
+        return cls(tuple(ScoreOutput.from_wire(o, f"{where}: output {i}") for i, o in enumerate(outputs)),
+                   _get(result, "model_digest", str, where),
+                   _optional_str(result, "adapter_digest", where, "a hex string"), _patch_calls(result, where))

@@ -1,0 +1,143 @@
+"""The typed payloads of every engine method: each struct writes exactly the map that travelled before it (same
+digest), reads back what it wrote, and refuses a malformed map with one message naming the field."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+
+from invar import canonical
+from invar.errors import ProtocolError
+from invar.protocol import MethodError
+from invar.protocol.payloads import (
+    AdapterRef,
+    GenerateOutput,
+    GenerateParams,
+    GenerateRequest,
+    GenerateResult,
+    LoadAdapterParams,
+    LoadAdapterResult,
+    LoadModelParams,
+    LoadModelResult,
+    PayloadError,
+    ScoreItem,
+    ScoreOutput,
+    ScoreParams,
+    ScoreResult,
+)
+
+DIGEST = "ab" * 32
+
+
+def _request(**changes: Any) -> GenerateRequest:
+    return GenerateRequest(**{"request_id": "u1", "prompt": "1+1=", "prompt_ids": [5, 6, 7], "seed": 3,
+                              "temperature": 1, "top_p": 1.0, "max_tokens": 4, **changes})
+
+
+def test_generate_params_write_the_map_the_core_built_by_hand() -> None:
+    # The dict every builder wrote before the struct (contract/plan.py, loop/cycle.py, runner/evaluate.py,
+    # cli/infer.py): an integer temperature stays an integer, the prompt label travels, the layout is as given.
+    by_hand = {"requests": [{"request_id": "u1", "prompt": "1+1=", "prompt_ids": [5, 6, 7], "seed": 3,
+                             "temperature": 1, "top_p": 1.0, "max_tokens": 4}],
+               "layout": [[0]], "adapter": None, "reference_adapter": None}
+    typed = GenerateParams([_request()], [[0]], None, None).to_wire()
+    assert canonical.encode(typed) == canonical.encode(by_hand)
+    assert canonical.digest(GenerateParams([_request(temperature=1.0)], [[0]]).to_wire()) != canonical.digest(by_hand)
+
+
+def test_score_and_load_params_write_the_map_the_core_built_by_hand() -> None:
+    tokens = np.array([4, 5, 2], dtype=np.int32)
+    by_hand = {"items": [{"item_id": "u1", "prompt": "p", "prompt_ids": [1, 2], "response_tokens": tokens,
+                          "temperature": 1.0, "vocab_steps": [0, 2]}], "adapter": None}
+    typed = ScoreParams([ScoreItem("u1", [1, 2], tokens, 1.0, [0, 2], prompt="p")]).to_wire()
+    assert canonical.encode(typed) == canonical.encode(by_hand)
+    load = {"model_dir": "/m", "model_digest": DIGEST, "dtype": "float32", "quantization": "none",
+            "adapter": {"path": "/a", "digest": DIGEST, "resume": True}}
+    assert LoadModelParams("/m", DIGEST, "float32", "none", AdapterRef("/a", DIGEST, True)).to_wire() == load
+    assert LoadModelParams("/m", DIGEST).to_wire() == {**load, "adapter": None}
+    assert "resume" not in AdapterRef("/a", DIGEST).to_wire()
+    assert LoadAdapterParams("policy", "/a", DIGEST).to_wire() == {"name": "policy", "path": "/a", "digest": DIGEST}
+
+
+def _output(**changes: Any) -> GenerateOutput:
+    return GenerateOutput(**{"request_id": "u1", "prompt_tokens": np.array([5, 6, 7], np.int32),
+                             "tokens": np.array([9, 2], np.int32), "logprobs": np.array([-0.5, -0.25], np.float32),
+                             "finish_reason": "stop", **changes})
+
+
+def test_results_read_back_to_the_same_bytes() -> None:
+    results: list[tuple[Any, Any]] = [
+        (GenerateResult, GenerateResult([_output(), _output(request_id="u2", reference_logprobs=np.zeros(2, np.float32),
+                                                            attempts=2)], DIGEST, None, {"matmul": 3})),
+        (ScoreResult, ScoreResult([ScoreOutput("u1", np.array([-1.0], np.float32), np.zeros((1, 7), np.float32))],
+                                  DIGEST, DIGEST)),
+        (LoadModelResult, LoadModelResult(DIGEST, None, 18, 2, 64, optimizer_steps=3)),
+        (LoadAdapterResult, LoadAdapterResult("policy", DIGEST)),
+    ]
+    for kind, result in results:
+        wire = canonical.decode(canonical.encode(result.to_wire()))
+        assert canonical.encode(kind.from_wire(wire).to_wire()) == canonical.encode(wire)
+    # The optional fields are written only when given: the maps of workers without them do not move.
+    assert set(_output().to_wire()) == {"request_id", "prompt_tokens", "tokens", "logprobs", "finish_reason"}
+    assert "optimizer_steps" not in LoadModelResult(DIGEST, None, 18, 2, 64).to_wire()
+    assert "patch_calls" not in GenerateResult([_output()], DIGEST, None).to_wire()
+
+
+def test_params_read_what_the_core_writes() -> None:
+    call = GenerateParams.from_wire(GenerateParams([_request(), _request(request_id="u2")], [[1], [0]]).to_wire())
+    assert call.batches == [[1], [0]]
+    assert [r.request_id for r in call.requests] == ["u1", "u2"]
+    assert call.requests[0].prompt == "1+1="
+    assert GenerateParams.from_wire({"requests": [_request().to_wire()]}).batches == [[0]]
+    sent = ScoreParams([ScoreItem("u1", [1], np.array([3, 4], np.int32), 2.0)]).to_wire()
+    item = ScoreParams.from_wire(sent).items[0]
+    assert item.tokens.dtype == np.int64  # what an engine indexes with
+    assert item.response_tokens.dtype == np.int32  # what travelled
+    assert list(item.vocab_steps) == []
+
+
+@pytest.mark.parametrize(("read", "wire", "message"), [
+    (GenerateParams.from_wire, {"requests": []}, "generate.requests: empty; send at least one request"),
+    (GenerateParams.from_wire, {"requests": [{**_request().to_wire(), "seed": True}]},
+     "generate.requests[0].seed: expected int, got bool"),
+    (GenerateParams.from_wire, {"requests": [_request().to_wire(), _request().to_wire()]},
+     "generate.requests[1].request_id: 'u1' is used twice"),
+    (GenerateParams.from_wire, {"requests": [_request().to_wire()], "layout": [[0, 0]]},
+     "generate.layout: must name every request index 0..0 exactly once"),
+    (GenerateParams.from_wire, {"requests": [_request().to_wire()], "adapter": 5},
+     "generate.adapter: expected an adapter name or null"),
+    (ScoreParams.from_wire, {"items": [{"item_id": "a", "prompt_ids": [1], "response_tokens": np.array([1, 2]),
+                                        "temperature": 1.0, "vocab_steps": [2]}]},
+     "score.items[0].vocab_steps: must be indices into response_tokens (0..1)"),
+    (LoadModelParams.from_wire, {"model_dir": "/m", "adapter": {"path": "/a", "rank": 2}},
+     "load_model.adapter: unknown field 'rank'"),
+    (LoadAdapterParams.from_wire, {"name": "base", "path": "/a"}, "load_adapter.name: expected 1-64 characters"),
+    (GenerateResult.from_wire, {"outputs": [_output().to_wire()]}, "generate: missing field 'model_digest'"),
+    (GenerateResult.from_wire, {"outputs": [_output(tokens=np.array([9, 2], np.int64)).to_wire()],
+                                "model_digest": DIGEST}, "generate: output 0 (u1): tokens are not an int32 vector"),
+    (GenerateResult.from_wire, {"outputs": [{**_output().to_wire(), "finish_reason": "abort"}],
+                                "model_digest": DIGEST}, "finish_reason 'abort' is neither stop nor length"),
+    (GenerateResult.from_wire, {"outputs": [_output(logprobs=np.zeros(3, np.float32)).to_wire()],
+                                "model_digest": DIGEST}, "logprobs are not a float32 vector as long as tokens"),
+    (ScoreResult.from_wire, {"outputs": [{"item_id": "a", "logprobs": np.zeros(2, np.float32),
+                                          "vocab_logprobs": np.zeros(3, np.float32)}], "model_digest": DIGEST},
+     "score: output 0 (a): vocab_logprobs are not a float32 matrix"),
+    (LoadModelResult.from_wire, {"model_digest": DIGEST, "vocab_size": 18, "eos_token_id": 2, "max_model_len": "x"},
+     "load_model result.max_model_len: expected an integer or null"),
+])
+def test_a_malformed_map_is_one_error_naming_the_field(read: Any, wire: dict[str, Any], message: str) -> None:
+    with pytest.raises(PayloadError, match=re.escape(message)) as caught:
+        read(wire)
+    # A worker answers it as a bad request; the core reads it as a protocol error of the evidence.
+    assert isinstance(caught.value, MethodError)
+    assert isinstance(caught.value, ProtocolError)
+
+
+def test_an_engine_refuses_a_dtype_it_does_not_run() -> None:
+    params = LoadModelParams.from_wire({"model_dir": "/m", "dtype": "bfloat16"})
+    assert params.require(("float32", "bfloat16"), ("none",)) is params
+    with pytest.raises(PayloadError, match=r"load_model\.dtype: 'bfloat16' is not supported by this engine"):
+        params.require(("float32",), ("none",))
