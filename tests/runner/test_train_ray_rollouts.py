@@ -32,7 +32,7 @@ class _Worker:
             raise WorkerLost(f"{self.name}: the Ray actor relaying the worker is gone (ActorDiedError)")
         self.adapter = params["digest"]
         self.log.append((self.name, method, params["digest"]))
-        return {"adapter_digest": params["digest"]}
+        return {"name": params["name"], "adapter_digest": params["digest"]}  # as every worker answers it
 
     def submit(self, method: str, params: dict[str, Any]) -> _Call:
         if self.lost:
