@@ -4,6 +4,7 @@ every refusal one line with exit 2."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -248,12 +249,30 @@ def test_a_unit_whose_first_token_differs_has_no_shared_prefix_not_a_delta_of_0(
     assert "max |Δ|" not in line
 
 
+def test_comparing_two_runs_shows_each_part_on_stderr_and_quiet_shows_none(runs: dict[str, Path],
+                                                                           tmp_path: Path) -> None:
+    args = ("compare", "numerical", runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"], "--json",
+            "--report", tmp_path / "r.html")
+    shown = _invar(*args)
+    quiet = _invar(*args[:-1], tmp_path / "q.html", "--quiet")
+    assert shown.returncode == quiet.returncode == 0, shown.stderr
+    lines = [re.fullmatch(r"invar: (.+)… \d+\.\d s", line) for line in shown.stderr.splitlines()]
+    assert all(lines), shown.stderr
+    assert [m[1] for m in lines if m is not None] == [
+        "reading REF_RUN (every record verified)", "reading CAND_RUN (every record verified)",
+        "reading --cand-scores (every record verified)", "comparing the numbers", "writing the report"]
+    assert quiet.stderr == ""
+    first, second = json.loads(shown.stdout), json.loads(quiet.stdout)
+    first["sources"].pop("report"), second["sources"].pop("report")
+    assert first == second
+
+
 def test_runs_with_other_requests_or_seeds_are_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
     other = units(8)
     other[6].seed += 1
-    out = _invar("compare", "numerical", runs["ref"], generate_run(tmp_path / "seeds", other))
+    out = _invar("compare", "numerical", "--quiet", runs["ref"], generate_run(tmp_path / "seeds", other))
     _one_line_refusal(out, "different requests", "seed")
-    out = _invar("compare", "numerical", runs["ref"], generate_run(tmp_path / "fewer", units(6)))
+    out = _invar("compare", "numerical", "--quiet", runs["ref"], generate_run(tmp_path / "fewer", units(6)))
     _one_line_refusal(out, "different requests", "in REF_RUN only")
 
 
@@ -266,15 +285,17 @@ def test_a_run_whose_records_fail_verification_is_one_line(runs: dict[str, Path]
     conn.commit()
     conn.close()
     # The message names the run that failed (the candidate here), not only the record (issue 27).
-    _one_line_refusal(_invar("compare", "numerical", runs["ref"], bad), f"CAND_RUN {bad}: record {seq}", "altered")
-    _one_line_refusal(_invar("compare", "numerical", bad, runs["ref"]), f"REF_RUN {bad}: record {seq}", "altered")
+    _one_line_refusal(_invar("compare", "numerical", "--quiet", runs["ref"], bad), f"CAND_RUN {bad}: record {seq}",
+                      "altered")
+    _one_line_refusal(_invar("compare", "numerical", "--quiet", bad, runs["ref"]), f"REF_RUN {bad}: record {seq}",
+                      "altered")
 
 
 def test_a_capture_of_another_vocabulary_size_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
     ref_units = units(8)
     wide = [Scored(u, u.lp(), [0], np.zeros((1, 30), np.float32) - np.log(np.float32(30))) for u in ref_units]
     scores = score_run(tmp_path / "wide", wide, runs["ref"])
-    out = _invar("compare", "numerical", runs["ref"], runs["same"], "--cand-scores", scores, "--ref-scores",
+    out = _invar("compare", "numerical", "--quiet", runs["ref"], runs["same"], "--cand-scores", scores, "--ref-scores",
                  runs["ref_scores"])
     _one_line_refusal(out, "vocabulary of 18 tokens", "30")
 
@@ -283,7 +304,7 @@ def test_a_step_beyond_a_responses_end_is_one_line(runs: dict[str, Path], tmp_pa
     ref_units = units(8)
     far = [Scored(u, u.lp(), [9], capture(i, 1)) for i, u in enumerate(ref_units)]
     scores = score_run(tmp_path / "far", far, runs["ref"])
-    out = _invar("compare", "numerical", runs["ref"], runs["same"], "--cand-scores", scores)
+    out = _invar("compare", "numerical", "--quiet", runs["ref"], runs["same"], "--cand-scores", scores)
     _one_line_refusal(out, "step 9 is beyond the response's end")
     # invar score refuses such a step before any worker starts.
     out = _invar("score", "--from-run", runs["ref"], "--capture-steps", "0,9", "--run", tmp_path / "never")
@@ -292,5 +313,5 @@ def test_a_step_beyond_a_responses_end_is_one_line(runs: dict[str, Path], tmp_pa
 
 
 def test_scores_of_other_tokens_than_the_references_are_one_line(runs: dict[str, Path]) -> None:
-    out = _invar("compare", "numerical", runs["cand"], runs["ref"], "--cand-scores", runs["cand_scores"])
+    out = _invar("compare", "numerical", "--quiet", runs["cand"], runs["ref"], "--cand-scores", runs["cand_scores"])
     _one_line_refusal(out, "other tokens than REF_RUN's response")

@@ -91,3 +91,28 @@ def test_a_refusal_is_the_last_line_after_the_phases_and_the_only_line_when_quie
     quiet = _invar("use", "admit", refused, "--contract", ws.contract_path, "--quiet")
     assert quiet.returncode == 2
     assert quiet.stderr == error + "\n"
+
+
+def test_use_verify_shows_the_recomputation_and_quiet_shows_none(run: Path, ws: Workspace, tmp_path: Path) -> None:
+    receipt = tmp_path / "receipt.json"
+    assert _invar("use", "admit", run, "--contract", ws.contract_path, "--receipt", receipt,
+                  "--quiet").returncode == 11
+    args = ("use", "verify", receipt, "--run", run, "--contract", ws.contract_path, "--trust-embedded-key", "--json")
+    shown, quiet = _invar(*args), _invar(*args, "--quiet")
+    assert shown.returncode == quiet.returncode == 0, shown.stderr
+    assert _phases(shown.stderr) == PHASES
+    assert quiet.stderr == ""
+    assert shown.stdout == quiet.stdout
+    assert json.loads(shown.stdout)["verified"] is True
+
+
+def test_compare_numerical_of_a_use_run_shows_its_parts_then_admissions(run: Path, ws: Workspace,
+                                                                      tmp_path: Path) -> None:
+    args = ("compare", "numerical", run, "--contract", ws.contract_path, "--json")
+    shown, quiet = _invar(*args), _invar(*args, "--quiet")
+    assert shown.returncode == quiet.returncode == 0, shown.stderr
+    assert _phases(shown.stderr) == ["reading the contract's inputs", "reading the run's records under the contract",
+                                     "scoring the responses", "comparing the numbers", *PHASES]
+    assert quiet.stderr == ""
+    assert shown.stdout == quiet.stdout
+    assert json.loads(shown.stdout)["decision"]["answer"] == "Unknown"

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from invar.cli.common import JsonOpt, emit_model
+from invar.cli.common import JsonOpt, QuietOpt, emit_model
 from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, NumericalComparison, compare
 from invar.compare.runs import pair_runs, read_generate_run, read_score_run
 from invar.contract.compare_run import compare_use_run
@@ -162,42 +162,55 @@ def numerical(
         Path | None, typer.Option("--report", help="Write a self-contained HTML report here (and PNGs beside it).")
     ] = None,
     json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Where the candidate's tokens first part from the reference's, whether the bits agree before that, how the
     candidate scores the reference's responses, and how far the full next-token distributions are apart."""
     if not large_step > 0:
         raise InvarError(f"--large-step {large_step}: must be a positive number of nats")
-    try:
-        if len(runs) == 2:
-            if contract is not None:
-                raise InvarError("--contract goes with one use run; two runs are compared by their records alone")
-            ref = read_generate_run(runs[0], "REF_RUN")
-            cand = read_generate_run(runs[1], "CAND_RUN")
-            cand_s = None if cand_scores is None else read_score_run(cand_scores, "--cand-scores")
-            ref_s = None if ref_scores is None else read_score_run(ref_scores, "--ref-scores")
-            pairs, captures = pair_runs(ref, cand, cand_s, ref_s)
-            sources: dict[str, Any] = {
-                "mode": "runs",
-                "reference": {**ref.describe(), "label": _label(ref.describe())},
-                "candidate": {**cand.describe(), "label": _label(cand.describe())},
-                "cand_scores": None if cand_s is None else cand_s.describe(),
-                "ref_scores": None if ref_s is None else ref_s.describe(),
-            }
-            result = compare(pairs, captures, context="reference", large_step=large_step, sources=sources)
-        elif len(runs) == 1:
-            if cand_scores is not None or ref_scores is not None:
-                raise InvarError("--cand-scores and --ref-scores go with REF_RUN CAND_RUN; a use run carries its "
-                                 "measurements in its records")
-            result = compare_use_run(runs[0], contract, large_step=large_step)
-        else:
-            raise InvarError(f"give one use run, or REF_RUN CAND_RUN; got {len(runs)} runs")
-    except InputError as exc:
-        raise InvarError(str(exc)) from None
-    if report is not None:
-        from invar.compare.report import write_report
+    if len(runs) not in (1, 2):
+        raise InvarError(f"give one use run, or REF_RUN CAND_RUN; got {len(runs)} runs")
+    if len(runs) == 2 and contract is not None:
+        raise InvarError("--contract goes with one use run; two runs are compared by their records alone")
+    if len(runs) == 1 and (cand_scores is not None or ref_scores is not None):
+        raise InvarError("--cand-scores and --ref-scores go with REF_RUN CAND_RUN; a use run carries its "
+                         "measurements in its records")
+    from invar.cli.progress import admission_steps, reporting
 
-        written = write_report(result, report)
-        result.sources["report"] = [str(p) for p in written]
+    with reporting(quiet) as shown:
+        try:
+            if len(runs) == 2:
+                shown.phase("reading REF_RUN (every record verified)")
+                ref = read_generate_run(runs[0], "REF_RUN")
+                shown.phase("reading CAND_RUN (every record verified)")
+                cand = read_generate_run(runs[1], "CAND_RUN")
+                if cand_scores is not None:
+                    shown.phase("reading --cand-scores (every record verified)")
+                cand_s = None if cand_scores is None else read_score_run(cand_scores, "--cand-scores")
+                if ref_scores is not None:
+                    shown.phase("reading --ref-scores (every record verified)")
+                ref_s = None if ref_scores is None else read_score_run(ref_scores, "--ref-scores")
+                shown.phase("comparing the numbers")
+                pairs, captures = pair_runs(ref, cand, cand_s, ref_s)
+                sources: dict[str, Any] = {
+                    "mode": "runs",
+                    "reference": {**ref.describe(), "label": _label(ref.describe())},
+                    "candidate": {**cand.describe(), "label": _label(cand.describe())},
+                    "cand_scores": None if cand_s is None else cand_s.describe(),
+                    "ref_scores": None if ref_s is None else ref_s.describe(),
+                }
+                result = compare(pairs, captures, context="reference", large_step=large_step, sources=sources)
+            else:
+                result = compare_use_run(runs[0], contract, large_step=large_step, phase=shown.phase,
+                                         progress=admission_steps(shown))
+        except InputError as exc:
+            raise InvarError(str(exc)) from None
+        if report is not None:
+            from invar.compare.report import write_report
+
+            shown.phase("writing the report")
+            written = write_report(result, report)
+            result.sources["report"] = [str(p) for p in written]
     if json_out:
         from invar.outputs import CompareNumericalOutput  # the models cost a start that prints text nothing
 

@@ -16,7 +16,8 @@ import contextlib
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from rich.console import Console
 from rich.progress import (
@@ -137,3 +138,29 @@ def reporting(quiet: bool) -> Iterator[Reporter]:
     """The reporter of one command, shown until it ends."""
     with Reporter(quiet=quiet) as reporter:
         yield reporter
+
+
+class AdmissionStep(Protocol):
+    """A phase of admission as `invar.contract.admit.Step` states it (read here by its fields, so showing it
+    needs no contract module)."""
+
+    @property
+    def phase(self) -> str: ...
+    @property
+    def done(self) -> int | None: ...
+    @property
+    def total(self) -> int | None: ...
+
+
+def admission_steps(shown: Reporter) -> Callable[[AdmissionStep], None]:
+    """The progress sink of a command that decides admission (`use admit`, `use verify`, `compare numerical` of a
+    use run): verifying the records counts calls; every other phase is a line."""
+
+    def show(step: AdmissionStep) -> None:
+        if step.total is None:
+            shown.phase(step.phase)
+            return
+        shown.phase(step.phase, total=step.total, unit="calls", done=step.done or 0)
+        shown.count(step.done or 0)
+
+    return show

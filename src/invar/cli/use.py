@@ -25,7 +25,6 @@ from invar.runner.engine import Engine, default_run_dir, parse_launch_settings, 
 # --help (and the family's start) then reads none of them (tests/cli/test_version.py).
 if TYPE_CHECKING:
     from invar.cli.progress import Reporter
-    from invar.contract.admit import Step
     from invar.contract.decide import Decision
     from invar.contract.model import Contract
     from invar.contract.plan import PlannedCall
@@ -487,19 +486,6 @@ def _run_progress(shown: Reporter) -> tuple[Callable[[Progress], None], Callable
     return show, phase
 
 
-def _admit_progress(shown: Reporter) -> Callable[[Step], None]:
-    """The progress sink of `use admit`: verifying the records counts calls; every other phase is a line."""
-
-    def show(step: Step) -> None:
-        if step.total is None:
-            shown.phase(step.phase)
-            return
-        shown.phase(step.phase, total=step.total, unit="calls", done=step.done or 0)
-        shown.count(step.done or 0)
-
-    return show
-
-
 @app.command("admit")
 def admit_cmd(
     run: RunDir,
@@ -516,7 +502,7 @@ def admit_cmd(
 ) -> None:
     """Decide admission of a run under the owner's contract: exit 0 Admitted, 10 Violated, 11 Unknown."""
     from invar import outputs
-    from invar.cli.progress import reporting
+    from invar.cli.progress import admission_steps, reporting
     from invar.contract.admit import admit
     from invar.contract.decide import EXIT_CODES
     from invar.contract.receipt import fingerprint, load_private_key, make_receipt, write_receipt
@@ -525,7 +511,7 @@ def admit_cmd(
         raise InvarError("--key signs a receipt; add --receipt PATH for the receipt to write")
     private = load_private_key(key) if key is not None else None  # a bad key fails before the long part
     with reporting(quiet) as shown:
-        decision = admit(contract, run, expect_head=expect_head, progress=_admit_progress(shown))
+        decision = admit(contract, run, expect_head=expect_head, progress=admission_steps(shown))
         if receipt is not None:
             shown.phase("writing the receipt")
             write_receipt(receipt, make_receipt(decision, private, contract=contract))
@@ -557,6 +543,7 @@ def verify_cmd(
                                                         "which anyone could have signed.")
     ] = False,
     json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Recompute a receipt's decision from the run's records, anchored at its head, and check its signature.
 
@@ -564,9 +551,12 @@ def verify_cmd(
     is valid; 2, naming what is wrong, otherwise.
     """
     from invar import outputs
+    from invar.cli.progress import admission_steps, reporting
     from invar.contract.receipt import verify_receipt
 
-    check = verify_receipt(receipt, run, contract, public_key, trust_embedded_key=trust_embedded_key)
+    with reporting(quiet) as shown:
+        check = verify_receipt(receipt, run, contract, public_key, trust_embedded_key=trust_embedded_key,
+                               progress=admission_steps(shown))
     d = check.decision
     if json_out:
         emit_model(outputs.UseVerifyOutput(

@@ -15,11 +15,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from invar.compare.numerical import DEFAULT_LARGE_STEP, NumericalComparison
-from invar.contract.admit import admit, measurement_comparison
+from invar.contract.admit import Step, admit, measurement_comparison
 from invar.contract.bind import stream_evidence
 from invar.contract.decide import Decision, layout_losses
 from invar.contract.inputs import read_anchors
@@ -46,20 +47,26 @@ def run_contract_path(run: Path) -> Path:
     return path
 
 
-def compare_use_run(run: Path, contract_path: Path | None, *, large_step: float = DEFAULT_LARGE_STEP
-                    ) -> NumericalComparison:
-    """Compare the reference and the candidate of a finished use run under its contract."""
+def compare_use_run(run: Path, contract_path: Path | None, *, large_step: float = DEFAULT_LARGE_STEP,
+                    phase: Callable[[str], object] = lambda text: None,
+                    progress: Callable[[Step], object] = lambda step: None) -> NumericalComparison:
+    """Compare the reference and the candidate of a finished use run under its contract. `phase` is told each part
+    as it starts; `progress`, the phases of admission's decision for the headline (`admit`'s)."""
     if not is_run(run):
         raise InvarError(f"{run}: no run store here (expected records.sqlite); pass a run directory")
     contract_file = contract_path if contract_path is not None else run_contract_path(run)
     contract, sha = read_contract(contract_file)
     roles: tuple[Role, Role] = ("reference", "candidate")
     with RunStore.open(run) as store, tempfile.TemporaryDirectory(prefix="invar-compare-") as scratch:
+        phase("reading the contract's inputs")
         plan, vocab = read_anchors(contract, sha, contract_file.parent, store, Path(scratch))
+        phase("reading the run's records under the contract")
         bound = stream_evidence(store, contract, sha, plan, {r: frozenset(vocab[r].eos_token_ids) for r in roles})
         scorer = contract_scorer(contract, contract_file.parent)
+        phase("scoring the responses")
         losses = {role: layout_losses(plan, bound.found, role, plan.pairing_layout, vocab[role], scorer)
                   for role in roles}
+        phase("comparing the numbers")
         result = measurement_comparison(store, contract, plan, bound, vocab, losses["reference"],
                                         losses["candidate"], large_step=large_step)
         expected = {u.unit_id: None if u.source is None else _shown(thaw(u.source.answer)) for u in plan.units}
@@ -69,7 +76,7 @@ def compare_use_run(run: Path, contract_path: Path | None, *, large_step: float 
     # The headline's decision is use admit's own, computed by the same function after the comparison is done
     # (so the two never hold their records at once); a run admission refuses is compared all the same.
     try:
-        decision: dict[str, Any] = decision_summary(admit(contract_file, run))
+        decision: dict[str, Any] = decision_summary(admit(contract_file, run, progress=progress))
     except InvarError as exc:
         decision = {"answer": None, "reason": f"not decided: {exc}", "bound": None}
     return dataclasses.replace(result, units=units, decision=decision)

@@ -32,6 +32,7 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NoReturn
@@ -41,7 +42,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from invar import canonical
-from invar.contract.admit import admit
+from invar.contract.admit import Step, admit
 from invar.contract.decide import Decision
 from invar.contract.model import Contract, read_contract
 from invar.errors import EvidenceError, InvarError
@@ -559,13 +560,14 @@ def _check_signature(shape: _Shape, key: Ed25519PublicKey, signer: _Signer, sign
 
 
 def verify_receipt(receipt_path: Path, run: Path, contract: Path, public_key: Path | None = None, *,
-                   trust_embedded_key: bool = False) -> ReceiptCheck:
+                   trust_embedded_key: bool = False, progress: Callable[[Step], object] = lambda step: None
+                   ) -> ReceiptCheck:
     """Check a receipt's envelope and signature, then recompute the decision from the run with the receipt's head as
     anchor and compare every field. Raises `InvarError` (naming what is wrong) unless everything matches.
 
     Strict by default: give `public_key` (the issuer's key, held independently), or `trust_embedded_key` to check the
     signature against the key the receipt carries (or to take an unsigned receipt), which shows only that the receipt
-    is unchanged since whoever holds that key signed it.
+    is unchanged since whoever holds that key signed it. `progress` is told the phases of the recomputation (`admit`'s).
     """
     if public_key is not None and trust_embedded_key:
         raise InvarError("--public-key and --trust-embedded-key: give one; --public-key checks who signed, "
@@ -584,7 +586,7 @@ def verify_receipt(receipt_path: Path, run: Path, contract: Path, public_key: Pa
             except ValueError:
                 shape.refuse("the receipt holds a number JSON cannot state")
             _check_signature(shape, key, signer, signed)
-        decision = admit(contract, run, expect_head=head)
+        decision = admit(contract, run, expect_head=head, progress=progress)
         diff = _first_difference(receipt_body(decision), body, "receipt")
     else:
         payload, signer = _dsse(shape, data)
@@ -593,7 +595,7 @@ def verify_receipt(receipt_path: Path, run: Path, contract: Path, public_key: Pa
             _check_signature(shape, key, signer, pae(PAYLOAD_TYPE, payload))
         doc = strict_json(payload, str(receipt_path), "the envelope's payload")
         head = _statement_head(shape, doc)
-        decision = admit(contract, run, expect_head=head)
+        decision = admit(contract, run, expect_head=head, progress=progress)
         expected = statement(decision, _decided_under(decision, contract))
         diff = _first_difference(expected, doc, "statement")
         if diff is None and payload != _canonical_json(expected):
