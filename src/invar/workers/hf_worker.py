@@ -74,7 +74,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,10 +95,14 @@ from invar.protocol.payloads import (
     GenerateOutput,
     GenerateParams,
     GenerateResult,
+    LearnerSample,
+    LearnerStepParams,
+    LearnerStepResult,
     LoadAdapterParams,
     LoadAdapterResult,
     LoadModelParams,
     LoadModelResult,
+    LoraParams,
     ScoreOutput,
     ScoreParams,
     ScoreResult,
@@ -107,16 +111,12 @@ from invar.protocol.server import add_channel_argument, serve_roles
 from invar.workers.common import (
     ADAPTER_WEIGHTS,
     BASE_DIGEST_KEY,
-    LearnerStep,
-    LoraSettings,
     PatchRefused,
     add_patch_arguments,
     check_prompt_ids,
     check_tokens,
     check_trained_on,
     load_patches,
-    parse_learner_step,
-    parse_schedule,
     read_lora_config,
     response_end_ids,
     verify_dir,
@@ -153,7 +153,7 @@ def _base_layer(module: Any) -> Any:
     return module.get_base_layer() if lora is not None and isinstance(module, lora.LoraLayer) else module
 
 
-def _target_names(model: Any, targets: list[str]) -> list[str]:
+def _target_names(model: Any, targets: Sequence[str]) -> list[str]:
     """Module names a LoRA `target_modules` list selects (PEFT's rule: the name or its last components), in order."""
     names = []
     for name, module in model.named_modules():
@@ -596,7 +596,7 @@ class Engine:
                 "exp_avg_sq": moments[f"{name}.exp_avg_sq"].to(param.device).clone()}
         trainer.steps = steps
 
-    def _fresh(self, lora: LoraSettings, seed: int) -> None:
+    def _fresh(self, lora: LoraParams, seed: int) -> None:
         """A new adapter with PEFT's default init: A kaiming-uniform from a generator seeded by `seed`, B zero."""
         m = self.loaded("learner_step")
         names = _target_names(m.model, lora.target_modules)
@@ -617,15 +617,15 @@ class Engine:
 
     def learner_step(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.loaded("learner_step")
-        step = parse_learner_step(params)
+        step = LearnerStepParams.from_wire(params, reductions=REDUCTIONS)
         rows: list[tuple[list[int], Any]] = []
         for i, s in enumerate(step.samples):
             where = f"learner_step.samples[{i}]"
             check_tokens(s.tokens, m.vocab_size, f"{where}.tokens")
-            prompt_ids = self.prompt(s.prompt_ids, where)
+            prompt_ids = self.prompt(list(s.prompt_ids), where)
             self.check_length(len(prompt_ids), int(s.tokens.size), where)
-            rows.append((prompt_ids, s.tokens))
-        if step.objective.kl_coef != 0 and any(s.reference is None for s in step.samples):
+            rows.append((prompt_ids, s.tokens.astype(np.int64)))
+        if step.objective.kl_coef != 0 and any(s.reference_logprobs is None for s in step.samples):
             raise MethodError("learner_step: objective.kl_coef is not 0, so every sample needs reference_logprobs")
         save_dir = Path(step.save_dir)
         if save_dir.exists() and (not save_dir.is_dir() or any(save_dir.iterdir())):
@@ -645,7 +645,9 @@ class Engine:
                 "only shape a fresh adapter: send the same ones or none")
         start_digest = trainer.adapter.digest
 
-        schedule = _schedule(params.get("schedule"), len(rows))
+        # Absent: the whole batch in one padded forward and one backward (the learner's behaviour before schedules
+        # existed).
+        schedule = None if step.schedule is None else step.schedule.split(len(rows))
         opt = step.optimizer
         if trainer.optimizer is None:
             trainer.optimizer = torch.optim.AdamW(trainer.params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
@@ -684,20 +686,16 @@ class Engine:
                                                                 m.model_digest), optimizer_steps=trainer.steps)
         tensors = {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
                    for k, v in state.items()}
-        trainer.adapter.digest = canonical.tree_digest(str(save_dir))
-        return {
-            "proximal_logprobs": [c.detach().cpu().numpy().astype(np.float32) for c in current],
-            **terms,
-            "grad_norm": float(grad_norm),
-            "adapter_dir": str(save_dir),
-            "adapter_digest": trainer.adapter.digest,
-            "adapter_tensors": tensors,
-            "start_adapter_digest": start_digest,
-            "optimizer_steps": trainer.steps,
-            "model_digest": m.model_digest,
-        }
+        digest = trainer.adapter.digest = canonical.tree_digest(str(save_dir))
+        return LearnerStepResult(
+            proximal_logprobs=[c.detach().cpu().numpy().astype(np.float32) for c in current],
+            loss=terms["loss"], policy=terms["policy"], kl=terms["kl"],
+            importance_weight_mean=terms["importance_weight_mean"], tokens=terms["tokens"],
+            grad_norm=float(grad_norm), adapter_dir=str(save_dir), adapter_digest=digest, adapter_tensors=tensors,
+            start_adapter_digest=start_digest, optimizer_steps=trainer.steps, model_digest=m.model_digest,
+        ).to_wire()
 
-    def _scheduled_gradients(self, rows: list[tuple[list[int], Any]], step: LearnerStep, micro_batch: int,
+    def _scheduled_gradients(self, rows: list[tuple[list[int], Any]], step: LearnerStepParams, micro_batch: int,
                              reduction: str) -> tuple[list[Any], dict[str, Any]]:
         """The gradient of the batch's loss, in micro-batches of `micro_batch` sequences, left in `.grad`.
 
@@ -794,15 +792,10 @@ def _f32(values: list[Any]) -> np.ndarray:
 
 
 REDUCTIONS = ("float64-sequence", "float32-microbatch")
+"""The `learner_step.schedule` reductions this learner computes."""
 
 
-def _schedule(raw: Any, rows: int) -> tuple[int, str] | None:
-    """`learner_step.schedule`; absent: None, the whole batch in one padded forward and one backward (the learner's
-    behaviour before schedules existed)."""
-    return parse_schedule(raw, rows, REDUCTIONS)
-
-
-def _objective(current: list[Any], step: LearnerStep, *, samples: list[Any] | None = None,
+def _objective(current: list[Any], step: LearnerStepParams, *, samples: Sequence[LearnerSample] | None = None,
                n: int | None = None) -> dict[str, Any]:
     """invar.loop.objective's loss, per token in float32, at current = proximal (the update's first step).
 
@@ -817,7 +810,7 @@ def _objective(current: list[Any], step: LearnerStep, *, samples: list[Any] | No
     policy_terms, kl_terms, weights = [], [], []
     for c, s in zip(current, step.samples if samples is None else samples, strict=True):
         proximal = c.detach()
-        behavior = torch.as_tensor(s.behavior, device=c.device)
+        behavior = torch.as_tensor(s.behavior_logprobs, device=c.device)
         a = torch.tensor(float(np.float32(s.advantage)), dtype=torch.float32, device=c.device)
         w = torch.exp(proximal - behavior)  # the importance weight: FP32, exactly 1 where the two are equal
         if o.importance_cap is not None:
@@ -827,8 +820,8 @@ def _objective(current: list[Any], step: LearnerStep, *, samples: list[Any] | No
         surrogate = torch.minimum(r * a, torch.clamp(r, lo, hi) * a)
         policy_terms.append(-(w * surrogate))
         weights.append(w)
-        if s.reference is not None and o.kl_coef != 0:
-            d = torch.as_tensor(s.reference, device=c.device) - c
+        if s.reference_logprobs is not None and o.kl_coef != 0:
+            d = torch.as_tensor(s.reference_logprobs, device=c.device) - c
             kl_terms.append(torch.expm1(d) - d)  # k3 as the core has it: no cancellation from size 1
     if n is None:
         n = sum(int(t.numel()) for t in policy_terms)

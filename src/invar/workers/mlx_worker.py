@@ -85,21 +85,22 @@ from invar.protocol.payloads import (
     GenerateParams,
     GenerateRequest,
     GenerateResult,
+    LearnerSample,
+    LearnerStepParams,
+    LearnerStepResult,
     LoadAdapterParams,
     LoadAdapterResult,
     LoadModelParams,
     LoadModelResult,
+    LoraParams,
     ScoreOutput,
     ScoreParams,
     ScoreResult,
 )
 from invar.protocol.server import add_channel_argument, serve_roles
 from invar.workers.common import (
-    LoraSettings,
     check_prompt_ids,
     check_tokens,
-    parse_learner_step,
-    parse_schedule,
     response_end_ids,
     verify_dir,
     versions,
@@ -411,12 +412,12 @@ class Engine:
         import mlx.optimizers as optim  # the learner's alone
 
         m = self.need("learner_step")
-        step = parse_learner_step(params)
+        step = LearnerStepParams.from_wire(params, reductions=REDUCTIONS)
         rows = []
         for i, s in enumerate(step.samples):
             where = f"learner_step.samples[{i}]"
             check_tokens(s.tokens, m.vocab_size, f"{where}.tokens")
-            rows.append((self.prompt(s.prompt_ids, int(s.tokens.size), where), s))
+            rows.append((self.prompt(list(s.prompt_ids), int(s.tokens.size), where), s))
         save_dir = Path(step.save_dir)
         if save_dir.exists() and (not save_dir.is_dir() or any(save_dir.iterdir())):
             raise MethodError(f"learner_step.save_dir: {step.save_dir!r} exists and is not an empty folder; "
@@ -468,12 +469,12 @@ class Engine:
                 kl = mx.expm1(d) - d  # k3 as the core has it: no cancellation from size 1
             return mx.sum(policy + o.kl_coef * kl) / n, current, policy, kl, w
 
-        def inputs(prompt: list[int], s: Any) -> tuple[Any, ...]:
-            behavior = mx.array(s.behavior)
+        def inputs(prompt: list[int], s: LearnerSample) -> tuple[Any, ...]:
+            behavior = mx.array(s.behavior_logprobs)
             return (mx.array([prompt + [int(t) for t in s.tokens[:-1]]], dtype=mx.int32), len(prompt) - 1,
                     mx.array(s.tokens.astype(np.int32)), behavior,
-                    behavior if s.reference is None else mx.array(s.reference), mx.array(np.float32(s.advantage)),
-                    s.reference is not None and o.kl_coef != 0.0)
+                    behavior if s.reference_logprobs is None else mx.array(s.reference_logprobs),
+                    mx.array(np.float32(s.advantage)), s.reference_logprobs is not None and o.kl_coef != 0.0)
 
         def micro_loss(batch: list[tuple[Any, ...]]) -> tuple[mx.array, ...]:
             """The summed loss of a micro-batch in one graph (the float32-microbatch control), then each
@@ -484,7 +485,10 @@ class Engine:
                 total = total + out[0]
             return (total, *[x for out in outs for x in out[1:]])
 
-        micro_batch, reduction = _schedule(params.get("schedule"), len(rows))
+        # Absent: the whole batch, per-sequence gradients summed in float32 in sequence order (the learner's
+        # behaviour before schedules existed).
+        micro_batch, reduction = (len(rows), "float32-sequence") if step.schedule is None \
+            else step.schedule.split(len(rows))
         grads: Any = None
         proximal, policy_terms, kl_terms, weights = [], [], [], []
         for first in range(0, len(rows), micro_batch):
@@ -530,25 +534,19 @@ class Engine:
             trainee.adapter.weights[module] = (lora.lora_a, lora.lora_b)
 
         tensors = self.save(trainee, save_dir)
+        digest = trainee.adapter.digest
+        assert digest is not None  # `save` names the folder it wrote
         policy_mean = float(np.sum(np.concatenate(policy_terms), dtype=np.float64)) / n
         kl_mean = float(np.sum(np.concatenate(kl_terms), dtype=np.float64)) / n
-        return {
-            "proximal_logprobs": proximal,
-            "loss": policy_mean + o.kl_coef * kl_mean,
-            "policy": policy_mean,
-            "kl": kl_mean,
-            "importance_weight_mean": float(np.sum(np.concatenate(weights), dtype=np.float64)) / n,
-            "tokens": n,
-            "grad_norm": float(grad_norm.item()),
-            "adapter_dir": str(save_dir),
-            "adapter_digest": trainee.adapter.digest,
-            "adapter_tensors": tensors,
-            "start_adapter_digest": start_digest,
-            "optimizer_steps": trainee.steps,
-            "model_digest": m.model_digest,
-        }
+        return LearnerStepResult(
+            proximal_logprobs=proximal, loss=policy_mean + o.kl_coef * kl_mean, policy=policy_mean, kl=kl_mean,
+            importance_weight_mean=float(np.sum(np.concatenate(weights), dtype=np.float64)) / n, tokens=n,
+            grad_norm=float(grad_norm.item()), adapter_dir=str(save_dir), adapter_digest=digest,
+            adapter_tensors=tensors, start_adapter_digest=start_digest, optimizer_steps=trainee.steps,
+            model_digest=m.model_digest,
+        ).to_wire()
 
-    def fresh(self, lora: LoraSettings, seed: int) -> Adapter:
+    def fresh(self, lora: LoraParams, seed: int) -> Adapter:
         """A new adapter: a uniform in ±1/√in from the seed (the range of mlx-lm's and PEFT's default
         init), b = 0, so the first update starts at the base model exactly."""
         m = self.need("learner_step")
@@ -662,13 +660,7 @@ def _read_adapter(path: str, digest: str | None, m: Loaded, where: str) -> Adapt
 
 
 REDUCTIONS = ("float64-sequence", "float32-microbatch", "float32-sequence")
-
-
-def _schedule(raw: Any, rows: int) -> tuple[int, str]:
-    """`learner_step.schedule`. Absent: the whole batch, per-sequence gradients summed in float32 in sequence order
-    (the learner's behaviour before schedules existed)."""
-    parsed = parse_schedule(raw, rows, REDUCTIONS)
-    return (rows, "float32-sequence") if parsed is None else parsed
+"""The `learner_step.schedule` reductions this learner computes."""
 
 
 def _log_softmax(logits: mx.array, temperature: float) -> mx.array:
