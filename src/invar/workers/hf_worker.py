@@ -89,9 +89,10 @@ from transformers.cache_utils import DynamicCache
 from transformers.utils import logging as hf_logging
 
 from invar import __version__, canonical
-from invar.loop.checkpoint import MANIFEST, MOMENTS, OPTIMIZER_WEIGHTS, save_atomically
+from invar.loop.checkpoint import BASE_DIGEST_KEY, MANIFEST, MOMENTS, OPTIMIZER_WEIGHTS, save_atomically
 from invar.protocol import MethodError, Role, Server, exit_worker
 from invar.protocol.payloads import (
+    FinishReason,
     GenerateOutput,
     GenerateParams,
     GenerateResult,
@@ -110,7 +111,6 @@ from invar.protocol.payloads import (
 from invar.protocol.server import add_channel_argument, serve_roles
 from invar.workers.common import (
     ADAPTER_WEIGHTS,
-    BASE_DIGEST_KEY,
     PatchRefused,
     add_patch_arguments,
     check_prompt_ids,
@@ -219,8 +219,9 @@ def _write_checkpoint(folder: Path, state: dict[str, Any], moments: dict[str, An
     (no paths, no times)."""
     from peft import LoraConfig
 
-    LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=adapter.target_modules, lora_dropout=0.0,
-               bias="none", task_type="CAUSAL_LM", inference_mode=True).save_pretrained(str(folder))
+    # peft annotates lora_alpha as an int; it scales by the float alpha / r as given (as the adapter's file says).
+    LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=adapter.target_modules,  # type: ignore[arg-type]
+               lora_dropout=0.0, bias="none", task_type="CAUSAL_LM", inference_mode=True).save_pretrained(str(folder))
     # peft keeps target_modules as a set and writes it in the process's hash order: sort it, or one adapter would
     # have two spellings (two digests) across processes.
     config_path = folder / "adapter_config.json"
@@ -254,7 +255,7 @@ class RowResult:
     tokens: list[int]
     logprobs: list[Any]
     vocab: list[Any]
-    finish_reason: str
+    finish_reason: FinishReason
 
 
 @dataclass
@@ -313,7 +314,7 @@ class Engine:
             if req.quantization == "nf4":
                 from transformers import BitsAndBytesConfig
 
-                kwargs["quantization_config"] = BitsAndBytesConfig(
+                kwargs["quantization_config"] = BitsAndBytesConfig(  # type: ignore[no-untyped-call]  # unannotated
                     load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype)
                 kwargs["device_map"] = self.device
             model = AutoModelForCausalLM.from_pretrained(req.model_dir, **kwargs)
@@ -322,16 +323,17 @@ class Engine:
                               f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
                               "pass a transformers model folder") from None
         if req.quantization == "none":
-            model = model.to(self.device)
+            # transformers wraps `to` in a decorator whose type mypy reads as unbound (the model first).
+            model = model.to(self.device)  # type: ignore[arg-type]
         if req.quantization == "nf4":
             import bitsandbytes
 
             for module in model.modules():
                 # bitsandbytes repacks NF4 weights for a CPU kernel (eval mode, AVX512-BF16) that has no backward and
                 # computes in bfloat16: the learner would silently get no gradient. One NF4 path for both roles.
-                if isinstance(module, bitsandbytes.nn.Linear4bit):
+                if isinstance(module, bitsandbytes.nn.Linear4bit):  # type: ignore[attr-defined]  # not re-exported
                     module.support_avx512bf16_for_cpu = False
-        model.eval()
+        model.eval()  # type: ignore[no-untyped-call]  # transformers' override is unannotated
         model.requires_grad_(False)
         cfg = model.config
         eos_ids = response_end_ids(req.model_dir)  # generation_config.json's, as the core's (not config.json's)
@@ -378,8 +380,9 @@ class Engine:
 
         m = self.loaded("load_adapter")
         key = f"invar{self.installed}"
-        config = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=sorted(adapter.weights),
-                            lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+        config = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha,  # type: ignore[arg-type]  # a float, as above
+                            target_modules=sorted(adapter.weights), lora_dropout=0.0, bias="none",
+                            task_type="CAUSAL_LM")
         if m.peft is None:
             m.peft = get_peft_model(m.model, config, adapter_name=key)
         else:
@@ -863,8 +866,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers leaves them unannotated
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     if patches.active and args.attn_implementation == "sdpa":
         print("invar.workers.hf_worker: --attn-implementation sdpa cannot run under a patch (SDPA's fused kernel "
               "would bypass the patched matmul and softmax); leave it out or pass eager", file=sys.stderr, flush=True)
