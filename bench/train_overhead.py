@@ -222,7 +222,7 @@ def _direct_cycles(p: tr.Plan, out: Path, device: str, learner: Callable[[str, d
                                cfg.advantage.normalization, cfg.advantage.eps)
         save = out / f"cycle-{n:06d}"
         t1 = time.perf_counter()
-        learner("learner_step", tr.learner_step_params(p, samples, adv.values, save))
+        learner("learner_step", tr.learner_step_params(p, samples, adv.values, save).to_wire())
         t2 = time.perf_counter()
         cpu.append(tree_cpu_s(os.getpid()) - c0)
         seconds.append(t2 - t0)

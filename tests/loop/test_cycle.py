@@ -169,6 +169,8 @@ def test_a_wrong_loss_stops_the_run_naming_the_cycle_and_the_term() -> None:
     ({"optimizer_steps": 1}, "reports optimizer step 1, this is update 3"),
     ({"adapter_dir": "/elsewhere"}, "saved to '/elsewhere', not the folder the core named"),
     ({"loss": float("nan")}, "loss must be a finite number"),
+    ({"adapter_tensors": None}, "cycle 2: learner_step.adapter_tensors: expected dict, got NoneType"),
+    ({"proximal_logprobs": [np.zeros(3)] * 4}, "cycle 2: learner_step.proximal_logprobs[0]: expected a float32 vector"),
 ])
 def test_a_learner_report_for_another_update_is_refused(change: dict[str, Any], message: str) -> None:
     samples = _samples()

@@ -18,11 +18,18 @@ from invar.protocol.payloads import (
     GenerateParams,
     GenerateRequest,
     GenerateResult,
+    LearnerObjective,
+    LearnerOptimizer,
+    LearnerSample,
+    LearnerStepParams,
+    LearnerStepResult,
     LoadAdapterParams,
     LoadAdapterResult,
     LoadModelParams,
     LoadModelResult,
+    LoraParams,
     PayloadError,
+    Schedule,
     ScoreItem,
     ScoreOutput,
     ScoreParams,
@@ -68,6 +75,76 @@ def _output(**changes: Any) -> GenerateOutput:
                              "finish_reason": "stop", **changes})
 
 
+REDUCTIONS = ("float64-sequence", "float32-microbatch")
+
+
+def _sample(**changes: Any) -> LearnerSample:
+    return LearnerSample(**{"prompt": "1+1=", "prompt_ids": [5, 6, 7], "tokens": np.array([9, 2], np.int32),
+                            "behavior_logprobs": np.array([-0.5, -0.25], np.float32), "advantage": 1.0, **changes})
+
+
+def _step(**changes: Any) -> LearnerStepParams:
+    return LearnerStepParams(**{
+        "samples": [_sample(), _sample(advantage=-1.0, reference_logprobs=np.array([-1.0, -2.0], np.float32))],
+        "temperature": 1.0, "objective": LearnerObjective(0.2, 0.28, 0.0, "truncate", 2.0),
+        "optimizer": LearnerOptimizer(1e-3, (0.9, 0.999), 1e-8, 0.0, 1.0),
+        "lora": LoraParams(8, 16.0, ["q_proj", "v_proj"]), "seed": 7, "save_dir": "/run/cycle-000000", **changes})
+
+
+def _learner_result(**changes: Any) -> LearnerStepResult:
+    return LearnerStepResult(**{
+        "proximal_logprobs": [np.array([-0.5, -0.25], np.float32), np.array([-1.0], np.float32)],
+        "loss": 0.125, "policy": 0.125, "kl": 0.0, "importance_weight_mean": 1.0, "tokens": 3, "grad_norm": 0.5,
+        "adapter_dir": "/run/cycle-000000", "adapter_digest": DIGEST,
+        "adapter_tensors": {"base_model.model.q_proj.lora_A.weight": {"shape": [8, 576], "dtype": "float32"}},
+        "start_adapter_digest": None, "optimizer_steps": 1, "model_digest": DIGEST, **changes})
+
+
+def test_learner_step_params_write_the_map_the_core_built_by_hand() -> None:
+    # The dict loop/cycle.learner_params and runner/train.learner_step_params wrote before the struct.
+    tokens, behavior = np.array([9, 2], np.int32), np.array([-0.5, -0.25], np.float32)
+    reference = np.array([-1.0, -2.0], np.float32)
+    by_hand: dict[str, Any] = {
+        "samples": [{"prompt": "1+1=", "prompt_ids": [5, 6, 7], "tokens": tokens, "behavior_logprobs": behavior,
+                     "advantage": 1.0},
+                    {"prompt": "1+1=", "prompt_ids": [5, 6, 7], "tokens": tokens, "behavior_logprobs": behavior,
+                     "advantage": -1.0, "reference_logprobs": reference}],
+        "temperature": 1.0,
+        "objective": {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0, "importance": "truncate",
+                      "importance_cap": 2.0},
+        "optimizer": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "max_grad_norm": 1.0},
+        "lora": {"r": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}, "seed": 7,
+        "save_dir": "/run/cycle-000000"}
+    assert canonical.encode(_step().to_wire()) == canonical.encode(by_hand)
+    # A schedule travels only when the configuration names one, so a call without it keeps its bytes.
+    assert "schedule" not in _step().to_wire()
+    scheduled = {**by_hand, "schedule": {"micro_batch": None, "reduction": "float64-sequence"}}
+    assert canonical.encode(_step(schedule=Schedule(None, "float64-sequence")).to_wire()) == \
+        canonical.encode(scheduled)
+    # What the core sent is what a learner reads back, the arrays as they travelled.
+    wire = canonical.decode(canonical.encode(scheduled))
+    step = LearnerStepParams.from_wire(wire, reductions=REDUCTIONS)
+    assert canonical.encode(step.to_wire()) == canonical.encode(wire)
+    assert step.samples[0].tokens.dtype == np.int32
+    assert step.samples[1].reference_logprobs is not None
+    assert step.samples[0].reference_logprobs is None
+    assert step.schedule is not None
+    assert step.schedule.split(2) == (2, "float64-sequence")
+    assert Schedule(4, "float32-microbatch").split(2) == (2, "float32-microbatch")
+    assert Schedule(1, "float32-microbatch").split(2) == (1, "float32-microbatch")
+
+
+def test_a_learner_step_takes_its_defaults() -> None:
+    wire = {"samples": [_sample().to_wire()], "temperature": 0.7, "objective": {"clip_low": 0.2, "clip_high": 0.28},
+            "optimizer": {"lr": 1e-3}, "lora": None, "save_dir": "/out"}
+    step = LearnerStepParams.from_wire(wire, reductions=REDUCTIONS)
+    assert step.objective == LearnerObjective(0.2, 0.28)
+    assert step.optimizer == LearnerOptimizer(1e-3)
+    assert (step.lora, step.seed, step.schedule) == (None, 0, None)
+    assert LearnerStepParams.from_wire({**wire, "schedule": {"micro_batch": 2}},
+                                       reductions=REDUCTIONS).schedule == Schedule(2, "float64-sequence")
+
+
 def test_results_read_back_to_the_same_bytes() -> None:
     results: list[tuple[Any, Any]] = [
         (GenerateResult, GenerateResult([_output(), _output(request_id="u2", reference_logprobs=np.zeros(2, np.float32),
@@ -76,6 +153,8 @@ def test_results_read_back_to_the_same_bytes() -> None:
                                   DIGEST, DIGEST)),
         (LoadModelResult, LoadModelResult(DIGEST, None, 18, 2, 64, optimizer_steps=3)),
         (LoadAdapterResult, LoadAdapterResult("policy", DIGEST)),
+        (LearnerStepResult, _learner_result()),
+        (LearnerStepResult, _learner_result(start_adapter_digest=DIGEST, tokens=3, loss=0)),
     ]
     for kind, result in results:
         wire = canonical.decode(canonical.encode(result.to_wire()))
@@ -97,6 +176,11 @@ def test_params_read_what_the_core_writes() -> None:
     assert item.tokens.dtype == np.int64  # what an engine indexes with
     assert item.response_tokens.dtype == np.int32  # what travelled
     assert list(item.vocab_steps) == []
+
+
+def _learn(change: dict[str, Any]) -> LearnerStepParams:
+    """A learner's reading of the core's call with `change` made to it."""
+    return LearnerStepParams.from_wire({**_step().to_wire(), **change}, reductions=REDUCTIONS)
 
 
 @pytest.mark.parametrize(("read", "wire", "message"), [
@@ -127,6 +211,40 @@ def test_params_read_what_the_core_writes() -> None:
      "score: output 0 (a): vocab_logprobs are not a float32 matrix"),
     (LoadModelResult.from_wire, {"model_digest": DIGEST, "vocab_size": 18, "eos_token_id": 2, "max_model_len": "x"},
      "load_model result.max_model_len: expected an integer or null"),
+    (_learn, {"samples": []}, "learner_step.samples: expected a non-empty list of samples"),
+    (_learn, {"samples": [_sample(tokens=np.array([1.0, 2.0])).to_wire()]},
+     "learner_step.samples[0].tokens: expected a non-empty 1-D integer array"),
+    (_learn, {"samples": [_sample().to_wire(), _sample(behavior_logprobs=np.zeros(3, np.float32)).to_wire()]},
+     "learner_step.samples[1].behavior_logprobs: expected a float32 array of 2 log-probabilities (one per token)"),
+    (_learn, {"samples": [_sample(reference_logprobs=np.array([-1.0, 0.5], np.float32)).to_wire()]},
+     "learner_step.samples[0].reference_logprobs: log-probabilities must be finite and ≤ 0"),
+    (_learn, {"temperature": 0}, "learner_step.temperature: must be > 0"),
+    (_learn, {"objective": {"clip_low": 0.2, "clip_high": 0.28, "importance": "truncate"}},
+     "learner_step.objective.importance_cap: give a cap exactly when importance is truncate or mask"),
+    (_learn, {"objective": {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.1}},
+     "learner_step: objective.kl_coef is not 0, so every sample needs reference_logprobs"),
+    (_learn, {"optimizer": {"lr": 1e-3, "betas": [0.9, 1.0]}},
+     "learner_step.optimizer.betas: expected two numbers in [0, 1)"),
+    (_learn, {"optimizer": "adamw"}, "learner_step.optimizer: expected a map"),
+    (_learn, {"lora": {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj"]}},
+     "learner_step.lora.dropout: must be 0"),
+    (_learn, {"lora": {"r": True, "alpha": 8, "target_modules": ["q_proj"]}},
+     "learner_step.lora.r: expected an integer"),
+    (_learn, {"seed": -1}, "learner_step.seed: expected an integer in [0, 2**63)"),
+    (_learn, {"save_dir": ""}, "learner_step.save_dir: expected the folder to write the updated adapter to"),
+    (_learn, {"schedule": {"micro_batch": 0, "reduction": "float64-sequence"}},
+     "learner_step.schedule.micro_batch: 0; expected an integer ≥ 1, or null for the whole batch"),
+    (_learn, {"schedule": {"micro_batch": 2, "reduction": "float32-sequence"}},
+     "learner_step.schedule.reduction: 'float32-sequence'; choose one of ['float64-sequence', 'float32-microbatch']"),
+    (_learn, {"schedule": {"size": 2}}, "learner_step.schedule: expected a map with micro_batch"),
+    (LearnerStepResult.from_wire, {**_learner_result().to_wire(), "loss": float("nan")},
+     "learner_step: loss must be a finite number, got nan"),
+    (LearnerStepResult.from_wire, {**_learner_result().to_wire(), "proximal_logprobs": [np.zeros(2)]},
+     "learner_step.proximal_logprobs[0]: expected a float32 vector of log-probabilities"),
+    (LearnerStepResult.from_wire, {k: v for k, v in _learner_result().to_wire().items() if k != "adapter_digest"},
+     "learner_step: missing field 'adapter_digest'"),
+    (LearnerStepResult.from_wire, {**_learner_result().to_wire(), "tokens": 3.0},
+     "learner_step.tokens: expected int, got float"),
 ])
 def test_a_malformed_map_is_one_error_naming_the_field(read: Any, wire: dict[str, Any], message: str) -> None:
     with pytest.raises(PayloadError, match=re.escape(message)) as caught:

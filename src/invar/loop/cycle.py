@@ -29,7 +29,18 @@ import numpy as np
 
 from invar.errors import EvidenceError
 from invar.loop.objective import LossTerms, ObjectiveSettings, handle_importance
-from invar.protocol.payloads import GenerateParams, GenerateRequest, GenerateResult
+from invar.protocol.payloads import (
+    GenerateParams,
+    GenerateRequest,
+    GenerateResult,
+    LearnerObjective,
+    LearnerOptimizer,
+    LearnerSample,
+    LearnerStepParams,
+    LearnerStepResult,
+    LoraParams,
+    Schedule,
+)
 from invar.tasks import ModelTokenizer
 from invar.tasks.population import Unit
 from invar.tasks.scorers import ScoredUnit, Scorer
@@ -215,20 +226,16 @@ def rewards(samples: Sequence[Sample], units: Sequence[ScoredUnit], scorer: Scor
 
 
 def learner_params(samples: Sequence[Sample], advantages: np.ndarray, *, temperature: float,
-                   objective: ObjectiveSettings, optimizer: Mapping[str, Any], lora: Mapping[str, Any], seed: int,
-                   save_dir: str) -> dict[str, Any]:
+                   objective: ObjectiveSettings, optimizer: LearnerOptimizer, lora: LoraParams, seed: int,
+                   save_dir: str, schedule: Schedule | None = None) -> LearnerStepParams:
     """The cycle's `learner_step` params (docs/objective.md): the engine's tokens and log-probabilities, the core's
     advantages, the objective and optimizer settings, and the folder for the checkpoint."""
-    out = []
-    for s, a in zip(samples, advantages, strict=True):
-        sample: dict[str, Any] = {"prompt": s.prompt, "prompt_ids": s.prompt_ids, "tokens": s.tokens,
-                                  "behavior_logprobs": s.behavior,
-                                  "advantage": float(a)}
-        if s.reference is not None:
-            sample["reference_logprobs"] = s.reference
-        out.append(sample)
-    return {"samples": out, "temperature": temperature, "objective": objective.to_wire(),
-            "optimizer": dict(optimizer), "lora": dict(lora), "seed": seed, "save_dir": save_dir}
+    out = [LearnerSample(s.prompt_ids, s.tokens, s.behavior, float(a), s.reference, prompt=s.prompt)
+           for s, a in zip(samples, advantages, strict=True)]
+    o = objective
+    return LearnerStepParams(out, temperature, LearnerObjective(o.clip_low, o.clip_high, o.kl_coef, o.importance,
+                                                                o.importance_cap),
+                             optimizer, lora, seed, save_dir, schedule)
 
 
 @dataclass(frozen=True)
@@ -245,47 +252,35 @@ class LearnerReport:
     optimizer_steps: int
 
 
-def _number(result: Mapping[str, Any], key: str, where: str) -> float:
-    value = result.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value):
-        raise EvidenceError(f"{where}: {key} must be a finite number, got {value!r}")
-    return float(value)
-
-
 def read_learner(result: Mapping[str, Any], samples: Sequence[Sample], *, cycle: int, model_digest: str,
                  start_digest: str | None, optimizer_steps: int, save_dir: str) -> LearnerReport:
     """The learner's report, after checking it answers this update: the start checkpoint, the model, one
     proximal reading per sampled token, the token count, the folder it saved to, the optimizer's step count."""
     where = f"cycle {cycle}: learner_step"
-    if result.get("model_digest") != model_digest:
-        raise EvidenceError(f"{where} reports model {str(result.get('model_digest'))[:16]}…, not the run's")
-    if result.get("start_adapter_digest") != start_digest:
-        raise EvidenceError(f"{where} started from {_policy(result.get('start_adapter_digest'))}, not the "
+    r = LearnerStepResult.received(result, where)
+    if r.model_digest != model_digest:
+        raise EvidenceError(f"{where} reports model {r.model_digest[:16]}…, not the run's")
+    if r.start_adapter_digest != start_digest:
+        raise EvidenceError(f"{where} started from {_policy(r.start_adapter_digest)}, not the "
                             f"published {_policy(start_digest)}: the update must start from the checkpoint "
                             "published last")
-    proximal = result.get("proximal_logprobs")
-    if not isinstance(proximal, list) or len(proximal) != len(samples):
+    if len(r.proximal_logprobs) != len(samples):
         raise EvidenceError(f"{where}: proximal_logprobs must hold one array per sample ({len(samples)})")
     arrays = [_logprobs(p, s.tokens.size, f"{where}.proximal_logprobs[{i}]")
-              for i, (p, s) in enumerate(zip(proximal, samples, strict=True))]
+              for i, (p, s) in enumerate(zip(r.proximal_logprobs, samples, strict=True))]
     n = sum(int(s.tokens.size) for s in samples)
-    tokens = result.get("tokens")
-    if tokens != n or isinstance(tokens, bool):
-        raise EvidenceError(f"{where}: reports {tokens!r} tokens, the batch has {n}: the token mean's N is fixed by "
-                            "the core before the learner splits the batch")
-    steps = result.get("optimizer_steps")
-    if steps != optimizer_steps or isinstance(steps, bool):
-        raise EvidenceError(f"{where}: reports optimizer step {steps!r}, this is update {optimizer_steps}: the "
-                            "learner's optimizer state is not the one published with the last checkpoint")
-    if result.get("adapter_dir") != save_dir:
-        raise EvidenceError(f"{where}: saved to {result.get('adapter_dir')!r}, not the folder the core named")
-    digest, tensors = result.get("adapter_digest"), result.get("adapter_tensors")
-    if not isinstance(digest, str) or not isinstance(tensors, dict):
-        raise EvidenceError(f"{where}: adapter_digest and adapter_tensors are missing")
-    terms = LossTerms(loss=_number(result, "loss", where), policy=_number(result, "policy", where),
-                      kl=_number(result, "kl", where),
-                      importance_weight_mean=_number(result, "importance_weight_mean", where), tokens=n)
-    return LearnerReport(arrays, terms, _number(result, "grad_norm", where), save_dir, digest, tensors,
+    if r.tokens != n:
+        raise EvidenceError(f"{where}: reports {r.tokens!r} tokens, the batch has {n}: the token mean's N is fixed "
+                            "by the core before the learner splits the batch")
+    if r.optimizer_steps != optimizer_steps:
+        raise EvidenceError(f"{where}: reports optimizer step {r.optimizer_steps!r}, this is update "
+                            f"{optimizer_steps}: the learner's optimizer state is not the one published with the "
+                            "last checkpoint")
+    if r.adapter_dir != save_dir:
+        raise EvidenceError(f"{where}: saved to {r.adapter_dir!r}, not the folder the core named")
+    terms = LossTerms(loss=float(r.loss), policy=float(r.policy), kl=float(r.kl),
+                      importance_weight_mean=float(r.importance_weight_mean), tokens=n)
+    return LearnerReport(arrays, terms, float(r.grad_norm), save_dir, r.adapter_digest, r.adapter_tensors,
                          optimizer_steps)
 
 

@@ -14,17 +14,17 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
 from invar.errors import ContractError, EvidenceError, RecordError
 from invar.loop import cycle as cyc
 from invar.loop.advantages import group_advantages
+from invar.loop.config import Reduction, TrainConfig
 from invar.loop.config import Scorer as ScorerSection
-from invar.loop.config import TrainConfig
 from invar.loop.objective import ObjectiveSettings, loss_terms
-from invar.protocol.payloads import GenerateParams, GenerateRequest, PayloadError
+from invar.protocol.payloads import GenerateParams, GenerateRequest, LearnerStepParams, PayloadError
 from invar.records import RunStore
 from invar.records.store import CallRecord
 from invar.stats.intervals import clopper_pearson
@@ -252,14 +252,17 @@ def read_history(run: Path, *, expect_head: str | None = None) -> History:
             raise EvidenceError(f"cycle {n}: {exc}") from None
         adv = group_advantages(rewards, config.rollout.group_size, config.advantage.normalization,
                                config.advantage.eps)
-        sent = step.call.params.get("samples")
-        sent_adv = [s.get("advantage") for s in sent] if isinstance(sent, list) else None
-        if sent_adv is None or len(sent_adv) != len(samples) or \
-                np.asarray(sent_adv, dtype=np.float32).tobytes() != adv.values.tobytes():
+        try:
+            # Read as a learner read it: the reductions are every one a configuration can name.
+            sent = LearnerStepParams.from_wire(step.call.params, reductions=get_args(Reduction))
+        except PayloadError as exc:
+            raise EvidenceError(f"cycle {n}: {exc}") from None
+        sent_adv = [s.advantage for s in sent.samples]
+        if len(sent_adv) != len(samples) or np.asarray(sent_adv, dtype=np.float32).tobytes() != adv.values.tobytes():
             raise EvidenceError(f"cycle {n}: the advantages the learner was sent are not the ones the core computes "
                                 "from the recorded responses")
         ck = entry.get("checkpoint")
-        save_dir = str(step.call.params.get("save_dir"))
+        save_dir = sent.save_dir
         report = cyc.read_learner(step.report.report.result or {}, samples, cycle=n, model_digest=model_digest,
                                   start_digest=previous, optimizer_steps=n + 1, save_dir=save_dir)
         if not isinstance(ck, dict) or ck.get("digest") != report.adapter_digest:

@@ -55,11 +55,6 @@ class ObjectiveSettings:
         if (self.importance == "none") != (self.importance_cap is None):
             raise ValueError("importance_cap is given exactly when importance is truncate or mask")
 
-    def to_wire(self) -> dict[str, object]:
-        """The `objective` params of `learner_step`."""
-        return {"clip_low": self.clip_low, "clip_high": self.clip_high, "kl_coef": self.kl_coef,
-                "importance": self.importance, "importance_cap": self.importance_cap}
-
 
 @dataclass(frozen=True)
 class LossTerms:

@@ -616,3 +616,299 @@ class ScoreResult:
         return cls(tuple(ScoreOutput.from_wire(o, f"{where}: output {i}") for i, o in enumerate(outputs)),
                    _get(result, "model_digest", str, where),
                    _optional_str(result, "adapter_digest", where, "a hex string"), _patch_calls(result, where))
+
+
+# -- learner_step (docs/objective.md) ---------------------------------------------------------------------------------
+
+
+def _logprob_vector(value: Any, length: int, where: str) -> np.ndarray:
+    if not isinstance(value, np.ndarray) or value.dtype != np.float32 or value.shape != (length,):
+        raise PayloadError(f"{where}: expected a float32 array of {length} log-probabilities (one per token)")
+    if not np.all(np.isfinite(value)) or np.any(value > 0):
+        raise PayloadError(f"{where}: log-probabilities must be finite and ≤ 0")
+    return value
+
+
+@dataclass(frozen=True)
+class LearnerSample:
+    """One sampled response: the engine's tokens and their behavior log-probabilities, the core's advantage."""
+
+    prompt_ids: Sequence[int]
+    tokens: np.ndarray
+    """Integer [T], as the core sends it (int32)."""
+    behavior_logprobs: np.ndarray
+    """float32 [T]: the tokens' log-probabilities under the policy that sampled them, at the step's temperature."""
+    advantage: float
+    reference_logprobs: np.ndarray | None = None
+    """float32 [T]: the tokens under the reference policy (needed when `objective.kl_coef` is not 0; not written
+    when None)."""
+    prompt: str | None = None
+    """The prompt's text, a label no worker reads (not written when None)."""
+
+    def to_wire(self) -> dict[str, Any]:
+        m: dict[str, Any] = {}
+        _put(m, "prompt", self.prompt)
+        m.update({"prompt_ids": list(self.prompt_ids), "tokens": self.tokens,
+                  "behavior_logprobs": self.behavior_logprobs, "advantage": self.advantage})
+        _put(m, "reference_logprobs", self.reference_logprobs)
+        return m
+
+    @classmethod
+    def from_wire(cls, s: Any, where: str) -> LearnerSample:
+        if not isinstance(s, dict):
+            raise PayloadError(f"{where}: expected a map with prompt_ids, tokens, behavior_logprobs, advantage")
+        tokens = s.get("tokens")
+        if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype.kind not in "iu" or not tokens.size:
+            raise PayloadError(f"{where}.tokens: expected a non-empty 1-D integer array")
+        ids = prompt_ids(s, where)
+        behavior = _logprob_vector(s.get("behavior_logprobs"), tokens.size, f"{where}.behavior_logprobs")
+        advantage = _num(s, "advantage", where)
+        ref = s.get("reference_logprobs")
+        return cls(ids, tokens, behavior, advantage,
+                   None if ref is None else _logprob_vector(ref, tokens.size, f"{where}.reference_logprobs"),
+                   _label(s, where))
+
+
+@dataclass(frozen=True)
+class LearnerObjective:
+    """The objective's settings (`invar.loop.objective.ObjectiveSettings`), as the learner takes them."""
+
+    clip_low: float
+    clip_high: float
+    kl_coef: float = 0.0
+    importance: str = "none"
+    """`none`, `truncate` (w ← min(w, cap)) or `mask` (w ← 0 where w > cap): `invar.loop.objective`."""
+    importance_cap: float | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"clip_low": self.clip_low, "clip_high": self.clip_high, "kl_coef": self.kl_coef,
+                "importance": self.importance, "importance_cap": self.importance_cap}
+
+    @classmethod
+    def from_wire(cls, o: Any, where: str) -> LearnerObjective:
+        o = _map(o, where)
+        importance = o.get("importance", "none")
+        if importance not in ("none", "truncate", "mask"):
+            raise PayloadError(f"{where}.importance: {importance!r}; use none, truncate or mask")
+        cap = o.get("importance_cap")
+        if (importance == "none") != (cap is None):
+            raise PayloadError(f"{where}.importance_cap: give a cap exactly when importance is truncate or mask")
+        objective = cls(_num(o, "clip_low", where), _num(o, "clip_high", where),
+                        _num(o, "kl_coef", where, default=0.0), str(importance),
+                        None if cap is None else _num(o, "importance_cap", where))
+        if not 0 <= objective.clip_low < 1 or objective.clip_high < 0 or objective.kl_coef < 0:
+            raise PayloadError(f"{where}: need 0 ≤ clip_low < 1, clip_high ≥ 0, kl_coef ≥ 0")
+        if objective.importance_cap is not None and objective.importance_cap <= 1:
+            raise PayloadError(f"{where}.importance_cap: must be above 1 (weights of 1 are never cut)")
+        return objective
+
+
+@dataclass(frozen=True)
+class LearnerOptimizer:
+    """AdamW's settings for this step (the state itself stays with the learner across steps)."""
+
+    lr: float
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = None
+    """Clip the gradient's norm to this; None: no clipping (written as null)."""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"lr": self.lr, "betas": list(self.betas), "eps": self.eps, "weight_decay": self.weight_decay,
+                "max_grad_norm": self.max_grad_norm}
+
+    @classmethod
+    def from_wire(cls, p: Any, where: str) -> LearnerOptimizer:
+        p = _map(p, where)
+        betas = p.get("betas", [0.9, 0.999])
+        if (not isinstance(betas, list) or len(betas) != 2
+                or not all(isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
+            raise PayloadError(f"{where}.betas: expected two numbers in [0, 1)")
+        mgn = p.get("max_grad_norm")
+        optimizer = cls(lr=_num(p, "lr", where), betas=(float(betas[0]), float(betas[1])),
+                        eps=_num(p, "eps", where, default=1e-8),
+                        weight_decay=_num(p, "weight_decay", where, default=0.0),
+                        max_grad_norm=None if mgn is None else _num(p, "max_grad_norm", where))
+        if optimizer.lr <= 0 or optimizer.eps <= 0 or optimizer.weight_decay < 0 or (
+                optimizer.max_grad_norm is not None and optimizer.max_grad_norm <= 0):
+            raise PayloadError(f"{where}: need lr > 0, eps > 0, weight_decay ≥ 0, max_grad_norm > 0 or null")
+        return optimizer
+
+
+@dataclass(frozen=True)
+class LoraParams:
+    """The shape of a fresh adapter (a learner refuses other settings for the adapter it already trains)."""
+
+    r: int
+    alpha: float
+    target_modules: Sequence[str]
+    dropout: float = 0.0
+    """Always 0: dropout would make the first step's ratio differ from 1 (current ≠ proximal)."""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"r": self.r, "alpha": self.alpha, "dropout": self.dropout, "target_modules": list(self.target_modules)}
+
+    @classmethod
+    def from_wire(cls, lo: Any, where: str) -> LoraParams:
+        lo = _map(lo, where)
+        r, targets = lo.get("r"), lo.get("target_modules")
+        if not _int(r) or r < 1:
+            raise PayloadError(f"{where}.r: expected an integer ≥ 1")
+        if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+            raise PayloadError(f"{where}.target_modules: expected a non-empty list of module names")
+        dropout = _num(lo, "dropout", where, default=0.0)
+        if dropout != 0:
+            raise PayloadError(f"{where}.dropout: must be 0; dropout would make the first step's ratio differ from 1 "
+                               "(current ≠ proximal)")
+        alpha = _num(lo, "alpha", where)
+        if alpha <= 0:
+            raise PayloadError(f"{where}.alpha: must be > 0")
+        return cls(r, alpha, [str(t) for t in targets], dropout)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How the step is computed (docs/training.md, "Reproducible schedules"), so that runs scheduled differently
+    publish the same policy."""
+
+    micro_batch: int | None
+    """Sequences per forward/backward pass; None: the whole batch (written as null)."""
+    reduction: str
+    """How per-sequence gradients are summed: one of the learner's reductions."""
+
+    def split(self, rows: int) -> tuple[int, str]:
+        """(sequences per micro-batch, reduction) for a batch of `rows` sequences."""
+        return (rows if self.micro_batch is None else min(self.micro_batch, rows)), self.reduction
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"micro_batch": self.micro_batch, "reduction": self.reduction}
+
+    @classmethod
+    def from_wire(cls, raw: Any, reductions: Sequence[str]) -> Schedule:
+        """`reductions`: the ones the receiving learner computes."""
+        if not isinstance(raw, dict) or set(raw) - {"micro_batch", "reduction"}:
+            raise PayloadError("learner_step.schedule: expected a map with micro_batch (integer ≥ 1 or null) and "
+                               f"reduction (one of {list(reductions)})")
+        size, reduction = raw.get("micro_batch"), raw.get("reduction", "float64-sequence")
+        if size is not None and (not _int(size) or size < 1):
+            raise PayloadError(f"learner_step.schedule.micro_batch: {size!r}; expected an integer ≥ 1, or null for "
+                               "the whole batch")
+        if reduction not in reductions:
+            raise PayloadError(f"learner_step.schedule.reduction: {reduction!r}; choose one of {list(reductions)}")
+        return cls(size, str(reduction))
+
+
+@dataclass(frozen=True)
+class LearnerStepParams:
+    """One update of the adapter under training: the batch, the objective and optimizer settings, the folder to
+    save the updated adapter (a training checkpoint) to."""
+
+    samples: Sequence[LearnerSample]
+    temperature: float
+    """The rollout temperature the behavior log-probabilities were drawn at."""
+    objective: LearnerObjective
+    optimizer: LearnerOptimizer
+    lora: LoraParams | None
+    """A fresh adapter's shape; null: continue the adapter under training."""
+    seed: int
+    """Seeds a fresh adapter's initialisation."""
+    save_dir: str
+    schedule: Schedule | None = None
+    """None: the learner's own default (not written)."""
+
+    def to_wire(self) -> dict[str, Any]:
+        m: dict[str, Any] = {"samples": [s.to_wire() for s in self.samples], "temperature": self.temperature,
+                             "objective": self.objective.to_wire(), "optimizer": self.optimizer.to_wire(),
+                             "lora": None if self.lora is None else self.lora.to_wire(), "seed": self.seed,
+                             "save_dir": self.save_dir}
+        _put(m, "schedule", None if self.schedule is None else self.schedule.to_wire())
+        return m
+
+    @classmethod
+    def from_wire(cls, params: Any, *, reductions: Sequence[str]) -> LearnerStepParams:
+        """The call as received; `reductions`: the schedule reductions the receiving learner computes."""
+        where = "learner_step"
+        params = _map(params, where)
+        raw = params.get("samples")
+        if not isinstance(raw, list) or not raw:
+            raise PayloadError(f"{where}.samples: expected a non-empty list of samples")
+        samples = tuple(LearnerSample.from_wire(s, f"{where}.samples[{i}]") for i, s in enumerate(raw))
+        temperature = _num(params, "temperature", where)
+        if temperature <= 0:
+            raise PayloadError(f"{where}.temperature: must be > 0 (the rollout temperature the behavior was drawn at)")
+        objective = LearnerObjective.from_wire(params.get("objective"), f"{where}.objective")
+        if objective.kl_coef != 0 and any(s.reference_logprobs is None for s in samples):
+            raise PayloadError(f"{where}: objective.kl_coef is not 0, so every sample needs reference_logprobs")
+        optimizer = LearnerOptimizer.from_wire(params.get("optimizer"), f"{where}.optimizer")
+        lora = None if params.get("lora") is None else LoraParams.from_wire(params["lora"], f"{where}.lora")
+        seed = params.get("seed", 0)
+        if not _int(seed) or not 0 <= seed < 2**63:
+            raise PayloadError(f"{where}.seed: expected an integer in [0, 2**63)")
+        save_dir = params.get("save_dir")
+        if not isinstance(save_dir, str) or not save_dir:
+            raise PayloadError(f"{where}.save_dir: expected the folder to write the updated adapter to")
+        schedule = params.get("schedule")
+        return cls(samples, temperature, objective, optimizer, lora, seed, save_dir,
+                   None if schedule is None else Schedule.from_wire(schedule, reductions))
+
+
+@dataclass(frozen=True)
+class LearnerStepResult:
+    """What the learner reports for one update: its own reading of the batch at the start weights, the objective's
+    terms (means over the batch's tokens), and the checkpoint it saved."""
+
+    proximal_logprobs: Sequence[np.ndarray]
+    """float32 [T_i] per sample: the tokens under the start weights, at the step's temperature."""
+    loss: float
+    policy: float
+    kl: float
+    importance_weight_mean: float
+    tokens: int
+    """N, the batch's token count the means divide by."""
+    grad_norm: float
+    """The gradient's norm before clipping."""
+    adapter_dir: str
+    adapter_digest: str
+    """The saved folder's tree digest."""
+    adapter_tensors: Mapping[str, Any]
+    """{tensor name: {shape, dtype}} of the saved adapter's weights."""
+    start_adapter_digest: str | None
+    """The adapter the update started from; None for a fresh one."""
+    optimizer_steps: int
+    model_digest: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"proximal_logprobs": list(self.proximal_logprobs), "loss": self.loss, "policy": self.policy,
+                "kl": self.kl, "importance_weight_mean": self.importance_weight_mean, "tokens": self.tokens,
+                "grad_norm": self.grad_norm, "adapter_dir": self.adapter_dir, "adapter_digest": self.adapter_digest,
+                "adapter_tensors": dict(self.adapter_tensors), "start_adapter_digest": self.start_adapter_digest,
+                "optimizer_steps": self.optimizer_steps, "model_digest": self.model_digest}
+
+    @classmethod
+    def received(cls, result: Any, where: str = "learner_step") -> LearnerStepResult:
+        """`from_wire` for the core, reading a worker's report: `EvidenceError` naming the field."""
+        try:
+            return cls.from_wire(result, where)
+        except PayloadError as exc:
+            raise _evidence(exc) from None
+
+    @classmethod
+    def from_wire(cls, result: Any, where: str = "learner_step") -> LearnerStepResult:
+        result = _map(result, where)
+        proximal = _get(result, "proximal_logprobs", list, where)
+        for i, p in enumerate(proximal):
+            if not isinstance(p, np.ndarray) or p.dtype != np.float32 or p.ndim != 1:
+                raise PayloadError(f"{where}.proximal_logprobs[{i}]: expected a float32 vector of log-probabilities")
+
+        def number(name: str) -> float:
+            value = result.get(name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise PayloadError(f"{where}: {name} must be a finite number, got {value!r}")
+            return value
+
+        return cls(proximal, number("loss"), number("policy"), number("kl"), number("importance_weight_mean"),
+                   _get(result, "tokens", int, where), number("grad_norm"), _get(result, "adapter_dir", str, where),
+                   _get(result, "adapter_digest", str, where), _get(result, "adapter_tensors", dict, where),
+                   _optional_str(result, "start_adapter_digest", where, "a hex string"),
+                   _get(result, "optimizer_steps", int, where), _get(result, "model_digest", str, where))

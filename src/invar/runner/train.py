@@ -47,7 +47,15 @@ from invar.loop.config import Scorer as ScorerSection
 from invar.loop.objective import OBJECTIVE_VERSION, ObjectiveSettings, loss_terms
 from invar.owner_files import SHA256_FILE_BYTES
 from invar.protocol import Answer, PendingCall, Role, WorkerLost
-from invar.protocol.payloads import GenerateRequest, LoadAdapterParams, LoadAdapterResult
+from invar.protocol.payloads import (
+    GenerateRequest,
+    LearnerOptimizer,
+    LearnerStepParams,
+    LoadAdapterParams,
+    LoadAdapterResult,
+    LoraParams,
+    Schedule,
+)
 from invar.protocol.shared import SharedProcess
 from invar.records import RunStore
 from invar.records.store import is_run
@@ -655,21 +663,20 @@ class _Rollouts:
         return pending, answers
 
 
-def learner_step_params(p: Plan, samples: list[cyc.Sample], advantages: np.ndarray, save_dir: Path) -> dict[str, Any]:
+def learner_step_params(p: Plan, samples: list[cyc.Sample], advantages: np.ndarray,
+                        save_dir: Path) -> LearnerStepParams:
     """The `learner_step` params of a cycle: its samples and advantages, the configuration's objective, optimizer,
     LoRA and schedule, the checkpoint folder."""
     cfg = p.config
     o, lo = cfg.optimizer, cfg.lora
-    params = cyc.learner_params(
-        samples, advantages, temperature=cfg.rollout.temperature, objective=p.settings,
-        optimizer={"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
-                   "max_grad_norm": o.max_grad_norm},
-        lora={"r": lo.r, "alpha": lo.alpha, "dropout": 0.0, "target_modules": list(lo.targets)},
-        seed=cyc.derive_seed(cfg.seed, "lora-init"), save_dir=str(save_dir.resolve()))
     schedule = cfg.schedule()
-    if schedule["reduction"] is not None:
-        params["schedule"] = schedule
-    return params
+    return cyc.learner_params(
+        samples, advantages, temperature=cfg.rollout.temperature, objective=p.settings,
+        optimizer=LearnerOptimizer(o.lr, o.betas, o.eps, o.weight_decay, o.max_grad_norm),
+        lora=LoraParams(lo.r, lo.alpha, list(lo.targets), dropout=0.0),
+        seed=cyc.derive_seed(cfg.seed, "lora-init"), save_dir=str(save_dir.resolve()),
+        # None: the learner's own default, and the call's bytes as before schedules existed.
+        schedule=None if schedule["reduction"] is None else Schedule(schedule["micro_batch"], schedule["reduction"]))
 
 
 def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, rollouts: _Rollouts, learner: Session,
@@ -698,7 +705,7 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, rollouts: _Rollouts,
     save_dir = _save_dir(run_dir, n)
     save_dir.parent.mkdir(parents=True, exist_ok=True)
     params = learner_step_params(p, samples, adv.values, save_dir)
-    submitted = learner.client.submit("learner_step", params)
+    submitted = learner.client.submit("learner_step", params.to_wire())
     learner_seq = store.call_seq(submitted.call_digest)
     rollouts.ahead(n, done)  # with K ≥ 1 the engines generate the next cycles while the learner updates
     step = submitted.answer()

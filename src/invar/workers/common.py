@@ -1,8 +1,8 @@
-"""What every engine worker checks the same way: the learner's request schema, model and adapter digests, patches.
+"""What every engine worker checks the same way: prompt ids against the model, model and adapter digests, patches.
 
 The engines differ in how they run a model; they must not differ in what a request means. Every worker parses its
-params through the structs of `invar.protocol.payloads` (and the learner's through `parse_learner_step` here), so a
-malformed request gets the same message from each engine, and builds its results with them.
+params through the structs of `invar.protocol.payloads`, so a malformed request gets the same message from each
+engine, and builds its results with them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import re
 from dataclasses import dataclass
@@ -22,7 +21,6 @@ import numpy as np
 from invar import canonical
 from invar.loop.checkpoint import ADAPTER_CONFIG, BASE_DIGEST_KEY, PEFT_WEIGHTS
 from invar.protocol import MethodError
-from invar.protocol.payloads import prompt_ids as parse_prompt_ids
 
 
 def versions(*packages: str) -> dict[str, str]:
@@ -92,180 +90,10 @@ def response_end_ids(model_dir: str) -> frozenset[int]:
         raise MethodError(f"load_model: {exc}") from None
 
 
-# -- learner_step params (docs/objective.md): the same schema for every learner ------------------------------
-
-
-@dataclass(frozen=True)
-class Sample:
-    prompt_ids: list[int]
-    tokens: np.ndarray
-    behavior: np.ndarray
-    advantage: float
-    reference: np.ndarray | None
-
-
-@dataclass(frozen=True)
-class ObjectiveParams:
-    clip_low: float
-    clip_high: float
-    kl_coef: float
-    importance: str = "none"
-    """`none`, `truncate` (w ← min(w, cap)) or `mask` (w ← 0 where w > cap): `invar.loop.objective`."""
-    importance_cap: float | None = None
-
-
-@dataclass(frozen=True)
-class OptimizerParams:
-    lr: float
-    betas: tuple[float, float]
-    eps: float
-    weight_decay: float
-    max_grad_norm: float | None
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    r: int
-    alpha: float
-    target_modules: list[str]
-
-
-@dataclass(frozen=True)
-class LearnerStep:
-    samples: list[Sample]
-    temperature: float
-    objective: ObjectiveParams
-    optimizer: OptimizerParams
-    lora: LoraSettings | None
-    seed: int
-    save_dir: str
-
-
-def _num(m: dict[str, Any], name: str, where: str, *, default: float | None = None) -> float:
-    value = m.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise MethodError(f"{where}.{name}: expected a finite number")
-    return float(value)
-
-
-def _map(m: dict[str, Any], name: str, where: str) -> dict[str, Any]:
-    value = m.get(name)
-    if not isinstance(value, dict):
-        raise MethodError(f"{where}.{name}: expected a map")
-    return value
-
-
-def _logprob_array(value: Any, length: int, where: str) -> np.ndarray:
-    if not isinstance(value, np.ndarray) or value.dtype != np.float32 or value.shape != (length,):
-        raise MethodError(f"{where}: expected a float32 array of {length} log-probabilities (one per token)")
-    if not np.all(np.isfinite(value)) or np.any(value > 0):
-        raise MethodError(f"{where}: log-probabilities must be finite and ≤ 0")
-    return value
-
-
-def parse_learner_step(params: dict[str, Any]) -> LearnerStep:
-    """Validate `learner_step` params (docs/objective.md); every message names the field to change."""
-    where = "learner_step"
-    raw = params.get("samples")
-    if not isinstance(raw, list) or not raw:
-        raise MethodError(f"{where}.samples: expected a non-empty list of samples")
-    samples = []
-    for i, s in enumerate(raw):
-        w = f"{where}.samples[{i}]"
-        if not isinstance(s, dict):
-            raise MethodError(f"{w}: expected a map with prompt_ids, tokens, behavior_logprobs, advantage")
-        tokens = s.get("tokens")
-        if (not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype.kind not in "iu"
-                or not tokens.size):
-            raise MethodError(f"{w}.tokens: expected a non-empty 1-D integer array")
-        ref = s.get("reference_logprobs")
-        samples.append(Sample(
-            prompt_ids=parse_prompt_ids(s, w), tokens=tokens.astype(np.int64),
-            behavior=_logprob_array(s.get("behavior_logprobs"), tokens.size, f"{w}.behavior_logprobs"),
-            advantage=_num(s, "advantage", w),
-            reference=None if ref is None else _logprob_array(ref, tokens.size, f"{w}.reference_logprobs")))
-    temperature = _num(params, "temperature", where)
-    if temperature <= 0:
-        raise MethodError(f"{where}.temperature: must be > 0 (the rollout temperature the behavior was "
-                          "drawn at)")
-    o = _map(params, "objective", where)
-    importance = o.get("importance", "none")
-    if importance not in ("none", "truncate", "mask"):
-        raise MethodError(f"{where}.objective.importance: {importance!r}; use none, truncate or mask")
-    cap = o.get("importance_cap")
-    if (importance == "none") != (cap is None):
-        raise MethodError(f"{where}.objective.importance_cap: give a cap exactly when importance is truncate or "
-                          "mask")
-    objective = ObjectiveParams(_num(o, "clip_low", f"{where}.objective"),
-                                _num(o, "clip_high", f"{where}.objective"),
-                                _num(o, "kl_coef", f"{where}.objective", default=0.0), importance,
-                                None if cap is None else _num(o, "importance_cap", f"{where}.objective"))
-    if not 0 <= objective.clip_low < 1 or objective.clip_high < 0 or objective.kl_coef < 0:
-        raise MethodError(f"{where}.objective: need 0 ≤ clip_low < 1, clip_high ≥ 0, kl_coef ≥ 0")
-    if objective.importance_cap is not None and objective.importance_cap <= 1:
-        raise MethodError(f"{where}.objective.importance_cap: must be above 1 (weights of 1 are never cut)")
-    if objective.kl_coef != 0 and any(s.reference is None for s in samples):
-        raise MethodError(f"{where}: objective.kl_coef is not 0, so every sample needs reference_logprobs")
-    p = _map(params, "optimizer", where)
-    betas = p.get("betas", [0.9, 0.999])
-    if (not isinstance(betas, list) or len(betas) != 2
-            or not all(isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
-        raise MethodError(f"{where}.optimizer.betas: expected two numbers in [0, 1)")
-    mgn = p.get("max_grad_norm")
-    optimizer = OptimizerParams(
-        lr=_num(p, "lr", f"{where}.optimizer"), betas=(float(betas[0]), float(betas[1])),
-        eps=_num(p, "eps", f"{where}.optimizer", default=1e-8),
-        weight_decay=_num(p, "weight_decay", f"{where}.optimizer", default=0.0),
-        max_grad_norm=None if mgn is None else _num(p, "max_grad_norm", f"{where}.optimizer"))
-    if optimizer.lr <= 0 or optimizer.eps <= 0 or optimizer.weight_decay < 0 or (
-            optimizer.max_grad_norm is not None and optimizer.max_grad_norm <= 0):
-        raise MethodError(f"{where}.optimizer: need lr > 0, eps > 0, weight_decay ≥ 0, max_grad_norm > 0 "
-                          "or null")
-    lora = None
-    if params.get("lora") is not None:
-        lo = _map(params, "lora", where)
-        r, targets = lo.get("r"), lo.get("target_modules")
-        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-            raise MethodError(f"{where}.lora.r: expected an integer ≥ 1")
-        if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
-            raise MethodError(f"{where}.lora.target_modules: expected a non-empty list of module names")
-        if _num(lo, "dropout", f"{where}.lora", default=0.0) != 0:
-            raise MethodError(f"{where}.lora.dropout: must be 0; dropout would make the first step's ratio "
-                              "differ from 1 (current ≠ proximal)")
-        alpha = _num(lo, "alpha", f"{where}.lora")
-        if alpha <= 0:
-            raise MethodError(f"{where}.lora.alpha: must be > 0")
-        lora = LoraSettings(r, alpha, [str(t) for t in targets])
-    seed = params.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise MethodError(f"{where}.seed: expected an integer in [0, 2**63)")
-    save_dir = params.get("save_dir")
-    if not isinstance(save_dir, str) or not save_dir:
-        raise MethodError(f"{where}.save_dir: expected the folder to write the updated adapter to")
-    return LearnerStep(samples, temperature, objective, optimizer, lora, seed, save_dir)
-
-
 # -- PEFT LoRA adapters: what every engine checks before it reads the weights --------------------------------------
 
 # The names are the core's, which checks every learner's adapter before it is published.
 ADAPTER_WEIGHTS = PEFT_WEIGHTS
-
-
-def parse_schedule(raw: Any, rows: int, reductions: tuple[str, ...]) -> tuple[int, str] | None:
-    """`learner_step.schedule` (docs/training.md, "Reproducible schedules"): (sequences per micro-batch, reduction);
-    None when absent, for the learner's own default."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or set(raw) - {"micro_batch", "reduction"}:
-        raise MethodError("learner_step.schedule: expected a map with micro_batch (integer ≥ 1 or null) and "
-                          f"reduction (one of {list(reductions)})")
-    size, reduction = raw.get("micro_batch"), raw.get("reduction", "float64-sequence")
-    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-        raise MethodError(f"learner_step.schedule.micro_batch: {size!r}; expected an integer ≥ 1, or null for the "
-                          "whole batch")
-    if reduction not in reductions:
-        raise MethodError(f"learner_step.schedule.reduction: {reduction!r}; choose one of {list(reductions)}")
-    return (rows if size is None else min(size, rows)), str(reduction)
 
 
 def read_lora_config(path: str, where: str, unsupported: tuple[str, ...]) -> tuple[dict[str, Any], str, str]:

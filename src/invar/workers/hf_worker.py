@@ -74,7 +74,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,16 +89,21 @@ from transformers.cache_utils import DynamicCache
 from transformers.utils import logging as hf_logging
 
 from invar import __version__, canonical
-from invar.loop.checkpoint import MANIFEST, MOMENTS, OPTIMIZER_WEIGHTS, save_atomically
+from invar.loop.checkpoint import BASE_DIGEST_KEY, MANIFEST, MOMENTS, OPTIMIZER_WEIGHTS, save_atomically
 from invar.protocol import MethodError, Role, Server, exit_worker
 from invar.protocol.payloads import (
+    FinishReason,
     GenerateOutput,
     GenerateParams,
     GenerateResult,
+    LearnerSample,
+    LearnerStepParams,
+    LearnerStepResult,
     LoadAdapterParams,
     LoadAdapterResult,
     LoadModelParams,
     LoadModelResult,
+    LoraParams,
     ScoreOutput,
     ScoreParams,
     ScoreResult,
@@ -106,17 +111,12 @@ from invar.protocol.payloads import (
 from invar.protocol.server import add_channel_argument, serve_roles
 from invar.workers.common import (
     ADAPTER_WEIGHTS,
-    BASE_DIGEST_KEY,
-    LearnerStep,
-    LoraSettings,
     PatchRefused,
     add_patch_arguments,
     check_prompt_ids,
     check_tokens,
     check_trained_on,
     load_patches,
-    parse_learner_step,
-    parse_schedule,
     read_lora_config,
     response_end_ids,
     verify_dir,
@@ -153,7 +153,7 @@ def _base_layer(module: Any) -> Any:
     return module.get_base_layer() if lora is not None and isinstance(module, lora.LoraLayer) else module
 
 
-def _target_names(model: Any, targets: list[str]) -> list[str]:
+def _target_names(model: Any, targets: Sequence[str]) -> list[str]:
     """Module names a LoRA `target_modules` list selects (PEFT's rule: the name or its last components), in order."""
     names = []
     for name, module in model.named_modules():
@@ -219,8 +219,9 @@ def _write_checkpoint(folder: Path, state: dict[str, Any], moments: dict[str, An
     (no paths, no times)."""
     from peft import LoraConfig
 
-    LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=adapter.target_modules, lora_dropout=0.0,
-               bias="none", task_type="CAUSAL_LM", inference_mode=True).save_pretrained(str(folder))
+    # peft annotates lora_alpha as an int; it scales by the float alpha / r as given (as the adapter's file says).
+    LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=adapter.target_modules,  # type: ignore[arg-type]
+               lora_dropout=0.0, bias="none", task_type="CAUSAL_LM", inference_mode=True).save_pretrained(str(folder))
     # peft keeps target_modules as a set and writes it in the process's hash order: sort it, or one adapter would
     # have two spellings (two digests) across processes.
     config_path = folder / "adapter_config.json"
@@ -254,7 +255,7 @@ class RowResult:
     tokens: list[int]
     logprobs: list[Any]
     vocab: list[Any]
-    finish_reason: str
+    finish_reason: FinishReason
 
 
 @dataclass
@@ -313,7 +314,7 @@ class Engine:
             if req.quantization == "nf4":
                 from transformers import BitsAndBytesConfig
 
-                kwargs["quantization_config"] = BitsAndBytesConfig(
+                kwargs["quantization_config"] = BitsAndBytesConfig(  # type: ignore[no-untyped-call]  # unannotated
                     load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype)
                 kwargs["device_map"] = self.device
             model = AutoModelForCausalLM.from_pretrained(req.model_dir, **kwargs)
@@ -322,16 +323,17 @@ class Engine:
                               f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
                               "pass a transformers model folder") from None
         if req.quantization == "none":
-            model = model.to(self.device)
+            # transformers wraps `to` in a decorator whose type mypy reads as unbound (the model first).
+            model = model.to(self.device)  # type: ignore[arg-type]
         if req.quantization == "nf4":
             import bitsandbytes
 
             for module in model.modules():
                 # bitsandbytes repacks NF4 weights for a CPU kernel (eval mode, AVX512-BF16) that has no backward and
                 # computes in bfloat16: the learner would silently get no gradient. One NF4 path for both roles.
-                if isinstance(module, bitsandbytes.nn.Linear4bit):
+                if isinstance(module, bitsandbytes.nn.Linear4bit):  # type: ignore[attr-defined]  # not re-exported
                     module.support_avx512bf16_for_cpu = False
-        model.eval()
+        model.eval()  # type: ignore[no-untyped-call]  # transformers' override is unannotated
         model.requires_grad_(False)
         cfg = model.config
         eos_ids = response_end_ids(req.model_dir)  # generation_config.json's, as the core's (not config.json's)
@@ -378,8 +380,9 @@ class Engine:
 
         m = self.loaded("load_adapter")
         key = f"invar{self.installed}"
-        config = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, target_modules=sorted(adapter.weights),
-                            lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+        config = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha,  # type: ignore[arg-type]  # a float, as above
+                            target_modules=sorted(adapter.weights), lora_dropout=0.0, bias="none",
+                            task_type="CAUSAL_LM")
         if m.peft is None:
             m.peft = get_peft_model(m.model, config, adapter_name=key)
         else:
@@ -596,7 +599,7 @@ class Engine:
                 "exp_avg_sq": moments[f"{name}.exp_avg_sq"].to(param.device).clone()}
         trainer.steps = steps
 
-    def _fresh(self, lora: LoraSettings, seed: int) -> None:
+    def _fresh(self, lora: LoraParams, seed: int) -> None:
         """A new adapter with PEFT's default init: A kaiming-uniform from a generator seeded by `seed`, B zero."""
         m = self.loaded("learner_step")
         names = _target_names(m.model, lora.target_modules)
@@ -617,15 +620,15 @@ class Engine:
 
     def learner_step(self, params: dict[str, Any]) -> dict[str, Any]:
         m = self.loaded("learner_step")
-        step = parse_learner_step(params)
+        step = LearnerStepParams.from_wire(params, reductions=REDUCTIONS)
         rows: list[tuple[list[int], Any]] = []
         for i, s in enumerate(step.samples):
             where = f"learner_step.samples[{i}]"
             check_tokens(s.tokens, m.vocab_size, f"{where}.tokens")
-            prompt_ids = self.prompt(s.prompt_ids, where)
+            prompt_ids = self.prompt(list(s.prompt_ids), where)
             self.check_length(len(prompt_ids), int(s.tokens.size), where)
-            rows.append((prompt_ids, s.tokens))
-        if step.objective.kl_coef != 0 and any(s.reference is None for s in step.samples):
+            rows.append((prompt_ids, s.tokens.astype(np.int64)))
+        if step.objective.kl_coef != 0 and any(s.reference_logprobs is None for s in step.samples):
             raise MethodError("learner_step: objective.kl_coef is not 0, so every sample needs reference_logprobs")
         save_dir = Path(step.save_dir)
         if save_dir.exists() and (not save_dir.is_dir() or any(save_dir.iterdir())):
@@ -645,7 +648,9 @@ class Engine:
                 "only shape a fresh adapter: send the same ones or none")
         start_digest = trainer.adapter.digest
 
-        schedule = _schedule(params.get("schedule"), len(rows))
+        # Absent: the whole batch in one padded forward and one backward (the learner's behaviour before schedules
+        # existed).
+        schedule = None if step.schedule is None else step.schedule.split(len(rows))
         opt = step.optimizer
         if trainer.optimizer is None:
             trainer.optimizer = torch.optim.AdamW(trainer.params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
@@ -684,20 +689,16 @@ class Engine:
                                                                 m.model_digest), optimizer_steps=trainer.steps)
         tensors = {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
                    for k, v in state.items()}
-        trainer.adapter.digest = canonical.tree_digest(str(save_dir))
-        return {
-            "proximal_logprobs": [c.detach().cpu().numpy().astype(np.float32) for c in current],
-            **terms,
-            "grad_norm": float(grad_norm),
-            "adapter_dir": str(save_dir),
-            "adapter_digest": trainer.adapter.digest,
-            "adapter_tensors": tensors,
-            "start_adapter_digest": start_digest,
-            "optimizer_steps": trainer.steps,
-            "model_digest": m.model_digest,
-        }
+        digest = trainer.adapter.digest = canonical.tree_digest(str(save_dir))
+        return LearnerStepResult(
+            proximal_logprobs=[c.detach().cpu().numpy().astype(np.float32) for c in current],
+            loss=terms["loss"], policy=terms["policy"], kl=terms["kl"],
+            importance_weight_mean=terms["importance_weight_mean"], tokens=terms["tokens"],
+            grad_norm=float(grad_norm), adapter_dir=str(save_dir), adapter_digest=digest, adapter_tensors=tensors,
+            start_adapter_digest=start_digest, optimizer_steps=trainer.steps, model_digest=m.model_digest,
+        ).to_wire()
 
-    def _scheduled_gradients(self, rows: list[tuple[list[int], Any]], step: LearnerStep, micro_batch: int,
+    def _scheduled_gradients(self, rows: list[tuple[list[int], Any]], step: LearnerStepParams, micro_batch: int,
                              reduction: str) -> tuple[list[Any], dict[str, Any]]:
         """The gradient of the batch's loss, in micro-batches of `micro_batch` sequences, left in `.grad`.
 
@@ -794,15 +795,10 @@ def _f32(values: list[Any]) -> np.ndarray:
 
 
 REDUCTIONS = ("float64-sequence", "float32-microbatch")
+"""The `learner_step.schedule` reductions this learner computes."""
 
 
-def _schedule(raw: Any, rows: int) -> tuple[int, str] | None:
-    """`learner_step.schedule`; absent: None, the whole batch in one padded forward and one backward (the learner's
-    behaviour before schedules existed)."""
-    return parse_schedule(raw, rows, REDUCTIONS)
-
-
-def _objective(current: list[Any], step: LearnerStep, *, samples: list[Any] | None = None,
+def _objective(current: list[Any], step: LearnerStepParams, *, samples: Sequence[LearnerSample] | None = None,
                n: int | None = None) -> dict[str, Any]:
     """invar.loop.objective's loss, per token in float32, at current = proximal (the update's first step).
 
@@ -817,7 +813,7 @@ def _objective(current: list[Any], step: LearnerStep, *, samples: list[Any] | No
     policy_terms, kl_terms, weights = [], [], []
     for c, s in zip(current, step.samples if samples is None else samples, strict=True):
         proximal = c.detach()
-        behavior = torch.as_tensor(s.behavior, device=c.device)
+        behavior = torch.as_tensor(s.behavior_logprobs, device=c.device)
         a = torch.tensor(float(np.float32(s.advantage)), dtype=torch.float32, device=c.device)
         w = torch.exp(proximal - behavior)  # the importance weight: FP32, exactly 1 where the two are equal
         if o.importance_cap is not None:
@@ -827,8 +823,8 @@ def _objective(current: list[Any], step: LearnerStep, *, samples: list[Any] | No
         surrogate = torch.minimum(r * a, torch.clamp(r, lo, hi) * a)
         policy_terms.append(-(w * surrogate))
         weights.append(w)
-        if s.reference is not None and o.kl_coef != 0:
-            d = torch.as_tensor(s.reference, device=c.device) - c
+        if s.reference_logprobs is not None and o.kl_coef != 0:
+            d = torch.as_tensor(s.reference_logprobs, device=c.device) - c
             kl_terms.append(torch.expm1(d) - d)  # k3 as the core has it: no cancellation from size 1
     if n is None:
         n = sum(int(t.numel()) for t in policy_terms)
@@ -870,8 +866,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers leaves them unannotated
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     if patches.active and args.attn_implementation == "sdpa":
         print("invar.workers.hf_worker: --attn-implementation sdpa cannot run under a patch (SDPA's fused kernel "
               "would bypass the patched matmul and softmax); leave it out or pass eager", file=sys.stderr, flush=True)

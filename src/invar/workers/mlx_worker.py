@@ -58,7 +58,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -81,25 +81,27 @@ from invar.loop.checkpoint import (
 )
 from invar.protocol import MethodError, Role, Server, exit_worker
 from invar.protocol.payloads import (
+    FinishReason,
     GenerateOutput,
     GenerateParams,
     GenerateRequest,
     GenerateResult,
+    LearnerSample,
+    LearnerStepParams,
+    LearnerStepResult,
     LoadAdapterParams,
     LoadAdapterResult,
     LoadModelParams,
     LoadModelResult,
+    LoraParams,
     ScoreOutput,
     ScoreParams,
     ScoreResult,
 )
 from invar.protocol.server import add_channel_argument, serve_roles
 from invar.workers.common import (
-    LoraSettings,
     check_prompt_ids,
     check_tokens,
-    parse_learner_step,
-    parse_schedule,
     response_end_ids,
     verify_dir,
     versions,
@@ -219,7 +221,8 @@ class Engine:
             pad_id=int(pad) if isinstance(pad, int) else min(eos_ids),
             max_len=int(config.get("max_position_embeddings", 0)),
             linears={f"model.layers.{i}.{path}": module for i, layer in enumerate(model.layers)
-                     for path, module in layer.named_modules() if isinstance(module, nn.Linear)})
+                     for path, module in layer.named_modules()
+                     if isinstance(module, nn.Linear)})  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
         adapter = None
         if req.adapter is not None:
             adapter = _read_adapter(req.adapter.path, req.adapter.digest, loaded, "load_model.adapter")
@@ -247,6 +250,7 @@ class Engine:
         if m.active is m.adapters.get(req.name):
             self.activate(None)
         m.adapters[req.name] = adapter
+        assert adapter.digest is not None  # an adapter read from a folder is named by its digest
         return LoadAdapterResult(req.name, adapter.digest).to_wire()
 
     def select(self, name: Any, where: str) -> Adapter | None:
@@ -327,7 +331,7 @@ class Engine:
 
     def decode(
         self, requests: list[GenerateRequest], prompts: list[list[int]]
-    ) -> list[tuple[list[int], list[float], str]]:
+    ) -> list[tuple[list[int], list[float], FinishReason]]:
         """Decode one batch together: a left-padded prefill, then one token per row per step."""
         m = self.need("generate")
         width = max(len(p) for p in prompts)
@@ -346,7 +350,7 @@ class Engine:
         noise = mx.vmap(lambda k: mx.random.gumbel((logits.shape[-1],), key=k))
         tokens: list[list[int]] = [[] for _ in requests]
         logprobs: list[list[float]] = [[] for _ in requests]
-        finish = ["length"] * len(requests)
+        finish: list[FinishReason] = ["length"] * len(requests)
         done = [False] * len(requests)
         for step in range(max(r.max_tokens for r in requests)):
             if len(temperatures) == 1:
@@ -363,8 +367,8 @@ class Engine:
                 picked = drawn if all(sampled) else mx.where(mx.array(sampled), drawn, picked)
             chosen = mx.take_along_axis(lp, picked[:, None], axis=-1)[:, 0]
             mx.eval(picked, chosen, keys)
-            feed = picked.tolist()
-            values = chosen.tolist()
+            feed = cast(list[int], picked.tolist())  # a vector's: one token id per row
+            values = cast(list[float], chosen.tolist())
             for i, t in enumerate(feed):
                 if done[i]:
                     continue
@@ -411,12 +415,12 @@ class Engine:
         import mlx.optimizers as optim  # the learner's alone
 
         m = self.need("learner_step")
-        step = parse_learner_step(params)
+        step = LearnerStepParams.from_wire(params, reductions=REDUCTIONS)
         rows = []
         for i, s in enumerate(step.samples):
             where = f"learner_step.samples[{i}]"
             check_tokens(s.tokens, m.vocab_size, f"{where}.tokens")
-            rows.append((self.prompt(s.prompt_ids, int(s.tokens.size), where), s))
+            rows.append((self.prompt(list(s.prompt_ids), int(s.tokens.size), where), s))
         save_dir = Path(step.save_dir)
         if save_dir.exists() and (not save_dir.is_dir() or any(save_dir.iterdir())):
             raise MethodError(f"learner_step.save_dir: {step.save_dir!r} exists and is not an empty folder; "
@@ -448,7 +452,8 @@ class Engine:
         o = step.objective
         n = sum(int(s.tokens.size) for s in step.samples)
         lo, hi = float(np.float32(1.0 - o.clip_low)), float(np.float32(1.0 + o.clip_high))
-        cap = None if o.importance_cap is None else mx.array(np.float32(o.importance_cap))
+        # mlx's stubs leave out the numpy scalars mx.array takes.
+        cap = None if o.importance_cap is None else mx.array(np.float32(o.importance_cap))  # type: ignore[arg-type]
 
         def sample_loss(ids: mx.array, start: int, tokens: mx.array, behavior: mx.array, reference: mx.array,
                         advantage: mx.array, with_kl: bool) -> tuple[mx.array, ...]:
@@ -457,8 +462,10 @@ class Engine:
             proximal = mx.stop_gradient(current)
             w = mx.exp(proximal - behavior)  # the importance weight: exactly 1 where the two are equal
             if o.importance == "truncate":
+                assert cap is not None  # given exactly when importance is truncate or mask
                 w = mx.minimum(w, cap)
             elif o.importance == "mask":
+                assert cap is not None
                 w = mx.where(w > cap, mx.zeros_like(w), w)
             r = mx.exp(current - proximal)  # the ratio: its value is 1 here, its gradient is not 0
             policy = -(w * mx.minimum(r * advantage, mx.clip(r, lo, hi) * advantage))
@@ -468,12 +475,13 @@ class Engine:
                 kl = mx.expm1(d) - d  # k3 as the core has it: no cancellation from size 1
             return mx.sum(policy + o.kl_coef * kl) / n, current, policy, kl, w
 
-        def inputs(prompt: list[int], s: Any) -> tuple[Any, ...]:
-            behavior = mx.array(s.behavior)
+        def inputs(prompt: list[int], s: LearnerSample) -> tuple[Any, ...]:
+            behavior = mx.array(s.behavior_logprobs)
             return (mx.array([prompt + [int(t) for t in s.tokens[:-1]]], dtype=mx.int32), len(prompt) - 1,
                     mx.array(s.tokens.astype(np.int32)), behavior,
-                    behavior if s.reference is None else mx.array(s.reference), mx.array(np.float32(s.advantage)),
-                    s.reference is not None and o.kl_coef != 0.0)
+                    behavior if s.reference_logprobs is None else mx.array(s.reference_logprobs),
+                    mx.array(np.float32(s.advantage)),  # type: ignore[arg-type]  # a numpy scalar, as above
+                    s.reference_logprobs is not None and o.kl_coef != 0.0)
 
         def micro_loss(batch: list[tuple[Any, ...]]) -> tuple[mx.array, ...]:
             """The summed loss of a micro-batch in one graph (the float32-microbatch control), then each
@@ -484,18 +492,23 @@ class Engine:
                 total = total + out[0]
             return (total, *[x for out in outs for x in out[1:]])
 
-        micro_batch, reduction = _schedule(params.get("schedule"), len(rows))
+        # Absent: the whole batch, per-sequence gradients summed in float32 in sequence order (the learner's
+        # behaviour before schedules existed).
+        micro_batch, reduction = (len(rows), "float32-sequence") if step.schedule is None \
+            else step.schedule.split(len(rows))
         grads: Any = None
         proximal, policy_terms, kl_terms, weights = [], [], [], []
         for first in range(0, len(rows), micro_batch):
             chunk = rows[first:first + micro_batch]
             per_row: list[tuple[mx.array, ...]] = []
             if reduction == "float32-microbatch":
-                (_, *aux), g = nn.value_and_grad(m.model, micro_loss)([inputs(p, s) for p, s in chunk])
+                # mlx.nn does not re-export value_and_grad in its stubs.
+                (_, *aux), g = nn.value_and_grad(  # type: ignore[attr-defined]
+                    m.model, micro_loss)([inputs(p, s) for p, s in chunk])
                 per_row = [tuple(aux[4 * i:4 * i + 4]) for i in range(len(chunk))]
                 grads = g if grads is None else tree_map(mx.add, grads, g)
             else:
-                value_and_grad = nn.value_and_grad(m.model, sample_loss)
+                value_and_grad = nn.value_and_grad(m.model, sample_loss)  # type: ignore[attr-defined]
                 for prompt, s in chunk:
                     (_, *aux), g = value_and_grad(*inputs(prompt, s))
                     per_row.append(tuple(aux))
@@ -515,7 +528,8 @@ class Engine:
 
         opt = step.optimizer
         max_norm = math.inf if opt.max_grad_norm is None else opt.max_grad_norm
-        grads, grad_norm = optim.clip_grad_norm(grads, max_norm)  # the norm before clipping is reported
+        # The norm before clipping is reported (mlx leaves clip_grad_norm unannotated).
+        grads, grad_norm = optim.clip_grad_norm(grads, max_norm)  # type: ignore[no-untyped-call]
         if trainee.optimizer is None:
             trainee.optimizer = optim.AdamW(learning_rate=opt.lr, betas=list(opt.betas), eps=opt.eps,
                                             weight_decay=opt.weight_decay, bias_correction=True)
@@ -530,25 +544,19 @@ class Engine:
             trainee.adapter.weights[module] = (lora.lora_a, lora.lora_b)
 
         tensors = self.save(trainee, save_dir)
+        digest = trainee.adapter.digest
+        assert digest is not None  # `save` names the folder it wrote
         policy_mean = float(np.sum(np.concatenate(policy_terms), dtype=np.float64)) / n
         kl_mean = float(np.sum(np.concatenate(kl_terms), dtype=np.float64)) / n
-        return {
-            "proximal_logprobs": proximal,
-            "loss": policy_mean + o.kl_coef * kl_mean,
-            "policy": policy_mean,
-            "kl": kl_mean,
-            "importance_weight_mean": float(np.sum(np.concatenate(weights), dtype=np.float64)) / n,
-            "tokens": n,
-            "grad_norm": float(grad_norm.item()),
-            "adapter_dir": str(save_dir),
-            "adapter_digest": trainee.adapter.digest,
-            "adapter_tensors": tensors,
-            "start_adapter_digest": start_digest,
-            "optimizer_steps": trainee.steps,
-            "model_digest": m.model_digest,
-        }
+        return LearnerStepResult(
+            proximal_logprobs=proximal, loss=policy_mean + o.kl_coef * kl_mean, policy=policy_mean, kl=kl_mean,
+            importance_weight_mean=float(np.sum(np.concatenate(weights), dtype=np.float64)) / n, tokens=n,
+            grad_norm=float(grad_norm.item()), adapter_dir=str(save_dir), adapter_digest=digest,
+            adapter_tensors=tensors, start_adapter_digest=start_digest, optimizer_steps=trainee.steps,
+            model_digest=m.model_digest,
+        ).to_wire()
 
-    def fresh(self, lora: LoraSettings, seed: int) -> Adapter:
+    def fresh(self, lora: LoraParams, seed: int) -> Adapter:
         """A new adapter: a uniform in ±1/√in from the seed (the range of mlx-lm's and PEFT's default
         init), b = 0, so the first update starts at the base model exactly."""
         m = self.need("learner_step")
@@ -649,7 +657,7 @@ def _read_adapter(path: str, digest: str | None, m: Loaded, where: str) -> Adapt
     if foreign:
         raise MethodError(f"{where}: adapter {path!r} adapts {foreign[0]}, which is not a linear layer of "
                           "the loaded model; load the adapter with its own base model")
-    arrays = mx.load(str(fmt.file.path))
+    arrays = cast(dict[str, mx.array], mx.load(str(fmt.file.path)))  # a safetensors file: a map of arrays
     weights: dict[str, tuple[mx.array, mx.array]] = {}
     for module, (a_name, b_name) in fmt.modules.items():
         a, b = arrays[a_name].astype(mx.float32), arrays[b_name].astype(mx.float32)
@@ -662,13 +670,7 @@ def _read_adapter(path: str, digest: str | None, m: Loaded, where: str) -> Adapt
 
 
 REDUCTIONS = ("float64-sequence", "float32-microbatch", "float32-sequence")
-
-
-def _schedule(raw: Any, rows: int) -> tuple[int, str]:
-    """`learner_step.schedule`. Absent: the whole batch, per-sequence gradients summed in float32 in sequence order
-    (the learner's behaviour before schedules existed)."""
-    parsed = parse_schedule(raw, rows, REDUCTIONS)
-    return (rows, "float32-sequence") if parsed is None else parsed
+"""The `learner_step.schedule` reductions this learner computes."""
 
 
 def _log_softmax(logits: mx.array, temperature: float) -> mx.array:
@@ -714,7 +716,7 @@ def _read_moments(folder: Path, adapter: Adapter) -> tuple[dict[str, tuple[mx.ar
     where = "load_model.adapter.resume"
     try:
         steps = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["optimizer_steps"]
-        arrays = mx.load(str(folder / OPTIMIZER_WEIGHTS))
+        arrays = cast(dict[str, mx.array], mx.load(str(folder / OPTIMIZER_WEIGHTS)))
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise MethodError(f"{where}: {folder} holds no readable optimizer state ({type(exc).__name__}: {exc}); "
                           "resume from a training checkpoint, which keeps its manifest and optimizer.safetensors")\

@@ -514,6 +514,7 @@ class Engine:
                 seqs = [(prompt_ids[i], o.tokens.astype(np.int64), requests[i].temperature or 1.0, list[int]())
                         for i, o in zip(batch, drawn, strict=True) if o is not None]
                 for i, o, (lps, _) in zip(batch, drawn, self._teacher_forced(seqs, ref_adapter), strict=True):
+                    assert o is not None  # every row of the batch was decoded (strict: one score per output)
                     outputs[i] = replace(o, reference_logprobs=lps)
         return GenerateResult([o for o in outputs if o is not None], m.model_digest,
                               None if adapter is None else adapter.digest).to_wire()
