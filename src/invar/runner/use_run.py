@@ -250,7 +250,6 @@ def use_run(
     # The run is read under its contract as admission reads it: the same reader binds a resumed run's records and
     # recomputes the stopping rule.
     reader = RunReader.of_models(contract, sha, plan, base, {role: specs[role].model for role in ROLES})
-    eos = reader.eos
     _ = reader.scorer  # a changed user scorer is refused before any worker starts
 
     total = len(plan.calls) + len(plan.measurements)
@@ -290,8 +289,8 @@ def use_run(
         counter.report()
         if rule is not None and first_look and rule.stops(first_look):
             todo = {role: [] for role in ROLES}  # stopped before the kill: only the stop and the close are left
-        issued = _execute(contract, plan, specs, todo, measure, tokens, store, eos, counter, call_timeout,
-                          rule, first_look, workers, placement, phase, transport)
+        issued = _execute(reader, _Launch(specs, workers, call_timeout, placement, transport),
+                          _Work(todo, measure, tokens, rule, first_look), store, counter, phase)
         if rule is not None:
             phase("deciding")
         stop = None if rule is None else _record_stop(store, reader)
@@ -386,16 +385,40 @@ def workers_per_package(todo: Mapping[Role, Sequence[PlannedCall]], measure: Map
     return {role: min(workers, len(todo[role]) + len(measure[role])) for role in ROLES}
 
 
-def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, EngineSpec],
-             todo: Mapping[Role, Sequence[PlannedCall]], measure: Mapping[Role, Sequence[MeasurementCall]],
-             tokens: dict[tuple[Role, int], np.ndarray], store: RunStore, eos: Mapping[Role, frozenset[int]],
-             counter: _Counter, call_timeout: float | None, rule: _Rule | None = None, first_look: int = 0,
-             workers: int = 1, placement: RayPlacement | None = None,
-             phase: Callable[[str], object] = lambda text: None, transport: Transport | None = None) -> int:
-    """Start `workers` workers per package that has calls left and issue its calls over them, generate calls first,
-    then (once every package has sampled) measurements; the first failure stops all. `tokens` holds the pairing
-    layout's response tokens already on record, by (package, unit index), and gains those sampled now. With a
-    stopping `rule` (plan /4) the generate calls go look by look from `first_look`, the rule evaluated after each."""
+@dataclass(frozen=True)
+class _Launch:
+    """How a run's workers start: each package's engine spec, how many per package, where (a Ray placement or a
+    transport; local subprocesses otherwise), and how long one call may take."""
+
+    specs: Mapping[Role, EngineSpec]
+    workers: int = 1
+    call_timeout: float | None = 1800.0
+    placement: RayPlacement | None = None
+    transport: Transport | None = None
+
+
+@dataclass(frozen=True)
+class _Work:
+    """What is left of the plan: each package's generate calls and measurements without a successful record, the
+    pairing layout's response tokens on record by (package, unit index) (it gains those sampled now), and for a
+    sequential plan the stopping rule and the look to go on from."""
+
+    todo: Mapping[Role, Sequence[PlannedCall]]
+    measure: Mapping[Role, Sequence[MeasurementCall]]
+    tokens: dict[tuple[Role, int], np.ndarray]
+    rule: _Rule | None = None
+    first_look: int = 0
+
+
+def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, counter: _Counter,
+             phase: Callable[[str], object] = lambda text: None) -> int:
+    """Start `launch.workers` workers per package that has calls left and issue its calls over them, generate calls
+    first, then (once every package has sampled) measurements; the first failure stops all. With a stopping rule
+    (plan /4) the generate calls go look by look from `work.first_look`, the rule evaluated after each."""
+    contract, plan, eos = reader.contract, reader.plan, reader.eos
+    specs, workers, call_timeout = launch.specs, launch.workers, launch.call_timeout
+    placement, transport = launch.placement, launch.transport
+    todo, measure, tokens, rule, first_look = work.todo, work.measure, work.tokens, work.rule, work.first_look
     count = workers_per_package(todo, measure, workers)
     roles = [role for role in ROLES if count[role]]
     if not roles:
