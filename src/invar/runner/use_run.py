@@ -331,8 +331,8 @@ class _Rule:
 def _record_stop(store: RunStore, reader: RunReader) -> dict[str, Any]:
     """Recompute the stop from the records, exactly as admission does, and record it in the run's meta (once)."""
     found = reader.bind_partial(store).found
-    losses = reader.losses(found)
     used = reader.reached_units(found, str(store.path))
+    losses = reader.losses(found)
     decision = reader.stop(losses["candidate"][used] - losses["reference"][used], str(store.path))
     entry = stop_record(decision, reader.plan, found)
     kept = store.meta().get(SEQUENTIAL_META)
