@@ -63,7 +63,9 @@ def fixed_n(quick: bool) -> dict[str, int]:
     found = {}
     total_wall = total_cpu = 0.0
     for method in METHODS:
-        row, wall, cpu = timed(lambda m=method: planning.plan_row(m, *SEED_CASE, DELTA, reps=500 if quick else 2000))
+        row, wall, cpu = timed(lambda m=method: planning.plan_row(
+            m, planning.Assumed(*SEED_CASE[:2]), SEED_CASE[2], DELTA,
+            search=planning.Search(reps=500 if quick else 2000)))
         assert isinstance(row, planning.PlanRow)
         total_wall, total_cpu = total_wall + wall, total_cpu + cpu
         found[method] = row.n
@@ -94,7 +96,8 @@ def ratio_table(quick: bool) -> None:
         limit = z_limit(p_worse, p_better, epsilon)
         cells = []
         for method in METHODS:
-            n = planning.required_n(method, p_worse, p_better, epsilon, DELTA, reps=500 if quick else 2000)
+            n = planning.required_n(method, planning.Assumed(p_worse, p_better), epsilon, DELTA,
+                                    search=planning.Search(reps=500 if quick else 2000))
             cells.append(f"{n / limit:.3f}")
         print(f"| {p_worse:g} | {p_better:g} | {epsilon:g} | {limit:,} | " + " | ".join(cells) + " |", flush=True)
 

@@ -1,18 +1,23 @@
-"""How the core starts each engine's worker process.
+"""What the core knows of each engine, and how it starts the engine's worker process.
 
 An engine is a module under `invar.workers` that serves the invocation protocol; the core knows only its command
-line and the environment it needs. A new engine joins by adding its module here and implementing the methods of
+line and the environment it needs, and says both in one typed table (`ENGINE_TABLE`): per engine, the worker module,
+each launch setting (its flag, type, choices and default) and the environment. Contracts, `--setting` and the
+launch of every worker read that table. A new engine joins by adding its entry here and implementing the methods of
 docs/protocol.md.
 """
 
 from __future__ import annotations
 
+import enum
+import math
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from invar.errors import InvarError
 from invar.home import HOME
@@ -20,14 +25,204 @@ from invar.protocol import Recorder, Role, WorkerClient, WorkerProcess
 from invar.protocol.client import spawn_local
 from invar.worker_code import WorkerCodeError, code_digest, search_path
 
-ENGINES: dict[str, str] = {
-    "echo": "invar.workers.echo",
-    "hf": "invar.workers.hf_worker",
-    "vllm": "invar.workers.vllm_worker",
-    "mlx": "invar.workers.mlx_worker",
-    "openai": "invar.workers.openai_worker",
-}
-"""Engine name → the worker module that serves it."""
+EngineName = Literal["hf", "vllm", "mlx", "openai"]
+"""The engines a package can name (a contract's `engine`): each has its entry in `ENGINE_TABLE`."""
+
+
+class Engine(enum.StrEnum):
+    """The engines a command can run (`--engine`): `EngineName`'s, as an option's choices."""
+
+    HF = "hf"
+    VLLM = "vllm"
+    MLX = "mlx"
+    OPENAI = "openai"
+    """An OpenAI-compatible server (`invar.workers.openai_worker`; docs/endpoints.md): inference only."""
+
+
+@dataclass(frozen=True)
+class LaunchSetting:
+    """A package setting that is a launch option of a worker: its flag, the type of its value, the values it takes.
+
+    A `bool` setting is a flag given only when the value is `flag_when` (the other value is the worker's default).
+    """
+
+    flag: str
+    kind: type[int] | type[float] | type[str] | type[bool]
+    choices: tuple[Any, ...] = ()
+    flag_when: bool | None = None
+    required: bool = False
+    """The worker cannot start without it (an endpoint's URL): refused before any worker starts when absent."""
+    default: Any = None
+    """The value the worker takes when the setting is not given (its own command line's default); None: the worker
+    decides (the model's own maximum, vLLM's choice, ...). The worker reports the value it took in its identity."""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the core knows of one engine: the worker module that serves it, its launch settings and how they become
+    the worker's command line, and the environment its worker needs."""
+
+    name: str
+    module: str
+    """The worker module the core starts (`python -m module`), serving the protocol."""
+    settings: Mapping[str, LaunchSetting] = field(default_factory=dict)
+    """The package settings that are launch options of the worker (its own command line); every other setting is
+    fixed by the worker itself and only checked against its identity at handshake."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment variables the worker starts with unless the caller's environment sets them."""
+    needs: str = ""
+    """What the required settings are, said when one is missing."""
+
+    def launch_args(self, settings: Mapping[str, Any], patches: Mapping[str, str]) -> list[str]:
+        """The worker command-line options that make this engine's worker start with `settings` and `patches`."""
+        args: list[str] = []
+        for key, launch in self.settings.items():
+            value = settings.get(key)
+            if launch.kind is bool:
+                if value is launch.flag_when:
+                    args.append(launch.flag)
+            elif value is not None:
+                args += [launch.flag, str(value)]
+        for name, sha in sorted(patches.items()):
+            args += ["--patch", f"{name}={sha}"]
+        return args
+
+    def missing(self, given: Mapping[str, Any]) -> list[str]:
+        """The required launch settings that `given` lacks (or leaves null)."""
+        return [name for name, launch in self.settings.items() if launch.required and given.get(name) is None]
+
+
+_COMMON_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+               "PYTHONUNBUFFERED": "1"}
+"""Every worker: offline (no hub), quiet, unbuffered."""
+
+_VLLM_BACKENDS = ("mp", "ray", "uni", "external_launcher")  # `invar.workers.vllm_worker.EXECUTOR_BACKENDS`
+
+ENGINE_TABLE: dict[str, EngineInfo] = {e.name: e for e in (
+    # The protocol's test worker: it echoes and reports what it is told; no engine behind it.
+    EngineInfo("echo", "invar.workers.echo"),
+    # The HF worker passes its --device to torch: "cpu", or "cuda" where one is present (its usage line).
+    EngineInfo("hf", "invar.workers.hf_worker", {
+        "device": LaunchSetting("--device", str, ("cpu", "cuda"), default="cpu"),
+        "threads": LaunchSetting("--threads", int, default=1),
+        "attn_implementation": LaunchSetting("--attn-implementation", str, ("sdpa", "eager"))}),
+    EngineInfo("vllm", "invar.workers.vllm_worker", {
+        "device": LaunchSetting("--device", str, ("auto", "cpu", "cuda"), default="auto"),
+        "max_model_len": LaunchSetting("--max-model-len", int),
+        "gpu_memory_utilization": LaunchSetting("--gpu-memory-utilization", float),
+        "max_num_seqs": LaunchSetting("--max-num-seqs", int, default=256),
+        "max_num_batched_tokens": LaunchSetting("--max-num-batched-tokens", int),
+        "max_lora_rank": LaunchSetting("--max-lora-rank", int, (1, 8, 16, 32, 64, 128, 256), default=8),
+        "max_loras": LaunchSetting("--max-loras", int, default=2),
+        "engine_seed": LaunchSetting("--seed", int, default=0),
+        "tensor_parallel_size": LaunchSetting("--tensor-parallel-size", int),
+        "pipeline_parallel_size": LaunchSetting("--pipeline-parallel-size", int),
+        "distributed_executor_backend": LaunchSetting("--distributed-executor-backend", str, _VLLM_BACKENDS),
+        "enforce_eager": LaunchSetting("--no-enforce-eager", bool, flag_when=False, default=True)},
+        # A small KV cache on the CPU (GiB), and vLLM's own logging kept to warnings.
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}),
+    EngineInfo("mlx", "invar.workers.mlx_worker", {
+        "map_rope_parameters": LaunchSetting("--no-map-rope-parameters", bool, flag_when=False, default=True)}),
+    # An OpenAI-compatible server: where it is and what it serves; the key is named, never given (docs/endpoints.md).
+    EngineInfo("openai", "invar.workers.openai_worker", {
+        "base_url": LaunchSetting("--base-url", str, required=True),
+        "served_model": LaunchSetting("--served-model", str, required=True),
+        "api_key_env": LaunchSetting("--api-key-env", str),
+        "logprobs_mode": LaunchSetting("--logprobs-mode", str, ("raw_logprobs", "processed_logprobs"),
+                                       default="raw_logprobs"),
+        "prompt": LaunchSetting("--prompt", str, ("ids", "text"), default="ids"),
+        "max_in_flight": LaunchSetting("--max-in-flight", int, default=64),
+        "request_timeout": LaunchSetting("--request-timeout", float, default=120.0),
+        "retries": LaunchSetting("--retries", int, default=4)},
+        needs="where the server is and the model id it serves"),
+)}
+"""Every engine the core can start, by name: the one place that says what each engine's worker is, takes and
+needs. The workers keep their own command lines (they import nothing of the core beyond the protocol); a test reads
+their sources and checks that they take exactly these flags, types, choices and defaults."""
+
+ENGINES: dict[str, str] = {name: e.module for name, e in ENGINE_TABLE.items()}
+"""Engine name → the worker module the core starts for it (`ENGINE_TABLE`'s; tests substitute a module here)."""
+
+LAUNCH_SETTINGS: dict[str, Mapping[str, LaunchSetting]] = {name: e.settings for name, e in ENGINE_TABLE.items()
+                                                           if e.settings}
+"""Each engine's package settings that are launch options of its worker (`EngineInfo.settings`). A contract's
+packages and `--setting` are checked against them before any worker starts."""
+
+
+def engine_info(engine: str) -> EngineInfo:
+    """The engine named `engine`; `InvarError` naming the engines there are."""
+    info = ENGINE_TABLE.get(engine)
+    if info is None:
+        raise InvarError(f"unknown engine {engine!r}; choose one of: {', '.join(sorted(ENGINES))}")
+    return info
+
+
+def launch_args(engine: str, settings: Mapping[str, Any], patches: Mapping[str, str]) -> list[str]:
+    """The worker command-line options that make a worker of `engine` start with `settings` and `patches` (none for
+    an engine whose worker takes no launch settings)."""
+    info = ENGINE_TABLE.get(engine)
+    return (info or EngineInfo(engine, "")).launch_args(settings, patches)
+
+
+def missing_settings(engine: str, given: Mapping[str, Any]) -> list[str]:
+    """The required launch settings of `engine` that `given` lacks (or leaves null)."""
+    info = ENGINE_TABLE.get(engine)
+    return [] if info is None else info.missing(given)
+
+
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def parse_launch_settings(engine: str, items: Sequence[str]) -> dict[str, Any]:
+    """`--setting NAME=VALUE` options as the typed launch settings of `engine`'s worker, checked before any worker
+    starts: an unknown name, a value of the wrong type or outside its choices is refused in one line naming what
+    the engine takes."""
+    declared = LAUNCH_SETTINGS.get(engine, {})
+    valid = ", ".join(declared) if declared else "none"
+    settings: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise InvarError(f"--setting {item!r}: write NAME=VALUE, e.g. threads=1 (the {engine} launch settings: "
+                             f"{valid})")
+        launch = declared.get(name)
+        if launch is None:
+            takes = f"the {engine} launch settings are: {valid}" if declared else \
+                f"the {engine} worker takes no launch settings"
+            raise InvarError(f"--setting {item!r}: {engine} has no launch setting {name!r}; {takes}")
+        value: Any
+        try:
+            if launch.kind is bool:
+                if text.strip().lower() not in ("true", "false"):
+                    raise ValueError(text)
+                value = text.strip().lower() == "true"
+            elif launch.kind is int:
+                if not _INTEGER.fullmatch(text.strip()):  # int() would read 1_0 as 10
+                    raise ValueError(text)
+                value = int(text.strip(), 10)
+            elif launch.kind is float:
+                if not _DECIMAL.fullmatch(text.strip()):  # float() would read 1_0, nan and inf
+                    raise ValueError(text)
+                value = float(text.strip())
+                if not math.isfinite(value):  # 1e999
+                    raise ValueError(text)
+            else:
+                value = text
+        except ValueError:
+            raise InvarError(f"--setting {item!r}: {name} takes {_KIND_NAMES[launch.kind]}, not {text!r}") from None
+        if launch.choices and value not in launch.choices:
+            raise InvarError(f"--setting {item!r}: {name} is one of {', '.join(str(c) for c in launch.choices)}")
+        if name in settings:
+            raise InvarError(f"--setting {name} is given twice; give each setting once")
+        settings[name] = value
+    if missing := missing_settings(engine, settings):
+        needs = ENGINE_TABLE[engine].needs
+        raise InvarError(f"the {engine} worker needs " + " and ".join(f"--setting {name}=…" for name in missing)
+                         + (f" ({needs})" if needs else ""))
+    return settings
 
 
 class Transport(Protocol):
@@ -46,60 +241,6 @@ class Transport(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class LaunchSetting:
-    """A package setting that is a launch option of a worker: its flag, the type of its value, the values it takes.
-
-    A `bool` setting is a flag given only when the value is `flag_when` (the other value is the worker's default).
-    """
-
-    flag: str
-    kind: type[int] | type[float] | type[str] | type[bool]
-    choices: tuple[Any, ...] = ()
-    flag_when: bool | None = None
-    required: bool = False
-    """The worker cannot start without it (an endpoint's URL): refused before any worker starts when absent."""
-
-
-_VLLM_BACKENDS = ("mp", "ray", "uni", "external_launcher")  # `invar.workers.vllm_worker.EXECUTOR_BACKENDS`
-
-LAUNCH_SETTINGS: dict[str, dict[str, LaunchSetting]] = {
-    # The HF worker passes its --device to torch: "cpu", or "cuda" where one is present (its usage line).
-    "hf": {"device": LaunchSetting("--device", str, ("cpu", "cuda")), "threads": LaunchSetting("--threads", int),
-           "attn_implementation": LaunchSetting("--attn-implementation", str, ("sdpa", "eager"))},
-    "vllm": {"device": LaunchSetting("--device", str, ("auto", "cpu", "cuda")),
-             "max_model_len": LaunchSetting("--max-model-len", int),
-             "gpu_memory_utilization": LaunchSetting("--gpu-memory-utilization", float),
-             "max_num_seqs": LaunchSetting("--max-num-seqs", int),
-             "max_num_batched_tokens": LaunchSetting("--max-num-batched-tokens", int),
-             "max_lora_rank": LaunchSetting("--max-lora-rank", int, (1, 8, 16, 32, 64, 128, 256)),
-             "max_loras": LaunchSetting("--max-loras", int), "engine_seed": LaunchSetting("--seed", int),
-             "tensor_parallel_size": LaunchSetting("--tensor-parallel-size", int),
-             "pipeline_parallel_size": LaunchSetting("--pipeline-parallel-size", int),
-             "distributed_executor_backend": LaunchSetting("--distributed-executor-backend", str, _VLLM_BACKENDS),
-             "enforce_eager": LaunchSetting("--no-enforce-eager", bool, flag_when=False)},
-    "mlx": {"map_rope_parameters": LaunchSetting("--no-map-rope-parameters", bool, flag_when=False)},
-    # An OpenAI-compatible server: where it is and what it serves; the key is named, never given (docs/endpoints.md).
-    "openai": {"base_url": LaunchSetting("--base-url", str, required=True),
-               "served_model": LaunchSetting("--served-model", str, required=True),
-               "api_key_env": LaunchSetting("--api-key-env", str),
-               "logprobs_mode": LaunchSetting("--logprobs-mode", str, ("raw_logprobs", "processed_logprobs")),
-               "prompt": LaunchSetting("--prompt", str, ("ids", "text")),
-               "max_in_flight": LaunchSetting("--max-in-flight", int),
-               "request_timeout": LaunchSetting("--request-timeout", float),
-               "retries": LaunchSetting("--retries", int)},
-}
-"""Each engine's package settings that are launch options of its worker (the worker's own command line), with the
-type and the values its worker takes; every other setting is fixed by the worker itself and only checked against
-its identity. A contract's packages and `use package --setting` are checked against this before any worker
-starts."""
-
-def missing_settings(engine: str, given: Mapping[str, Any]) -> list[str]:
-    """The required launch settings of `engine` that `given` lacks (or leaves null)."""
-    return [name for name, launch in LAUNCH_SETTINGS.get(engine, {}).items()
-            if launch.required and given.get(name) is None]
-
-
 DEFAULT_MODEL = HOME / "models" / "tiny-arith"
 """The shipped tiny model, the default of every command that takes `--model`."""
 
@@ -107,15 +248,16 @@ DEFAULT_MODEL = HOME / "models" / "tiny-arith"
 _IMPORT_ROOT = Path(__file__).resolve().parents[1]
 
 
-def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment a worker runs in: offline (no hub), quiet, and small on the CPU."""
+def worker_env(extra: Mapping[str, str] | None = None, engine: str | None = None) -> dict[str, str]:
+    """The environment a worker of `engine` runs in: offline (no hub), quiet, small on the CPU (`EngineInfo.env`,
+    where this environment does not set them; every engine's when `engine` is None), then `extra`."""
     env = dict(os.environ)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    env.setdefault("PYTHONUNBUFFERED", "1")
+    engines = ENGINE_TABLE.values() if engine not in ENGINE_TABLE else (ENGINE_TABLE[engine],)
+    for name, value in _COMMON_ENV.items():
+        env.setdefault(name, value)
+    for info in engines:
+        for name, value in info.env.items():
+            env.setdefault(name, value)
     # Workers import the same core (and its `invar.workers`) as this process, wherever the command is run from.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_IMPORT_ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(extra or {})
@@ -184,7 +326,7 @@ def start_worker(
     client = WorkerClient(
         worker_argv(engine, role, args),
         name=f"{engine}-{role.value}",
-        env=worker_env(env),
+        env=worker_env(env, engine),
         expected_role=role,
         expected_engine=engine,
         recorder=recorder,

@@ -33,7 +33,7 @@ from invar.errors import ContractError, InvarError
 from invar.evidence import RangeTaskLoss
 from invar.records import RunStore
 from invar.stats import bounds, sequential
-from invar.stats.planning import plan_row
+from invar.stats.planning import Assumed, plan_row
 from invar.tasks.arithmetic import answer_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -369,8 +369,7 @@ def test_use_plan_sizes_a_range_contract_on_the_range_of_its_differences(tmp_pat
     rows = json.loads(result.output)["rows"]
     assert [row["method"] for row in rows] == ["hoeffding", "maurer-pontil"]
     for row in rows:
-        assert row["n"] == plan_row(row["method"], None, None, 1.5, 0.05, variance=4.0, mean=0.0, a=-10.0,
-                                    b=10.0).n
+        assert row["n"] == plan_row(row["method"], Assumed(variance=4.0, mean=0.0, a=-10.0, b=10.0), 1.5, 0.05).n
         assert "d in [-10, 10]" in row["assumption"]
     refused = RUNNER.invoke(use.app, ["plan", str(ws.contract_path), "--assume", "worse=0.01 better=0.01"])
     assert isinstance(refused.exception, InvarError)
@@ -380,7 +379,7 @@ def test_use_plan_sizes_a_range_contract_on_the_range_of_its_differences(tmp_pat
     unit = _workspace(tmp_path / "unit", requirement={"method": "hoeffding"})
     args = ["plan", str(unit.contract_path), "--assume", "worse=0.01 better=0.01", "--method", "hoeffding", "--json"]
     (row,) = json.loads(RUNNER.invoke(use.app, args).output)["rows"]
-    assert row["n"] == plan_row("hoeffding", 0.01, 0.01, 0.05, 0.05).n
+    assert row["n"] == plan_row("hoeffding", Assumed(0.01, 0.01), 0.05, 0.05).n
 
 
 def test_measurements_beside_a_range_decision_leave_the_task_to_the_decision(tmp_path: Path) -> None:

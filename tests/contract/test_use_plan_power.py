@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from contract_runs import Workspace, make_workspace
 
-from invar.stats.planning import power_at
+from invar.stats.planning import Assumed, power_at
 
 UNITS = 200
 """The contract's n; it decides with maurer-pontil at ε = 0.05, δ = 0.05 (contract_runs' declaration)."""
@@ -38,7 +38,7 @@ def _json(ws: Workspace, *args: str | Path) -> dict[str, Any]:
 def test_a_contract_whose_own_n_is_underpowered_is_warned_of(ws: Workspace) -> None:
     assert (ws.contract.requirement.method, len(ws.plan.units)) == ("maurer-pontil", UNITS)
     doc = _json(ws, "--assume", "worse=0.02 better=0.02")
-    expected = power_at("maurer-pontil", UNITS, 0.02, 0.02, 0.05, 0.05)
+    expected = power_at("maurer-pontil", UNITS, Assumed(0.02, 0.02), 0.05, 0.05)
     assert doc["rows"][0]["n"] > UNITS
     assert (doc["contract_units"], doc["contract_power"], doc["underpowered"]) == (UNITS, expected, True)
     out = _plan(ws, "--assume", "worse=0.02 better=0.02")
@@ -51,7 +51,7 @@ def test_a_contract_whose_own_n_is_underpowered_is_warned_of(ws: Workspace) -> N
 def test_a_contract_with_enough_units_is_not_warned_of(tmp_path: Path) -> None:
     big = make_workspace(tmp_path, units=600)
     doc = _json(big, "--assume", "worse=0.001 better=0.001")
-    expected = power_at("maurer-pontil", 600, 0.001, 0.001, 0.05, 0.05)
+    expected = power_at("maurer-pontil", 600, Assumed(0.001, 0.001), 0.05, 0.05)
     assert doc["rows"][0]["n"] <= 600
     assert (doc["contract_power"], doc["underpowered"]) == (expected, False)
     assert expected >= 0.8

@@ -15,6 +15,8 @@ from invar.parallel import forked
 from invar.stats import (
     DEFAULT_BINARY_METHOD,
     METHODS,
+    Assumed,
+    Search,
     StatisticsError,
     betting,
     bound,
@@ -50,7 +52,7 @@ def _brute_force_power(method: str, n: int, p_worse: float, p_better: float, eps
 @pytest.mark.parametrize(("method", "epsilon"), [("hoeffding", 0.45), ("maurer-pontil", 0.65)])
 def test_exact_power_matches_brute_force(method: str, epsilon: float) -> None:
     args = (40, 0.15, 0.05, epsilon, 0.1)
-    computed = power_at(method, *args)
+    computed = power_at(method, 40, Assumed(0.15, 0.05), epsilon, 0.1)
     assert 0.05 < computed < 0.95
     assert computed == pytest.approx(_brute_force_power(method, *args), abs=1e-11)
 
@@ -58,7 +60,7 @@ def test_exact_power_matches_brute_force(method: str, epsilon: float) -> None:
 @pytest.mark.parametrize(("method", "epsilon"), [("paired-binary-exact", 0.5), ("paired-binary-score", 0.25)])
 def test_exact_method_power_matches_brute_force(method: str, epsilon: float) -> None:
     args = (8, 0.05, 0.3, epsilon, 0.05)
-    computed = power_at(method, *args)
+    computed = power_at(method, 8, Assumed(0.05, 0.3), epsilon, 0.05)
     assert 0.05 < computed < 0.95
     assert computed == pytest.approx(_brute_force_power(method, *args), abs=1e-9)
 
@@ -67,7 +69,7 @@ def test_score_plan_agrees_with_the_bound_at_the_planned_n() -> None:
     """At the planned n, every outcome the planner admits (w ≤ its threshold at each discordant count, the
     thresholds found with proofs shared across counts) has upper ≤ ε from the public function, and the next does
     not."""
-    scenario = (0.05, 0.05, 0.1, 0.05)
+    scenario = (Assumed(0.05, 0.05), 0.1, 0.05)
     n = required_n("paired-binary-score", *scenario)
     assert power_at("paired-binary-score", n, *scenario) >= 0.8 > power_at("paired-binary-score", n - 1, *scenario)
     planner = planning._ScorePlanner(planning._assumption(0.05, 0.05, None, 0.0, -1.0, 1.0), 0.1, 0.05)
@@ -81,7 +83,7 @@ def test_score_plan_agrees_with_the_bound_at_the_planned_n() -> None:
 
 
 def test_required_n_is_where_power_crosses_the_target() -> None:
-    scenario = (0.05, 0.05, 0.1, 0.05)  # p_worse, p_better, epsilon, delta
+    scenario = (Assumed(0.05, 0.05), 0.1, 0.05)  # assumed, epsilon, delta
     n = required_n("maurer-pontil", *scenario)
     assert n == 397
     assert power_at("maurer-pontil", n, *scenario) >= 0.8 > power_at("maurer-pontil", n - 1, *scenario)
@@ -102,34 +104,34 @@ def _simulated_successes(method: str, n: int, p_worse: float, p_better: float, e
 def test_planned_power_matches_simulation_of_the_bound() -> None:
     n, reps = 397, 2000
     hits = _simulated_successes("maurer-pontil", n, 0.05, 0.05, 0.1, reps)
-    computed = power_at("maurer-pontil", n, 0.05, 0.05, 0.1, 0.05)
+    computed = power_at("maurer-pontil", n, Assumed(0.05, 0.05), 0.1, 0.05)
     assert float(stats.binomtest(hits, reps, computed).pvalue) > 1e-3
 
 
 def test_betting_plan_reaches_its_power_in_simulation() -> None:
-    n = required_n("betting", 0.05, 0.05, 0.1, 0.05, reps=400)
+    n = required_n("betting", Assumed(0.05, 0.05), 0.1, 0.05, search=Search(reps=400))
     reps = 1000
     hits = _simulated_successes("betting", n, 0.05, 0.05, 0.1, reps)
     # Fresh simulations at the planned n: not significantly below the target power.
     assert float(stats.binom.cdf(hits, reps, 0.8)) > 1e-3
-    assert power_at("betting", n, 0.05, 0.05, 0.1, 0.05, reps=400) >= 0.8
+    assert power_at("betting", n, Assumed(0.05, 0.05), 0.1, 0.05, search=Search(reps=400)) >= 0.8
 
 
 @pytest.mark.parametrize("method", ["hoeffding", "maurer-pontil"])
 def test_variance_plan_is_conservative(method: str) -> None:
     """A stated variance plans conservatively: a distribution with that mean and variance admits more often."""
-    n = required_n(method, None, None, 0.1, 0.05, variance=0.1, mean=0.0)
+    n = required_n(method, Assumed(variance=0.1, mean=0.0), 0.1, 0.05)
     reps = 1000
     rng = np.random.default_rng(8)
     u = rng.random((reps, n))
     d = np.where(u < 0.05, 1.0, np.where(u >= 0.95, -1.0, 0.0))  # mean 0, variance 0.1
     hits = sum(bound(method, row, -1.0, 1.0, 0.05).upper <= 0.1 for row in d)
     assert hits / reps >= 0.8
-    assert power_at(method, n - 1, None, None, 0.1, 0.05, variance=0.1) < 0.8
+    assert power_at(method, n - 1, Assumed(variance=0.1), 0.1, 0.05) < 0.8
 
 
 def test_plan_table_and_rendering() -> None:
-    rows = plan_table(0.05, 0.05, 0.1, 0.05, reps=400)
+    rows = plan_table(Assumed(0.05, 0.05), 0.1, 0.05, search=Search(reps=400))
     assert [row.method for row in rows] == list(METHODS)
     by_method = {row.method: row for row in rows}
     assert by_method[DEFAULT_BINARY_METHOD].n < by_method["maurer-pontil"].n < by_method["hoeffding"].n
@@ -148,7 +150,7 @@ def test_plan_table_and_rendering() -> None:
     encoded = json.loads(json.dumps([dataclasses.asdict(row) for row in rows]))
     assert encoded[1]["n"] == by_method["maurer-pontil"].n
     assert "standard error" in by_method["betting"].basis
-    variance_rows = plan_table(None, None, 0.1, 0.05, variance=0.1)
+    variance_rows = plan_table(Assumed(variance=0.1), 0.1, 0.05)
     assert [row.method for row in variance_rows] == ["hoeffding", "maurer-pontil"]
     assert all(row.basis.startswith("conservative") for row in variance_rows)
 
@@ -156,7 +158,7 @@ def test_plan_table_and_rendering() -> None:
 def test_exact_plan_agrees_with_the_bound_at_the_planned_n() -> None:
     """Counts the planner calls successes give an upper limit ≤ ε from the public function, and vice versa."""
     n, epsilon = 114, 0.1
-    assert required_n("paired-binary-exact", 0.05, 0.05, epsilon, 0.05) == n
+    assert required_n("paired-binary-exact", Assumed(0.05, 0.05), epsilon, 0.05) == n
     for discordant in (6, 11, 16):
         uppers = [paired_binary_exact(w, discordant - w, n, 0.05).upper for w in range(discordant + 1)]
         admitted = [u <= epsilon for u in uppers]
@@ -166,18 +168,19 @@ def test_exact_plan_agrees_with_the_bound_at_the_planned_n() -> None:
 
 def test_planning_errors() -> None:
     cases: list[tuple[Callable[[], object], str]] = [
-        (lambda: required_n("wald", 0.01, 0.01, 0.005, 0.05), "unknown bound method"),
-        (lambda: required_n("maurer-pontil", 0.6, 0.6, 0.005, 0.05), "exceeds 1"),
-        (lambda: required_n("maurer-pontil", 0.02, 0.01, 0.005, 0.05), "not below epsilon"),
-        (lambda: required_n("maurer-pontil", 0.01, 0.01, 0.005, 0.05, power=1.0), "power"),
-        (lambda: required_n("maurer-pontil", 0.01, 0.01, 0.005, 1.0), "delta"),
-        (lambda: required_n("betting", None, None, 0.1, 0.05, variance=0.1), "needs a distribution"),
-        (lambda: required_n("maurer-pontil", None, None, 0.1, 0.05, variance=2.0), "impossible"),
-        (lambda: required_n("maurer-pontil", 0.01, 0.01, 0.1, 0.05, variance=0.1), "not both"),
-        (lambda: required_n("maurer-pontil", None, None, 0.1, 0.05), "state the assumption"),
-        (lambda: required_n("maurer-pontil", 0.01, 0.01, 0.005, 0.05, n_max=1000), "not reached with 1000"),
-        (lambda: required_n("maurer-pontil", 0.01, 0.01, 0.005, 0.05, a=0.0, b=1.0), "d in [-1, 1]"),
-        (lambda: required_n("hoeffding", float("nan"), 0.01, 0.005, 0.05), "finite"),
+        (lambda: required_n("wald", Assumed(0.01, 0.01), 0.005, 0.05), "unknown bound method"),
+        (lambda: required_n("maurer-pontil", Assumed(0.6, 0.6), 0.005, 0.05), "exceeds 1"),
+        (lambda: required_n("maurer-pontil", Assumed(0.02, 0.01), 0.005, 0.05), "not below epsilon"),
+        (lambda: required_n("maurer-pontil", Assumed(0.01, 0.01), 0.005, 0.05, power=1.0), "power"),
+        (lambda: required_n("maurer-pontil", Assumed(0.01, 0.01), 0.005, 1.0), "delta"),
+        (lambda: required_n("betting", Assumed(variance=0.1), 0.1, 0.05), "needs a distribution"),
+        (lambda: required_n("maurer-pontil", Assumed(variance=2.0), 0.1, 0.05), "impossible"),
+        (lambda: required_n("maurer-pontil", Assumed(0.01, 0.01, variance=0.1), 0.1, 0.05), "not both"),
+        (lambda: required_n("maurer-pontil", Assumed(), 0.1, 0.05), "state the assumption"),
+        (lambda: required_n("maurer-pontil", Assumed(0.01, 0.01), 0.005, 0.05, search=Search(n_max=1000)),
+         "not reached with 1000"),
+        (lambda: required_n("maurer-pontil", Assumed(0.01, 0.01, a=0.0, b=1.0), 0.005, 0.05), "d in [-1, 1]"),
+        (lambda: required_n("hoeffding", Assumed(float("nan"), 0.01), 0.005, 0.05), "finite"),
     ]
     for call, fragment in cases:
         with pytest.raises(StatisticsError) as info:
@@ -190,7 +193,7 @@ def test_planning_errors() -> None:
 def test_seed_scenario_table() -> None:
     """p_worse = p_better = 0.01, ε = 0.005, δ = 0.05, power 0.8: the numbers docs/statistics.md reports, and the
     goal: the default within 1.05 times the z-test's 4,946 units."""
-    rows = {row.method: row for row in plan_table(0.01, 0.01, 0.005, 0.05)}
+    rows = {row.method: row for row in plan_table(Assumed(0.01, 0.01), 0.005, 0.05)}
     assert rows["hoeffding"].n == 263_494
     assert rows["maurer-pontil"].n == 16_297
     assert rows["paired-binary-exact"].n == 6_142
@@ -203,7 +206,7 @@ def test_seed_scenario_table() -> None:
 def test_betting_power_claim_holds_in_independent_replications() -> None:
     """The betting row's power is a fresh estimate: independent runs at the planned n reproduce it within Monte
     Carlo error (no selection inflates it, unlike the first n where one seed's simulation cleared the target)."""
-    row = planning.plan_row("betting", 0.01, 0.01, 0.005, 0.05)
+    row = planning.plan_row("betting", Assumed(0.01, 0.01), 0.005, 0.05)
     error = float(row.basis.rsplit("standard error ", 1)[1])
     assumption = planning._assumption(0.01, 0.01, None, 0.0, -1.0, 1.0)
     runs = 8000
@@ -230,13 +233,13 @@ def test_exact_plans_compute_the_exact_power_at_n_and_n_minus_1_only(
     n, power = planner.plan(0.8, 1, 10_000_000, start)
     assert n == expected
     assert power == planner.exact[n] >= 0.8
-    assert power_at(method, n, 0.05, 0.05, 0.1, 0.05) == power
+    assert power_at(method, n, Assumed(0.05, 0.05), 0.1, 0.05) == power
     if method == "paired-binary-exact":
         assert sorted(planner.exact) == [n]
         assert planner.below(n - 1, 0.8)
-        assert power_at(method, n - 1, 0.05, 0.05, 0.1, 0.05) < 0.8
+        assert power_at(method, n - 1, Assumed(0.05, 0.05), 0.1, 0.05) < 0.8
     else:  # at n = 78 the score test's supremum is inside the domain: searched twice
-        assert 0.8 > planner.exact[n - 1] == power_at(method, n - 1, 0.05, 0.05, 0.1, 0.05)
+        assert 0.8 > planner.exact[n - 1] == power_at(method, n - 1, Assumed(0.05, 0.05), 0.1, 0.05)
 
 
 def test_exact_planners_upper_bound_never_claims_a_power_below_the_target_wrongly() -> None:
@@ -268,10 +271,11 @@ def test_exact_plan_searches_again_when_the_cheap_power_misleads() -> None:
 
 def test_parallel_planning_gives_the_numbers_of_one_process() -> None:
     """plan_table's worker processes and the betting simulation's blocks in parallel change no number."""
-    scenario = (0.05, 0.05, 0.1, 0.05)
+    scenario = (Assumed(0.05, 0.05), 0.1, 0.05)
     with forked():
-        rows = plan_table(*scenario, reps=400, methods=("maurer-pontil", "betting", "paired-binary-exact"))
-    alone = [planning.plan_row(row.method, *scenario, reps=400) for row in rows]
+        rows = plan_table(*scenario, search=Search(reps=400),
+                          methods=("maurer-pontil", "betting", "paired-binary-exact"))
+    alone = [planning.plan_row(row.method, *scenario, search=Search(reps=400)) for row in rows]
     assert rows == alone
     assumption = planning._assumption(0.05, 0.05, None, 0.0, -1.0, 1.0)
     starts = list(range(0, 700, planning._CHUNK))
@@ -289,7 +293,7 @@ def test_statistics_fork_no_process_unless_asked(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(invar.parallel, "ProcessPoolExecutor", no_fork)
     assert invar.parallel.map_calls([lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]
-    rows = plan_table(0.05, 0.05, 0.1, 0.05, methods=("maurer-pontil", "paired-binary-exact"))
+    rows = plan_table(Assumed(0.05, 0.05), 0.1, 0.05, methods=("maurer-pontil", "paired-binary-exact"))
     assert [r.method for r in rows] == ["maurer-pontil", "paired-binary-exact"]
 
 

@@ -150,7 +150,7 @@ def plan_cmd(
     from invar.contract.model import loss_span
     from invar.contract.prepare import declared_difference_range, load_for_planning, range_methods
     from invar.parallel import forked
-    from invar.stats.planning import plan_table, power_curves, render_plan
+    from invar.stats.planning import Assumed, plan_table, power_curves, render_plan
     from invar.stats.sequential import render_sequential
 
     stated = parse_assumptions(assume)
@@ -167,16 +167,14 @@ def plan_cmd(
     if methods is None and loss_span(c.scorer) is not None and "variance" not in stated:
         methods = list(range_methods(False))  # the binary methods cannot decide this contract's losses
     with forked():  # the methods, and the pieces of each, on every core
-        rows = plan_table(
-            stated.get("p_worse"), stated.get("p_better"), float(req.epsilon), float(req.delta), power,
-            methods=methods, variance=stated.get("variance"), mean=stated.get("mean", 0.0), a=low, b=high,
-        )
+        assumed = Assumed(stated.get("p_worse"), stated.get("p_better"), stated.get("variance"),
+                          stated.get("mean", 0.0), low, high)
+        rows = plan_table(assumed, float(req.epsilon), float(req.delta), power, methods=methods)
         own = _contract_power(c, units, looks, rows, stated, power, (low, high))
         if plot is not None:
             from invar.cli.plan_plot import draw_power
 
-            curves = power_curves(rows, variance=stated.get("variance"), mean=stated.get("mean", 0.0), a=low, b=high,
-                                  p_worse=stated.get("p_worse"), p_better=stated.get("p_better"), extra=[units])
+            curves = power_curves(rows, assumed, extra=[units])
             draw_power(curves, target=power, contract_n=units, contract_method=req.method,
                        assumption=rows[0].assumption if rows else "", out=plot)
     stops = _sequential_plan(c, looks, stated, sequential_max)
@@ -215,7 +213,7 @@ def _contract_power(c: Contract, units: int, looks: tuple[int, ...] | None, rows
     contract (its stopping plan says how many it stops at), a method the assumption cannot plan, and an n at least
     twice the method's planned n, far past the target (the exact methods' cost grows with n)."""
     from invar.stats.bounds import StatisticsError
-    from invar.stats.planning import power_at
+    from invar.stats.planning import Assumed, power_at
 
     req = c.requirement
     if looks is not None or req.method is None or req.delta is None:
@@ -224,9 +222,9 @@ def _contract_power(c: Contract, units: int, looks: tuple[int, ...] | None, rows
     if planned is not None and units >= 2 * planned:
         return None
     try:
-        return power_at(req.method, units, stated.get("p_worse"), stated.get("p_better"), float(req.epsilon),
-                        float(req.delta), power=target, variance=stated.get("variance"),
-                        mean=stated.get("mean", 0.0), a=d_range[0], b=d_range[1])
+        assumed = Assumed(stated.get("p_worse"), stated.get("p_better"), stated.get("variance"),
+                          stated.get("mean", 0.0), d_range[0], d_range[1])
+        return power_at(req.method, units, assumed, float(req.epsilon), float(req.delta), power=target)
     except StatisticsError:
         return None
 

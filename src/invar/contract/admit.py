@@ -1,29 +1,26 @@
 """`use admit`: decide, from a run's records and the owner's contract, whether the candidate is admitted.
 
 The procedure, read top to bottom in `admit`: read the contract and check it names this Invar's method version;
-read the owner's inputs and derive the plan from them (`invar.contract.inputs`); verify the store and bind every
-record to its planned call (`invar.contract.bind`); recompute the losses, the invariance, the stopping rule and the
-measurements from the bound evidence; and decide (`invar.contract.decide`, pure, where the order of the decision is
-stated). Every number the decision rests on is recomputed by the core from the records, never read from a worker.
-
-`measurement_comparison` lives here too: it reads a plan /3 run's captures from the store beside the bound
-evidence, so it is neither binding nor a pure rule, and `compare numerical RUN --contract` shares it.
+verify the store; read the run under its contract (`invar.contract.reading.RunReader`, which `use run` and
+`compare numerical RUN` read it with too): the owner's inputs and the plan derived from them, every record bound to
+its planned call, the losses, the stopping rule and the measurements recomputed from the bound evidence; and decide
+(`invar.contract.decide`, pure, where the order of the decision is stated). Every number the decision rests on is
+recomputed by the core from the records, never read from a worker.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
 
-from invar.compare.measured import kl_requirement, measured_comparison
-from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, NumericalComparison, Response
-from invar.contract.bind import BoundEvidence, check_stop_record, collect_evidence, layout_outputs, recorded_looks
+from invar.compare.measured import kl_requirement
+from invar.contract.bind import check_stop_record
 from invar.contract.decide import (
     Decision,
     Invariance,
@@ -31,16 +28,13 @@ from invar.contract.decide import (
     conservative_delta,
     decide,
     layout_invariance,
-    layout_losses,
     range_bound,
-    sequential_stop,
     unit_evidence,
 )
-from invar.contract.inputs import check_method_version, read_anchors
-from invar.contract.model import Contract, Package, read_contract
-from invar.contract.plan import ExecutionPlan, Role
-from invar.contract.prepare import contract_scorer, difference_range
-from invar.errors import EvidenceError
+from invar.contract.inputs import check_method_version
+from invar.contract.model import read_contract
+from invar.contract.prepare import difference_range
+from invar.contract.reading import RunReader
 from invar.evidence import (
     Candidate,
     RangeTaskLoss,
@@ -54,7 +48,6 @@ from invar.evidence import (
 from invar.records.store import RunStore
 from invar.stats.bounds import Bound, bound
 from invar.stats.diagnostics import PairedDiagnostics, RangeDiagnostics, paired_diagnostics, range_diagnostics
-from invar.tasks.tokenizer import ModelTokenizer
 
 
 @dataclass(frozen=True)
@@ -82,35 +75,32 @@ def admit(
     contract_file = Path(contract_path)
     contract, sha = read_contract(contract_file)
     check_method_version(contract, "decide with the Invar version the contract names, or prepare a new contract")
-    base = contract_file.parent
-    roles: tuple[Role, Role] = ("reference", "candidate")
     with RunStore.open(run_path) as store, tempfile.TemporaryDirectory(prefix="invar-admit-") as scratch:
-        # walked once: collect_evidence reuses the walk
+        # walked once: binding reuses the walk
         verification = store.verify(expect_head=expect_head, progress=lambda done, total: progress(
             Step("verifying the records", done, total)))
         progress(Step("reading the contract's inputs"))
-        plan, vocab = read_anchors(contract, sha, base, store, Path(scratch))
-        stops = {r: frozenset(vocab[r].eos_token_ids) for r in roles}
+        reader = RunReader.of_run(contract, sha, contract_file.parent, store, Path(scratch))
+        plan = reader.plan
         progress(Step("binding the evidence"))
-        bound_evidence = collect_evidence(store, contract, sha, plan, stops)
+        bound_evidence = reader.bind_complete(store)
         found = bound_evidence.found
         pairing = contract.pairing.layout
-        scorer = contract_scorer(contract, base)
+        scorer = reader.scorer
         progress(Step("scoring the losses"))
-        ref_loss = layout_losses(plan, found, "reference", pairing, vocab["reference"], scorer)
-        cand_loss = layout_losses(plan, found, "candidate", pairing, vocab["candidate"], scorer)
+        losses = reader.losses(found)
+        ref_loss, cand_loss = losses["reference"], losses["candidate"]
         if plan.measurements:
             progress(Step("comparing the measurements"))
-        measured = measurement_comparison(store, contract, plan, bound_evidence, vocab, ref_loss, cand_loss) \
-            if plan.measurements else None
+        measured = reader.measurements(store, bound_evidence, losses) if plan.measurements else None
         progress(Step("deciding"))
         stopped = None
         used: list[int] = []
         d_low, d_high = difference_range(scorer)
         if plan.sequential is not None:
-            used = list(plan.sequential.look_units(recorded_looks(plan, found, str(store.path))))
+            used = reader.reached_units(found, str(store.path))
             ref_loss, cand_loss = ref_loss[used], cand_loss[used]
-            stopped = sequential_stop(contract, plan, cand_loss - ref_loss, str(store.path), (d_low, d_high))
+            stopped = reader.stop(cand_loss - ref_loss, str(store.path))
             check_stop_record(store, stopped, plan, found)
         inv_layouts = tuple(contract.invariance.layouts)
         if contract.invariance.required:
@@ -138,7 +128,7 @@ def admit(
         loss = paired_range_loss(ranged_ref, ranged_cand)
     invariance = Invariance(contract.invariance.required, inv_layouts, differing == 0, len(plan.units),
                             differing, first)
-    premises = check_premises(contract, base)
+    premises = check_premises(contract, reader.base)
 
     req = contract.requirement
     task_bound: Bound | None = None
@@ -174,53 +164,7 @@ def admit(
     )
 
 
-def _label(package: Package) -> str:
-    parts: list[str] = [package.engine, package.dtype, package.quantization]
-    if package.patches:
-        parts.append("patches " + ",".join(sorted(package.patches)))
-    return " ".join(parts)
-
-
-def measurement_comparison(
-    store: RunStore, contract: Contract, plan: ExecutionPlan, bound: BoundEvidence,
-    vocab: Mapping[Role, ModelTokenizer],
-    reference_loss: np.ndarray, candidate_loss: np.ndarray, *, large_step: float = DEFAULT_LARGE_STEP,
-) -> NumericalComparison:
-    """Every unit's pairing-layout responses compared, with the measurements of a plan /3 run (teacher forcing,
-    captures streamed from `store`) on the units they cover (`invar.compare.measured`). `EvidenceError` for
-    measurements that cannot be compared."""
-    roles: tuple[Role, Role] = ("reference", "candidate")
-    # A sequential run holds the units of the looks it reached, in the rule's order (it has no measurements, which
-    # index every planned unit); any other run holds every planned unit.
-    used = list(range(len(plan.units))) if plan.sequential is None else \
-        list(plan.sequential.look_units(recorded_looks(plan, bound.found, str(store.path))))
-    outputs: dict[Role, list[Response]] = {}
-    texts: dict[Role, list[str | None]] = {}
-    for role in roles:
-        outs = layout_outputs(plan, bound.found, role, plan.pairing_layout, units=used)
-        outputs[role] = [Response(o.tokens, o.logprobs, o.finish_reason) for o in outs]
-        texts[role] = [vocab[role].decode(o.tokens.tolist()) for o in outs]
-    # The comparison counts 0/1 losses; losses in a wider range are summarised by the decision's task loss only.
-    binary = reference_loss.dtype.kind == "i"
-    losses: dict[Role, list[int | None]] = {
-        "reference": [int(reference_loss[i]) if binary else None for i in used],
-        "candidate": [int(candidate_loss[i]) if binary else None for i in used]}
-    sources = {"mode": "use run", "run": str(store.path), "contract": contract.name, "plan_version": plan.version,
-               "reference": {"label": f"{contract.name} reference ({_label(contract.reference)})"},
-               "candidate": {"label": f"{contract.name} candidate ({_label(contract.candidate)})"},
-               "measurements": None if plan.measure is None else plan.measure.model_dump(mode="json")}
-    try:
-        return measured_comparison(
-            store, [plan.units[i].unit_id for i in used], [plan.units[i].prompt for i in used], outputs,
-            [bound.measured[m.key] for m in plan.measurements],
-            teacher_forcing=plan.measure is None or plan.measure.teacher_forcing,
-            texts=texts, losses=losses, large_step=large_step, sources=sources)
-    except InputError as exc:
-        raise EvidenceError(f"{store.path}: measurements: {exc}") from None
-
-
 __all__ = [
     "Step",
     "admit",
-    "measurement_comparison",
 ]

@@ -4,9 +4,10 @@ The anchors come from outside the evidence: the contract fixes the packages and 
 parameters; the run only supplies records. Binding attributes each generate record to a package by its worker's
 identity and the model that worker loaded, demands that every call of the plan is answered exactly once with
 exactly the contract's parameters, checks each report's outputs against the requests they answer, and refuses
-anything else by naming the record. It is its own module because two procedures bind the same way: admission
-(`invar.contract.admit`) decides from the bound evidence, and `use run` (`invar.runner.use_run`) resumes from it,
-so a run resumes exactly where admission would say it stopped.
+anything else by naming the record. It is its own module because three procedures bind the same way, all through
+`invar.contract.reading.RunReader`: admission (`invar.contract.admit`) decides from the bound evidence, `use run`
+(`invar.runner.use_run`) resumes from it, so a run resumes exactly where admission would say it stopped, and
+`compare numerical RUN` compares it.
 
 Binding keeps no outputs unless asked to: with an `OutputReader` the evidence reads each call's outputs again from
 the store when a loss or an invariance check needs them, so a run's evidence takes memory per call, not per token.

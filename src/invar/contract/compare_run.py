@@ -1,9 +1,10 @@
 """`compare numerical RUN [--contract C]`: a use run's numbers, from its records and its contract.
 
-The run is read as admission reads it (the contract's anchors, every record verified and bound to the plan), but as
-a stream (`invar.contract.bind.stream_evidence`), and the captures of plan /3 measurements are read again side by
-side and dropped once compared: memory follows the number of units, not the captures' size. Every unit's
-pairing-layout responses are compared; teacher forcing and captures where the plan measured them.
+The run is read as admission reads it, by the same reader (`invar.contract.reading.RunReader`: the contract's
+anchors, every record verified and bound to the plan), but as a stream (`RunReader.bind_streamed`), and the
+captures of plan /3 measurements are read again side by side and dropped once compared: memory follows the number
+of units, not the captures' size. Every unit's pairing-layout responses are compared; teacher forcing and captures
+where the plan measured them.
 
 Decision: this lives in `invar.contract`, not `invar.compare`. Reading a use run means reading it under its
 contract (anchors, plan, admission's binding of records), and the contract's own checks rest on `invar.compare`'s
@@ -20,13 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from invar.compare.numerical import DEFAULT_LARGE_STEP, NumericalComparison
-from invar.contract.admit import Step, admit, measurement_comparison
-from invar.contract.bind import stream_evidence
-from invar.contract.decide import Decision, layout_losses
-from invar.contract.inputs import read_anchors
+from invar.contract.admit import Step, admit
+from invar.contract.decide import Decision
 from invar.contract.model import read_contract
-from invar.contract.plan import Role
-from invar.contract.prepare import contract_scorer
+from invar.contract.reading import RunReader
 from invar.errors import InvarError
 from invar.records import RunStore
 from invar.records.store import is_run
@@ -56,20 +54,17 @@ def compare_use_run(run: Path, contract_path: Path | None, *, large_step: float 
         raise InvarError(f"{run}: no run store here (expected records.sqlite); pass a run directory")
     contract_file = contract_path if contract_path is not None else run_contract_path(run)
     contract, sha = read_contract(contract_file)
-    roles: tuple[Role, Role] = ("reference", "candidate")
     with RunStore.open(run) as store, tempfile.TemporaryDirectory(prefix="invar-compare-") as scratch:
         phase("reading the contract's inputs")
-        plan, vocab = read_anchors(contract, sha, contract_file.parent, store, Path(scratch))
+        reader = RunReader.of_run(contract, sha, contract_file.parent, store, Path(scratch))
         phase("reading the run's records under the contract")
-        bound = stream_evidence(store, contract, sha, plan, {r: frozenset(vocab[r].eos_token_ids) for r in roles})
-        scorer = contract_scorer(contract, contract_file.parent)
+        bound = reader.bind_streamed(store)
         phase("scoring the responses")
-        losses = {role: layout_losses(plan, bound.found, role, plan.pairing_layout, vocab[role], scorer)
-                  for role in roles}
+        losses = reader.losses(bound.found)
         phase("comparing the numbers")
-        result = measurement_comparison(store, contract, plan, bound, vocab, losses["reference"],
-                                        losses["candidate"], large_step=large_step)
-        expected = {u.unit_id: None if u.source is None else _shown(thaw(u.source.answer)) for u in plan.units}
+        result = reader.measurements(store, bound, losses, large_step=large_step)
+        expected = {u.unit_id: None if u.source is None else _shown(thaw(u.source.answer))
+                    for u in reader.plan.units}
     result.sources["contract_file"] = str(contract_file)
     # By unit id: a sequential run stopped early compares the units of the looks it reached only.
     units = tuple(dataclasses.replace(u, expected=expected[u.unit_id]) for u in result.units)

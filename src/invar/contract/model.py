@@ -43,7 +43,7 @@ from pydantic import (
 
 from invar import canonical
 from invar.compare.steps import MAX_STEPS, check_step
-from invar.engines import LAUNCH_SETTINGS
+from invar.engines import LAUNCH_SETTINGS, EngineName
 from invar.errors import ContractError
 
 # The file size and path limits, the reader and the one-line report are shared with training configurations
@@ -335,7 +335,7 @@ class Adapter(_Model):
 class PackageDeclaration(_Model):
     """A frozen package: the worker that must answer and the model it must load."""
 
-    engine: Literal["hf", "vllm", "mlx", "openai"]
+    engine: EngineName
     """The worker's engine, as its handshake identity names it."""
     engine_version: dict[ShortText, ShortText] = Field(max_length=MAX_ENTRIES)
     """The engine's package versions, exactly as the worker's identity reports them."""

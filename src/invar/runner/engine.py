@@ -18,9 +18,7 @@ import contextlib
 import datetime
 import enum
 import functools
-import math
-import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,8 +27,11 @@ import numpy as np
 
 from invar import canonical
 from invar.engines import LAUNCH_SETTINGS as LAUNCH_SETTINGS
+from invar.engines import Engine as Engine
 from invar.engines import LaunchSetting as LaunchSetting
-from invar.engines import Transport, missing_settings, start_worker
+from invar.engines import Transport, start_worker
+from invar.engines import launch_args as launch_args
+from invar.engines import parse_launch_settings as parse_launch_settings
 from invar.errors import EvidenceError, InvarError, ProtocolError
 from invar.protocol import Answer, Identity, Role, WorkerClient, WorkerLost
 from invar.protocol.payloads import (
@@ -45,16 +46,6 @@ from invar.protocol.payloads import (
 from invar.records import RunStore
 
 
-class Engine(enum.StrEnum):
-    """The engines a command can run."""
-
-    HF = "hf"
-    VLLM = "vllm"
-    MLX = "mlx"
-    OPENAI = "openai"
-    """An OpenAI-compatible server (`invar.workers.openai_worker`; docs/endpoints.md): inference only."""
-
-
 class Dtype(enum.StrEnum):
     FLOAT32 = "float32"
     BFLOAT16 = "bfloat16"
@@ -67,75 +58,6 @@ class Quantization(enum.StrEnum):
 
 ADAPTER_NAME = "policy"
 """The name under which a session loads its adapter into the worker."""
-
-
-def launch_args(engine: str, settings: Mapping[str, Any], patches: Mapping[str, str]) -> list[str]:
-    """The worker command-line options that make a worker of `engine` start with `settings` and `patches`."""
-    args: list[str] = []
-    for key, launch in LAUNCH_SETTINGS.get(engine, {}).items():
-        value = settings.get(key)
-        if launch.kind is bool:
-            if value is launch.flag_when:
-                args.append(launch.flag)
-        elif value is not None:
-            args += [launch.flag, str(value)]
-    for name, sha in sorted(patches.items()):
-        args += ["--patch", f"{name}={sha}"]
-    return args
-
-
-_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-_INTEGER = re.compile(r"[+-]?[0-9]+")
-_DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
-
-
-def parse_launch_settings(engine: str, items: Sequence[str]) -> dict[str, Any]:
-    """`--setting NAME=VALUE` options as the typed launch settings of `engine`'s worker, checked before any worker
-    starts: an unknown name, a value of the wrong type or outside its choices is refused in one line naming what
-    the engine takes."""
-    declared = LAUNCH_SETTINGS.get(engine, {})
-    valid = ", ".join(declared) if declared else "none"
-    settings: dict[str, Any] = {}
-    for item in items:
-        name, sep, text = item.partition("=")
-        name = name.strip()
-        if not sep or not name:
-            raise InvarError(f"--setting {item!r}: write NAME=VALUE, e.g. threads=1 (the {engine} launch settings: "
-                             f"{valid})")
-        launch = declared.get(name)
-        if launch is None:
-            takes = f"the {engine} launch settings are: {valid}" if declared else \
-                f"the {engine} worker takes no launch settings"
-            raise InvarError(f"--setting {item!r}: {engine} has no launch setting {name!r}; {takes}")
-        value: Any
-        try:
-            if launch.kind is bool:
-                if text.strip().lower() not in ("true", "false"):
-                    raise ValueError(text)
-                value = text.strip().lower() == "true"
-            elif launch.kind is int:
-                if not _INTEGER.fullmatch(text.strip()):  # int() would read 1_0 as 10
-                    raise ValueError(text)
-                value = int(text.strip(), 10)
-            elif launch.kind is float:
-                if not _DECIMAL.fullmatch(text.strip()):  # float() would read 1_0, nan and inf
-                    raise ValueError(text)
-                value = float(text.strip())
-                if not math.isfinite(value):  # 1e999
-                    raise ValueError(text)
-            else:
-                value = text
-        except ValueError:
-            raise InvarError(f"--setting {item!r}: {name} takes {_KIND_NAMES[launch.kind]}, not {text!r}") from None
-        if launch.choices and value not in launch.choices:
-            raise InvarError(f"--setting {item!r}: {name} is one of {', '.join(str(c) for c in launch.choices)}")
-        if name in settings:
-            raise InvarError(f"--setting {name} is given twice; give each setting once")
-        settings[name] = value
-    if missing := missing_settings(engine, settings):
-        raise InvarError(f"the {engine} worker needs " + " and ".join(f"--setting {name}=…" for name in missing)
-                         + (" (where the server is and the model id it serves)" if engine == "openai" else ""))
-    return settings
 
 
 def _difference(expected: Any, actual: Any, where: str) -> str | None:

@@ -8,10 +8,10 @@ Decisions:
   before any call is made (`invar.runner.engine.check_identity`). Files are checked before workers start: the
   model and adapter tree digests and each patch's digest must be the contract's.
 - **Resume from the records.** A run directory that already holds records is verified (a damaged store is refused,
-  naming the record), must have been made under this contract, and is bound against the plan with the same code
-  admission uses (`bind_records`); only planned calls without a successful record are issued again. Engines are
-  seeded per request, so a re-issued call gives what the lost one would have, and the decision equals that of an
-  uninterrupted run. The writer lock refuses a second `use run` on the same directory.
+  naming the record), must have been made under this contract, and is read under it by the reader admission uses
+  (`invar.contract.reading.RunReader.bind_partial`); only planned calls without a successful record are issued
+  again. Engines are seeded per request, so a re-issued call gives what the lost one would have, and the decision
+  equals that of an uninterrupted run. The writer lock refuses a second `use run` on the same directory.
 - **Reference and candidate run side by side**, one worker thread each; their generate calls do not depend on
   each other.
 - **Measurements follow the generate calls** (plan /3): once both packages have sampled, each scores the
@@ -19,8 +19,8 @@ Decisions:
   same worker. Their params are `invar.contract.plan.measurement_params` of the recorded responses, exactly what
   admission recomputes.
 - **Sequential contracts (plan /4) run look by look.** Look k is part k of both packages' pairing calls; after each
-  look the stopping rule (`invar.contract.decide.sequential_rule`, the function admission recomputes) is evaluated
-  on the losses of every unit so far, in the plan's order, and no call of the next look is issued once it stops.
+  look the stopping rule (`RunReader.rule`, as admission recomputes it) is evaluated on the losses of every unit so
+  far, in the plan's order, and no call of the next look is issued once it stops.
   The stop (answer, look, units, and the digests of the calls it used) is recorded in the run's meta before the
   closing record. A resumed run first evaluates the rule on the looks already recorded, so it reaches the same stop.
 - **Workers may be Ray actors** (`ray`): each worker is started as a Ray actor on the cluster at that address and
@@ -53,23 +53,15 @@ from invar import patches
 from invar.compare.runs import check_score_output
 from invar.contract.bind import (
     SEQUENTIAL_META,
-    OutputReader,
-    bind_records,
     parse_outputs,
-    recorded_looks,
     run_contract_sha256,
     stop_record,
 )
-from invar.contract.decide import layout_losses, sequential_rule, unit_loss, unit_range_loss
 from invar.contract.inputs import check_method_version, run_inputs
 from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
-from invar.contract.prepare import (
-    contract_scorer,
-    difference_range,
-    load_contract,
-    package_tokenizers,
-)
+from invar.contract.prepare import load_contract
+from invar.contract.reading import RunReader
 from invar.engines import Transport, check_worker_code
 from invar.errors import ContractError, EvidenceError, Interrupted, InvarError, NotResumable
 from invar.evidence import check_patches_active
@@ -86,10 +78,7 @@ from invar.runner.engine import (
     Quantization,
     engine_session,
 )
-from invar.stats.bounds import StatisticsError
-from invar.stats.sequential import SequentialDecision, check_stop
-from invar.tasks import ModelTokenizer
-from invar.tasks.scorers import Scorer
+from invar.stats.sequential import SequentialDecision
 
 if TYPE_CHECKING:
     from invar.protocol.ray_transport import RayPlacement
@@ -258,9 +247,10 @@ def use_run(
     check_method_version(contract, "run with the Invar version the contract names")
     base = contract_path.parent
     specs = {role: package_spec(contract.package(role), base, role) for role in ROLES}
-    vocab = package_tokenizers(contract, {role: specs[role].model for role in ROLES})
-    eos = {role: frozenset(vocab[role].eos_token_ids) for role in ROLES}
-    scorer = contract_scorer(contract, base)  # a changed user scorer is refused before any worker starts
+    # The run is read under its contract as admission reads it: the same reader binds a resumed run's records and
+    # recomputes the stopping rule.
+    reader = RunReader.of_models(contract, sha, plan, base, {role: specs[role].model for role in ROLES})
+    _ = reader.scorer  # a changed user scorer is refused before any worker starts
 
     total = len(plan.calls) + len(plan.measurements)
     head = _closed_head(run_dir, sha, contract_path)
@@ -284,26 +274,26 @@ def use_run(
         first_look = 0
         if resumed:
             # One call at a time, outputs checked and dropped: a resumed run reads its records in bounded memory.
-            bound = bind_records(store.iter_calls(), contract, plan, eos, OutputReader(store))
+            bound = reader.bind_partial(store)
             done = set(bound.found) | set(bound.measured)
             for c in plan.calls if _needs_tokens(plan) else ():
                 if c.layout == plan.pairing_layout and c.key in bound.found:
                     for index, out in zip(c.units, bound.found[c.key].outputs, strict=True):
                         tokens[(c.package, index)] = np.array(out.tokens, copy=True)
             if plan.sequential is not None:
-                first_look = recorded_looks(plan, bound.found, str(run_dir), running=True)
-        rule = None if plan.sequential is None else _Rule(contract, plan, vocab, tokens, scorer)
+                first_look = reader.looks(bound.found, str(run_dir), running=True)
+        rule = None if plan.sequential is None else _Rule(reader, tokens)
         todo = {role: [c for c in plan.calls if c.package == role and c.key not in done] for role in ROLES}
         measure = {role: [m for m in plan.measurements if m.package == role and m.key not in done] for role in ROLES}
         counter = _Counter(plan, done, progress)
         counter.report()
         if rule is not None and first_look and rule.stops(first_look):
             todo = {role: [] for role in ROLES}  # stopped before the kill: only the stop and the close are left
-        issued = _execute(contract, plan, specs, todo, measure, tokens, store, eos, counter, call_timeout,
-                          rule, first_look, workers, placement, phase, transport)
+        issued = _execute(reader, _Launch(specs, workers, call_timeout, placement, transport),
+                          _Work(todo, measure, tokens, rule, first_look), store, counter, phase)
         if rule is not None:
             phase("deciding")
-        stop = None if rule is None else _record_stop(store, contract, plan, vocab, eos, scorer)
+        stop = None if rule is None else _record_stop(store, reader)
         head = store.close_run()
     return RunOutcome(run_dir, contract_path, sha, head, total, len(done), issued,
                       time.perf_counter() - started, already_closed=False, stop=stop)
@@ -318,45 +308,33 @@ def _needs_tokens(plan: ExecutionPlan) -> bool:
 class _Rule:
     """The stopping rule during a run: evaluated after each look on the pairing responses sampled so far."""
 
-    def __init__(self, contract: Contract, plan: ExecutionPlan, vocab: Mapping[Role, ModelTokenizer],
-                 tokens: Mapping[tuple[Role, int], np.ndarray], scorer: Scorer) -> None:
-        self._contract, self._plan, self._vocab, self._tokens = contract, plan, vocab, tokens
-        self._scorer = scorer
+    def __init__(self, reader: RunReader, tokens: Mapping[tuple[Role, int], np.ndarray]) -> None:
+        self._reader, self._tokens = reader, tokens
         self._loss: dict[tuple[Role, int], float] = {}
         self.decision: SequentialDecision | None = None
 
     def _unit_loss(self, role: Role, index: int) -> float:
         if (role, index) not in self._loss:
-            score = unit_loss if self._scorer.binary else unit_range_loss  # as admission scores it
-            self._loss[(role, index)] = score(self._plan.units[index], self._tokens[(role, index)],
-                                              self._vocab[role], self._scorer)
+            self._loss[(role, index)] = self._reader.unit_loss(role, index, self._tokens[(role, index)])
         return self._loss[(role, index)]
 
     def stops(self, looks: int) -> bool:
         """Whether the rule stops on the first `looks` looks (every one of their responses sampled)."""
-        assert self._plan.sequential is not None
-        units = self._plan.sequential.look_units(looks)
+        assert self._reader.plan.sequential is not None
+        units = self._reader.plan.sequential.look_units(looks)
         d = np.array([self._unit_loss("candidate", i) - self._unit_loss("reference", i) for i in units],
                      dtype=np.float64)
-        self.decision = sequential_rule(self._contract, self._plan, d, difference_range(self._scorer))
+        self.decision = self._reader.rule(d)
         return self.decision.answer != "Running"
 
 
-def _record_stop(store: RunStore, contract: Contract, plan: ExecutionPlan, vocab: Mapping[Role, ModelTokenizer],
-                 eos: Mapping[Role, frozenset[int]], scorer: Scorer) -> dict[str, Any]:
+def _record_stop(store: RunStore, reader: RunReader) -> dict[str, Any]:
     """Recompute the stop from the records, exactly as admission does, and record it in the run's meta (once)."""
-    found = bind_records(store.iter_calls(), contract, plan, eos, OutputReader(store)).found
-    assert plan.sequential is not None
-    looks = recorded_looks(plan, found, str(store.path))
-    losses = {role: layout_losses(plan, found, role, plan.pairing_layout, vocab[role], scorer) for role in ROLES}
-    used = list(plan.sequential.look_units(looks))
-    decision = sequential_rule(contract, plan, losses["candidate"][used] - losses["reference"][used],
-                               difference_range(scorer))
-    try:
-        check_stop(len(used), decision)
-    except StatisticsError as exc:
-        raise EvidenceError(f"{store.path}: {exc}") from None
-    entry = stop_record(decision, plan, found)
+    found = reader.bind_partial(store).found
+    used = reader.reached_units(found, str(store.path))
+    losses = reader.losses(found)
+    decision = reader.stop(losses["candidate"][used] - losses["reference"][used], str(store.path))
+    entry = stop_record(decision, reader.plan, found)
     kept = store.meta().get(SEQUENTIAL_META)
     if kept is None:
         store.put_meta(SEQUENTIAL_META, entry)
@@ -407,16 +385,40 @@ def workers_per_package(todo: Mapping[Role, Sequence[PlannedCall]], measure: Map
     return {role: min(workers, len(todo[role]) + len(measure[role])) for role in ROLES}
 
 
-def _execute(contract: Contract, plan: ExecutionPlan, specs: Mapping[Role, EngineSpec],
-             todo: Mapping[Role, Sequence[PlannedCall]], measure: Mapping[Role, Sequence[MeasurementCall]],
-             tokens: dict[tuple[Role, int], np.ndarray], store: RunStore, eos: Mapping[Role, frozenset[int]],
-             counter: _Counter, call_timeout: float | None, rule: _Rule | None = None, first_look: int = 0,
-             workers: int = 1, placement: RayPlacement | None = None,
-             phase: Callable[[str], object] = lambda text: None, transport: Transport | None = None) -> int:
-    """Start `workers` workers per package that has calls left and issue its calls over them, generate calls first,
-    then (once every package has sampled) measurements; the first failure stops all. `tokens` holds the pairing
-    layout's response tokens already on record, by (package, unit index), and gains those sampled now. With a
-    stopping `rule` (plan /4) the generate calls go look by look from `first_look`, the rule evaluated after each."""
+@dataclass(frozen=True)
+class _Launch:
+    """How a run's workers start: each package's engine spec, how many per package, where (a Ray placement or a
+    transport; local subprocesses otherwise), and how long one call may take."""
+
+    specs: Mapping[Role, EngineSpec]
+    workers: int = 1
+    call_timeout: float | None = 1800.0
+    placement: RayPlacement | None = None
+    transport: Transport | None = None
+
+
+@dataclass(frozen=True)
+class _Work:
+    """What is left of the plan: each package's generate calls and measurements without a successful record, the
+    pairing layout's response tokens on record by (package, unit index) (it gains those sampled now), and for a
+    sequential plan the stopping rule and the look to go on from."""
+
+    todo: Mapping[Role, Sequence[PlannedCall]]
+    measure: Mapping[Role, Sequence[MeasurementCall]]
+    tokens: dict[tuple[Role, int], np.ndarray]
+    rule: _Rule | None = None
+    first_look: int = 0
+
+
+def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, counter: _Counter,
+             phase: Callable[[str], object] = lambda text: None) -> int:
+    """Start `launch.workers` workers per package that has calls left and issue its calls over them, generate calls
+    first, then (once every package has sampled) measurements; the first failure stops all. With a stopping rule
+    (plan /4) the generate calls go look by look from `work.first_look`, the rule evaluated after each."""
+    contract, plan, eos = reader.contract, reader.plan, reader.eos
+    specs, workers, call_timeout = launch.specs, launch.workers, launch.call_timeout
+    placement, transport = launch.placement, launch.transport
+    todo, measure, tokens, rule, first_look = work.todo, work.measure, work.tokens, work.rule, work.first_look
     count = workers_per_package(todo, measure, workers)
     roles = [role for role in ROLES if count[role]]
     if not roles:

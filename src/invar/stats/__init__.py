@@ -25,7 +25,7 @@ from invar.stats.diagnostics import (
     paired_wald,
     range_diagnostics,
 )
-from invar.stats.planning import PlanRow, plan_row, plan_table, power_at, render_plan, required_n
+from invar.stats.planning import Assumed, PlanRow, Search, plan_row, plan_table, power_at, render_plan, required_n
 from invar.stats.sequential import (
     BINARY_SEQUENTIAL_METHODS,
     SEQUENTIAL_METHODS,
@@ -49,11 +49,13 @@ __all__ = [
     "SEQUENTIAL_METHODS",
     "SEQUENTIAL_VERSIONS",
     "VERSIONS",
+    "Assumed",
     "Bound",
     "Look",
     "PairedDiagnostics",
     "PlanRow",
     "RangeDiagnostics",
+    "Search",
     "SequentialDecision",
     "SequentialPlan",
     "StatisticsError",

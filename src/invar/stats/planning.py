@@ -95,6 +95,30 @@ class PlanRow:
     """How power was computed: exact, Monte Carlo or conservative."""
 
 
+@dataclass(frozen=True)
+class Assumed:
+    """What a plan assumes of the paired differences d (candidate loss − reference loss): 0/1 losses with
+    P(worse) = p_worse and P(better) = p_better (d ∈ {-1, 0, 1}); or, with both None, d in [a, b] with the given mean
+    and variance (Hoeffding and Maurer–Pontil only). Checked when a plan uses it (`StatisticsError`)."""
+
+    p_worse: float | None = None
+    p_better: float | None = None
+    variance: float | None = None
+    mean: float = 0.0
+    a: float = -1.0
+    b: float = 1.0
+
+
+@dataclass(frozen=True)
+class Search:
+    """How far a plan searches and how it simulates: the largest n it tries, and the Monte Carlo runs and seed of the
+    betting simulation (the other methods' power is computed, not simulated)."""
+
+    n_max: int = 10_000_000
+    reps: int = 2000
+    seed: int = 0
+
+
 # --- validation -----------------------------------------------------------------------------------------------------
 
 
@@ -903,20 +927,11 @@ def _power_function(
 
 
 def _validated(
-    method: str,
-    p_worse: float | None,
-    p_better: float | None,
-    epsilon: float,
-    delta: float,
-    power: float,
-    variance: float | None,
-    mean: float,
-    a: float,
-    b: float,
+    method: str, assumed: Assumed, epsilon: float, delta: float, power: float
 ) -> tuple[_Assumption, float, float, float]:
     if method not in METHODS:
         raise StatisticsError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")
-    assumption = _assumption(p_worse, p_better, variance, mean, a, b)
+    assumption = _assumption(assumed.p_worse, assumed.p_better, assumed.variance, assumed.mean, assumed.a, assumed.b)
     eps = bounds.check_real("epsilon", epsilon)
     dlt = bounds.check_delta(delta)
     target = bounds.check_real("power", power)
@@ -931,65 +946,21 @@ def _validated(
 
 
 def required_n(
-    method: str,
-    p_worse: float | None,
-    p_better: float | None,
-    epsilon: float,
-    delta: float,
-    power: float = 0.8,
-    *,
-    variance: float | None = None,
-    mean: float = 0.0,
-    a: float = -1.0,
-    b: float = 1.0,
-    n_max: int = 10_000_000,
-    reps: int = 2000,
-    seed: int = 0,
+    method: str, assumed: Assumed, epsilon: float, delta: float, power: float = 0.8, *, search: Search = Search()
 ) -> int:
-    """Smallest n at which `method`'s upper bound is ≤ ε with probability ≥ power under the assumption.
-
-    Assumption: 0/1 losses with P(worse) = p_worse, P(better) = p_better (d ∈ {-1, 0, 1}); or, with p_worse and
-    p_better None, d in [a, b] with the given mean and variance (Hoeffding and Maurer–Pontil only). reps and seed
-    drive the betting simulation.
-    """
-    row = plan_row(
-        method,
-        p_worse,
-        p_better,
-        epsilon,
-        delta,
-        power,
-        variance=variance,
-        mean=mean,
-        a=a,
-        b=b,
-        n_max=n_max,
-        reps=reps,
-        seed=seed,
-    )
-    return row.n
+    """Smallest n at which `method`'s upper bound is ≤ ε with probability ≥ power under the `assumed` differences
+    (`search` bounds n and drives the betting simulation)."""
+    return plan_row(method, assumed, epsilon, delta, power, search=search).n
 
 
 def plan_row(
-    method: str,
-    p_worse: float | None,
-    p_better: float | None,
-    epsilon: float,
-    delta: float,
-    power: float = 0.8,
-    *,
-    variance: float | None = None,
-    mean: float = 0.0,
-    a: float = -1.0,
-    b: float = 1.0,
-    n_max: int = 10_000_000,
-    reps: int = 2000,
-    seed: int = 0,
+    method: str, assumed: Assumed, epsilon: float, delta: float, power: float = 0.8, *, search: Search = Search()
 ) -> PlanRow:
     """`required_n` with the power reached and how it was computed."""
-    assumption, eps, dlt, target = _validated(method, p_worse, p_better, epsilon, delta, power, variance, mean, a, b)
-    n_cap = bounds.check_count("n_max", n_max, 2)
-    runs = bounds.check_count("reps", reps, 1)
+    assumption, eps, dlt, target = _validated(method, assumed, epsilon, delta, power)
+    n_cap = bounds.check_count("n_max", search.n_max, 2)
+    runs = bounds.check_count("reps", search.reps, 1)
+    seed = search.seed
     if method == "betting":
         if not assumption.trinomial:
             raise StatisticsError(
@@ -1015,27 +986,15 @@ def plan_row(
 
 
 def power_at(
-    method: str,
-    n: int,
-    p_worse: float | None,
-    p_better: float | None,
-    epsilon: float,
-    delta: float,
-    *,
-    power: float = 0.8,
-    variance: float | None = None,
-    mean: float = 0.0,
-    a: float = -1.0,
-    b: float = 1.0,
-    reps: int = 2000,
-    seed: int = 0,
+    method: str, n: int, assumed: Assumed, epsilon: float, delta: float, *, power: float = 0.8,
+    search: Search = Search(),
 ) -> float:
     """Probability that `method`'s upper bound on n units is ≤ ε under the assumption (as `required_n` computes
     it: exact, simulated, or a conservative lower bound; `power` only sets β of the variance-based bound)."""
-    assumption, eps, dlt, target = _validated(method, p_worse, p_better, epsilon, delta, power, variance, mean, a, b)
+    assumption, eps, dlt, target = _validated(method, assumed, epsilon, delta, power)
     units = bounds.check_count("n", n, 1)
     power_of, n_min, _ = _power_function(
-        method, assumption, eps, dlt, target, bounds.check_count("reps", reps, 1), seed
+        method, assumption, eps, dlt, target, bounds.check_count("reps", search.reps, 1), search.seed
     )
     if units < n_min:
         raise StatisticsError(f"{method} needs at least {n_min} units; got n={units}")
@@ -1043,20 +1002,8 @@ def power_at(
 
 
 def plan_table(
-    p_worse: float | None,
-    p_better: float | None,
-    epsilon: float,
-    delta: float,
-    power: float = 0.8,
-    *,
-    methods: Sequence[str] | None = None,
-    variance: float | None = None,
-    mean: float = 0.0,
-    a: float = -1.0,
-    b: float = 1.0,
-    n_max: int = 10_000_000,
-    reps: int = 2000,
-    seed: int = 0,
+    assumed: Assumed, epsilon: float, delta: float, power: float = 0.8, *, methods: Sequence[str] | None = None,
+    search: Search = Search(),
 ) -> list[PlanRow]:
     """Every method's required n (those that apply: a variance assumption plans Hoeffding and Maurer–Pontil).
 
@@ -1064,10 +1011,8 @@ def plan_table(
     `invar.parallel.forked()` one process per core plans them); the rows are the same numbers either way, in the
     order asked."""
     if methods is None:
-        methods = METHODS if variance is None else ("hoeffding", "maurer-pontil")
-    plan = partial(
-        _plan_one, p_worse, p_better, epsilon, delta, power, variance, mean, a, b, n_max, reps, seed
-    )
+        methods = METHODS if assumed.variance is None else ("hoeffding", "maurer-pontil")
+    plan = partial(_plan_one, assumed, epsilon, delta, power, search)
     costliest = sorted(methods, key=lambda m: -_COST.get(m, 0.0))
     rows = dict(zip(costliest, map_calls([partial(plan, method) for method in costliest]), strict=True))
     return [rows[method] for method in methods]
@@ -1077,25 +1022,8 @@ _COST = {"betting": 3.0, "paired-binary-score": 2.0, "paired-binary-exact": 2.0,
 """Relative planning time per method (only the order of submission depends on it)."""
 
 
-def _plan_one(
-    p_worse: float | None,
-    p_better: float | None,
-    epsilon: float,
-    delta: float,
-    power: float,
-    variance: float | None,
-    mean: float,
-    a: float,
-    b: float,
-    n_max: int,
-    reps: int,
-    seed: int,
-    method: str,
-) -> PlanRow:
-    return plan_row(
-        method, p_worse, p_better, epsilon, delta, power, variance=variance, mean=mean, a=a, b=b, n_max=n_max,
-        reps=reps, seed=seed,
-    )
+def _plan_one(assumed: Assumed, epsilon: float, delta: float, power: float, search: Search, method: str) -> PlanRow:
+    return plan_row(method, assumed, epsilon, delta, power, search=search)
 
 
 def render_plan(rows: Sequence[PlanRow]) -> str:
@@ -1136,18 +1064,8 @@ def power_curve_points(row: PlanRow, n_min: int = 1, extra: Sequence[int] = (), 
 
 
 def power_curves(
-    rows: Sequence[PlanRow],
-    *,
-    variance: float | None = None,
-    mean: float = 0.0,
-    a: float = -1.0,
-    b: float = 1.0,
-    p_worse: float | None = None,
-    p_better: float | None = None,
-    extra: Sequence[int] = (),
-    points: int = 12,
-    reps: int = 2000,
-    seed: int = 0,
+    rows: Sequence[PlanRow], assumed: Assumed, *, extra: Sequence[int] = (), points: int = 12,
+    search: Search = Search(),
 ) -> list[PowerCurve]:
     """Each row's method's power at `power_curve_points` (every (method, n) an independent piece for `map_calls`)."""
     pieces: list[tuple[str, int]] = []
@@ -1156,8 +1074,7 @@ def power_curves(
         pieces += [(r.method, n) for n in power_curve_points(r, n_min, extra, points)]
 
     def one(method: str, n: int, target: float, eps: float, dlt: float) -> float:
-        return power_at(method, n, p_worse, p_better, eps, dlt, power=target, variance=variance, mean=mean, a=a,
-                        b=b, reps=reps, seed=seed)
+        return power_at(method, n, assumed, eps, dlt, power=target, search=search)
 
     first = {r.method: r for r in rows}
     values = map_calls([partial(one, m, n, first[m].power_target, first[m].epsilon, first[m].delta)
