@@ -35,6 +35,7 @@ def test_evaluate_against_its_plain_script(tmp_path: Path) -> None:
     row = json.loads(out.read_text())["rows"]["hf evaluate"]
     assert row["requests"] == 64
     assert row["calls"] == {"worker 0": 1}
+    assert row["whole_cpu_ratio"]["median"] > 0  # each whole's CPU time was counted (also below: every time > 0)
     for who in ("invar", "native"):
         (times,) = row["raw"][who]
         assert min(times.values()) > 0, (who, times)
