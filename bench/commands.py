@@ -54,6 +54,7 @@ if str(REPO / "src") not in sys.path:  # run from a checkout without installing 
 
 import numpy as np  # noqa: E402
 
+from invar import canonical  # noqa: E402
 from invar.engines import worker_digest, worker_env  # noqa: E402
 from invar.records import RunStore  # noqa: E402
 
@@ -228,6 +229,7 @@ def use_run_contract(folder: Path, units: int, model: Path) -> Path:
     patch, so a plain script can run the candidate too)."""
     text = (REPO / "contracts" / "walkthrough.toml").read_text(encoding="utf-8")
     declared = tomllib.loads(text)
+    model_digest = canonical.tree_digest(model)  # the walkthrough declares the tiny model's; --model may be another
     lines = []
     section = ""
     for line in text.splitlines():
@@ -242,6 +244,8 @@ def use_run_contract(folder: Path, units: int, model: Path) -> Path:
             line = f'path = {json.dumps(str(REPO / "data" / "arith-eval.jsonl"))}'
         elif stripped.startswith("model_dir ="):
             line = f"model_dir = {json.dumps(str(model))}"
+        elif stripped.startswith("model_digest ="):
+            line = f'model_digest = "{model_digest}"'
         elif stripped.startswith("worker_digest ="):
             line = f'worker_digest = "{worker_digest("hf")}"'
         elif stripped.startswith("patches =") and section == "[candidate]":
@@ -336,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
                 entry["load_1min"] = loads
                 entry["raw"] = rows
                 result["rows"][f"{engine} {command}"] = entry
+                if args.json is not None:  # each row as it is measured: a later failure keeps the ones before
+                    write_json(args.json, {**result, "load_at_end": os.getloadavg()})
     result["load_at_end"] = os.getloadavg()
     print("| engine | command | invar whole | native whole | whole ratio (95 %) | invar start-up | native start-up "
           "| invar steady | native steady | steady ratio (95 %) | invar shutdown | native shutdown | invar whole CPU "
@@ -352,9 +358,13 @@ def main(argv: list[str] | None = None) -> int:
               f"| {n['whole_cpu']['median']:.2f} s | {c['median']:.2f} ({c['ci95'][0]:.2f}–{c['ci95'][1]:.2f}) "
               f"| {', '.join(f'{x:.1f}' for x in e['load_1min'])} |")
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        write_json(args.json, result)
     return 0
+
+
+def write_json(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
