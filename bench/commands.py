@@ -25,7 +25,10 @@ then → the last generate or score answered (invar: its report's record; native
 call); **shutdown** is then → exit status (invar: the closing record, the decision or summary, printing, the
 workers' exit; native: the interpreter's teardown). Reported per engine and command: medians (min–max) of each part
 and of the whole, and the median per-pair ratio invar / native of the whole and of steady state, each with a 95 %
-bootstrap interval (pairs resampled whole); the load average at the start and the end.
+bootstrap interval (pairs resampled whole); each whole's CPU time (user + system of the command or scripts and
+every process they started and waited for, from this process's children's resource usage), which moves much less
+with other work on the machine than wall time, and its per-pair ratio; the load average before each pair and at
+the end.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -50,6 +54,7 @@ if str(REPO / "src") not in sys.path:  # run from a checkout without installing 
 
 import numpy as np  # noqa: E402
 
+from invar import canonical  # noqa: E402
 from invar.engines import worker_digest, worker_env  # noqa: E402
 from invar.records import RunStore  # noqa: E402
 
@@ -175,22 +180,31 @@ def invar_breakdown(run: Path, spawned_ns: int, exited_ns: int) -> dict[str, flo
             "shutdown": (exited_ns - last) / 1e9, "whole": (exited_ns - spawned_ns) / 1e9}
 
 
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's children that have been waited for (and of theirs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_invar(argv: list[str], run: Path) -> dict[str, float]:
     if run.exists():
         shutil.rmtree(run)
+    cpu = children_cpu()
     started = time.time_ns()
     proc = subprocess.run([*INVAR, *argv, "--run", str(run), "--json", "--quiet"], env=worker_env(),
                           capture_output=True, text=True, timeout=3600, cwd=REPO)
     ended = time.time_ns()
+    cpu = children_cpu() - cpu
     if proc.returncode not in (0, 10, 11):  # use admit's answers aside, a command exits 0
         raise SystemExit(f"bench/commands.py: invar {' '.join(argv)} failed (exit {proc.returncode}):\n"
                          f"{proc.stderr[-2000:]}")
-    return invar_breakdown(run, started, ended)
+    return {**invar_breakdown(run, started, ended), "whole_cpu": cpu}
 
 
 def run_native(engine: str, model: Path, work: list[tuple[Path, dict[str, Any]]]) -> dict[str, float]:
     """Every worker's plain script at once (as the command's workers run); the breakdown over all of them."""
     script = textwrap.dedent(NATIVE_PRELUDE) + textwrap.dedent(NATIVE[engine])
+    cpu = children_cpu()
     started = time.time_ns()
     procs = [subprocess.Popen([sys.executable, "-c", script, str(model), str(calls), json.dumps(settings)],
                               env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -203,10 +217,11 @@ def run_native(engine: str, model: Path, work: list[tuple[Path, dict[str, Any]]]
                              f"{err[-2000:]}")
         marks.append({line.split()[1]: int(line.split()[2]) for line in err.splitlines() if line.startswith("mark ")})
     ended = time.time_ns()
+    cpu = children_cpu() - cpu
     loaded = max(m["load"] for m in marks)
     last = max(m["steady"] for m in marks)
     return {"startup": (loaded - started) / 1e9, "steady": (last - loaded) / 1e9, "shutdown": (ended - last) / 1e9,
-            "whole": (ended - started) / 1e9}
+            "whole": (ended - started) / 1e9, "whole_cpu": cpu}
 
 
 def use_run_contract(folder: Path, units: int, model: Path) -> Path:
@@ -214,6 +229,7 @@ def use_run_contract(folder: Path, units: int, model: Path) -> Path:
     patch, so a plain script can run the candidate too)."""
     text = (REPO / "contracts" / "walkthrough.toml").read_text(encoding="utf-8")
     declared = tomllib.loads(text)
+    model_digest = canonical.tree_digest(model)  # the walkthrough declares the tiny model's; --model may be another
     lines = []
     section = ""
     for line in text.splitlines():
@@ -228,6 +244,8 @@ def use_run_contract(folder: Path, units: int, model: Path) -> Path:
             line = f'path = {json.dumps(str(REPO / "data" / "arith-eval.jsonl"))}'
         elif stripped.startswith("model_dir ="):
             line = f"model_dir = {json.dumps(str(model))}"
+        elif stripped.startswith("model_digest ="):
+            line = f'model_digest = "{model_digest}"'
         elif stripped.startswith("worker_digest ="):
             line = f'worker_digest = "{worker_digest("hf")}"'
         elif stripped.startswith("patches =") and section == "[candidate]":
@@ -245,7 +263,8 @@ def use_run_contract(folder: Path, units: int, model: Path) -> Path:
     return folder / "commands-bench.contract.json"
 
 
-def _ci(ratios: list[float], resamples: int = 4000) -> list[float]:
+def median_ci95(ratios: list[float], resamples: int = 4000) -> list[float]:
+    """95 % percentile-bootstrap interval of the median per-pair ratio (pairs resampled whole)."""
     rng = np.random.default_rng(0)
     a = np.asarray(ratios)
     meds = [float(np.median(rng.choice(a, a.size))) for _ in range(resamples)]
@@ -312,31 +331,40 @@ def main(argv: list[str] | None = None) -> int:
                     loads.append(os.getloadavg()[0])
                 entry: dict[str, Any] = {
                     who: {part: summary([r[part] for r in rs]) for part in rs[0]} for who, rs in rows.items()}
-                for part in ("whole", "steady", "startup"):
+                for part in ("whole", "steady", "startup", "whole_cpu"):
                     ratios = [i[part] / n[part] for i, n in zip(rows["invar"], rows["native"], strict=True)]
-                    entry[f"{part}_ratio"] = {"median": statistics.median(ratios), "ci95": _ci(ratios)}
+                    entry[f"{part}_ratio"] = {"median": statistics.median(ratios), "ci95": median_ci95(ratios)}
                 entry["calls"] = {f"worker {k}": len(c) for k, c in enumerate(calls.values())}
                 entry["requests"] = sum(len(p.get("requests", p.get("items", []))) for c in calls.values()
                                         for _, p in c)
                 entry["load_1min"] = loads
                 entry["raw"] = rows
                 result["rows"][f"{engine} {command}"] = entry
+                if args.json is not None:  # each row as it is measured: a later failure keeps the ones before
+                    write_json(args.json, {**result, "load_at_end": os.getloadavg()})
     result["load_at_end"] = os.getloadavg()
     print("| engine | command | invar whole | native whole | whole ratio (95 %) | invar start-up | native start-up "
-          "| invar steady | native steady | steady ratio (95 %) | invar shutdown | native shutdown |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| invar steady | native steady | steady ratio (95 %) | invar shutdown | native shutdown | invar whole CPU "
+          "| native whole CPU | whole CPU ratio (95 %) | load at each pair |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, e in result["rows"].items():
         i, n = e["invar"], e["native"]
-        w, s = e["whole_ratio"], e["steady_ratio"]
+        w, s, c = e["whole_ratio"], e["steady_ratio"], e["whole_cpu_ratio"]
         print(f"| {' | '.join(name.split())} | {i['whole']['median']:.2f} s | {n['whole']['median']:.2f} s "
               f"| {w['median']:.2f} ({w['ci95'][0]:.2f}–{w['ci95'][1]:.2f}) | {i['startup']['median']:.2f} s "
               f"| {n['startup']['median']:.2f} s | {i['steady']['median']:.2f} s | {n['steady']['median']:.2f} s "
               f"| {s['median']:.2f} ({s['ci95'][0]:.2f}–{s['ci95'][1]:.2f}) | {i['shutdown']['median']:.2f} s "
-              f"| {n['shutdown']['median']:.2f} s |")
+              f"| {n['shutdown']['median']:.2f} s | {i['whole_cpu']['median']:.2f} s "
+              f"| {n['whole_cpu']['median']:.2f} s | {c['median']:.2f} ({c['ci95'][0]:.2f}–{c['ci95'][1]:.2f}) "
+              f"| {', '.join(f'{x:.1f}' for x in e['load_1min'])} |")
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        write_json(args.json, result)
     return 0
+
+
+def write_json(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,17 @@ script first on odd ones), so both see the same machine:
   with the worker's settings, MLX `mlx_lm.utils.load_model`), generates 4 greedy tokens and exits; it prints the
   time of each step, and its whole is from spawn to exit status.
 
-Reported per engine: medians (min–max) of each step, and the ratios invar / plain of the median handshake to the
-median import, and of the medians of the wholes. Also the median wall time of `invar --help` and of `python -c
-"import invar.cli.app"` over `--reps` runs. The shipped tiny model, so what shows is the fixed cost of a worker.
+Each side's CPU time (user + system of the process and of the children it waited for) is kept beside its wall
+time: the worker's read from `/proc/<pid>/stat` the moment its handshake arrives (it then waits for its first call),
+the plain script's from `os.times()` at its mark after importing; and each whole's, from the children's resource
+usage around it (invar's adds the core's own, this process's CPU time over the steps). Wall time on a shared machine
+moves with the load; CPU time much less, so the CPU ratio is the one that says what a worker's start costs.
+
+Reported per engine: medians (min–max) of each step, the ratios invar / plain of the median handshake to the
+median import and of the medians of the wholes, and the median per-pair ratios handshake / import and whole / whole
+in wall and in CPU time, each with a 95 % bootstrap interval over the pairs; the load average at each pair. Also
+the median wall time of `invar --help` and of `python -c "import invar.cli.app"` over `--reps` runs. The shipped
+tiny model, so what shows is the fixed cost of a worker.
 
 `--cli-before OTHER/src` (another checkout's `src`, e.g. `git worktree add /tmp/old HEAD~1`): the CLI's commands
 (`--help`, `use --help`, `use plan --help`, `use prepare --help`) run in `--reps` alternating pairs, that version
@@ -41,6 +49,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "src") not in sys.path:  # run from a checkout without installing the package
     sys.path.insert(0, str(REPO / "src"))
+
+from commands import median_ci95  # noqa: E402  (bench/ is on the path: this script's folder)
 
 from invar import canonical  # noqa: E402
 from invar.engines import DEFAULT_MODEL, start_worker, worker_env  # noqa: E402
@@ -86,34 +96,57 @@ PLAIN = {
 
 def plain_script(engine: str, ids: list[int]) -> str:
     prelude = f"""
-        import sys, time
+        import os, sys, time
         from pathlib import Path
         START = time.perf_counter()
         MODEL = {str(DEFAULT_MODEL)!r}
         IDS = {ids!r}
         def mark(step):
-            print(f"step {{step}} {{time.perf_counter() - START:.6f}}", file=sys.__stderr__, flush=True)
+            t = os.times()
+            print(f"step {{step}} {{time.perf_counter() - START:.6f}} "
+                  f"{{t.user + t.system + t.children_user + t.children_system:.6f}}", file=sys.__stderr__,
+                  flush=True)
     """
     return textwrap.dedent(prelude) + textwrap.dedent(PLAIN[engine])
 
 
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's children that have been waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a live process has used so far, with its children it waited for (Linux)."""
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # after the command name: state is field 3, utime..cstime fields 14-17 of proc(5)
+    return sum(int(v) for v in stat[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def run_plain(engine: str, ids: list[int]) -> dict[str, float]:
+    cpu_before = children_cpu()
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", plain_script(engine, ids)], env=worker_env(), capture_output=True,
                           text=True, timeout=900)
     whole = time.perf_counter() - started
+    whole_cpu = children_cpu() - cpu_before
     if proc.returncode != 0:
         raise SystemExit(f"bench/startup.py: the plain {engine} script failed (exit {proc.returncode}):\n"
                          f"{proc.stderr[-2000:]}")
-    marks = {line.split()[1]: float(line.split()[2]) for line in proc.stderr.splitlines() if line.startswith("step ")}
-    return {"import": marks["import"], "load": marks["load"] - marks["import"],
-            "generate": marks["generate"] - marks["load"], "whole": whole}
+    marks = {line.split()[1]: (float(line.split()[2]), float(line.split()[3]))
+             for line in proc.stderr.splitlines() if line.startswith("step ")}
+    return {"import": marks["import"][0], "load": marks["load"][0] - marks["import"][0],
+            "generate": marks["generate"][0] - marks["load"][0], "whole": whole,
+            "import_cpu": marks["import"][1], "whole_cpu": whole_cpu}
 
 
 def run_invar(engine: str, ids: list[int], digest: str) -> dict[str, float]:
+    cpu_before, core_before = children_cpu(), time.process_time()
     started = time.perf_counter()
     client = start_worker(engine, Role.INFERENCE)
     shook = time.perf_counter()
+    assert isinstance(client.process, subprocess.Popen)  # a local worker: its /proc entry is on this machine
+    handshake_cpu = process_cpu(client.process.pid)
     try:
         client.call("load_model", {"model_dir": str(DEFAULT_MODEL), "model_digest": digest, "dtype": "float32",
                                    "quantization": "none", "adapter": None})
@@ -124,10 +157,12 @@ def run_invar(engine: str, ids: list[int], digest: str) -> dict[str, float]:
     finally:
         code = client.close()
     closed = time.perf_counter()
+    whole_cpu = children_cpu() - cpu_before + time.process_time() - core_before
     if code != 0:
         raise SystemExit(f"bench/startup.py: the {engine} worker exited with {code}")
     return {"handshake": shook - started, "load": loaded - shook, "generate": generated - loaded,
-            "close": closed - generated, "whole": closed - started}
+            "close": closed - generated, "whole": closed - started, "handshake_cpu": handshake_cpu,
+            "whole_cpu": whole_cpu}
 
 
 def timed(argv: list[str]) -> float:
@@ -198,18 +233,30 @@ def main(argv: list[str] | None = None) -> int:
                               "engines": {}}
     for engine in engines:
         rows: dict[str, list[dict[str, float]]] = {"invar": [], "plain": []}
+        loads: list[float] = []
         for rep in range(args.reps):
+            loads.append(os.getloadavg()[0])
             order = ("invar", "plain") if rep % 2 == 0 else ("plain", "invar")
             for who in order:
                 row = run_invar(engine, ids, digest) if who == "invar" else run_plain(engine, ids)
                 rows[who].append(row)
                 print(f"{engine} rep {rep + 1}/{args.reps} {who}: "
-                      + ", ".join(f"{k} {v:.2f} s" for k, v in row.items()), file=sys.stderr, flush=True)
+                      + ", ".join(f"{k} {v:.2f} s" for k, v in row.items()) + f" (load {os.getloadavg()[0]:.1f})",
+                      file=sys.stderr, flush=True)
         steps = {who: {k: summary([r[k] for r in rs]) for k in rs[0]} for who, rs in rows.items()}
+        pairs: dict[str, Any] = {}
+        for name, mine, theirs in (("handshake_over_import", "handshake", "import"),
+                                   ("handshake_over_import_cpu", "handshake_cpu", "import_cpu"),
+                                   ("whole_over_whole_pairs", "whole", "whole"),
+                                   ("whole_over_whole_cpu", "whole_cpu", "whole_cpu")):
+            ratios = [i[mine] / p[theirs] for i, p in zip(rows["invar"], rows["plain"], strict=True)]
+            pairs[name] = {"median": statistics.median(ratios), "ci95": median_ci95(ratios), "pairs": ratios}
         result["engines"][engine] = {
             **steps,
             "handshake_over_import": steps["invar"]["handshake"]["median"] / steps["plain"]["import"]["median"],
             "whole_over_whole": steps["invar"]["whole"]["median"] / steps["plain"]["whole"]["median"],
+            "paired": pairs,
+            "load_1min_at_pair": loads,
             "raw": rows,
         }
     cli = [sys.executable, "-m", "invar.cli", "--help"]
@@ -235,6 +282,20 @@ def main(argv: list[str] | None = None) -> int:
               f"| {pl['load']['median'] + pl['generate']['median']:.2f} s | {inv['close']['median']:.2f} s "
               f"| {inv['whole']['median']:.2f} s | {pl['whole']['median']:.2f} s "
               f"| {r['handshake_over_import']:.2f} | {r['whole_over_whole']:.2f} |")
+    print("\n| engine | pairs | load at each pair | invar handshake CPU | plain import CPU | handshake / import, CPU "
+          "(95 %) | handshake / import, wall (95 %) | invar whole CPU | plain whole CPU | whole / whole, CPU (95 %) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for engine, r in result["engines"].items():
+        inv, pl, pr = r["invar"], r["plain"], r["paired"]
+
+        def cell(key: str, pr: dict[str, Any] = pr) -> str:
+            return f"{pr[key]['median']:.2f} ({pr[key]['ci95'][0]:.2f}–{pr[key]['ci95'][1]:.2f})"
+
+        print(f"| {engine} | {len(r['load_1min_at_pair'])} | {', '.join(f'{x:.1f}' for x in r['load_1min_at_pair'])} "
+              f"| {inv['handshake_cpu']['median']:.2f} s | {pl['import_cpu']['median']:.2f} s "
+              f"| {cell('handshake_over_import_cpu')} | {cell('handshake_over_import')} "
+              f"| {inv['whole_cpu']['median']:.2f} s | {pl['whole_cpu']['median']:.2f} s "
+              f"| {cell('whole_over_whole_cpu')} |")
     c = result["cli"]
     print(f"\ninvar --help {c['help']['median']:.2f} s, invar use plan --help {c['use_plan_help']['median']:.2f} s, "
           f"import invar.cli.app {c['import_app']['median']:.2f} s, "

@@ -4,11 +4,13 @@ split into start-up, steady state and shutdown that add up to its whole."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
+from invar import canonical
 from invar.contract.prepare import load_contract
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +29,17 @@ def test_the_use_run_contract_pairs_two_unpatched_hf_packages(tmp_path: Path) ->
     assert len(plan.units) == 16
 
 
+def test_the_use_run_contract_declares_the_digest_of_the_model_it_is_given(tmp_path: Path) -> None:
+    other = tmp_path / "other-model"  # as the larger model: not the folder the walkthrough declares
+    shutil.copytree(ROOT / "models" / "tiny-arith", other)
+    with (other / "generation_config.json").open("a", encoding="utf-8") as f:
+        f.write("\n")
+    (tmp_path / "contract").mkdir()
+    contract, _, _ = load_contract(commands.use_run_contract(tmp_path / "contract", 16, other))
+    assert contract.reference.model_digest == contract.candidate.model_digest == canonical.tree_digest(other)
+    assert canonical.tree_digest(other) != canonical.tree_digest(ROOT / "models" / "tiny-arith")
+
+
 @pytest.mark.engine
 def test_evaluate_against_its_plain_script(tmp_path: Path) -> None:
     out = tmp_path / "commands.json"
@@ -35,6 +48,7 @@ def test_evaluate_against_its_plain_script(tmp_path: Path) -> None:
     row = json.loads(out.read_text())["rows"]["hf evaluate"]
     assert row["requests"] == 64
     assert row["calls"] == {"worker 0": 1}
+    assert row["whole_cpu_ratio"]["median"] > 0  # each whole's CPU time was counted (also below: every time > 0)
     for who in ("invar", "native"):
         (times,) = row["raw"][who]
         assert min(times.values()) > 0, (who, times)
