@@ -15,7 +15,7 @@ import typer
 
 from invar.cli.common import JsonOpt, QuietOpt, emit_model
 from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, NumericalComparison, compare
-from invar.compare.runs import pair_runs, read_generate_run, read_score_run
+from invar.compare.runs import check_run_kind, pair_runs, read_generate_run, read_score_run
 from invar.contract.compare_run import compare_use_run
 from invar.errors import InvarError
 
@@ -177,6 +177,11 @@ def numerical(
                          "measurements in its records")
     from invar.cli.progress import admission_steps, reporting
 
+    if len(runs) == 2:  # a path that is no such run is refused in one line, before any progress is shown
+        for path, what, kind in ((runs[0], "REF_RUN", "generate"), (runs[1], "CAND_RUN", "generate"),
+                                 (cand_scores, "--cand-scores", "score"), (ref_scores, "--ref-scores", "score")):
+            if path is not None:
+                check_run_kind(path, what, kind)
     with reporting(quiet) as shown:
         try:
             if len(runs) == 2:

@@ -122,13 +122,28 @@ def run_kind(command: object) -> str:
     return "a run whose records name no invar command"
 
 
+def _check_kind(meta: Mapping[str, Any], path: Path, what: str, kind: str) -> None:
+    """A run of the kind a comparison reads (`generate`: infer or evaluate; `score`), or one line naming it."""
+    command = meta.get("command")
+    if kind == "generate" and command not in ("infer", "evaluate"):
+        raise InvarError(f"{what} {path}: {run_kind(command)}; give a run made by invar infer or invar evaluate "
+                         "(a use run compares with: invar compare numerical RUN --contract C)")
+    if kind == "score" and command != "score":
+        raise InvarError(f"{what} {path}: {run_kind(command)}; give a run made by invar score")
+
+
+def check_run_kind(path: Path, what: str, kind: str) -> None:
+    """Refuse a path that is not a run of `kind` before any long work starts (its metadata only; the records are
+    verified when the run is read)."""
+    with open_verified(path, what) as store:
+        _check_kind(store.meta().get("run", {}), path, what, kind)
+
+
 def read_generate_run(path: Path, what: str) -> GenerateRun:
     """Every generate call of a finished run, verified as it streams; `what` names the run in messages."""
     with open_verified(path, what) as store:
         meta = store.meta().get("run", {})
-        if meta.get("command") not in ("infer", "evaluate"):
-            raise InvarError(f"{what} {path}: {run_kind(meta.get('command'))}; give a run made by invar infer or "
-                             "invar evaluate (a use run compares with: invar compare numerical RUN --contract C)")
+        _check_kind(meta, path, what, "generate")
         run = GenerateRun(path, "", dict(meta))
         stream = store.stream()
         for rec in stream:
@@ -240,8 +255,7 @@ def read_score_run(path: Path, what: str) -> ScoreRun:
     """Every score call of a finished `invar score` run, verified as it streams; captures are not kept."""
     with open_verified(path, what) as store:
         meta = store.meta().get("run", {})
-        if meta.get("command") != "score":
-            raise InvarError(f"{what} {path}: {run_kind(meta.get('command'))}; give a run made by invar score")
+        _check_kind(meta, path, what, "score")
         run = ScoreRun(path, "", dict(meta))
         stream = store.stream()
         for rec in stream:
