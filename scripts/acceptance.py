@@ -35,7 +35,8 @@ ACCEPTANCE = ["arith-split-k", "arith-fixed-block", "arith-nf4-fixed-block", "ar
               "arith-fixed-block-sequential"]
 """The decisions of docs/acceptance.md: invariance broken, batch-invariant FP32, NF4, cross-engine, finite domain,
 and fixed-block decided sequentially."""
-REAL_MODEL = ["smollm2-fixed-block", "smollm2-split-k", "smollm2-nf4"]
+REAL_MODEL = ["smollm2-fixed-block", "smollm2-split-k", "smollm2-nf4", "smollm2-vllm", "smollm2-mlx-as-installed",
+              "smollm2-mlx-fixed-up"]
 """The same questions on the real model, SmolLM2-135M-Instruct on the chat task (docs/acceptance.md, "The real
 model"; declared in contracts/real-model/): `--real-model` runs these, building the model first when it is missing
 (scripts/build_smollm2.py)."""
@@ -75,6 +76,7 @@ def run_one(name: str, out: Path) -> dict[str, object]:
     compared = invar("compare", "numerical", str(run_dir), "--contract", str(contract), "--json")
     if compared.returncode in (0, 1):
         (ROOT / "docs" / "acceptance" / f"{name}.compare.json").write_text(compared.stdout)
+    rel = decl.relative_to(ROOT).with_suffix("").as_posix()
     store_bytes = sum(f.stat().st_size for f in run_dir.iterdir() if f.is_file() and f.suffix != ".lock")
     return {"name": name, "answer": decision["answer"], "reason": decision["reason"],
             "units": decision["task_loss"]["n"], "task_loss": decision["task_loss"], "bound": decision["bound"],
@@ -83,8 +85,8 @@ def run_one(name: str, out: Path) -> dict[str, object]:
             "calls_reused": outcome["calls_reused"], "store_bytes": store_bytes,
             "contract_sha256": outcome["contract_sha256"], "plan": planned,
             "sequential": decision.get("sequential"), "sequential_stop": outcome.get("sequential_stop"),
-            "command": f"invar use prepare contracts/{name}.toml && invar use run contracts/{name}.contract.json "
-                       f"--run runs/{name} && invar use admit runs/{name} --contract contracts/{name}.contract.json"}
+            "command": f"invar use prepare {rel}.toml && invar use run {rel}.contract.json "
+                       f"--run runs/{name} && invar use admit runs/{name} --contract {rel}.contract.json"}
 
 
 def redecide(name: str, out: Path) -> dict[str, object]:
