@@ -97,3 +97,17 @@ def test_launch_args_come_from_the_table() -> None:
     assert launch_args("openai", {"base_url": "http://h", "served_model": "m", "retries": 2}, {"p": "0" * 64}) == [
         "--base-url", "http://h", "--served-model", "m", "--retries", "2", "--patch", f"p={'0' * 64}"]
     assert launch_args("echo", {"threads": 2}, {}) == []
+
+
+def test_setting_help_names_every_required_setting_from_the_table() -> None:
+    """`--setting`'s help is made from the table: an engine that requires settings is named with each of them."""
+    from typer.testing import CliRunner
+
+    from invar.cli.app import app
+
+    required = {e.name: [n for n, s in e.settings.items() if s.required] for e in ENGINE_TABLE.values()}
+    assert any(required.values()), "no engine requires a setting: the test would check nothing"
+    shown = " ".join(CliRunner().invoke(app, ["infer", "--help"], env={"COLUMNS": "400"}).output.split())
+    for engine, names in required.items():
+        if names:
+            assert f"for --engine {engine}: " + " and ".join(f"{n}=…" for n in names) in shown

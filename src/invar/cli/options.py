@@ -7,15 +7,23 @@ from typing import Annotated
 
 import typer
 
-from invar.engines import DEFAULT_MODEL
+from invar.engines import DEFAULT_MODEL, ENGINE_TABLE
 from invar.runner.engine import Dtype, Engine, Quantization
 
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature, in [0, 10] (0: greedy).")]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].")]
 EngineOpt = Annotated[Engine, typer.Option("--engine", help="The engine whose worker runs the model.")]
-SettingOpt = Annotated[list[str] | None, typer.Option(
-    "--setting", help="A launch setting of the engine's worker, NAME=VALUE (e.g. threads=1; for --engine openai: "
-                      "base_url=URL and served_model=ID), checked before it starts (repeatable).")]
+
+
+def _setting_help() -> str:
+    """--setting's help, from the engine table, so an engine's required settings are named where they are defined."""
+    required = [f"for --engine {e.name}: " + " and ".join(f"{n}=…" for n, s in e.settings.items() if s.required)
+                for e in ENGINE_TABLE.values() if any(s.required for s in e.settings.values())]
+    return ("A launch setting of the engine's worker, NAME=VALUE (e.g. threads=1" + "".join(f"; {r}" for r in required)
+            + "), checked before it starts (repeatable); `invar use package ENGINE` prints an engine's settings.")
+
+
+SettingOpt = Annotated[list[str] | None, typer.Option("--setting", help=_setting_help())]
 ModelOpt = Annotated[Path, typer.Option("--model", help="The model folder (named by its tree digest).")]
 DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="The dtype the engine computes in.")]
 QuantOpt = Annotated[
