@@ -260,3 +260,25 @@ def test_the_fake_workers_stop_with_the_run(ws: Workspace, tmp_path: Path) -> No
     use_run(ws.contract_path, tmp_path / "run", transport=transport)
     assert [w.process.returncode for w in transport.started] == [0, 0]  # shut down cleanly, not killed
     shutil.rmtree(tmp_path / "run")
+
+
+def test_a_report_naming_another_model_stops_the_run_on_receipt_and_is_kept(ws: Workspace, tmp_path: Path) -> None:
+    """`use run` checks each report as admission will (`check_package_report`): a candidate whose third generate
+    report names another model stops the run at once, with admission's words, and the report stays on record."""
+    seen: Counter[int] = Counter()
+
+    def report(worker: FakeWorker, method: str, result: dict[str, Any]) -> dict[str, Any]:
+        if worker.package == "candidate" and method == "generate":
+            seen[worker.number] += 1
+            if seen[worker.number] == 3:
+                return {**result, "model_digest": "e" * 64}
+        return result
+
+    run = tmp_path / "run"
+    with pytest.raises(EvidenceError, match=r"candidate call .*: its report names model eeeeeeeeeeeeeeee… "
+                                            r"adapter None…, not the candidate's model"):
+        use_run(ws.contract_path, run, transport=FakeTransport(Script(report=report)))
+    with RunStore.open(run) as store:
+        named = [c.report.report.result["model_digest"] for c in store.calls()
+                 if c.call.method == "generate" and c.report is not None and c.report.report.result is not None]
+    assert named.count("e" * 64) == 1  # the report that stopped the run is on record, as received

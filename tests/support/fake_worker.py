@@ -161,6 +161,8 @@ class Script:
 
     wrong: Callable[[FakeWorker], float] = lambda worker: 0.0
     batch_dependent: Callable[[FakeWorker], bool] = lambda worker: False
+    report: Callable[[FakeWorker, str, dict[str, Any]], dict[str, Any]] = lambda worker, method, result: result
+    """The generate or score result as sent: a report that names another model than the one loaded, say."""
 
 
 def _unit_hash(*parts: Any) -> int:
@@ -294,8 +296,9 @@ class FakeWorker:
                               "prompt_tokens": np.array(req["prompt_ids"], dtype=np.int32),
                               "tokens": tokens, "logprobs": logprobs, "finish_reason": finish}
         assert self.loaded is not None
-        return {"outputs": outputs, "model_digest": self.loaded["model_digest"],
-                "adapter_digest": self._adapter_digest(params.get("adapter"))}
+        return self.transport.script.report(self, "generate", {
+            "outputs": outputs, "model_digest": self.loaded["model_digest"],
+            "adapter_digest": self._adapter_digest(params.get("adapter"))})
 
     def score(self, params: dict[str, Any]) -> dict[str, Any]:
         vocab = self.tokenizer
@@ -311,8 +314,9 @@ class FakeWorker:
             vocab_lp = (raw - np.log(np.exp(raw).sum(axis=1, keepdims=True))).astype(np.float32)
             outputs.append({"item_id": item["item_id"], "logprobs": -rng.random(tokens.size).astype(np.float32),
                             "vocab_logprobs": vocab_lp.reshape(len(steps), vocab.size)})
-        return {"outputs": outputs, "model_digest": self.loaded["model_digest"],
-                "adapter_digest": self._adapter_digest(params.get("adapter"))}
+        return self.transport.script.report(self, "score", {
+            "outputs": outputs, "model_digest": self.loaded["model_digest"],
+            "adapter_digest": self._adapter_digest(params.get("adapter"))})
 
 
 class FakeProcess:

@@ -25,7 +25,7 @@ import numpy as np
 
 from invar import canonical
 from invar.compare.measured import MeasuredItem, MeasurementRecord
-from invar.compare.runs import check_score_output
+from invar.compare.runs import ScoredItem, check_score_output
 from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
 from invar.errors import EvidenceError
@@ -171,17 +171,35 @@ def _result(rec: CallRecord) -> dict[str, Any]:
     return rec.report.report.result
 
 
-def _check_loaded(rec: CallRecord, load: CallRecord, package: Package, role: Role) -> None:
-    """The load report and the generate report both name the package's model and adapter digests."""
+def check_package_digests(result: Mapping[str, Any], package: Package, role: Role, where: str) -> None:
+    """A report names its package's model and adapter digests; `EvidenceError` at `where` otherwise. `use run`
+    checks each report on receipt with this, and admission each record again."""
     want = (package.model_digest, None if package.adapter is None else package.adapter.digest)
-    for source in (load, rec):
-        result = _result(source)
-        got = (result.get("model_digest"), result.get("adapter_digest"))
-        if got != want:
-            raise EvidenceError(
-                f"{source.name}: its report names model {str(got[0])[:16]}… adapter {str(got[1])[:16]}…, not the "
-                f"{role}'s model {want[0][:16]}… adapter {str(want[1])[:16]}…"
-            )
+    got = (result.get("model_digest"), result.get("adapter_digest"))
+    if got != want:
+        raise EvidenceError(f"{where}: its report names model {str(got[0])[:16]}… adapter {str(got[1])[:16]}…, not "
+                            f"the {role}'s model {want[0][:16]}… adapter {str(want[1])[:16]}…")
+
+
+def check_package_report(result: Mapping[str, Any], package: Package, role: Role, where: str) -> None:
+    """A generate or score report of `package`: its digests, and the patches it ran exactly the package's."""
+    check_package_digests(result, package, role, where)
+    check_patches_active(result, package.patches, where)
+
+
+def score_outputs(result: Mapping[str, Any], items: Sequence[Any], where: str) -> list[ScoredItem]:
+    """A score report's outputs, one per item of its call, each checked against its item (`check_score_output`)."""
+    outputs = result.get("outputs")
+    if not isinstance(outputs, list) or len(outputs) != len(items):
+        raise EvidenceError(f"{where}: the report does not answer its {len(items)} items")
+    return [check_score_output(item, out, where) for item, out in zip(items, outputs, strict=True)]
+
+
+def _check_loaded(rec: CallRecord, load: CallRecord, package: Package, role: Role) -> None:
+    """The load report and the call's report both name the package's model and adapter digests, and the call's
+    report ran the package's patches."""
+    check_package_digests(_result(load), package, role, load.name)
+    check_package_report(_result(rec), package, role, rec.name)
 
 
 def parse_outputs(result: Mapping[str, Any], requests: Sequence[Mapping[str, Any]], eos: frozenset[int],
@@ -292,15 +310,10 @@ def _bind_measurement(rec: CallRecord, load: CallRecord | None, contract: Contra
     assert rec.report is not None
     package = contract.package(role)
     _check_loaded(rec, load, package, role)
-    result = _result(rec)
-    check_patches_active(result, package.patches, rec.name)
-    outputs = result.get("outputs")
-    if not isinstance(outputs, list) or len(outputs) != len(planned.units):
-        raise EvidenceError(f"{rec.name}: the report does not answer its {len(planned.units)} items")
+    outputs = score_outputs(_result(rec), params["items"], rec.name)
     width = _result(load).get("vocab_size")
     scored: list[MeasuredItem] = []
-    for index, item, out in zip(planned.units, params["items"], outputs, strict=True):
-        got = check_score_output(item, out, rec.name)
+    for index, got in zip(planned.units, outputs, strict=True):
         if got.vocab_size is not None and isinstance(width, int) and got.vocab_size != width:
             raise EvidenceError(f"{rec.name} ({plan.units[index].unit_id}): captures of {got.vocab_size} tokens from "
                                 f"a model whose worker reported a vocabulary of {width}")
@@ -379,9 +392,7 @@ def bind_records(
             raise EvidenceError(f"{rec.name}: repeats planned call {planned.key}, already answered by record "
                                 f"{found[planned.key].record_seq}")
         load = last_load[rec.worker]
-        package = contract.package(role)
-        _check_loaded(rec, load, package, role)
-        check_patches_active(_result(rec), package.patches, rec.name)
+        _check_loaded(rec, load, contract.package(role), role)
         assert rec.report is not None
         outputs = parse_outputs(_result(rec), params["requests"], eos[role], rec.name)
         found[planned.key] = CallEvidence(

@@ -50,11 +50,12 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import numpy as np
 
 from invar import patches
-from invar.compare.runs import check_score_output
 from invar.contract.bind import (
     SEQUENTIAL_META,
+    check_package_report,
     parse_outputs,
     run_contract_sha256,
+    score_outputs,
     stop_record,
 )
 from invar.contract.inputs import check_method_version, run_inputs
@@ -64,7 +65,6 @@ from invar.contract.prepare import load_contract
 from invar.contract.reading import RunReader
 from invar.engines import Transport, check_worker_code
 from invar.errors import ContractError, EvidenceError, Interrupted, InvarError, NotResumable
-from invar.evidence import check_patches_active
 from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
 from invar.protocol import WorkerClient
 from invar.records import RunStore
@@ -525,12 +525,7 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
                 answer = lease.ask(method, params)
                 where = f"{role} call {key} (call id {answer.call.call_id})"
                 result = answer.result  # raises the worker's error as WorkerError
-                for field, want in (("model_digest", package.model_digest),
-                                    ("adapter_digest", None if package.adapter is None else package.adapter.digest)):
-                    if result.get(field) != want:
-                        raise EvidenceError(f"{where}: the report names {field} {str(result.get(field))[:16]}…, "
-                                            f"not the contract's {str(want)[:16]}…")
-                check_patches_active(result, package.patches, where)
+                check_package_report(result, package, role, where)  # what admission checks of each record again
                 return result, where
 
             def generate(planned: PlannedCall) -> None:
@@ -570,11 +565,7 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
                     source = {index: tokens[(m.source, index)] for index in m.units}
                 params = measurement_params(plan, m, source.__getitem__)
                 result, where = ask("score", params, m.key)
-                scored = result.get("outputs")
-                if not isinstance(scored, list) or len(scored) != len(m.units):
-                    raise EvidenceError(f"{where}: the report does not answer its {len(m.units)} items")
-                for item, out in zip(params["items"], scored, strict=True):
-                    check_score_output(item, out, where)
+                score_outputs(result, params["items"], where)
                 with lock:
                     issued[0] += 1
                 counter.add(m)
