@@ -142,12 +142,14 @@ def main() -> None:
         subprocess.run([sys.executable, str(ROOT / "scripts" / "build_smollm2.py")], check=True, cwd=ROOT)
     args.out.mkdir(parents=True, exist_ok=True)
     summary_path = ROOT / "docs" / "acceptance" / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     for name in names:
+        entry = redecide(name, args.out) if args.redecide else run_one(name, args.out)
+        # Read just before writing: another invocation (other names, on another run) may have written meanwhile.
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
         if args.redecide:
-            summary.setdefault(name, {})["redecided"] = redecide(name, args.out)
+            summary.setdefault(name, {})["redecided"] = entry
         else:
-            summary[name] = run_one(name, args.out)
+            summary[name] = entry
         summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
