@@ -13,7 +13,7 @@ import contextlib
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import TypeVar, cast
 
 T = TypeVar("T")
@@ -53,11 +53,12 @@ def _start_worker(depth: int) -> None:
     _DEPTH[0] = depth
 
 
-def map_calls(calls: Sequence[Callable[[], T]]) -> list[T]:
+def map_calls(calls: Sequence[Callable[[], T]], done: Callable[[int, T], None] | None = None) -> list[T]:
     """The results of `calls`, in order: computed in forked processes (one per core) inside `forked()` where there
     are several cores and calls, in this process otherwise. The calls reach the workers by fork, not by pickling
     (closures are fine); their results are pickled back, and their side effects stay in the workers. A worker may
-    use workers of its own (so a core whose piece is done helps with another's), theirs may not."""
+    use workers of its own (so a core whose piece is done helps with another's), theirs may not. `done(i, result)`
+    is called in this process as each call ends, in the order they end (to show progress)."""
     workers = min(len(calls), cores())
     if (
         not _ENABLED[0]
@@ -67,7 +68,12 @@ def map_calls(calls: Sequence[Callable[[], T]]) -> list[T]:
         or multiprocessing.current_process().daemon  # a daemonic process may not start children
         or "fork" not in multiprocessing.get_all_start_methods()
     ):
-        return [call() for call in calls]
+        results: list[T] = []
+        for i, call in enumerate(calls):
+            results.append(call())
+            if done is not None:
+                done(i, results[-1])
+        return results
     _PENDING.extend(calls)
     try:
         context = multiprocessing.get_context("fork")
@@ -75,6 +81,10 @@ def map_calls(calls: Sequence[Callable[[], T]]) -> list[T]:
             max_workers=workers, mp_context=context, initializer=_start_worker, initargs=(_DEPTH[0] + 1,)
         ) as pool:
             futures = [pool.submit(_run_pending, i) for i in range(len(calls))]
+            if done is not None:
+                index = {future: i for i, future in enumerate(futures)}
+                for future in as_completed(futures):
+                    done(index[future], cast(T, future.result()))
             return [cast(T, future.result()) for future in futures]
     finally:
         _PENDING.clear()

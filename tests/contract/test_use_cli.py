@@ -95,3 +95,20 @@ def test_plan_refuses_a_finite_domain_contract(tmp_path: Path) -> None:
     result = RUNNER.invoke(use.app, ["plan", str(ws.contract_path), "--assume", "worse=0.01 better=0.01"])
     assert isinstance(result.exception, ContractError)
     assert "no sample size to plan" in str(result.exception)
+
+
+def test_plan_shows_its_progress_only_when_it_takes_long(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan that ends within PLAN_QUIET_S prints only its table; one that takes longer shows on stderr each
+    method's n as it is ready (forced here by a zero wait), and --quiet shows nothing."""
+    args = ["plan", str(ws.contract_path), "--assume", "worse=0.01 better=0.01", "--method", "maurer-pontil"]
+    quick = RUNNER.invoke(use.app, args)
+    assert quick.exit_code == 0
+    assert quick.stderr == ""
+    monkeypatch.setattr(use, "PLAN_QUIET_S", 0.0)
+    slow = RUNNER.invoke(use.app, args)
+    assert slow.exit_code == 0
+    lines = slow.stderr.splitlines()
+    assert lines[0].startswith("invar: planning the sample size 0/1 methods… ")
+    assert lines[-1].startswith("invar: planning the sample size 1/1 methods (maurer-pontil: 589 units)… ")
+    assert slow.stdout == quick.stdout
+    assert RUNNER.invoke(use.app, [*args, "--quiet"]).stderr == ""

@@ -6,10 +6,12 @@ input is bad (an `InvarError`, printed as one line by the application).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from invar.contract.model import Contract
     from invar.contract.plan import PlannedCall
     from invar.runner.use_run import Progress
-    from invar.stats.planning import PlanRow
+    from invar.stats.planning import Assumed, PlanRow
     from invar.stats.sequential import SequentialPlan
 
 app = typer.Typer(
@@ -144,6 +146,7 @@ def plan_cmd(
                                                "contract's n and the target power.")
     ] = None,
     json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """The sample size each bound method needs to admit under stated assumptions, at a stated power."""
     from invar import outputs
@@ -166,10 +169,11 @@ def plan_cmd(
                          f"[{low:g}, {high:g}]; state --assume 'variance=... mean=...' of the difference")
     if methods is None and loss_span(c.scorer) is not None and "variance" not in stated:
         methods = list(range_methods(False))  # the binary methods cannot decide this contract's losses
-    with forked():  # the methods, and the pieces of each, on every core
+    with forked(), _planning_progress(quiet) as planned:  # the methods, and the pieces of each, on every core
         assumed = Assumed(stated.get("p_worse"), stated.get("p_better"), stated.get("variance"),
                           stated.get("mean", 0.0), low, high)
-        rows = plan_table(assumed, float(req.epsilon), float(req.delta), power, methods=methods)
+        planned.expect(assumed, methods)
+        rows = plan_table(assumed, float(req.epsilon), float(req.delta), power, methods=methods, done=planned.row)
         own = _contract_power(c, units, looks, rows, stated, power, (low, high))
         if plot is not None:
             from invar.cli.plan_plot import draw_power
@@ -205,6 +209,56 @@ def plan_cmd(
                        "assumption")
     if plot is not None:
         typer.echo(f"power curves: {plot}")
+
+
+PLAN_QUIET_S = 2.0
+"""Seconds `use plan` computes before it shows its progress: most plans are done sooner and print only the table."""
+
+
+class _PlanningProgress:
+    """`use plan`'s progress on stderr: once planning has taken PLAN_QUIET_S, the methods planned so far, each with
+    its n as it is ready (a method whose assumed increase lies close to ε searches far, for minutes)."""
+
+    def __init__(self, shown: Reporter) -> None:
+        self._shown, self._lock = shown, threading.Lock()
+        self._total, self._rows, self._showing = 0, 0, False
+        self._timer = threading.Timer(PLAN_QUIET_S, self._begin)
+        self._timer.daemon = True
+
+    def expect(self, assumed: Assumed, methods: Sequence[str] | None) -> None:
+        from invar.stats.planning import planned_methods
+
+        self._total = len(planned_methods(assumed, methods))
+        if PLAN_QUIET_S <= 0:
+            self._begin()
+        else:
+            self._timer.start()
+
+    def _begin(self) -> None:
+        with self._lock:
+            self._showing = True
+            self._shown.phase("planning the sample size", total=self._total, unit="methods", done=self._rows)
+
+    def row(self, row: PlanRow) -> None:
+        with self._lock:
+            self._rows += 1
+            if self._showing:
+                self._shown.count(self._rows, detail=f"{row.method}: {row.n:,} units")
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
+@contextlib.contextmanager
+def _planning_progress(quiet: bool) -> Iterator[_PlanningProgress]:
+    from invar.cli.progress import reporting
+
+    with reporting(quiet) as shown:
+        progress = _PlanningProgress(shown)
+        try:
+            yield progress
+        finally:
+            progress.stop()
 
 
 def _contract_power(c: Contract, units: int, looks: tuple[int, ...] | None, rows: list[PlanRow],

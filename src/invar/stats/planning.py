@@ -1001,20 +1001,29 @@ def power_at(
     return power_of(units)[0]
 
 
+def planned_methods(assumed: Assumed, methods: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The methods `plan_table` plans: those asked, or every one that applies (a variance assumption plans Hoeffding
+    and Maurer–Pontil)."""
+    if methods is not None:
+        return tuple(methods)
+    return METHODS if assumed.variance is None else ("hoeffding", "maurer-pontil")
+
+
 def plan_table(
     assumed: Assumed, epsilon: float, delta: float, power: float = 0.8, *, methods: Sequence[str] | None = None,
-    search: Search = Search(),
+    search: Search = Search(), done: Callable[[PlanRow], None] | None = None,
 ) -> list[PlanRow]:
-    """Every method's required n (those that apply: a variance assumption plans Hoeffding and Maurer–Pontil).
+    """Every method's required n (`planned_methods`).
 
     The methods are independent pieces (`invar.parallel.map_calls`, the costliest first: inside
     `invar.parallel.forked()` one process per core plans them); the rows are the same numbers either way, in the
-    order asked."""
-    if methods is None:
-        methods = METHODS if assumed.variance is None else ("hoeffding", "maurer-pontil")
+    order asked. `done(row)` is called as each method's row is ready (to show progress: a plan whose assumed
+    increase lies close to ε searches far)."""
+    methods = planned_methods(assumed, methods)
     plan = partial(_plan_one, assumed, epsilon, delta, power, search)
     costliest = sorted(methods, key=lambda m: -_COST.get(m, 0.0))
-    rows = dict(zip(costliest, map_calls([partial(plan, method) for method in costliest]), strict=True))
+    ready = None if done is None else (lambda _i, row: done(row))
+    rows = dict(zip(costliest, map_calls([partial(plan, method) for method in costliest], ready), strict=True))
     return [rows[method] for method in methods]
 
 
