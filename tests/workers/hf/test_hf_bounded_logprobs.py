@@ -1,15 +1,15 @@
 """The HF learner's memory-bounded scoring (`Engine._bounded_logprobs`) against the model's own forward.
 
-Past `LOGITS_BUDGET` bytes of float32 logits for a batch, the learner recomputes each decoder layer's activations
-in backward (keeping only the layer's input) and projects only the response positions onto the vocabulary, in
-chunks recomputed in backward, instead of keeping every activation and the whole [rows, width, vocabulary] the
-model's forward returns. On the shipped model (18-token vocabulary) no batch reaches the budget, so the tests force
-the bounded path with small budgets (chunks of 4 and 7 positions, and one chunk for every position) and compare it
-with the full forward in the same process: the log-probabilities and the gradients of every LoRA parameter
-(B set to seeded nonzero values so A's gradient is not zero either) are bit-identical, as measured here, and the
-forward saves a fraction of the bytes for backward. Chunks of 1 to 3 positions are not used: the CPU matrix
-product rounds some rows of a 1-3 row product differently (measured: up to 7.6e-6 nats on this model), which is
-why the learner never makes a chunk smaller than 4.
+Past `LOGITS_BUDGET` bytes of float32 logits for a batch, the learner recomputes each decoder layer's activations in
+backward (keeping only the layer's input) and projects only the response positions onto the vocabulary, in chunks
+recomputed in backward, instead of keeping every activation and the whole [rows, width, vocabulary] the model's
+forward returns. On the shipped model (18-token vocabulary) no batch reaches the budget, so the tests force the
+bounded path with small budgets (chunks of 4 and 7 positions, and one chunk for every position) and compare it with
+the full forward in the same process, on the FP32 and the NF4 base: the log-probabilities and the gradients of every
+LoRA parameter (B set to seeded nonzero values so A's gradient is not zero either) are bit-identical, as measured
+here, and the forward saves a fraction of the bytes for backward. Chunks of 1 to 3 positions are not used: the CPU
+matrix product rounds some rows of a 1-3 row product differently (measured: up to 7.6e-6 nats on this model), which
+is why the learner never makes a chunk smaller than 4.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def _learner(model_dir: Path, model_digest: str) -> Engine:
+def _learner(model_dir: Path, model_digest: str, quantization: str = "none") -> Engine:
     """A learner engine on the shipped model with a fresh seeded adapter whose B is nonzero."""
     engine = Engine(Role.LEARNER, "cpu")
-    engine.load_model(load_params(model_dir, model_digest))
+    engine.load_model(load_params(model_dir, model_digest, quantization))
     engine._fresh(LoraParams(8, 16.0, ["q_proj", "v_proj"]), 0)
     assert engine.trainer is not None
     g = torch.Generator().manual_seed(1)
@@ -95,9 +95,10 @@ def _bits(a: Any, b: Any) -> bool:
     return bool(a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32)))
 
 
+@pytest.mark.parametrize("quantization", ["none", "nf4"])
 def test_bounded_log_probabilities_and_gradients_equal_the_full_forward(
-        one_thread: None, model_dir: Path, model_digest: str, problems: list[Problem]) -> None:
-    engine = _learner(model_dir, model_digest)
+        one_thread: None, model_dir: Path, model_digest: str, problems: list[Problem], quantization: str) -> None:
+    engine = _learner(model_dir, model_digest, quantization)
     assert engine.m is not None
     v = engine.m.vocab_size
     rows = _rows(problems, v)
@@ -109,9 +110,11 @@ def test_bounded_log_probabilities_and_gradients_equal_the_full_forward(
     for positions in (4, 7, 24):
         values, grads, calls, saved = _scored(engine, rows, 4 * v * positions)
         assert calls == 1, positions
-        # the decoder layers keep only their inputs for backward (measured here: 1/23 of the full forward's bytes)
+        # the decoder layers keep only their inputs for backward (measured here: 1/23 of the full forward's bytes
+        # on FP32, 1/13 on NF4)
         assert saved * 5 < full_saved, (positions, saved, full_saved)
-        print(f"measured: chunks of {positions} positions: saved for backward {saved} vs {full_saved} bytes")
+        print(f"measured ({quantization}): chunks of {positions} positions: saved for backward {saved} vs "
+              f"{full_saved} bytes")
         assert _bits(values, full), (positions, float((values - full).abs().max()))
         for g, f in zip(grads, full_grads, strict=True):
             assert _bits(g, f), (positions, float((g - f).abs().max()))
