@@ -1,17 +1,18 @@
 """Peak memory and wall time of one Hugging Face learner step on a model, as `invar train` runs it.
 
     .venv/bin/python bench/learner_memory.py [--model models/smollm2-135m-instruct] [--rows 64] [--tokens 48]
-        [--out DIR] [--save proximal.npy]
+        [--prompts data/chat-train.jsonl] [--out DIR] [--save proximal.npy]
 
-Starts the HF worker in the learner role through the project's own client (`invar.engines.start_worker`), loads
-the model in float32, and sends one `learner_step` from a fresh seeded LoRA adapter (r 8, alpha 16, q_proj and
-v_proj, AdamW, the objective of configs/arith-vllm-hf.toml, no micro-batching: the learner's default pass). The
-prompts are the first `--rows` chat prompts of data/chat-train.jsonl rendered with the model's chat template (the
-core's tokenization); each response is `--tokens` token ids drawn uniformly from the vocabulary by a seeded
-generator, with behavior log-probabilities of -1 and advantages alternating ±1: memory and time depend on the
-shapes, not on which tokens were sampled. The worker's peak RSS is its VmHWM (/proc/<pid>/status) read after
-loading and after the step; the step's wall time is the call's. `--save` writes the proximal log-probabilities
-(float32, concatenated in sample order) so two builds of the learner can be compared value by value.
+Starts the HF worker in the learner role through the project's own client (`invar.engines.start_worker`), loads the
+model in float32, and sends one `learner_step` from a fresh seeded LoRA adapter (r 8, alpha 16, q_proj and v_proj,
+AdamW, the objective of configs/arith-vllm-hf.toml, no micro-batching: the learner's default pass). The prompts are
+the first `--rows` prompts of `--prompts` (a population file: chat messages rendered with the model's chat template,
+or a plain prompt, as the core tokenizes them); each response is `--tokens` token ids drawn uniformly from the
+vocabulary by a seeded generator, with behavior log-probabilities of -1 and advantages alternating ±1: memory and
+time depend on the shapes, not on which tokens were sampled. The worker's peak RSS is its VmHWM (/proc/<pid>/status)
+read after loading and after the step; the step's wall time is the call's. `--save` writes the proximal
+log-probabilities (float32, concatenated in sample order) so two builds of the learner can be compared value by
+value.
 """
 
 from __future__ import annotations
@@ -43,14 +44,16 @@ def _vm(pid: int, key: str) -> int:
     raise KeyError(key)
 
 
-def samples(model: Path, rows: int, tokens: int, vocab: int) -> list[dict[str, Any]]:
-    """`rows` chat prompts of the real task with seeded uniform responses of `tokens` ids."""
+def samples(model: Path, prompts: Path, rows: int, tokens: int, vocab: int) -> list[dict[str, Any]]:
+    """The first `rows` prompts of the population file `prompts` with seeded uniform responses of `tokens` ids."""
     tok = ModelTokenizer.from_model_dir(model)
-    lines = (REPO_ROOT / "data" / "chat-train.jsonl").read_text(encoding="utf-8").splitlines()[:rows]
+    lines = prompts.read_text(encoding="utf-8").splitlines()[:rows]
     rng = np.random.default_rng(0)
     out = []
     for i, line in enumerate(lines):
-        ids = tok.prompt_ids(messages=json.loads(line)["messages"])
+        problem = json.loads(line)
+        ids = (tok.prompt_ids(messages=problem["messages"]) if "messages" in problem
+               else tok.prompt_ids(prompt=problem["prompt"]))
         out.append({"prompt_ids": ids, "tokens": rng.integers(0, vocab, tokens, dtype=np.int32),
                     "behavior_logprobs": np.full(tokens, -1.0, dtype=np.float32),
                     "advantage": 1.0 if i % 2 == 0 else -1.0})
@@ -62,12 +65,14 @@ def main() -> int:
     ap.add_argument("--model", type=Path, default=REPO_ROOT / "models" / "smollm2-135m-instruct")
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--prompts", type=Path, default=REPO_ROOT / "data" / "chat-train.jsonl",
+                    help="Population file whose first --rows prompts are scored.")
     ap.add_argument("--out", type=Path, default=None, help="Folder for the saved adapter (default: temporary).")
     ap.add_argument("--save", type=Path, default=None, help="Write the proximal log-probabilities here (.npy).")
     args = ap.parse_args()
     model = args.model.resolve()
     config = json.loads((model / "config.json").read_text(encoding="utf-8"))
-    batch = samples(model, args.rows, args.tokens, int(config["vocab_size"]))
+    batch = samples(model, args.prompts, args.rows, args.tokens, int(config["vocab_size"]))
     out = args.out or Path(tempfile.mkdtemp(prefix="invar-learner-memory-"))
     client = start_worker("hf", Role.LEARNER)
     try:
