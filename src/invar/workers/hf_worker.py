@@ -33,6 +33,11 @@ Decisions this worker embodies:
   given to `load_adapter`.
 - **The learner** scores the engine's sampled tokens itself in one teacher-forced forward (right padded) with
   autograd on; those values, taken with the weights the update starts from, are the proximal log-probabilities.
+  A batch whose float32 logits would pass `LOGITS_BUDGET` (64 MiB; a real vocabulary, not the shipped model's) is
+  scored with memory bounded: each decoder layer keeps only its input and recomputes its activations in backward,
+  and the output projection and log-softmax run on the response positions only, in chunks recomputed in backward:
+  the same operations on the same rows, measured bit-identical to the model's own forward on this project's CPU
+  (`Engine._bounded_logprobs`, docs/training.md).
   The objective is `invar.loop.objective`'s, computed per token in float32 (importance weight exp(proximal −
   behavior), exactly 1 where they are equal, then truncated or masked at the cap when asked); the reported terms sum
   those float32 values in float64 as the core does. One AdamW step on the adapter's float32 parameters follows. The
@@ -69,6 +74,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import itertools
 import json
 import math
 import os
@@ -81,11 +88,13 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.utils.checkpoint
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import logging as hf_logging
 
 from invar import __version__, canonical
@@ -127,6 +136,11 @@ PEFT_PREFIX = "base_model.model."
 LOADED = "@loaded"
 """Internal name of the adapter a call names with null: the one `load_model` loaded, or the one being trained."""
 _KEY = re.compile(r"base_model\.model\.(.+)\.lora_([AB])(?:\.default)?\.weight")
+LOGITS_BUDGET = 1 << 26
+"""Bytes of float32 logits ([positions, vocabulary]) the learner's forward holds at once, 64 MiB. A batch whose
+logits (rows × width × vocabulary) pass it is scored with memory bounded (`Engine._bounded_logprobs`): decoder
+layers recomputed in backward, the output projection on the response positions only, in chunks of this size. The
+shipped model's batches stay far below it (its vocabulary has 18 tokens) and take the model's own forward."""
 
 
 # -- LoRA -----------------------------------------------------------------------------------------------------------
@@ -285,6 +299,9 @@ class Loaded:
     peft: Any = None
     """The `PeftModel` wrapping `model` once an adapter is installed (peft injects its LoRA layers into `model`)."""
     adapters: dict[str, Adapter] = field(default_factory=dict)
+    plain_head: bool | None = None
+    """Whether the logits are the output projection of the decoder's hidden states (`Engine._plain_head`); None
+    until a learner step first needs to know."""
 
 
 class Engine:
@@ -734,8 +751,13 @@ class Engine:
         terms.pop("graph")
         return current, terms
 
-    def _teacher_forced(self, rows: list[tuple[list[int], Any]], temperature: float) -> list[Any]:
-        """One forward over [prompt, response] (right padded) with autograd: log p(token_t) at T, float32 [T_i]."""
+    def _teacher_forced(self, rows: list[tuple[list[int], Any]], temperature: float,
+                        budget: int = LOGITS_BUDGET) -> list[Any]:
+        """One forward over [prompt, response] (right padded) with autograd: log p(token_t) at T, float32 [T_i].
+
+        While the whole batch's float32 logits, rows × width × vocabulary, fit in `budget` bytes, the model's own
+        forward gives them and each row's response slice is log-softmaxed (the learner's path before the bound).
+        Past it, `_bounded_logprobs` keeps at most about `budget` bytes of [positions, vocabulary] alive."""
         m = self.loaded("learner_step")
         seqs = [p + [int(t) for t in toks] for p, toks in rows]
         width = max(len(s) for s in seqs)
@@ -745,8 +767,11 @@ class Engine:
             ids[i, : len(s)] = torch.tensor(s)
             mask[i, : len(s)] = 1
         positions = torch.arange(width)[None, :].expand(len(seqs), width)
-        logits = m.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                         position_ids=positions.to(self.device)).logits.float()
+        inputs = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device),
+                  "position_ids": positions.to(self.device)}
+        if len(seqs) * width * m.vocab_size * 4 > budget and self._plain_head(inputs):
+            return self._bounded_logprobs(inputs, rows, temperature, budget)
+        logits = m.model(**inputs).logits.float()
         out = []
         for i, (prompt, toks) in enumerate(rows):
             # Position t predicts token t + 1: the response's logits start at the prompt's last position.
@@ -754,6 +779,85 @@ class Engine:
             target = torch.as_tensor(np.asarray(toks, dtype=np.int64), device=self.device)
             out.append(lp.gather(-1, target[:, None])[:, 0])
         return out
+
+    def _plain_head(self, inputs: dict[str, Any]) -> bool:
+        """Whether the model's logits are its output projection of its decoder's last hidden states and nothing
+        more (no soft-capping or scaling in its forward), checked once per loaded model, bit for bit, on the
+        batch's first row's first tokens: only then may `_bounded_logprobs` apply the projection itself."""
+        m = self.loaded("learner_step")
+        if m.plain_head is None:
+            decoder, head = m.model.get_decoder(), m.model.get_output_embeddings()
+            probe = {k: v[:1, :8] for k, v in inputs.items()}
+            with torch.no_grad():
+                whole = m.model(**probe).logits
+                m.plain_head = (head is not None and decoder is not m.model
+                                and torch.equal(head(decoder(**probe, use_cache=False).last_hidden_state), whole))
+        return m.plain_head
+
+    def _bounded_logprobs(self, inputs: dict[str, Any], rows: list[tuple[list[int], Any]], temperature: float,
+                          budget: int) -> list[Any]:
+        """`_teacher_forced`'s values without the whole batch's activations and logits: the decoder's hidden
+        states with each layer recomputed in backward (`_recomputed_layers`), then the output projection and
+        log-softmax only at the response positions (the prompt's last position onward), in chunks of about
+        `budget` bytes of float32 [positions, vocabulary], each recomputed in backward (`torch.utils.checkpoint`),
+        so one chunk's logits are alive at a time. Every row is computed by the same operations as in the model's
+        own forward; whether the CPU's matrix product rounds a chunk's rows as it rounds them inside the whole
+        batch's product is measured, not promised (bit-identical on the shipped model and on SmolLM2-135M at the
+        default budget: docs/training.md)."""
+        m = self.loaded("learner_step")
+        decoder = m.model.get_decoder()
+        with _recomputed_layers(decoder):
+            hidden = decoder(**inputs, use_cache=False).last_hidden_state
+        width = hidden.shape[1]
+        at = torch.cat([torch.arange(len(p) - 1, len(p) - 1 + len(t)) + i * width for i, (p, t) in enumerate(rows)])
+        states = hidden.reshape(-1, hidden.shape[-1]).index_select(0, at.to(self.device))
+        targets = torch.as_tensor(np.concatenate([np.asarray(t, dtype=np.int64) for _, t in rows]),
+                                  device=self.device)
+        head = m.model.get_output_embeddings()
+        # Equal chunks (sizes differ by at most one), so no chunk is a short tail: the CPU matrix product rounds
+        # some rows of a product over 1-3 rows differently from the same rows inside a larger one (measured: chunks
+        # of 4 or more give the full forward's bits on the shipped model; on SmolLM2-135M the default chunks of
+        # about 300 positions do, chunks of 4 do not).
+        n = len(targets)
+        chunks = -(-n // max(4, budget // (4 * m.vocab_size)))
+        bounds = [n * c // chunks for c in range(chunks + 1)]
+        parts = [torch.utils.checkpoint.checkpoint(_sampled_logprobs, head, states[a:b], targets[a:b], temperature,
+                                                   use_reentrant=False)
+                 for a, b in itertools.pairwise(bounds)]
+        return list(torch.split(torch.cat(parts), [len(t) for _, t in rows]))
+
+
+@contextlib.contextmanager
+def _recomputed_layers(decoder: Any) -> Iterator[None]:
+    """Within: each decoder layer keeps only its input for backward and recomputes its activations there
+    (transformers' per-layer checkpointing, non-reentrant). transformers checkpoints a layer whose own `training`
+    flag is set; only that flag is set, so the layer's modules (attention, dropout, LoRA) still run in eval mode
+    and compute what they compute without it. Recomputation on a deterministic engine repeats the same operations,
+    so values and gradients keep their bits (tests/workers/hf/test_hf_bounded_logprobs.py)."""
+    layers = [mod for mod in decoder.modules() if isinstance(mod, GradientCheckpointingLayer)]
+    saved = [(layer.training, layer.__dict__.get("gradient_checkpointing"),
+              layer.__dict__.get("_gradient_checkpointing_func")) for layer in layers]
+    recompute = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
+    for layer in layers:
+        layer.training = True
+        layer.gradient_checkpointing = True
+        setattr(layer, "_gradient_checkpointing_func", recompute)  # noqa: B010  # torch types the attribute a Module
+    try:
+        yield
+    finally:
+        for layer, (training, flag, func) in zip(layers, saved, strict=True):
+            layer.training = training
+            for name, value in (("gradient_checkpointing", flag), ("_gradient_checkpointing_func", func)):
+                if value is None:
+                    layer.__dict__.pop(name, None)
+                else:
+                    setattr(layer, name, value)
+
+
+def _sampled_logprobs(head: Any, states: Any, targets: Any, temperature: float) -> Any:
+    """log_softmax(head(states) / T) at each target, float32 [positions]: the learner's per-row formula."""
+    lp = torch.log_softmax(head(states).float() / temperature, dim=-1)
+    return lp.gather(-1, targets[:, None])[:, 0]
 
 
 def _read_moments(folder: Path, adapter: Adapter) -> tuple[dict[str, Any], int]:
