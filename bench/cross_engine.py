@@ -3,11 +3,13 @@
     .venv/bin/python bench/cross_engine.py [--count 200] [--out docs/cross_engine.json]
     .venv/bin/python bench/cross_engine.py --model models/smollm2-135m-instruct --population data/chat-eval.jsonl \
         --scorer numeric --scorer-setting 'which="last"' --max-tokens 8 --temperatures 1.0,0.7,0 --alone \
-        --count 32 --batch-size 16 --out docs/cross_engine_smollm2.json
+        --engines hf,vllm --count 32 --batch-size 16 --out docs/cross_engine_smollm2.json
 
 The first is the shipped tiny model on its arithmetic task (the defaults); the second the real model on its chat
-task. For a seeded sample of the population, at each temperature, every engine (Hugging Face, vLLM, MLX; float32,
-inference role) samples one response per unit with the same per-unit seed, and then ALL THREE engines score every
+task, on the two engines fast enough here for 32 chats (MLX's CPU backend needs about a quarter of a second per
+token of every forward on this model: docs/cross_engine.md runs it on fewer). For a seeded sample of the
+population, at each temperature, every engine (Hugging Face, vLLM, MLX, or those `--engines` names; float32,
+inference role) samples one response per unit with the same per-unit seed, and then EVERY engine scores every
 engine's sampled tokens, teacher forced, at that temperature (at 1 for a greedy sample, T = 0, whose `generate`
 log-probabilities are at 1). Reported, over every scored token:
 
@@ -27,17 +29,18 @@ Decisions this script embodies:
   each engine must report that it ran exactly those ids. Responses are scored by the core with the declared scorer
   (`--scorer`, as `invar evaluate` takes it).
 - **MLX reads the folder as transformers wrote it**: its worker starts with its defaults, so it maps the config's
-  `rope_parameters` onto what mlx-lm reads (`map_rope_parameters`, reported in each engine's identity in the JSON).
+  `rope_parameters` onto what mlx-lm reads (`map_rope_parameters`; its identity in the JSON names the setting only
+  when it is off).
 - **Same seeds, not coupled sampling.** Request seeds are `invar evaluate`'s (`request_seed(seed, problem id)`), so
   a problem gets the same seed on every engine, but each engine draws with its own generator: responses differ. The
-  comparison of numbers is therefore made on the same tokens, by teacher forcing each engine's responses through all
-  three, never by comparing two engines' samples.
+  comparison of numbers is therefore made on the same tokens, by teacher forcing each engine's responses through
+  every engine, never by comparing two engines' samples.
 - **Batches are the same everywhere**: the sample is cut into batches of `--batch-size` in population order; each
   batch is one `generate` call (one batch) and one `score` call per scoring engine, so the Hugging Face worker, which
   reproduces its bits only for the same batch composition, scores its own samples in the batch that drew them.
 - **Bit-identical** means the float32 bit patterns are equal; |diff| is computed in float64 from the float32 values
   (exact). p99 is the 99th percentile taken as an observed value (`method="higher"`).
-- Every call and report is kept in a run store under `runs/` (the three workers share one store), so each number
+- Every call and report is kept in a run store under `runs/` (the workers share one store), so each number
   in the table can be recomputed from the records.
 """
 
@@ -180,11 +183,12 @@ def run_temperature(workers: dict[str, WorkerClient], units: list[Unit], prompts
                     vocab: ModelTokenizer, scorer: Scorer, *, temperature: float, seed: int, batch_size: int,
                     max_tokens: int, alone: bool = False) -> Readings:
     """Every engine samples every unit at `temperature`; every engine scores every engine's samples (and with
-    `alone`, scores each of them again in a call of its own)."""
-    tokens: dict[str, list[np.ndarray]] = {e: [] for e in ENGINES}
-    behavior: dict[str, list[np.ndarray]] = {e: [] for e in ENGINES}
-    scored: dict[tuple[str, str], list[np.ndarray]] = {(s, e): [] for s in ENGINES for e in ENGINES}
-    single: dict[tuple[str, str], list[np.ndarray]] = {(s, e): [] for s in ENGINES for e in ENGINES}
+    `alone`, scores each of them again in a call of its own). The engines are `workers`' names."""
+    engines = tuple(workers)
+    tokens: dict[str, list[np.ndarray]] = {e: [] for e in engines}
+    behavior: dict[str, list[np.ndarray]] = {e: [] for e in engines}
+    scored: dict[tuple[str, str], list[np.ndarray]] = {(s, e): [] for s in engines for e in engines}
+    single: dict[tuple[str, str], list[np.ndarray]] = {(s, e): [] for s in engines for e in engines}
     forced_t = score_temperature(temperature)
     for start in range(0, len(units), batch_size):
         batch = units[start:start + batch_size]
@@ -193,29 +197,29 @@ def run_temperature(workers: dict[str, WorkerClient], units: list[Unit], prompts
         reqs = generate_requests(batch, asked_prompts, seed=seed, temperature=temperature, max_tokens=max_tokens)
         pending = {e: workers[e].submit("generate", {"requests": reqs, "layout": [list(range(len(reqs)))],
                                                      "adapter": None, "reference_adapter": None})
-                   for e in ENGINES}
+                   for e in engines}
         drawn = {e: _check_outputs(p.result()["outputs"], ids, "request_id", f"{e} generate")
                  for e, p in pending.items()}
-        for e in ENGINES:
+        for e in engines:
             for o, (_, asked) in zip(drawn[e], asked_prompts, strict=True):
                 if not isinstance(o.get("prompt_tokens"), np.ndarray) or o["prompt_tokens"].tolist() != asked:
                     raise EvidenceError(f"{e} generate: {o['request_id']} ran other prompt tokens than asked")
             tokens[e] += [o["tokens"] for o in drawn[e]]
             behavior[e] += [o["logprobs"] for o in drawn[e]]
-        for source in ENGINES:
+        for source in engines:
             items = [{"item_id": u.id, "prompt": text, "prompt_ids": asked, "response_tokens": o["tokens"],
                       "temperature": forced_t, "vocab_steps": []}
                      for u, (text, asked), o in zip(batch, asked_prompts, drawn[source], strict=True)]
-            waiting = {s: workers[s].submit("score", {"items": items, "adapter": None}) for s in ENGINES}
+            waiting = {s: workers[s].submit("score", {"items": items, "adapter": None}) for s in engines}
             for s, p in waiting.items():
                 scored[(s, source)] += _read_scores(p, ids, drawn[source], f"{s} score of {source}'s samples")
             if alone:  # every item in a call of its own, all submitted at once: the engines work side by side
                 calls = {s: [workers[s].submit("score", {"items": [it], "adapter": None}) for it in items]
-                         for s in ENGINES}
+                         for s in engines}
                 for s, each in calls.items():
                     for p, i, o in zip(each, ids, drawn[source], strict=True):
                         single[(s, source)] += _read_scores(p, [i], [o], f"{s} score of {source}'s {i} alone")
-    losses = {e: [scorer.loss(u, vocab.decode(t)) for u, t in zip(units, tokens[e], strict=True)] for e in ENGINES}
+    losses = {e: [scorer.loss(u, vocab.decode(t)) for u, t in zip(units, tokens[e], strict=True)] for e in engines}
     return Readings(tokens, {e: np.concatenate(v) for e, v in behavior.items()},
                     {k: np.concatenate(v) for k, v in scored.items()}, losses,
                     {k: np.concatenate(v) for k, v in single.items()} if alone else None)
@@ -228,34 +232,35 @@ def _split(r: Readings, values: np.ndarray, source: str) -> list[np.ndarray]:
 
 def summarize(r: Readings) -> dict[str, Any]:
     """The table's rows for one temperature, from its readings."""
+    engines = tuple(r.tokens)
     pairs = {}
-    for a, b in combinations(ENGINES, 2):
-        row = agreement(np.concatenate([r.scored[(a, e)] for e in ENGINES]),
-                        np.concatenate([r.scored[(b, e)] for e in ENGINES]))
-        row["by_source"] = {e: agreement(r.scored[(a, e)], r.scored[(b, e)]) for e in ENGINES}
+    for a, b in combinations(engines, 2):
+        row = agreement(np.concatenate([r.scored[(a, e)] for e in engines]),
+                        np.concatenate([r.scored[(b, e)] for e in engines]))
+        row["by_source"] = {e: agreement(r.scored[(a, e)], r.scored[(b, e)]) for e in engines}
         pairs[f"{a}-{b}"] = row
-    n = len(r.losses[ENGINES[0]])
+    n = len(r.losses[engines[0]])
     same_tokens = {f"{a}-{b}": sum(x.tobytes() == y.tobytes() for x, y in zip(r.tokens[a], r.tokens[b], strict=True))
-                   for a, b in combinations(ENGINES, 2)}
+                   for a, b in combinations(engines, 2)}
     out = {
         "pairs": pairs,
-        "self": {e: agreement(r.behavior[e], r.scored[(e, e)]) for e in ENGINES},
+        "self": {e: agreement(r.behavior[e], r.scored[(e, e)]) for e in engines},
         "behavior_vs_other": {f"{a}-by-{b}": agreement(r.behavior[a], r.scored[(b, a)])
-                              for a in ENGINES for b in ENGINES if a != b},
+                              for a in engines for b in engines if a != b},
         "identical_responses": same_tokens,
-        "accuracy": {e: 1 - sum(r.losses[e]) / n for e in ENGINES},
-        "response_tokens": {e: int(r.behavior[e].size) for e in ENGINES},
+        "accuracy": {e: 1 - sum(r.losses[e]) / n for e in engines},
+        "response_tokens": {e: int(r.behavior[e].size) for e in engines},
     }
     if r.alone is not None:
         single = r.alone
         rows = {}
-        for s in ENGINES:
-            row = agreement(np.concatenate([single[(s, e)] for e in ENGINES]),
-                            np.concatenate([r.scored[(s, e)] for e in ENGINES]))
-            row["responses"] = n * len(ENGINES)
+        for s in engines:
+            row = agreement(np.concatenate([single[(s, e)] for e in engines]),
+                            np.concatenate([r.scored[(s, e)] for e in engines]))
+            row["responses"] = n * len(engines)
             row["responses_bit_identical"] = sum(
-                items_bit_identical(_split(r, single[(s, e)], e), _split(r, r.scored[(s, e)], e)) for e in ENGINES)
-            row["by_source"] = {e: agreement(single[(s, e)], r.scored[(s, e)]) for e in ENGINES}
+                items_bit_identical(_split(r, single[(s, e)], e), _split(r, r.scored[(s, e)], e)) for e in engines)
+            row["by_source"] = {e: agreement(single[(s, e)], r.scored[(s, e)]) for e in engines}
             rows[s] = row
         out["alone_vs_batch"] = rows
     return out
@@ -286,10 +291,12 @@ def markdown(result: dict[str, Any]) -> str:
             a, b = name.split("-by-")
             lines.append(f"| {t} | {a} by {b} | {row['fraction_bit_identical']:.1%} | {row['max_abs_diff']:.3g} | "
                          f"{row['p99_abs_diff']:.3g} |")
-    lines += ["", "| T | accuracy (hf / vllm / mlx) | identical responses (hf-vllm / hf-mlx / vllm-mlx) |",
-              "|---|---|---|"]
+    first = next(iter(result["temperatures"].values()))
+    engines = [e for e in ENGINES if e in first["accuracy"]]
+    lines += ["", f"| T | accuracy ({' / '.join(engines)}) | identical responses "
+              f"({' / '.join(first['identical_responses'])}) |", "|---|---|---|"]
     for t, res in result["temperatures"].items():
-        acc = " / ".join(f"{res['accuracy'][e]:.3f}" for e in ENGINES)
+        acc = " / ".join(f"{res['accuracy'][e]:.3f}" for e in engines)
         same = " / ".join(str(v) for v in res["identical_responses"].values())
         lines.append(f"| {t} | {acc} | {same} of {result['count']} |")
     if any("alone_vs_batch" in res for res in result["temperatures"].values()):
@@ -359,6 +366,14 @@ def _temperatures(text: str) -> tuple[float, ...]:
     return values
 
 
+def _engines(text: str) -> tuple[str, ...]:
+    """`--engines hf,vllm` as engine names in the table's order: two or more of hf, vllm, mlx."""
+    names = [n.strip() for n in text.split(",")]
+    if len(names) < 2 or len(set(names)) != len(names) or not set(names) <= set(ENGINES):
+        raise argparse.ArgumentTypeError(f"{text!r}: name two or more of {','.join(ENGINES)}, each once")
+    return tuple(e for e in ENGINES if e in names)
+
+
 def _shown(path: Path) -> str:
     """A path as the JSON names it: relative to the checkout where it lies inside it (links not followed)."""
     absolute = Path(os.path.abspath(path))
@@ -373,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-seed", type=int, default=0, help="seed of the sample")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (per problem: invar evaluate's)")
     parser.add_argument("--batch-size", type=int, default=64, help="requests per generate / score call")
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model folder, read by all three engines")
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model folder, read by every engine")
     parser.add_argument("--population", type=Path, default=POPULATION,
                         help="population file (JSON lines), its sha256 in the .sha256 file beside it")
     parser.add_argument("--scorer", default=ARITHMETIC, help="a built-in scorer, as `invar evaluate --scorer`")
@@ -382,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=BUDGET, help="most response tokens per unit")
     parser.add_argument("--temperatures", type=_temperatures, default=TEMPERATURES,
                         help="sampling temperatures, comma-separated (0: greedy); default 1.0,0.7")
+    parser.add_argument("--engines", type=_engines, default=ENGINES,
+                        help="the engines compared, comma-separated, at least two; default hf,vllm,mlx")
     parser.add_argument("--alone", action="store_true",
                         help="also score every response in a call of its own, against its score in the batch")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "cross_engine.json",
@@ -410,14 +427,14 @@ def main(argv: list[str] | None = None) -> int:
                 "batch_size": args.batch_size, "temperatures": list(args.temperatures), "max_tokens": args.max_tokens,
                 "population": _shown(args.population), "population_sha256": pop_digest,
                 "scorer": scorer_identity(scorer), "model": _shown(model), "model_digest": load["model_digest"],
-                "dtype": "float32", "alone": args.alone}
+                "dtype": "float32", "alone": args.alone, "engine_names": list(args.engines)}
     command = ".venv/bin/python bench/cross_engine.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     results: dict[str, Any] = {}
     diffs: dict[str, dict[str, np.ndarray]] = {}
     workers: dict[str, WorkerClient] = {}
     with RunStore.create(run_dir, meta={"command": "bench/cross_engine", **settings}) as store:
         try:
-            for e in ENGINES:
+            for e in args.engines:
                 workers[e] = start_worker(e, Role.INFERENCE, recorder=store)
             loading = {e: w.submit("load_model", load) for e, w in workers.items()}
             for e, p in loading.items():
@@ -427,19 +444,20 @@ def main(argv: list[str] | None = None) -> int:
             seconds: dict[str, float] = {}
             for t in args.temperatures:
                 began = time.perf_counter()
+                engines = tuple(workers)
                 r = run_temperature(workers, chosen, prompts, vocab, scorer, temperature=t, seed=args.seed,
                                     batch_size=args.batch_size, max_tokens=args.max_tokens, alone=args.alone)
                 seconds[str(t)] = round(time.perf_counter() - began, 1)
                 results[str(t)] = summarize(r)
-                by_pair = {f"{a} vs {b}": abs_diffs(np.concatenate([r.scored[(a, e)] for e in ENGINES]),
-                                                    np.concatenate([r.scored[(b, e)] for e in ENGINES]))
-                           for a, b in combinations(ENGINES, 2)}
+                by_pair = {f"{a} vs {b}": abs_diffs(np.concatenate([r.scored[(a, e)] for e in engines]),
+                                                    np.concatenate([r.scored[(b, e)] for e in engines]))
+                           for a, b in combinations(engines, 2)}
                 by_pair.update({f"{e} generate vs score (self)": abs_diffs(r.behavior[e], r.scored[(e, e)])
-                                for e in ENGINES})
+                                for e in engines})
                 if r.alone is not None:
                     by_pair.update({f"{e} alone vs batch (alone)": abs_diffs(
-                        np.concatenate([r.alone[(e, s)] for s in ENGINES]),
-                        np.concatenate([r.scored[(e, s)] for s in ENGINES])) for e in ENGINES})
+                        np.concatenate([r.alone[(e, s)] for s in engines]),
+                        np.concatenate([r.scored[(e, s)] for s in engines])) for e in engines})
                 diffs[str(t)] = by_pair
             identities = {e: {"engine_version": w.identity.engine_version, "settings": w.identity.settings,
                               "identity_digest": w.worker_key} for e, w in workers.items()}
