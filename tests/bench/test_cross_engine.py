@@ -3,6 +3,7 @@ as `invar evaluate` builds them, and its alone-vs-batch rows count what they say
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -107,3 +108,26 @@ def test_a_run_without_alone_has_no_alone_rows() -> None:
     r = _readings({})
     r.alone = None
     assert "alone_vs_batch" not in cross_engine.summarize(r)
+
+
+def test_engines_are_two_or_more_known_names_in_the_table_s_order() -> None:
+    assert cross_engine._engines("vllm,hf") == ("hf", "vllm")
+    for bad in ("hf", "hf,hf", "hf,tgi"):
+        with pytest.raises(argparse.ArgumentTypeError, match="name two or more of hf,vllm,mlx"):
+            cross_engine._engines(bad)
+
+
+def test_a_two_engine_table_names_only_its_engines() -> None:
+    r = _readings({})
+    keep = ("hf", "vllm")
+    r = cross_engine.Readings({e: r.tokens[e] for e in keep}, {e: r.behavior[e] for e in keep},
+                              {k: v for k, v in r.scored.items() if set(k) <= set(keep)},
+                              {e: r.losses[e] for e in keep},
+                              {k: v for k, v in (r.alone or {}).items() if set(k) <= set(keep)})
+    res = cross_engine.summarize(r)
+    assert list(res["pairs"]) == ["hf-vllm"]
+    assert list(res["alone_vs_batch"]) == ["hf", "vllm"]
+    text = cross_engine.markdown({"temperatures": {"1.0": res}, "count": 2, "batch_size": 2})
+    assert "| 1.0 | 0.500 / 0.500 | 2 of 2 |" in text
+    assert "accuracy (hf / vllm)" in text
+    assert "mlx" not in text
