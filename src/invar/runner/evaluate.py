@@ -116,7 +116,7 @@ def evaluate_policy(
     each call answered."""
     vocab = ModelTokenizer.from_model_dir(spec.model)
     context = model_context(spec.model)
-    prompts = [_prompt(vocab, p) for p in problems]
+    prompts = [vocab.unit_prompt(p) for p in problems]  # bench/cross_engine.py sends the same
     for p, (_, ids) in zip(problems, prompts, strict=True):
         check_context(len(ids), settings.max_tokens, context, f"unit {p.id}")
     losses: list[float] = []
@@ -135,13 +135,6 @@ def evaluate_policy(
         result = summarize_range(problems, losses, settings.confidence, scorer.loss_range)
     result["generate_s"] = round(generate_s, 3)
     return result
-
-
-def _prompt(vocab: ModelTokenizer, unit: Unit) -> tuple[str, list[int]]:
-    """The text the model is given for `unit` and its token ids (a chat unit through the model's template)."""
-    messages = None if unit.messages is None else unit.chat()
-    return (vocab.render_prompt(prompt=unit.prompt, messages=messages),
-            vocab.prompt_ids(prompt=unit.prompt, messages=messages))
 
 
 def _run_batch(session: Session, vocab: ModelTokenizer, batch: Sequence[Unit], prompts: Sequence[tuple[str, list[int]]],
