@@ -112,3 +112,17 @@ def test_plan_shows_its_progress_only_when_it_takes_long(ws: Workspace, monkeypa
     assert lines[-1].startswith("invar: planning the sample size 1/1 methods (maurer-pontil: 589 units)… ")
     assert slow.stdout == quick.stdout
     assert RUNNER.invoke(use.app, [*args, "--quiet"]).stderr == ""
+
+
+def test_plan_refuses_a_bad_sequential_max_before_showing_progress(ws: Workspace,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An option planning cannot take is refused before the planning starts: its line is the only one on stderr,
+    even when progress would show at once."""
+    monkeypatch.setattr(use, "PLAN_QUIET_S", 0.0)
+    for extra, words in ((["--sequential-max", str(10**30)], "at most 16,777,216 units"),
+                         (["--assume", "variance=0.02", "--sequential-max", "100"], "--sequential-max plans 0/1")):
+        assume = [] if "--assume" in extra else ["--assume", "worse=0.01 better=0.01"]
+        result = RUNNER.invoke(use.app, ["plan", str(ws.contract_path), *assume, *extra])
+        assert isinstance(result.exception, InvarError)
+        assert words in str(result.exception)
+        assert result.stderr == ""  # main() prints the error line; nothing before it

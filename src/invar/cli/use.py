@@ -169,6 +169,7 @@ def plan_cmd(
                          f"[{low:g}, {high:g}]; state --assume 'variance=... mean=...' of the difference")
     if methods is None and loss_span(c.scorer) is not None and "variance" not in stated:
         methods = list(range_methods(False))  # the binary methods cannot decide this contract's losses
+    horizon = _sequential_horizon(c, stated, sequential_max)  # refused before any progress is shown
     with forked(), _planning_progress(quiet) as planned:  # the methods, and the pieces of each, on every core
         assumed = Assumed(stated.get("p_worse"), stated.get("p_better"), stated.get("variance"),
                           stated.get("mean", 0.0), low, high)
@@ -181,7 +182,7 @@ def plan_cmd(
             curves = power_curves(rows, assumed, extra=[units])
             draw_power(curves, target=power, contract_n=units, contract_method=req.method,
                        assumption=rows[0].assumption if rows else "", out=plot)
-    stops = _sequential_plan(c, looks, stated, sequential_max)
+    stops = _sequential_plan(c, looks, stated, horizon)
     if json_out:
         emit_model(outputs.UsePlanOutput(
             contract=str(contract), contract_method=req.method, epsilon=str(req.epsilon), delta=str(req.delta),
@@ -287,15 +288,12 @@ SEQUENTIAL_MAX = 1 << 24
 """The largest `--sequential-max`: the bound on a contract's `requirement.max_n`."""
 
 
-def _sequential_plan(c: Contract, looks: tuple[int, ...] | None, stated: dict[str, float], n_max: int | None) -> \
-        SequentialPlan | None:
-    """The stopping-n plan for --sequential-max (or a contract that declares `requirement.max_n`), looking after each
-    batch of the pairing layout; None when neither asks for one."""
+def _sequential_horizon(c: Contract, stated: dict[str, float], n_max: int | None) -> int | None:
+    """The n_max a stopping-n plan is asked for (--sequential-max, or a contract's `requirement.max_n`), checked
+    before any planning starts, so a bad one is refused in one line; None when neither asks for one."""
     from invar import canonical
-    from invar.stats.sequential import sequential_plan
 
-    req = c.requirement
-    horizon = n_max if n_max is not None else req.max_n
+    horizon = n_max if n_max is not None else c.requirement.max_n
     if horizon is None:
         return None
     if horizon > SEQUENTIAL_MAX:  # the simulation's counters are 64-bit: a larger n would overflow, not plan
@@ -303,6 +301,18 @@ def _sequential_plan(c: Contract, looks: tuple[int, ...] | None, stated: dict[st
                          "most a sequential contract's requirement.max_n may be; choose a smaller n")
     if "p_worse" not in stated or "p_better" not in stated:
         raise InvarError("--sequential-max plans 0/1 losses: state --assume 'worse=... better=...'")
+    return horizon
+
+
+def _sequential_plan(c: Contract, looks: tuple[int, ...] | None, stated: dict[str, float], horizon: int | None) \
+        -> SequentialPlan | None:
+    """The stopping-n plan at `horizon` (`_sequential_horizon`'s), looking after each batch of the pairing layout;
+    None when none is asked for."""
+    from invar.stats.sequential import sequential_plan
+
+    req = c.requirement
+    if horizon is None:
+        return None
     assert req.delta is not None
     method = req.method if req.sequential and req.method is not None else "paired-binary-sequence"
     # A sequential contract looks after each pairing call (its plan's first look); else after each pairing batch.
