@@ -16,23 +16,29 @@ bytes it was read from. The message texts are the workers' from before these str
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 
 from invar.errors import EvidenceError, ProtocolError
 from invar.protocol.server import MethodError
 
+_T = TypeVar("_T")
+
 
 class PayloadError(MethodError, ProtocolError):
     """A call's params or a report's result that does not have its method's shape; the message names the field."""
 
 
-def _evidence(error: PayloadError) -> EvidenceError:
-    """How the core reports a result without its method's shape: an error of the evidence it was reading."""
-    return EvidenceError(str(error))
+def _received(read: Callable[[], _T]) -> _T:
+    """A `from_wire` of a worker's report as the core reads it: a result without its method's shape is an error of
+    the evidence being read (`EvidenceError`, naming the field)."""
+    try:
+        return read()
+    except PayloadError as exc:
+        raise EvidenceError(str(exc)) from None
 
 
 # -- reading helpers: every message is `<path>.<field>: <what is wrong>` ----------------------------------------------
@@ -204,10 +210,7 @@ class LoadModelResult:
     @classmethod
     def received(cls, result: Any) -> LoadModelResult:
         """`from_wire` for the core, reading a worker's report: `EvidenceError` naming the field."""
-        try:
-            return cls.from_wire(result)
-        except PayloadError as exc:
-            raise _evidence(exc) from None
+        return _received(lambda: cls.from_wire(result))
 
     @classmethod
     def from_wire(cls, result: Any) -> LoadModelResult:
@@ -261,10 +264,7 @@ class LoadAdapterResult:
     @classmethod
     def received(cls, result: Any) -> LoadAdapterResult:
         """`from_wire` for the core, reading a worker's report: `EvidenceError` naming the field."""
-        try:
-            return cls.from_wire(result)
-        except PayloadError as exc:
-            raise _evidence(exc) from None
+        return _received(lambda: cls.from_wire(result))
 
     @classmethod
     def from_wire(cls, result: Any) -> LoadAdapterResult:
@@ -483,10 +483,7 @@ class GenerateResult:
     @classmethod
     def received(cls, result: Any, where: str = "generate") -> GenerateResult:
         """`from_wire` for the core, reading a worker's report: `EvidenceError` naming the field."""
-        try:
-            return cls.from_wire(result, where)
-        except PayloadError as exc:
-            raise _evidence(exc) from None
+        return _received(lambda: cls.from_wire(result, where))
 
     @classmethod
     def from_wire(cls, result: Any, where: str = "generate") -> GenerateResult:
@@ -602,10 +599,7 @@ class ScoreResult:
     @classmethod
     def received(cls, result: Any, where: str = "score") -> ScoreResult:
         """`from_wire` for the core, reading a worker's report: `EvidenceError` naming the field."""
-        try:
-            return cls.from_wire(result, where)
-        except PayloadError as exc:
-            raise _evidence(exc) from None
+        return _received(lambda: cls.from_wire(result, where))
 
     @classmethod
     def from_wire(cls, result: Any, where: str = "score") -> ScoreResult:
@@ -888,10 +882,7 @@ class LearnerStepResult:
     @classmethod
     def received(cls, result: Any, where: str = "learner_step") -> LearnerStepResult:
         """`from_wire` for the core, reading a worker's report: `EvidenceError` naming the field."""
-        try:
-            return cls.from_wire(result, where)
-        except PayloadError as exc:
-            raise _evidence(exc) from None
+        return _received(lambda: cls.from_wire(result, where))
 
     @classmethod
     def from_wire(cls, result: Any, where: str = "learner_step") -> LearnerStepResult:
