@@ -1,7 +1,9 @@
 """Each user-visible command against the plain script a user would write for the same engine, side by side.
 
-    .venv/bin/python bench/commands.py [--engines hf,mlx] [--commands evaluate,score,use-run] [--reps 3]
+    .venv/bin/python bench/commands.py [--engines hf,mlx,vllm] [--commands evaluate,score,use-run] [--reps 3]
         [--count 512] [--units 64] [--model models/tiny-arith] [--json docs/performance/commands.json]
+        [--population FILE --scorer NAME --scorer-setting NAME=JSON --max-tokens N]   # evaluate on another task
+        [--vllm-native plain|matched] [--vllm-declaration contracts/real-model/smollm2-vllm.toml]
 
 For each engine and command, one unpaired warm-up run of the invar command fixes the work: its run store holds
 every call it made, with the exact params (prompt token ids, sampling settings, batches). Then `--reps` pairs,
@@ -15,7 +17,11 @@ alternating which runs first (invar first on even repetitions), both as fresh pr
   (HF: `model.generate` on the left-padded batch with the same temperature, top-p and token budget, one
   `torch.manual_seed` per batch, and the texts decoded; `score`: one forward over the right-padded batch and
   `log_softmax` at the given tokens; MLX: `mlx_lm.batch_generate` with `make_sampler(temp, top_p)`, and the forward
-  for `score`). `use run`'s two packages run as two such scripts at once, as its two workers do. The native scripts
+  for `score`; vLLM: one `LLM` with the worker's scheduling arguments and `LLM.generate` on `TokensPrompt`s with one
+  seeded `SamplingParams` per request, batch by batch, vLLM's defaults otherwise (`--vllm-native matched`: also the
+  worker's LoRA slots, no prefix caching and the sampled tokens' log-probabilities). `use run`'s two packages run as
+  two such scripts at once, as its two workers do (on vLLM, a contract whose two packages are the vLLM package of
+  `--vllm-declaration`, the candidate with `max_num_seqs` 128, which no batch reaches). The native scripts
   do not compute per-request seeded sampling or log-probabilities of generated tokens, keep no records and check
   nothing: the ratio is what a user pays for Invar's promises over the script they would have written.
 
@@ -136,17 +142,49 @@ for method, params in CALLS:
                 mx.eval(mx.take_along_axis(lp, mx.array(t)[:, None], axis=-1))
 mark("steady")
 """,
+    "vllm": """
+import os
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+mark("import")
+# The engine arguments that decide how a batch is scheduled are the worker's (dtype, seed, sequences and prefill
+# tokens per step, context length, eager mode); everything else is vLLM's default unless "matched" asks for the
+# worker's own (LoRA slots, no prefix caching, processed log-probabilities of each sampled token).
+matched = SETTINGS.get("native") == "matched"
+kwargs = {k: SETTINGS[k] for k in ("max_model_len", "max_num_batched_tokens") if k in SETTINGS}
+kwargs.setdefault("max_num_batched_tokens", max(16384, SETTINGS["max_num_seqs"]))
+if matched:
+    kwargs.update(enable_lora=True, max_lora_rank=SETTINGS["max_lora_rank"], max_loras=SETTINGS["max_loras"],
+                  enable_prefix_caching=False, logprobs_mode=SETTINGS["logprobs_mode"], max_logprobs=-1,
+                  lora_target_modules=SETTINGS["lora_target_modules"])
+llm = LLM(model=MODEL, tokenizer=MODEL, dtype=SETTINGS.get("dtype", "float32"), seed=SETTINGS["engine_seed"],
+          enforce_eager=SETTINGS["enforce_eager"], gpu_memory_utilization=SETTINGS["gpu_memory_utilization"],
+          max_num_seqs=SETTINGS["max_num_seqs"], **kwargs)
+mark("load")
+for method, params in CALLS:
+    reqs = params["requests"]
+    for batch in params.get("layout") or [list(range(len(reqs)))]:
+        sampling = [SamplingParams(temperature=reqs[i]["temperature"], top_p=reqs[i]["top_p"], seed=reqs[i]["seed"],
+                                   max_tokens=reqs[i]["max_tokens"], **({"logprobs": 0} if matched else {}))
+                    for i in batch]
+        llm.generate([TokensPrompt(prompt_token_ids=reqs[i]["prompt_ids"]) for i in batch], sampling,
+                     use_tqdm=False)
+mark("steady")
+""",
 }
 """Each engine's plain script: load the folder, run the recorded calls' batches with the engine's own API."""
 
 
 def recorded_work(run: Path) -> tuple[dict[str, list[tuple[str, dict[str, Any]]]], dict[str, dict[str, Any]]]:
-    """The generate and score calls of a run, per worker, in order, and each worker's launch settings."""
+    """The generate and score calls of a run, per worker, in order, and each worker's launch settings (with its
+    engine's name under "engine" and the dtype it loaded the model in under "dtype")."""
     store = RunStore.open(run)
     calls: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     settings: dict[str, dict[str, Any]] = {}
     for rec in store.iter_calls():
-        settings[rec.worker] = dict(rec.identity.settings)
+        settings.setdefault(rec.worker, {}).update({**rec.identity.settings, "engine": rec.identity.engine})
+        if rec.call.method == "load_model":
+            settings[rec.worker]["dtype"] = rec.call.params.get("dtype", "float32")
         if rec.call.method in ("generate", "score"):
             calls.setdefault(rec.worker, []).append((rec.call.method, _plain(rec.call.params)))
     return calls, settings
@@ -201,19 +239,21 @@ def run_invar(argv: list[str], run: Path) -> dict[str, float]:
     return {**invar_breakdown(run, started, ended), "whole_cpu": cpu}
 
 
-def run_native(engine: str, model: Path, work: list[tuple[Path, dict[str, Any]]]) -> dict[str, float]:
-    """Every worker's plain script at once (as the command's workers run); the breakdown over all of them."""
-    script = textwrap.dedent(NATIVE_PRELUDE) + textwrap.dedent(NATIVE[engine])
+def run_native(model: Path, work: list[tuple[Path, dict[str, Any]]]) -> dict[str, float]:
+    """Every worker's plain script (its engine's, from its recorded settings) at once, as the command's workers
+    run; the breakdown over all of them."""
     cpu = children_cpu()
     started = time.time_ns()
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(model), str(calls), json.dumps(settings)],
+    procs = [subprocess.Popen([sys.executable, "-c",
+                               textwrap.dedent(NATIVE_PRELUDE) + textwrap.dedent(NATIVE[settings["engine"]]),
+                               str(model), str(calls), json.dumps(settings)],
                               env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for calls, settings in work]
     marks: list[dict[str, int]] = []
     for p in procs:
         _, err = p.communicate(timeout=3600)
         if p.returncode != 0:
-            raise SystemExit(f"bench/commands.py: the plain {engine} script failed (exit {p.returncode}):\n"
+            raise SystemExit(f"bench/commands.py: a plain engine script failed (exit {p.returncode}):\n"
                              f"{err[-2000:]}")
         marks.append({line.split()[1]: int(line.split()[2]) for line in err.splitlines() if line.startswith("mark ")})
     ended = time.time_ns()
@@ -263,6 +303,64 @@ def use_run_contract(folder: Path, units: int, model: Path) -> Path:
     return folder / "commands-bench.contract.json"
 
 
+def vllm_use_run_contract(folder: Path, units: int, model: Path, declaration: Path) -> Path:
+    """A small contract whose two packages are both the vLLM package of `declaration` (its candidate as the
+    reference too, and as the candidate with max_num_seqs 128), on `units` sampled units of its population, so
+    that `use run` runs vLLM only and its two workers can be set against two plain `LLM.generate` scripts. Paths
+    are made absolute; the model is `model`."""
+    text = declaration.read_text(encoding="utf-8")
+    declared = tomllib.loads(text)
+    if declared["candidate"]["engine"] != "vllm":
+        raise SystemExit(f"bench/commands.py: {declaration}: its candidate is not a vLLM package")
+    base = declaration.parent
+    sections: dict[str, list[str]] = {"": []}
+    order = [""]
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("[") and not stripped.startswith("[["):
+            order.append(stripped)
+            sections[stripped] = []
+        elif stripped.startswith("[["):
+            order.append(f"{stripped}#{len(order)}")
+            sections[order[-1]] = []
+        sections[order[-1]].append(line)
+    sections["[reference]"] = ["[reference]", *sections["[candidate]"][1:]]
+    # Two packages must differ: the candidate schedules at most 128 sequences a step instead of 256, which no batch
+    # of the contract reaches, so both run every batch the same way.
+    sections["[candidate]"] = [line.replace("max_num_seqs = 256", "max_num_seqs = 128") if line.startswith("settings")
+                               else line for line in sections["[candidate]"]]
+    if not any("max_num_seqs = 128" in line for line in sections["[candidate]"]):
+        raise SystemExit(f"bench/commands.py: {declaration}: its vLLM package does not set max_num_seqs = 256")
+    model_digest = canonical.tree_digest(model)
+    lines = []
+    for name in order:
+        for line in sections[name]:
+            stripped = line.strip()
+            key = stripped.split("=", 1)[0].strip() if "=" in stripped and not stripped.startswith("#") else ""
+            if key == "name" and name == "":
+                line = 'name = "commands-bench-vllm"'
+            elif key in ("path", "basis_path"):
+                line = f"{key} = {json.dumps(str((base / tomllib.loads(stripped)[key]).resolve()))}"
+            elif key == "model_dir":
+                line = f"model_dir = {json.dumps(str(model))}"
+            elif key == "model_digest":
+                line = f'model_digest = "{model_digest}"'
+            elif key == "worker_digest":
+                line = f'worker_digest = "{worker_digest("vllm")}"'
+            elif key == "sample":
+                continue
+            lines.append(line)
+            if key == "unit" and name == "[population]":
+                lines.append(f"sample = {units}")
+    decl = folder / "commands-bench-vllm.toml"
+    decl.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = subprocess.run([*INVAR, "use", "prepare", str(decl), "--out", str(folder)], env=worker_env(),
+                         capture_output=True, text=True, timeout=600, cwd=REPO)
+    if out.returncode != 0:
+        raise SystemExit(f"bench/commands.py: use prepare failed:\n{out.stderr[-2000:]}")
+    return folder / "commands-bench-vllm.contract.json"
+
+
 def median_ci95(ratios: list[float], resamples: int = 4000) -> list[float]:
     """95 % percentile-bootstrap interval of the median per-pair ratio (pairs resampled whole)."""
     rng = np.random.default_rng(0)
@@ -283,6 +381,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=512, help="evaluate: problems (64 per call)")
     parser.add_argument("--units", type=int, default=64, help="use run: the contract's sampled units")
     parser.add_argument("--model", type=Path, default=REPO / "models" / "tiny-arith")
+    parser.add_argument("--population", type=Path, default=None, help="evaluate: the population (default: invar's)")
+    parser.add_argument("--scorer", default=None, help="evaluate: the scorer (default: invar's)")
+    parser.add_argument("--scorer-setting", action="append", default=[], help="evaluate: NAME=JSON, repeatable")
+    parser.add_argument("--max-tokens", type=int, default=None, help="evaluate: response tokens (default: invar's)")
+    parser.add_argument("--vllm-declaration", type=Path,
+                        default=REPO / "contracts" / "real-model" / "smollm2-vllm.toml",
+                        help="use run on vllm: the declaration whose vLLM candidate both packages are")
+    parser.add_argument("--vllm-native", choices=("plain", "matched"), default="plain",
+                        help="the plain vLLM script: vLLM's defaults (plain) or the worker's engine arguments "
+                             "(matched: LoRA slots, no prefix caching, the sampled tokens' log-probabilities)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
@@ -291,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--engines takes {', '.join(NATIVE)}; --commands {', '.join(COMMANDS)}; --reps >= 1")
     model = args.model.resolve()
     result: dict[str, Any] = {"model": str(model.relative_to(REPO) if model.is_relative_to(REPO) else model),
+                              "argv": sys.argv[1:],
                               "reps": args.reps, "count": args.count, "units": args.units, "cpus": os.cpu_count(),
                               "load_at_start": os.getloadavg(), "rows": {}}
     with tempfile.TemporaryDirectory(prefix="invar-bench-commands-") as tmp:
@@ -298,9 +407,17 @@ def main(argv: list[str] | None = None) -> int:
         for engine in engines:
             common = ["--engine", engine, "--model", str(model)]
             evaluate = ["evaluate", "--count", str(args.count), "--temperature", "1", *common]
+            if args.population is not None:
+                evaluate += ["--population", str(args.population.resolve())]
+            if args.scorer is not None:
+                evaluate += ["--scorer", args.scorer]
+            for item in args.scorer_setting:
+                evaluate += ["--scorer-setting", item]
+            if args.max_tokens is not None:
+                evaluate += ["--max-tokens", str(args.max_tokens)]
             for command in commands:
-                if command == "use-run" and engine != "hf":
-                    continue  # the contract's packages are HF's (SDPA and eager attention)
+                if command == "use-run" and engine == "mlx":
+                    continue  # the contracts' packages are HF's (SDPA and eager attention) or vLLM's
                 warm = scratch / f"{engine}-{command}-warm"
                 if command == "evaluate":
                     argv_ = evaluate
@@ -309,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
                     if not source.exists():
                         run_invar(evaluate, source)
                     argv_ = ["score", "--from-run", str(source), *common]
+                elif engine == "vllm":
+                    argv_ = ["use", "run", str(vllm_use_run_contract(scratch, args.units, model,
+                                                                      args.vllm_declaration.resolve()))]
                 else:
                     argv_ = ["use", "run", str(use_run_contract(scratch, args.units, model))]
                 run_invar(argv_, warm)  # the warm-up: fixes the calls the native scripts make
@@ -317,13 +437,13 @@ def main(argv: list[str] | None = None) -> int:
                 for k, (worker, worker_calls) in enumerate(sorted(calls.items())):
                     path = scratch / f"{engine}-{command}-calls-{k}.json"
                     path.write_text(json.dumps(worker_calls), encoding="utf-8")
-                    work.append((path, settings[worker]))
+                    work.append((path, {**settings[worker], "native": args.vllm_native}))
                 rows: dict[str, list[dict[str, float]]] = {"invar": [], "native": []}
                 loads = [os.getloadavg()[0]]
                 for rep in range(args.reps):
                     for who in (("invar", "native") if rep % 2 == 0 else ("native", "invar")):
                         row = (run_invar(argv_, scratch / f"{engine}-{command}-{rep}") if who == "invar"
-                               else run_native(engine, model, work))
+                               else run_native(model, work))
                         rows[who].append(row)
                         print(f"{engine} {command} rep {rep + 1}/{args.reps} {who}: "
                               + ", ".join(f"{k} {v:.2f} s" for k, v in row.items())

@@ -21,11 +21,19 @@ from typing import Any
 
 from invar.records import RunStore
 from invar.stats.diagnostics import mcnemar_exact_one_sided
-from invar.tasks import ModelTokenizer, score
+from invar.tasks import ModelTokenizer
+from invar.tasks.population import load_units
+from invar.tasks.scorers import load_scorer
 
 
 def losses(run: Path) -> tuple[dict[str, Any], dict[str, tuple[str, int]]]:
-    """The run's metadata and, per problem id, (prompt, task loss) re-scored from the recorded tokens."""
+    """The run's metadata and, per problem id, (kind, task loss) re-scored from the recorded tokens.
+
+    Each response is decoded by the core's tokenizer reader and scored by the scorer the run recorded (its name and
+    settings; a user scorer `path.py:function` is read relative to the current folder, as `invar evaluate` read it,
+    and checked against its recorded sha256) against the
+    unit of the run's population it answers, so any task `invar evaluate` takes can be paired, not only arithmetic.
+    """
     with RunStore.open(run) as store:
         store.verify()
         meta = store.meta()["run"]
@@ -33,6 +41,9 @@ def losses(run: Path) -> tuple[dict[str, Any], dict[str, tuple[str, int]]]:
     if meta.get("command") != "evaluate":
         raise SystemExit(f"{run}: not an `invar evaluate` run")
     vocab = ModelTokenizer.from_model_dir(meta["model"])
+    identity = meta.get("scorer") or {"name": "arithmetic-exact", "settings": {}}
+    scorer = load_scorer(identity["name"], identity.get("settings", {}), Path("."), identity.get("sha256"))
+    units = {u.id: u for u in load_units(meta["population"], meta["population_sha256"])}
     out: dict[str, tuple[str, int]] = {}
     for c in calls:
         if c.call.method != "generate":
@@ -41,7 +52,13 @@ def losses(run: Path) -> tuple[dict[str, Any], dict[str, tuple[str, int]]]:
             raise SystemExit(f"{run}: {c.name} has no successful report; the run is incomplete")
         result = c.report.report.result or {}
         for req, o in zip(c.call.params["requests"], result["outputs"], strict=True):
-            out[req["request_id"]] = (req["prompt"], score(req["prompt"], vocab.decode(o["tokens"])))
+            unit = units.get(req["request_id"])
+            if unit is None:
+                raise SystemExit(f"{run}: request {req['request_id']!r} is not a unit of {meta['population']}")
+            loss = scorer.loss(unit, vocab.decode(o["tokens"]))
+            if loss not in (0, 1):
+                raise SystemExit(f"{run}: the scorer {identity['name']!r} is not 0/1 (loss {loss}); McNemar needs 0/1")
+            out[unit.id] = (unit.kind or "?", int(loss))
     return meta, out
 
 
@@ -59,10 +76,9 @@ def main(argv: list[str] | None = None) -> int:
                              "paired")
     if sorted(a) != sorted(b):
         raise SystemExit("the runs evaluated different problems")
-    kinds = {p.get("id"): p.get("kind") for p in _population(meta_a)}
     rows: dict[str, Counter[str]] = {}
     for pid in a:
-        for group in (kinds.get(pid, "?"), "all"):
+        for group in (a[pid][0], "all"):
             row = rows.setdefault(group, Counter())
             row["n"] += 1
             row["base_correct"] += 1 - a[pid][1]
@@ -77,17 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         return 0
     print(f"paired on {table['all']['n']} problems, seed {meta_a.get('seed')}, T={meta_a.get('temperature')}; "
-          f"adapter {meta_b.get('adapter_digest', '')[:16]}…")
+          f"adapter {(meta_b.get('adapter_digest') or 'none')[:16]}…")
     print(f"{'kind':<8} {'n':>5} {'base':>7} {'adapter':>8} {'better':>7} {'worse':>6} {'McNemar p':>10}")
     for g, r in table.items():
         print(f"{g:<8} {r['n']:>5} {r['base_correct'] / r['n']:>7.3f} {r['adapter_correct'] / r['n']:>8.3f} "
               f"{r['better']:>7} {r['worse']:>6} {r['p_value']:>10.3g}")
     return 0
-
-
-def _population(meta: dict[str, Any]) -> list[dict[str, Any]]:
-    path = Path(meta["population"])
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 if __name__ == "__main__":
