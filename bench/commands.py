@@ -34,7 +34,9 @@ and of the whole, and the median per-pair ratio invar / native of the whole and 
 bootstrap interval (pairs resampled whole); each whole's CPU time (user + system of the command or scripts and
 every process they started and waited for, from this process's children's resource usage), which moves much less
 with other work on the machine than wall time, and its per-pair ratio; the load average before each pair and at
-the end.
+the end; and each side's peak resident memory (VmHWM, polled every 0.2 s from /proc): the invar command's own
+process (the core) and its workers with their engines' processes, or the plain scripts and their engines' processes,
+each summed over processes.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import tomllib
 from pathlib import Path
@@ -224,19 +227,69 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+class PeakRss(threading.Thread):
+    """The peak resident memory (VmHWM) of each process under some root processes, polled every `interval`
+    seconds from /proc while they run: the roots' own peaks and their descendants' (workers, engine cores), each
+    summed over processes. A peak reached within the last interval before a process exits is not seen."""
+
+    def __init__(self, roots: list[int], interval: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.roots, self.interval = set(roots), interval
+        self.peaks: dict[int, int] = {}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            parents: dict[int, int] = {}
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    try:
+                        stat = Path(f"/proc/{entry}/stat").read_text()
+                        parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+                    except (OSError, ValueError, IndexError):
+                        continue
+            tree = set(self.roots)
+            grew = True
+            while grew:
+                more = {pid for pid, parent in parents.items() if parent in tree} - tree
+                tree |= more
+                grew = bool(more)
+            for pid in tree:
+                try:
+                    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                        if line.startswith("VmHWM:"):
+                            self.peaks[pid] = max(self.peaks.get(pid, 0), int(line.split()[1]))
+                except OSError:
+                    continue
+            self.done.wait(self.interval)
+
+    def stop(self) -> dict[str, float]:
+        self.done.set()
+        self.join()
+        root = sum(v for pid, v in self.peaks.items() if pid in self.roots) / 1024
+        rest = sum(v for pid, v in self.peaks.items() if pid not in self.roots) / 1024
+        return {"peak_rss_roots_mb": root, "peak_rss_descendants_mb": rest, "processes": float(len(self.peaks))}
+
+
 def run_invar(argv: list[str], run: Path) -> dict[str, float]:
+    """The command in a fresh run directory; its breakdown, CPU time, and peak memory: the core's own (the roots)
+    and its workers' with their engines' processes (the descendants)."""
     if run.exists():
         shutil.rmtree(run)
     cpu = children_cpu()
     started = time.time_ns()
-    proc = subprocess.run([*INVAR, *argv, "--run", str(run), "--json", "--quiet"], env=worker_env(),
-                          capture_output=True, text=True, timeout=3600, cwd=REPO)
+    proc = subprocess.Popen([*INVAR, *argv, "--run", str(run), "--json", "--quiet"], env=worker_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    memory = PeakRss([proc.pid])
+    memory.start()
+    _, err = proc.communicate(timeout=3600)
     ended = time.time_ns()
+    peaks = memory.stop()
     cpu = children_cpu() - cpu
     if proc.returncode not in (0, 10, 11):  # use admit's answers aside, a command exits 0
         raise SystemExit(f"bench/commands.py: invar {' '.join(argv)} failed (exit {proc.returncode}):\n"
-                         f"{proc.stderr[-2000:]}")
-    return {**invar_breakdown(run, started, ended), "whole_cpu": cpu}
+                         f"{err[-2000:]}")
+    return {**invar_breakdown(run, started, ended), "whole_cpu": cpu, **peaks}
 
 
 def run_native(model: Path, work: list[tuple[Path, dict[str, Any]]]) -> dict[str, float]:
@@ -249,6 +302,8 @@ def run_native(model: Path, work: list[tuple[Path, dict[str, Any]]]) -> dict[str
                                str(model), str(calls), json.dumps(settings)],
                               env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for calls, settings in work]
+    memory = PeakRss([p.pid for p in procs])
+    memory.start()
     marks: list[dict[str, int]] = []
     for p in procs:
         _, err = p.communicate(timeout=3600)
@@ -257,11 +312,12 @@ def run_native(model: Path, work: list[tuple[Path, dict[str, Any]]]) -> dict[str
                              f"{err[-2000:]}")
         marks.append({line.split()[1]: int(line.split()[2]) for line in err.splitlines() if line.startswith("mark ")})
     ended = time.time_ns()
+    peaks = memory.stop()
     cpu = children_cpu() - cpu
     loaded = max(m["load"] for m in marks)
     last = max(m["steady"] for m in marks)
     return {"startup": (loaded - started) / 1e9, "steady": (last - loaded) / 1e9, "shutdown": (ended - last) / 1e9,
-            "whole": (ended - started) / 1e9, "whole_cpu": cpu}
+            "whole": (ended - started) / 1e9, "whole_cpu": cpu, **peaks}
 
 
 def use_run_contract(folder: Path, units: int, model: Path) -> Path:

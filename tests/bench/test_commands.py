@@ -51,5 +51,25 @@ def test_evaluate_against_its_plain_script(tmp_path: Path) -> None:
     assert row["whole_cpu_ratio"]["median"] > 0  # each whole's CPU time was counted (also below: every time > 0)
     for who in ("invar", "native"):
         (times,) = row["raw"][who]
-        assert min(times.values()) > 0, (who, times)
+        parts = ("startup", "steady", "shutdown", "whole", "whole_cpu")
+        assert min(times[k] for k in parts) > 0, (who, times)
         assert times["startup"] + times["steady"] + times["shutdown"] == pytest.approx(times["whole"]), who
+        assert times["peak_rss_roots_mb"] > 50, (who, times)  # the core, or the plain script, held a model or more
+    # invar's core stays small; its worker holds the engine and the model (the plain HF script has no children)
+    (invar,), (native,) = row["raw"]["invar"], row["raw"]["native"]
+    assert invar["peak_rss_descendants_mb"] > 50
+    assert invar["processes"] >= 2
+    assert native["peak_rss_descendants_mb"] == 0
+
+
+def test_the_vllm_use_run_contract_pairs_two_vllm_packages_that_differ_only_in_max_num_seqs(tmp_path: Path) -> None:
+    model = ROOT / "models" / "tiny-arith"
+    declaration = ROOT / "contracts" / "arith-vllm.toml"
+    contract, _, plan = load_contract(commands.vllm_use_run_contract(tmp_path, 16, model, declaration))
+    assert contract.reference.engine == contract.candidate.engine == "vllm"
+    assert contract.reference.settings["max_num_seqs"] == 256
+    assert contract.candidate.settings["max_num_seqs"] == 128
+    assert {k: v for k, v in contract.reference.settings.items() if k != "max_num_seqs"} == {
+        k: v for k, v in contract.candidate.settings.items() if k != "max_num_seqs"}
+    assert contract.reference.model_digest == canonical.tree_digest(model)
+    assert len(plan.units) == 16
