@@ -19,7 +19,8 @@ alternating which runs first (invar first on even repetitions), both as fresh pr
   `log_softmax` at the given tokens; MLX: `mlx_lm.batch_generate` with `make_sampler(temp, top_p)`, and the forward
   for `score`; vLLM: one `LLM` with the worker's scheduling arguments and `LLM.generate` on `TokensPrompt`s with one
   seeded `SamplingParams` per request, batch by batch, vLLM's defaults otherwise (`--vllm-native matched`: also the
-  worker's LoRA slots, no prefix caching and the sampled tokens' log-probabilities). `use run`'s two packages run as
+  worker's environment, so the engine core runs in the script's own process as in the worker, its LoRA slots, no
+  prefix caching and the sampled tokens' log-probabilities). `use run`'s two packages run as
   two such scripts at once, as its two workers do (on vLLM, a contract whose two packages are the vLLM package of
   `--vllm-declaration`, the candidate with `max_num_seqs` 128, which no batch reaches). The native scripts
   do not compute per-request seeded sampling or log-probabilities of generated tokens, keep no records and check
@@ -147,13 +148,17 @@ mark("steady")
 """,
     "vllm": """
 import os
+matched = SETTINGS.get("native") == "matched"
+if matched:  # the worker's recorded environment, and on one CPU device its engine core in this process, as the
+    os.environ.update(SETTINGS.get("env", {}))  # worker runs it (invar.workers.vllm_worker: half the start-up)
+    if SETTINGS.get("device") == "cpu" and "tensor_parallel_size" not in SETTINGS:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 mark("import")
 # The engine arguments that decide how a batch is scheduled are the worker's (dtype, seed, sequences and prefill
 # tokens per step, context length, eager mode); everything else is vLLM's default unless "matched" asks for the
-# worker's own (LoRA slots, no prefix caching, processed log-probabilities of each sampled token).
-matched = SETTINGS.get("native") == "matched"
+# worker's own (its environment, LoRA slots, no prefix caching, processed log-probabilities of each sampled token).
 kwargs = {k: SETTINGS[k] for k in ("max_model_len", "max_num_batched_tokens") if k in SETTINGS}
 kwargs.setdefault("max_num_batched_tokens", max(16384, SETTINGS["max_num_seqs"]))
 if matched:
@@ -502,7 +507,8 @@ def main(argv: list[str] | None = None) -> int:
                                else run_native(model, work))
                         rows[who].append(row)
                         print(f"{engine} {command} rep {rep + 1}/{args.reps} {who}: "
-                              + ", ".join(f"{k} {v:.2f} s" for k, v in row.items())
+                              + ", ".join(f"{k} {v:.2f}{'' if k.startswith(('peak', 'processes')) else ' s'}"
+                                          for k, v in row.items())
                               + f" (load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
                     loads.append(os.getloadavg()[0])
                 entry: dict[str, Any] = {
