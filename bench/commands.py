@@ -355,13 +355,18 @@ def use_run_contract(folder: Path, units: int, model: Path) -> Path:
             line = f'basis_path = {json.dumps(str(REPO / "data" / "arith-eval.jsonl"))}'
         lines.append(line)
     assert declared["candidate"]["settings"]["attn_implementation"] == "eager"
-    decl = folder / "commands-bench.toml"
+    return prepare(folder, "commands-bench", lines)
+
+
+def prepare(folder: Path, name: str, lines: list[str]) -> Path:
+    """Write the declaration `name`.toml into `folder` and `invar use prepare` it there; the contract's path."""
+    decl = folder / f"{name}.toml"
     decl.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = subprocess.run([*INVAR, "use", "prepare", str(decl), "--out", str(folder)], env=worker_env(),
                          capture_output=True, text=True, timeout=600, cwd=REPO)
     if out.returncode != 0:
         raise SystemExit(f"bench/commands.py: use prepare failed:\n{out.stderr[-2000:]}")
-    return folder / "commands-bench.contract.json"
+    return folder / f"{name}.contract.json"
 
 
 def vllm_use_run_contract(folder: Path, units: int, model: Path, declaration: Path) -> Path:
@@ -413,13 +418,7 @@ def vllm_use_run_contract(folder: Path, units: int, model: Path, declaration: Pa
             lines.append(line)
             if key == "unit" and name == "[population]":
                 lines.append(f"sample = {units}")
-    decl = folder / "commands-bench-vllm.toml"
-    decl.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    out = subprocess.run([*INVAR, "use", "prepare", str(decl), "--out", str(folder)], env=worker_env(),
-                         capture_output=True, text=True, timeout=600, cwd=REPO)
-    if out.returncode != 0:
-        raise SystemExit(f"bench/commands.py: use prepare failed:\n{out.stderr[-2000:]}")
-    return folder / "commands-bench-vllm.contract.json"
+    return prepare(folder, "commands-bench-vllm", lines)
 
 
 def median_ci95(ratios: list[float], resamples: int = 4000) -> list[float]:
