@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     meta_a, a = losses(args.base)
     meta_b, b = losses(args.adapter)
-    for key in ("seed", "sample_seed", "count", "temperature", "population_sha256", "model_digest"):
+    for key in ("seed", "sample_seed", "count", "temperature", "max_tokens", "population_sha256", "model_digest",
+                "scorer"):
         if meta_a.get(key) != meta_b.get(key):
             raise SystemExit(f"the runs differ in {key} ({meta_a.get(key)!r} vs {meta_b.get(key)!r}): they are not "
                              "paired")
