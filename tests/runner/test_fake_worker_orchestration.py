@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -282,3 +284,47 @@ def test_a_report_naming_another_model_stops_the_run_on_receipt_and_is_kept(ws: 
         named = [c.report.report.result["model_digest"] for c in store.calls()
                  if c.call.method == "generate" and c.report is not None and c.report.report.result is not None]
     assert named.count("e" * 64) == 1  # the report that stopped the run is on record, as received
+
+
+class _InFlight:
+    """How many calls the fake engines compute at once: a report hook that holds each call a moment, and holds the
+    first call until a second one is computing too (at most 2 s), so that calls free to overlap do overlap."""
+
+    def __init__(self) -> None:
+        self.lock, self.now, self.most = threading.Lock(), 0, 0
+        self.first = threading.Event()
+
+    def report(self, worker: FakeWorker, method: str, result: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            first = not self.first.is_set()
+            self.first.set()
+        deadline = time.monotonic() + (2.0 if first else 0.02)
+        while time.monotonic() < deadline and not (first and self.most > 1):
+            time.sleep(0.005)
+        with self.lock:
+            self.now -= 1
+        return result
+
+
+@pytest.mark.parametrize("calls_at_once", [None, 1])
+def test_calls_at_once_bounds_the_calls_computing_together_and_changes_no_record(
+        ws: Workspace, baseline: Path, tmp_path: Path, calls_at_once: int | None) -> None:
+    seen = _InFlight()
+    script = Script(wrong=SCRIPT.wrong, report=seen.report)
+    run = tmp_path / "run"
+    use_run(ws.contract_path, run, transport=FakeTransport(script), calls_at_once=calls_at_once)
+    # Two workers, one per package: without a bound their calls overlap; with --calls-at-once 1 none does.
+    assert seen.most == (2 if calls_at_once is None else 1)
+    assert sorted(_generate_calls(run)) == sorted(_generate_calls(baseline))
+    assert _figures(run, ws.contract_path) == _figures(baseline, ws.contract_path)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True])
+def test_calls_at_once_below_one_is_refused_before_anything_starts(ws: Workspace, tmp_path: Path, bad: Any) -> None:
+    transport = FakeTransport(SCRIPT)
+    with pytest.raises(Exception, match="--calls-at-once"):
+        use_run(ws.contract_path, tmp_path / "run", transport=transport, calls_at_once=bad)
+    assert transport.started == []
+    assert not (tmp_path / "run").exists()

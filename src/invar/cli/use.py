@@ -486,6 +486,12 @@ def run_cmd(
                                       "(every record is still kept here); a lost worker is replaced and its call "
                                       "issued again.")
     ] = None,
+    calls_at_once: Annotated[
+        int | None, typer.Option("--calls-at-once", metavar="N",
+                                 help="At most N calls computing at once over all workers (default: one per "
+                                      "worker); 1 on a CPU machine whose engines each use every core. The calls, "
+                                      "records and decision are the same.")
+    ] = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -506,7 +512,7 @@ def run_cmd(
     with resumable(run_dir, f"invar use run {contract}"), reporting(quiet) as shown:
         show, phase = _run_progress(shown)
         outcome = use_run(contract, run_dir, call_timeout=call_timeout, progress=show, workers=workers, ray=ray,
-                          phase=phase)
+                          phase=phase, calls_at_once=calls_at_once)
     if json_out:
         emit_model(outputs.UseRunOutput(
             run=str(outcome.run), contract=str(outcome.contract), contract_sha256=outcome.contract_sha256,

@@ -228,6 +228,7 @@ def use_run(
     ray: str | None = None,
     phase: Callable[[str], object] = lambda text: None,
     transport: Transport | None = None,
+    calls_at_once: int | None = None,
 ) -> RunOutcome:
     """Execute (or resume) the plan of the contract at `contract_path` into `run_dir`, over `workers` worker
     processes per package (each started from the package and checked against it; a call is answered by one of
@@ -235,12 +236,18 @@ def use_run(
     actors (joined before the run directory is touched). `phase` is told what is under way (verifying the records
     of a resumed run, starting workers, loading the models, generating, measuring, deciding); `progress`, the
     planned calls done. `transport`: start the workers there instead of as local subprocesses (tests: an in-process
-    fake worker), replacing a lost one at most `transport.restarts` times."""
+    fake worker), replacing a lost one at most `transport.restarts` times. `calls_at_once`: at most this many calls
+    computing at once over all workers (None: one per worker); the calls, their records and every number stay the
+    same, only when each is issued changes."""
     if ray is not None and transport is not None:
         raise InvarError("use_run: give a Ray address or a transport, not both")
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
         raise InvarError(f"--workers {workers}: must be a whole number ≥ 1 and at most {MAX_WORKERS} (worker "
                          "processes per package; each loads the model)")
+    if calls_at_once is not None and (isinstance(calls_at_once, bool) or not isinstance(calls_at_once, int)
+                                      or calls_at_once < 1):
+        raise InvarError(f"--calls-at-once {calls_at_once}: must be a whole number ≥ 1 (calls computing at once "
+                         "over all workers), or left out for one per worker")
     started = time.perf_counter()
     contract, sha, plan = load_contract(contract_path)
     check_sha256_file(contract_path, sha)
@@ -289,7 +296,7 @@ def use_run(
         counter.report()
         if rule is not None and first_look and rule.stops(first_look):
             todo = {role: [] for role in ROLES}  # stopped before the kill: only the stop and the close are left
-        issued = _execute(reader, _Launch(specs, workers, call_timeout, placement, transport),
+        issued = _execute(reader, _Launch(specs, workers, call_timeout, placement, transport, calls_at_once),
                           _Work(todo, measure, tokens, rule, first_look), store, counter, phase)
         if rule is not None:
             phase("deciding")
@@ -395,6 +402,8 @@ class _Launch:
     call_timeout: float | None = 1800.0
     placement: RayPlacement | None = None
     transport: Transport | None = None
+    calls_at_once: int | None = None
+    """At most this many calls computing at once over all workers; None: each worker's call as soon as it is free."""
 
 
 @dataclass(frozen=True)
@@ -443,6 +452,10 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
                 look_share[(role, look)] = _Share([c for c in plan.look_calls(look)
                                                    if c.package == role and c.key in left])
     stop = threading.Event()
+    # Engines that each use every core slow each other down when they compute at once (two vLLM CPU engines on 2
+    # cores: 48-51 s for two calls side by side where one alone took 11 s); a gate lets such calls go one at a time.
+    gate: contextlib.AbstractContextManager[object] = (
+        contextlib.nullcontext() if launch.calls_at_once is None else threading.BoundedSemaphore(launch.calls_at_once))
     live: set[WorkerClient] = set()  # the workers now serving, stopped at a Ctrl-C whose grace has passed
     live_lock = threading.Lock()
 
@@ -522,7 +535,8 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
         with Lease(session_of, checked.wait, restarts, f"the {role} worker {n + 1}") as lease:
 
             def ask(method: str, params: dict[str, Any], key: str) -> tuple[dict[str, Any], str]:
-                answer = lease.ask(method, params)
+                with gate:  # never held across a barrier: a lease starts its first session before any call
+                    answer = lease.ask(method, params)
                 where = f"{role} call {key} (call id {answer.call.call_id})"
                 result = answer.result  # raises the worker's error as WorkerError
                 check_package_report(result, package, role, where)  # what admission checks of each record again
