@@ -43,6 +43,8 @@ def losses(run: Path) -> tuple[dict[str, Any], dict[str, tuple[str, int]]]:
     vocab = ModelTokenizer.from_model_dir(meta["model"])
     identity = meta.get("scorer") or {"name": "arithmetic-exact", "settings": {}}
     scorer = load_scorer(identity["name"], identity.get("settings", {}), Path("."), identity.get("sha256"))
+    if not scorer.binary:
+        raise SystemExit(f"{run}: the scorer {identity['name']!r} does not give 0/1 losses; McNemar pairs 0/1 losses")
     units = {u.id: u for u in load_units(meta["population"], meta["population_sha256"])}
     out: dict[str, tuple[str, int]] = {}
     for c in calls:
@@ -55,10 +57,7 @@ def losses(run: Path) -> tuple[dict[str, Any], dict[str, tuple[str, int]]]:
             unit = units.get(req["request_id"])
             if unit is None:
                 raise SystemExit(f"{run}: request {req['request_id']!r} is not a unit of {meta['population']}")
-            loss = scorer.loss(unit, vocab.decode(o["tokens"]))
-            if loss not in (0, 1):
-                raise SystemExit(f"{run}: the scorer {identity['name']!r} is not 0/1 (loss {loss}); McNemar needs 0/1")
-            out[unit.id] = (unit.kind or "?", int(loss))
+            out[unit.id] = (unit.kind or "?", int(scorer.loss(unit, vocab.decode(o["tokens"]))))
     return meta, out
 
 
