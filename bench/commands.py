@@ -43,6 +43,7 @@ each summed over processes.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import resource
@@ -65,6 +66,7 @@ if str(REPO / "src") not in sys.path:  # run from a checkout without installing 
 import numpy as np  # noqa: E402
 
 from invar import canonical  # noqa: E402
+from invar.cli.use_init import toml_value  # noqa: E402
 from invar.engines import worker_digest, worker_env  # noqa: E402
 from invar.records import RunStore  # noqa: E402
 
@@ -374,50 +376,32 @@ def vllm_use_run_contract(folder: Path, units: int, model: Path, declaration: Pa
     reference too, and as the candidate with max_num_seqs 128), on `units` sampled units of its population, so
     that `use run` runs vLLM only and its two workers can be set against two plain `LLM.generate` scripts. Paths
     are made absolute; the model is `model`."""
-    text = declaration.read_text(encoding="utf-8")
-    declared = tomllib.loads(text)
-    if declared["candidate"]["engine"] != "vllm":
-        raise SystemExit(f"bench/commands.py: {declaration}: its candidate is not a vLLM package")
+    declared = tomllib.loads(declaration.read_text(encoding="utf-8"))
+    vllm = declared["candidate"]
+    if vllm["engine"] != "vllm" or vllm["settings"].get("max_num_seqs") != 256:
+        raise SystemExit(f"bench/commands.py: {declaration}: its candidate is not a vLLM package with max_num_seqs 256")
     base = declaration.parent
-    sections: dict[str, list[str]] = {"": []}
-    order = [""]
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("[") and not stripped.startswith("[["):
-            order.append(stripped)
-            sections[stripped] = []
-        elif stripped.startswith("[["):
-            order.append(f"{stripped}#{len(order)}")
-            sections[order[-1]] = []
-        sections[order[-1]].append(line)
-    sections["[reference]"] = ["[reference]", *sections["[candidate]"][1:]]
+    vllm.update(model_dir=str(model), model_digest=canonical.tree_digest(model), worker_digest=worker_digest("vllm"))
     # Two packages must differ: the candidate schedules at most 128 sequences a step instead of 256, which no batch
     # of the contract reaches, so both run every batch the same way.
-    sections["[candidate]"] = [line.replace("max_num_seqs = 256", "max_num_seqs = 128") if line.startswith("settings")
-                               else line for line in sections["[candidate]"]]
-    if not any("max_num_seqs = 128" in line for line in sections["[candidate]"]):
-        raise SystemExit(f"bench/commands.py: {declaration}: its vLLM package does not set max_num_seqs = 256")
-    model_digest = canonical.tree_digest(model)
-    lines = []
-    for name in order:
-        for line in sections[name]:
-            stripped = line.strip()
-            key = stripped.split("=", 1)[0].strip() if "=" in stripped and not stripped.startswith("#") else ""
-            if key == "name" and name == "":
-                line = 'name = "commands-bench-vllm"'
-            elif key in ("path", "basis_path"):
-                line = f"{key} = {json.dumps(str((base / tomllib.loads(stripped)[key]).resolve()))}"
-            elif key == "model_dir":
-                line = f"model_dir = {json.dumps(str(model))}"
-            elif key == "model_digest":
-                line = f'model_digest = "{model_digest}"'
-            elif key == "worker_digest":
-                line = f'worker_digest = "{worker_digest("vllm")}"'
-            elif key == "sample":
-                continue
-            lines.append(line)
-            if key == "unit" and name == "[population]":
-                lines.append(f"sample = {units}")
+    declared["reference"] = copy.deepcopy(vllm)
+    vllm["settings"]["max_num_seqs"] = 128
+    declared["name"] = "commands-bench-vllm"
+    declared["population"].update(path=str((base / declared["population"]["path"]).resolve()), sample=units)
+    for premise in declared.get("premises", []):
+        if "basis_path" in premise:
+            premise["basis_path"] = str((base / premise["basis_path"]).resolve())
+    lines = [f"{k} = {toml_value(v)}" for k, v in declared.items() if not isinstance(v, dict | list)]
+    for key, value in declared.items():
+        if isinstance(value, dict):
+            nested = all(isinstance(v, dict) for v in value.values())  # [layouts.NAME]; else one table
+            for sub, table in (value.items() if nested else [(None, value)]):
+                lines.append(f"[{key}.{sub}]" if nested else f"[{key}]")
+                lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for table in value:
+                lines.append(f"[[{key}]]")
+                lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
     return prepare(folder, "commands-bench-vllm", lines)
 
 
