@@ -14,7 +14,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -72,6 +72,10 @@ class EngineInfo:
     """Environment variables the worker starts with unless the caller's environment sets them."""
     needs: str = ""
     """What the required settings are, said when one is missing."""
+    host_cores: Callable[[Mapping[str, Any], int], int | None] = field(default=lambda settings, cores: None)
+    """How many of the host's `cores` one call of a worker with these settings (a prepared package's, which name
+    the device the worker resolved) keeps computing; None where that is not known or the work is done elsewhere (a
+    GPU, a server). `use run` lets no more calls compute at once than the cores hold (`calls_at_once_for`)."""
 
     def launch_args(self, settings: Mapping[str, Any], patches: Mapping[str, str]) -> list[str]:
         """The worker command-line options that make this engine's worker start with `settings` and `patches`."""
@@ -98,6 +102,19 @@ _COMMON_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_P
 
 _VLLM_BACKENDS = ("mp", "ray", "uni", "external_launcher")  # `invar.workers.vllm_worker.EXECUTOR_BACKENDS`
 
+
+def _torch_threads(settings: Mapping[str, Any], cores: int) -> int | None:
+    """The HF worker on the CPU computes with its `threads` (torch's intra-op threads, 1 by default)."""
+    if settings.get("device", "cpu") != "cpu":
+        return None
+    threads = settings.get("threads", 1)
+    return min(cores, threads) if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None
+
+
+def _vllm_cores(settings: Mapping[str, Any], cores: int) -> int | None:
+    """vLLM's CPU engine computes every step on all the host's cores (one OpenMP thread per core)."""
+    return cores if settings.get("device") == "cpu" else None
+
 ENGINE_TABLE: dict[str, EngineInfo] = {e.name: e for e in (
     # The protocol's test worker: it echoes and reports what it is told; no engine behind it.
     EngineInfo("echo", "invar.workers.echo"),
@@ -105,7 +122,8 @@ ENGINE_TABLE: dict[str, EngineInfo] = {e.name: e for e in (
     EngineInfo("hf", "invar.workers.hf_worker", {
         "device": LaunchSetting("--device", str, ("cpu", "cuda"), default="cpu"),
         "threads": LaunchSetting("--threads", int, default=1),
-        "attn_implementation": LaunchSetting("--attn-implementation", str, ("sdpa", "eager"))}),
+        "attn_implementation": LaunchSetting("--attn-implementation", str, ("sdpa", "eager"))},
+        host_cores=_torch_threads),
     EngineInfo("vllm", "invar.workers.vllm_worker", {
         "device": LaunchSetting("--device", str, ("auto", "cpu", "cuda"), default="auto"),
         "max_model_len": LaunchSetting("--max-model-len", int),
@@ -120,7 +138,7 @@ ENGINE_TABLE: dict[str, EngineInfo] = {e.name: e for e in (
         "distributed_executor_backend": LaunchSetting("--distributed-executor-backend", str, _VLLM_BACKENDS),
         "enforce_eager": LaunchSetting("--no-enforce-eager", bool, flag_when=False, default=True)},
         # A small KV cache on the CPU (GiB), and vLLM's own logging kept to warnings.
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}),
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}, host_cores=_vllm_cores),
     EngineInfo("mlx", "invar.workers.mlx_worker", {
         "map_rope_parameters": LaunchSetting("--no-map-rope-parameters", bool, flag_when=False, default=True)}),
     # An OpenAI-compatible server: where it is and what it serves; the key is named, never given (docs/endpoints.md).

@@ -28,7 +28,8 @@ from invar.contract.decide import Answer
 from invar.errors import EvidenceError, ProtocolError, WorkerError
 from invar.protocol import WorkerLost
 from invar.records import RunStore
-from invar.runner.use_run import RunOutcome, use_run
+from invar.runner import use_run as use_run_module
+from invar.runner.use_run import RunOutcome, calls_at_once_for, use_run
 
 UNITS = 32
 PER_CALL = 8
@@ -38,7 +39,8 @@ def _workspace(root: Path, **changes: Any) -> Workspace:
     """The contract_runs declaration over fake workers: both packages report the fake engine's versions, the
     candidate (nf4) has no patch; four calls of 8 requests per package and layout (solo, b4r)."""
     candidate = {"engine_version": ENGINE_VERSION, "patches": None, **changes.pop("candidate", {})}
-    return make_workspace(root, units=changes.pop("units", UNITS), reference={"engine_version": ENGINE_VERSION},
+    reference = {"engine_version": ENGINE_VERSION, **changes.pop("reference", {})}
+    return make_workspace(root, units=changes.pop("units", UNITS), reference=reference,
                           candidate=candidate, execution={"requests_per_call": PER_CALL}, **changes)
 
 
@@ -310,7 +312,9 @@ class _InFlight:
 
 @pytest.mark.parametrize("calls_at_once", [None, 1])
 def test_calls_at_once_bounds_the_calls_computing_together_and_changes_no_record(
-        ws: Workspace, baseline: Path, tmp_path: Path, calls_at_once: int | None) -> None:
+        ws: Workspace, baseline: Path, tmp_path: Path, calls_at_once: int | None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(use_run_module, "host_cores", lambda: 2)  # both one-thread HF workers fit
     seen = _InFlight()
     script = Script(wrong=SCRIPT.wrong, report=seen.report)
     run = tmp_path / "run"
@@ -319,6 +323,60 @@ def test_calls_at_once_bounds_the_calls_computing_together_and_changes_no_record
     assert seen.most == (2 if calls_at_once is None else 1)
     assert sorted(_generate_calls(run)) == sorted(_generate_calls(baseline))
     assert _figures(run, ws.contract_path) == _figures(baseline, ws.contract_path)
+
+
+def test_by_default_no_more_calls_compute_at_once_than_the_cores_hold(
+        tmp_path: Path, baseline: Path, ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Both packages' HF workers compute on 2 threads; on 2 cores they take turns, and the start-up says why.
+    two = _workspace(tmp_path / "ws", reference={"settings": {"device": "cpu", "threads": 2}},
+                     candidate={"settings": {"device": "cpu", "threads": 2}})
+    monkeypatch.setattr(use_run_module, "host_cores", lambda: 2)
+    seen, phases = _InFlight(), []
+    run = tmp_path / "run"
+    use_run(two.contract_path, run, transport=FakeTransport(Script(wrong=SCRIPT.wrong, report=seen.report)),
+            phase=phases.append)
+    assert seen.most == 1
+    assert any("one call at a time: a hf call computes on 2 of 2 cores" in p for p in phases), phases
+    assert _figures(run, two.contract_path) == _figures(baseline, ws.contract_path)
+    # Four cores hold both; an explicit --calls-at-once is what the user asked for, whatever the cores.
+    monkeypatch.setattr(use_run_module, "host_cores", lambda: 4)
+    seen = _InFlight()
+    use_run(two.contract_path, tmp_path / "run4", transport=FakeTransport(Script(wrong=SCRIPT.wrong,
+                                                                                 report=seen.report)))
+    assert seen.most == 2
+    monkeypatch.setattr(use_run_module, "host_cores", lambda: 2)
+    seen = _InFlight()
+    use_run(two.contract_path, tmp_path / "run2", calls_at_once=2,
+            transport=FakeTransport(Script(wrong=SCRIPT.wrong, report=seen.report)))
+    assert seen.most == 2
+
+
+def test_the_cores_a_call_uses_come_from_the_engine_table() -> None:
+    from invar.engines import Engine
+    from invar.runner.engine import EngineSpec
+
+    def spec(engine: str, **settings: Any) -> EngineSpec:
+        return EngineSpec(Engine(engine), Path("m"), settings=settings)
+
+    vllm_cpu, hf1 = spec("vllm", device="cpu"), spec("hf", device="cpu", threads=1)
+    both = {"reference": 1, "candidate": 1}
+    # Two vLLM CPU engines on 2 cores, or one beside an HF worker: one call at a time.
+    assert calls_at_once_for({"reference": vllm_cpu, "candidate": vllm_cpu}, both, 2) == (
+        1, "a vllm call computes on 2 of 2 cores")
+    assert calls_at_once_for({"reference": hf1, "candidate": vllm_cpu}, both, 16) == (
+        1, "a vllm call computes on 16 of 16 cores")
+    # One-thread HF workers: as many at once as there are cores.
+    assert calls_at_once_for({"reference": hf1, "candidate": hf1}, both, 2) is None
+    assert calls_at_once_for({"reference": hf1, "candidate": hf1}, {"reference": 3, "candidate": 3}, 4) == (
+        4, "a hf call computes on 1 of 4 cores")
+    # Computing elsewhere (a GPU, a server) or unknown (MLX): not held back.
+    gpu = {"reference": spec("vllm", device="cuda"), "candidate": spec("hf", device="cuda", threads=1)}
+    assert calls_at_once_for(gpu, both, 2) is None
+    assert calls_at_once_for({"reference": hf1, "candidate": spec("mlx", device="Device(cpu, 0)")}, both, 2) is None
+    assert calls_at_once_for({"reference": spec("openai"), "candidate": spec("openai")}, both, 1) is None
+    # A package with no calls left starts no worker and holds nothing back.
+    assert calls_at_once_for({"reference": vllm_cpu, "candidate": vllm_cpu}, {"reference": 0, "candidate": 1},
+                             2) is None
 
 
 @pytest.mark.parametrize("bad", [0, -1, True])

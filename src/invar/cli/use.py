@@ -488,9 +488,10 @@ def run_cmd(
     ] = None,
     calls_at_once: Annotated[
         int | None, typer.Option("--calls-at-once", metavar="N",
-                                 help="At most N calls computing at once over all workers (default: one per "
-                                      "worker); 1 on a CPU machine whose engines each use every core. The calls, "
-                                      "records and decision are the same.")
+                                 help="At most N calls computing at once over all workers. Default: as many as "
+                                      "this machine's cores hold, from what each package's engine computes on (one "
+                                      "at a time where a vLLM CPU engine uses every core), otherwise one per "
+                                      "worker. The calls, records and decision are the same.")
     ] = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,

@@ -40,6 +40,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -63,7 +64,7 @@ from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
 from invar.contract.prepare import load_contract
 from invar.contract.reading import RunReader
-from invar.engines import Transport, check_worker_code
+from invar.engines import Transport, check_worker_code, engine_info
 from invar.errors import ContractError, EvidenceError, Interrupted, InvarError, NotResumable
 from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
 from invar.protocol import WorkerClient
@@ -237,8 +238,9 @@ def use_run(
     of a resumed run, starting workers, loading the models, generating, measuring, deciding); `progress`, the
     planned calls done. `transport`: start the workers there instead of as local subprocesses (tests: an in-process
     fake worker), replacing a lost one at most `transport.restarts` times. `calls_at_once`: at most this many calls
-    computing at once over all workers (None: one per worker); the calls, their records and every number stay the
-    same, only when each is issued changes."""
+    computing at once over all workers (None: as many as this host's cores hold, from what each package's engine
+    computes on, `calls_at_once_for`); the calls, their records and every number stay the same, only when each is
+    issued changes."""
     if ray is not None and transport is not None:
         raise InvarError("use_run: give a Ray address or a transport, not both")
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
@@ -304,6 +306,36 @@ def use_run(
         head = store.close_run()
     return RunOutcome(run_dir, contract_path, sha, head, total, len(done), issued,
                       time.perf_counter() - started, already_closed=False, stop=stop)
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform says, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def calls_at_once_for(specs: Mapping[Role, EngineSpec], workers: Mapping[Role, int],
+                      cores: int) -> tuple[int, str] | None:
+    """How many calls may compute at once on this host without the engines taking turns on its cores, and why; None
+    when the workers may all compute at once (or what they use is not known). Each package's engine says how many
+    cores one of its calls keeps busy (`EngineInfo.host_cores`): two vLLM CPU engines on 2 cores computing side by
+    side took 48-51 s for two calls that took about 11 s each alone (docs/performance.md)."""
+    busiest, why = 0, ""
+    for role, count in workers.items():
+        if not count:
+            continue
+        spec = specs[role]
+        used = engine_info(spec.engine.value).host_cores(spec.settings, cores)
+        if used is not None and used > busiest:
+            busiest, why = used, f"a {spec.engine.value} call computes on {used} of {cores} cores"
+    if not busiest:
+        return None
+    at_once = max(1, cores // busiest)
+    if at_once >= sum(workers.values()):
+        return None
+    return at_once, why
 
 
 def _needs_tokens(plan: ExecutionPlan) -> bool:
@@ -403,7 +435,8 @@ class _Launch:
     placement: RayPlacement | None = None
     transport: Transport | None = None
     calls_at_once: int | None = None
-    """At most this many calls computing at once over all workers; None: each worker's call as soon as it is free."""
+    """At most this many calls computing at once over all workers; None: as many as the host's cores hold
+    (`calls_at_once_for`), each worker's call as soon as it is free when they all fit or run elsewhere."""
 
 
 @dataclass(frozen=True)
@@ -435,9 +468,16 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
     # One thread per worker; a package's threads take its calls from shared queues, each call exactly once.
     threads = [(role, n) for role in roles for n in range(count[role])]
     keep_tokens = _needs_tokens(plan)
+    at_once = launch.calls_at_once
+    auto = None
+    if at_once is None and placement is None:  # Ray places workers on other machines, with cores of their own
+        auto = calls_at_once_for(specs, {role: count[role] for role in roles}, host_cores())
+        at_once = None if auto is None else auto[0]
+    turns = "" if auto is None else (f"; {'one call' if auto[0] == 1 else f'{auto[0]} calls'} at a time: {auto[1]}, "
+                                     "--calls-at-once to change")
     phase("starting workers (" + ", ".join(f"{specs[role].engine.value} {role}" + (f" ×{count[role]}"
                                                                                    if count[role] > 1 else "")
-                                           for role in roles) + ")")
+                                           for role in roles) + turns + ")")
     # Once every worker is loaded its package's calls go out: generate calls, or only measurements on a resume.
     loaded = [0]
     after_load = "generating" if any(todo[role] for role in roles) else "measuring"
@@ -455,7 +495,7 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
     # Engines that each use every core slow each other down when they compute at once (two vLLM CPU engines on 2
     # cores: 48-51 s for two calls side by side where one alone took 11 s); a gate lets such calls go one at a time.
     gate: contextlib.AbstractContextManager[object] = (
-        contextlib.nullcontext() if launch.calls_at_once is None else threading.BoundedSemaphore(launch.calls_at_once))
+        contextlib.nullcontext() if at_once is None else threading.BoundedSemaphore(at_once))
     live: set[WorkerClient] = set()  # the workers now serving, stopped at a Ctrl-C whose grace has passed
     live_lock = threading.Lock()
 
