@@ -7,10 +7,11 @@ checkpoints."""
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
-from train_helpers import check_finished, invar, kill_and_resume, published, write_config
+from train_helpers import check_finished, invar, kill_and_resume, published, stop_at_signal, write_config
 
 from invar.records import RunStore
 
@@ -64,4 +65,15 @@ def test_a_killed_run_resumes_to_the_same_checkpoints(config: Path, finished: tu
     run = tmp_path / "run"
     killed = kill_and_resume(config, run, kills=2, window=(4.0, 16.0), seed=11)
     print(f"measured: killed {killed}")
+    assert published(run) == published(finished[0])
+
+
+def test_sigterm_and_ctrl_c_stop_in_one_line_and_the_run_resumes_to_the_same_checkpoints(
+        config: Path, finished: tuple[Path, dict[str, object]], tmp_path: Path) -> None:
+    # A scheduler's SIGTERM after the first cycle, a Ctrl-C (SIGINT) after the second, then the run to its end.
+    run = tmp_path / "run"
+    stop_at_signal(config, run, signal.SIGTERM, after_cycles=1)
+    stop_at_signal(config, run, signal.SIGINT, after_cycles=2)
+    out = invar("train", config, "--run", run, "--json")
+    assert out.returncode == 0, out.stderr
     assert published(run) == published(finished[0])

@@ -156,8 +156,11 @@ def _recorded_calls(run: Path) -> int:
         return 0
 
 
+@pytest.mark.parametrize(("sig", "how"), [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
 def test_ctrl_c_stops_issuing_calls_says_what_it_kept_and_the_run_resumes(contract: Path, baseline: Path,
-                                                                         tmp_path: Path) -> None:
+                                                                         tmp_path: Path, sig: signal.Signals,
+                                                                         how: str) -> None:
+    # SIGTERM (a scheduler ending the job) stops the run as Ctrl-C does, with a shorter grace and its own status.
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "invar.cli", "use", "run", str(contract), "--run", str(run)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -166,15 +169,15 @@ def test_ctrl_c_stops_issuing_calls_says_what_it_kept_and_the_run_resumes(contra
         time.sleep(0.02)
     assert proc.poll() is None, "the run ended before it could be interrupted"
     at_signal = _recorded_calls(run)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     sent = time.monotonic()
     _, stderr = proc.communicate(timeout=120)
     took = time.monotonic() - sent
-    assert proc.returncode == 130, stderr[-2000:]
+    assert proc.returncode == 128 + sig, stderr[-2000:]
     assert "Traceback" not in stderr
     lines = [line for line in stderr.splitlines() if line.startswith(("invar: error", "invar: interrupted"))]
     assert len(lines) == 1, stderr[-2000:]  # the other lines: the phases it went through
-    assert lines[0].startswith("invar: interrupted: stopped issuing calls at Ctrl-C after "), lines[0]
+    assert lines[0].startswith(f"invar: interrupted: stopped issuing calls at {how} after "), lines[0]
     assert f"resume with: invar use run {contract} --run {run}" in lines[0]
     with RunStore.open(run) as store:
         records = store.calls()
@@ -186,7 +189,7 @@ def test_ctrl_c_stops_issuing_calls_says_what_it_kept_and_the_run_resumes(contra
     assert planned_at_signal <= len(calls) <= planned_at_signal + 2, (planned_at_signal, len(calls))
     assert len(calls) < 18
     assert all(c.report is not None for c in records)  # the calls under way answered within the grace
-    print(f"measured: Ctrl-C at {planned_at_signal} recorded planned calls, {len(calls)} on record at exit, "
+    print(f"measured: {how} at {planned_at_signal} recorded planned calls, {len(calls)} on record at exit, "
           f"{took:.1f} s to exit")
     for pid in worker_pids(run):
         with pytest.raises(ProcessLookupError):

@@ -76,6 +76,44 @@ def live_workers(run: Path, parent: int) -> list[int]:
     return [pid for pid in worker_pids(run) if _parent(pid) == parent]
 
 
+def _published_now(run: Path) -> int:
+    try:
+        return len(published(run))
+    except Exception:  # not created yet, or mid-write
+        return 0
+
+
+def stop_at_signal(config: Path, run: Path, sig: signal.Signals, after_cycles: int) -> str:
+    """Start (or resume) `invar train`, send it `sig` once `after_cycles` cycles are published, and check it stops
+    as a user is told: the signal's exit status, one line naming the signal and how to resume, no traceback, no
+    worker left behind. Returns that line."""
+    proc = subprocess.Popen([sys.executable, "-m", "invar.cli", "train", str(config), "--run", str(run)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while _published_now(run) < after_cycles and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before the signal"
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith(("invar: error", "invar: interrupted"))]
+    assert len(lines) == 1, stderr[-2000:]
+    how = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
+    assert lines[0].startswith(f"invar: interrupted: stopped at {how}. Every record so far is kept in {run}; "
+                               f"resume with: invar train {config} --run {run}"), lines[0]
+    for pid in worker_pids(run):
+        for _ in range(100):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"worker {pid} outlived its stopped parent")
+    return lines[0]
+
+
 def kill_and_resume(config: Path, run: Path, kills: int, window: tuple[float, float], seed: int) -> list[str]:
     """Start `invar train` and SIGKILL it, or one of its workers, at a random instant in `window` seconds; `kills`
     times, resuming each time; then resume it to the end. Returns what was killed when, for the test's message."""

@@ -10,6 +10,7 @@ command pay for their own imports only, not for those of all the others.
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 from importlib import metadata
 from typing import TYPE_CHECKING, Annotated, Any
@@ -19,7 +20,7 @@ from typer import core as typer_core
 from typer.models import CommandInfo
 
 from invar import __version__
-from invar.errors import Interrupted, InvarError, one_line
+from invar.errors import Interrupted, InvarError, Terminated, interruption, one_line
 
 if TYPE_CHECKING:
     from typer import _click as click  # the click typer's commands are built on (its own copy, in typer ≥ 0.20)
@@ -255,7 +256,22 @@ def _usage_line(exc: Any) -> str:
     return f"invar: error: {one_line(exc.format_message())}{where}"
 
 
+_SIGNALLED: list[int] = []
+"""The signals that interrupted this command, in order (typer turns the interrupt into exit status 130 silently)."""
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    _SIGNALLED.append(signum)
+    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+
 def main() -> None:
+    # SIGTERM (a scheduler ending the job, `kill`) stops a command as Ctrl-C does: what is recorded is kept and the
+    # command says how to resume, instead of dying silently at Python's default. An ignored SIGINT (a background
+    # job of a script) stays ignored.
+    signal.signal(signal.SIGTERM, _interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
     try:
         code = app(standalone_mode=False)
     except _CLICK_ERROR as exc:
@@ -266,7 +282,7 @@ def main() -> None:
         sys.exit(2)
     except Interrupted as exc:
         print(f"invar: interrupted: {one_line(str(exc))}", file=sys.stderr)
-        sys.exit(130)  # the shell's status for a command stopped by SIGINT
+        sys.exit(exc.status)  # the shell's status for a command stopped by that signal: 130 SIGINT, 143 SIGTERM
     except InvarError as exc:
         print(f"invar: error: {one_line(str(exc))}", file=sys.stderr)
         sys.exit(2)
@@ -278,4 +294,8 @@ def main() -> None:
         print(f"invar: error: {one_line(str(exc.filename))}: {one_line(exc.strerror or type(exc).__name__)}; "
               "check this path", file=sys.stderr)
         sys.exit(2)
+    if code == 130 and _SIGNALLED:  # a command with no run to keep, stopped at Ctrl-C or SIGTERM
+        how, status = interruption(Terminated() if _SIGNALLED[0] == signal.SIGTERM else KeyboardInterrupt())
+        print(f"invar: interrupted: stopped at {how}", file=sys.stderr)
+        sys.exit(status)
     sys.exit(code if isinstance(code, int) else 0)

@@ -19,7 +19,7 @@ import typer
 
 from invar import canonical
 from invar.canonical import BFloat16Array
-from invar.errors import Interrupted, InvarError, NotResumable
+from invar.errors import Interrupted, InvarError, NotResumable, interruption
 from invar.records.store import is_run
 
 if TYPE_CHECKING:
@@ -96,9 +96,16 @@ def resumable(run_dir: Path, command: str) -> Iterator[None]:
     """A failure of a resumable command (`use run`, `train`) after its run exists says how to resume it."""
     try:
         yield
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM where the command has no graceful stop of its own
+        how, status = interruption(exc)
+        if not is_run(run_dir):
+            raise Interrupted(f"stopped at {how} before the run was created in {run_dir}", status) from None
+        raise Interrupted(f"stopped at {how}. Every record so far is kept in {run_dir}; resume with: {command} "
+                          f"--run {run_dir}", status) from None
     except InvarError as exc:
         if not is_run(run_dir) or isinstance(exc, NotResumable):
             raise
-        kind = Interrupted if isinstance(exc, Interrupted) else InvarError  # Ctrl-C keeps its exit status
-        raise kind(f"{exc}. Every record so far is kept in {run_dir}; resume with: {command} --run {run_dir}")\
-            from None
+        hint = f"{exc}. Every record so far is kept in {run_dir}; resume with: {command} --run {run_dir}"
+        if isinstance(exc, Interrupted):  # keeps its exit status
+            raise Interrupted(hint, exc.status) from None
+        raise InvarError(hint) from None

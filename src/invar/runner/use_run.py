@@ -65,7 +65,15 @@ from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Rol
 from invar.contract.prepare import load_contract
 from invar.contract.reading import RunReader
 from invar.engines import Transport, check_worker_code, engine_info
-from invar.errors import ContractError, EvidenceError, Interrupted, InvarError, NotResumable
+from invar.errors import (
+    ContractError,
+    EvidenceError,
+    Interrupted,
+    InvarError,
+    NotResumable,
+    Terminated,
+    interruption,
+)
 from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
 from invar.protocol import WorkerClient
 from invar.records import RunStore
@@ -91,6 +99,9 @@ MAX_WORKERS = 64
 INTERRUPT_GRACE_S = 30.0
 """After Ctrl-C, how long the calls under way may take to answer (and be recorded) before their workers are stopped;
 a second Ctrl-C stops them at once."""
+TERMINATE_GRACE_S = 10.0
+"""At SIGTERM the calls under way get this long to answer: schedulers send SIGKILL about 30 s after SIGTERM (Slurm's
+KillWait, Kubernetes' grace period), and stopping the workers and closing the store must fit before it."""
 
 
 @dataclass(frozen=True)
@@ -640,13 +651,15 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
                 if exc is not None and not isinstance(exc, threading.BrokenBarrierError) and failure is None:
                     failure = exc
                     halt()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             # Ctrl-C: no new call starts; the calls under way may answer (and be recorded) for INTERRUPT_GRACE_S,
-            # then (or at a second Ctrl-C) their workers are stopped.
+            # then (or at a second Ctrl-C) their workers are stopped. SIGTERM: the same, within TERMINATE_GRACE_S.
+            how, status = interruption(exc)
             halt()
             forced = False
             try:
-                _, pending = concurrent.futures.wait(futures, timeout=INTERRUPT_GRACE_S)
+                _, pending = concurrent.futures.wait(
+                    futures, timeout=TERMINATE_GRACE_S if isinstance(exc, Terminated) else INTERRUPT_GRACE_S)
             except KeyboardInterrupt:
                 pending = {f for f in futures if not f.done()}
             if pending:
@@ -656,8 +669,8 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
                         client.close(timeout=0.1)
                 concurrent.futures.wait(futures, timeout=60)
             cut = " (the calls still under way were stopped, unanswered)" if forced else ""
-            raise Interrupted(f"stopped issuing calls at Ctrl-C after {issued[0]} answered call(s) this time"
-                              f"{cut}") from None
+            raise Interrupted(f"stopped issuing calls at {how} after {issued[0]} answered call(s) this time{cut}",
+                              status) from None
         if failure is not None:
             raise failure
     return issued[0]
