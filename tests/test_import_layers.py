@@ -24,6 +24,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS = [
     "invar",  # the package's own __init__: the version, nothing else
     "errors",
+    "interrupts",  # Ctrl-C and SIGTERM as the commands stop at them (out of errors, whose bytes the workers run)
     "canonical",
     "worker_code",  # the digest naming a worker's code: the workers' protocol server reports it
     "home",

@@ -47,20 +47,5 @@ class NotResumable:
     its records unreadable): running the same command again cannot help, so the CLI adds no resume hint."""
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler ending a job, `kill`), raised in the main thread by the command line's handler: the
-    command stops as it does at Ctrl-C, with less grace, since a SIGKILL usually follows within about 30 s."""
-
-
-def interruption(exc: BaseException) -> tuple[str, int]:
-    """What stopped a command, as the user knows it, and the exit status the shell gives for that signal."""
-    return ("SIGTERM", 143) if isinstance(exc, Terminated) else ("Ctrl-C", 130)
-
-
 class Interrupted(InvarError):
-    """The user stopped a command (Ctrl-C, or SIGTERM) and it stopped cleanly: what was recorded is kept (exit status
-    130 at Ctrl-C, 143 at SIGTERM: `status`)."""
-
-    def __init__(self, message: str, status: int = 130) -> None:
-        super().__init__(message)
-        self.status = status
+    """The user stopped a command (Ctrl-C) and it stopped cleanly: what was recorded is kept (exit status 130)."""

@@ -20,7 +20,8 @@ from typer import core as typer_core
 from typer.models import CommandInfo
 
 from invar import __version__
-from invar.errors import Interrupted, InvarError, Terminated, interruption, one_line
+from invar.errors import Interrupted, InvarError, one_line
+from invar.interrupts import Stopped, Terminated, interruption
 
 if TYPE_CHECKING:
     from typer import _click as click  # the click typer's commands are built on (its own copy, in typer ≥ 0.20)
@@ -282,7 +283,8 @@ def main() -> None:
         sys.exit(2)
     except Interrupted as exc:
         print(f"invar: interrupted: {one_line(str(exc))}", file=sys.stderr)
-        sys.exit(exc.status)  # the shell's status for a command stopped by that signal: 130 SIGINT, 143 SIGTERM
+        # The shell's status for a command stopped by that signal: 130 SIGINT, 143 SIGTERM.
+        sys.exit(exc.status if isinstance(exc, Stopped) else 130)
     except InvarError as exc:
         print(f"invar: error: {one_line(str(exc))}", file=sys.stderr)
         sys.exit(2)

@@ -19,7 +19,8 @@ import typer
 
 from invar import canonical
 from invar.canonical import BFloat16Array
-from invar.errors import Interrupted, InvarError, NotResumable, interruption
+from invar.errors import Interrupted, InvarError, NotResumable
+from invar.interrupts import Stopped, interruption
 from invar.records.store import is_run
 
 if TYPE_CHECKING:
@@ -99,13 +100,13 @@ def resumable(run_dir: Path, command: str) -> Iterator[None]:
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM where the command has no graceful stop of its own
         how, status = interruption(exc)
         if not is_run(run_dir):
-            raise Interrupted(f"stopped at {how} before the run was created in {run_dir}", status) from None
-        raise Interrupted(f"stopped at {how}. Every record so far is kept in {run_dir}; resume with: {command} "
+            raise Stopped(f"stopped at {how} before the run was created in {run_dir}", status) from None
+        raise Stopped(f"stopped at {how}. Every record so far is kept in {run_dir}; resume with: {command} "
                           f"--run {run_dir}", status) from None
     except InvarError as exc:
         if not is_run(run_dir) or isinstance(exc, NotResumable):
             raise
         hint = f"{exc}. Every record so far is kept in {run_dir}; resume with: {command} --run {run_dir}"
         if isinstance(exc, Interrupted):  # keeps its exit status
-            raise Interrupted(hint, exc.status) from None
+            raise Stopped(hint, exc.status if isinstance(exc, Stopped) else 130) from None
         raise InvarError(hint) from None

@@ -65,15 +65,8 @@ from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Rol
 from invar.contract.prepare import load_contract
 from invar.contract.reading import RunReader
 from invar.engines import Transport, check_worker_code, engine_info
-from invar.errors import (
-    ContractError,
-    EvidenceError,
-    Interrupted,
-    InvarError,
-    NotResumable,
-    Terminated,
-    interruption,
-)
+from invar.errors import ContractError, EvidenceError, InvarError, NotResumable
+from invar.interrupts import Stopped, Terminated, interruption
 from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
 from invar.protocol import WorkerClient
 from invar.records import RunStore
@@ -669,7 +662,7 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
                         client.close(timeout=0.1)
                 concurrent.futures.wait(futures, timeout=60)
             cut = " (the calls still under way were stopped, unanswered)" if forced else ""
-            raise Interrupted(f"stopped issuing calls at {how} after {issued[0]} answered call(s) this time{cut}",
+            raise Stopped(f"stopped issuing calls at {how} after {issued[0]} answered call(s) this time{cut}",
                               status) from None
         if failure is not None:
             raise failure
