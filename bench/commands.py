@@ -4,6 +4,7 @@
         [--count 512] [--units 64] [--model models/tiny-arith] [--json docs/performance/commands.json]
         [--population FILE --scorer NAME --scorer-setting NAME=JSON --max-tokens N]   # evaluate on another task
         [--vllm-native plain|matched] [--vllm-declaration contracts/real-model/smollm2-vllm.toml]
+        [--native-scripts together|in-turn]
 
 For each engine and command, one unpaired warm-up run of the invar command fixes the work: its run store holds
 every call it made, with the exact params (prompt token ids, sampling settings, batches). Then `--reps` pairs,
@@ -21,8 +22,10 @@ alternating which runs first (invar first on even repetitions), both as fresh pr
   seeded `SamplingParams` per request, batch by batch, vLLM's defaults otherwise (`--vllm-native matched`: also the
   worker's environment, so the engine core runs in the script's own process as in the worker, its LoRA slots, no
   prefix caching and the sampled tokens' log-probabilities). `use run`'s two packages run as
-  two such scripts at once, as its two workers do (on vLLM, a contract whose two packages are the vLLM package of
-  `--vllm-declaration`, the candidate with `max_num_seqs` 128, which no batch reaches). The native scripts
+  two such scripts at once, as its two workers start (`--native-scripts in-turn`: one after the other, as a user
+  would run two engines that each use every core; `use run` itself lets such calls take turns) (on vLLM, a
+  contract whose two packages are the vLLM package of `--vllm-declaration`, the candidate with `max_num_seqs` 128,
+  which no batch reaches). The native scripts
   do not compute per-request seeded sampling or log-probabilities of generated tokens, keep no records and check
   nothing: the ratio is what a user pays for Invar's promises over the script they would have written.
 
@@ -299,9 +302,14 @@ def run_invar(argv: list[str], run: Path) -> dict[str, float]:
     return {**invar_breakdown(run, started, ended), "whole_cpu": cpu, **peaks}
 
 
-def run_native(model: Path, work: list[tuple[Path, dict[str, Any]]]) -> dict[str, float]:
+def run_native(model: Path, work: list[tuple[Path, dict[str, Any]]], together: bool = True) -> dict[str, float]:
     """Every worker's plain script (its engine's, from its recorded settings) at once, as the command's workers
-    run; the breakdown over all of them."""
+    run; the breakdown over all of them. `together=False`: one script after the other (what a user on a machine too
+    small for both engines at once would run), each part the sum of the scripts' parts and each peak the largest."""
+    if not together:
+        parts = [run_native(model, [one]) for one in work]
+        return {key: (max if key.startswith(("peak", "processes")) else sum)(part[key] for part in parts)
+                for key in parts[0]}
     cpu = children_cpu()
     started = time.time_ns()
     procs = [subprocess.Popen([sys.executable, "-c",
@@ -432,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-declaration", type=Path,
                         default=REPO / "contracts" / "real-model" / "smollm2-vllm.toml",
                         help="use run on vllm: the declaration whose vLLM candidate both packages are")
+    parser.add_argument("--native-scripts", choices=("together", "in-turn"), default="together",
+                        help="use run: the plain scripts of its two packages at once, as its workers start "
+                             "(together), or one after the other (in-turn)")
     parser.add_argument("--vllm-native", choices=("plain", "matched"), default="plain",
                         help="the plain vLLM script: vLLM's defaults (plain) or the worker's engine arguments "
                              "(matched: LoRA slots, no prefix caching, the sampled tokens' log-probabilities)")
@@ -487,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
                 for rep in range(args.reps):
                     for who in (("invar", "native") if rep % 2 == 0 else ("native", "invar")):
                         row = (run_invar(argv_, scratch / f"{engine}-{command}-{rep}") if who == "invar"
-                               else run_native(model, work))
+                               else run_native(model, work, together=args.native_scripts == "together"))
                         rows[who].append(row)
                         print(f"{engine} {command} rep {rep + 1}/{args.reps} {who}: "
                               + ", ".join(f"{k} {v:.2f}{'' if k.startswith(('peak', 'processes')) else ' s'}"
