@@ -7,8 +7,10 @@ store, so every claim here is about the core; what real engines answer is for th
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
 import threading
 import time
 from collections import Counter
@@ -22,10 +24,12 @@ from support.use_runs import decision_figures as _figures
 from support.use_runs import outputs_by_call as _outputs_by_call
 
 from invar import canonical
+from invar.cli import app as cli_app
 from invar.contract.admit import admit
 from invar.contract.bind import SEQUENTIAL_META
 from invar.contract.decide import Answer
 from invar.errors import EvidenceError, ProtocolError, WorkerError
+from invar.interrupts import Stopped
 from invar.protocol import WorkerLost
 from invar.records import RunStore
 from invar.runner import use_run as use_run_module
@@ -149,6 +153,33 @@ def test_a_run_stopped_mid_plan_resumes_to_the_uninterrupted_records_and_decisio
     assert sum(1 for _, method in healthy.received if method == "generate") == resumed.calls_issued
     assert _figures(run, ws.contract_path) == _figures(baseline, ws.contract_path)
     assert _outputs_by_call(run, ws.contract_path) == _outputs_by_call(baseline, ws.contract_path)
+
+
+def test_sigterm_stops_issuing_calls_keeps_the_answers_and_the_run_resumes_to_the_same_decision(
+        ws: Workspace, baseline: Path, tmp_path: Path) -> None:
+    # The command line's handler turns SIGTERM into `Terminated` in the main thread, as at a scheduler's stop.
+    calls = [0]
+
+    def report(worker: FakeWorker, method: str, result: dict[str, Any]) -> dict[str, Any]:
+        calls[0] += 1
+        if calls[0] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    run = tmp_path / "run"
+    previous = signal.signal(signal.SIGTERM, cli_app._interrupt)
+    try:
+        with pytest.raises(Stopped, match=r"^stopped issuing calls at SIGTERM after [0-9]+ answered call") as stopped:
+            use_run(ws.contract_path, run, transport=FakeTransport(Script(wrong=SCRIPT.wrong, report=report)))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.status == 143
+    answered = [ok for *_, ok in _generate_calls(run)]
+    assert 3 <= len(answered) < len(ws.plan.calls)
+    assert all(answered)  # the calls under way answered within the grace
+    resumed = use_run(ws.contract_path, run, transport=FakeTransport(SCRIPT))
+    assert resumed.calls_reused == len(answered)
+    assert _figures(run, ws.contract_path) == _figures(baseline, ws.contract_path)
 
 
 def test_no_call_is_made_before_every_worker_shows_the_contracts_identity(tmp_path: Path) -> None:
