@@ -338,45 +338,17 @@ def run_native(model: Path, work: list[tuple[Path, dict[str, Any]]], together: b
 def use_run_contract(folder: Path, units: int, model: Path) -> Path:
     """A small contract on the walkthrough's plan: two packages of the same HF model, SDPA and eager attention (no
     patch, so a plain script can run the candidate too)."""
-    text = (REPO / "contracts" / "walkthrough.toml").read_text(encoding="utf-8")
-    declared = tomllib.loads(text)
-    model_digest = canonical.tree_digest(model)  # the walkthrough declares the tiny model's; --model may be another
-    lines = []
-    section = ""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("["):
-            section = stripped
-        if stripped.startswith("name =") and not section:
-            line = 'name = "commands-bench"'
-        elif stripped.startswith("sample ="):
-            line = f"sample = {units}"
-        elif stripped.startswith("path =") and section == "[population]":
-            line = f'path = {json.dumps(str(REPO / "data" / "arith-eval.jsonl"))}'
-        elif stripped.startswith("model_dir ="):
-            line = f"model_dir = {json.dumps(str(model))}"
-        elif stripped.startswith("model_digest ="):
-            line = f'model_digest = "{model_digest}"'
-        elif stripped.startswith("worker_digest ="):
-            line = f'worker_digest = "{worker_digest("hf")}"'
-        elif stripped.startswith("patches =") and section == "[candidate]":
-            continue
-        elif stripped.startswith("basis_path ="):
-            line = f'basis_path = {json.dumps(str(REPO / "data" / "arith-eval.jsonl"))}'
-        lines.append(line)
+    walkthrough = REPO / "contracts" / "walkthrough.toml"
+    declared = tomllib.loads(walkthrough.read_text(encoding="utf-8"))
     assert declared["candidate"]["settings"]["attn_implementation"] == "eager"
-    return prepare(folder, "commands-bench", lines)
-
-
-def prepare(folder: Path, name: str, lines: list[str]) -> Path:
-    """Write the declaration `name`.toml into `folder` and `invar use prepare` it there; the contract's path."""
-    decl = folder / f"{name}.toml"
-    decl.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    out = subprocess.run([*INVAR, "use", "prepare", str(decl), "--out", str(folder)], env=worker_env(),
-                         capture_output=True, text=True, timeout=600, cwd=REPO)
-    if out.returncode != 0:
-        raise SystemExit(f"bench/commands.py: use prepare failed:\n{out.stderr[-2000:]}")
-    return folder / f"{name}.contract.json"
+    # The walkthrough declares the tiny model's digest; --model may be another.
+    for role in ("reference", "candidate"):
+        declared[role].update(model_dir=str(model), model_digest=canonical.tree_digest(model),
+                              worker_digest=worker_digest("hf"))
+    del declared["candidate"]["patches"]
+    declared["name"] = "commands-bench"
+    declared["population"]["sample"] = units
+    return prepare(folder, "commands-bench", _absolute(declared, walkthrough.parent))
 
 
 def vllm_use_run_contract(folder: Path, units: int, model: Path, declaration: Path) -> Path:
@@ -388,17 +360,28 @@ def vllm_use_run_contract(folder: Path, units: int, model: Path, declaration: Pa
     vllm = declared["candidate"]
     if vllm["engine"] != "vllm" or vllm["settings"].get("max_num_seqs") != 256:
         raise SystemExit(f"bench/commands.py: {declaration}: its candidate is not a vLLM package with max_num_seqs 256")
-    base = declaration.parent
     vllm.update(model_dir=str(model), model_digest=canonical.tree_digest(model), worker_digest=worker_digest("vllm"))
     # Two packages must differ: the candidate schedules at most 128 sequences a step instead of 256, which no batch
     # of the contract reaches, so both run every batch the same way.
     declared["reference"] = copy.deepcopy(vllm)
     vllm["settings"]["max_num_seqs"] = 128
     declared["name"] = "commands-bench-vllm"
-    declared["population"].update(path=str((base / declared["population"]["path"]).resolve()), sample=units)
+    declared["population"]["sample"] = units
+    return prepare(folder, "commands-bench-vllm", _absolute(declared, declaration.parent))
+
+
+def _absolute(declared: dict[str, Any], base: Path) -> dict[str, Any]:
+    """The declaration with its population's and premises' paths made absolute (they are relative to `base`)."""
+    declared["population"]["path"] = str((base / declared["population"]["path"]).resolve())
     for premise in declared.get("premises", []):
         if "basis_path" in premise:
             premise["basis_path"] = str((base / premise["basis_path"]).resolve())
+    return declared
+
+
+def prepare(folder: Path, name: str, declared: dict[str, Any]) -> Path:
+    """Write the declaration `declared` as `name`.toml into `folder` (with the project's own TOML value writer) and
+    `invar use prepare` it there; the contract's path."""
     lines = [f"{k} = {toml_value(v)}" for k, v in declared.items() if not isinstance(v, dict | list)]
     for key, value in declared.items():
         if isinstance(value, dict):
@@ -410,7 +393,13 @@ def vllm_use_run_contract(folder: Path, units: int, model: Path, declaration: Pa
             for table in value:
                 lines.append(f"[[{key}]]")
                 lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
-    return prepare(folder, "commands-bench-vllm", lines)
+    decl = folder / f"{name}.toml"
+    decl.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = subprocess.run([*INVAR, "use", "prepare", str(decl), "--out", str(folder)], env=worker_env(),
+                         capture_output=True, text=True, timeout=600, cwd=REPO)
+    if out.returncode != 0:
+        raise SystemExit(f"bench/commands.py: use prepare failed:\n{out.stderr[-2000:]}")
+    return folder / f"{name}.contract.json"
 
 
 def median_ci95(ratios: list[float], resamples: int = 4000) -> list[float]:
