@@ -102,7 +102,7 @@ def resumable(run_dir: Path, command: str) -> Iterator[None]:
         if not is_run(run_dir):
             raise Stopped(f"stopped at {how} before the run was created in {run_dir}", status) from None
         raise Stopped(f"stopped at {how}. Every record so far is kept in {run_dir}; resume with: {command} "
-                          f"--run {run_dir}", status) from None
+                      f"--run {run_dir}", status) from None
     except InvarError as exc:
         if not is_run(run_dir) or isinstance(exc, NotResumable):
             raise
