@@ -76,6 +76,19 @@ def live_workers(run: Path, parent: int) -> list[int]:
     return [pid for pid in worker_pids(run) if _parent(pid) == parent]
 
 
+def _no_worker_outlives(run: Path, how: str) -> None:
+    """Every worker the run's store names is gone within 10 s."""
+    for pid in worker_pids(run):
+        for _ in range(100):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"worker {pid} outlived its {how} parent")
+
+
 def _published_now(run: Path) -> int:
     try:
         return len(published(run))
@@ -102,15 +115,7 @@ def stop_at_signal(config: Path, run: Path, sig: signal.Signals, after_cycles: i
     how = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
     assert lines[0].startswith(f"invar: interrupted: stopped at {how}. Every record so far is kept in {run}; "
                                f"resume with: invar train {config} --run {run}"), lines[0]
-    for pid in worker_pids(run):
-        for _ in range(100):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
-        else:
-            raise AssertionError(f"worker {pid} outlived its stopped parent")
+    _no_worker_outlives(run, "stopped")
     return lines[0]
 
 
@@ -141,16 +146,7 @@ def kill_and_resume(config: Path, run: Path, kills: int, window: tuple[float, fl
         assert "Traceback" not in stderr, stderr
         if proc.returncode == 2:
             assert "resume with: invar train" in stderr, stderr
-        # The workers of a killed CLI do not outlive it.
-        for pid in worker_pids(run):
-            for _ in range(100):
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.1)
-            else:
-                raise AssertionError(f"worker {pid} outlived its killed parent")
+        _no_worker_outlives(run, "killed")  # the workers of a killed CLI do not outlive it
     out = invar("train", config, "--run", run, "--json")
     assert out.returncode == 0, out.stderr
     return what
