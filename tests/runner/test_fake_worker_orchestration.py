@@ -345,7 +345,7 @@ class _InFlight:
 def test_calls_at_once_bounds_the_calls_computing_together_and_changes_no_record(
         ws: Workspace, baseline: Path, tmp_path: Path, calls_at_once: int | None,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(use_run_module, "host_cores", lambda: 2)  # both one-thread HF workers fit
+    monkeypatch.setattr(use_run_module, "cores", lambda: 2)  # both one-thread HF workers fit
     seen = _InFlight()
     script = Script(wrong=SCRIPT.wrong, report=seen.report)
     run = tmp_path / "run"
@@ -361,7 +361,7 @@ def test_by_default_no_more_calls_compute_at_once_than_the_cores_hold(
     # Both packages' HF workers compute on 2 threads; on 2 cores they take turns, and the start-up says why.
     two = _workspace(tmp_path / "ws", reference={"settings": {"device": "cpu", "threads": 2}},
                      candidate={"settings": {"device": "cpu", "threads": 2}})
-    monkeypatch.setattr(use_run_module, "host_cores", lambda: 2)
+    monkeypatch.setattr(use_run_module, "cores", lambda: 2)
     seen, phases = _InFlight(), []
     run = tmp_path / "run"
     use_run(two.contract_path, run, transport=FakeTransport(Script(wrong=SCRIPT.wrong, report=seen.report)),
@@ -370,12 +370,12 @@ def test_by_default_no_more_calls_compute_at_once_than_the_cores_hold(
     assert any("one call at a time: a hf call computes on 2 of 2 cores" in p for p in phases), phases
     assert _figures(run, two.contract_path) == _figures(baseline, ws.contract_path)
     # Four cores hold both; an explicit --calls-at-once is what the user asked for, whatever the cores.
-    monkeypatch.setattr(use_run_module, "host_cores", lambda: 4)
+    monkeypatch.setattr(use_run_module, "cores", lambda: 4)
     seen = _InFlight()
     use_run(two.contract_path, tmp_path / "run4", transport=FakeTransport(Script(wrong=SCRIPT.wrong,
                                                                                  report=seen.report)))
     assert seen.most == 2
-    monkeypatch.setattr(use_run_module, "host_cores", lambda: 2)
+    monkeypatch.setattr(use_run_module, "cores", lambda: 2)
     seen = _InFlight()
     use_run(two.contract_path, tmp_path / "run2", calls_at_once=2,
             transport=FakeTransport(Script(wrong=SCRIPT.wrong, report=seen.report)))

@@ -257,13 +257,13 @@ def _usage_line(exc: Any) -> str:
     return f"invar: error: {one_line(exc.format_message())}{where}"
 
 
-_SIGNALLED: list[int] = []
-"""The signals that interrupted this command, in order (typer turns the interrupt into exit status 130 silently)."""
+_SIGNALLED: list[KeyboardInterrupt] = []
+"""What interrupted this command, in order (typer turns the interrupt into exit status 130 silently)."""
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    _SIGNALLED.append(signum)
-    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    _SIGNALLED.append(Terminated() if signum == signal.SIGTERM else KeyboardInterrupt())
+    raise _SIGNALLED[-1]
 
 
 def main() -> None:
@@ -297,7 +297,7 @@ def main() -> None:
               "check this path", file=sys.stderr)
         sys.exit(2)
     if code == 130 and _SIGNALLED:  # a command with no run to keep, stopped at Ctrl-C or SIGTERM
-        how, status = interruption(Terminated() if _SIGNALLED[0] == signal.SIGTERM else KeyboardInterrupt())
+        how, status = interruption(_SIGNALLED[0])
         print(f"invar: interrupted: stopped at {how}", file=sys.stderr)
         sys.exit(status)
     sys.exit(code if isinstance(code, int) else 0)

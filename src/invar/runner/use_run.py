@@ -40,7 +40,6 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -68,6 +67,7 @@ from invar.engines import Transport, check_worker_code, engine_info
 from invar.errors import ContractError, EvidenceError, InvarError, NotResumable
 from invar.interrupts import Stopped, Terminated, interruption
 from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
+from invar.parallel import cores
 from invar.protocol import WorkerClient
 from invar.records import RunStore
 from invar.records.store import is_run
@@ -253,7 +253,7 @@ def use_run(
     if calls_at_once is not None and (isinstance(calls_at_once, bool) or not isinstance(calls_at_once, int)
                                       or calls_at_once < 1):
         raise InvarError(f"--calls-at-once {calls_at_once}: must be a whole number ≥ 1 (calls computing at once "
-                         "over all workers), or left out for one per worker")
+                         "over all workers), or left out to fit this machine's cores")
     started = time.perf_counter()
     contract, sha, plan = load_contract(contract_path)
     check_sha256_file(contract_path, sha)
@@ -310,14 +310,6 @@ def use_run(
         head = store.close_run()
     return RunOutcome(run_dir, contract_path, sha, head, total, len(done), issued,
                       time.perf_counter() - started, already_closed=False, stop=stop)
-
-
-def host_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the platform says, else the machine's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def calls_at_once_for(specs: Mapping[Role, EngineSpec], workers: Mapping[Role, int],
@@ -475,7 +467,7 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
     at_once = launch.calls_at_once
     auto = None
     if at_once is None and placement is None:  # Ray places workers on other machines, with cores of their own
-        auto = calls_at_once_for(specs, {role: count[role] for role in roles}, host_cores())
+        auto = calls_at_once_for(specs, {role: count[role] for role in roles}, cores())
         at_once = None if auto is None else auto[0]
     turns = "" if auto is None else (f"; {'one call' if auto[0] == 1 else f'{auto[0]} calls'} at a time: {auto[1]}, "
                                      "--calls-at-once to change")
@@ -663,7 +655,7 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
                 concurrent.futures.wait(futures, timeout=60)
             cut = " (the calls still under way were stopped, unanswered)" if forced else ""
             raise Stopped(f"stopped issuing calls at {how} after {issued[0]} answered call(s) this time{cut}",
-                              status) from None
+                          status) from None
         if failure is not None:
             raise failure
     return issued[0]
