@@ -69,7 +69,7 @@ if str(REPO / "src") not in sys.path:  # run from a checkout without installing 
 import numpy as np  # noqa: E402
 
 from invar import canonical  # noqa: E402
-from invar.cli.use_init import toml_value  # noqa: E402
+from invar.cli.use_init import toml_document  # noqa: E402
 from invar.engines import worker_digest, worker_env  # noqa: E402
 from invar.records import RunStore  # noqa: E402
 
@@ -380,21 +380,10 @@ def _absolute(declared: dict[str, Any], base: Path) -> dict[str, Any]:
 
 
 def prepare(folder: Path, name: str, declared: dict[str, Any]) -> Path:
-    """Write the declaration `declared` as `name`.toml into `folder` (with the project's own TOML value writer) and
+    """Write the declaration `declared` as `name`.toml into `folder` (`invar.cli.use_init.toml_document`) and
     `invar use prepare` it there; the contract's path."""
-    lines = [f"{k} = {toml_value(v)}" for k, v in declared.items() if not isinstance(v, dict | list)]
-    for key, value in declared.items():
-        if isinstance(value, dict):
-            nested = all(isinstance(v, dict) for v in value.values())  # [layouts.NAME]; else one table
-            for sub, table in (value.items() if nested else [(None, value)]):
-                lines.append(f"[{key}.{sub}]" if nested else f"[{key}]")
-                lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            for table in value:
-                lines.append(f"[[{key}]]")
-                lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
     decl = folder / f"{name}.toml"
-    decl.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    decl.write_text(toml_document(declared), encoding="utf-8")
     out = subprocess.run([*INVAR, "use", "prepare", str(decl), "--out", str(folder)], env=worker_env(),
                          capture_output=True, text=True, timeout=600, cwd=REPO)
     if out.returncode != 0:

@@ -4,7 +4,6 @@ record store exactly as a worker's calls and reports would be (no mocks: the rec
 from __future__ import annotations
 
 import copy
-import json
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ import numpy as np
 from support.char_model import write_char_model
 
 from invar import canonical
+from invar.cli.use_init import toml_document
 from invar.contract.inputs import run_inputs
 from invar.contract.model import Contract
 from invar.contract.plan import ExecutionPlan, PlannedCall
@@ -56,35 +56,9 @@ def make_model(folder: Path) -> str:
     return write_char_model(folder, SPECIALS, CHARS)
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(type(value))
-
-
 def toml_text(data: Mapping[str, Any]) -> str:
-    """A TOML document for `data`: top-level scalars, tables of inline values, and arrays of tables."""
-    head: list[str] = []
-    body: list[str] = []
-    for key, value in data.items():
-        if isinstance(value, dict):
-            body.append(f"\n[{key}]")
-            body.extend(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items())
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            for item in value:
-                body.append(f"\n[[{key}]]")
-                body.extend(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in item.items())
-        else:
-            head.append(f"{key} = {_toml_value(value)}")
-    return "\n".join(head + body) + "\n"
+    """A TOML document for `data` (the core's writer: top-level scalars, tables of inline values, arrays of tables)."""
+    return toml_document(data)
 
 
 def declaration(pop_sha: str, model_digest: str, **changes: Any) -> dict[str, Any]:

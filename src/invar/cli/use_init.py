@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -111,6 +112,24 @@ def toml_value(value: Any, *, instead: str = "write the declaration by hand") ->
     raise InvarError(f"{value!r} cannot be written in TOML; {instead}")
 
 
+
+
+def toml_document(data: Mapping[str, Any]) -> str:
+    """A declaration (or any table of tables) as a TOML document: top-level values first, then one table per dict
+    (its values inline, `toml_value`), then one `[[key]]` per table of a list of tables."""
+    head: list[str] = []
+    body: list[str] = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            body.append(f"\n[{key}]")
+            body.extend(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items())
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for item in value:
+                body.append(f"\n[[{key}]]")
+                body.extend(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in item.items())
+        else:
+            head.append(f"{key} = {toml_value(value)}")
+    return "\n".join(head + body) + "\n"
 
 
 def _line(key: str, value: Any, comment: str) -> str:
