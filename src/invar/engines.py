@@ -10,6 +10,7 @@ docs/protocol.md.
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
 import os
 import re
@@ -23,7 +24,7 @@ from invar.errors import InvarError
 from invar.home import HOME
 from invar.protocol import Recorder, Role, WorkerClient, WorkerProcess
 from invar.protocol.client import spawn_local
-from invar.worker_code import WorkerCodeError, code_digest, search_path
+from invar.worker_code import FOLLOWED, WorkerCodeError, code_digest, search_path
 
 EngineName = Literal["hf", "vllm", "mlx", "openai"]
 """The engines a package can name (a contract's `engine`): each has its entry in `ENGINE_TABLE`."""
@@ -294,7 +295,44 @@ def worker_digest(engine: str, env: Mapping[str, str] | None = None) -> str:
     engine's worker module and the core modules it imports, found on the search path that worker will have."""
     # `-P` leaves the script's folder (sys.path[0]) off the worker's path; the rest is this interpreter's own.
     default = sys.path if sys.flags.safe_path else sys.path[1:]
-    return code_digest(_module(engine), search_path(worker_env(env).get("PYTHONPATH"), default))
+    module, path = _module(engine), tuple(search_path(worker_env(env).get("PYTHONPATH"), default))
+    if module.partition(".")[0] != FOLLOWED:
+        return code_digest(module, path)
+    # Parsing the sources is most of a digest's cost, and a `use run` or a test session asks for the same one many
+    # times: it is kept for as long as no source file of the `invar` packages on the path changes, appears or goes.
+    sources = _package_sources(path)
+    known = _DIGESTS.get((module, path))
+    if known is None or known[0] != sources:
+        known = _DIGESTS[(module, path)] = (sources, code_digest(module, path))
+    return known[1]
+
+
+_DIGESTS: dict[tuple[str, tuple[str, ...]], tuple[str, str]] = {}
+"""(worker module, search path) → (`_package_sources` when computed, worker code digest)."""
+
+
+def _package_sources(path: Sequence[str]) -> str:
+    """sha256 of the name and bytes of every Python file of each `invar` package folder on `path`, in path order."""
+    h = hashlib.sha256()
+    for entry in path:
+        root = os.path.join(entry, FOLLOWED)
+        if not os.path.isdir(root):
+            continue
+        for folder, dirs, files in os.walk(root):
+            dirs.sort()
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    file = os.path.join(folder, name)
+                    h.update(f"{len(file)}:{file}".encode())
+                    try:
+                        with open(file, "rb") as fh:
+                            data = fh.read()
+                    except OSError:  # code_digest says what is wrong, if the worker's code includes it
+                        h.update(b"-")
+                        continue
+                    h.update(len(data).to_bytes(8, "little"))
+                    h.update(data)
+    return h.hexdigest()
 
 
 def check_worker_code(engine: str, expected: str, who: str, env: Mapping[str, str] | None = None) -> str:

@@ -18,7 +18,6 @@ Pure Python: no engine library, no import of the code it hashes.
 from __future__ import annotations
 
 import ast
-import hashlib
 import os
 import threading
 from collections.abc import Sequence
@@ -35,12 +34,6 @@ FOLLOWED = "invar"
 _PARSE = threading.Lock()
 """One `ast.parse` at a time: `use run` starts its packages' workers from threads, and CPython 3.11 before 3.11.8
 can fail two parses running at once with "SystemError: AST constructor recursion depth mismatch"."""
-
-
-_IMPORTS: dict[tuple[bytes, str], frozenset[str]] = {}
-"""What `_imports` found, by (sha256 of the source, module name): the same bytes under the same name import the
-same modules, so each file is parsed once per process however many workers and contracts name it (a `use prepare`
-or `use run` computes the digest of each package's worker, and parsing is most of its cost)."""
 
 
 class WorkerCodeError(InvarError):
@@ -75,23 +68,9 @@ def _imports(source: Path, name: str) -> set[str]:
     X.Y (Y may be a submodule; whether it is, is decided by the files)."""
     try:
         data = source.read_bytes()
-    except OSError as exc:
-        raise WorkerCodeError(f"{source}: cannot be read as Python ({exc}); the worker's code must be readable "
-                              "source") from None
-    # Relative imports resolve from the module's name and whether the file is a package's `__init__`: both key it.
-    key = (hashlib.sha256(data).digest(), f"{name}/{source.name == '__init__.py'}")
-    with _PARSE:
-        known = _IMPORTS.get(key)
-        if known is None:
-            known = _IMPORTS[key] = frozenset(_parse_imports(data, source, name))
-    return set(known)
-
-
-def _parse_imports(data: bytes, source: Path, name: str) -> set[str]:
-    """`_imports` of the bytes `data` read from `source`, parsed."""
-    try:
-        tree = ast.parse(data, filename=str(source))
-    except (SyntaxError, ValueError) as exc:
+        with _PARSE:
+            tree = ast.parse(data, filename=str(source))
+    except (OSError, SyntaxError, ValueError) as exc:
         raise WorkerCodeError(f"{source}: cannot be read as Python ({exc}); the worker's code must be readable "
                               "source") from None
     package = name if source.name == "__init__.py" else name.rpartition(".")[0]

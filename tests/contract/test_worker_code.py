@@ -68,6 +68,27 @@ def test_the_digest_covers_the_worker_and_the_core_modules_it_imports(tmp_path: 
     assert code_digest(HF, [str(site)]) not in (here, edited_worker)
 
 
+def test_a_kept_digest_follows_every_change_to_the_sources_on_the_path(tmp_path: Path) -> None:
+    """`worker_digest` keeps what it computed while the `invar` sources on the worker's path stay as they were: an
+    edit, a new module a worker's `from X import Y` then names, or a removed file is seen at the next call."""
+    site = _installed_copy(tmp_path)
+    env = {"PYTHONPATH": str(site)}  # the copy first on the worker's path
+    here = worker_digest("hf", env)
+    assert worker_digest("hf", env) == here == worker_digest("hf")
+    frames = site / "invar" / "protocol" / "frames.py"
+    frames.write_text(frames.read_text(encoding="utf-8") + "\n", encoding="utf-8")
+    edited = worker_digest("hf", env)
+    assert edited not in (here, worker_digest("hf"))
+    # `from invar import canonical` in the worker names invar.canonical; a package of that name now answers it.
+    (site / "invar" / "canonical").mkdir()
+    (site / "invar" / "canonical" / "__init__.py").write_text("# a package shadowing the module\n", encoding="utf-8")
+    shadowed = worker_digest("hf", env)
+    assert shadowed not in (here, edited)
+    assert "invar/canonical/__init__.py" in code_files(HF, [str(site)])
+    shutil.rmtree(site / "invar" / "canonical")
+    assert worker_digest("hf", env) == edited
+
+
 def test_the_identity_reports_the_digest_of_the_files_the_core_started() -> None:
     with start_worker("echo", code=(worker_digest("echo"), "reference")) as w:
         assert w.identity.worker is not None
