@@ -249,18 +249,29 @@ def k_ranges(n: int, lo: FloatArray, hi: FloatArray) -> tuple[IntArray, IntArray
     return k_lo, k_hi
 
 
+# The proofs' inner loops: every count below is an integer, every k ≥ 0 and every q in [0, 1], so the binomial
+# functions go unchecked on the elements inside the support and the rest are set as scipy would set them (the
+# checks cost more than the functions; the numbers are `_binom.cdf`'s and `_binom.pmf`'s, bit for bit).
+
+
 def _cdf(c: IntArray, k: npt.ArrayLike, q: npt.ArrayLike) -> FloatArray:
-    """P(Bin(k, q) ≤ c), 0 for c < 0."""
-    values: FloatArray = np.where(c < 0, 0.0, _binom.cdf(np.maximum(c, 0), k, q))
+    """P(Bin(k, q) ≤ c): 0 for c < 0, 1 for c ≥ k."""
+    cc, kk, qq = np.broadcast_arrays(np.asarray(c), np.asarray(k), np.asarray(q))
+    values: FloatArray = np.where(cc < 0, 0.0, 1.0)
+    inner = (cc >= 0) & (cc < kk)
+    if np.any(inner):
+        values[inner] = _binom.cdf_inside(cc[inner], kk[inner], qq[inner])
     return values
 
 
 def _pmf(j: npt.ArrayLike, m: npt.ArrayLike, q: npt.ArrayLike) -> FloatArray:
-    """Bin(m, q) pmf at j, 0 where j is outside [0, m] or m < 0 (scipy gives nan for m < 0)."""
-    mm = np.asarray(m)
-    values = _binom.pmf(j, np.maximum(mm, 0), q)
-    result: FloatArray = np.where(mm < 0, 0.0, values)
-    return result
+    """Bin(m, q) pmf at j, 0 where j is outside [0, m] (so also for m < 0)."""
+    jj, mm, qq = np.broadcast_arrays(np.asarray(j), np.asarray(m), np.asarray(q))
+    inside = (jj >= 0) & (jj <= mm)
+    values: FloatArray = np.zeros(inside.shape)
+    if np.any(inside):
+        values[inside] = _binom.pmf_inside(jj[inside], mm[inside], qq[inside])
+    return values
 
 
 @dataclass
@@ -330,7 +341,7 @@ def _cells(n: int, a1: FloatArray, a2: FloatArray, delta0: float) -> _Cells:
     nf = float(n)
     lo, hi = a1[:, None], a2[:, None]
     left = _binom.sf(k_hi, n, a2) + np.where(k_lo > 0, _binom.cdf(np.maximum(k_lo - 1, 0), n, a1), 0.0)
-    pmf_max = np.where(mask, _binom.pmf(k, n, np.clip(kf / nf, lo, hi)), 0.0)
+    pmf_max = np.where(mask, _binom.pmf_inside(k, n, np.clip(kf / nf, lo, hi)), 0.0)  # 0 ≤ k ≤ n: k_ranges
     # the smallest boundary q in the cell, rounded down (a smaller q only enlarges the tail)
     q_min = _down(_q_of(a2 if delta0 > 0.0 else a1, delta0))
     scale = np.sqrt(np.maximum(a2 * (1.0 - a2), a1 * (1.0 - a1)) / n)
@@ -345,7 +356,7 @@ def _cells(n: int, a1: FloatArray, a2: FloatArray, delta0: float) -> _Cells:
     d1 = np.maximum(np.abs(kf - nf * safe_lo), np.abs(kf - nf * safe_hi)) / np.minimum(
         safe_lo * (1.0 - safe_lo), safe_hi * (1.0 - safe_hi)
     )
-    f_m = np.where(mask, _binom.pmf(k, n, m), 0.0)
+    f_m = np.where(mask, _binom.pmf_inside(k, n, m), 0.0)
     s_m = (kf - nf * m) / (m * (1.0 - m))
     ds_m = -kf / (m * m) - (nf - kf) / ((1.0 - m) * (1.0 - m))
     e2 = kf / (safe_lo * safe_lo) + (nf - kf) / ((1.0 - safe_hi) * (1.0 - safe_hi))
