@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from invar.outputs import OUTPUT_SCHEMA_VERSION, OUTPUTS
+from invar.outputs import OUTPUT_SCHEMA_VERSION, OUTPUTS, documented
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "docs" / "schemas"
@@ -21,7 +21,7 @@ FOLDER = ROOT / "docs" / "schemas"
 
 def schema(name: str) -> dict[str, Any]:
     """The schema of one output: the model's, named and versioned (`$id` carries OUTPUT_SCHEMA_VERSION)."""
-    body = OUTPUTS[name].model_json_schema()
+    body = documented()[name].model_json_schema()
     command = "invar " + ("--version" if name == "version" else name.replace("-", " ", 1))
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -10,9 +10,13 @@ packages, kinds) are open by nature.
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, RootModel
+
+from invar.docstrings import describe
 
 OUTPUT_SCHEMA_VERSION = "invar.outputs/1"
 """Names this set of output shapes; a change to any of them that can break a reader changes it."""
@@ -21,7 +25,10 @@ OUTPUT_SCHEMA_VERSION = "invar.outputs/1"
 class Closed(BaseModel):
     """An output object whose fields are all named: another field is an error."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    # Built on first use, without the fields' docstrings: a command builds the one model it prints, and the
+    # docstrings are the schemas' descriptions alone (`documented`). pydantic's use_attribute_docstrings would read
+    # the source of every class here at each command's start.
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class EngineVersions(Closed):
@@ -148,6 +155,8 @@ class EvaluateRangeOutput(_EvaluateRun):
 
 class EvaluateAnyOutput(RootModel[EvaluateOutput | EvaluateRangeOutput]):
     """`invar evaluate --json`: accuracy for 0/1 losses, the mean loss for losses in a declared range."""
+
+    model_config = ConfigDict(defer_build=True)
 
 
 class ScoreCapture(Closed):
@@ -789,3 +798,12 @@ OUTPUTS: dict[str, type[BaseModel]] = {
     "compare-histories": CompareHistoriesOutput,
 }
 """Each command's `--json` output (file stem under docs/schemas/ → its model)."""
+
+
+@functools.cache
+def documented() -> dict[str, type[BaseModel]]:
+    """`OUTPUTS` with each field's docstring as its description (`invar.docstrings`), for `scripts/schemas.py`."""
+    describe((m for m in globals().values()
+              if isinstance(m, type) and issubclass(m, BaseModel) and m.__module__ == __name__),
+             Path(__file__), rebuild=True)
+    return OUTPUTS

@@ -192,7 +192,7 @@ NonNegative = Annotated[
 CaptureStep = Annotated[int | str, BeforeValidator(check_step)]
 Scalar = str | int | float | bool
 
-_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, strict=True)
+_CONFIG = ConfigDict(extra="forbid", frozen=True, strict=True)
 """Strict: nothing the owner writes is coerced (`true` is not 1, `"16"` is not 16, `"yes"` is not true, 16.0 is not
 16); an integer where a float is expected is the number it is. `invar.owner_files.one_line` says what to write."""
 
@@ -712,7 +712,7 @@ class Contract(_Model):
     """Teacher forcing and captures (plan `invar.plan/3`). Absent (the key is left out of the JSON, so contracts
     without it keep their bytes and digest), the plan has none."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True,
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
                               strict=True)
 
     @model_validator(mode="after")

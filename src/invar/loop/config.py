@@ -21,6 +21,7 @@ Decisions:
 
 from __future__ import annotations
 
+import functools
 import os
 import tomllib
 from pathlib import Path
@@ -30,6 +31,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic.fields import FieldInfo
 
 from invar import canonical
+from invar.docstrings import describe
 from invar.errors import InvarError
 from invar.owner_files import Name, PathText, one_line, read_owner_file
 from invar.tasks import KINDS, SCORER_NAME
@@ -46,7 +48,7 @@ class ConfigError(InvarError):
     """A training configuration that cannot run; the message names the field and what to change."""
 
 
-_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, strict=True, allow_inf_nan=False)
+_CONFIG = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 """Strict, as a use declaration is (`invar.owner_files`): nothing written is coerced; an integer where a float is
 expected is the number it is."""
 
@@ -397,9 +399,18 @@ def field_ranges() -> dict[str, str]:
     return out
 
 
+@functools.cache
+def _describe() -> None:
+    """The fields' docstrings as their descriptions, read from this file when help is asked for (`invar.docstrings`)."""
+    describe((m for m in globals().values()
+              if isinstance(m, type) and issubclass(m, BaseModel) and m.__module__ == __name__),
+             Path(__file__), rebuild=False)
+
+
 def field_help() -> list[tuple[str, str, str]]:
     """(dotted name, default, docstring with the field's range) for every field, for `invar train --help` and
     docs/training.md."""
+    _describe()
     ranges = field_ranges()
     rows: list[tuple[str, str, str]] = []
     for name, info in _fields():
