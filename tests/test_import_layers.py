@@ -29,6 +29,7 @@ LAYERS = [
     "worker_code",  # the digest naming a worker's code: the workers' protocol server reports it
     "home",
     "parallel",  # independent calls over the cores, for the commands that opt in (stats calls it)
+    "docstrings",  # field docstrings read from the source where they are shown (outputs, training config)
     "outputs",
     "protocol",
     "records",
