@@ -27,9 +27,11 @@ the median wall time of `invar --help` and of `python -c "import invar.cli.app"`
 tiny model, so what shows is the fixed cost of a worker.
 
 `--cli-before OTHER/src` (another checkout's `src`, e.g. `git worktree add /tmp/old HEAD~1`): the CLI's commands
-(`--help`, `use --help`, `use plan --help`, `use prepare --help`) run in `--reps` alternating pairs, that version
-against this checkout's, each a fresh process; reported per command: the medians (min–max) of each version's wall
-and CPU time and the median per-pair ratio this / before. With `--engines ''` only the CLI is measured.
+(`--help`, `use --help`, `use plan --help`, `use prepare --help`, and two that do their work without a worker:
+`use prepare contracts/walkthrough.toml` and `use plan` of what it wrote) run in `--reps` alternating pairs, that
+version against this checkout's, each a fresh process; reported per command: the medians (min–max) of each
+version's wall and CPU time and the median per-pair ratio this / before. With `--engines ''` only the CLI is
+measured.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -180,18 +184,27 @@ def cpu_timed(argv: list[str]) -> float:
 
 
 CLI_PAIRS = {"help": ["--help"], "use_help": ["use", "--help"], "use_plan_help": ["use", "plan", "--help"],
-             "use_prepare_help": ["use", "prepare", "--help"]}
+             "use_prepare_help": ["use", "prepare", "--help"],
+             # Two commands that do their work (no worker): what a command costs with the modules it uses.
+             "use_prepare": ["use", "prepare", str(REPO / "contracts" / "walkthrough.toml"), "--out", "{scratch}",
+                             "--json"],
+             "use_plan": ["use", "plan", "{scratch}/walkthrough.contract.json", "--assume", "worse=0.01 better=0.01",
+                          "--json"]}
+"""Name → the arguments of `invar`; `{scratch}` is a folder of each version's own (`use_plan` reads what
+`use_prepare` wrote there)."""
 
 
 def cli_pairs(before_src: Path, reps: int) -> dict[str, Any]:
     """Each of `CLI_PAIRS` from `before_src` and from this checkout, in alternating pairs: wall and CPU seconds."""
     sources = {"before": str(before_src.resolve()), "after": str(REPO / "src")}
+    scratch = {who: Path(tempfile.mkdtemp(prefix=f"invar-cli-{who}-")) for who in sources}
     out: dict[str, Any] = {}
-    for name, args in CLI_PAIRS.items():
+    for name, template in CLI_PAIRS.items():
         times: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in sources}
         for rep in range(reps):
             for who in (("before", "after") if rep % 2 == 0 else ("after", "before")):
                 env = {**os.environ, "PYTHONPATH": sources[who]}
+                args = [a.replace("{scratch}", str(scratch[who])) for a in template]
                 argv = [sys.executable, "-m", "invar.cli", *args]
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 started = time.perf_counter()
@@ -205,9 +218,11 @@ def cli_pairs(before_src: Path, reps: int) -> dict[str, Any]:
             row[kind] = {"before": summary(times["before"][kind]), "after": summary(times["after"][kind]),
                          "ratio": summary(ratios)}
         out[name] = row
-        print(f"invar {' '.join(args)}: CPU {row['cpu']['before']['median']:.2f} → {row['cpu']['after']['median']:.2f}"
+        print(f"invar {name}: CPU {row['cpu']['before']['median']:.2f} → {row['cpu']['after']['median']:.2f}"
               f" s (pair ratio {row['cpu']['ratio']['median']:.2f}), wall {row['wall']['before']['median']:.2f} → "
               f"{row['wall']['after']['median']:.2f} s (pair ratio {row['wall']['ratio']['median']:.2f})")
+    for folder in scratch.values():
+        shutil.rmtree(folder, ignore_errors=True)
     return out
 
 
