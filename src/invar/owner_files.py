@@ -175,6 +175,10 @@ _FILE_KINDS: tuple[tuple[Callable[[int], bool], str], ...] = (
 )
 
 
+_READ_PIECE = 1 << 24
+"""Bytes `read_regular_file` asks for at a time past the size the file had when opened (16 MiB)."""
+
+
 def read_regular_file(path: str | Path, what: str, *, limit: int = MAX_DATA_BYTES,
                       error: type[InvarError] = ContractError, fix: str = "point the declaration at the file") -> bytes:
     """The bytes of a regular file of at most `limit` bytes, read once: every file a command reads whole comes
@@ -213,7 +217,15 @@ def read_regular_file(path: str | Path, what: str, *, limit: int = MAX_DATA_BYTE
         if info.st_size > limit:
             refuse(f"holds {info.st_size:,} bytes, over the {limit:,} a {what} may hold")
         try:
-            data = f.read(limit + 1)
+            # What fstat says is there and one byte more; `read(n)` sets n bytes aside first, so `read(limit + 1)`
+            # took the whole limit (1 GiB) of address space for every file, however small.
+            data = f.read(info.st_size + 1)
+            if len(data) > info.st_size:  # longer than when opened: on in pieces, to its end or past the limit
+                pieces, total = [data], len(data)
+                while total <= limit and (piece := f.read(min(_READ_PIECE, limit + 1 - total))):
+                    pieces.append(piece)
+                    total += len(piece)
+                data = b"".join(pieces)
         except OSError as exc:
             refuse(f"cannot be read ({exc.strerror})")
     if len(data) > limit:

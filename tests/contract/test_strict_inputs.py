@@ -7,12 +7,15 @@ and the confidence written as strings (`"0.01"`, documented: they are kept as ex
 from __future__ import annotations
 
 import json
+import os
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import pytest
 from contract_runs import declaration, make_workspace, toml_text
 
+from invar import owner_files
 from invar.contract.model import parse_contract, read_declaration
 from invar.errors import ContractError
 from invar.loop.config import ConfigError, parse_config, read_config
@@ -255,3 +258,35 @@ def test_a_missing_file_whose_name_holds_a_control_character_is_named_on_one_lin
     assert text.isprintable(), repr(text)
     shown = name.encode("unicode_escape").decode("ascii")
     assert text == f"population file {tmp_path}/{shown} does not exist: point the declaration at the file"
+
+
+def test_a_file_is_read_with_memory_for_its_size_not_for_the_limit(tmp_path: Path) -> None:
+    # Reading asked for the whole limit (1 GiB) at once: no resident memory, but a gigabyte of address space for
+    # every small population file, which a job limited in virtual memory cannot give.
+    path = tmp_path / "population.jsonl"
+    path.write_bytes(b'{"id": "u1", "prompt": "1+1=", "answer": 2}\n' * 100)
+    tracemalloc.start()
+    try:
+        data = read_regular_file(path, "population file")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert data == path.read_bytes()
+    assert peak < 64 * 1024, peak
+
+
+def test_a_file_longer_than_it_was_when_opened_is_read_whole_and_still_held_to_the_limit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "population.jsonl"
+    path.write_bytes(b"x" * 5000)
+    real = os.fstat
+
+    def shrunk(fd: int) -> os.stat_result:  # as if the file grew after fstat: it reports 10 bytes
+        info = real(fd)
+        return os.stat_result((*info[:6], 10, *info[7:]))
+
+    monkeypatch.setattr(owner_files, "_READ_PIECE", 1000)
+    monkeypatch.setattr(owner_files.os, "fstat", shrunk)
+    assert read_regular_file(path, "population file") == b"x" * 5000
+    with pytest.raises(ContractError, match=r"holds more than the 4,000 bytes a population file may hold"):
+        read_regular_file(path, "population file", limit=4000)
