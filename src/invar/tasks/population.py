@@ -41,6 +41,7 @@ import hashlib
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,12 +84,16 @@ class FrozenMap(Mapping[str, Any]):
         return f"FrozenMap({self._items!r})"
 
 
+_EMPTY = FrozenMap()
+"""The one empty object: most units have no `meta`, and a population of 20,000 would otherwise hold 20,000."""
+
+
 def freeze(value: Any) -> Any:
     """A JSON value with its arrays as tuples and its objects as `FrozenMap`s (scalars unchanged)."""
     if isinstance(value, list | tuple):
         return tuple(freeze(v) for v in value)
     if isinstance(value, Mapping):
-        return FrozenMap({k: freeze(v) for k, v in value.items()})
+        return FrozenMap({k: freeze(v) for k, v in value.items()}) if value else _EMPTY
     return value
 
 
@@ -101,7 +106,7 @@ def thaw(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Message:
     """One chat message of a unit."""
 
@@ -109,7 +114,7 @@ class Message:
     content: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Unit:
     """One unit of a population: what the model is given, and the answer its scorer reads.
 
@@ -124,7 +129,7 @@ class Unit:
     """A frozen JSON value (see `freeze`)."""
     kind: str = ""
     """The category label, `""` when none is declared."""
-    meta: FrozenMap = field(default_factory=FrozenMap)
+    meta: FrozenMap = field(default_factory=lambda: _EMPTY)
     line: int = field(default=0, compare=False, repr=False)
 
     def chat(self) -> list[dict[str, str]]:
@@ -248,7 +253,8 @@ def _unit(row: Any, line: int) -> Unit | str:
     meta = row.get("meta", {})
     if not isinstance(meta, dict):
         return f"unit {uid!r}: meta is a JSON {type(meta).__name__}, not an object"
-    return Unit(id=uid, prompt=prompt, messages=messages, answer=freeze(row["answer"]), kind=kind,
+    # A population has a few kinds, each named on every unit of it: one string each.
+    return Unit(id=uid, prompt=prompt, messages=messages, answer=freeze(row["answer"]), kind=sys.intern(kind),
                 meta=freeze(meta), line=line)
 
 
