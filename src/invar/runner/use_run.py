@@ -391,6 +391,36 @@ class _Share(Generic[T]):
             return self._items.popleft() if self._items else None
 
 
+class _Gate:
+    """At most `slots` holders at once, admitted in the order they asked: a worker that finishes a call and asks
+    again waits behind the workers already waiting (a plain semaphore lets it take the slot back at once, so a
+    package's second worker could wait out the whole run)."""
+
+    def __init__(self, slots: int) -> None:
+        self._free = slots
+        self._waiting: collections.deque[object] = collections.deque()
+        self._cond = threading.Condition()
+
+    def __enter__(self) -> None:
+        ticket = object()
+        with self._cond:
+            self._waiting.append(ticket)
+            try:
+                self._cond.wait_for(lambda: self._free > 0 and self._waiting[0] is ticket)
+            except BaseException:  # interrupted while waiting: out of the line, which moves on without it
+                self._waiting.remove(ticket)
+                self._cond.notify_all()
+                raise
+            self._waiting.popleft()
+            self._free -= 1
+            self._cond.notify_all()  # the next in line may fit too
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._free += 1
+            self._cond.notify_all()
+
+
 class _Counter:
     """Progress across the worker threads."""
 
@@ -490,8 +520,7 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
     stop = threading.Event()
     # Engines that each use every core slow each other down when they compute at once (two vLLM CPU engines on 2
     # cores: 48-51 s for two calls side by side where one alone took 11 s); a gate lets such calls go one at a time.
-    gate: contextlib.AbstractContextManager[object] = (
-        contextlib.nullcontext() if at_once is None else threading.BoundedSemaphore(at_once))
+    gate: contextlib.AbstractContextManager[object] = contextlib.nullcontext() if at_once is None else _Gate(at_once)
     live: set[WorkerClient] = set()  # the workers now serving, stopped at a Ctrl-C whose grace has passed
     live_lock = threading.Lock()
 
