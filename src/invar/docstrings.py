@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import inspect
-from collections.abc import Iterable
+import sys
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -35,11 +35,14 @@ def field_docstrings(source: Path) -> dict[str, dict[str, str]]:
     return docs
 
 
-def describe(models: Iterable[type[BaseModel]], source: Path, *, rebuild: bool) -> None:
-    """Give each field of `models` (classes defined in `source`) without a description its docstring; with
-    `rebuild`, rebuild every model afterwards so that their JSON schemas carry the descriptions."""
-    docs = field_docstrings(source)
-    models = list(models)
+def describe(module: str, *, rebuild: bool) -> None:
+    """Give each field of the pydantic models defined in the imported module `module` (its name) that has no
+    description its docstring; with `rebuild`, rebuild every model afterwards so that their JSON schemas carry the
+    descriptions."""
+    namespace = sys.modules[module]
+    models = [m for m in vars(namespace).values()
+              if isinstance(m, type) and issubclass(m, BaseModel) and m.__module__ == module]
+    docs = field_docstrings(Path(str(namespace.__file__)))
     for model in models:
         for name, field in model.model_fields.items():
             if field.description is None:

@@ -11,7 +11,6 @@ packages, kinds) are open by nature.
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, RootModel
@@ -803,7 +802,5 @@ OUTPUTS: dict[str, type[BaseModel]] = {
 @functools.cache
 def documented() -> dict[str, type[BaseModel]]:
     """`OUTPUTS` with each field's docstring as its description (`invar.docstrings`), for `scripts/schemas.py`."""
-    describe((m for m in globals().values()
-              if isinstance(m, type) and issubclass(m, BaseModel) and m.__module__ == __name__),
-             Path(__file__), rebuild=True)
+    describe(__name__, rebuild=True)
     return OUTPUTS

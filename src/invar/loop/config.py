@@ -402,9 +402,7 @@ def field_ranges() -> dict[str, str]:
 @functools.cache
 def _describe() -> None:
     """The fields' docstrings as their descriptions, read from this file when help is asked for (`invar.docstrings`)."""
-    describe((m for m in globals().values()
-              if isinstance(m, type) and issubclass(m, BaseModel) and m.__module__ == __name__),
-             Path(__file__), rebuild=False)
+    describe(__name__, rebuild=False)
 
 
 def field_help() -> list[tuple[str, str, str]]:
