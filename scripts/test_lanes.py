@@ -11,22 +11,65 @@ instead of waiting. Session fixtures are defined per folder (tests/workers/conft
 ...), and a folder is in one lane, so every engine start or model build a session fixture makes is made once, as
 in a single session.
 
+Most of a test's engine start is importing torch and transformers, or mlx and mlx-lm (about 5 s of CPU each time,
+and the suite starts some 170 such workers). The lanes share one fork server per engine for that
+(`invar.protocol.forkserver`, named to every command by `INVAR_FORKSERVER`): it imports the engine once and forks
+each worker from it, with the core's modules read afresh from the files; a worker whose environment a fresh process
+would see differently starts as a fresh process, as without the server. At the end the servers' counts are printed:
+how many workers each forked and why any were refused.
+
 The second lane prints as it goes; the first lane's output follows it, whole. The exit status is the first non-zero
 of the two (pytest's own codes), so a failure in either fails the suite. Extra arguments go to both sessions.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
+
+from invar import engines
+from invar.protocol import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_LANE = ("contract", "fuzz", "loop", "protocol", "records", "stats", "tasks", "typing",
               "anymodel", "models", "patches", "workers")
 """Folders of tests/ run in the first lane, chosen from `--durations` so that both lanes take about as long."""
+
+FORKED = ("hf", "mlx")
+"""The engines whose workers the lanes fork from a server: the two whose imports are most of a start."""
+
+
+def start_fork_servers(folder: Path) -> list[tuple[str, subprocess.Popen[bytes], Path]]:
+    folder.mkdir()
+    servers = []
+    for engine in FORKED:
+        module, log = engines.ENGINES[engine], folder / f"{engine}.log"
+        with log.open("wb") as out:
+            servers.append((engine, forkserver.start(folder, module, engines.worker_env(None, engine), out), log))
+    return servers
+
+
+def stop_fork_servers(servers: list[tuple[str, subprocess.Popen[bytes], Path]]) -> None:
+    for _, proc, _ in servers:
+        proc.send_signal(signal.SIGTERM)
+    for engine, proc, log in servers:
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        reasons = Counter(line.split(": ", 2)[-1] for line in lines if " refused a " in line)
+        last = next((line for line in reversed(lines) if "stopped;" in line), f"exit {proc.returncode}, no count")
+        print(f"test lanes: the {engine} fork server {last.split(': ', 1)[-1]}", flush=True)
+        for why, n in reasons.most_common():
+            print(f"  {n} × {why}", flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -39,21 +82,24 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="invar-first-lane-") as scratch:
         log = Path(scratch) / "first.log"
         started = time.monotonic()
+        servers = start_fork_servers(Path(scratch) / "forkserver")
+        env = {**os.environ, forkserver.ENV: str(Path(scratch) / "forkserver")}
         with log.open("wb") as out:
             # Its own base temp folder and no cache: the two sessions share nothing on disk.
             first_proc = subprocess.Popen([*pytest, "-p", "no:cacheprovider", f"--basetemp={scratch}/tmp",
                                            *(f"--ignore={p}" for p in second), *argv],
-                                          cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+                                          cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             print(f"test lanes: the first lane ({', '.join(first)}) runs beside this one; its output follows",
                   flush=True)
-            second_code = subprocess.call([*pytest, *(f"--ignore={p}" for p in first), *argv], cwd=ROOT)
+            second_code = subprocess.call([*pytest, *(f"--ignore={p}" for p in first), *argv], cwd=ROOT, env=env)
             second_s = time.monotonic() - started
             first_code = first_proc.wait()
         finally:
             if first_proc.poll() is None:
                 first_proc.kill()
                 first_proc.wait()
+            stop_fork_servers(servers)
         total_s = time.monotonic() - started
         sys.stdout.write(f"\n===== the first lane ({', '.join(first)}) =====\n")
         sys.stdout.write(log.read_text(encoding="utf-8", errors="replace"))

@@ -22,7 +22,7 @@ from typing import Any, Literal, Protocol
 
 from invar.errors import InvarError
 from invar.home import HOME
-from invar.protocol import Recorder, Role, WorkerClient, WorkerProcess
+from invar.protocol import Recorder, Role, WorkerClient, WorkerProcess, forkserver
 from invar.protocol.client import spawn_local
 from invar.worker_code import FOLLOWED, WorkerCodeError, code_digest, search_path
 
@@ -348,6 +348,13 @@ def check_worker_code(engine: str, expected: str, who: str, env: Mapping[str, st
     return actual
 
 
+def _spawn(argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> WorkerProcess:
+    """A local worker: forked by a fork server where `INVAR_FORKSERVER` names one that serves it (its engine already
+    imported, `invar.protocol.forkserver`), a fresh subprocess otherwise."""
+    forked = forkserver.spawn(argv, env, cwd)
+    return forked if forked is not None else spawn_local(argv, env, cwd)
+
+
 def worker_argv(engine: str, role: Role, args: list[str] | None = None) -> list[str]:
     module = _module(engine)
     # -P: never put the working directory on sys.path, so an `invar/` folder where `invar` runs cannot stand in
@@ -389,7 +396,7 @@ def start_worker(
         echo_stderr=echo_stderr,
         handshake_timeout=handshake_timeout,
         call_timeout=call_timeout,
-        spawn=spawn_local if placement is None else placement.spawn,
+        spawn=_spawn if placement is None else placement.spawn,
     )
     client.start()
     if code is not None:

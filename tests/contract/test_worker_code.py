@@ -101,7 +101,7 @@ def test_a_modified_worker_file_is_refused_before_any_process_starts(tmp_path: P
     monkeypatch.setitem(ENGINES, "hf", "eos_worker")
     monkeypatch.setenv("PYTHONPATH", str(_modified_worker(tmp_path)))
     spawned: list[Any] = []
-    monkeypatch.setattr(engines, "spawn_local", lambda *a, **k: spawned.append(a))
+    monkeypatch.setattr(engines, "_spawn", lambda *a, **k: spawned.append(a))  # a local or a forked start
     with pytest.raises(WorkerCodeError) as refused:
         start_worker("hf", code=(pinned, "candidate"))
     message = str(refused.value)

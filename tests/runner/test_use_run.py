@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from support.use_runs import decision_figures as _decision_figures
 from support.use_runs import outputs_by_call as _outputs_by_call
-from train_helpers import live_workers, worker_pids
+from train_helpers import live_workers, local_workers_env, worker_pids
 
 from invar import canonical
 from invar.engines import DEFAULT_MODEL
@@ -117,7 +117,7 @@ def test_killed_run_resumes_to_the_same_decision_and_outputs(contract: Path, bas
     rng = random.Random(1000 + trial)
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "invar.cli", "use", "run", str(contract), "--run", str(run)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=local_workers_env())
     kill_worker = trial % 2 == 1  # the CLI itself, then one of its workers, mid-call or mid-report
     at_calls = rng.randint(3, 14)
     deadline = time.monotonic() + 300

@@ -71,8 +71,15 @@ def _parent(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
+def local_workers_env() -> dict[str, str]:
+    """This environment without a fork server: the commands whose workers a test finds by their parent (and kills)
+    start them as their own children, as a user's commands do by default."""
+    return {k: v for k, v in os.environ.items() if k != "INVAR_FORKSERVER"}
+
+
 def live_workers(run: Path, parent: int) -> list[int]:
-    """The workers of this attempt: the store also names the (dead, maybe reused) pids of earlier attempts."""
+    """The workers of this attempt: the store also names the (dead, maybe reused) pids of earlier attempts. Only
+    workers the command started as its children are found (run it with `local_workers_env()`)."""
     return [pid for pid in worker_pids(run) if _parent(pid) == parent]
 
 
@@ -126,7 +133,8 @@ def kill_and_resume(config: Path, run: Path, kills: int, window: tuple[float, fl
     what = []
     for k in range(kills):
         proc = subprocess.Popen([sys.executable, "-m", "invar.cli", "train", str(config), "--run", str(run)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env=local_workers_env())
         deadline = time.monotonic() + rng.uniform(*window)
         while time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)

@@ -1,0 +1,210 @@
+"""A fork server's workers are the workers a fresh process would be: the same code from the files as they are at the
+call (edited after the server started, too), the same answers, exit status and kill, and gone with the command that
+started them; a request a fresh process would see differently is refused and starts as a fresh process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import invar
+from invar import engines
+from invar.engines import start_worker, worker_digest
+from invar.protocol import forkserver
+from invar.protocol.forkserver import ForkedWorker
+
+SRC = Path(invar.__file__).resolve().parents[1]
+ECHO = "invar.workers.echo"
+
+
+def _serve(folder: Path, module: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    log = folder.with_suffix(".log")
+    with log.open("wb") as out:
+        proc = forkserver.start(folder, module, env, out)
+    deadline = time.monotonic() + 120
+    while not forkserver.socket_path(folder, module).exists():
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "the fork server did not start in 120 s"
+        time.sleep(0.05)
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(30)
+    return Path(proc.args[4]).with_suffix(".log").read_text()  # type: ignore[index]
+
+
+@pytest.fixture
+def echo_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[subprocess.Popen[bytes]]:
+    folder = tmp_path / "fs"
+    proc = _serve(folder, ECHO, engines.worker_env(None, "echo"))
+    monkeypatch.setenv(forkserver.ENV, str(folder))
+    yield proc
+    if proc.poll() is None:
+        _stop(proc)
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_forked_worker_answers_as_a_fresh_one(echo_server: subprocess.Popen[bytes]) -> None:
+    arr = np.arange(1 << 16, dtype=np.float32) / 7
+    with start_worker("echo") as forked:
+        assert isinstance(forked.process, ForkedWorker)
+        assert _parent(forked.identity.pid) == echo_server.pid
+        assert os.getsid(forked.identity.pid) == forked.identity.pid  # its own session, as a local worker
+        got = forked.call("echo", {"array": arr, "text": "x"})
+        mine = forked.identity
+    os.environ.pop(forkserver.ENV)
+    with start_worker("echo") as fresh:
+        assert isinstance(fresh.process, subprocess.Popen)
+        want = fresh.call("echo", {"array": arr, "text": "x"})
+        theirs = fresh.identity
+    assert got["array"].tobytes() == want["array"].tobytes()
+    assert got["text"] == want["text"]
+    assert mine.worker == theirs.worker
+    assert mine.worker is not None
+    assert mine.worker["digest"] == worker_digest("echo")
+    assert mine.engine_version == theirs.engine_version
+    assert mine.settings == theirs.settings
+    assert forked.process.returncode == 0
+    assert "1 workers forked, 0 refused" in _stop(echo_server)
+
+
+def test_a_forked_worker_is_killed_and_reports_it(echo_server: subprocess.Popen[bytes]) -> None:
+    worker = start_worker("echo")
+    pid, proc = worker.identity.pid, worker.process
+    assert isinstance(proc, ForkedWorker)
+    pending = worker.submit("sleep", {"seconds": 60})
+    assert proc.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(0.2)
+    proc.kill()
+    assert proc.wait(10) == -signal.SIGKILL
+    assert _gone(pid)
+    with pytest.raises(Exception, match="echo"):
+        pending.answer()
+    worker.close()
+
+
+def test_the_workers_of_a_killed_command_are_killed(echo_server: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    script = ("import sys, time\nfrom invar.engines import start_worker\nw = start_worker('echo')\n"
+              "print(type(w.process).__name__, w.identity.pid, flush=True)\ntime.sleep(600)\n")
+    command = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert command.stdout is not None
+    kind, pid = command.stdout.readline().split()
+    assert kind == "ForkedWorker"
+    command.kill()
+    command.wait(10)
+    assert _gone(int(pid)), "a forked worker outlived the command that started it"
+
+
+def test_a_stopped_server_takes_its_workers_with_it(echo_server: subprocess.Popen[bytes]) -> None:
+    worker = start_worker("echo")
+    pid = worker.identity.pid
+    assert "0 refused" in _stop(echo_server)
+    assert _gone(pid)
+    assert worker.process is not None
+    assert worker.process.wait(10) == -signal.SIGKILL
+    worker.close()
+
+
+def test_the_core_is_read_from_the_files_at_each_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Edited after the server started, the worker's file and a core module it imports are what the next worker
+    runs and the digest it reports, as for a fresh process."""
+    site = tmp_path / "site"
+    shutil.copytree(SRC / "invar", site / "invar", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "_home"))
+    on_site = {"PYTHONPATH": str(site)}
+    folder = tmp_path / "fs"
+    server = _serve(folder, ECHO, engines.worker_env(on_site, "echo"))
+    monkeypatch.setenv(forkserver.ENV, str(folder))
+    try:
+        digests = []
+        for edit in range(3):
+            with start_worker("echo", env=on_site) as w:
+                assert isinstance(w.process, ForkedWorker)
+                digests.append(w.identity.worker["digest"] if w.identity.worker else None)
+                assert digests[-1] == worker_digest("echo", on_site)
+                answer = w.call("echo", {"a": 1})
+            assert answer == ({"a": 1} if edit == 0 else {"a": 1, "edited": edit})
+            echo = site / "invar" / "workers" / "echo.py"
+            text = echo.read_text().replace("return dict(params)", f"return {{**params, 'edited': {edit + 1}}}")
+            text = text.replace(f"'edited': {edit}}}", f"'edited': {edit + 1}}}")
+            echo.write_text(text)
+            with (site / "invar" / "canonical.py").open("a") as fh:
+                fh.write(f"# edit {edit}\n")
+        assert len(set(digests)) == 3
+    finally:
+        assert "3 workers forked, 0 refused" in _stop(server)
+
+
+@pytest.mark.parametrize("change", ["OMP_NUM_THREADS", "a search path with another numpy"])
+def test_a_worker_a_fresh_process_would_see_otherwise_starts_fresh(
+        echo_server: subprocess.Popen[bytes], tmp_path: Path, change: str) -> None:
+    if change == "OMP_NUM_THREADS":
+        env = {"OMP_NUM_THREADS": "3"}
+    else:
+        shadow = tmp_path / "shadow" / "numpy"
+        shadow.mkdir(parents=True)
+        # Another numpy that a fresh worker would import first: it hands over to the installed one, so the worker runs.
+        (shadow / "__init__.py").write_text(
+            "import importlib, os, sys\n"
+            "sys.path.remove(os.path.dirname(os.path.dirname(__file__)))\n"
+            "del sys.modules['numpy']\n"
+            "sys.modules['numpy'] = importlib.import_module('numpy')\n")
+        env = {"PYTHONPATH": os.pathsep.join([str(SRC), str(tmp_path / "shadow")])}
+    with start_worker("echo", env=env, echo_stderr=False) as w:
+        assert isinstance(w.process, subprocess.Popen)
+        assert w.call("echo", {"a": 1}) == {"a": 1}
+    # Only a runtime name (the core's own, a test runner's) or a search path that finds the same modules may differ.
+    with start_worker("echo", env={"INVAR_SOMETHING": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{tmp_path}"}) as w:
+        assert isinstance(w.process, ForkedWorker)
+    log = _stop(echo_server)
+    assert "1 workers forked, 1 refused" in log
+    assert ("environment differs on OMP_NUM_THREADS" if change == "OMP_NUM_THREADS"
+            else "its PYTHONPATH finds another numpy") in log
+
+
+def test_no_server_or_a_broken_one_starts_a_fresh_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(forkserver.ENV, str(tmp_path / "none"))
+    with start_worker("echo") as w:
+        assert isinstance(w.process, subprocess.Popen)
+    folder = tmp_path / "stale"
+    folder.mkdir()
+    forkserver.socket_path(folder, ECHO).touch()  # a socket file nobody answers on
+    monkeypatch.setenv(forkserver.ENV, str(folder))
+    with start_worker("echo") as w:
+        assert isinstance(w.process, subprocess.Popen)
+        assert w.call("echo", {"a": 2}) == {"a": 2}
+
+
+def test_the_preloads_are_the_workers_module_level_engine_imports() -> None:
+    hf = forkserver.preloads(engines.ENGINES["hf"], sys.path)
+    assert {"torch", "transformers", "numpy", "safetensors.torch"} <= set(hf)
+    assert not [n for n in hf if n.startswith(("invar", "__future__"))]
+    assert "peft" not in hf  # imported by the worker only where a LoRA is used: a fresh worker may never load it
+    mlx = forkserver.preloads(engines.ENGINES["mlx"], sys.path)
+    assert {"mlx.core", "mlx_lm.utils"} <= set(mlx)
+    assert "torch" not in mlx
