@@ -26,6 +26,12 @@ in wall and in CPU time, each with a 95 % bootstrap interval over the pairs; the
 the median wall time of `invar --help` and of `python -c "import invar.cli.app"` over `--reps` runs. The shipped
 tiny model, so what shows is the fixed cost of a worker.
 
+`--forked`: a third side per pair for HF and MLX, **forked**: the same steps as invar's, the worker forked by a
+fork server that imported the engine once (`invar.protocol.forkserver`; started before the pairs, its own start
+reported apart). Its CPU is the worker's own from `/proc` (a forked worker is the server's child, not this
+process's): at the handshake, and through its generate (its close is not counted), plus the core's. Reported: the
+median per-pair ratios forked / invar of the handshake and of the whole, in wall and CPU time.
+
 `--cli-before OTHER/src` (another checkout's `src`, e.g. `git worktree add /tmp/old HEAD~1`): the CLI's commands
 (`--help`, `use --help`, `use plan --help`, `use prepare --help`, and two that do their work without a worker:
 `use prepare contracts/walkthrough.toml` and `use plan` of what it wrote) run in `--reps` alternating pairs, that
@@ -57,8 +63,8 @@ if str(REPO / "src") not in sys.path:  # run from a checkout without installing 
 from commands import median_ci95  # noqa: E402  (bench/ is on the path: this script's folder)
 
 from invar import canonical  # noqa: E402
-from invar.engines import DEFAULT_MODEL, start_worker, worker_env  # noqa: E402
-from invar.protocol import Role  # noqa: E402
+from invar.engines import DEFAULT_MODEL, ENGINES, start_worker, worker_env  # noqa: E402
+from invar.protocol import Role, forkserver  # noqa: E402
 from invar.tasks import ModelTokenizer  # noqa: E402
 
 PROMPT = "37+58="
@@ -114,6 +120,10 @@ def plain_script(engine: str, ids: list[int]) -> str:
     return textwrap.dedent(prelude) + textwrap.dedent(PLAIN[engine])
 
 
+FORKED = ("hf", "mlx")
+"""The engines `--forked` also starts from a fork server."""
+
+
 def children_cpu() -> float:
     """CPU seconds (user + system) of this process's children that have been waited for."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -144,13 +154,25 @@ def run_plain(engine: str, ids: list[int]) -> dict[str, float]:
             "import_cpu": marks["import"][1], "whole_cpu": whole_cpu}
 
 
-def run_invar(engine: str, ids: list[int], digest: str) -> dict[str, float]:
+def run_invar(engine: str, ids: list[int], digest: str, servers: Path | None = None) -> dict[str, float]:
+    """`servers`: the fork servers' folder, to fork the worker from one (`--forked`); None: a fresh process."""
+    os.environ.pop(forkserver.ENV, None)
+    if servers is not None:
+        os.environ[forkserver.ENV] = str(servers)
     cpu_before, core_before = children_cpu(), time.process_time()
     started = time.perf_counter()
-    client = start_worker(engine, Role.INFERENCE)
+    try:
+        client = start_worker(engine, Role.INFERENCE)
+    finally:
+        os.environ.pop(forkserver.ENV, None)
     shook = time.perf_counter()
-    assert isinstance(client.process, subprocess.Popen)  # a local worker: its /proc entry is on this machine
-    handshake_cpu = process_cpu(client.process.pid)
+    forked = isinstance(client.process, forkserver.ForkedWorker)
+    if forked != (servers is not None):
+        raise SystemExit(f"bench/startup.py: the {engine} worker was {'' if forked else 'not '}forked")
+    assert isinstance(client.process, subprocess.Popen | forkserver.ForkedWorker)  # its /proc entry is here
+    pid = client.process.pid
+    handshake_cpu = process_cpu(pid)
+    worker_cpu = 0.0
     try:
         client.call("load_model", {"model_dir": str(DEFAULT_MODEL), "model_digest": digest, "dtype": "float32",
                                    "quantization": "none", "adapter": None})
@@ -158,10 +180,12 @@ def run_invar(engine: str, ids: list[int], digest: str) -> dict[str, float]:
         client.call("generate", {"requests": [{"request_id": "r0", "prompt": PROMPT, "prompt_ids": ids, "seed": 0,
                                                "temperature": 0.0, "top_p": 1.0, "max_tokens": 4}]})
         generated = time.perf_counter()
+        if forked:
+            worker_cpu = process_cpu(pid)  # not this process's child: its CPU is not in our children's usage
     finally:
         code = client.close()
     closed = time.perf_counter()
-    whole_cpu = children_cpu() - cpu_before + time.process_time() - core_before
+    whole_cpu = children_cpu() - cpu_before + worker_cpu + time.process_time() - core_before
     if code != 0:
         raise SystemExit(f"bench/startup.py: the {engine} worker exited with {code}")
     return {"handshake": shook - started, "load": loaded - shook, "generate": generated - loaded,
@@ -235,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", default="hf,mlx,vllm")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--forked", action="store_true",
+                        help="also start HF and MLX workers forked from a fork server, as a third side of each pair")
     parser.add_argument("--cli-before", type=Path, default=None,
                         help="another checkout's src: pair the CLI's start against it")
     args = parser.parse_args(argv)
@@ -246,14 +272,27 @@ def main(argv: list[str] | None = None) -> int:
     digest = canonical.tree_digest(DEFAULT_MODEL)
     result: dict[str, Any] = {"model": str(DEFAULT_MODEL.name), "reps": args.reps, "load_1min": os.getloadavg()[0],
                               "engines": {}}
+    servers = Path(tempfile.mkdtemp(prefix="invar-forkservers-"))
     for engine in engines:
-        rows: dict[str, list[dict[str, float]]] = {"invar": [], "plain": []}
+        sides = ["invar", "plain"]
+        server = None
+        if args.forked and engine in FORKED:
+            sides.append("forked")
+            started = time.perf_counter()
+            server = forkserver.start(servers, ENGINES[engine], worker_env(None, engine))
+            while not forkserver.socket_path(servers, ENGINES[engine]).exists():
+                if server.poll() is not None:
+                    raise SystemExit(f"bench/startup.py: the {engine} fork server exited with {server.returncode}")
+                time.sleep(0.05)
+            result.setdefault("fork_server_ready_s", {})[engine] = time.perf_counter() - started
+        rows: dict[str, list[dict[str, float]]] = {who: [] for who in sides}
         loads: list[float] = []
         for rep in range(args.reps):
             loads.append(os.getloadavg()[0])
-            order = ("invar", "plain") if rep % 2 == 0 else ("plain", "invar")
+            order = sides[rep % len(sides):] + sides[:rep % len(sides)]  # each side first in turn
             for who in order:
-                row = run_invar(engine, ids, digest) if who == "invar" else run_plain(engine, ids)
+                row = (run_plain(engine, ids) if who == "plain"
+                       else run_invar(engine, ids, digest, servers if who == "forked" else None))
                 rows[who].append(row)
                 print(f"{engine} rep {rep + 1}/{args.reps} {who}: "
                       + ", ".join(f"{k} {v:.2f} s" for k, v in row.items()) + f" (load {os.getloadavg()[0]:.1f})",
@@ -266,6 +305,14 @@ def main(argv: list[str] | None = None) -> int:
                                    ("whole_over_whole_cpu", "whole_cpu", "whole_cpu")):
             ratios = [i[mine] / p[theirs] for i, p in zip(rows["invar"], rows["plain"], strict=True)]
             pairs[name] = {"median": statistics.median(ratios), "ci95": median_ci95(ratios), "pairs": ratios}
+        if server is not None:
+            server.terminate()
+            server.wait(60)
+            for name, key in (("forked_over_invar_handshake", "handshake"),
+                              ("forked_over_invar_handshake_cpu", "handshake_cpu"),
+                              ("forked_over_invar_whole", "whole"), ("forked_over_invar_whole_cpu", "whole_cpu")):
+                ratios = [f[key] / i[key] for f, i in zip(rows["forked"], rows["invar"], strict=True)]
+                pairs[name] = {"median": statistics.median(ratios), "ci95": median_ci95(ratios), "pairs": ratios}
         result["engines"][engine] = {
             **steps,
             "handshake_over_import": steps["invar"]["handshake"]["median"] / steps["plain"]["import"]["median"],
@@ -311,6 +358,23 @@ def main(argv: list[str] | None = None) -> int:
               f"| {cell('handshake_over_import_cpu')} | {cell('handshake_over_import')} "
               f"| {inv['whole_cpu']['median']:.2f} s | {pl['whole_cpu']['median']:.2f} s "
               f"| {cell('whole_over_whole_cpu')} |")
+    forked = {e: r for e, r in result["engines"].items() if "forked" in r}
+    if forked:
+        print("\n| engine | fork server ready | forked handshake | invar handshake | forked / invar handshake, wall "
+              "(95 %) | forked / invar handshake, CPU (95 %) | forked whole | invar whole | forked / invar whole, "
+              "wall (95 %) | forked / invar whole, CPU (95 %) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+    for engine, r in forked.items():
+        fk, inv, pr = r["forked"], r["invar"], r["paired"]
+
+        def cell2(key: str, pr: dict[str, Any] = pr) -> str:
+            return f"{pr[key]['median']:.2f} ({pr[key]['ci95'][0]:.2f}–{pr[key]['ci95'][1]:.2f})"
+
+        print(f"| {engine} | {result['fork_server_ready_s'][engine]:.2f} s | {fk['handshake']['median']:.2f} s "
+              f"| {inv['handshake']['median']:.2f} s | {cell2('forked_over_invar_handshake')} "
+              f"| {cell2('forked_over_invar_handshake_cpu')} | {fk['whole']['median']:.2f} s "
+              f"| {inv['whole']['median']:.2f} s | {cell2('forked_over_invar_whole')} "
+              f"| {cell2('forked_over_invar_whole_cpu')} |")
     c = result["cli"]
     print(f"\ninvar --help {c['help']['median']:.2f} s, invar use plan --help {c['use_plan_help']['median']:.2f} s, "
           f"import invar.cli.app {c['import_app']['median']:.2f} s, "

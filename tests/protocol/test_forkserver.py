@@ -113,11 +113,13 @@ def test_the_workers_of_a_killed_command_are_killed(echo_server: subprocess.Pope
     script = ("import sys, time\nfrom invar.engines import start_worker\nw = start_worker('echo')\n"
               "print(type(w.process).__name__, w.identity.pid, flush=True)\ntime.sleep(600)\n")
     command = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert command.stdout is not None
-    kind, pid = command.stdout.readline().split()
-    assert kind == "ForkedWorker"
-    command.kill()
-    command.wait(10)
+    try:
+        assert command.stdout is not None
+        kind, pid = command.stdout.readline().split()
+        assert kind == "ForkedWorker"
+    finally:
+        command.kill()
+        command.wait(10)
     assert _gone(int(pid)), "a forked worker outlived the command that started it"
 
 
@@ -158,6 +160,33 @@ def test_the_core_is_read_from_the_files_at_each_start(tmp_path: Path, monkeypat
         assert len(set(digests)) == 3
     finally:
         assert "3 workers forked, 0 refused" in _stop(server)
+
+
+def test_names_the_engine_sets_or_never_reads_may_differ(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name the engine's import sets, carried at that value (a command that imported torch itself passes it on),
+    and the names of an engine library the server has not imported, are no reason to refuse; the name at another
+    value is."""
+    (tmp_path / "sets_a_name.py").write_text("import os\nos.environ['SET_AT_IMPORT'] = 'by the import'\n")
+    (tmp_path / "probe_worker.py").write_text(
+        "import sets_a_name\nfrom invar.protocol import exit_worker\nfrom invar.workers.echo import main\n"
+        "if __name__ == '__main__':\n    exit_worker(main())\n")
+    monkeypatch.setitem(engines.ENGINES, "echo", "probe_worker")
+    path = {"PYTHONPATH": f"{SRC}{os.pathsep}{tmp_path}"}
+    assert forkserver.preloads("probe_worker", [str(tmp_path)]) == ["sets_a_name"]
+    folder = tmp_path / "fs"
+    server = _serve(folder, "probe_worker", engines.worker_env(path, "echo"))
+    monkeypatch.setenv(forkserver.ENV, str(folder))
+    try:
+        carried = {**path, "SET_AT_IMPORT": "by the import", "VLLM_LOGGING_LEVEL": "DEBUG", "MLX_SOMETHING": "1"}
+        with start_worker("echo", env=carried) as w:
+            assert isinstance(w.process, ForkedWorker)
+            assert w.call("echo", {"a": 3}) == {"a": 3}
+        with start_worker("echo", env={**path, "SET_AT_IMPORT": "by the command"}) as w:
+            assert isinstance(w.process, subprocess.Popen)
+    finally:
+        log = _stop(server)
+    assert "1 workers forked, 1 refused" in log
+    assert "its environment differs on SET_AT_IMPORT" in log
 
 
 @pytest.mark.parametrize("change", ["OMP_NUM_THREADS", "a search path with another numpy"])

@@ -71,6 +71,10 @@ SHELL_NAMES = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "COLUMNS", "LINES"})
 sets in a process's environment (pytest loads it, so every command a test starts has them): no engine's import reads
 them, and the child runs with the request's own."""
 
+OTHER_LIBRARIES = {"VLLM_": "vllm", "MLX_": "mlx", "RAY_": "ray"}
+"""Environment prefixes of libraries that read their own names: a difference there cannot matter to a server that
+has not imported the library (an HF server and `VLLM_CPU_KVCACHE_SPACE`); the child runs with the request's own."""
+
 _MESSAGE_LIMIT = 1 << 20
 _REQUEST_TIMEOUT_S = 10.0
 
@@ -238,8 +242,11 @@ def _refusal(request: Mapping[str, Any], module: str, served: Sequence[str]) -> 
     if argv[0] != sys.executable or argv[1:3] != ["-P", "-m"] or argv[3] != module:
         return f"not this server's command line ({' '.join(argv[:4])})"
     names = set(env) | set(_STARTED_ENV)
+    unloaded = tuple(prefix for prefix, library in OTHER_LIBRARIES.items() if library not in sys.modules)
     differ = sorted(n for n in names if env.get(n) != _STARTED_ENV.get(n) and n != "PYTHONPATH"
-                    and n not in SHELL_NAMES and not n.startswith(RUNTIME_NAMES))
+                    and n not in SHELL_NAMES and not n.startswith(RUNTIME_NAMES + unloaded)
+                    # what the engine's own import sets it to: a fresh worker's import would leave it so
+                    and not (n in _SET_BY_IMPORTS and env.get(n) == _SET_BY_IMPORTS[n]))
     if differ:
         return "its environment differs on " + ", ".join(differ)
     if env.get("PYTHONPATH") != _STARTED_ENV.get("PYTHONPATH"):
