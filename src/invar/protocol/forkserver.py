@@ -71,6 +71,11 @@ SHELL_NAMES = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "COLUMNS", "LINES"})
 sets in a process's environment (pytest loads it, so every command a test starts has them): no engine's import reads
 them, and the child runs with the request's own."""
 
+CALL_TIME_NAMES = frozenset({"TRANSFORMERS_NO_ADVISORY_WARNINGS", "PYTHONBREAKPOINT", "MYPY_CONFIG_FILE_DIR"})
+"""Names read only when used, never at an import: transformers at each advisory warning (mlx-lm's import sets it,
+so a command that imported mlx-lm carries it), Python at each `breakpoint()`, and mypy's own (a command that ran
+mypy in its process carries it); the child runs with the request's own."""
+
 OTHER_LIBRARIES = {"VLLM_": "vllm", "MLX_": "mlx", "RAY_": "ray"}
 """Environment prefixes of libraries that read their own names: a difference there cannot matter to a server that
 has not imported the library (an HF server and `VLLM_CPU_KVCACHE_SPACE`); the child runs with the request's own."""
@@ -244,7 +249,7 @@ def _refusal(request: Mapping[str, Any], module: str, served: Sequence[str]) -> 
     names = set(env) | set(_STARTED_ENV)
     unloaded = tuple(prefix for prefix, library in OTHER_LIBRARIES.items() if library not in sys.modules)
     differ = sorted(n for n in names if env.get(n) != _STARTED_ENV.get(n) and n != "PYTHONPATH"
-                    and n not in SHELL_NAMES and not n.startswith(RUNTIME_NAMES + unloaded)
+                    and n not in SHELL_NAMES | CALL_TIME_NAMES and not n.startswith(RUNTIME_NAMES + unloaded)
                     # what the engine's own import sets it to: a fresh worker's import would leave it so
                     and not (n in _SET_BY_IMPORTS and env.get(n) == _SET_BY_IMPORTS[n]))
     if differ:
