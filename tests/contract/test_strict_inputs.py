@@ -17,6 +17,7 @@ from contract_runs import declaration, make_workspace, toml_text
 
 from invar import owner_files
 from invar.contract.model import parse_contract, read_declaration
+from invar.contract.prepare import load_contract
 from invar.errors import ContractError
 from invar.loop.config import ConfigError, parse_config, read_config
 from invar.owner_files import read_regular_file
@@ -290,3 +291,18 @@ def test_a_file_longer_than_it_was_when_opened_is_read_whole_and_still_held_to_t
     assert read_regular_file(path, "population file") == b"x" * 5000
     with pytest.raises(ContractError, match=r"holds more than the 4,000 bytes a population file may hold"):
         read_regular_file(path, "population file", limit=4000)
+
+
+def test_a_model_folder_whose_name_holds_a_control_character_is_named_on_one_line(tmp_path: Path) -> None:
+    # Found by the contract fuzz: a reference model_dir of "\r", a folder without a tokenizer, was echoed raw by the
+    # tokenizer's reader, splitting the one-line error.
+    ws = make_workspace(tmp_path, units=20)
+    (tmp_path / "mo\rdel").mkdir()
+    data = json.loads(ws.contract_path.read_bytes())
+    data["reference"]["model_dir"] = "mo\rdel"
+    ws.contract_path.write_bytes(parse_contract(json.dumps(data).encode(), "c").canonical_json())
+    with pytest.raises(ContractError) as err:
+        load_contract(ws.contract_path)
+    text = str(err.value)
+    assert text.isprintable(), repr(text)
+    assert f"{tmp_path}/mo\\rdel/tokenizer.json does not exist" in text
