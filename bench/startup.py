@@ -250,6 +250,11 @@ def cli_pairs(before_src: Path, reps: int) -> dict[str, Any]:
     return out
 
 
+def ratio_cell(ratio: dict[str, Any]) -> str:
+    """A paired ratio as a table shows it: its median and 95 % interval."""
+    return f"{ratio['median']:.2f} ({ratio['ci95'][0]:.2f}–{ratio['ci95'][1]:.2f})"
+
+
 def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -349,15 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for engine, r in result["engines"].items():
         inv, pl, pr = r["invar"], r["plain"], r["paired"]
-
-        def cell(key: str, pr: dict[str, Any] = pr) -> str:
-            return f"{pr[key]['median']:.2f} ({pr[key]['ci95'][0]:.2f}–{pr[key]['ci95'][1]:.2f})"
-
         print(f"| {engine} | {len(r['load_1min_at_pair'])} | {', '.join(f'{x:.1f}' for x in r['load_1min_at_pair'])} "
               f"| {inv['handshake_cpu']['median']:.2f} s | {pl['import_cpu']['median']:.2f} s "
-              f"| {cell('handshake_over_import_cpu')} | {cell('handshake_over_import')} "
+              f"| {ratio_cell(pr['handshake_over_import_cpu'])} | {ratio_cell(pr['handshake_over_import'])} "
               f"| {inv['whole_cpu']['median']:.2f} s | {pl['whole_cpu']['median']:.2f} s "
-              f"| {cell('whole_over_whole_cpu')} |")
+              f"| {ratio_cell(pr['whole_over_whole_cpu'])} |")
     forked = {e: r for e, r in result["engines"].items() if "forked" in r}
     if forked:
         print("\n| engine | fork server ready | forked handshake | invar handshake | forked / invar handshake, wall "
@@ -366,15 +367,11 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---|---|---|---|---|---|---|---|---|")
     for engine, r in forked.items():
         fk, inv, pr = r["forked"], r["invar"], r["paired"]
-
-        def cell2(key: str, pr: dict[str, Any] = pr) -> str:
-            return f"{pr[key]['median']:.2f} ({pr[key]['ci95'][0]:.2f}–{pr[key]['ci95'][1]:.2f})"
-
         print(f"| {engine} | {result['fork_server_ready_s'][engine]:.2f} s | {fk['handshake']['median']:.2f} s "
-              f"| {inv['handshake']['median']:.2f} s | {cell2('forked_over_invar_handshake')} "
-              f"| {cell2('forked_over_invar_handshake_cpu')} | {fk['whole']['median']:.2f} s "
-              f"| {inv['whole']['median']:.2f} s | {cell2('forked_over_invar_whole')} "
-              f"| {cell2('forked_over_invar_whole_cpu')} |")
+              f"| {inv['handshake']['median']:.2f} s | {ratio_cell(pr['forked_over_invar_handshake'])} "
+              f"| {ratio_cell(pr['forked_over_invar_handshake_cpu'])} | {fk['whole']['median']:.2f} s "
+              f"| {inv['whole']['median']:.2f} s | {ratio_cell(pr['forked_over_invar_whole'])} "
+              f"| {ratio_cell(pr['forked_over_invar_whole_cpu'])} |")
     c = result["cli"]
     print(f"\ninvar --help {c['help']['median']:.2f} s, invar use plan --help {c['use_plan_help']['median']:.2f} s, "
           f"import invar.cli.app {c['import_app']['median']:.2f} s, "

@@ -22,7 +22,7 @@ from typing import Any, Literal, Protocol
 
 from invar.errors import InvarError
 from invar.home import HOME
-from invar.protocol import Recorder, Role, WorkerClient, WorkerProcess, forkserver
+from invar.protocol import Recorder, Role, WorkerClient, WorkerProcess
 from invar.protocol.client import spawn_local
 from invar.worker_code import FOLLOWED, WorkerCodeError, code_digest, search_path
 
@@ -348,11 +348,21 @@ def check_worker_code(engine: str, expected: str, who: str, env: Mapping[str, st
     return actual
 
 
+FORKSERVER_ENV = "INVAR_FORKSERVER"
+"""`invar.protocol.forkserver.ENV`, named here so that a command imports the fork server's client (sockets and all,
+about 18 ms) only where the variable is set."""
+
+
 def _spawn(argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> WorkerProcess:
     """A local worker: forked by a fork server where `INVAR_FORKSERVER` names one that serves it (its engine already
     imported, `invar.protocol.forkserver`), a fresh subprocess otherwise."""
-    forked = forkserver.spawn(argv, env, cwd)
-    return forked if forked is not None else spawn_local(argv, env, cwd)
+    if os.environ.get(FORKSERVER_ENV):
+        from invar.protocol import forkserver
+
+        forked = forkserver.spawn(argv, env, cwd)
+        if forked is not None:
+            return forked
+    return spawn_local(argv, env, cwd)
 
 
 def worker_argv(engine: str, role: Role, args: list[str] | None = None) -> list[str]:

@@ -237,3 +237,11 @@ def test_the_preloads_are_the_workers_module_level_engine_imports() -> None:
     mlx = forkserver.preloads(engines.ENGINES["mlx"], sys.path)
     assert {"mlx.core", "mlx_lm.utils"} <= set(mlx)
     assert "torch" not in mlx
+
+
+def test_a_command_imports_the_fork_server_only_where_one_is_named() -> None:
+    assert engines.FORKSERVER_ENV == forkserver.ENV
+    probe = "import sys, invar.engines; print('invar.protocol.forkserver' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if k != forkserver.ENV}
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    assert shown.stdout.strip() == "False"

@@ -376,8 +376,8 @@ def serve(folder: Path, module: str) -> int:
     sel.register(listener, selectors.EVENT_READ, "listen")
     print(f"forkserver {os.getpid()}: serving {module} ({len(served)} modules preloaded)", file=sys.stderr,
           flush=True)
-    children: dict[int, socket.socket | None] = {}  # child pid → its connection (None once the core is gone)
-    conns: dict[socket.socket, int] = {}
+    # child pid → its connection (None once the core is gone); each connection is registered with its child's pid
+    children: dict[int, socket.socket | None] = {}
     forked = refused = 0
 
     def reap() -> None:
@@ -390,7 +390,6 @@ def serve(folder: Path, module: str) -> int:
                 return
             conn = children.pop(pid, None)
             if conn is not None:
-                conns.pop(conn, None)
                 sel.unregister(conn)
                 with contextlib.suppress(OSError):
                     conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
@@ -433,7 +432,7 @@ def serve(folder: Path, module: str) -> int:
                 pid = os.fork()
                 if pid == 0:
                     _become_worker(request, fds, [wake_r, wake_w, listener.fileno(), conn.fileno(), sel.fileno(),
-                                                  *(c.fileno() for c in conns)])
+                                                  *(c.fileno() for c in children.values() if c is not None)])
                 for fd in fds:
                     os.close(fd)
                 forked += 1
@@ -447,26 +446,21 @@ def serve(folder: Path, module: str) -> int:
                     children[pid] = None
                     continue
                 children[pid] = conn
-                conns[conn] = pid
-                sel.register(conn, selectors.EVENT_READ, "conn")
+                sel.register(conn, selectors.EVENT_READ, pid)
             else:  # a worker's connection: `k` asks for the kill; its end means the core that started it is gone
-                peer = key.fileobj
+                peer, owner = key.fileobj, key.data
                 assert isinstance(peer, socket.socket)
-                conn = peer
                 try:
-                    data = conn.recv(64)
+                    data = peer.recv(64)
                 except OSError:
                     data = b""
-                owner = conns.get(conn)
-                if owner is not None and (b"k" in data or not data):
+                if b"k" in data or not data:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(owner, signal.SIGKILL)
                 if not data:
-                    sel.unregister(conn)
-                    conns.pop(conn, None)
-                    if owner is not None:
-                        children[owner] = None
-                    conn.close()
+                    sel.unregister(peer)
+                    children[owner] = None
+                    peer.close()
     print(f"forkserver {os.getpid()}: stopped; {forked} workers forked, {refused} refused", file=sys.stderr,
           flush=True)
     return 0
