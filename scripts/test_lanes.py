@@ -42,8 +42,9 @@ FIRST_LANE = ("contract", "fuzz", "loop", "protocol", "records", "stats", "tasks
 the fork servers (2026-12-03, `--durations-min=2`): this lane 1,856 s with `anymodel` (125 s) and `patches` (85 s)
 in it, the other 1,377 s; they moved to the other lane."""
 
-FORKED = ("hf", "mlx")
-"""The engines whose workers the lanes fork from a server: the two whose imports are most of a start."""
+FORKED = ("hf", "mlx", "vllm")
+"""The engines whose workers the lanes fork from a server: HF and MLX, whose imports are most of a start, and vLLM,
+whose import (about 9 s of CPU here) is a third of a start on the tiny model."""
 
 
 def start_fork_servers(folder: Path) -> list[tuple[str, subprocess.Popen[bytes], Path]]:

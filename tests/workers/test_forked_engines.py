@@ -1,6 +1,6 @@
 """A worker forked from a fork server (`invar.protocol.forkserver`) computes what a fresh worker of its engine does:
 the same `invar evaluate` run through each gives the same tokens and bit-identical log-probabilities, from the
-same worker code, on the real HF and MLX engines."""
+same worker code, on the real HF, MLX and vLLM engines."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _evaluate(run: Path, engine: str, env: dict[str, str]) -> dict[str, object]:
     return result
 
 
-@pytest.mark.parametrize("engine", ["hf", "mlx"])
+@pytest.mark.parametrize("engine", ["hf", "mlx", "vllm"])
 def test_a_forked_worker_evaluates_bit_for_bit_as_a_fresh_one(engine: str, tmp_path: Path) -> None:
     module, folder = engines.ENGINES[engine], tmp_path / "fs"
     with (tmp_path / "fs.log").open("wb") as log:

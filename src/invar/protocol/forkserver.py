@@ -3,15 +3,16 @@
     python -P -m invar.protocol.forkserver FOLDER invar.workers.hf_worker     (one server per worker module)
     INVAR_FORKSERVER=FOLDER invar ...
 
-Most of an HF or MLX worker's start is importing torch and transformers, or mlx and mlx-lm: about 5 s of CPU of
-the 6–7 s to its handshake on this project's machines. A fork server imports a worker module's engine libraries
-once (the third-party modules the worker's file imports at module level, read from its source: nothing of the
-worker or the core is run), then forks one child per worker. The child becomes the worker the core asked for: its
-own session, the core's pipes as its stdin, stdout and stderr, the core's folder, environment and command line, and
-the worker module run as `__main__` from the files on disk. Every `invar` module is imported afresh in the child, so
-the code that answers, and the worker digest it reports, are those of the files at the time of the call, as for a
-fresh process. The core binds and records the worker exactly as it does a local subprocess; nothing in the records
-says how it started, apart from the worker's pid (its parent is the server).
+Most of an HF or MLX worker's start is importing torch and transformers, or mlx and mlx-lm: about 5 s of CPU of the
+6–7 s to its handshake on this project's machines; a vLLM worker's import of vllm takes longer still. A fork server
+imports a worker module's engine libraries once (the third-party modules the worker's file imports at module level,
+read from its source, and its `STARTUP_IMPORTS`: nothing of the worker or the core is run), then forks one child per
+worker. The child becomes
+the worker the core asked for: its own session, the core's pipes as its stdin, stdout and stderr, the core's folder,
+environment and command line, and the worker module run as `__main__` from the files on disk. Every `invar` module
+is imported afresh in the child, so the code that answers, and the worker digest it reports, are those of the files
+at the time of the call, as for a fresh process. The core binds and records the worker exactly as it does a local
+subprocess; nothing in the records says how it started, apart from the worker's pid (its parent is the server).
 
 Decision: **serve only what a fresh process would run the same way, and start a fresh process otherwise.** A
 preloaded library has read its environment at import (OpenMP's thread count, the hub's offline flags, …), so a
@@ -23,12 +24,14 @@ it: the core starts the worker as a local subprocess (`spawn_local`), as without
 
 Decision: **the server process is single-threaded** (a selector over its socket, its connections and a SIGCHLD
 wake-up), since a fork copies only the thread that calls it. The engines are imported, never run, before a fork, so
-no thread pool is started that a child would inherit half of. Each worker's connection stays open while it runs:
-the server sends the exit status when it reaps the child, kills the child's session when asked (`kill`) and when
-the connection drops (the core that started it is gone, as a local worker dies with its parent). A server that
-stops kills its children too: each watches its parent (`invar.protocol.server._die_with_parent`).
+no thread pool is started that a child would inherit half of (the only other threads are the BLAS libraries' idle
+servers that numpy, scipy and OpenCV load, which OpenBLAS restarts after a fork). Each worker's connection stays
+open while it runs: the server sends the exit status when it reaps the child, kills the child's session when asked
+(`kill`) and when the connection drops (the core that started it is gone, as a local worker dies with its parent). A
+server that stops kills its children too: each watches its parent (`invar.protocol.server._die_with_parent`).
 
-Not for: the shared training layout (its worker takes a second channel of pipes) and Ray placements, which start
+A vLLM worker builds its engine, and with it the engine's own processes and threads, in the child. Not for: the
+shared training layout (its worker takes a second channel of pipes) and Ray placements, which start
 their own processes; a worker whose process-wide limits or CPU affinity must be the command's (a forked child has
 the server's).
 """
@@ -80,6 +83,11 @@ OTHER_LIBRARIES = {"VLLM_": "vllm", "MLX_": "mlx", "RAY_": "ray"}
 """Environment prefixes of libraries that read their own names: a difference there cannot matter to a server that
 has not imported the library (an HF server and `VLLM_CPU_KVCACHE_SPACE`); the child runs with the request's own."""
 
+STARTUP_IMPORTS: dict[str, tuple[str, ...]] = {"invar.workers.vllm_worker": ("vllm",)}
+"""Engines a worker imports inside its start rather than at module level, on every path that reaches its handshake:
+the server preloads them too. vLLM's worker imports `vllm` in `main`, after checking its arguments and setting
+`VLLM_ENABLE_V1_MULTIPROCESSING` for a patch; vLLM reads that name when it builds an engine, not at import."""
+
 _MESSAGE_LIMIT = 1 << 20
 _REQUEST_TIMEOUT_S = 10.0
 
@@ -90,7 +98,7 @@ def socket_path(folder: str | os.PathLike[str], module: str) -> Path:
 
 def preloads(module: str, path: Sequence[str]) -> list[str]:
     """The modules a fork server of worker `module` imports: each one the worker's file imports at module level,
-    outside the `invar` package and `__future__`, in the file's order."""
+    outside the `invar` package and `__future__`, in the file's order, then its `STARTUP_IMPORTS`."""
     from invar.worker_code import _locate  # the worker's file on `path`, as its code digest finds it
 
     found = _locate(module, path)
@@ -103,6 +111,7 @@ def preloads(module: str, path: Sequence[str]) -> list[str]:
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.append(node.module)
+    names += STARTUP_IMPORTS.get(module, ())
     return [n for n in dict.fromkeys(names) if n.partition(".")[0] not in ("invar", "__future__")]
 
 

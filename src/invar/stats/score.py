@@ -26,6 +26,7 @@ limit 1 is a cap proven for no Δ0, and at p_worse = 1 every outcome gives it.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -882,6 +883,20 @@ def upper_limit(worse: int, better: int, n: int, delta: float, ordering: Orderin
     result is min{g : proves(g)} whenever the proof is monotone in Δ0 (it is, up to rounding ties), and a proven
     point always (1 when nothing below it is proven).
     """
+    if ordering is None:
+        return _upper_limit_kept(worse, better, n, delta)
+    return _upper_limit(worse, better, n, delta, ordering)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _upper_limit_kept(worse: int, better: int, n: int, delta: float) -> float:
+    """`upper_limit` with the default ordering, kept per outcome: a bound's lower limit is the upper limit of the
+    mirrored outcome, so a set of outcomes closed under mirroring (a simulation, an enumeration, a plan) asks for
+    each one twice. A limit is a pure function of its arguments, so a kept one is the number a fresh proof gives."""
+    return _upper_limit(worse, better, n, delta, None)
+
+
+def _upper_limit(worse: int, better: int, n: int, delta: float, ordering: Ordering | None) -> float:
     test = make_test(worse, better, n, delta, ordering)
     bits = grid_bits(n)
     top = 2 << bits  # the index of 1.0
