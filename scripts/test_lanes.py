@@ -44,7 +44,9 @@ in it, the other 1,377 s; they moved to the other lane."""
 
 FORKED = ("hf", "mlx", "vllm")
 """The engines whose workers the lanes fork from a server: HF and MLX, whose imports are most of a start, and vLLM,
-whose import (about 9 s of CPU here) is a third of a start on the tiny model."""
+whose import is a quarter of an `evaluate` of 24 units on the tiny model (forked 21 and 20 CPU-s against 28 and 29
+fresh, 2026-12-04). Two `--durations` runs of the same suite that day: 2,096 s wall and 3,644 CPU-s with vLLM forked,
+2,205 s and 3,837 CPU-s without."""
 
 
 def start_fork_servers(folder: Path) -> list[tuple[str, subprocess.Popen[bytes], Path]]:
