@@ -4,6 +4,7 @@ started them; a request a fresh process would see differently is refused and sta
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import signal
@@ -245,3 +246,16 @@ def test_a_command_imports_the_fork_server_only_where_one_is_named() -> None:
     env = {k: v for k, v in os.environ.items() if k != forkserver.ENV}
     shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
     assert shown.stdout.strip() == "False"
+
+
+def test_each_startup_import_is_one_the_workers_main_always_makes() -> None:
+    """`STARTUP_IMPORTS` preloads what a worker imports inside `main`: only a statement of `main`'s own body (not
+    under an `if` or a `try`) is made on every path to the handshake, so a preload is never something a fresh worker
+    would not import. The list is also what `preloads` returns after the module-level imports."""
+    for module, names in forkserver.STARTUP_IMPORTS.items():
+        source = Path(invar.__file__).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+        (main,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+        imported = {alias.name for node in main.body if isinstance(node, ast.Import) for alias in node.names}
+        assert set(names) <= imported, (module, names, imported)
+        assert forkserver.preloads(module, sys.path)[-len(names):] == list(names)

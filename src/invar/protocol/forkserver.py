@@ -7,12 +7,12 @@ Most of an HF or MLX worker's start is importing torch and transformers, or mlx 
 6–7 s to its handshake on this project's machines; a vLLM worker's import of vllm takes longer still. A fork server
 imports a worker module's engine libraries once (the third-party modules the worker's file imports at module level,
 read from its source, and its `STARTUP_IMPORTS`: nothing of the worker or the core is run), then forks one child per
-worker. The child becomes
-the worker the core asked for: its own session, the core's pipes as its stdin, stdout and stderr, the core's folder,
-environment and command line, and the worker module run as `__main__` from the files on disk. Every `invar` module
-is imported afresh in the child, so the code that answers, and the worker digest it reports, are those of the files
-at the time of the call, as for a fresh process. The core binds and records the worker exactly as it does a local
-subprocess; nothing in the records says how it started, apart from the worker's pid (its parent is the server).
+worker. The child becomes the worker the core asked for: its own session, the core's pipes as its stdin, stdout and
+stderr, the core's folder, environment and command line, and the worker module run as `__main__` from the files on
+disk. Every `invar` module is imported afresh in the child, so the code that answers, and the worker digest it
+reports, are those of the files at the time of the call, as for a fresh process. The core binds and records the
+worker exactly as it does a local subprocess; nothing in the records says how it started, apart from the worker's
+pid (its parent is the server).
 
 Decision: **serve only what a fresh process would run the same way, and start a fresh process otherwise.** A
 preloaded library has read its environment at import (OpenMP's thread count, the hub's offline flags, …), so a
@@ -31,9 +31,9 @@ open while it runs: the server sends the exit status when it reaps the child, ki
 server that stops kills its children too: each watches its parent (`invar.protocol.server._die_with_parent`).
 
 A vLLM worker builds its engine, and with it the engine's own processes and threads, in the child. Not for: the
-shared training layout (its worker takes a second channel of pipes) and Ray placements, which start
-their own processes; a worker whose process-wide limits or CPU affinity must be the command's (a forked child has
-the server's).
+shared training layout (its worker takes a second channel of pipes) and Ray placements, which start their own
+processes; a worker whose process-wide limits or CPU affinity must be the command's (a forked child has the
+server's).
 """
 
 from __future__ import annotations
