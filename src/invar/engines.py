@@ -141,7 +141,8 @@ ENGINE_TABLE: dict[str, EngineInfo] = {e.name: e for e in (
         # A small KV cache on the CPU (GiB), and vLLM's own logging kept to warnings.
         env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}, host_cores=_vllm_cores),
     EngineInfo("mlx", "invar.workers.mlx_worker", {
-        "map_rope_parameters": LaunchSetting("--no-map-rope-parameters", bool, flag_when=False, default=True)}),
+        "map_rope_parameters": LaunchSetting("--no-map-rope-parameters", bool, flag_when=False, default=True),
+        "blas": LaunchSetting("--blas", str, ("bundled", "openblas"), default="bundled")}),
     # An OpenAI-compatible server: where it is and what it serves; the key is named, never given (docs/endpoints.md).
     EngineInfo("openai", "invar.workers.openai_worker", {
         "base_url": LaunchSetting("--base-url", str, required=True),

