@@ -4,14 +4,16 @@
     .venv/bin/python bench/cross_engine.py --model models/smollm2-135m-instruct --population data/chat-eval.jsonl \
         --scorer numeric --scorer-setting 'which="last"' --max-tokens 8 --temperatures 1.0,0.7,0 --alone \
         --engines hf,vllm --count 32 --batch-size 16 --out docs/cross_engine_smollm2.json
+    ... the same with --engines hf,vllm,mlx --setting mlx:blas=openblas --out docs/cross_engine_smollm2_openblas.json
 
 The first is the shipped tiny model on its arithmetic task (the defaults); the second the real model on its chat
-task, on the two engines fast enough here for 32 chats (MLX's CPU backend needs about a quarter of a second per
-token of every forward on this model: docs/cross_engine.md runs it on fewer). For a seeded sample of the
-population, at each temperature, every engine (Hugging Face, vLLM, MLX, or those `--engines` names; float32,
-inference role) samples one response per unit with the same per-unit seed, and then EVERY engine scores every
-engine's sampled tokens, teacher forced, at that temperature (at 1 for a greedy sample, T = 0, whose `generate`
-log-probabilities are at 1). Reported, over every scored token:
+task, on the two engines fast enough here for 32 chats (MLX's CPU backend with the BLAS its wheel bundles needs
+about a quarter of a second per token of every forward on this model: docs/cross_engine.md runs it on fewer); the
+third adds MLX with OpenBLAS (`--setting ENGINE:NAME=VALUE` gives one engine's worker a launch setting). For a
+seeded sample of the population, at each temperature, every engine (Hugging Face, vLLM, MLX, or those `--engines`
+names; float32, inference role) samples one response per unit with the same per-unit seed, and then EVERY engine
+scores every engine's sampled tokens, teacher forced, at that temperature (at 1 for a greedy sample, T = 0, whose
+`generate` log-probabilities are at 1). Reported, over every scored token:
 
 - **pairs** (HF vs vLLM, HF vs MLX, vLLM vs MLX): the two engines' teacher-forced log-probabilities of the same
   tokens: the fraction bit-identical, max |diff| and p99 |diff| (nats);
@@ -66,7 +68,7 @@ for path in (REPO / "src", REPO):  # run from a checkout without installing the 
 import numpy as np  # noqa: E402
 
 from invar import canonical  # noqa: E402
-from invar.engines import DEFAULT_MODEL, start_worker  # noqa: E402
+from invar.engines import DEFAULT_MODEL, launch_args, parse_launch_settings, start_worker  # noqa: E402
 from invar.errors import EvidenceError, InvarError  # noqa: E402
 from invar.protocol import Role, WorkerClient  # noqa: E402
 from invar.records import RunStore  # noqa: E402
@@ -404,7 +406,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "cross_engine.json",
                         help="JSON result; the plot is written beside it as .png")
     parser.add_argument("--run", type=Path, default=None, help="run directory (default: runs/cross-engine-<time>)")
+    parser.add_argument("--setting", action="append", default=[], metavar="ENGINE:NAME=VALUE",
+                        help="a launch setting of one engine's worker, e.g. mlx:blas=openblas (repeatable)")
     args = parser.parse_args(argv)
+    launch: dict[str, dict[str, Any]] = {}
+    for item in args.setting:
+        engine, sep, setting = item.partition(":")
+        if not sep or engine not in args.engines:
+            parser.error(f"--setting {item!r}: write ENGINE:NAME=VALUE for one of {','.join(args.engines)}")
+        try:
+            launch.setdefault(engine, {}).update(parse_launch_settings(engine, [setting]))
+        except InvarError as e:
+            parser.error(str(e))
     if args.batch_size < 1:
         parser.error(f"--batch-size {args.batch_size}: must be at least 1")
     if args.max_tokens < 1:
@@ -427,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
                 "batch_size": args.batch_size, "temperatures": list(args.temperatures), "max_tokens": args.max_tokens,
                 "population": _shown(args.population), "population_sha256": pop_digest,
                 "scorer": scorer_identity(scorer), "model": _shown(model), "model_digest": load["model_digest"],
-                "dtype": "float32", "alone": args.alone, "engine_names": list(args.engines)}
+                "dtype": "float32", "alone": args.alone, "engine_names": list(args.engines),
+                "launch_settings": launch}
     command = ".venv/bin/python bench/cross_engine.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     results: dict[str, Any] = {}
     diffs: dict[str, dict[str, np.ndarray]] = {}
@@ -435,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     with RunStore.create(run_dir, meta={"command": "bench/cross_engine", **settings}) as store:
         try:
             for e in args.engines:
-                workers[e] = start_worker(e, Role.INFERENCE, recorder=store)
+                workers[e] = start_worker(e, Role.INFERENCE, recorder=store,
+                                          args=launch_args(e, launch.get(e, {}), {}))
             loading = {e: w.submit("load_model", load) for e, w in workers.items()}
             for e, p in loading.items():
                 if p.result()["model_digest"] != load["model_digest"]:

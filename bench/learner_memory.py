@@ -1,9 +1,10 @@
-"""Peak memory and wall time of one Hugging Face learner step on a model, as `invar train` runs it.
+"""Peak memory and wall time of one learner step on a model, as `invar train` runs it.
 
     .venv/bin/python bench/learner_memory.py [--model models/smollm2-135m-instruct] [--rows 64] [--tokens 48]
-        [--prompts data/chat-train.jsonl] [--out DIR] [--save proximal.npy]
+        [--prompts data/chat-train.jsonl] [--out DIR] [--save proximal.npy] [--engine hf|mlx] [--setting N=V]
 
-Starts the HF worker in the learner role through the project's own client (`invar.engines.start_worker`), loads the
+Starts the engine's worker (HF by default; `--setting` gives it launch settings, e.g. `--engine mlx --setting
+blas=openblas`) in the learner role through the project's own client (`invar.engines.start_worker`), loads the
 model in float32, and sends one `learner_step` from a fresh seeded LoRA adapter (r 8, alpha 16, q_proj and v_proj,
 AdamW, the objective of configs/arith-vllm-hf.toml, no micro-batching: the learner's default pass). The prompts are
 the first `--rows` prompts of `--prompts` (a population file: chat messages rendered with the model's chat template,
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from invar import canonical
-from invar.engines import start_worker
+from invar.engines import launch_args, parse_launch_settings, start_worker
 from invar.protocol import Role
 from invar.tasks import ModelTokenizer
 
@@ -69,12 +70,15 @@ def main() -> int:
                     help="Population file whose first --rows prompts are scored.")
     ap.add_argument("--out", type=Path, default=None, help="Folder for the saved adapter (default: temporary).")
     ap.add_argument("--save", type=Path, default=None, help="Write the proximal log-probabilities here (.npy).")
+    ap.add_argument("--engine", choices=["hf", "mlx"], default="hf", help="The learner's engine.")
+    ap.add_argument("--setting", action="append", default=[], help="A launch setting of its worker, NAME=VALUE.")
     args = ap.parse_args()
+    settings = parse_launch_settings(args.engine, args.setting)
     model = args.model.resolve()
     config = json.loads((model / "config.json").read_text(encoding="utf-8"))
     batch = samples(model, args.prompts, args.rows, args.tokens, int(config["vocab_size"]))
     out = args.out or Path(tempfile.mkdtemp(prefix="invar-learner-memory-"))
-    client = start_worker("hf", Role.LEARNER)
+    client = start_worker(args.engine, Role.LEARNER, args=launch_args(args.engine, settings, {}))
     try:
         process = client.process
         assert process is not None
@@ -101,7 +105,8 @@ def main() -> int:
     if args.save is not None:
         np.save(args.save, proximal)
     widths = [len(s["prompt_ids"]) + args.tokens for s in batch]
-    report = {"model": str(model), "rows": args.rows, "tokens": args.tokens, "max_width": max(widths),
+    report = {"engine": args.engine, "settings": settings, "model": str(model), "rows": args.rows,
+              "tokens": args.tokens, "max_width": max(widths),
               "mean_prompt": float(np.mean([len(s["prompt_ids"]) for s in batch])),
               "load_s": round(load_s, 1), "step_s": round(step_s, 1),
               "peak_rss_after_load_gb": round(loaded_hwm / 1e9, 2), "peak_rss_step_gb": round(step_hwm / 1e9, 2),

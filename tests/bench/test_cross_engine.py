@@ -131,3 +131,18 @@ def test_a_two_engine_table_names_only_its_engines() -> None:
     assert "| 1.0 | 0.500 / 0.500 | 2 of 2 |" in text
     assert "accuracy (hf / vllm)" in text
     assert "mlx" not in text
+
+
+@pytest.mark.parametrize(("setting", "says"), [
+    ("mlx-blas=openblas", "write ENGINE:NAME=VALUE"),
+    ("vllm:blas=openblas", "write ENGINE:NAME=VALUE"),  # vllm is not among --engines hf,mlx
+    ("mlx:blas=mkl", "blas is one of bundled, openblas"),
+    ("mlx:threads=1", "mlx has no launch setting 'threads'"),
+])
+def test_a_launch_setting_names_one_of_the_engines_and_a_setting_it_takes(
+        setting: str, says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--setting ENGINE:NAME=VALUE` is checked before any worker starts, with the engine table's own message."""
+    with pytest.raises(SystemExit) as stop:
+        cross_engine.main(["--engines", "hf,mlx", "--setting", setting])
+    assert stop.value.code == 2
+    assert says in capsys.readouterr().err

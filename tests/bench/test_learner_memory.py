@@ -36,3 +36,17 @@ def test_one_learner_step_is_measured_and_its_values_saved(tmp_path: Path) -> No
     assert bool(np.all(proximal < 0))
     assert report["proximal_digest"] == canonical.sha256(proximal.tobytes())
     assert (tmp_path / "adapters" / "step1").is_dir()  # the step saved its checkpoint where it was told
+
+
+def test_the_mlx_learner_with_openblas_is_measured_under_its_identity(tmp_path: Path) -> None:
+    """`--engine mlx --setting blas=openblas`: the same step through the MLX learner started with OpenBLAS (the
+    worker starts itself again with the library preloaded, so its /proc entry is the process that stepped)."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "learner_memory.py"), "--model", str(DEFAULT_MODEL),
+                          "--prompts", str(ROOT / "data" / "arith-train.jsonl"), "--rows", "4", "--tokens", "3",
+                          "--out", str(tmp_path / "adapters"), "--engine", "mlx", "--setting", "blas=openblas"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (report["engine"], report["settings"]) == ("mlx", {"blas": "openblas"})
+    assert 0 < report["peak_rss_after_load_gb"] <= report["peak_rss_step_gb"]
+    assert (tmp_path / "adapters" / "step1" / "adapters.safetensors").is_file()  # the MLX learner's format

@@ -10,7 +10,9 @@ teacher-forces HF's responses, so the three engines are compared on the same tok
 - teacher-forced log-probabilities of HF's responses agree across engines within `TOLERANCE`;
 - MLX gives the same numbers, bit for bit, on the folder as transformers wrote it (rope θ only under
   `rope_parameters`, which mlx-lm's Llama ignores: the worker maps it) and on the folder with a top-level
-  `rope_theta`.
+  `rope_theta`;
+- MLX with OpenBLAS (`--blas openblas`) answers as HF does, within the same tolerance, with other bits than the
+  bundled BLAS gives, and says so in its identity.
 
 Tolerance: the engines compute the same float32 model with other kernels and summation orders. Measured here on
 these prompts (the `measured:` line, `pytest -rP`; 24 tokens, log-probabilities down to -3.1 nats): HF–vLLM at most
@@ -43,7 +45,7 @@ CONVERSATIONS = (
     [{"role": "user", "content": "Name a colour."}],
 )
 MAX_TOKENS = 8
-TOLERANCE = {"vllm": 1.5e-4, "mlx": 2e-3, "mlx-fixed": 2e-3}
+TOLERANCE = {"vllm": 1.5e-4, "mlx": 2e-3, "mlx-fixed": 2e-3, "mlx-openblas": 2e-3}
 """|Δ log-prob| in nats allowed against HF on the same token, per worker (see the module docstring)."""
 
 
@@ -54,14 +56,15 @@ def _load(worker: WorkerClient, model: Path) -> None:
 
 @pytest.fixture(scope="module")
 def workers(smollm2_dir: Path, smollm2_mlx_dir: Path) -> Iterator[dict[str, WorkerClient]]:
-    """Workers with the real model loaded: hf, vllm and mlx on the folder as built, mlx-fixed on the mlx folder."""
-    plan = {"hf": ("hf", smollm2_dir), "vllm": ("vllm", smollm2_dir), "mlx": ("mlx", smollm2_dir),
-            "mlx-fixed": ("mlx", smollm2_mlx_dir)}
+    """Workers with the real model loaded: hf, vllm and mlx on the folder as built, mlx-fixed on the mlx folder,
+    mlx-openblas on the mlx folder with OpenBLAS."""
+    plan = {"hf": ("hf", smollm2_dir, []), "vllm": ("vllm", smollm2_dir, []), "mlx": ("mlx", smollm2_dir, []),
+            "mlx-fixed": ("mlx", smollm2_mlx_dir, []), "mlx-openblas": ("mlx", smollm2_mlx_dir, ["--blas", "openblas"])}
     started: dict[str, WorkerClient] = {}
 
     def start(name: str) -> WorkerClient:
-        engine, model = plan[name]
-        client = start_worker(engine, Role.INFERENCE)
+        engine, model, args = plan[name]
+        client = start_worker(engine, Role.INFERENCE, args=args)
         started[name] = client
         _load(client, model)
         return client
@@ -158,3 +161,25 @@ def test_mlx_lm_as_it_reads_the_folder_shows_its_rope_bug(results: dict[str, Any
     gap = _max_gap(results["scored"]["hf"], scored)
     print(f"measured: mlx-lm as it reads the folder, max |Δ log-prob| against hf: {gap:.3f} nats")
     assert gap > 0.5, gap
+
+
+def test_mlx_with_openblas_names_it_and_computes_other_sums(workers: dict[str, WorkerClient],
+                                                           results: dict[str, Any]) -> None:
+    """`--blas openblas` (package setting `blas = "openblas"`): the worker process that answers, the very pid the
+    core started, has OpenBLAS mapped, and its identity names the library by sha256, version, kernel core and one
+    thread. Another BLAS sums in another order, so the teacher-forced numbers are not the bundled BLAS's bits (the
+    tolerance test above holds both to HF)."""
+    worker = workers["mlx-openblas"]
+    settings = worker.identity.settings
+    assert settings["blas"] == "openblas"
+    assert settings["blas_threads"] == "1"
+    assert "blas" not in workers["mlx-fixed"].identity.settings  # the default identity is unchanged
+    assert worker.process is not None
+    pid = worker.process.pid
+    mapped = {line.split()[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+              if "openblas" in line.lower()}  # numpy's own OpenBLAS (its symbols renamed) is mapped as well
+    assert settings["blas_library_sha256"] in {canonical.file_sha256(path) for path in mapped}, mapped
+    assert worker.identity.engine_version["openblas"] == "0.3.15"
+    bundled, openblas = results["scored"]["mlx-fixed"], results["scored"]["mlx-openblas"]
+    assert any(a.tobytes() != b.tobytes() for a, b in zip(bundled, openblas, strict=True))
+    print(f"measured: mlx bundled BLAS against OpenBLAS, max |Δ log-prob| {_max_gap(bundled, openblas):.2e} nats")

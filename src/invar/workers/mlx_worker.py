@@ -529,6 +529,10 @@ class Engine:
                         # batch changes an operand or the order of a sum, so any micro-batch size gives the same bits.
                         g = tree_map(lambda x: x.astype(mx.float64), g)
                     grads = g if grads is None else tree_map(mx.add, grads, g)
+                    # Computed now, not with the batch: a lazy sum would keep every sample's graph (on a real
+                    # vocabulary, each one's [width, V] float32 logits) alive until the end. The same operations
+                    # in the same order, so the same bits.
+                    mx.eval(grads, per_row[-1])
             mx.eval(grads, per_row)
             for current, policy, kl, w in per_row:
                 proximal.append(np.array(current, dtype=np.float32))
