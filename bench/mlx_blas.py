@@ -53,12 +53,12 @@ def matmul_seconds(blas: str) -> float:
     """One [210 × 576] · [576 × 49,152] product's best time of 3, with `blas` loaded as the worker loads it."""
     env = dict(os.environ)
     if blas == "openblas":
-        from invar.workers.mlx_worker import find_openblas
+        from invar.workers.mlx_worker import find_openblas, openblas_env
 
         library = find_openblas()
         if library is None:
             raise SystemExit("no OpenBLAS found (docs/mlx.md)")
-        env.update(LD_PRELOAD=str(library.resolve()), OPENBLAS_NUM_THREADS="1")
+        env = openblas_env(library, env)
     out = subprocess.run([sys.executable, "-c", _MATMUL], env=env, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 

