@@ -341,6 +341,18 @@ class _InFlight:
         return result
 
 
+def test_a_package_s_calls_wait_for_all_its_workers_to_load_so_a_slow_load_still_gets_calls(
+        ws: Workspace, baseline: Path, tmp_path: Path) -> None:
+    """Two workers per package, the last one started loading for a second (fake calls take milliseconds): had
+    calls gone out as each worker loaded, its package's other worker would have taken them all."""
+    script = Script(wrong=SCRIPT.wrong, load_seconds=lambda number: 1.0 if number == 4 else 0.0)
+    transport = FakeTransport(script)
+    run = tmp_path / "run"
+    use_run(ws.contract_path, run, transport=transport, workers=2)
+    assert {number for number, method in transport.received if method == "generate"} == {1, 2, 3, 4}
+    assert _figures(run, ws.contract_path) == _figures(baseline, ws.contract_path)
+
+
 @pytest.mark.parametrize("calls_at_once", [None, 1])
 def test_calls_at_once_bounds_the_calls_computing_together_and_changes_no_record(
         ws: Workspace, baseline: Path, tmp_path: Path, calls_at_once: int | None,

@@ -26,6 +26,7 @@ import hashlib
 import itertools
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,6 +164,8 @@ class Script:
     batch_dependent: Callable[[FakeWorker], bool] = lambda worker: False
     report: Callable[[FakeWorker, str, dict[str, Any]], dict[str, Any]] = lambda worker, method, result: result
     """The generate or score result as sent: a report that names another model than the one loaded, say."""
+    load_seconds: Callable[[int], float] = lambda number: 0.0
+    """How long the worker started `number`-th (from 1) takes to load its model: a slow load, say NF4's."""
 
 
 def _unit_hash(*parts: Any) -> int:
@@ -242,6 +245,7 @@ class FakeWorker:
         adapter = params.get("adapter")
         if adapter is not None and canonical.tree_digest(adapter["path"]) != adapter["digest"]:
             raise MethodError("load_model: the adapter's digest differs")
+        time.sleep(self.transport.script.load_seconds(self.number))
         self.loaded = dict(params)
         self.tokenizer = ModelTokenizer.from_model_dir(model)
         return {"model_digest": digest, "adapter_digest": None if adapter is None else adapter["digest"],

@@ -504,8 +504,6 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
     phase("starting workers (" + ", ".join(f"{specs[role].engine.value} {role}" + (f" ×{count[role]}"
                                                                                    if count[role] > 1 else "")
                                            for role in roles) + turns + ")")
-    # Once every worker is loaded its package's calls go out: generate calls, or only measurements on a resume.
-    loaded = [0]
     after_load = "generating" if any(todo[role] for role in roles) else "measuring"
     generate_share = {role: _Share(todo[role]) for role in roles}
     measure_share = {role: _Share(measure[role]) for role in roles}
@@ -527,12 +525,18 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
     def identities_checked() -> None:
         phase("loading the models")
 
+    def all_loaded() -> None:
+        phase(after_load)
+
     def all_sampled() -> None:
         if any(measure.values()):
             phase("measuring")
 
     # No call is made until every worker has shown the identity the contract names.
     checked = threading.Barrier(len(threads), action=identities_checked)
+    # Nor before every worker has loaded its model: a package's workers share its calls, and one that loaded first
+    # would otherwise take them all while the other still loads (an NF4 load is slower than a tiny model's calls).
+    loaded = threading.Barrier(len(threads), action=all_loaded)
     # No measurement is made until every package has sampled: the candidate scores the reference's responses.
     sampled = threading.Barrier(len(threads), action=all_sampled)
     issued = [0]
@@ -562,9 +566,8 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
                 raise ruled[0] from None
             raise
         except BaseException:
-            checked.abort()
-            sampled.abort()
-            looked.abort()
+            for barrier in (checked, loaded, sampled, looked):
+                barrier.abort()
             raise
 
     def _drive(role: Role, n: int) -> None:
@@ -587,9 +590,6 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
                                         "contract's")
                 with live_lock:
                     live.add(session.client)
-                    loaded[0] += 1
-                    if loaded[0] == len(threads):
-                        phase(after_load)
                 try:
                     yield session
                 finally:
@@ -598,6 +598,7 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
 
         restarts = 0 if placed is None else placed.restarts
         with Lease(session_of, checked.wait, restarts, f"the {role} worker {n + 1}") as lease:
+            loaded.wait()
 
             def ask(method: str, params: dict[str, Any], key: str) -> tuple[dict[str, Any], str]:
                 with gate:  # never held across a barrier: a lease starts its first session before any call
@@ -651,9 +652,8 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
 
     def halt() -> None:
         stop.set()
-        checked.abort()
-        sampled.abort()
-        looked.abort()
+        for barrier in (checked, loaded, sampled, looked):
+            barrier.abort()
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(threads), thread_name_prefix="use-run") as pool:
         futures = [pool.submit(drive, role, n) for role, n in threads]
