@@ -34,8 +34,16 @@ Decisions:
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,7 +59,8 @@ REPLACES = frozenset({"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten
                       "vllm.RMSNorm", "vllm.Sampler"})
 """What this patch takes over; two patches that replace the same thing cannot be applied together."""
 
-_state: dict[str, Any] = {"calls": 0, "poison": False, "engine": None, "mode": None, "in_sampler": False}
+_state: dict[str, Any] = {"calls": 0, "poison": False, "engine": None, "mode": None, "in_sampler": False,
+                          "kernel": None, "implementation": None}
 
 
 def calls() -> int:
@@ -100,6 +109,14 @@ def _left_pad(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 def block_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
     """Sum over `dim` in fixed blocks of `BLOCK`, anchored at the end of the axis: tree in a block, blocks in order."""
+    lib = _kernel()
+    if lib is not None and x.dtype == torch.float32 and x.device.type == "cpu" and x.ndim > 0 and x.shape[dim]:
+        return _block_sum_c(lib, x, dim, keepdim)
+    return block_sum_torch(x, dim, keepdim)
+
+
+def block_sum_torch(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+    """`block_sum` in torch operations (the reference the compiled kernel matches bit for bit)."""
     dim = dim % x.ndim
     if x.shape[dim] == 0:
         return x.sum(dim, keepdim=keepdim)
@@ -112,6 +129,14 @@ def block_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Te
 
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[B, M, K] @ [B, K, N] → [B, M, N]; each output element a fixed-block dot product of its row and column."""
+    lib = _kernel()
+    if lib is not None and _compute_dtype(a) == torch.float32 and a.device.type == b.device.type == "cpu":
+        return _bmm_c(lib, a, b)
+    return bmm_torch(a, b)
+
+
+def bmm_torch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`bmm` in torch elementwise operations (the reference the compiled kernel matches bit for bit)."""
     dtype = a.dtype
     cd = _compute_dtype(a)
     a, b = _left_pad(a.to(cd), 2), _left_pad(b.to(cd), 1)
@@ -139,6 +164,118 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
                 acc = acc + sums[j]
         out[:, start:start + step] = acc
     return out.to(dtype)
+
+
+# -- the compiled kernels (kernel.c): the same operations in the same order, without a Python loop per block ---------
+
+KERNEL_SOURCE = Path(__file__).resolve().parent / "kernel.c"
+KERNEL_FLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared")
+"""No FMA contraction and no reassociation: each product and sum stays one rounded IEEE operation (kernel.c)."""
+
+
+def _vector_flags() -> tuple[str, ...]:
+    """AVX2 where the CPU has it (wider vectors, same operations); never FMA, which would fuse a product into a
+    sum and change its rounding."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return ()
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return ()
+    return ("-mavx2", "-mno-fma") if "avx2" in flags else ()
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "invar" / "fixed-block"
+
+
+def _build() -> tuple[ctypes.CDLL | None, str]:
+    """The compiled kernels, built once per source, compiler and flags into the user's cache (concurrent workers
+    each write their own file and rename it into place); (None, why) where no C compiler builds them."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None, "torch operations (no C compiler on PATH to build kernel.c)"
+    flags = (*KERNEL_FLAGS, *_vector_flags())
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30,
+                                 check=True).stdout.splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError) as exc:
+        return None, f"torch operations ({compiler} --version failed: {exc})"
+    source = KERNEL_SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(flags).encode()])).hexdigest()[:32]
+    described = f"kernel.c built by {version} with {' '.join(flags)}"
+    for folder in (_cache_dir(), Path(tempfile.gettempdir()) / f"invar-fixed-block-{os.getuid()}"):
+        target = folder / f"kernel-{key}.so"
+        try:
+            if not target.exists():
+                folder.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=".kernel-", suffix=".so", dir=folder)
+                os.close(fd)
+                try:
+                    subprocess.run([compiler, *flags, "-o", tmp, str(KERNEL_SOURCE)], capture_output=True,
+                                   text=True, timeout=120, check=True)
+                    os.replace(tmp, target)
+                finally:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+            lib = ctypes.CDLL(str(target))
+        except subprocess.CalledProcessError as exc:
+            return None, f"torch operations ({compiler} could not build kernel.c: {exc.stderr.strip()[:200]})"
+        except OSError:
+            continue  # a cache folder that cannot be written: the next one
+        p, i = ctypes.c_void_p, ctypes.c_int64
+        lib.fb_bmm_f32.argtypes = [p, i, i, p, i, i, i, p, i, i, i, i, p]
+        lib.fb_bmm_f32.restype = None
+        lib.fb_rowsum_f32.argtypes = [p, i, i, i, p]
+        lib.fb_rowsum_f32.restype = None
+        return lib, described
+    return None, "torch operations (no writable folder to build kernel.c in)"
+
+
+def _kernel() -> ctypes.CDLL | None:
+    """The compiled kernels once built (see `implementation`), else None: the torch operations compute."""
+    if _state["implementation"] is None:
+        _state["kernel"], _state["implementation"] = _build()
+        print(f"{NAME}: {_state['implementation']}", file=sys.stderr, flush=True)
+    lib: ctypes.CDLL | None = _state["kernel"]
+    return lib
+
+
+def implementation() -> str:
+    """What computes this patch's products and sums in this process: the compiled kernel (with its compiler and
+    flags) or the torch operations (with the reason). Either gives the same bits; the kernel is faster."""
+    _kernel()
+    return str(_state["implementation"])
+
+
+def _bmm_c(lib: ctypes.CDLL, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    dtype = a.dtype
+    a, b = _left_pad(a.to(torch.float32), 2), _left_pad(b.to(torch.float32), 1)
+    if a.shape[2] and a.stride(2) != 1:
+        a = a.contiguous()
+    batch, rows, k = a.shape
+    n = b.shape[2]
+    out = torch.empty((batch, rows, n), dtype=torch.float32)
+    if batch and rows and n:
+        scratch = torch.empty(max(k, 1) * 16, dtype=torch.float32)
+        lib.fb_bmm_f32(a.data_ptr(), a.stride(0), a.stride(1), b.data_ptr(), b.stride(0), b.stride(1), b.stride(2),
+                       out.data_ptr(), batch, rows, k, n, scratch.data_ptr())
+    return out.to(dtype)
+
+
+def _block_sum_c(lib: ctypes.CDLL, x: torch.Tensor, dim: int, keepdim: bool) -> torch.Tensor:
+    dim = dim % x.ndim
+    moved = _left_pad(x.movedim(dim, -1), x.ndim - 1)
+    flat = moved.reshape(-1, moved.shape[-1])
+    if flat.stride(1) != 1 or (flat.shape[0] > 1 and flat.stride(0) != flat.shape[1]):
+        flat = flat.contiguous()
+    out = torch.empty(flat.shape[0], dtype=torch.float32)
+    if flat.shape[0]:
+        lib.fb_rowsum_f32(flat.data_ptr(), flat.stride(0), flat.shape[0], flat.shape[1], out.data_ptr())
+    out = out.reshape(moved.shape[:-1])
+    return out.unsqueeze(dim) if keepdim else out
 
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

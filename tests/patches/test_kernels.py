@@ -1,5 +1,6 @@
 """The patches' kernels on their own (torch only, no engine): split-k varies with the number of rows, fixed-block
-does not, and both stay within float rounding of stock torch."""
+does not, and both stay within float rounding of stock torch; fixed-block's compiled kernel has the bits of its
+torch operations."""
 
 from __future__ import annotations
 
@@ -104,6 +105,85 @@ def test_fixed_block_bfloat16_inputs_are_computed_in_float32_and_rounded_once(fi
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), a.float() @ b.float(), rtol=1e-2, atol=1e-2)
     assert _bits_equal(fixed_block.mm(a[:3], b).float(), out[:3].float())
+
+
+# -- fixed-block's compiled kernel: the torch operations' bits, faster --------------------------------------------
+
+
+def _hard_values(*shape: int, seed: int) -> torch.Tensor:
+    """Magnitudes over ~30 orders, with ±0, a subnormal, ±inf and NaN sprinkled in: every rounding and special case
+    a reordered or fused sum would show."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * torch.exp(torch.randn(*shape, generator=g) * 4)
+    flat = x.view(-1)
+    if not flat.numel():
+        return x
+    specials = torch.tensor([0.0, -0.0, 1e-40, -3e-39, float("inf"), -float("inf"), float("nan"), 3e38])
+    where = torch.randint(0, flat.numel(), (min(max(flat.numel() // 50, 1), 64),), generator=g)
+    flat[where] = specials[torch.arange(where.numel()) % specials.numel()]
+    return x
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.contiguous().view(ints[a.dtype]),
+                                                                      b.contiguous().view(ints[b.dtype]))
+
+
+def test_fixed_block_kernel_is_built_here(fixed_block: ModuleType) -> None:
+    """The suite's machines have a C compiler: the products below are the compiled kernel's, not the fallback."""
+    assert fixed_block.implementation().startswith("kernel.c built by"), fixed_block.implementation()
+    assert "-ffp-contract=off" in fixed_block.implementation()
+
+
+@pytest.mark.parametrize(("batch", "m", "k", "n"), [
+    (1, 1, 1, 1), (1, 3, 5, 7), (2, 4, 16, 16), (1, 7, 17, 33), (3, 5, 64, 10), (1, 37, 576, 100),
+    (1, 2, 1536, 24), (2, 1, 0, 5), (1, 4, 31, 1), (4, 9, 200, 70), (2, 3, 15, 9), (1, 16, 48, 8)])
+@pytest.mark.parametrize("layout", ["contiguous", "weight-transposed", "expanded", "strided"])
+def test_fixed_block_kernel_gives_the_torch_operations_bits(fixed_block: ModuleType, batch: int, m: int, k: int,
+                                                            n: int, layout: str) -> None:
+    """`bmm` through kernel.c against `bmm_torch` (the patch's reference), bit for bit, for every layout of B the
+    engines pass: a linear layer's weight (transposed), attention's V, a broadcast batch, a strided slice."""
+    a = _hard_values(batch, m, k, seed=m * 1000 + k)
+    if layout == "weight-transposed":
+        b = _hard_values(batch, n, k, seed=n).transpose(1, 2)
+    elif layout == "expanded":
+        b = _hard_values(1, k, n, seed=n).expand(batch, k, n)
+    elif layout == "strided":
+        b = _hard_values(batch, k, 2 * n, seed=n)[:, :, ::2]
+        a = _hard_values(batch, m, 2 * k, seed=k)[:, :, 1::2]  # a not unit-stride along K: copied first
+    else:
+        b = _hard_values(batch, k, n, seed=n)
+    compiled = fixed_block._bmm_c(fixed_block._kernel(), a, b)
+    assert _same_bits(compiled, fixed_block.bmm_torch(a, b))
+    assert _same_bits(fixed_block.bmm(a, b), compiled), "bmm does not dispatch to the kernel"
+
+
+def test_fixed_block_kernel_rounds_half_precision_inputs_as_the_torch_operations_do(fixed_block: ModuleType) -> None:
+    for dtype in (torch.bfloat16, torch.float16):
+        a, b = _data(2, 5, 40, seed=17).to(dtype), _data(2, 40, 9, seed=18).to(dtype)
+        assert _same_bits(fixed_block._bmm_c(fixed_block._kernel(), a, b), fixed_block.bmm_torch(a, b))
+
+
+@pytest.mark.parametrize(("shape", "dim"), [((3, 49152), -1), ((2, 5, 576), -1), ((4, 7), 0), ((2, 3, 33), 1),
+                                            ((1, 1), -1), ((6, 16), -1)])
+def test_fixed_block_kernel_row_sums_give_the_torch_operations_bits(fixed_block: ModuleType, shape: tuple[int, ...],
+                                                                    dim: int) -> None:
+    x = _hard_values(*shape, seed=len(shape) * 7 + shape[dim])
+    for keepdim in (False, True):
+        compiled = fixed_block._block_sum_c(fixed_block._kernel(), x, dim, keepdim)
+        assert _same_bits(compiled, fixed_block.block_sum_torch(x, dim, keepdim))
+
+
+def test_without_a_c_compiler_the_torch_operations_compute_the_same_bits(fixed_block: ModuleType,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = _data(1, 6, 70, seed=19), _data(1, 70, 12, seed=20)
+    compiled = fixed_block.bmm(a, b)
+    monkeypatch.setitem(fixed_block._state, "implementation", None)
+    monkeypatch.setitem(fixed_block._state, "kernel", None)
+    monkeypatch.setattr(fixed_block.shutil, "which", lambda name: None)
+    assert fixed_block.implementation() == "torch operations (no C compiler on PATH to build kernel.c)"
+    assert _same_bits(fixed_block.bmm(a, b), compiled)
 
 
 # -- the dispatch modes: what a worker installs --------------------------------------------------------------------
