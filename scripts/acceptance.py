@@ -35,8 +35,9 @@ ACCEPTANCE = ["arith-split-k", "arith-fixed-block", "arith-nf4-fixed-block", "ar
               "arith-fixed-block-sequential"]
 """The decisions of docs/acceptance.md: invariance broken, batch-invariant FP32, NF4, cross-engine, finite domain,
 and fixed-block decided sequentially."""
-REAL_MODEL = ["smollm2-fixed-block", "smollm2-split-k", "smollm2-nf4", "smollm2-vllm", "smollm2-mlx-as-installed",
-              "smollm2-mlx-fixed-up", "smollm2-mlx-as-installed-kl", "smollm2-mlx-fixed-up-openblas"]
+REAL_MODEL = ["smollm2-fixed-block", "smollm2-nf4-fixed-block", "smollm2-split-k", "smollm2-nf4", "smollm2-vllm",
+              "smollm2-mlx-as-installed", "smollm2-mlx-fixed-up", "smollm2-mlx-as-installed-kl",
+              "smollm2-mlx-fixed-up-openblas"]
 """The same questions on the real model, SmolLM2-135M-Instruct on the chat task (docs/acceptance.md, "The real
 model"; declared in contracts/real-model/): `--real-model` runs these, building the model first when it is missing
 (scripts/build_smollm2.py)."""
