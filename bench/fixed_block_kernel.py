@@ -13,28 +13,16 @@ The torch operations run on torch's threads (all cores by default); the kernel r
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 
-from invar.patches import PATCHES_DIR
-
-
-def load_patch(name: str) -> ModuleType:
-    """The patch's code as a module of its own, nothing applied (as the kernel tests load it)."""
-    spec = importlib.util.spec_from_file_location(f"bench_patch_{name.replace('-', '_')}",
-                                                  PATCHES_DIR / name / "patch.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from invar.patches import patch_digest
+from invar.workers.common import load_patches
 
 # (what, M, K, N): the product [M, K] by a linear layer's weight [N, K] transposed, as a linear layer passes it.
 PRODUCTS = [
@@ -59,7 +47,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    fb = load_patch("fixed-block")
+    # The patch's code as a worker imports it (its digest checked first), nothing applied.
+    fb = load_patches([f"fixed-block={patch_digest('fixed-block')}"], []).modules["fixed-block"]
     lib = fb._kernel()
     if lib is None:
         raise SystemExit(f"the kernel was not built here: {fb.implementation()}")

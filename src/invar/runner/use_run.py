@@ -557,6 +557,7 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
             raise
 
     looked = threading.Barrier(len(threads), action=evaluate)
+    barriers = (checked, loaded, sampled, looked)
 
     def drive(role: Role, n: int) -> None:
         try:
@@ -566,7 +567,7 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
                 raise ruled[0] from None
             raise
         except BaseException:
-            for barrier in (checked, loaded, sampled, looked):
+            for barrier in barriers:
                 barrier.abort()
             raise
 
@@ -652,7 +653,7 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
 
     def halt() -> None:
         stop.set()
-        for barrier in (checked, loaded, sampled, looked):
+        for barrier in barriers:
             barrier.abort()
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(threads), thread_name_prefix="use-run") as pool:
