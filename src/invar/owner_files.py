@@ -19,13 +19,14 @@ import json
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 from pydantic import AfterValidator, ValidationError
 
 from invar import canonical, errors
+from invar.engines import LAUNCH_SETTINGS
 from invar.errors import ContractError, InvarError
 
 MAX_FILE_BYTES = 1 << 20
@@ -272,3 +273,37 @@ def owner_text(raw: bytes, source: str, what: str) -> str:
         advice = "give the file use prepare wrote" if what == "contract" else f"save the {what} as UTF-8"
         raise ContractError(f"{source}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start:,}); "
                             f"{advice}") from None
+
+
+def _either(values: tuple[Any, ...]) -> str:
+    shown = [written(v) for v in values]
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+
+
+def check_launch_settings(engine: str, settings: Mapping[str, Any]) -> None:
+    """A package's settings (or a training configuration's engine settings) that are launch options of `engine`'s
+    worker must have the type and a value the worker takes, before any worker starts: `ValueError` naming the
+    setting and what to write. Settings that are not launch options are the worker's identity only (checked at
+    handshake) and pass; so does a setting left null."""
+    for name, launch in LAUNCH_SETTINGS.get(engine, {}).items():
+        value = settings.get(name)
+        if value is None:
+            if launch.required:
+                raise ValueError(f"{name} is missing: the {engine} worker cannot start without it; state it in the "
+                                 "package's settings (invar use package prints them)")
+            continue
+        where = f"{name}, a launch option of the {engine} worker,"
+        if launch.kind is float and isinstance(value, int) and not isinstance(value, bool):
+            # The worker reports a float, and its identity must equal the package's exactly (type included).
+            raise ValueError(f"{where} must be a number with a decimal point, as the worker reports it, not "
+                             f"{what_it_is(value)}; write {value}.0")
+        if launch.kind is int:
+            fits = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            fits = isinstance(value, launch.kind)
+        if not fits:
+            raise ValueError(f"{where} {wrong_type(launch.kind.__name__, value)}")
+        if launch.choices and value not in launch.choices:
+            what = "a device" if name == "device" else "one"
+            raise ValueError(f"{name} {written(value)} is not {what} the {engine} worker takes; write "
+                             f"{_either(launch.choices)}")

@@ -41,6 +41,20 @@ def test_the_default_layout_keeps_the_digest_and_shared_changes_it() -> None:
     assert all(read_config(p).rollout.layout == "split" for p in CONFIGS)
 
 
+def test_engine_settings_are_part_of_the_configuration_and_none_keeps_the_digest() -> None:
+    # Configurations written before `engines` existed keep their digests; launch settings change what the engines
+    # compute (another BLAS, another device), so a run resumed must be given the ones it was made with.
+    plain = parse_config({"name": "a", "backend": "mlx"})
+    assert "engines" not in plain.canonical()
+    assert parse_config({"name": "a", "backend": "mlx", "engines": {}}).digest() == plain.digest()
+    openblas = parse_config({"name": "a", "backend": "mlx", "engines": {"mlx": {"blas": "openblas"}}})
+    assert openblas.canonical()["engines"] == {"mlx": {"blas": "openblas"}}
+    assert openblas.digest() != plain.digest()
+    rank = parse_config({"name": "a", "backend": "vllm+hf", "lora": {"r": 16}, "engines": {"vllm": {"max_lora_rank":
+                                                                                                   16}}})
+    assert rank.lora.r == 16
+
+
 def test_every_field_has_a_docstring() -> None:
     rows = field_help()
     assert len(rows) >= 30
@@ -65,8 +79,22 @@ def test_every_field_has_a_docstring() -> None:
      "c.toml: prompts.kinds: ['div'] are not problem kinds; choose from ['add2', 'sub2', 'mul', 'muladd', "
      "'add3', 'sub3']"),
     ({"name": "x", "backend": "vllm+hf", "lora": {"r": 16}},
-     "c.toml: lora.r: vLLM serves adapters of rank at most 8 (its --max-lora-rank); got 16: lower r, or train on "
-     "the mlx or hf backend"),
+     "c.toml: lora.r: vLLM serves adapters of rank at most 8 (its max_lora_rank); got 16: lower r, raise "
+     "engines.vllm.max_lora_rank, or train on the mlx or hf backend"),
+    ({"name": "x", "backend": "vllm+hf", "lora": {"r": 32}, "engines": {"vllm": {"max_lora_rank": 16}}},
+     "c.toml: lora.r: vLLM serves adapters of rank at most 16 (its max_lora_rank); got 32: lower r, raise "
+     "engines.vllm.max_lora_rank, or train on the mlx or hf backend"),
+    ({"name": "x", "backend": "vllm+hf", "engines": {"mlx": {"blas": "openblas"}}},
+     "c.toml: engines.mlx: the vllm+hf backend runs vllm and hf; give settings for engines.vllm or engines.hf"),
+    ({"name": "x", "backend": "mlx", "engines": {"mlx": {"bias": "openblas"}}},
+     "c.toml: engines.mlx.bias: not a launch setting of the mlx worker; it takes map_rope_parameters, blas"),
+    ({"name": "x", "backend": "mlx", "engines": {"mlx": {"blas": "mkl"}}},
+     'c.toml: engines.mlx: blas "mkl" is not one the mlx worker takes; write "bundled" or "openblas"'),
+    ({"name": "x", "backend": "hf", "engines": {"hf": {"threads": "2"}}},
+     'c.toml: engines.hf: threads, a launch option of the hf worker, must be an integer, not the string "2"; write '
+     "2 without quotes"),
+    ({"name": "x", "backend": "hf", "engines": {"hf": {"device": "tpu"}}},
+     'c.toml: engines.hf: device "tpu" is not a device the hf worker takes; write "cpu" or "cuda"'),
     ({"backend": "mlx"}, "c.toml: name: is required; add it"),
     ({"name": "x", "backend": "mlx", "rollout": {"layout": "together"}},
      "c.toml: rollout.layout: input should be 'split' or 'shared'; got 'together'"),

@@ -151,3 +151,17 @@ def test_a_lying_worker_stops_the_run_in_one_line_and_keeps_every_record(
     assert v.unanswered == []
     assert calls[-1].report is not None  # the refused report is on record
     assert sorted(k for k in meta if k.startswith("cycle-")) == (["cycle-000000"] if mode == "other-digest" else [])
+
+
+def test_engine_settings_start_both_roles_workers_with_them(tmp_path: Path) -> None:
+    # `[engines.mlx]` reaches the launch of both workers, inference and learner: each reports OpenBLAS in its
+    # identity, as recorded.
+    config = write_config(tmp_path, "mlx-openblas", "mlx", cycles=1, **{"engines.mlx": {"blas": "openblas"}})
+    run = tmp_path / "run"
+    out = invar("train", config, "--run", run, "--json")
+    assert out.returncode == 0, out.stderr
+    with RunStore.open(run) as store:
+        identities = list(store.workers().values())
+    assert sorted(i.role.value for i in identities) == ["inference", "learner"]
+    assert [i.settings["blas"] for i in identities] == ["openblas", "openblas"]
+

@@ -43,7 +43,7 @@ from pydantic import (
 
 from invar import canonical
 from invar.compare.steps import MAX_STEPS, check_step
-from invar.engines import LAUNCH_SETTINGS, EngineName
+from invar.engines import EngineName
 from invar.errors import ContractError
 
 # The file size and path limits, the reader and the one-line report are shared with training configurations
@@ -53,13 +53,11 @@ from invar.owner_files import MAX_PATH as MAX_PATH
 from invar.owner_files import (
     Name,
     PathText,
+    check_launch_settings,
     check_name,
     one_line,
     owner_text,
     read_owner_file,
-    what_it_is,
-    written,
-    wrong_type,
 )
 from invar.stats.bounds import METHODS
 from invar.stats.sequential import SEQUENTIAL_METHODS
@@ -430,39 +428,6 @@ class Premise(_Model):
         if self.reliance == "vouched" and self.basis_path is not None:
             raise ValueError("a vouched premise has no basis_path; use reliance = \"checked\" to have it hashed")
         return self
-
-
-def _either(values: tuple[Any, ...]) -> str:
-    shown = [written(v) for v in values]
-    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
-
-
-def check_launch_settings(engine: str, settings: Mapping[str, Any]) -> None:
-    """A package's settings that are launch options of `engine`'s worker must have the type and a value the worker
-    takes, before any worker starts: `ValueError` naming the setting and what to write. Settings that are not
-    launch options are the worker's identity only (checked at handshake) and pass; so does a setting left null."""
-    for name, launch in LAUNCH_SETTINGS.get(engine, {}).items():
-        value = settings.get(name)
-        if value is None:
-            if launch.required:
-                raise ValueError(f"{name} is missing: the {engine} worker cannot start without it; state it in the "
-                                 "package's settings (invar use package prints them)")
-            continue
-        where = f"{name}, a launch option of the {engine} worker,"
-        if launch.kind is float and isinstance(value, int) and not isinstance(value, bool):
-            # The worker reports a float, and its identity must equal the package's exactly (type included).
-            raise ValueError(f"{where} must be a number with a decimal point, as the worker reports it, not "
-                             f"{what_it_is(value)}; write {value}.0")
-        if launch.kind is int:
-            fits = isinstance(value, int) and not isinstance(value, bool)
-        else:
-            fits = isinstance(value, launch.kind)
-        if not fits:
-            raise ValueError(f"{where} {wrong_type(launch.kind.__name__, value)}")
-        if launch.choices and value not in launch.choices:
-            what = "a device" if name == "device" else "one"
-            raise ValueError(f"{name} {written(value)} is not {what} the {engine} worker takes; write "
-                             f"{_either(launch.choices)}")
 
 
 # --- declaration -------------------------------------------------------------------------------------------------

@@ -32,14 +32,17 @@ from pydantic.fields import FieldInfo
 
 from invar import canonical
 from invar.docstrings import describe
+from invar.engines import LAUNCH_SETTINGS
 from invar.errors import InvarError
-from invar.owner_files import Name, PathText, one_line, read_owner_file
+from invar.owner_files import Name, PathText, check_launch_settings, one_line, read_owner_file
 from invar.tasks import KINDS, SCORER_NAME
 
 CONFIG_SCHEMA = "invar.train/1"
 """Names the layout of the recorded configuration; a run recorded under another schema is not resumed."""
 
 Backend = Literal["mlx", "hf", "vllm+hf"]
+BACKEND_ENGINES: dict[str, tuple[str, str]] = {"mlx": ("mlx", "mlx"), "hf": ("hf", "hf"), "vllm+hf": ("vllm", "hf")}
+"""Each backend's (inference engine, learner engine)."""
 Target = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 DEFAULT_TARGETS: tuple[Target, ...] = ("q_proj", "v_proj")
 
@@ -243,6 +246,11 @@ class TrainConfig(_Model):
     """The base model folder, relative to the configuration file (named in the records by its tree digest)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """The dtype both engines load the base model in."""
+    engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Launch settings of the backend's engine workers, by engine: e.g. `[engines.mlx]` `blas = "openblas"`,
+    `[engines.hf]` `threads = 2`, `[engines.vllm]` `max_num_seqs = 64` (the launch options `invar use package
+    ENGINE` lists). Every worker of that engine, in either role, starts with them and reports them in its identity;
+    a resumed run starts its workers with the recorded ones. Omitted: each worker's defaults."""
     seed: int = Field(default=0, ge=0, lt=1 << 63)
     """The run seed: each cycle's prompts, every request's sampling seed and the fresh adapter's init derive from
     it."""
@@ -276,10 +284,30 @@ class TrainConfig(_Model):
         return self
 
     @model_validator(mode="after")
+    def _engine_settings(self) -> TrainConfig:
+        used = list(dict.fromkeys(BACKEND_ENGINES[self.backend]))
+        for engine, settings in self.engines.items():
+            if engine not in used:
+                raise ValueError(f"engines.{engine}: the {self.backend} backend runs {' and '.join(used)}; give "
+                                 f"settings for {' or '.join(f'engines.{e}' for e in used)}")
+            declared = LAUNCH_SETTINGS.get(engine, {})
+            for name in settings:
+                if name not in declared:
+                    raise ValueError(f"engines.{engine}.{name}: not a launch setting of the {engine} worker; it "
+                                     f"takes {', '.join(declared) or 'none'}")
+            try:
+                check_launch_settings(engine, settings)
+            except ValueError as exc:
+                raise ValueError(f"engines.{engine}: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
     def _fits_backend(self) -> TrainConfig:
-        if self.backend == "vllm+hf" and self.lora.r > 8:
-            raise ValueError(f"lora.r: vLLM serves adapters of rank at most 8 (its --max-lora-rank); got "
-                             f"{self.lora.r}: lower r, or train on the mlx or hf backend")
+        rank = self.engines.get("vllm", {}).get("max_lora_rank") or LAUNCH_SETTINGS["vllm"]["max_lora_rank"].default
+        if self.backend == "vllm+hf" and self.lora.r > rank:
+            raise ValueError(f"lora.r: vLLM serves adapters of rank at most {rank} (its max_lora_rank); got "
+                             f"{self.lora.r}: lower r, raise engines.vllm.max_lora_rank, or train on the mlx or hf "
+                             "backend")
         if self.rollout.layout == "shared" and self.backend == "vllm+hf":
             raise ValueError("rollout.layout: \"shared\" runs both roles in one worker process, which needs one engine "
                              "for both; vllm+hf generates with vLLM and learns with Hugging Face: set layout = "
@@ -306,6 +334,8 @@ class TrainConfig(_Model):
             del out["learner"]
         if self.scorer == Scorer():
             del out["scorer"]
+        if not self.engines:
+            del out["engines"]
         for key, default in (("workers", 1), ("staleness", 0), ("layout", "split")):
             if out["rollout"][key] == default:
                 del out["rollout"][key]

@@ -42,7 +42,7 @@ from invar.errors import ContractError, EvidenceError, InvarError, NotResumable,
 from invar.loop import cycle as cyc
 from invar.loop.advantages import group_advantages
 from invar.loop.checkpoint import check_checkpoint
-from invar.loop.config import ConfigError, TrainConfig, read_config, resolve
+from invar.loop.config import BACKEND_ENGINES, ConfigError, TrainConfig, read_config, resolve
 from invar.loop.config import Scorer as ScorerSection
 from invar.loop.objective import OBJECTIVE_VERSION, ObjectiveSettings, loss_terms
 from invar.owner_files import SHA256_FILE_BYTES
@@ -67,10 +67,7 @@ from invar.tasks.scorers import Scorer, UserScorer, check_units, load_scorer, sc
 from invar.tasks.tokenizer import kept_files
 
 BACKENDS: dict[str, tuple[Engine, Engine]] = {
-    "mlx": (Engine.MLX, Engine.MLX),
-    "hf": (Engine.HF, Engine.HF),
-    "vllm+hf": (Engine.VLLM, Engine.HF),
-}
+    backend: (Engine(inference), Engine(learner)) for backend, (inference, learner) in BACKEND_ENGINES.items()}
 """Backend → (inference engine, learner engine)."""
 
 CYCLE_KEY = "cycle-{:06d}"
@@ -397,8 +394,10 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
     shared = SharedProcess() if cfg.rollout.layout == "shared" else None
     if shared is not None:  # one process serves both roles, one protocol channel each (`invar.protocol.shared`)
         placement = local = shared
-    inference_spec = EngineSpec(inference_engine, p.model, Dtype(cfg.dtype))
-    learner_spec = EngineSpec(learner_engine, p.model, Dtype(cfg.dtype), adapter=None if last is None else last.path)
+    inference_spec = EngineSpec(inference_engine, p.model, Dtype(cfg.dtype),
+                                settings=cfg.engines.get(inference_engine.value, {}))
+    learner_spec = EngineSpec(learner_engine, p.model, Dtype(cfg.dtype), adapter=None if last is None else last.path,
+                              settings=cfg.engines.get(learner_engine.value, {}))
     start = _InferenceStart(inference_spec, store, call_timeout, placement)
     restarts = 0 if placement is None else placement.restarts
     stop = threading.Event()
