@@ -7,12 +7,14 @@ store, so every claim here is about the core; what real engines answer is for th
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import shutil
 import signal
 import threading
 import time
+import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -25,9 +27,10 @@ from support.use_runs import outputs_by_call as _outputs_by_call
 
 from invar import canonical
 from invar.cli import app as cli_app
-from invar.contract.admit import admit
+from invar.contract.admit import Step, admit
 from invar.contract.bind import SEQUENTIAL_META
 from invar.contract.decide import Answer
+from invar.contract.reading import RunReader
 from invar.errors import EvidenceError, ProtocolError, WorkerError
 from invar.interrupts import Stopped
 from invar.protocol import WorkerLost
@@ -99,6 +102,32 @@ def test_a_run_of_fake_workers_is_the_plan_and_is_decided(ws: Workspace, baselin
     again = use_run(ws.contract_path, baseline, transport=(fresh := FakeTransport(SCRIPT)))
     assert again.already_closed
     assert fresh.started == []
+
+
+def test_admission_releases_the_plan_and_its_units_before_it_decides(ws: Workspace, baseline: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # What admission holds while it decides (and imports what its bounds need) must not grow with the population's
+    # text: the plan, its units and the population are gone by then; only losses and their records are kept
+    # (bench/run_memory.py measures the peak).
+    read = RunReader.of_run
+    held: list[tuple[weakref.ref[Any], ...]] = []
+
+    def of_run(*args: Any) -> RunReader:
+        reader = read(*args)
+        held.append((weakref.ref(reader), weakref.ref(reader.plan)))  # the plan holds every unit and its source
+        return reader
+
+    monkeypatch.setattr(RunReader, "of_run", staticmethod(of_run))
+    alive_when_deciding: list[bool] = []
+
+    def progress(step: Step) -> None:
+        if step.phase == "deciding":
+            gc.collect()
+            alive_when_deciding.extend(ref() is not None for ref in held[0])
+
+    decision = admit(ws.contract_path, baseline, progress=progress)
+    assert alive_when_deciding == [False, False]
+    assert decision.to_json() == admit(ws.contract_path, baseline).to_json()
 
 
 def test_each_call_runs_its_planned_batch_schedule(ws: Workspace, tmp_path: Path) -> None:

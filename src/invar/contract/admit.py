@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from invar.compare.measured import kl_requirement
-from invar.contract.bind import check_stop_record
+from invar.compare.measured import MeasurementRecord, kl_requirement
+from invar.compare.numerical import NumericalComparison
+from invar.contract.bind import CallEvidence, check_stop_record
 from invar.contract.decide import (
     Decision,
     Invariance,
@@ -32,7 +33,7 @@ from invar.contract.decide import (
     unit_evidence,
 )
 from invar.contract.inputs import check_method_version
-from invar.contract.model import read_contract
+from invar.contract.model import Contract, read_contract
 from invar.contract.prepare import difference_range
 from invar.contract.reading import RunReader
 from invar.evidence import (
@@ -48,6 +49,7 @@ from invar.evidence import (
 from invar.records.store import RunStore
 from invar.stats.bounds import Bound, bound
 from invar.stats.diagnostics import PairedDiagnostics, RangeDiagnostics, paired_diagnostics, range_diagnostics
+from invar.stats.sequential import SequentialDecision
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,88 @@ def admit(
     contract_file = Path(contract_path)
     contract, sha = read_contract(contract_file)
     check_method_version(contract, "decide with the Invar version the contract names, or prepare a new contract")
+    read = _read_run(contract, sha, contract_file, run_path, expect_head, progress)
+    progress(Step("deciding"))
+    # The decision's losses are evidence: each unit's loss typed by its package and bound to the record it was
+    # scored from (invar.evidence), so the reference's cannot stand in for the candidate's, nor 0/1 losses for
+    # losses in a declared range.
+    loss: TaskLoss | RangeTaskLoss
+    d: np.ndarray
+    if read.binary:
+        reference = bound_losses(Reference, read.ref_evidence, read.ref_loss)
+        candidate = bound_losses(Candidate, read.cand_evidence, read.cand_loss)
+        d = candidate.values - reference.values
+        loss = paired_loss(reference, candidate)
+    else:
+        ranged_ref = bound_range_losses(Reference, read.ref_evidence, read.ref_loss, read.loss_range)
+        ranged_cand = bound_range_losses(Candidate, read.cand_evidence, read.cand_loss, read.loss_range)
+        d = ranged_cand.values - ranged_ref.values
+        loss = paired_range_loss(ranged_ref, ranged_cand)
+    premises = check_premises(contract, read.base)
+
+    req = contract.requirement
+    task_bound: Bound | None = None
+    diag: PairedDiagnostics | RangeDiagnostics | None = None
+    delta: Decimal | None = None
+    stopped = read.stopped
+    if req.standard == "population":
+        assert req.method is not None
+        assert req.delta is not None
+        delta = req.delta
+        d_low, d_high = read.d_range
+        if stopped is not None:
+            final = stopped.final
+            task_bound = Bound(stopped.method, stopped.version, final.n, stopped.delta, float(np.mean(d)),
+                               final.lower, final.upper)
+        elif read.binary:
+            task_bound = bound(req.method, d.astype(np.float64), -1.0, 1.0, conservative_delta(delta))
+        else:
+            task_bound = range_bound(req.method, d, d_low, d_high, conservative_delta(delta))
+        if read.binary:
+            diag = paired_diagnostics(loss.worse, loss.better, loss.n, conservative_delta(delta))
+        else:
+            diag = range_diagnostics(d, d_low, d_high, conservative_delta(delta))
+    max_kl = None if contract.measurements is None else contract.measurements.max_kl
+    kl = None if max_kl is None or read.measured is None else kl_requirement(read.measured, max_kl)
+    answer, reason = decide(contract, read.invariance, premises, loss, task_bound, kl, stopped)
+    return Decision(
+        answer=answer, reason=reason, contract_name=contract.name, contract_sha256=sha, run=str(run_path),
+        standard=req.standard, epsilon=req.epsilon, delta=delta, invariance=read.invariance,
+        premises=premises, task_loss=loss, bound=task_bound, diagnostics=diag,
+        evidence=read.evidence, plan_version=read.plan_version, chain_head=read.head, records=read.records,
+        measurements=read.measured, measurement_evidence=read.measurement_evidence, kl=kl, sequential=stopped,
+    )
+
+
+@dataclass(frozen=True)
+class _Read:
+    """What the decision takes from a run read under its contract: per unit only the losses and the record each
+    was scored from. The plan, its units and the population stay inside `_read_run`, so they are released before
+    the decision computes (and imports what its bounds need): what admission holds while deciding does not grow
+    with the population's text."""
+
+    head: str
+    records: int
+    plan_version: str
+    evidence: tuple[CallEvidence, ...]
+    measurement_evidence: tuple[MeasurementRecord, ...]
+    measured: NumericalComparison | None
+    ref_evidence: list[CallEvidence | None]
+    cand_evidence: list[CallEvidence | None]
+    ref_loss: np.ndarray
+    cand_loss: np.ndarray
+    stopped: SequentialDecision | None
+    invariance: Invariance
+    binary: bool
+    loss_range: tuple[float, float]
+    d_range: tuple[float, float]
+    base: Path
+
+
+def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str | os.PathLike[str],
+              expect_head: str | None, progress: Callable[[Step], object]) -> _Read:
+    """Verify the store and read the run under its contract: the records bound to their planned calls, the losses
+    scored, the sequential stop and the invariance layouts checked."""
     with RunStore.open(run_path) as store, tempfile.TemporaryDirectory(prefix="invar-admit-") as scratch:
         # walked once: binding reuses the walk
         verification = store.verify(expect_head=expect_head, progress=lambda done, total: progress(
@@ -93,10 +177,8 @@ def admit(
         if plan.measurements:
             progress(Step("comparing the measurements"))
         measured = reader.measurements(store, bound_evidence, losses) if plan.measurements else None
-        progress(Step("deciding"))
         stopped = None
         used: list[int] = []
-        d_low, d_high = difference_range(scorer)
         if plan.sequential is not None:
             used = reader.reached_units(found, str(store.path))
             ref_loss, cand_loss = ref_loss[used], cand_loss[used]
@@ -107,61 +189,19 @@ def admit(
             differing, first = layout_invariance(plan, found, "candidate", inv_layouts)
         else:
             differing, first = 0, None
-    # The decision's losses are evidence: each unit's loss typed by its package and bound to the record it was
-    # scored from (invar.evidence), so the reference's cannot stand in for the candidate's, nor 0/1 losses for
-    # losses in a declared range.
-    units = list(range(len(plan.units))) if stopped is None else used
     ref_evidence = unit_evidence(plan, found, "reference", pairing)
     cand_evidence = unit_evidence(plan, found, "candidate", pairing)
-    loss: TaskLoss | RangeTaskLoss
-    d: np.ndarray
-    if scorer.binary:
-        reference = bound_losses(Reference, [ref_evidence[i] for i in units], ref_loss)
-        candidate = bound_losses(Candidate, [cand_evidence[i] for i in units], cand_loss)
-        d = candidate.values - reference.values
-        loss = paired_loss(reference, candidate)
-    else:
-        ranged_ref = bound_range_losses(Reference, [ref_evidence[i] for i in units], ref_loss, scorer.loss_range)
-        ranged_cand = bound_range_losses(Candidate, [cand_evidence[i] for i in units], cand_loss,
-                                         scorer.loss_range)
-        d = ranged_cand.values - ranged_ref.values
-        loss = paired_range_loss(ranged_ref, ranged_cand)
-    invariance = Invariance(contract.invariance.required, inv_layouts, differing == 0, len(plan.units),
-                            differing, first)
-    premises = check_premises(contract, reader.base)
-
-    req = contract.requirement
-    task_bound: Bound | None = None
-    diag: PairedDiagnostics | RangeDiagnostics | None = None
-    delta: Decimal | None = None
-    if req.standard == "population":
-        assert req.method is not None
-        assert req.delta is not None
-        delta = req.delta
-        if stopped is not None:
-            final = stopped.final
-            task_bound = Bound(stopped.method, stopped.version, final.n, stopped.delta, float(np.mean(d)),
-                               final.lower, final.upper)
-        elif scorer.binary:
-            task_bound = bound(req.method, d.astype(np.float64), -1.0, 1.0, conservative_delta(delta))
-        else:
-            task_bound = range_bound(req.method, d, d_low, d_high, conservative_delta(delta))
-        if scorer.binary:
-            diag = paired_diagnostics(loss.worse, loss.better, loss.n, conservative_delta(delta))
-        else:
-            diag = range_diagnostics(d, d_low, d_high, conservative_delta(delta))
-    max_kl = None if contract.measurements is None else contract.measurements.max_kl
-    kl = None if max_kl is None or measured is None else kl_requirement(measured, max_kl)
-    answer, reason = decide(contract, invariance, premises, loss, task_bound, kl, stopped)
-    return Decision(
-        answer=answer, reason=reason, contract_name=contract.name, contract_sha256=sha, run=str(run_path),
-        standard=req.standard, epsilon=req.epsilon, delta=delta, invariance=invariance,
-        premises=premises, task_loss=loss, bound=task_bound, diagnostics=diag,
-        evidence=tuple(found[c.key] for c in plan.calls if c.key in found), plan_version=plan.version,
-        chain_head=verification.head, records=verification.records, measurements=measured,
-        measurement_evidence=tuple(bound_evidence.measured[m.key] for m in plan.measurements), kl=kl,
-        sequential=stopped,
-    )
+    if stopped is not None:  # the units a sequential run reached; otherwise every planned unit, as planned
+        ref_evidence, cand_evidence = [ref_evidence[i] for i in used], [cand_evidence[i] for i in used]
+    return _Read(
+        head=verification.head, records=verification.records, plan_version=plan.version,
+        evidence=tuple(found[c.key] for c in plan.calls if c.key in found),
+        measurement_evidence=tuple(bound_evidence.measured[m.key] for m in plan.measurements), measured=measured,
+        ref_evidence=ref_evidence, cand_evidence=cand_evidence, ref_loss=ref_loss, cand_loss=cand_loss,
+        stopped=stopped,
+        invariance=Invariance(contract.invariance.required, inv_layouts, differing == 0, len(plan.units),
+                              differing, first),
+        binary=scorer.binary, loss_range=scorer.loss_range, d_range=difference_range(scorer), base=reader.base)
 
 
 __all__ = [

@@ -26,6 +26,7 @@ from invar.stats.bounds import (
     check_data,
     check_delta,
     check_range,
+    exact_sum,
     hoeffding,
     mean_of,
 )
@@ -133,7 +134,7 @@ def range_diagnostics(d: npt.ArrayLike, a: float, b: float, delta: float, confid
     values = check_data(d, a, b)
     n = values.size
     mean = mean_of(values)
-    sd = math.sqrt(math.fsum(((values - mean) ** 2).tolist()) / (n - 1)) if n > 1 else 0.0
+    sd = math.sqrt(exact_sum((values - mean) ** 2) / (n - 1)) if n > 1 else 0.0
     z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
     half = z * sd / math.sqrt(n)
     return RangeDiagnostics(n=n, wald_confidence=confidence, wald=(mean - half, mean + half),
