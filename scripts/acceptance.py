@@ -59,6 +59,8 @@ def run_one(name: str, out: Path) -> dict[str, object]:
     if doc["requirement"]["standard"] == "population":
         p = invar("use", "plan", str(contract), "--assume", "worse=0.01 better=0.01", "--json")
         planned = json.loads(p.stdout) if p.returncode == 0 else p.stderr.strip()
+        if isinstance(planned, dict):  # the contract as --out names it, not this machine's path to it
+            planned["contract"] = contract.name
     run_dir = out / f"run-{name}"
     started = time.perf_counter()
     ran = invar("use", "run", str(contract), "--run", str(run_dir), "--json")
