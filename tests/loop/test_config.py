@@ -47,6 +47,7 @@ def test_engine_settings_are_part_of_the_configuration_and_none_keeps_the_digest
     plain = parse_config({"name": "a", "backend": "mlx"})
     assert "engines" not in plain.canonical()
     assert parse_config({"name": "a", "backend": "mlx", "engines": {}}).digest() == plain.digest()
+    assert parse_config({"name": "a", "backend": "mlx", "engines": {"mlx": {}}}) == plain
     openblas = parse_config({"name": "a", "backend": "mlx", "engines": {"mlx": {"blas": "openblas"}}})
     assert openblas.canonical()["engines"] == {"mlx": {"blas": "openblas"}}
     assert openblas.digest() != plain.digest()

@@ -27,7 +27,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from invar import canonical
@@ -249,8 +249,9 @@ class TrainConfig(_Model):
     engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Launch settings of the backend's engine workers, by engine: e.g. `[engines.mlx]` `blas = "openblas"`,
     `[engines.hf]` `threads = 2`, `[engines.vllm]` `max_num_seqs = 64` (the launch options `invar use package
-    ENGINE` lists). Every worker of that engine, in either role, starts with them and reports them in its identity;
-    a resumed run starts its workers with the recorded ones. Omitted: each worker's defaults."""
+    ENGINE` lists). Every worker of that engine, in either role, starts with them and reports them in its identity.
+    They are part of the configuration's digest, so a run resumes only with the settings it was made with.
+    Omitted (or an empty table): each worker's defaults."""
     seed: int = Field(default=0, ge=0, lt=1 << 63)
     """The run seed: each cycle's prompts, every request's sampling seed and the fresh adapter's init derive from
     it."""
@@ -282,6 +283,12 @@ class TrainConfig(_Model):
             if unknown:
                 raise ValueError(f"prompts.kinds: {unknown} are not problem kinds; choose from {list(KINDS)}")
         return self
+
+    @field_validator("engines", mode="after")
+    @classmethod
+    def _no_empty_tables(cls, engines: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        # An empty `[engines.mlx]` starts the workers as no table does: one configuration, one digest.
+        return {engine: settings for engine, settings in engines.items() if settings}
 
     @model_validator(mode="after")
     def _engine_settings(self) -> TrainConfig:
