@@ -4,7 +4,7 @@ configuration (`invar.loop.config`).
 Decision: one reader and one way of reporting a bad field for every such file, so each is refused the same way,
 with one line naming the file, the field at fault and what to change, never a traceback or an unbounded message:
 a file is a regular file of at most `MAX_FILE_BYTES` in UTF-8 (`read_owner_file`), a validation failure is the first
-field at fault and a count of the rest (`one_line`), and the field types every such file uses (`Name`, `PathText`)
+field at fault and a count of the rest (`field_error`), and the field types every such file uses (`Name`, `PathText`)
 are checked here. **Nothing is coerced**: the models that read these files are strict, so a boolean where a number
 is expected, a number or boolean written as a string, or a float where an integer is expected is refused, and the
 line says what the value is and what to write instead (`wrong_type`); an integer where a float is expected is
@@ -137,7 +137,7 @@ def write_instead(expected: str, given: object) -> str:
     return "write it in double quotes"
 
 
-def one_line(exc: ValidationError, what: str) -> ContractError:
+def field_error(exc: ValidationError, what: str) -> ContractError:
     """Turn pydantic's report into one line naming the first field at fault and what to change."""
     errors = exc.errors(include_url=False)
     first = errors[0]

@@ -55,7 +55,7 @@ from invar.owner_files import (
     PathText,
     check_launch_settings,
     check_name,
-    one_line,
+    field_error,
     owner_text,
     read_owner_file,
 )
@@ -192,7 +192,7 @@ Scalar = str | int | float | bool
 
 _CONFIG = ConfigDict(extra="forbid", frozen=True, strict=True)
 """Strict: nothing the owner writes is coerced (`true` is not 1, `"16"` is not 16, `"yes"` is not true, 16.0 is not
-16); an integer where a float is expected is the number it is. `invar.owner_files.one_line` says what to write."""
+16); an integer where a float is expected is the number it is. `invar.owner_files.field_error` says what to write."""
 
 
 class _Model(BaseModel):
@@ -756,7 +756,7 @@ def parse_declaration(data: Mapping[str, Any], source: str = "declaration") -> D
     try:
         return Declaration.model_validate(dict(data))
     except ValidationError as exc:
-        raise one_line(exc, source) from None
+        raise field_error(exc, source) from None
 
 
 def read_declaration(path: str | os.PathLike[str]) -> Declaration:
@@ -797,7 +797,7 @@ def parse_contract(data: bytes, source: str = "contract") -> Contract:
     try:
         return Contract.model_validate(obj)
     except ValidationError as exc:
-        raise one_line(exc, source) from None
+        raise field_error(exc, source) from None
 
 
 def read_contract(path: str | os.PathLike[str]) -> tuple[Contract, str]:

@@ -35,9 +35,8 @@ from invar.contract.model import (
 )
 from invar.contract.plan import ExecutionPlan, PromptEncoder, Role, call_groups, derive_plan
 from invar.engines import worker_digest
-from invar.errors import ContractError
-from invar.errors import one_line as one_line_text
-from invar.owner_files import one_line
+from invar.errors import ContractError, one_line
+from invar.owner_files import field_error
 from invar.stats.bounds import BINARY_METHODS, METHODS, VERSIONS
 from invar.stats.sequential import BINARY_SEQUENTIAL_METHODS, SEQUENTIAL_METHODS, SEQUENTIAL_VERSIONS
 from invar.tasks.arithmetic import SCORER_NAME as ARITHMETIC
@@ -74,13 +73,13 @@ def _reading(field: str, path: Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        raise ContractError(one_line_text(f"{field}: cannot read {path} ({exc.strerror or exc}); check the path and "
+        raise ContractError(one_line(f"{field}: cannot read {path} ({exc.strerror or exc}); check the path and "
                                           "its permissions")) from None
     except UnicodeDecodeError as exc:
-        raise ContractError(one_line_text(f"{field}: {path} is not UTF-8 text ({exc.reason} at byte {exc.start:,}); "
+        raise ContractError(one_line(f"{field}: {path} is not UTF-8 text ({exc.reason} at byte {exc.start:,}); "
                                           "point it at the file the digest names")) from None
     except ContractError as exc:  # a reader below names the path as given: a control character in it is escaped
-        shown = one_line_text(str(exc))
+        shown = one_line(str(exc))
         if shown != str(exc):
             raise ContractError(shown) from None
         raise
@@ -91,7 +90,7 @@ def _validated(model: type[Package] | type[Contract], fields: dict[str, Any]) ->
     try:
         return model.model_validate(fields)
     except ValidationError as exc:
-        raise one_line(exc, "contract") from None
+        raise field_error(exc, "contract") from None
 
 
 def _tree(field: str, folder: Path, declared: str) -> None:

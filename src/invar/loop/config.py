@@ -34,7 +34,7 @@ from invar import canonical
 from invar.docstrings import describe
 from invar.engines import LAUNCH_SETTINGS
 from invar.errors import InvarError
-from invar.owner_files import Name, PathText, check_launch_settings, one_line, read_owner_file
+from invar.owner_files import Name, PathText, check_launch_settings, field_error, read_owner_file
 from invar.tasks import KINDS, SCORER_NAME
 
 CONFIG_SCHEMA = "invar.train/1"
@@ -364,7 +364,7 @@ def parse_config(data: dict[str, Any], source: str = "config") -> TrainConfig:
             what = "nan, not a number" if given != given else f"{given}, not a finite number"
             field = ".".join(str(part) for part in first["loc"])
             raise ConfigError(f"{source}: {field}: is {what}; write a finite number such as 1.0") from None
-        raise ConfigError(str(one_line(exc, source))) from None
+        raise ConfigError(str(field_error(exc, source))) from None
 
 
 def read_config(path: str | os.PathLike[str]) -> TrainConfig:
