@@ -50,6 +50,7 @@ from invar.records.store import RunStore
 from invar.stats.bounds import Bound, bound
 from invar.stats.diagnostics import PairedDiagnostics, RangeDiagnostics, paired_diagnostics, range_diagnostics
 from invar.stats.sequential import SequentialDecision
+from invar.tasks.scorers import Scorer
 
 
 @dataclass(frozen=True)
@@ -84,14 +85,15 @@ def admit(
     # losses in a declared range.
     loss: TaskLoss | RangeTaskLoss
     d: np.ndarray
-    if read.binary:
+    scorer = read.scorer
+    if scorer.binary:
         reference = bound_losses(Reference, read.ref_evidence, read.ref_loss)
         candidate = bound_losses(Candidate, read.cand_evidence, read.cand_loss)
         d = candidate.values - reference.values
         loss = paired_loss(reference, candidate)
     else:
-        ranged_ref = bound_range_losses(Reference, read.ref_evidence, read.ref_loss, read.loss_range)
-        ranged_cand = bound_range_losses(Candidate, read.cand_evidence, read.cand_loss, read.loss_range)
+        ranged_ref = bound_range_losses(Reference, read.ref_evidence, read.ref_loss, scorer.loss_range)
+        ranged_cand = bound_range_losses(Candidate, read.cand_evidence, read.cand_loss, scorer.loss_range)
         d = ranged_cand.values - ranged_ref.values
         loss = paired_range_loss(ranged_ref, ranged_cand)
     premises = check_premises(contract, read.base)
@@ -105,16 +107,16 @@ def admit(
         assert req.method is not None
         assert req.delta is not None
         delta = req.delta
-        d_low, d_high = read.d_range
+        d_low, d_high = difference_range(scorer)
         if stopped is not None:
             final = stopped.final
             task_bound = Bound(stopped.method, stopped.version, final.n, stopped.delta, float(np.mean(d)),
                                final.lower, final.upper)
-        elif read.binary:
+        elif scorer.binary:
             task_bound = bound(req.method, d.astype(np.float64), -1.0, 1.0, conservative_delta(delta))
         else:
             task_bound = range_bound(req.method, d, d_low, d_high, conservative_delta(delta))
-        if read.binary:
+        if scorer.binary:
             diag = paired_diagnostics(loss.worse, loss.better, loss.n, conservative_delta(delta))
         else:
             diag = range_diagnostics(d, d_low, d_high, conservative_delta(delta))
@@ -149,9 +151,7 @@ class _Read:
     cand_loss: np.ndarray
     stopped: SequentialDecision | None
     invariance: Invariance
-    binary: bool
-    loss_range: tuple[float, float]
-    d_range: tuple[float, float]
+    scorer: Scorer
     base: Path
 
 
@@ -201,7 +201,7 @@ def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str |
         stopped=stopped,
         invariance=Invariance(contract.invariance.required, inv_layouts, differing == 0, len(plan.units),
                               differing, first),
-        binary=scorer.binary, loss_range=scorer.loss_range, d_range=difference_range(scorer), base=reader.base)
+        scorer=scorer, base=reader.base)
 
 
 __all__ = [

@@ -74,10 +74,10 @@ def _reading(field: str, path: Path) -> Iterator[None]:
         yield
     except OSError as exc:
         raise ContractError(one_line(f"{field}: cannot read {path} ({exc.strerror or exc}); check the path and "
-                                          "its permissions")) from None
+                                     "its permissions")) from None
     except UnicodeDecodeError as exc:
         raise ContractError(one_line(f"{field}: {path} is not UTF-8 text ({exc.reason} at byte {exc.start:,}); "
-                                          "point it at the file the digest names")) from None
+                                     "point it at the file the digest names")) from None
     except ContractError as exc:  # a reader below names the path as given: a control character in it is escaped
         shown = one_line(str(exc))
         if shown != str(exc):

@@ -212,8 +212,8 @@ def hoeffding_limits(
 
 
 def exact_sum(values: FloatArray) -> float:
-    """The correctly rounded sum of a float64 array (math.fsum), read through a memoryview: no list of n Python
-    floats is built (at 20,000 units that list was most of what admission's decision held per unit)."""
+    """The correctly rounded sum of a 1-d float64 array (math.fsum), read through a memoryview rather than a list of
+    n Python floats (`tolist`), which would be built and dropped at every call."""
     return math.fsum(np.ascontiguousarray(values, dtype=np.float64).data)
 
 
