@@ -601,8 +601,12 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
         with Lease(session_of, checked.wait, restarts, f"the {role} worker {n + 1}") as lease:
             loaded.wait()
 
-            def ask(method: str, params: dict[str, Any], key: str) -> tuple[dict[str, Any], str]:
+            def ask(method: str, params: dict[str, Any], key: str) -> tuple[dict[str, Any], str] | None:
+                """The call's checked result, or None when the run stopped while this thread waited its turn."""
                 with gate:  # never held across a barrier: a lease starts its first session before any call
+                    # A signal that came while this thread waited at the gate stops it here: no call after it.
+                    if stop.is_set():
+                        return None
                     answer = lease.ask(method, params)
                 where = f"{role} call {key} (call id {answer.call.call_id})"
                 result = answer.result  # raises the worker's error as WorkerError
@@ -611,7 +615,9 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
 
             def generate(planned: PlannedCall) -> None:
                 params = planned.params
-                result, where = ask("generate", params, planned.key)
+                if (asked := ask("generate", params, planned.key)) is None:
+                    return
+                result, where = asked
                 outputs = parse_outputs(result, params["requests"], eos[role], where)
                 if planned.layout == plan.pairing_layout and keep_tokens:
                     with lock:
@@ -645,7 +651,9 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
                 with lock:
                     source = {index: tokens[(m.source, index)] for index in m.units}
                 params = measurement_params(plan, m, source.__getitem__)
-                result, where = ask("score", params, m.key)
+                if (asked := ask("score", params, m.key)) is None:
+                    return
+                result, where = asked
                 score_outputs(result, params["items"], where)
                 with lock:
                     issued[0] += 1
