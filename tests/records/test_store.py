@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import re
 import signal
 import sqlite3
 import subprocess
@@ -283,3 +285,27 @@ def test_a_record_changed_after_verification_is_refused_when_read_again(tmp_path
         conn.close()
         with pytest.raises(RecordError, match=r"record 6 \(report\): its bytes are not those verified"):
             list(s.iter_calls())
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "link to a missing file", "folder"])
+def test_a_database_that_is_not_a_regular_file_is_refused_by_name_and_kept(tmp_path: Path, kind: str) -> None:
+    """Only an empty regular file is a creation that stopped before its first record: a FIFO or a link to a device
+    in the database's place is named and left alone, never opened as a database nor removed and made afresh."""
+    run = tmp_path / "run"
+    run.mkdir()
+    db = run / "records.sqlite"
+    if kind == "fifo":
+        os.mkfifo(db)
+    elif kind == "folder":
+        db.mkdir()
+    else:
+        db.symlink_to("/dev/zero" if kind == "link to /dev/zero" else tmp_path / "missing")
+    before = os.lstat(db)
+    words = {"fifo": "a FIFO", "folder": "a folder"}.get(kind, "a symbolic link")
+    assert not is_run(run)
+    with pytest.raises(RecordError, match=f"^{re.escape(str(db))}: is {words}, not a regular file; .*move it away"):
+        RunStore.create(run)
+    with pytest.raises(RecordError, match=f"^{re.escape(str(db))}: is {words}, not a regular file"):
+        RunStore.open(run)
+    after = os.lstat(db)
+    assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino)

@@ -26,6 +26,7 @@ import fcntl
 import os
 import shutil
 import sqlite3
+import stat
 import tempfile
 import threading
 import time
@@ -185,6 +186,7 @@ class RunStore:
             raise _os_error(root, exc, "make the run directory") from None
         fd = cls._take_writer_lock(root)
         try:
+            _refuse_irregular(db)
             if _holds_no_record(db):
                 # A creation killed before its first record committed (kill -9, power loss) left a database with
                 # nothing in it; under the writer lock no other process is making it, so it is made afresh.
@@ -218,6 +220,7 @@ class RunStore:
         root = Path(path)
         db = root / DB_NAME
         if not db.is_file():
+            _refuse_irregular(db)
             raise RecordError(f"{root}: no run store here (expected {DB_NAME}); pass a run directory")
         if _holds_no_record(db):
             raise RecordError(f"{root}: the run holds no record (its creation was stopped before the first one was "
@@ -653,12 +656,37 @@ def _check_close(where: str, message: Any, v: Verification, *, chain_before: str
                           "(or its chain value differs): records were removed or forged")
 
 
-def _holds_no_record(db: Path) -> bool:
-    """Whether `db` is a run database whose creation stopped before its first record committed: an empty file, no
-    table yet, or an empty `log`. Anything else, a damaged file included, is not (it is refused by name, never
-    removed)."""
+def _kind_of(mode: int) -> str:
+    """What a file that is not a regular one is, in words."""
+    kinds = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((word for test, word in kinds if test(mode)), "not a regular file")
+
+
+def _refuse_irregular(db: Path) -> None:
+    """A run's database is a regular file: anything else in its place (a FIFO, a device, a link to one, a folder)
+    is refused by name and left where it is, never opened as a database nor removed as an empty one."""
     try:
-        if db.stat().st_size == 0 and not _nonempty(db.with_name(db.name + "-wal")):
+        mode = os.lstat(db).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise _os_error(db, exc, "look at the run's database") from None
+    if stat.S_ISREG(mode) or (stat.S_ISLNK(mode) and db.is_file()):
+        return  # a link to a regular file (a run kept elsewhere) is read as that file
+    raise RecordError(f"{db}: is {_kind_of(mode)}, not a regular file; a run's database is a plain file: move it "
+                      "away or choose another run directory")
+
+
+def _holds_no_record(db: Path) -> bool:
+    """Whether `db` is a run database whose creation stopped before its first record committed: an empty regular
+    file, no table yet, or an empty `log`. Anything else, a damaged file or one that is not a regular file (a FIFO,
+    a device, a link) included, is not (it is refused by name, never removed)."""
+    try:
+        st = os.lstat(db)
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        if st.st_size == 0 and not _nonempty(db.with_name(db.name + "-wal")):
             return True
     except OSError:
         return False
