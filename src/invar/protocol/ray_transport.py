@@ -32,6 +32,10 @@ from invar.protocol.client import WorkerLost
 CONNECT_TIMEOUT_S = 30.0
 _CALL_TIMEOUT_S = 30.0  # one relay call that is not a blocking read: a live actor answers at once
 _CHUNK = 1 << 20
+RELAY_CPUS = 0.01
+"""The CPU each relay actor reserves: a token, so that a node started with `--num-cpus 0` (Ray's advice for a head
+that drives large jobs) gets no worker, while a node with one CPU still takes a hundred. Ray's SPREAD strategy then
+puts a run's workers on different nodes rather than filling one first."""
 # Variables Ray sets for the node or the actor (accelerator visibility above all): the actor's values stay.
 _NODE_KEYS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "NEURON_RT_VISIBLE_CORES",
               "TPU_VISIBLE_CHIPS", "ONEAPI_DEVICE_SELECTOR")
@@ -332,8 +336,8 @@ class RayPlacement:
     def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> RayProcess:
         """Start `argv` on a node of the cluster, relayed by a new actor; `OSError` if it cannot start there."""
         ray = _ray()
-        relay = ray.remote(_Relay).options(num_cpus=0, num_gpus=self.num_gpus, max_concurrency=8, max_restarts=0,
-                                           max_task_retries=0)
+        relay = ray.remote(_Relay).options(num_cpus=RELAY_CPUS, num_gpus=self.num_gpus, max_concurrency=8,
+                                           max_restarts=0, max_task_retries=0, scheduling_strategy="SPREAD")
         actor = relay.remote(list(argv), dict(env or {}), cwd)
         process = RayProcess(ray, actor)
         try:
