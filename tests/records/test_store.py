@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import re
@@ -309,3 +310,21 @@ def test_a_database_that_is_not_a_regular_file_is_refused_by_name_and_kept(tmp_p
         RunStore.open(run)
     after = os.lstat(db)
     assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino)
+
+
+def test_an_identity_from_an_earlier_invocation_is_refused_before_any_call(tmp_path: Path) -> None:
+    """A worker that presents the identity an earlier invocation's worker had (its instance repeated) would number
+    its calls from 1 under the same key: it is refused, and the run stays readable."""
+    ident = Identity("t", {}, Role.INFERENCE, {}, ("echo",), 7, instance="same")
+    with RunStore.create(tmp_path / "run") as store:
+        key = store.record_worker(ident.to_wire())
+        assert store.record_worker(ident.to_wire()) == key  # the same start, recorded once
+        store.record_call(canonical.encode(Call(1, "echo", {}).to_wire()), worker=key)
+    with RunStore.open(tmp_path / "run", writable=True) as store:
+        store.verify()
+        with pytest.raises(RecordError, match=r"a worker presents identity [0-9a-f]{16}… \(pid 7\), which a worker "
+                                              r"of an earlier invocation of this run already had"):
+            store.record_worker(ident.to_wire())
+        other = store.record_worker(dataclasses.replace(ident, instance="another").to_wire())
+        store.record_call(canonical.encode(Call(1, "echo", {}).to_wire()), worker=other)
+        assert store.verify().calls == 2

@@ -127,11 +127,11 @@ def test_a_killed_inference_worker_is_replaced_and_its_generate_call_answered_ag
     assert again[0].worker != lost.worker
     assert meta["cycle-000001"]["generate_call"] == again[0].call_digest
     # The replacement loaded the published checkpoint of cycle 0 before it sampled with it, and declared the lost
-    # worker's identity (its pid aside).
+    # worker's identity (its pid and instance aside).
     loads = [c for c in calls if c.worker == again[0].worker and c.call.method == "load_adapter"]
     assert [c.call.params["digest"] for c in loads] == [published(run)[0]]
-    same_identity = [{k: v for k, v in workers[w].to_wire().items() if k != "pid"} for w in (lost.worker,
-                                                                                               again[0].worker)]
+    same_identity = [{k: v for k, v in workers[w].to_wire().items() if k not in ("pid", "instance")}
+                     for w in (lost.worker, again[0].worker)]
     assert same_identity[0] == same_identity[1]
     assert len(placements(run)) == 2  # the first inference actor and its replacement
     with pytest.raises(ProcessLookupError):

@@ -94,7 +94,7 @@ def test_a_shared_run_records_what_a_split_run_records_but_where_the_roles_ran(r
         with RunStore.open(runs[name]) as store:
             workers, meta, records = store.workers(), store.meta(), store.calls()
         seen[name] = (
-            sorted((ident.role.value, {k: v for k, v in ident.to_wire().items() if k != "pid"})
+            sorted((ident.role.value, {k: v for k, v in ident.to_wire().items() if k not in ("pid", "instance")})
                    for ident in workers.values()),
             sorted((workers[r.worker].role.value, r.call.method) for r in records),
             {ident.role.value: ident.pid for ident in workers.values()},

@@ -74,6 +74,10 @@ class Identity:
     pid: int
     worker: dict[str, str] | None = None
     """The code that answers: the worker module's name and the sha256 of its file (absent in older records)."""
+    instance: str | None = None
+    """A random name the worker draws for this start of its server (absent in older records). A pid recurs (a
+    resumed run in a container that numbers its pids afresh, a busy host) and each start numbers its calls from 1, so
+    without it two starts could share an identity digest, the key their calls are recorded under."""
 
     def to_wire(self) -> dict[str, Any]:
         m: dict[str, Any] = {
@@ -86,6 +90,8 @@ class Identity:
         }
         if self.worker is not None:
             m["worker"] = dict(self.worker)
+        if self.instance is not None:
+            m["instance"] = self.instance
         return m
 
     @property
@@ -109,6 +115,9 @@ class Identity:
         worker = m.get("worker")
         if worker is not None and not all(isinstance(v, str) for v in _map(worker, "identity worker").values()):
             raise ProtocolError("identity worker must map 'module' and 'sha256' to strings")
+        instance = m.get("instance")
+        if instance is not None and not isinstance(instance, str):
+            raise ProtocolError(f"identity instance must be a string, not {type(instance).__name__}")
         identity = cls(
             worker=worker,
             engine=_field(m, "engine", str, "identity"),
@@ -117,6 +126,7 @@ class Identity:
             settings=_field(m, "settings", dict, "identity"),
             methods=tuple(methods),
             pid=_field(m, "pid", int, "identity"),
+            instance=instance,
         )
         # Every report names the identity by its digest: an identity without one (settings holding a value with
         # no canonical encoding, or nested past its depth limit) could never be bound to a report. The other

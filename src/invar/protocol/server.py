@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import os
 import queue
+import secrets
 import signal
 import sys
 import threading
@@ -130,6 +131,7 @@ class Server:
             methods=tuple(sorted(self.methods)),
             pid=os.getpid(),
             worker=_worker_code(),
+            instance=secrets.token_hex(16),  # a pid recurs; each start of a server is named afresh
         )
         self.identity_digest = self.identity.digest
         self.turn: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()

@@ -135,6 +135,8 @@ class RunStore:
         self._seq, self._last = (int(row[0]), str(row[1])) if row else (0, GENESIS)
         self._closed = bool(row) and row[2] == "close"
         self._workers: dict[str, Identity] = {}
+        self._recorded_here: set[str] = set()
+        """The worker identities this store object recorded (a key already on record before it opened is not new)."""
         self._walked: list[CallRecord] | None = None
         self._verification: Verification | None = None
         # From the last verifying pass, for `iter_calls`: each call's and report's digest by seq, and each answered
@@ -338,8 +340,15 @@ class RunStore:
         """Record a worker's identity once; returns its digest, the key its calls are recorded under."""
         ident = Identity.from_wire(dict(identity))
         key = ident.digest
-        if key not in self._workers and key not in self._known_workers():
+        if key not in self._recorded_here:
+            if key in self._known_workers():
+                # An earlier invocation's worker had this identity; this start numbers its calls from 1 again, and
+                # the same key would give a call id twice, leaving the run unreadable. Refused before any call.
+                raise RecordError(f"{self.path}: a worker presents identity {key[:16]}… (pid {ident.pid}), which a "
+                                  "worker of an earlier invocation of this run already had; each start of a worker "
+                                  "must name itself afresh (its identity's instance): use a worker that does")
             self._append("worker", canonical.encode(ident.to_wire()))
+            self._recorded_here.add(key)
         self._workers[key] = ident
         return key
 
@@ -397,6 +406,11 @@ class RunStore:
         for seq, _kind, _w, _d, body, _t, _c in self._rows("WHERE kind = 'meta'"):
             out.update(_meta_entry(seq, body))
         return out
+
+    @property
+    def call_count(self) -> int:
+        """How many call records the store holds (counted, not verified): the total a pass over its calls reports."""
+        return self._counts["call"]
 
     def verify(self, *, expect_head: str | None = None,
                progress: Callable[[int, int], object] | None = None) -> Verification:

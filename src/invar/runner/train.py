@@ -503,8 +503,8 @@ def _start_together(stack: contextlib.ExitStack, managers: Sequence[contextlib.A
 
 class _InferenceStart:
     """How an inference worker starts, first or as a replacement: every one must declare the identity of the run's
-    first inference worker, worker 1 (its pid aside), so the rollouts of a run come from one engine and settings
-    whichever worker made them. The workers started together are checked (`declare`) once all have started; a
+    first inference worker, worker 1 (its pid and instance aside), so the rollouts of a run come from one engine and
+    settings whichever worker made them. The workers started together are checked (`declare`) once all have started; a
     replacement is checked before it is handed out."""
 
     def __init__(self, spec: EngineSpec, store: RunStore, call_timeout: float | None,
@@ -514,7 +514,7 @@ class _InferenceStart:
 
     def declare(self, session: Session) -> None:
         """The first worker declared sets the identity; any later one must declare the same (`EvidenceError`)."""
-        declared = {k: v for k, v in session.client.identity.to_wire().items() if k != "pid"}
+        declared = {k: v for k, v in session.client.identity.to_wire().items() if k not in ("pid", "instance")}
         if self.first is None:
             self.first = declared
         first = self.first
