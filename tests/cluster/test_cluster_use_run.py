@@ -115,7 +115,7 @@ def test_workers_are_placed_on_the_worker_nodes_and_decide_like_local_ones(clust
     assert len(placed) == 4
     assert {p["node_ip"] for p in placed} == _worker_ips(cluster)
     nodes = call_nodes(run)
-    assert nodes and all(ip in _worker_ips(cluster) for _, _, ip, _ in nodes)
+    assert nodes
     assert {ip for _, _, ip, _ in nodes} == _worker_ips(cluster)
 
 
@@ -142,7 +142,7 @@ def _fault_mid_call(cluster: NetnsCluster, contract: Path, run: Path, node: str,
             fault()
             return proc, (held[0].worker, held[0].call_digest)
     proc.kill()
-    stdout, stderr = proc.communicate()
+    _, stderr = proc.communicate()
     pytest.fail(f"no generate call was seen in flight on node {node}: {stderr[-2000:]}")
 
 
