@@ -708,6 +708,62 @@ class UseAdmitOutput(DecisionOutput):
     receipt: str | None
 
 
+class PinnedExportOutput(Closed):
+    """One export an imported contract pins."""
+
+    path: str
+    """Relative to the contract."""
+    sha256: str
+    items: int
+
+
+class UsePrepareImportedOutput(Closed):
+    """`invar use prepare --json` of a declaration with [imported]: the contract and each export it pins."""
+
+    contract: str
+    sha256: str
+    format: Literal["lm-eval", "inspect", "table"]
+    exports: dict[str, PinnedExportOutput]
+    """By role: `reference` and `candidate`, or `table`."""
+
+
+class ExportEvidenceOutput(Closed):
+    """One export as the imported decision read it."""
+
+    role: Literal["reference", "candidate", "table"]
+    path: str
+    sha256: str
+    items: int
+    exporter: str
+    """Who computed the scores, as the file says."""
+
+
+class UseAdmitImportedOutput(Closed):
+    """`invar use admit --contract C --json` of an imported contract (`ImportedDecision.to_json()`; exit 0 Admitted,
+    10 Violated, 11 Unknown). No run, records or chain head: the scores are the exporter's word."""
+
+    answer: Literal["Admitted", "Violated", "Unknown"]
+    exit_code: Literal[0, 10, 11]
+    reason: str
+    evidence: Literal["imported"]
+    """Always `imported`: never a recorded decision."""
+    decision_version: str
+    contract: DecisionContract
+    format: Literal["lm-eval", "inspect", "table"]
+    metric: str | None
+    order: Literal["unverified", "sampling"]
+    standard: Literal["population", "finite-domain"]
+    epsilon: str
+    delta: str | None
+    exports: list[ExportEvidenceOutput]
+    premises: list[PremiseOutput]
+    """The exporter's word on each export's scores first, then the contract's premises."""
+    task_loss: TaskLossOutput | RangeTaskLossOutput
+    bound: BoundOutput | None
+    diagnostics: DiagnosticsOutput | RangeDiagnosticsOutput | None
+    sequential: SequentialDecisionOutput | None
+
+
 class UseVerifyOutput(Closed):
     """`invar use verify --json`."""
 
@@ -791,6 +847,8 @@ OUTPUTS: dict[str, type[BaseModel]] = {
     "use-package": UsePackageOutput,
     "use-run": UseRunOutput,
     "use-admit": UseAdmitOutput,
+    "use-prepare-imported": UsePrepareImportedOutput,
+    "use-admit-imported": UseAdmitImportedOutput,
     "use-verify": UseVerifyOutput,
     "keys-new": KeysNewOutput,
     "compare-numerical": CompareNumericalOutput,

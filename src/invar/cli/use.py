@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from invar.cli.common import ExpectHeadOpt, JsonOpt, QuietOpt, RunDir, emit_model, resumable
+from invar.cli.common import ExpectHeadOpt, JsonOpt, QuietOpt, emit_model, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
 from invar.cli.use_init import init_cmd, toml_value
 from invar.errors import ContractError, InvarError
@@ -57,10 +57,26 @@ def prepare_cmd(
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Validate a declaration and write <name>.contract.json and its .sha256; print the sha256."""
+    """Validate a declaration and write <name>.contract.json and its .sha256; print the sha256.
+
+    A declaration with an [imported] table names two evaluation exports instead of packages (docs/ci.md): each
+    export is read, paired and pinned by its digest."""
     from invar import outputs
     from invar.contract.prepare import prepare
+    from invar.imported import is_imported_declaration, prepare_imported
 
+    if is_imported_declaration(declaration):
+        from invar.cli.imported import render_prepared
+
+        pinned = prepare_imported(declaration, out)
+        if json_out:
+            emit_model(outputs.UsePrepareImportedOutput(
+                contract=str(pinned.path), sha256=pinned.sha256, format=pinned.contract.source.format,
+                exports={role: outputs.PinnedExportOutput(path=e.path, sha256=e.sha256, items=e.items)
+                         for role, e in pinned.contract.exports.items()}))
+            return
+        typer.echo(render_prepared(pinned))
+        return
     prepared = prepare(declaration, out)
     plan = prepared.plan
     if json_out:
@@ -557,8 +573,10 @@ def _run_progress(shown: Reporter) -> tuple[Callable[[Progress], None], Callable
 
 @app.command("admit")
 def admit_cmd(
-    run: RunDir,
     contract: ContractOpt,
+    run: Annotated[
+        Path | None, typer.Argument(help="A run directory (holds records.sqlite); none for an imported contract.")
+    ] = None,
     expect_head: ExpectHeadOpt = None,
     receipt: Annotated[
         Path | None, typer.Option("--receipt", help="Write a decision receipt (JSON) here; never overwrites.")
@@ -566,16 +584,51 @@ def admit_cmd(
     key: Annotated[
         Path | None, typer.Option("--key", help="Sign the receipt with this Ed25519 key (`invar keys new`).")
     ] = None,
+    junit: Annotated[
+        Path | None, typer.Option("--junit", help="Also write the decision as a JUnit XML file (one test case, "
+                                                  "failed unless Admitted) for CI.")
+    ] = None,
+    summary: Annotated[
+        Path | None, typer.Option("--summary", help="Also append a Markdown summary (headline, bound and plot) to "
+                                                    "this file, e.g. \"$GITHUB_STEP_SUMMARY\".")
+    ] = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Decide admission of a run under the owner's contract: exit 0 Admitted, 10 Violated, 11 Unknown."""
+    """Decide admission of a run under the owner's contract: exit 0 Admitted, 10 Violated, 11 Unknown.
+
+    With an imported contract (`use prepare` of a declaration with [imported]), give no run: the decision is made
+    from the exports the contract pins, and says so."""
+    import time
+
     from invar import outputs
+    from invar.cli.ci import append_summary, write_junit
+    from invar.cli.imported import headline, render_imported
     from invar.cli.progress import admission_steps, reporting
     from invar.contract.admit import admit
     from invar.contract.decide import EXIT_CODES
     from invar.contract.receipt import fingerprint, load_private_key, make_receipt, write_receipt
+    from invar.imported import admit_imported, is_imported_contract
 
+    started = time.monotonic()
+    if is_imported_contract(contract):
+        if run is not None:
+            raise InvarError(f"{contract} decides from the exports it pins, not from a run; remove {run}")
+        if receipt is not None or key is not None or expect_head is not None:
+            raise InvarError("--receipt, --key and --expect-head anchor a recorded run; an imported decision has "
+                             "none: remove them")
+        imported = admit_imported(contract)
+        if junit is not None:
+            write_junit(junit, headline(imported, "imported"), time.monotonic() - started)
+        if summary is not None:
+            append_summary(summary, headline(imported, "imported"))
+        if json_out:
+            emit_model(outputs.UseAdmitImportedOutput.model_validate(imported.to_json()))
+        else:
+            typer.echo(render_imported(imported))
+        raise typer.Exit(EXIT_CODES[imported.answer])
+    if run is None:
+        raise InvarError("give the run to decide: invar use admit RUN --contract CONTRACT")
     if key is not None and receipt is None:
         raise InvarError("--key signs a receipt; add --receipt PATH for the receipt to write")
     private = load_private_key(key) if key is not None else None  # a bad key fails before the long part
@@ -584,6 +637,10 @@ def admit_cmd(
         if receipt is not None:
             shown.phase("writing the receipt")
             write_receipt(receipt, make_receipt(decision, private, contract=contract))
+    if junit is not None:
+        write_junit(junit, headline(decision, "recorded"), time.monotonic() - started)
+    if summary is not None:
+        append_summary(summary, headline(decision, "recorded"))
     if json_out:
         # The decision's own JSON (what a receipt states), validated by the output's model and printed as it; the
         # parts a decision does not have (measurements, sequential) stay absent.
