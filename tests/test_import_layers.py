@@ -26,6 +26,7 @@ LAYERS = [
     "errors",
     "interrupts",  # Ctrl-C and SIGTERM as the commands stop at them (out of errors, whose bytes the workers run)
     "canonical",
+    "regular_files",  # bounded, non-blocking reads of whole files: the owner's files and a model folder's (tasks)
     "worker_code",  # the digest naming a worker's code: the workers' protocol server reports it
     "home",
     "parallel",  # independent calls over the cores, for the commands that opt in (stats calls it)

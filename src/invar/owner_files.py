@@ -19,22 +19,23 @@ import json
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, ValidationError
 
-from invar import canonical, errors
+from invar import canonical
 from invar.engines import LAUNCH_SETTINGS
-from invar.errors import ContractError, InvarError
+from invar.errors import ContractError
+from invar.regular_files import MAX_DATA_BYTES, read_regular_file
+
+__all__ = ["MAX_DATA_BYTES", "read_regular_file"]  # every file a command reads whole is read by `invar.regular_files`
 
 MAX_FILE_BYTES = 1 << 20
 """A declaration, contract or configuration file holds at most 1 MiB."""
 MAX_PATH = 1024
 """Characters in a path (no NUL character)."""
-MAX_DATA_BYTES = 1 << 30
-"""A data file a command reads whole (a population, a scorer, a tokens file) holds at most 1 GiB."""
 SHA256_FILE_BYTES = 4096
 """A `.sha256` file beside another (as `sha256sum` writes it: the digest, then the file's name)."""
 
@@ -167,73 +168,6 @@ def field_error(exc: ValidationError, what: str) -> ContractError:
     return ContractError(f"{what}: {head}{text}{more}")
 
 
-_FILE_KINDS: tuple[tuple[Callable[[int], bool], str], ...] = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-_READ_PIECE = 1 << 24
-"""Bytes `read_regular_file` asks for at a time past the size the file had when opened (16 MiB)."""
-
-
-def read_regular_file(path: str | Path, what: str, *, limit: int = MAX_DATA_BYTES,
-                      error: type[InvarError] = ContractError, fix: str = "point the declaration at the file") -> bytes:
-    """The bytes of a regular file of at most `limit` bytes, read once: every file a command reads whole comes
-    through here. `what` names the file in errors (`"population file"`, `"receipt"`), `fix` says what to do, and
-    `error` is the error class the caller's family raises.
-
-    A FIFO, device, socket or directory is refused before it is opened for reading, and the opened file is checked
-    again (non-blocking open, then `fstat`), so a file swapped in between can neither block nor be read; at most
-    `limit` + 1 bytes are ever read, so a file that grows (or lies about its size) cannot exhaust memory.
-    """
-    path = Path(path)
-
-    def refuse(text: str) -> NoReturn:
-        raise error(f"{what} {errors.one_line(str(path))} {text}: {fix}")
-
-    def not_regular(mode: int) -> NoReturn:
-        refuse(f"is {next((name for test, name in _FILE_KINDS if test(mode)), 'not a regular file')}, not a "
-               "regular file")
-
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        refuse("does not exist")
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        refuse(f"cannot be read ({getattr(exc, 'strerror', None) or exc})")
-    if not stat.S_ISREG(mode):
-        not_regular(mode)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        refuse(f"cannot be read ({exc.strerror})")
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            not_regular(info.st_mode)
-        if info.st_size > limit:
-            refuse(f"holds {info.st_size:,} bytes, over the {limit:,} a {what} may hold")
-        try:
-            # What fstat says is there and one byte more; `read(n)` sets n bytes aside first, so `read(limit + 1)`
-            # took the whole limit (1 GiB) of address space for every file, however small.
-            data = f.read(info.st_size + 1)
-            if len(data) > info.st_size:  # longer than when opened: on in pieces, to its end or past the limit
-                pieces, total = [data], len(data)
-                while total <= limit and (piece := f.read(min(_READ_PIECE, limit + 1 - total))):
-                    pieces.append(piece)
-                    total += len(piece)
-                data = b"".join(pieces)
-        except OSError as exc:
-            refuse(f"cannot be read ({exc.strerror})")
-    if len(data) > limit:
-        refuse(f"holds more than the {limit:,} bytes a {what} may hold")
-    return data
-
-
 def read_owner_file(path: Path, what: str) -> str:
     """The text of a declaration, contract or configuration file (`what` names which): a regular file of at most
     MAX_FILE_BYTES, in UTF-8."""
@@ -249,7 +183,11 @@ def read_owner_file(path: Path, what: str) -> str:
     if info.st_size > MAX_FILE_BYTES:
         raise _too_large(str(path), what, info.st_size)
     try:
-        with path.open("rb") as f:
+        # Non-blocking, and checked again once open: a FIFO swapped in after the stat neither blocks nor is read.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ContractError(f"{path}: cannot read the {what}: it is not a regular file; give the {what} file")
             raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ContractError(f"{path}: cannot read the {what} ({exc.strerror or exc}); check the path") from None

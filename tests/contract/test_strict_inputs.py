@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,12 @@ from typing import Any
 import pytest
 from contract_runs import declaration, make_workspace, toml_text
 
-from invar import owner_files
+from invar import regular_files
 from invar.contract.model import parse_contract, read_declaration
 from invar.contract.prepare import load_contract
 from invar.errors import ContractError
 from invar.loop.config import ConfigError, parse_config, read_config
-from invar.owner_files import read_regular_file
+from invar.owner_files import read_owner_file, read_regular_file
 
 POP = "a" * 64
 MODEL = "b" * 64
@@ -286,8 +287,8 @@ def test_a_file_longer_than_it_was_when_opened_is_read_whole_and_still_held_to_t
         info = real(fd)
         return os.stat_result((*info[:6], 10, *info[7:]))
 
-    monkeypatch.setattr(owner_files, "_READ_PIECE", 1000)
-    monkeypatch.setattr(owner_files.os, "fstat", shrunk)
+    monkeypatch.setattr(regular_files, "_READ_PIECE", 1000)
+    monkeypatch.setattr(regular_files.os, "fstat", shrunk)
     assert read_regular_file(path, "population file") == b"x" * 5000
     with pytest.raises(ContractError, match=r"holds more than the 4,000 bytes a population file may hold"):
         read_regular_file(path, "population file", limit=4000)
@@ -306,3 +307,30 @@ def test_a_model_folder_whose_name_holds_a_control_character_is_named_on_one_lin
     text = str(err.value)
     assert text.isprintable(), repr(text)
     assert f"{tmp_path}/mo\\rdel/tokenizer.json does not exist" in text
+
+
+def test_a_fifo_swapped_in_after_the_stat_is_refused_not_waited_on(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`read_owner_file` checks what it opened, not only what it stat-ed: a FIFO put in the file's place after the
+    check is refused at once (issue 51: the open blocked until a writer came)."""
+    fifo, regular = tmp_path / "declaration.toml", tmp_path / "regular.toml"
+    os.mkfifo(fifo)
+    regular.write_text("name = 'x'\n")
+    real = Path.stat
+    monkeypatch.setattr(Path, "stat", lambda self, **kw: real(regular) if self == fifo else real(self, **kw))
+    got: list[BaseException | str] = []
+
+    def read() -> None:
+        try:
+            got.append(read_owner_file(fifo, "declaration"))
+        except BaseException as exc:
+            got.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # release the waiting open before failing
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert got, "read_owner_file waited on a FIFO"
+    assert isinstance(got[0], ContractError)
+    assert str(got[0]) == f"{fifo}: cannot read the declaration: it is not a regular file; give the declaration file"

@@ -4,7 +4,9 @@ eos resolution order, the refusal rules and the digest rule."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from support.char_vocabulary import Vocabulary
 from invar.contract.prepare import tokenizer_digest as prepare_tokenizer_digest
 from invar.errors import ContractError, EvidenceError
 from invar.tasks import ModelTokenizer
-from invar.tasks.tokenizer import tokenizer_digest, tokenizer_files
+from invar.tasks.tokenizer import kept_files, tokenizer_digest, tokenizer_files
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "models" / "tiny-arith"
@@ -260,3 +262,38 @@ def test_llama_model_folder_is_read(tmp_path: Path) -> None:
     assert config["vocab_size"] == tok.vocab_size
     assert tok.eos_token_ids == (config["eos_token_id"],)
     assert tok.prompt_ids(messages=[{"role": "user", "content": "hi"}]) == tok.encode("hi")
+
+
+MODEL_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
+               "special_tokens_map.json", "generation_config.json", "config.json"]
+
+
+@pytest.mark.parametrize("name", MODEL_FILES)
+@pytest.mark.parametrize("odd", ["fifo", "link to /dev/zero", "huge"])
+def test_every_model_file_the_core_reads_is_read_bounded_and_without_blocking(tmp_path: Path, name: str,
+                                                                              odd: str) -> None:
+    """A FIFO, a device or a file past its bound in a model folder's place is one line naming the file, never a
+    hang, a read without end, nor taken for absent (issue 51)."""
+    root = _copy_shipped(tmp_path)
+    path = root / name
+    path.unlink(missing_ok=True)
+    if odd == "fifo":
+        os.mkfifo(path)
+        said = f"model file {path} is a FIFO, not a regular file"
+    elif odd == "link to /dev/zero":
+        path.symlink_to("/dev/zero")
+        said = f"model file {path} is a character device, not a regular file"
+    else:
+        bound = (1 << 28) if name == "tokenizer.json" else (1 << 24)
+        # Valid JSON (or template text), one byte past the bound: read whole, it would be taken.
+        filler = b"{% if false %}" + b" " * bound + b"{% endif %}" if name == "chat_template.jinja" else \
+            b'{"pad": "' + b"x" * bound + b'"}'
+        path.write_bytes(filler)
+        said = f"model file {path} holds {len(filler):,} bytes, over the {bound:,} a model file may hold"
+    # What a run keeps of the folder reads every one of these files; the tokenizer, all but config.json (whose eos
+    # id generation_config.json overrides here).
+    with pytest.raises(ContractError, match=f"^{re.escape(said)}: a model folder holds the regular files"):
+        kept_files(root)
+    if name != "config.json":
+        with pytest.raises(ContractError, match=f"^{re.escape(said)}: a model folder holds the regular files"):
+            ModelTokenizer.from_model_dir(root)

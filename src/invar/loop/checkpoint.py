@@ -46,6 +46,7 @@ import numpy as np
 
 from invar import canonical
 from invar.errors import EvidenceError
+from invar.regular_files import MODEL_FILE_BYTES, read_regular_file
 
 PEFT_WEIGHTS = "adapter_model.safetensors"
 MLX_WEIGHTS = "adapters.safetensors"
@@ -183,10 +184,12 @@ def read_safetensors(path: str | Path) -> SafetensorsFile:
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"{path} does not exist: {what}")
+    raw = read_regular_file(path, "checkpoint file", limit=MODEL_FILE_BYTES, error=CheckpointError,
+                            fix="a checkpoint holds the regular files it was saved with; save it again")
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path} is not valid JSON ({exc}); rewrite it") from None
     if not isinstance(value, dict):

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 from invar.errors import InvarError
+from invar.regular_files import read_model_file
 
 SEED_MAX = (1 << 63) - 1
 """Per-request seeds are 63-bit, as every engine's generator takes them (and as plan seeds are derived)."""
@@ -47,10 +48,14 @@ def check_sampling(*, temperature: float, top_p: float, max_tokens: int, seeds: 
 
 
 def model_context(model_dir: Path) -> int | None:
-    """The model's context length (`max_position_embeddings` in config.json), or None where it is not stated."""
+    """The model's context length (`max_position_embeddings` in config.json), or None where it is not stated.
+    A config.json that is not a regular file or is past its bound is refused (`ContractError`), never waited on."""
+    path = model_dir / "config.json"
+    if not path.exists():
+        return None
     try:
-        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        config = json.loads(read_model_file(path).decode("utf-8"))
+    except ValueError:  # not JSON, not UTF-8: the engine says what it makes of it
         return None
     value = config.get("max_position_embeddings") if isinstance(config, dict) else None
     return value if isinstance(value, int) and value > 0 else None

@@ -33,6 +33,7 @@ import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from invar.errors import ContractError
+from invar.regular_files import read_model_file
 
 TEMPLATE_FILE = "chat_template.jinja"
 """The folder's own template file; transformers prefers it to `tokenizer_config.json`'s `chat_template`."""
@@ -139,9 +140,9 @@ def find_template(model_dir: Path, tokenizer_config: Mapping[str, Any]) -> ChatT
     Raises `ContractError` naming the file when a template file is unreadable or malformed.
     """
     jinja_file = model_dir / TEMPLATE_FILE
-    if jinja_file.is_file():
+    if jinja_file.exists():
         try:
-            return ChatTemplate(jinja_file.read_text(encoding="utf-8"), str(jinja_file))
+            return ChatTemplate(read_model_file(jinja_file).decode("utf-8"), str(jinja_file))
         except UnicodeDecodeError as exc:
             raise ContractError(f"{jinja_file} is not UTF-8 text ({exc}): re-save the template") from None
     value = tokenizer_config.get("chat_template")
@@ -149,9 +150,9 @@ def find_template(model_dir: Path, tokenizer_config: Mapping[str, Any]) -> ChatT
         where = f"{model_dir / 'tokenizer_config.json'} (chat_template)"
         return ChatTemplate(_read_template_list(value, where), where)
     legacy = model_dir / LEGACY_TEMPLATE_FILE
-    if legacy.is_file():
+    if legacy.exists():
         try:
-            data = json.loads(legacy.read_text(encoding="utf-8"))
+            data = json.loads(read_model_file(legacy).decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ContractError(f"{legacy} is not valid JSON ({exc}): re-save the template") from None
         source = data.get("chat_template") if isinstance(data, dict) else None

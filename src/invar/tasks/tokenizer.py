@@ -2,12 +2,13 @@
 
 The core scores responses from the token ids a worker reports, never from the worker's text, and it tokenizes
 prompts itself, so both directions come from the files a contract pins. `ModelTokenizer` loads `tokenizer.json`
-with `tokenizers.Tokenizer.from_file` (any fast-tokenizer model: byte-level or byte-fallback BPE, Unigram,
+with `tokenizers.Tokenizer.from_str` (any fast-tokenizer model: byte-level or byte-fallback BPE, Unigram,
 WordPiece, WordLevel) and reads `tokenizer_config.json` for the named special tokens, the decode clean-up switch
 and the chat template (rendered by `invar.tasks.chat`). Decoding keeps special tokens as their text, as
 `AutoTokenizer.decode(ids, skip_special_tokens=False)` does, so a response containing one never passes as an
 answer; it stops before the first id that ends a response. On the shipped character-level model it gives exactly
-what `Vocabulary` gives.
+what `Vocabulary` gives. Every file of the folder it reads is read whole by `invar.regular_files`, bounded and
+without blocking, so a FIFO or a huge file in the folder is one line naming it, never a hang.
 
 What the core computes from a folder is bound by `tokenizer_digest` (see `tokenizer_files` for the rule), which
 equals `invar.contract.prepare.tokenizer_digest` for a folder holding only `tokenizer.json`,
@@ -26,6 +27,7 @@ from tokenizers import Tokenizer
 
 from invar import canonical
 from invar.errors import ContractError, EvidenceError
+from invar.regular_files import MODEL_FILE_BYTES, TOKENIZER_FILE_BYTES, read_model_file
 from invar.tasks.chat import LEGACY_TEMPLATE_FILE, SPECIAL_TOKEN_NAMES, TEMPLATE_FILE, ChatTemplate, find_template
 
 
@@ -51,12 +53,12 @@ MODEL_CONFIG_FILE = "config.json"
 
 
 def _read_json(path: Path, required: bool = True) -> Any:
-    if not path.is_file():
+    if not path.exists():
         if not required:
             return None
         raise ContractError(f"{path} does not exist: the model folder must hold the tokenizer files it was saved with")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_model_file(path).decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ContractError(f"{path} is not valid JSON ({exc}): re-save the file") from None
 
@@ -80,7 +82,8 @@ def tokenizer_files(model_dir: str | Path) -> tuple[str, ...]:
     `invar.contract.prepare.tokenizer_digest` gives it.
     """
     root = Path(model_dir)
-    return BASE_FILES + tuple(name for name in EXTRA_FILES if (root / name).is_file())
+    # Present is what exists: a FIFO or a folder under a tokenizer file's name is refused when read, not skipped.
+    return BASE_FILES + tuple(name for name in EXTRA_FILES if (root / name).exists())
 
 
 def _eos_from(value: Any, where: Path) -> tuple[int, ...] | None:
@@ -161,15 +164,16 @@ class ModelTokenizer:
         """
         root = Path(path)
         tokenizer_path = root / "tokenizer.json"
-        if not tokenizer_path.is_file():
+        if not tokenizer_path.exists():
             raise ContractError(f"{tokenizer_path} does not exist: save the model's fast tokenizer (tokenizer.json) "
                                 "into the folder")
         config_path = root / "tokenizer_config.json"
         config = _read_json(config_path)
         if not isinstance(config, dict):
             raise ContractError(f"{config_path}: expected a JSON object")
+        raw = read_model_file(tokenizer_path, TOKENIZER_FILE_BYTES)
         try:
-            tokenizer = Tokenizer.from_file(str(tokenizer_path))
+            tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
         except Exception as exc:  # the library raises its own untyped errors for malformed files
             raise ContractError(f"{tokenizer_path} cannot be loaded by the tokenizers library "
                                 f"({' '.join(str(exc).split())}): re-save the tokenizer") from None
@@ -355,7 +359,8 @@ def _clean_up_tokenization(text: str) -> str:
 
 
 def _digest(root: Path, eos_ids: tuple[int, ...], own_eos_id: int | None) -> str:
-    bound: dict[str, Any] = {name: canonical.file_sha256(root / name) for name in tokenizer_files(root)}
+    bound: dict[str, Any] = {name: canonical.sha256(read_model_file(root / name, _limit(name)))
+                             for name in tokenizer_files(root)}
     if eos_ids != ((own_eos_id,) if own_eos_id is not None else ()):
         bound["eos_token_ids"] = list(eos_ids)
     return canonical.digest(bound)
@@ -375,7 +380,12 @@ def kept_files(model_dir: str | Path) -> dict[str, bytes]:
     """
     root = Path(model_dir)
     names = (*tokenizer_files(root), GENERATION_CONFIG_FILE, MODEL_CONFIG_FILE)
-    return {name: (root / name).read_bytes() for name in names if (root / name).is_file()}
+    return {name: read_model_file(root / name, _limit(name)) for name in names if (root / name).exists()}
+
+
+def _limit(name: str) -> int:
+    """The most bytes the core reads of the model folder's file `name`."""
+    return TOKENIZER_FILE_BYTES if name == "tokenizer.json" else MODEL_FILE_BYTES
 
 
 def from_kept(files: Mapping[str, bytes], scratch: str | Path) -> ModelTokenizer:
