@@ -164,3 +164,13 @@ def test_no_package_starts_more_workers_than_it_has_calls_left(tmp_path: Path) -
     with pytest.raises(InvarError, match=f"at most {MAX_WORKERS}"):
         use_run(tmp_path / "never-read.contract.json", tmp_path / "run", workers=MAX_WORKERS + 1)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_token_id_outside_the_vocabulary_is_one_line_before_a_worker_starts(tmp_path: Path) -> None:
+    # An int32 id the shipped model's 18-token vocabulary lacks: refused before the worker loads the model and
+    # before the run is made (issue 51: only int32 was checked first, then a worker started).
+    tokens = tmp_path / "t.jsonl"
+    tokens.write_text(json.dumps({"item_id": "a", "prompt": "1+1=", "tokens": [5, 18]}) + "\n")
+    _one_line(_invar("score", "--tokens", str(tokens), "--run", str(tmp_path / "run")),
+              "item a: response token ids must be in [0, 18), the model's vocabulary")
+    assert not (tmp_path / "run").exists()

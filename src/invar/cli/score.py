@@ -32,8 +32,15 @@ from invar.errors import InvarError
 from invar.patches import patch_digest, patch_dir
 from invar.records import RunStore
 from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, default_run_dir, parse_launch_settings
-from invar.runner.options import TEMPERATURE_MAX, check_sampling
-from invar.runner.score import ScoredOutput, batches_from_run, items_from_file, score_batches, verify_source
+from invar.runner.options import TEMPERATURE_MAX, check_sampling, model_context
+from invar.runner.score import (
+    ScoredOutput,
+    batches_from_run,
+    check_items,
+    items_from_file,
+    score_batches,
+    verify_source,
+)
 from invar.tasks import ModelTokenizer
 
 _SHOWN = 50
@@ -92,18 +99,26 @@ def score(
     spec = EngineSpec(engine, model, dtype, quantization, adapter, patches=patches,
                       settings=parse_launch_settings(engine.value, setting or []))
     meta: dict[str, Any] = {"command": "score", **spec.meta(), "capture_steps": show_steps(spec_steps)}
+    vocab = ModelTokenizer.from_model_dir(model)
+    context = model_context(model)
     if from_run is not None:
         source = verify_source(from_run)
         meta["source"] = {"run": str(from_run), "head": source.head, "command": source.command}
         batches = batches_from_run(source, spec_steps)
-        # Every item is checked before a worker starts: a step past a response's end costs no model load.
-        total = sum(len(batch) for batch in batches_from_run(source, spec_steps))
-    vocab = ModelTokenizer.from_model_dir(model)
+        # Every item is checked before a worker starts (a step past a response's end, an id outside the model's
+        # vocabulary, a prompt and response past its context): none costs a model load.
+        total = 0
+        for batch in batches_from_run(source, spec_steps):
+            check_items([it.with_ids(vocab) for it in batch], vocab, context)
+            total += len(batch)
     if from_run is None:
         assert tokens is not None
-        # The prompts are tokenized before a worker starts: text the model cannot read costs no model load.
+        # The prompts are tokenized and every id checked against the model's vocabulary before a worker starts:
+        # text the model cannot read, or a token it does not have, costs no model load.
         listed = [[it.with_ids(vocab) for it in batch]
                   for batch in items_from_file(tokens, temperature, spec_steps, batch_size)]
+        for batch in listed:
+            check_items(batch, vocab, context)
         meta["source"] = {"tokens": str(tokens)}
         batches = iter(listed)
         total = sum(len(batch) for batch in listed)
