@@ -1,7 +1,8 @@
-"""`use admit` says what it is doing, on stderr: verifying the records call by call, reading the contract's inputs,
-binding the evidence, scoring the losses, deciding, writing the receipt, each with the time since the command
-started (issue 27); `--quiet` shows none of it, and stdout (the decision, or its one `--json` document) is the same
-either way. Admission itself only calls its `progress` parameter: the decision does not depend on it."""
+"""`use admit` says what it is doing, on stderr: reading the contract's inputs, verifying the records call by call
+(each bound and scored as it is read: one pass, issue 49), scoring the losses, deciding, writing the receipt, each
+with the time since the command started (issue 27); `--quiet` shows none of it, and stdout (the decision, or its one
+`--json` document) is the same either way. Admission itself only calls its `progress` parameter: the decision does
+not depend on it."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from invar.contract.admit import Step, admit
 
 LINE = re.compile(r"invar: (?P<phase>.+)… (?P<elapsed>\d+\.\d) s")
 # The run's 5 calls: each package's load_model, and the 3 planned generate calls.
-PHASES = ["verifying the records 0/5 calls", "verifying the records 5/5 calls", "reading the contract's inputs",
-          "binding the evidence", "scoring the losses", "deciding"]
+PHASES = ["reading the contract's inputs", "verifying the records 0/5 calls", "verifying the records 5/5 calls",
+          "scoring the losses", "deciding"]
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +51,10 @@ def _phases(stderr: str) -> list[str]:
 def test_admission_tells_its_phases_in_order_and_decides_the_same(ws: Workspace, run: Path) -> None:
     steps: list[Step] = []
     told = admit(ws.contract_path, run, progress=steps.append)
-    assert [s.phase for s in steps] == ["verifying the records"] * 6 + [
-        "reading the contract's inputs", "binding the evidence", "scoring the losses", "deciding"]
-    assert [(s.done, s.total) for s in steps[:6]] == [(k, 5) for k in range(6)]
-    assert all(s.done is None and s.total is None for s in steps[6:])
+    assert [s.phase for s in steps] == ["reading the contract's inputs"] + ["verifying the records"] * 6 + [
+        "scoring the losses", "deciding"]
+    assert [(s.done, s.total) for s in steps[1:7]] == [(k, 5) for k in range(6)]
+    assert all(s.done is None and s.total is None for s in steps[:1] + steps[7:])
     assert told.to_json() == admit(ws.contract_path, run).to_json()
 
 
@@ -83,9 +84,8 @@ def test_a_refusal_is_the_last_line_after_the_phases_and_the_only_line_when_quie
     out = _invar("use", "admit", refused, "--contract", ws.contract_path)
     assert out.returncode == 2
     *phases, error = out.stderr.splitlines()
-    assert _phases("\n".join(phases)) == ["verifying the records 0/1 calls",
-                                          "verifying the records 1/1 calls", "reading the contract's inputs",
-                                          "binding the evidence"]
+    assert _phases("\n".join(phases)) == ["reading the contract's inputs", "verifying the records 0/1 calls",
+                                          "verifying the records 1/1 calls"]
     assert error.startswith("invar: error: ")
     assert "planned call reference/solo" in error
     quiet = _invar("use", "admit", refused, "--contract", ws.contract_path, "--quiet")

@@ -3,6 +3,7 @@ a loss or an invariance check needs them), and gives exactly what binding every 
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +11,12 @@ import numpy as np
 import pytest
 from contract_runs import RunWriter, Workspace, make_workspace, unit_ids
 
+from invar import canonical
 from invar.contract.admit import admit
-from invar.contract.bind import bind_records, collect_evidence, layout_outputs
+from invar.contract.bind import bind_records, collect_evidence, layout_outputs, params_digest
 from invar.contract.decide import Answer, check_invariance, layout_invariance, layout_losses
 from invar.contract.prepare import contract_scorer
+from invar.contract.reading import RunReader
 from invar.records import RunStore
 
 N = 120
@@ -78,3 +81,50 @@ def test_streamed_evidence_keeps_no_outputs_and_gives_the_same_numbers(ws: Works
     assert d.invariance.units_differing == 2
     assert expected[1] is not None
     assert expected[1] in d.reason
+
+
+def test_one_pass_reads_each_record_once_and_gives_what_binding_then_scoring_gives(
+        ws: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`RunReader.read_scored` (what admission reads a run with, issue 49): every record decoded once, the same
+    evidence, losses and invariance as `bind_complete` then `losses` and `layout_invariance` reading again."""
+    run = _differing_run(ws, tmp_path / "run")
+    layouts = ("solo", "b4r", "b8")
+    with RunStore.open(run) as store:  # the bodies that carry outputs: every report, by its digest
+        reports = sorted(rec.report.report_digest for rec in store.iter_calls() if rec.report is not None)
+    decoded: list[str] = []
+    real = canonical.decode
+    monkeypatch.setattr(canonical, "decode", lambda data: decoded.append(canonical.sha256(data)) or real(data))
+    with RunStore.open(run) as store, tempfile.TemporaryDirectory() as scratch:
+        reader = RunReader.of_run(ws.contract, ws.sha256, ws.contract_path.parent, store, Path(scratch))
+        decoded.clear()
+        scored = reader.read_scored(store, layouts)
+        assert sorted(d for d in decoded if d in set(reports)) == reports  # each report once, none read again
+        seen = len(decoded)
+        assert scored.verification == store.verify()
+        assert len(decoded) == seen  # the pass is the store's verification: no second one
+        monkeypatch.setattr(canonical, "decode", real)
+        again = reader.bind_complete(store).found
+        assert [e.to_json() for e in scored.bound.found.values()] == [e.to_json() for e in again.values()]
+        for role, losses in reader.losses(again).items():
+            assert losses.dtype == scored.losses[role].dtype
+            assert np.array_equal(losses, scored.losses[role])
+        assert layout_invariance(ws.plan, scored.bound.found, "candidate", layouts, scored.digests) == \
+            layout_invariance(ws.plan, again, "candidate", layouts)
+
+
+def test_params_digest_is_the_canonical_digest_of_decoded_params() -> None:
+    """The params of a record, decoded, digest as `canonical.digest` digests them (packed in C); a value that was not
+    decoded (a tuple, an array of another byte order) is left to `canonical.digest`."""
+    rng = np.random.default_rng(0)
+    values: list[Any] = [
+        {"layout": [[0, 1], [2]], "requests": [
+            {"max_tokens": 5, "prompt": "1+2=", "prompt_ids": np.arange(n, dtype=np.int32), "request_id": f"u{n}",
+             "seed": 2**63 - n, "temperature": 1.0, "top_p": None} for n in (0, 1, 3)]},
+        {"a": np.zeros(0, dtype="<f4"), "b": rng.random((2, 3)).astype("<f8"), "c": np.array(7, dtype="|u1"),
+         "d": np.array([True, False]), "e": b"\x00\x01", "f": -(2**63), "g": [np.int16(3), 1.5, "é"]},
+    ]
+    for value in values:
+        plain = canonical.decode(canonical.encode(value))
+        assert params_digest(plain) == canonical.digest(plain) == canonical.digest(value)
+    built = {"x": (1, 2), "y": np.arange(3, dtype=">i4")}
+    assert params_digest(built) == canonical.digest(built)

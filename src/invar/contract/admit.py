@@ -1,11 +1,12 @@
 """`use admit`: decide, from a run's records and the owner's contract, whether the candidate is admitted.
 
 The procedure, read top to bottom in `admit`: read the contract and check it names this Invar's method version;
-verify the store; read the run under its contract (`invar.contract.reading.RunReader`, which `use run` and
-`compare numerical RUN` read it with too): the owner's inputs and the plan derived from them, every record bound to
-its planned call, the losses, the stopping rule and the measurements recomputed from the bound evidence; and decide
-(`invar.contract.decide`, pure, where the order of the decision is stated). Every number the decision rests on is
-recomputed by the core from the records, never read from a worker.
+read the run under its contract in one pass over the store, each record verified, decoded, bound and scored once
+(`invar.contract.reading.RunReader`, which `use run` and `compare numerical RUN` read it with too): the owner's
+inputs and the plan derived from them, every record bound to its planned call, the losses, the stopping rule and the
+measurements recomputed from the bound evidence; and decide (`invar.contract.decide`, pure, where the order of the
+decision is stated). Every number the decision rests on is recomputed by the core from the records, never read from
+a worker.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from invar.contract.inputs import check_method_version
 from invar.contract.model import Contract, read_contract
 from invar.contract.prepare import difference_range
 from invar.contract.reading import RunReader
+from invar.errors import InvarError
 from invar.evidence import (
     Candidate,
     RangeTaskLoss,
@@ -70,8 +72,9 @@ def admit(
     """Decide admission of the run at `run_path` under the owner's contract file at `contract_path`.
 
     With `expect_head`, the run's head must be that anchor (kept from when the run closed, or from a receipt).
-    `progress` is told each phase as it starts (verifying the records, call by call; reading the contract's
-    inputs; binding the evidence; scoring the losses; comparing the measurements; deciding); it decides nothing.
+    `progress` is told each phase as it starts (reading the contract's inputs; verifying the records, call by call,
+    each bound and its outputs scored as it is read; scoring the losses; comparing the measurements; deciding); it
+    decides nothing.
     Raises `ContractError` for a bad contract, `RecordError` for a damaged store, `EvidenceError` (naming the
     record) for evidence the contract does not accept.
     """
@@ -160,19 +163,25 @@ def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str |
     """Verify the store and read the run under its contract: the records bound to their planned calls, the losses
     scored, the sequential stop and the invariance layouts checked."""
     with RunStore.open(run_path) as store, tempfile.TemporaryDirectory(prefix="invar-admit-") as scratch:
-        # walked once: binding reuses the walk
-        verification = store.verify(expect_head=expect_head, progress=lambda done, total: progress(
-            Step("verifying the records", done, total)))
         progress(Step("reading the contract's inputs"))
-        reader = RunReader.of_run(contract, sha, contract_file.parent, store, Path(scratch))
+        try:
+            reader = RunReader.of_run(contract, sha, contract_file.parent, store, Path(scratch))
+        except InvarError:
+            store.verify(expect_head=expect_head)  # a damaged store is named first, as when it was verified first
+            raise
         plan = reader.plan
-        progress(Step("binding the evidence"))
-        bound_evidence = reader.bind_complete(store)
+        inv_layouts = tuple(contract.invariance.layouts)
+        # One pass: each record verified, decoded, bound and its outputs scored (then dropped) as it is read.
+        scored = reader.read_scored(store, inv_layouts if contract.invariance.required else (),
+                                    lambda done, total: progress(Step("verifying the records", done, total)),
+                                    expect_head)
+        verification = scored.verification
+        bound_evidence = scored.bound
         found = bound_evidence.found
         pairing = contract.pairing.layout
         scorer = reader.scorer
         progress(Step("scoring the losses"))
-        losses = reader.losses(found)
+        losses = scored.losses
         ref_loss, cand_loss = losses["reference"], losses["candidate"]
         if plan.measurements:
             progress(Step("comparing the measurements"))
@@ -184,9 +193,8 @@ def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str |
             ref_loss, cand_loss = ref_loss[used], cand_loss[used]
             stopped = reader.stop(cand_loss - ref_loss, str(store.path))
             check_stop_record(store, stopped, plan, found)
-        inv_layouts = tuple(contract.invariance.layouts)
         if contract.invariance.required:
-            differing, first = layout_invariance(plan, found, "candidate", inv_layouts)
+            differing, first = layout_invariance(plan, found, "candidate", inv_layouts, scored.digests)
         else:
             differing, first = 0, None
     ref_evidence = unit_evidence(plan, found, "reference", pairing)

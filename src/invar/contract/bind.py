@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from invar import canonical
@@ -31,7 +33,7 @@ from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Rol
 from invar.errors import EvidenceError
 from invar.evidence import check_patches_active
 from invar.protocol.payloads import GenerateResult
-from invar.records.store import CallRecord, RunStore
+from invar.records.store import CallRecord, RunStore, Verification
 from invar.stats.sequential import SequentialDecision
 
 
@@ -226,12 +228,13 @@ def parse_outputs(result: Mapping[str, Any], requests: Sequence[Mapping[str, Any
             raise EvidenceError(f"{where} ({req['request_id']}): the engine ran other prompt tokens than the call "
                                 "asked for")
         t = len(tokens)
-        stops = np.isin(tokens, np.fromiter(eos, dtype=np.int64))
+        # a response is a few tokens: a set lookup per token, not np.isin's sort per output
+        stops = [token in eos for token in tokens.tolist()]
         if o.finish_reason == "stop":
-            if t == 0 or not stops[-1] or stops[:-1].any():
+            if t == 0 or not stops[-1] or any(stops[:-1]):
                 raise EvidenceError(f"{where} ({req['request_id']}): finish_reason stop, but the tokens do not end "
                                     "at the first end-of-sequence token")
-        elif t != req["max_tokens"] or stops.any():
+        elif t != req["max_tokens"] or any(stops):
             raise EvidenceError(f"{where} ({req['request_id']}): finish_reason length with {t} tokens "
                                 f"(max_tokens {req['max_tokens']}) or an end-of-sequence token inside")
         if t > req["max_tokens"]:
@@ -346,9 +349,14 @@ class OutputReader:
         return outputs
 
 
+Visit = Callable[[PlannedCall, "CallEvidence", tuple["Output", ...]], None]
+"""Told each generate call as it binds: the planned call, its evidence and its outputs, checked (while they are in
+hand: a reader that scores them then never reads them again)."""
+
+
 def bind_records(
     records: Iterable[CallRecord], contract: Contract, plan: ExecutionPlan, eos: Mapping[Role, frozenset[int]],
-    reader: OutputReader | None = None,
+    reader: OutputReader | None = None, visit: Visit | None = None,
 ) -> BoundEvidence:
     """Bind each answered generate record, and under plan /3 each measurement (score) record, to the planned call
     it executes, by plan call key.
@@ -358,7 +366,8 @@ def bind_records(
     must carry exactly the recorded responses the plan says it scores. A run that is still going (or was killed)
     binds as far as it got: `use run` resumes from this. Records may come in call order (`RunStore.calls`,
     `RunStore.iter_calls`) or report order (`RunStore.stream`). With a `reader`, each record's outputs are checked
-    as they bind and then dropped; the evidence reads them again through it when asked.
+    as they bind and then dropped; the evidence reads them again through it when asked. `visit` is told each bound
+    generate call with its outputs.
     """
     by_params = {(c.package, c.params_digest): c for c in plan.calls}
     by_items = {(m.package, tuple(plan.units[i].unit_id for i in m.units)): m for m in plan.measurements}
@@ -379,7 +388,7 @@ def bind_records(
             continue  # scoring outside a plan's measurements does not enter the decision
         role = _attribute(rec, last_load.get(rec.worker), contract)
         params = rec.call.params
-        planned = by_params.get((role, canonical.digest(params)))
+        planned = by_params.get((role, params_digest(params)))
         if planned is None:
             nearest = _nearest_call(plan, role, params)
             diff = _first_difference(nearest.params, params, "params") or "params are encoded differently"
@@ -395,12 +404,14 @@ def bind_records(
         _check_loaded(rec, load, contract.package(role), role)
         assert rec.report is not None
         outputs = parse_outputs(_result(rec), params["requests"], eos[role], rec.name)
-        found[planned.key] = CallEvidence(
+        evidence = found[planned.key] = CallEvidence(
             key=planned.key, package=role, layout=planned.layout, record_seq=rec.seq, call_id=rec.call.call_id,
             call_digest=rec.call_digest, report_digest=rec.report.report_digest,
             kept=outputs if reader is None else None,
             reread=None if reader is None else functools.partial(reader.read, rec.seq, eos[role], rec.name),
         )
+        if visit is not None:
+            visit(planned, evidence, outputs)
     bound.failed = {k: v for k, v in failed.items() if k not in found and k not in bound.measured}
     return bound
 
@@ -432,6 +443,86 @@ def stream_evidence(
         raise _incomplete(store)
     _check_run_contract(store, sha256)
     return _complete(store, plan, bound)
+
+
+def bind_in_one_pass(
+    store: RunStore, contract: Contract, sha256: str, plan: ExecutionPlan, eos: Mapping[Role, frozenset[int]],
+    visit: Visit, progress: Callable[[int, int], object] | None = None, expect_head: str | None = None,
+) -> tuple[BoundEvidence, Verification]:
+    """As `collect_evidence`, reading and decoding each record once: the store is verified as a stream
+    (`RunStore.stream`) and each generate record bound as it comes, its outputs handed to `visit` and dropped (the
+    evidence reads them again from `store` when asked, which the pass leaves verified). The refusals are
+    `collect_evidence`'s, in its order: a damaged store (`RecordError`), a head other than `expect_head`, an
+    incomplete run, a run of another contract, then the first record binding refuses (held while the rest of the
+    store is verified). `progress(done, total)` is told the calls read, as `RunStore.verify` tells them."""
+    stream = store.stream(kept=True)
+    total = store.call_count
+    done = 0
+
+    def counted() -> Iterator[CallRecord]:
+        nonlocal done
+        for rec in records:
+            yield rec
+            done += 1
+            if progress is not None:
+                progress(done, total)
+
+    if progress is not None:
+        progress(0, total)
+    records = iter(stream)
+    held: EvidenceError | None = None
+    try:
+        bound = bind_records(counted(), contract, plan, eos, OutputReader(store), visit)
+    except EvidenceError as exc:
+        held, bound = exc, BoundEvidence({}, {}, {})
+        for _ in counted():  # the rest of the store is verified before the refusal is raised
+            pass
+    verification = store.verify(expect_head=expect_head)  # the pass just made, kept by the store
+    if not verification.closed:
+        raise _incomplete(store)
+    _check_run_contract(store, sha256)
+    if held is not None:
+        raise held
+    return _complete(store, plan, bound), verification
+
+
+def params_digest(params: Any) -> str:
+    """`canonical.digest(params)` of params decoded from a record, packed by msgpack in C: a decoded value holds
+    only exact plain types, its maps in sorted order and its arrays contiguous little-endian views (`canonical.decode`
+    refuses anything else), so the document msgpack writes for it is the canonical one, arrays placed where
+    `canonical.encode` places them. Anything else (a value built here, not decoded) goes to `canonical.digest`."""
+    blobs: list[bytes | memoryview] = []
+    offset = 0
+
+    def array(obj: Any) -> msgpack.ExtType:
+        nonlocal offset
+        if type(obj) is not np.ndarray or obj.dtype.str not in canonical._ALLOWED_DTYPES or not obj.flags.c_contiguous:
+            raise _NotPlain
+        pad = -offset % canonical._ALIGN
+        if pad:
+            blobs.append(bytes(pad))
+            offset += pad
+        raw = obj.reshape(-1).data.cast("B")
+        ext = msgpack.ExtType(canonical.ARRAY_EXT, msgpack.packb([obj.dtype.str, list(obj.shape), offset, raw.nbytes]))
+        blobs.append(raw)
+        offset += raw.nbytes
+        return ext
+
+    try:
+        doc = msgpack.packb(params, use_bin_type=True, strict_types=True, default=array)
+    except _NotPlain:
+        return canonical.digest(params)
+    h = hashlib.sha256(len(doc).to_bytes(4, "big"))
+    h.update(doc)
+    if blobs:
+        h.update(bytes(-(4 + len(doc)) % canonical._ALIGN))
+        for blob in blobs:
+            h.update(blob)
+    return h.hexdigest()
+
+
+class _NotPlain(Exception):
+    """A value `params_digest` leaves to `canonical.digest`."""
 
 
 def _incomplete(store: RunStore) -> EvidenceError:
@@ -543,10 +634,13 @@ __all__ = [
     "CallEvidence",
     "Output",
     "OutputReader",
+    "Visit",
+    "bind_in_one_pass",
     "bind_records",
     "check_stop_record",
     "collect_evidence",
     "layout_outputs",
+    "params_digest",
     "parse_outputs",
     "recorded_looks",
     "run_contract_sha256",

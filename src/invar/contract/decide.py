@@ -112,13 +112,15 @@ def check_invariance(runs: Mapping[str, Sequence[Output]]) -> tuple[int, str | N
     return differing, description
 
 
-def layout_invariance(plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role,
-                      layouts: Sequence[str]) -> tuple[int, str | None]:
+def layout_invariance(plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role, layouts: Sequence[str],
+                      digests: Mapping[str, np.ndarray] | None = None) -> tuple[int, str | None]:
     """`check_invariance` of one package's outputs under `layouts`, read one call at a time: each unit's output is
     kept as a digest of its tokens, log-probability bits and finish reason, and only the first differing unit's two
-    outputs are read again to describe the difference. The same count and description."""
+    outputs are read again to describe the difference. The same count and description. `digests`: each layout's
+    `output_digest` per unit (uint8[units, 32]) where a reader already took them as it bound the records."""
     names = list(layouts)
-    digests = {name: _output_digests(plan, found, package, name) for name in names}
+    digests = {name: digests[name] if digests is not None else _output_digests(plan, found, package, name)
+               for name in names}
     differs = {name: (digests[name] != digests[names[0]]).any(axis=1) for name in names[1:]}
     if not differs:
         return 0, None
@@ -137,12 +139,17 @@ def _output_digests(plan: ExecutionPlan, found: Mapping[str, CallEvidence], pack
     out = np.zeros((len(plan.units), 32), dtype=np.uint8)
     for c in plan.layout_calls(package, layout):
         for index, o in zip(c.units, found[c.key].outputs, strict=True):
-            h = hashlib.sha256(len(o.tokens).to_bytes(8, "little"))
-            h.update(np.ascontiguousarray(o.tokens, dtype="<i4").tobytes())
-            h.update(np.ascontiguousarray(o.logprobs, dtype="<f4").tobytes())  # the bits, as check_invariance compares
-            h.update(o.finish_reason.encode())
-            out[index] = np.frombuffer(h.digest(), dtype=np.uint8)
+            out[index] = output_digest(o)
     return out
+
+
+def output_digest(o: Output) -> np.ndarray:
+    """uint8[32]: sha256 of an output's token count, tokens, log-probability bits and finish reason."""
+    h = hashlib.sha256(len(o.tokens).to_bytes(8, "little"))
+    h.update(np.ascontiguousarray(o.tokens, dtype="<i4").tobytes())
+    h.update(np.ascontiguousarray(o.logprobs, dtype="<f4").tobytes())  # the bits, as check_invariance compares
+    h.update(o.finish_reason.encode())
+    return np.frombuffer(h.digest(), dtype=np.uint8)
 
 
 def _layout_output(plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role, layout: str,
@@ -475,6 +482,7 @@ __all__ = [
     "diagnostics_json",
     "layout_invariance",
     "layout_losses",
+    "output_digest",
     "range_bound",
     "sequential_json",
     "sequential_rule",

@@ -428,12 +428,19 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[P
                 cut[layout].append((shapes.setdefault(shape, shape), tuple(i for batch in group for i in batch)))
         return cut[layout]
 
+    # The packages' requests differ only by their encoders: where both packages are given the same encoder (the same
+    # tokenizer files), a call's params are the same for both and are derived and digested once.
+    digests: dict[tuple[int, str, int], str] = {}
+
     def calls_of(package: Role, layout: str, purposes: tuple[Purpose, ...]) -> list[PlannedCall]:
         out: list[PlannedCall] = []
         for part, (shape, order) in enumerate(layout_cut(layout)):
             call = PlannedCall(package, layout, purposes, shape, order, "", source, None if per_call is None else part)
-            # The params exist only while their digest is taken: each unit is encoded here once per call.
-            out.append(replace(call, params_digest=canonical.digest(call.params)))
+            key = (id(encoders[package]), layout, part)
+            if key not in digests:
+                # The params exist only while their digest is taken: each unit is encoded here once per call.
+                digests[key] = canonical.digest(call.params)
+            out.append(replace(call, params_digest=digests[key]))
         return out
 
     pairing = contract.pairing.layout

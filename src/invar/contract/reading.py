@@ -17,7 +17,7 @@ bound evidence by the same methods for all three, so the stop `use run` records 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,20 +28,30 @@ from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, NumericalCom
 from invar.contract.bind import (
     BoundEvidence,
     CallEvidence,
+    Output,
     OutputReader,
+    bind_in_one_pass,
     bind_records,
     collect_evidence,
     layout_outputs,
     recorded_looks,
     stream_evidence,
 )
-from invar.contract.decide import layout_losses, sequential_rule, sequential_stop, unit_loss, unit_range_loss
+from invar.contract.decide import (
+    layout_losses,
+    output_digest,
+    sequential_rule,
+    sequential_stop,
+    task_losses,
+    unit_loss,
+    unit_range_loss,
+)
 from invar.contract.inputs import read_anchors
 from invar.contract.model import Contract, Package
-from invar.contract.plan import ExecutionPlan, Role
+from invar.contract.plan import ExecutionPlan, PlannedCall, Role
 from invar.contract.prepare import ROLES, contract_scorer, difference_range, package_tokenizers
-from invar.errors import EvidenceError
-from invar.records.store import RunStore
+from invar.errors import EvidenceError, InvarError
+from invar.records.store import RunStore, Verification
 from invar.stats.sequential import SequentialDecision
 from invar.tasks.scorers import Scorer
 from invar.tasks.tokenizer import ModelTokenizer
@@ -99,6 +109,47 @@ class RunReader:
         """The records of a run still going (or stopped) bound as far as it got, one call at a time, outputs read again
         from `store` when asked; the caller has checked that the run is of this contract."""
         return bind_records(store.iter_calls(), self.contract, self.plan, self.eos, OutputReader(store))
+
+    def read_scored(self, store: RunStore, invariance: Sequence[str] = (),
+                    progress: Callable[[int, int], object] | None = None, expect_head: str | None = None) -> Scored:
+        """`bind_complete`, each record read and decoded once (`invar.contract.bind.bind_in_one_pass`): as each
+        generate call binds, its pairing-layout outputs are scored into the losses and, for the candidate's calls
+        under the `invariance` layouts, each output kept as its digest (`invar.contract.decide.output_digest`); then
+        the outputs are dropped (`expect_head`: the head the run must have). The same evidence, losses and refusals
+        (a loss the scorer refuses is raised as `losses` raises it: the first in the plan's order, after everything
+        binding refuses)."""
+        plan = self.plan
+        try:
+            scorer = self.scorer
+        except InvarError as exc:  # refused after what binding refuses, as `losses` after `bind_complete`
+            bind_in_one_pass(store, self.contract, self.sha256, plan, self.eos, lambda *_: None, progress, expect_head)
+            raise exc from None
+        n = len(plan.units)
+        losses = {role: np.zeros(n, dtype=np.int64 if scorer.binary else np.float64) for role in ROLES}
+        digests = {layout: np.zeros((n, 32), dtype=np.uint8) for layout in invariance}
+        rank = {c.key: (r, i) for r, role in enumerate(ROLES)
+                for i, c in enumerate(plan.layout_calls(role, plan.pairing_layout))}
+        refused: dict[tuple[int, int], EvidenceError] = {}
+
+        def visit(planned: PlannedCall, evidence: CallEvidence, outputs: tuple[Output, ...]) -> None:
+            role = planned.package
+            if planned.layout == plan.pairing_layout:
+                try:
+                    part = task_losses([plan.units[i] for i in planned.units], outputs, self.tokenizers[role], scorer)
+                except EvidenceError as exc:
+                    refused[rank[planned.key]] = EvidenceError(f"{evidence.name}: {exc}")
+                else:
+                    losses[role][list(planned.units)] = part
+            if role == "candidate" and planned.layout in digests:
+                table = digests[planned.layout]
+                for index, o in zip(planned.units, outputs, strict=True):
+                    table[index] = output_digest(o)
+
+        bound, verification = bind_in_one_pass(store, self.contract, self.sha256, plan, self.eos, visit, progress,
+                                               expect_head)
+        if refused:
+            raise refused[min(refused)]
+        return Scored(bound, losses, digests, verification)
 
     def losses(self, found: Mapping[str, CallEvidence]) -> dict[Role, np.ndarray]:
         """Each package's task loss per planned unit under the pairing layout (`layout_losses`: int64[n] for a
@@ -166,6 +217,19 @@ class RunReader:
             raise EvidenceError(f"{store.path}: measurements: {exc}") from None
 
 
+@dataclass(frozen=True)
+class Scored:
+    """A run's records bound and scored in one pass (`RunReader.read_scored`)."""
+
+    bound: BoundEvidence
+    losses: dict[Role, np.ndarray]
+    """Each package's task loss per planned unit, as `RunReader.losses` gives them."""
+    digests: dict[str, np.ndarray]
+    """Per invariance layout, the candidate's `output_digest` per planned unit (uint8[units, 32])."""
+    verification: Verification
+    """The store's verification, from the same pass."""
+
+
 def _label(package: Package) -> str:
     parts: list[str] = [package.engine, package.dtype, package.quantization]
     if package.patches:
@@ -173,4 +237,4 @@ def _label(package: Package) -> str:
     return " ".join(parts)
 
 
-__all__ = ["RunReader"]
+__all__ = ["RunReader", "Scored"]

@@ -502,15 +502,19 @@ class RunStore:
         self._walked = self._walk_all()
         return self._walked
 
-    def stream(self) -> CallStream:
+    def stream(self, *, kept: bool = False) -> CallStream:
         """Every call with its report, read and verified record by record: `iter` it once.
 
         Answered calls come in the order their reports were recorded, each as soon as its report is read; calls
         never answered follow at the end. Only calls still awaiting their report are held, so a store of any size
         is read in bounded memory. Each record is verified as `verify` does, and the first bad one raises
         `RecordError`; the whole store has been verified only when the stream is exhausted (its `verification` is
-        then set). Several streams of one store may be read side by side.
+        then set). Several streams of one store may be read side by side. `kept`: once exhausted, the store keeps the
+        pass as a verifying pass of its own (each record's digest, a few hundred bytes per call), so that `verify`,
+        `iter_calls` and `call_at` of a store opened read-only need no second pass.
         """
+        if kept:
+            return CallStream(self, {}, {}, kept=True)
         return CallStream(self)
 
     def _walk_all(self) -> list[CallRecord]:
@@ -616,9 +620,10 @@ class CallStream:
     """One verified pass over a store's calls (see `RunStore.stream`); `verification` is set once it is exhausted."""
 
     def __init__(self, store: RunStore, digests: dict[int, str] | None = None,
-                 report_of: dict[int, int] | None = None) -> None:
+                 report_of: dict[int, int] | None = None, *, kept: bool = False) -> None:
         self._store = store
         self._index = digests, report_of
+        self._kept = kept
         self._v = Verification()
         self._started = False
         self.verification: Verification | None = None
@@ -629,6 +634,10 @@ class CallStream:
         self._started = True
         yield from self._store._walk_records(self._v, *self._index)
         self.verification = self._v
+        digests, report_of = self._index
+        if self._kept and digests is not None and report_of is not None:
+            store = self._store
+            store._verification, store._digests, store._report_of = self._v, digests, report_of
 
 
 def _kind_is(message: dict[str, Any], kind: Kind) -> bool:
