@@ -196,19 +196,24 @@ def test_a_node_cut_off_mid_call_is_replaced_and_rejoins(cluster: NetnsCluster, 
     lost_ip = cluster.nodes["w2"].ip
     proc, lost = _fault_mid_call(cluster, contract, run, "w2", lambda: cluster.cut("w2"))
     try:
-        _finished(proc)
+        # The link comes back while the run goes on, once the node's workers have been replaced elsewhere.
+        deadline = time.monotonic() + 300
+        while len(placements(run)) <= 4 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
         cluster.restore("w2")
+    _finished(proc)
     _same_as_local(run, contract, local)
     _lost_call_reissued(run, lost, lost_ip)
     placed = placements(run)
     assert len(placed) > 4
-    # Once the link is back, the head has declared the node dead: its raylet ends itself, and the node's workers
+    # The head declared the cut-off node dead: once the link is back its raylet ends itself, and the node's workers
     # with it; the node then comes back under the same address with a new node id.
     before = {p["node_id"] for p in placed if p["node_ip"] == lost_ip}
     deadline = time.monotonic() + 120
-    while any("raylet" in _cmdline(pid) for pid in cluster.pids("w2")) and time.monotonic() < deadline:
+    while any(_is_ray_or_worker(pid) for pid in cluster.pids("w2")) and time.monotonic() < deadline:
         time.sleep(1)
+    assert [_cmdline(pid) for pid in cluster.pids("w2") if _is_ray_or_worker(pid)] == []
     cluster.revive("w2")
     alive = cluster.wait_alive(_worker_ips(cluster) | {cluster.head.ip})
     assert not before & set(alive)
@@ -261,3 +266,8 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def _is_ray_or_worker(pid: int) -> bool:
+    line = _cmdline(pid)
+    return "raylet" in line or "invar.workers" in line
