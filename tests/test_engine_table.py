@@ -111,3 +111,15 @@ def test_setting_help_names_every_required_setting_from_the_table() -> None:
     for engine, names in required.items():
         if names:
             assert f"for --engine {engine}: " + " and ".join(f"{n}=…" for n in names) in shown
+
+
+@pytest.mark.parametrize("engine", sorted(e for e, info in ENGINE_TABLE.items() if info.reported))
+def test_each_reported_setting_is_one_the_worker_names(engine: str) -> None:
+    # The core refuses a package setting outside the launch settings and `reported` before any worker starts: every
+    # name it lists must be one the worker's source writes, so no setting a worker reports is refused.
+    info = ENGINE_TABLE[engine]
+    source = (WORKERS / (info.module.rsplit(".", 1)[1] + ".py")).read_text(encoding="utf-8")
+    named = {node.value for node in ast.walk(ast.parse(source))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    assert info.reported is not None
+    assert sorted(info.reported - named) == []

@@ -71,6 +71,10 @@ class EngineInfo:
     fixed by the worker itself and only checked against its identity at handshake."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Environment variables the worker starts with unless the caller's environment sets them."""
+    reported: frozenset[str] | None = None
+    """The names of the settings the worker fixes itself and reports in its identity, beside its launch settings: a
+    package setting named in neither is refused before any worker starts (`invar.owner_files.check_launch_settings`),
+    since no worker of this engine could report it. None: not listed, so other names wait for the handshake."""
     needs: str = ""
     """What the required settings are, said when one is missing."""
     host_cores: Callable[[Mapping[str, Any], int], int | None] = field(default=lambda settings, cores: None)
@@ -118,13 +122,13 @@ def _vllm_cores(settings: Mapping[str, Any], cores: int) -> int | None:
 
 ENGINE_TABLE: dict[str, EngineInfo] = {e.name: e for e in (
     # The protocol's test worker: it echoes and reports what it is told; no engine behind it.
-    EngineInfo("echo", "invar.workers.echo"),
+    EngineInfo("echo", "invar.workers.echo", reported=frozenset()),
     # The HF worker passes its --device to torch: "cpu", or "cuda" where one is present (its usage line).
     EngineInfo("hf", "invar.workers.hf_worker", {
         "device": LaunchSetting("--device", str, ("cpu", "cuda"), default="cpu"),
         "threads": LaunchSetting("--threads", int, default=1),
         "attn_implementation": LaunchSetting("--attn-implementation", str, ("sdpa", "eager"))},
-        host_cores=_torch_threads),
+        reported=frozenset({"interop_threads", "deterministic_algorithms"}), host_cores=_torch_threads),
     EngineInfo("vllm", "invar.workers.vllm_worker", {
         "device": LaunchSetting("--device", str, ("auto", "cpu", "cuda"), default="auto"),
         "max_model_len": LaunchSetting("--max-model-len", int),
@@ -139,10 +143,14 @@ ENGINE_TABLE: dict[str, EngineInfo] = {e.name: e for e in (
         "distributed_executor_backend": LaunchSetting("--distributed-executor-backend", str, _VLLM_BACKENDS),
         "enforce_eager": LaunchSetting("--no-enforce-eager", bool, flag_when=False, default=True)},
         # A small KV cache on the CPU (GiB), and vLLM's own logging kept to warnings.
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}, host_cores=_vllm_cores),
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}, host_cores=_vllm_cores,
+        reported=frozenset({"logprobs_mode", "prompt_logprobs", "enable_prefix_caching", "enable_lora",
+                            "lora_target_modules", "top_p", "env"})),
     EngineInfo("mlx", "invar.workers.mlx_worker", {
         "map_rope_parameters": LaunchSetting("--no-map-rope-parameters", bool, flag_when=False, default=True),
-        "blas": LaunchSetting("--blas", str, ("bundled", "openblas"), default="bundled")}),
+        "blas": LaunchSetting("--blas", str, ("bundled", "openblas"), default="bundled")},
+        reported=frozenset({"device", "decode", "teacher_forcing", "blas_core", "blas_threads",
+                            "blas_library_sha256"})),
     # An OpenAI-compatible server: where it is and what it serves; the key is named, never given (docs/endpoints.md).
     EngineInfo("openai", "invar.workers.openai_worker", {
         "base_url": LaunchSetting("--base-url", str, required=True),
@@ -154,7 +162,7 @@ ENGINE_TABLE: dict[str, EngineInfo] = {e.name: e for e in (
         "max_in_flight": LaunchSetting("--max-in-flight", int, default=64),
         "request_timeout": LaunchSetting("--request-timeout", float, default=120.0),
         "retries": LaunchSetting("--retries", int, default=4)},
-        needs="where the server is and the model id it serves"),
+        reported=frozenset({"top_p", "server"}), needs="where the server is and the model id it serves"),
 )}
 """Every engine the core can start, by name: the one place that says what each engine's worker is, takes and
 needs. The workers keep their own command lines (they import nothing of the core beyond the protocol); a test reads

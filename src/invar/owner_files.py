@@ -26,7 +26,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, ValidationError
 
 from invar import canonical
-from invar.engines import LAUNCH_SETTINGS
+from invar.engines import ENGINE_TABLE, LAUNCH_SETTINGS
 from invar.errors import ContractError
 from invar.regular_files import MAX_DATA_BYTES, read_regular_file
 
@@ -221,8 +221,18 @@ def _either(values: tuple[Any, ...]) -> str:
 def check_launch_settings(engine: str, settings: Mapping[str, Any]) -> None:
     """A package's settings (or a training configuration's engine settings) that are launch options of `engine`'s
     worker must have the type and a value the worker takes, before any worker starts: `ValueError` naming the
-    setting and what to write. Settings that are not launch options are the worker's identity only (checked at
-    handshake) and pass; so does a setting left null."""
+    setting and what to write. Settings that are not launch options are the worker's identity only (their values
+    are checked at handshake), but a name no worker of `engine` reports (`EngineInfo.reported`) is refused here, as
+    no worker could ever match it; a setting left null passes."""
+    info = ENGINE_TABLE.get(engine)
+    if info is not None and info.reported is not None:
+        # `patch_poison`: what a worker running a poisoned patch reports beside it (`invar.workers.common`).
+        known = {*info.settings, *info.reported, "patch_poison"}
+        unknown = sorted(name for name in settings if name not in known)
+        if unknown:
+            raise ValueError(f"{_show(unknown[0])} is not a setting of the {engine} worker: neither a launch option "
+                             f"nor one its identity reports; remove it or check its spelling (the {engine} worker's "
+                             f"settings: {', '.join(sorted(known - {'patch_poison'})) or 'none'})")
     for name, launch in LAUNCH_SETTINGS.get(engine, {}).items():
         value = settings.get(name)
         if value is None:

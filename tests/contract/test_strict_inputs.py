@@ -167,21 +167,27 @@ def test_a_launch_setting_of_the_wrong_type_or_value_is_refused(tmp_path: Path, 
 
 
 def test_identity_only_settings_are_not_launch_options_and_pass(tmp_path: Path) -> None:
-    # What only the worker's identity reports (checked at handshake) is never refused here, whatever its type:
-    # interop_threads, deterministic_algorithms, env, logprobs_mode ... and names this Invar does not know.
+    # What only the worker's identity reports (its value checked at handshake) is never refused here, whatever its
+    # type: interop_threads, deterministic_algorithms, env, logprobs_mode ...
     decl = read_declaration(_write(
         tmp_path,
-        reference={"settings": {"device": "cpu", "threads": 1, "interop_threads": 1, "deterministic_algorithms": True,
-                                "attn_implementation": "sdpa", "future_key": "1"}},
+        reference={"settings": {"device": "cpu", "threads": 1, "interop_threads": "1", "deterministic_algorithms": 1,
+                                "attn_implementation": "sdpa"}},
         candidate=_vllm_candidate(enable_lora=True, top_p="1 only"),
     ))
-    assert decl.reference.settings["future_key"] == "1"
+    assert decl.reference.settings["interop_threads"] == "1"
     assert decl.candidate.settings["env"] == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    # A name no worker of the engine reports could never match a worker's identity: refused before any worker
+    # starts (issue 51), naming the settings the engine's worker has.
+    with pytest.raises(ContractError, match=r"reference\.settings: 'future_key' is not a setting of the hf worker: "
+                                            r".*\(the hf worker's settings: attn_implementation, deterministic_"
+                                            r"algorithms, device, interop_threads, threads\)"):
+        read_declaration(_write(tmp_path, reference={"settings": {"device": "cpu", "threads": 1, "future_key": "1"}}))
 
 
 def test_an_mlx_package_has_no_launch_options_to_check(tmp_path: Path) -> None:
     decl = read_declaration(_write(tmp_path, candidate={"engine": "mlx", "engine_version": {"mlx": "0.31.0"},
-                                                        "settings": {"device": "gpu", "threads": "1"},
+                                                        "settings": {"device": "gpu", "decode": 1},
                                                         "patches": None}))
     assert decl.candidate.settings["device"] == "gpu"
 
