@@ -15,8 +15,6 @@ import typer
 
 from invar.cli.common import JsonOpt, QuietOpt, emit_model
 from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, NumericalComparison, compare
-from invar.compare.runs import check_run_kind, pair_runs, read_generate_run, read_score_run
-from invar.contract.compare_run import compare_use_run
 from invar.errors import InvarError
 
 app = typer.Typer(
@@ -175,7 +173,10 @@ def numerical(
     if len(runs) == 1 and (cand_scores is not None or ref_scores is not None):
         raise InvarError("--cand-scores and --ref-scores go with REF_RUN CAND_RUN; a use run carries its "
                          "measurements in its records")
+    # Imported when the command runs: the records' readers and the contract (admission) cost a --help's start.
     from invar.cli.progress import admission_steps, reporting
+    from invar.compare.runs import check_run_kind, pair_runs, read_generate_run, read_score_run
+    from invar.contract.compare_run import compare_use_run
 
     if len(runs) == 2:  # a path that is no such run is refused in one line, before any progress is shown
         for path, what, kind in ((runs[0], "REF_RUN", "generate"), (runs[1], "CAND_RUN", "generate"),

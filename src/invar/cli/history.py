@@ -7,14 +7,16 @@ the importance weights; checkpoints and wall time), or `--json`, and draws the c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_model
-from invar.loop.history import CONFIDENCE, History, read_history
+
+if TYPE_CHECKING:
+    from invar.loop.history import History
 
 
 def history(
@@ -25,6 +27,8 @@ def history(
 ) -> None:
     """Per cycle: reward and accuracy, advantages, objective (core vs learner), learner–engine gap, importance
     weights, staleness, checkpoint and wall time per phase, all recomputed from the run's records."""
+    from invar.loop.history import CONFIDENCE, read_history  # the training loop's modules cost `inspect`'s start
+
     h = read_history(run, expect_head=expect_head)
     if plot is not None:
         draw(h, plot)
@@ -85,6 +89,8 @@ def draw(h: History, out: Path) -> None:
     """Curves per cycle: accuracy with its interval, the objective (core and learner), the gap, the mismatch KL,
     the importance weights, and the wall time per phase."""
     import matplotlib
+
+    from invar.loop.history import CONFIDENCE
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
