@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[engines,ray,evals,dev]' 2>&1 | { $(QUIET_PIP); }
 	$(VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-	$(VENV)/bin/python -c "import invar, torch, transformers, vllm, mlx.core, mlx_lm, peft, bitsandbytes, ray"
+	$(VENV)/bin/python -c "import invar, torch, transformers, vllm, mlx.core, mlx_lm, peft, bitsandbytes, ray, llama_cpp"
 	touch $(STAMP)
 
 walkthrough: $(STAMP)

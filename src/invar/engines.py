@@ -26,7 +26,7 @@ from invar.protocol import Recorder, Role, WorkerClient, WorkerProcess
 from invar.protocol.client import spawn_local
 from invar.worker_code import FOLLOWED, WorkerCodeError, code_digest, search_path
 
-EngineName = Literal["hf", "vllm", "mlx", "openai"]
+EngineName = Literal["hf", "vllm", "mlx", "llamacpp", "openai"]
 """The engines a package can name (a contract's `engine`): each has its entry in `ENGINE_TABLE`."""
 
 
@@ -36,6 +36,8 @@ class Engine(enum.StrEnum):
     HF = "hf"
     VLLM = "vllm"
     MLX = "mlx"
+    LLAMACPP = "llamacpp"
+    """llama.cpp on a GGUF model folder (`invar.workers.llamacpp_worker`; docs/gguf.md): inference only."""
     OPENAI = "openai"
     """An OpenAI-compatible server (`invar.workers.openai_worker`; docs/endpoints.md): inference only."""
 
@@ -151,6 +153,13 @@ ENGINE_TABLE: dict[str, EngineInfo] = {e.name: e for e in (
         "blas": LaunchSetting("--blas", str, ("bundled", "openblas"), default="bundled")},
         reported=frozenset({"device", "decode", "teacher_forcing", "blas_core", "blas_threads",
                             "blas_library_sha256"})),
+    # llama.cpp in the worker's process, on a folder holding one GGUF file and its tokenizer; on the CPU, with its
+    # --threads as the HF worker's.
+    EngineInfo("llamacpp", "invar.workers.llamacpp_worker", {
+        "threads": LaunchSetting("--threads", int, default=1),
+        "parallel": LaunchSetting("--parallel", int, default=8),
+        "context": LaunchSetting("--context", int, default=1024)},
+        host_cores=_torch_threads),
     # An OpenAI-compatible server: where it is and what it serves; the key is named, never given (docs/endpoints.md).
     EngineInfo("openai", "invar.workers.openai_worker", {
         "base_url": LaunchSetting("--base-url", str, required=True),

