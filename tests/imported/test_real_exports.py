@@ -1,0 +1,213 @@
+"""Imported decisions from exports the real harnesses wrote, equal to the decision Invar records on the same items.
+
+The real `lm_eval` (Hugging Face backend) and `inspect_ai` (its `hf/` provider) run offline on the shipped tiny
+model and on a copy whose MLP weights are perturbed (the candidate), greedy, over a local task of 24 arithmetic
+problems. `use run` + `use admit` decide the same two models on the same 24 problems, greedy, with the same scorer;
+the tests compare every item's loss, then the decision.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from invar import canonical
+from invar.engines import DEFAULT_MODEL
+from invar.runner.engine import Engine, probe_identity
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+UNITS = 24
+"""Problems of the shared task: the first of data/arith-eval.jsonl."""
+EPSILON = "0.35"
+OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false", "INSPECT_DISPLAY": "none"}
+
+pytestmark = pytest.mark.engine
+
+
+def _run(*args: str | Path, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env=OFFLINE)
+
+
+def _invar(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return _run(sys.executable, "-m", "invar.cli", *args, cwd=cwd)
+
+
+def perturbed_model(folder: Path) -> Path:
+    """The tiny model with noise of its own scale added to every MLP matrix (seeded): a candidate that gets some
+    problems wrong the reference gets right."""
+    shutil.copytree(DEFAULT_MODEL, folder)
+    weights = load_file(DEFAULT_MODEL / "model.safetensors")
+    rng = np.random.default_rng(0)
+    for name in sorted(weights):
+        w = weights[name]
+        if "mlp" in name and w.ndim == 2:
+            weights[name] = (w + rng.standard_normal(w.shape).astype(np.float32) * w.std()).astype(np.float32)
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "SHA256SUMS").unlink(missing_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The task's data, the two models and the lm-eval task over the data."""
+    folder = tmp_path_factory.mktemp("imported-real")
+    lines = (REPO_ROOT / "data" / "arith-eval.jsonl").read_text(encoding="utf-8").splitlines()[:UNITS]
+    data = folder / "arith24.jsonl"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tasks = folder / "tasks"
+    tasks.mkdir()
+    (tasks / "arith24.yaml").write_text("\n".join([
+        "task: invar_arith24", "dataset_path: json", "dataset_kwargs:", "  data_files:", f"    test: {data}",
+        "test_split: test", "output_type: generate_until", 'doc_to_text: "{{prompt}}"', 'doc_to_target: "{{answer}}"',
+        'target_delimiter: ""', "generation_kwargs:", '  until: ["</s>"]', "  do_sample: false", "  max_gen_toks: 5",
+        "metric_list:", "  - metric: exact_match", "    aggregation: mean", "    higher_is_better: true", ""]),
+        encoding="utf-8")
+    return {"folder": folder, "data": data, "tasks": tasks, "reference": DEFAULT_MODEL,
+            "candidate": perturbed_model(folder / "candidate-model")}
+
+
+def _toml(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, dict) else \
+        "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
+
+
+@pytest.fixture(scope="module")
+def recorded(shared: dict[str, Path]) -> dict[str, Any]:
+    """`use run` + `use admit` on the same 24 problems, greedy: the decision and each unit's two losses."""
+    folder = shared["folder"] / "recorded"
+    folder.mkdir()
+    ident = probe_identity(Engine.HF)
+    packages = {role: {"engine": "hf", "engine_version": ident.engine_version, "settings": ident.settings,
+                       "model_dir": str(shared[role]), "model_digest": canonical.tree_digest(shared[role]),
+                       "dtype": "float32"} for role in ("reference", "candidate")}
+    data = shared["data"]
+    lines = [
+        'name = "arith24-recorded"',
+        "[population]", f'path = "{data}"', f'sha256 = "{canonical.file_sha256(data)}"',
+        "[scorer]", 'name = "arithmetic-exact"',
+        "[sampling]", "temperature = 0.0", "max_tokens = 5",
+        "[requirement]", 'standard = "population"', f'epsilon = "{EPSILON}"', 'confidence = "0.95"',
+        'method = "paired-binary-exact"',
+        "[pairing]", "seed = 7", 'layout = "solo"', "[layouts.solo]", "batch_size = 1",
+        "[invariance]", "required = false",
+        *(line for role in ("reference", "candidate") for line in
+          (f"[{role}]", *(f"{k} = {_toml(v)}" for k, v in packages[role].items()))),
+    ]
+    decl = folder / "arith24.toml"
+    decl.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = _invar("use", "prepare", decl)
+    assert out.returncode == 0, out.stderr
+    contract = folder / "arith24-recorded.contract.json"
+    run = folder / "run"
+    out = _invar("use", "run", contract, "--run", run, "--json", "--quiet")
+    assert out.returncode in (0, 10, 11), out.stderr
+    admitted = _invar("use", "admit", run, "--contract", contract, "--json", "--quiet")
+    assert admitted.returncode in (0, 10, 11), admitted.stderr
+    units = _invar("compare", "numerical", run, "--contract", contract, "--json", "--quiet")
+    assert units.returncode == 0, units.stderr
+    per_unit = {u["unit_id"]: (u["reference_loss"], u["candidate_loss"]) for u in json.loads(units.stdout)["units"]}
+    return {"decision": json.loads(admitted.stdout), "exit": admitted.returncode, "losses": per_unit}
+
+
+def _imported_decision(folder: Path, fmt: str, metric: str, reference: Path, candidate: Path) -> dict[str, Any]:
+    decl = folder / f"{fmt}.toml"
+    decl.write_text("\n".join([
+        f'name = "arith24-{fmt}"', "[imported]", f'format = "{fmt}"', f'metric = "{metric}"',
+        f'reference = {{ path = "{reference}" }}', f'candidate = {{ path = "{candidate}" }}',
+        "[requirement]", 'standard = "population"', f'epsilon = "{EPSILON}"', 'confidence = "0.95"',
+        'method = "paired-binary-exact"', ""]), encoding="utf-8")
+    out = _invar("use", "prepare", decl)
+    assert out.returncode == 0, out.stderr
+    decided = _invar("use", "admit", "--contract", folder / f"arith24-{fmt}.contract.json", "--json")
+    assert decided.returncode in (0, 10, 11), decided.stderr
+    return {"decision": json.loads(decided.stdout), "exit": decided.returncode}
+
+
+def _same_decision(imported: dict[str, Any], recorded: dict[str, Any]) -> None:
+    mine, theirs = imported["decision"], recorded["decision"]
+    assert imported["exit"] == recorded["exit"]
+    for key in ("answer", "reason", "standard", "epsilon", "delta", "task_loss", "bound", "diagnostics"):
+        assert mine[key] == theirs[key], key
+    assert mine["evidence"] == "imported"
+    assert "run" not in mine
+    assert "chain_head" not in mine
+    assert mine["premises"][0]["reliance"] == "vouched"
+    assert "did not recompute them from calls" in mine["premises"][0]["statement"]
+
+
+def test_lm_eval_export_decides_as_the_recorded_run(shared: dict[str, Path], recorded: dict[str, Any]) -> None:
+    folder = shared["folder"] / "lm-eval"
+    samples = {}
+    for role in ("reference", "candidate"):
+        out = _run(Path(sys.executable).parent / "lm_eval", "--model", "hf", "--model_args",
+                   f"pretrained={shared[role]},dtype=float32,add_bos_token=True", "--tasks", "invar_arith24",
+                   "--include_path", shared["tasks"], "--device", "cpu", "--batch_size", "1", "--log_samples",
+                   "--output_path", folder / role)
+        assert out.returncode == 0, out.stderr[-2000:]
+        (samples[role],) = (folder / role).rglob("samples_invar_arith24_*.jsonl")
+    # item by item: lm-eval's exact_match against the losses the core recomputed from the recorded tokens
+    for role, index in (("reference", 0), ("candidate", 1)):
+        rows = [json.loads(line) for line in samples[role].read_text(encoding="utf-8").splitlines()]
+        assert len(rows) == UNITS
+        losses = {row["doc"]["id"]: 1 - int(row["exact_match"]) for row in rows}
+        assert losses == {unit: pair[index] for unit, pair in recorded["losses"].items()}, role
+    imported = _imported_decision(folder, "lm-eval", "exact_match", samples["reference"], samples["candidate"])
+    assert imported["decision"]["task_loss"]["worse"] > 0  # the candidate differs: the decision is not trivial
+    _same_decision(imported, recorded)
+
+
+INSPECT_TASK = '''
+from inspect_ai import Task, task
+from inspect_ai.dataset import FieldSpec, json_dataset
+from inspect_ai.scorer import exact
+from inspect_ai.solver import generate
+
+
+@task
+def arith24(data: str) -> Task:
+    return Task(dataset=json_dataset(data, FieldSpec(input="prompt", target="answer", id="id")), solver=generate(),
+                scorer=exact())
+'''
+
+INSPECT_RUN = '''
+import sys
+from inspect_ai import eval as inspect_eval
+from arith24_task import arith24
+
+# The tiny model's prompt is the problem's text itself: the chat template passes each message's content through.
+template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+for model_path, log_dir, log_format in zip(*[iter(sys.argv[2:])] * 3):
+    (log,) = inspect_eval(arith24(sys.argv[1]), model="hf/local", model_args={
+        "model_path": model_path, "device": "cpu", "do_sample": False, "chat_template": template},
+        max_tokens=5, log_dir=log_dir, log_format=log_format, display="none")
+    assert log.status == "success", log.error
+'''
+
+
+def test_inspect_logs_decide_as_the_recorded_run(shared: dict[str, Path], recorded: dict[str, Any]) -> None:
+    folder = shared["folder"] / "inspect"
+    folder.mkdir()
+    (folder / "arith24_task.py").write_text(INSPECT_TASK, encoding="utf-8")
+    (folder / "run_inspect.py").write_text(INSPECT_RUN, encoding="utf-8")
+    # the reference as an .eval archive, the candidate as a .json log: both of Inspect's formats
+    out = _run(sys.executable, "run_inspect.py", shared["data"], shared["reference"], folder / "reference", "eval",
+               shared["candidate"], folder / "candidate", "json", cwd=folder)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (reference,) = (folder / "reference").glob("*.eval")
+    (candidate,) = (folder / "candidate").glob("*.json")
+    log = json.loads(candidate.read_text(encoding="utf-8"))
+    losses = {s["id"]: 0 if s["scores"]["exact"]["value"] == "C" else 1 for s in log["samples"]}
+    assert losses == {unit: pair[1] for unit, pair in recorded["losses"].items()}
+    imported = _imported_decision(folder, "inspect", "exact", reference, candidate)
+    _same_decision(imported, recorded)
