@@ -15,6 +15,12 @@ def one_line(text: str) -> str:
 class InvarError(Exception):
     """A failure with a one-line, actionable message."""
 
+    def __init__(self, *args: object) -> None:
+        # Escaped where the message is made: one that echoes an owner's string (a path, a name, a worker's text)
+        # stays one printable line wherever it is shown or kept, the Python API included, not only where the
+        # command line prints it.
+        super().__init__(*(one_line(arg) if isinstance(arg, str) else arg for arg in args))
+
 
 class ProtocolError(InvarError):
     """The worker broke the invocation protocol, died, or timed out."""

@@ -115,7 +115,7 @@ def test_learner_role_is_declared() -> None:
         ("truncated", "truncated frame"),
         ("malformed", "undecodable report"),
         ("not-a-report", "expected a report, got kind 'call'"),
-        ("die", r"worker exited \(exit code 139\); stderr tail:\s+segfault in the engine"),
+        ("die", r"worker exited \(exit code 139\); stderr tail:\\n\s+segfault in the engine"),
     ],
 )
 def test_broken_reports_are_rejected(mode: str, message: str) -> None:
@@ -178,7 +178,7 @@ def test_call_timeout_stops_the_worker() -> None:
     [
         ("no-handshake", "no handshake within 1 s"),
         ("bad-handshake", "bad handshake: non-frame bytes"),
-        ("die-at-start", r"exit code 7\); stderr tail:\s+cannot load the engine"),
+        ("die-at-start", r"exit code 7\); stderr tail:\\n\s+cannot load the engine"),
     ],
 )
 def test_bad_start_is_rejected(mode: str, message: str) -> None:

@@ -234,7 +234,8 @@ class Lease:
             raise lost
         while True:
             if self._left <= 0:
-                first = str(lost).splitlines()[0] if str(lost) else type(lost).__name__
+                # Its first line, without the stderr tail (an error's newlines are escaped where it is made).
+                first = str(lost).split("\\n", 1)[0] if str(lost) else type(lost).__name__
                 raise ProtocolError(f"{self._who} was lost {self._restarts + 1} times (replaced {self._restarts} "
                                     f"times); last: {first}")
             self._left -= 1
