@@ -84,3 +84,19 @@ def test_a_missing_model_folder_is_one_line_and_starts_nothing(tmp_path: Path) -
     assert out.stderr.strip() == f"invar: error: --model {tmp_path / 'nowhere'}: no such folder; pass the folder " \
                                  "that holds the model"
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.engine
+def test_infer_shows_the_prompt_ids_the_model_read_as_the_records_hold_them(tmp_path: Path, model: Path) -> None:
+    # A tokenizer that drops (or doubles) a BOS is only visible in the ids: --json and the text both show them.
+    out = _invar("infer", "37+58=", "--max-tokens", "2", "--model", str(model), "--json", "--run",
+                 str(tmp_path / "run"))
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout)["outputs"][0]
+    assert row["prompt_ids"] == ModelTokenizer.from_model_dir(model).prompt_ids(prompt="37+58=")
+    with RunStore.open(tmp_path / "run") as store:
+        sent = store.calls()[1].call.params["requests"][0]["prompt_ids"]
+    assert row["prompt_ids"] == [int(t) for t in sent]
+    text = _invar("infer", "37+58=", "--max-tokens", "2", "--model", str(model), "--run", str(tmp_path / "again"))
+    assert text.returncode == 0, text.stderr
+    assert f"prompt ids: {row['prompt_ids']}" in text.stdout

@@ -106,6 +106,7 @@ def infer(
             rows.append({
                 "request_id": req.request_id, "prompt": req.prompt, "seed": req.seed,
                 **({} if messages is None else {"messages": messages}),
+                "prompt_ids": [int(t) for t in req.prompt_ids],
                 "tokens": [int(t) for t in out.tokens], "text": vocab.decode(out.tokens),
                 "logprobs": [float(x) for x in out.logprobs], "finish_reason": out.finish_reason,
                 **(_top(out, req) if top_logprobs else {}),
@@ -127,6 +128,7 @@ def infer(
             typer.echo(f"    answer:   {r['text']}   ({r['finish_reason']}, seed {r['seed']})")
         else:
             typer.echo(f"[{r['request_id']}] {r['prompt']}{r['text']}   ({r['finish_reason']}, seed {r['seed']})")
+        typer.echo(f"    prompt ids: {r['prompt_ids']}")  # what the model read: a missing BOS shows here
         typer.echo(f"    tokens:   {r['tokens']}")
         typer.echo(f"    logprobs: [{', '.join(f'{x:.6g}' for x in r['logprobs'])}]")
         for i, (t, v) in enumerate(zip(r.get("top_ids", []), r.get("top_logprobs", []), strict=True)):
