@@ -72,6 +72,9 @@ class InferOutputRow(Closed):
     seed: int
     messages: list[dict[str, str]] | None = None
     """With `--chat`: the conversation the model's chat template rendered (the prompt is its user message)."""
+    prompt_ids: list[int] | None = None
+    """The token ids the model read (special tokens and the rendered chat template included), as the generate call
+    sent them; None only in output written before this field existed."""
     tokens: list[int]
     text: str
     logprobs: list[float]
@@ -553,6 +556,11 @@ class GenerationSummary(Closed):
     fraction_identical: float
     tokens_identical: int
     logprobs_identical_over_shared_prefix: int
+    """Units whose responses share a prefix of at least one token and whose log-probabilities over it have the same
+    float32 bits (a unit whose responses part at the first token compares nothing and is not counted)."""
+    with_shared_prefix: int | None = None
+    """Units whose responses share a prefix of at least one token: what the count above is out of (None only in
+    output written before this field existed)."""
     first_divergence: dict[str, Any]
     max_ulp: dict[str, Any]
     max_abs_delta: dict[str, Any]

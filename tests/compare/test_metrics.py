@@ -24,6 +24,7 @@ from invar.compare.metrics import (
     teacher_forced_deltas,
     ulp_distance,
 )
+from invar.compare.numerical import NumericalComparison, UnitResult
 
 
 def _capture(rng: np.random.Generator, v: int, scale: float = 4.0) -> np.ndarray:
@@ -64,6 +65,20 @@ def test_sequences_compare_only_over_the_shared_prefix() -> None:
     assert same.identical
     assert (same.max_ulp, same.max_abs_delta, same.sum_delta) == (0, 0.0, 0.0)
     assert not compare_sequences(ref_t, ref_lp, ref_t, ref_lp, "stop", "length").identical
+
+
+def test_responses_that_part_at_the_first_token_are_not_counted_bit_identical_over_a_prefix() -> None:
+    # Nothing is shared, so nothing was compared: "bit-identical over the shared prefix" must not count the unit.
+    ref_t, ref_lp = np.array([3, 4], dtype=np.int32), np.array([-0.5, -0.25], dtype=np.float32)
+    cand_t, cand_lp = np.array([7, 4], dtype=np.int32), np.array([-2.0, -0.25], dtype=np.float32)
+    parted = compare_sequences(ref_t, ref_lp, cand_t, cand_lp, "stop", "stop")
+    assert (parted.first_divergence, parted.shared, parted.logprobs_identical) == (0, 0, False)
+    same = compare_sequences(ref_t, ref_lp, ref_t.copy(), ref_lp.copy(), "stop", "stop")
+    units = tuple(UnitResult(f"u{i}", "1+1=", None, None, (), (), seq, None, None, None, (), None)
+                  for i, seq in enumerate((parted, same, parted)))
+    generation = NumericalComparison(units, large_step=1.0, context=None).generation()
+    assert (generation["logprobs_identical_over_shared_prefix"], generation["with_shared_prefix"]) == (1, 1)
+    assert generation["units"] == 3
 
 
 def test_teacher_forced_deltas_of_an_engine_against_itself_are_exactly_zero() -> None:

@@ -67,8 +67,8 @@ def render_comparison(result: NumericalComparison) -> str:
     lines.append(f"bit-identical units        {g['identical']} / {n} ({_pct(g['fraction_identical'])} %): tokens, "
                  "log-probability bits and finish reason")
     lines.append(f"tokens identical           {g['tokens_identical']} / {n}")
-    lines.append(f"log-probs bit-identical    {g['logprobs_identical_over_shared_prefix']} / {n} over the shared "
-                 "prefix")
+    lines.append(f"log-probs bit-identical    {g['logprobs_identical_over_shared_prefix']} / "
+                 f"{g['with_shared_prefix']} units that share a prefix (of {n}), over that prefix")
     lines.append(f"first divergence           {_positions(g['first_divergence'])}")
     for key, name, unit in (("max_ulp", "max ULP per unit", "ULP"), ("max_abs_delta", "max |Δ logprob| per unit",
                                                                      "nats"),

@@ -84,7 +84,8 @@ class SequenceComparison:
     """Tokens both responses hold at the same positions before they part (the shared prefix's length)."""
     tokens_identical: bool
     logprobs_identical: bool
-    """Every log-probability over the shared prefix has the same float32 bits."""
+    """There is a shared prefix and every log-probability over it has the same float32 bits (False when the
+    responses part at their first token: nothing was compared, so nothing was found identical)."""
     identical: bool
     """Tokens, log-probability bits and finish reason all equal: the unit is bit-identical."""
     max_ulp: int
@@ -111,7 +112,7 @@ def compare_sequences(ref_tokens: np.ndarray, ref_logprobs: np.ndarray, cand_tok
     ulps = ulp_distance(a, b)
     delta = b.astype(np.float64) - a.astype(np.float64)
     return SequenceComparison(
-        first_divergence=fd, shared=shared, tokens_identical=fd is None, logprobs_identical=same_bits,
+        first_divergence=fd, shared=shared, tokens_identical=fd is None, logprobs_identical=shared > 0 and same_bits,
         identical=fd is None and same_bits and ref_finish == cand_finish,
         max_ulp=int(ulps.max()) if shared else 0,
         max_abs_delta=float(np.abs(delta).max()) if shared else 0.0,

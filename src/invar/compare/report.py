@@ -283,6 +283,7 @@ def render_html(result: NumericalComparison, charts: dict[str, bytes]) -> str:
         ("units", g["units"]), ("bit-identical units", f"{g['identical']} ({100 * g['fraction_identical']:.3f} %)"),
         ("tokens identical", g["tokens_identical"]),
         ("log-probabilities bit-identical over the shared prefix", g["logprobs_identical_over_shared_prefix"]),
+        ("units whose responses share a prefix", g["with_shared_prefix"]),
         ("first divergence: none", g["first_divergence"]["none"]),
     ]
     rows2 += _dist_rows("max ULP per unit", g["max_ulp"]) + _dist_rows("max |Δ logprob| per unit (nats)",
