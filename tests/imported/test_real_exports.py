@@ -1,15 +1,16 @@
 """Imported decisions from exports the real harnesses wrote, equal to the decision Invar records on the same items.
 
-The real `lm_eval` (Hugging Face backend) and `inspect_ai` (its `hf/` provider) run offline on the shipped tiny
-model and on a copy whose MLP weights are perturbed (the candidate), greedy, over a local task of 24 arithmetic
-problems. `use run` + `use admit` decide the same two models on the same 24 problems, greedy, with the same scorer;
-the tests compare every item's loss, then the decision.
+The real `lm_eval` (Hugging Face backend, run by the example workflow of docs/ci.md as written) and `inspect_ai`
+(its `hf/` provider) run offline on the shipped tiny model and on a copy whose MLP weights are perturbed (the
+candidate), greedy, over a local task of 24 arithmetic problems. `use run` + `use admit` decide the same two models on
+the same 24 problems, greedy, with the same scorer; the tests compare every item's loss, then the decision.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+import xmlschema
+import yaml
 from safetensors.numpy import load_file, save_file
 
 from invar import canonical
@@ -146,25 +149,57 @@ def _same_decision(imported: dict[str, Any], recorded: dict[str, Any]) -> None:
     assert "did not recompute them from calls" in mine["premises"][0]["statement"]
 
 
-def test_lm_eval_export_decides_as_the_recorded_run(shared: dict[str, Path], recorded: dict[str, Any]) -> None:
-    folder = shared["folder"] / "lm-eval"
-    samples = {}
-    for role in ("reference", "candidate"):
-        out = _run(Path(sys.executable).parent / "lm_eval", "--model", "hf", "--model_args",
-                   f"pretrained={shared[role]},dtype=float32,add_bos_token=True", "--tasks", "invar_arith24",
-                   "--include_path", shared["tasks"], "--device", "cpu", "--batch_size", "1", "--log_samples",
-                   "--output_path", folder / role)
-        assert out.returncode == 0, out.stderr[-2000:]
-        (samples[role],) = (folder / role).rglob("samples_invar_arith24_*.jsonl")
+def doc_files(document: Path) -> dict[str, str]:
+    """The files a document shows, by path: each fenced block that follows a `<!-- file: PATH -->` line."""
+    found = re.findall(r"<!-- file: (\S+) -->\n```[a-z]*\n(.*?)```", document.read_text(encoding="utf-8"), re.S)
+    return dict(found)
+
+
+def test_the_documented_workflow_decides_as_the_recorded_run(shared: dict[str, Path],
+                                                             recorded: dict[str, Any]) -> None:
+    """docs/ci.md's workflow, its `run:` steps as written (all but the install), in a checkout holding the files the
+    document shows: lm-eval evaluates both models, `use prepare` and `use admit` decide and report."""
+    repo = shared["folder"] / "checkout"
+    files = doc_files(REPO_ROOT / "docs" / "ci.md")
+    assert set(files) == {".github/workflows/admit.yml", "ci/arith-ci.toml", "ci/tasks/arith24.yaml"}
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text, encoding="utf-8")
+    (repo / "ci" / "data").mkdir()
+    shutil.copy(shared["data"], repo / "ci" / "data" / "arith24.jsonl")
+    assert f'epsilon = "{EPSILON}"' in files["ci/arith-ci.toml"]  # the recorded contract's ε
+    workflow = yaml.safe_load(files[".github/workflows/admit.yml"])
+    (job,) = workflow["jobs"].values()
+    summary = repo / "step-summary.md"
+    env = {**OFFLINE, **job["env"], "REFERENCE_MODEL": str(shared["reference"]),
+           "CANDIDATE_MODEL": str(shared["candidate"]), "GITHUB_STEP_SUMMARY": str(summary),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    statuses = {}
+    for step in job["steps"]:
+        if "run" not in step or step["name"] == "Install":  # `uses:` steps are GitHub's; the venv is installed
+            continue
+        out = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]], cwd=repo,
+                             env=env, capture_output=True, text=True, timeout=600)
+        statuses[step["name"]] = out.returncode
+        if step["name"] != "Decide":
+            assert out.returncode == 0, out.stderr[-2000:]
+    assert statuses["Decide"] == recorded["exit"]
     # item by item: lm-eval's exact_match against the losses the core recomputed from the recorded tokens
     for role, index in (("reference", 0), ("candidate", 1)):
-        rows = [json.loads(line) for line in samples[role].read_text(encoding="utf-8").splitlines()]
+        rows = [json.loads(line) for line in (repo / "evals" / f"{role}.jsonl").read_text("utf-8").splitlines()]
         assert len(rows) == UNITS
         losses = {row["doc"]["id"]: 1 - int(row["exact_match"]) for row in rows}
         assert losses == {unit: pair[index] for unit, pair in recorded["losses"].items()}, role
-    imported = _imported_decision(folder, "lm-eval", "exact_match", samples["reference"], samples["candidate"])
+    decided = _invar("use", "admit", "--contract", repo / "evals" / "arith-ci.contract.json", "--json")
+    imported = {"decision": json.loads(decided.stdout), "exit": decided.returncode}
     assert imported["decision"]["task_loss"]["worse"] > 0  # the candidate differs: the decision is not trivial
     _same_decision(imported, recorded)
+    # what CI reads: a JUnit file of the schema CI systems use, and the job summary's headline
+    junit = repo / "evals" / "invar-junit.xml"
+    xmlschema.XMLSchema(Path(__file__).with_name("JUnit.xsd")).validate(junit)
+    answer = imported["decision"]["answer"]
+    assert f"`arith-ci`: {answer}" in summary.read_text(encoding="utf-8")
+    assert ("<failure" in junit.read_text(encoding="utf-8")) == (answer != "Admitted")
 
 
 INSPECT_TASK = '''
