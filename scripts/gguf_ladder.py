@@ -151,7 +151,7 @@ def decide(rung: str) -> dict[str, Any]:
                      "--population", str(ROOT / "data" / "chat-eval.jsonl"), "--scorer", "numeric",
                      "--scorer-setting", 'which="last"', "--temperature", "0", "--max-tokens", "8",
                      "--epsilon", "0.02", "--sequential", "--every-unit", "--batch-size", "16",
-                     "--no-invariance", "--party", "chat task owner", "--name", f"smollm2-gguf-{rung}",
+                     "--no-invariance", "--party", "chat task owner", "--name", f"smollm2-gguf-{rung.lower()}",
                      "--description", f"SmolLM2-135M-Instruct as the {rung} GGUF on llama.cpp against the HF FP32 "
                                       "reference, greedy, on the chat task.")
         if made.returncode != 0:
@@ -159,7 +159,7 @@ def decide(rung: str) -> dict[str, Any]:
     prepared = invar("use", "prepare", str(decl), "--out", str(RUNS), "--json")
     if prepared.returncode != 0:
         raise SystemExit(f"{rung}: prepare failed: {prepared.stderr.strip()}")
-    contract = RUNS / f"{rung}.contract.json"
+    contract = RUNS / f"smollm2-gguf-{rung.lower()}.contract.json"
     run_dir = RUNS / rung
     started = time.monotonic()
     ran = invar("use", "run", str(contract), "--run", str(run_dir), "--json")
