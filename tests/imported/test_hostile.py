@@ -11,22 +11,51 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
+import signal
 import sys
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from invar.cli.app import main
 
 DATA = Path(__file__).resolve().parent / "data"
 LM_EVAL = DATA / "lm-eval-samples.jsonl"
 INSPECT = DATA / "inspect-log.eval"
 
 
-def _invar(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+@dataclass(frozen=True)
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def invar(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+    """`invar ARGS` run in this process through the command's own entry point (its exit status and what it prints),
+    in folder `cwd`: the same parsing and error reporting as the installed command, without a new interpreter."""
+
+    def run(*args: str | Path, cwd: Path) -> Result:
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        monkeypatch.setattr(sys, "argv", ["invar", *map(str, args)])
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 0
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        out = capsys.readouterr()
+        return Result(code, out.out, out.err)
+
+    return run
 
 
 def declaration(folder: Path, fmt: str, reference: str, candidate: str, metric: str, extra: str = "") -> Path:
@@ -98,7 +127,7 @@ LM_EVAL_DEFECTS: dict[str, tuple[Callable[[list[dict[str, object]]], None], str]
 }
 
 
-def _refused(out: subprocess.CompletedProcess[str], expected: str, folder: Path, before: set[str]) -> None:
+def _refused(out: Result, expected: str, folder: Path, before: set[str]) -> None:
     assert out.returncode == 2, (out.stdout, out.stderr)
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
@@ -109,7 +138,7 @@ def _refused(out: subprocess.CompletedProcess[str], expected: str, folder: Path,
 
 
 @pytest.mark.parametrize("defect", sorted(LM_EVAL_DEFECTS))
-def test_damaged_lm_eval_export_is_one_line(tmp_path: Path, defect: str) -> None:
+def test_damaged_lm_eval_export_is_one_line(invar: Callable[..., Result], tmp_path: Path, defect: str) -> None:
     damage, expected = LM_EVAL_DEFECTS[defect]
     _write(tmp_path / "ref.jsonl", _lines())
     rows = _lines()
@@ -117,30 +146,30 @@ def test_damaged_lm_eval_export_is_one_line(tmp_path: Path, defect: str) -> None
     _write(tmp_path / "cand.jsonl", rows)
     declaration(tmp_path, "lm-eval", "ref.jsonl", "cand.jsonl", "exact_match")
     before = {p.name for p in tmp_path.iterdir()}
-    _refused(_invar("use", "prepare", "decl.toml", cwd=tmp_path), expected, tmp_path, before)
+    _refused(invar("use", "prepare", "decl.toml", cwd=tmp_path), expected, tmp_path, before)
 
 
-def test_truncated_lm_eval_export_is_one_line(tmp_path: Path) -> None:
+def test_truncated_lm_eval_export_is_one_line(invar: Callable[..., Result], tmp_path: Path) -> None:
     text = LM_EVAL.read_bytes()
     (tmp_path / "ref.jsonl").write_bytes(text)
     (tmp_path / "cand.jsonl").write_bytes(text[: len(text) // 2])
     declaration(tmp_path, "lm-eval", "ref.jsonl", "cand.jsonl", "exact_match")
     before = {p.name for p in tmp_path.iterdir()}
-    _refused(_invar("use", "prepare", "decl.toml", cwd=tmp_path), "(the file is truncated)", tmp_path, before)
+    _refused(invar("use", "prepare", "decl.toml", cwd=tmp_path), "(the file is truncated)", tmp_path, before)
 
 
-def test_a_gigabyte_and_a_fifo_are_refused_unread(tmp_path: Path) -> None:
+def test_a_gigabyte_and_a_fifo_are_refused_unread(invar: Callable[..., Result], tmp_path: Path) -> None:
     (tmp_path / "ref.jsonl").write_bytes(LM_EVAL.read_bytes())
     with (tmp_path / "huge.jsonl").open("wb") as f:  # sparse: 1 GB on the size, nothing on the disk
         f.truncate(10**9)
     declaration(tmp_path, "lm-eval", "ref.jsonl", "huge.jsonl", "exact_match")
     before = {p.name for p in tmp_path.iterdir()}
-    _refused(_invar("use", "prepare", "decl.toml", cwd=tmp_path), "holds 1,000,000,000 bytes, over the 268,435,456",
+    _refused(invar("use", "prepare", "decl.toml", cwd=tmp_path), "holds 1,000,000,000 bytes, over the 268,435,456",
              tmp_path, before)
     os.mkfifo(tmp_path / "pipe.jsonl")  # nobody writes to it: reading it would block forever
     declaration(tmp_path, "lm-eval", "ref.jsonl", "pipe.jsonl", "exact_match")
     before = {p.name for p in tmp_path.iterdir()}
-    _refused(_invar("use", "prepare", "decl.toml", cwd=tmp_path), "is a FIFO, not a regular file", tmp_path, before)
+    _refused(invar("use", "prepare", "decl.toml", cwd=tmp_path), "is a FIFO, not a regular file", tmp_path, before)
 
 
 def _eval_entries() -> dict[str, bytes]:
@@ -168,7 +197,7 @@ def _eval_archive(path: Path, entries: dict[str, bytes]) -> None:
             archive.writestr(name, data)
 
 
-def test_inspect_defects_are_one_line(tmp_path: Path) -> None:
+def test_inspect_defects_are_one_line(invar: Callable[..., Result], tmp_path: Path) -> None:
     entries = _eval_entries()
     header = json.loads(entries["header.json"])
     samples = sorted(n for n in entries if n.startswith("samples/"))
@@ -176,7 +205,7 @@ def test_inspect_defects_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "ref.eval").write_bytes(INSPECT.read_bytes())
     _eval_archive(tmp_path / "same.eval", entries)
     declaration(tmp_path, "inspect", "ref.eval", "same.eval", "exact")
-    ok = _invar("use", "prepare", "decl.toml", cwd=tmp_path)
+    ok = invar("use", "prepare", "decl.toml", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     (tmp_path / "hostile.contract.json").unlink()
     (tmp_path / "hostile.contract.json.sha256").unlink()
@@ -196,23 +225,23 @@ def test_inspect_defects_are_one_line(tmp_path: Path) -> None:
         _eval_archive(tmp_path / name, content)
         declaration(tmp_path, "inspect", "ref.eval", name, "exact")
         before = {p.name for p in tmp_path.iterdir()}
-        _refused(_invar("use", "prepare", "decl.toml", cwd=tmp_path), expected, tmp_path, before)
+        _refused(invar("use", "prepare", "decl.toml", cwd=tmp_path), expected, tmp_path, before)
     (tmp_path / "cut.eval").write_bytes(INSPECT.read_bytes()[:-200])  # the archive's directory is at its end
     declaration(tmp_path, "inspect", "ref.eval", "cut.eval", "exact")
     before = {p.name for p in tmp_path.iterdir()}
-    _refused(_invar("use", "prepare", "decl.toml", cwd=tmp_path), "not a complete .eval archive", tmp_path, before)
+    _refused(invar("use", "prepare", "decl.toml", cwd=tmp_path), "not a complete .eval archive", tmp_path, before)
 
 
-def test_an_export_changed_after_prepare_is_refused_at_admission(tmp_path: Path) -> None:
+def test_an_export_changed_after_prepare_is_refused_at_admission(invar: Callable[..., Result], tmp_path: Path) -> None:
     rows = _lines()
     _write(tmp_path / "ref.jsonl", rows)
     _write(tmp_path / "cand.jsonl", rows)
     declaration(tmp_path, "lm-eval", "ref.jsonl", "cand.jsonl", "exact_match")
-    assert _invar("use", "prepare", "decl.toml", cwd=tmp_path).returncode == 0
+    assert invar("use", "prepare", "decl.toml", cwd=tmp_path).returncode == 0
     rows[0]["exact_match"] = 1.0 - float(rows[0]["exact_match"])  # type: ignore[arg-type]
     _write(tmp_path / "cand.jsonl", rows)
     before = {p.name for p in tmp_path.iterdir()}
-    out = _invar("use", "admit", "--contract", "hostile.contract.json", "--junit", "j.xml", "--summary", "s.md",
+    out = invar("use", "admit", "--contract", "hostile.contract.json", "--junit", "j.xml", "--summary", "s.md",
                  cwd=tmp_path)
     _refused(out, "not the", tmp_path, before)
     assert "the contract pins" in out.stderr
