@@ -100,6 +100,25 @@ class KindAccuracy(Closed):
     problems: int
 
 
+class EvaluateResponse(Closed):
+    """One unit's response, with `--responses`."""
+
+    unit_id: str
+    kind: str
+    prompt: str | None
+    """The prompt as the model read it (a chat unit's messages rendered by the model's template)."""
+    prompt_ids: list[int]
+    """The token ids the generate call sent."""
+    answer: Any
+    """The unit's expected answer, as its population line declares it."""
+    response: str
+    """The core's decoding of the response tokens: the text the scorer read."""
+    tokens: list[int]
+    finish_reason: str | None
+    loss: float
+    """The scorer's loss for this response (0 correct, 1 wrong for a binary scorer)."""
+
+
 class _EvaluateRun(EngineFields):
     """What both shapes of `invar evaluate --json` state of the run: its population, scorer and sampling."""
 
@@ -118,6 +137,8 @@ class _EvaluateRun(EngineFields):
     batch_size: int
     generate_s: float
     wall_s: float
+    responses: list[EvaluateResponse] | None = None
+    """With `--responses`: each unit's response, score and expected answer, in the sample's order."""
 
 
 class EvaluateOutput(_EvaluateRun):

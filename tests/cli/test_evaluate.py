@@ -131,3 +131,35 @@ def test_evaluate_2000_problems(tmp_path: Path, model: Path) -> None:
         evaluation = store.meta()["evaluation"]
     assert evaluation["problems"] == 2000
     assert _recount(run, model) == evaluation["correct"]
+
+
+@pytest.mark.engine
+def test_evaluate_responses_lists_each_units_response_score_and_answer(tmp_path: Path, model: Path) -> None:
+    # A population that scores badly is read here, unit by unit, not by opening the run's database.
+    run = tmp_path / "run"
+    out = _invar("evaluate", "--count", "6", "--sample-seed", "1", "--model", str(model), "--run", str(run),
+                 "--json", "--responses")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    rows = doc["responses"]
+    assert len(rows) == 6
+    assert sum(r["loss"] for r in rows) == doc["problems"] - doc["correct"]
+    vocab = ModelTokenizer.from_model_dir(model)
+    lines = {json.loads(line)["id"]: json.loads(line) for line in Path(doc["population"]).read_text().splitlines()}
+    with RunStore.open(run) as store:
+        sent = [(req, o) for c in store.calls() if c.call.method == "generate"
+                for req, o in zip(c.call.params["requests"], c.report.report.result["outputs"], strict=True)]  # type: ignore[union-attr,index]
+    for r, (req, o) in zip(rows, sent, strict=True):
+        assert r["unit_id"] == req["request_id"]
+        assert r["answer"] == lines[r["unit_id"]]["answer"]
+        assert r["prompt"] == lines[r["unit_id"]]["prompt"] == req["prompt"]
+        assert r["prompt_ids"] == [int(t) for t in req["prompt_ids"]]
+        assert r["tokens"] == o["tokens"].tolist()
+        assert r["response"] == vocab.decode(o["tokens"])
+        assert r["loss"] == score(r["prompt"], r["response"])
+    text = _invar("evaluate", "--count", "6", "--sample-seed", "1", "--model", str(model), "--run",
+                  str(tmp_path / "again"), "--responses")
+    assert text.returncode == 0, text.stderr
+    for r in rows:
+        assert (f"[{r['unit_id']}] loss {r['loss']:g}  expected {json.dumps(r['answer'])}  answered "
+                f"{json.dumps(r['response'])}") in text.stdout

@@ -83,6 +83,9 @@ def evaluate(
     adapter: AdapterOpt = None,
     run: RunOpt = None,
     call_timeout: CallTimeoutOpt = DEFAULT_CALL_TIMEOUT,
+    responses: Annotated[bool, typer.Option(
+        "--responses", help="Also list each unit's response: what the model read (text and ids), what it answered, "
+                            "the expected answer and the loss the scorer gave.")] = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -112,6 +115,7 @@ def evaluate(
     with RunStore.create(run_dir, meta={"command": "evaluate", **meta, **settings}) as store:
         with reporting(quiet) as shown:
             done = [0]
+            rows: list[dict[str, Any]] | None = [] if responses else None
 
             def advance(units: int) -> None:
                 done[0] += units
@@ -120,17 +124,23 @@ def evaluate(
             result = evaluate_policy(
                 spec, chosen, EvaluationSettings(seed, temperature, top_p, max_tokens, batch_size, confidence),
                 store, scorer, call_timeout=call_timeout, advance=advance,
-                phase=lambda text: _phase(shown, text, len(chosen)))
+                phase=lambda text: _phase(shown, text, len(chosen)), responses=rows)
         wall_s = time.perf_counter() - started
         result.update({"run": str(run_dir), **meta, **settings, "wall_s": round(wall_s, 3)})
         store.put_meta("evaluation", result)
         result["chain_head"] = store.close_run()
+    if rows is not None:  # not in the run's meta: the records already hold every response
+        result["responses"] = rows
     if as_json:
         from invar.outputs import EvaluateAnyOutput  # the models cost a start that prints text nothing
 
         # The evaluation as the run's meta keeps it, validated by the output's model and printed as it.
         emit_model(EvaluateAnyOutput.model_validate(result), exclude_unset=True)
         return
+    for r in rows or []:
+        typer.echo(f"[{r['unit_id']}] loss {r['loss']:g}  expected {json.dumps(r['answer'], ensure_ascii=False)}  "
+                   f"answered {json.dumps(r['response'], ensure_ascii=False)} ({r['finish_reason']})")
+        typer.echo(f"    prompt {json.dumps(r['prompt'], ensure_ascii=False)}  ids {r['prompt_ids']}")
     lo, hi = result["interval"]
     if scorer.binary:
         typer.echo(f"accuracy {result['accuracy']:.4f} ({result['correct']}/{result['problems']}), "

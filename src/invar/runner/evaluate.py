@@ -42,7 +42,7 @@ from invar.runner.options import check_context, model_context
 from invar.stats.bounds import betting
 from invar.stats.intervals import clopper_pearson
 from invar.tasks import ModelTokenizer, Problem
-from invar.tasks.population import Unit
+from invar.tasks.population import Unit, thaw
 from invar.tasks.scorers import Scorer
 
 INTERVAL_METHOD = "clopper-pearson"
@@ -107,8 +107,12 @@ def evaluate_policy(
     call_timeout: float | None = None,
     advance: Callable[[int], None] = lambda done: None,
     phase: Callable[[str], object] = lambda text: None,
+    responses: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run every unit through the engine (one call per batch), score each response with `scorer`, and summarise.
+
+    `responses`, when given, receives one row per unit in order (`response_row`): what the model read and answered,
+    the answer the scorer expected and the loss it gave, so a population that scores badly can be read.
 
     Each unit's prompt (or its messages, through the model's chat template) is tokenized by the core before any
     worker starts, so a prompt the model cannot read or one too long for its context costs no model load.
@@ -126,7 +130,7 @@ def evaluate_policy(
         for start in range(0, len(problems), settings.batch_size):
             batch = problems[start : start + settings.batch_size]
             losses += _run_batch(session, vocab, batch, prompts[start : start + settings.batch_size], settings,
-                                 scorer)
+                                 scorer, responses)
             advance(len(batch))
         generate_s = time.perf_counter() - generating
     if scorer.binary:
@@ -138,9 +142,9 @@ def evaluate_policy(
 
 
 def _run_batch(session: Session, vocab: ModelTokenizer, batch: Sequence[Unit], prompts: Sequence[tuple[str, list[int]]],
-               s: EvaluationSettings, scorer: Scorer) -> list[float]:
+               s: EvaluationSettings, scorer: Scorer, responses: list[dict[str, Any]] | None) -> list[float]:
     """One generate call for `batch` (one batch, in order); returns each unit's task loss, scored by the core (0 or
-    1 for a binary scorer, within the declared range for any other)."""
+    1 for a binary scorer, within the declared range for any other), and appends each unit's row to `responses`."""
     params = GenerateParams([GenerateRequest(p.id, ids, request_seed(s.seed, p.id), s.temperature, s.max_tokens,
                                              s.top_p, prompt=text)
                              for p, (text, ids) in zip(batch, prompts, strict=True)],
@@ -148,8 +152,9 @@ def _run_batch(session: Session, vocab: ModelTokenizer, batch: Sequence[Unit], p
     report = session.client.call("generate", params.to_wire())
     received = read_generate(report, params, session.model_digest)
     losses: list[float] = []
-    for p, out in zip(batch, received.outputs, strict=True):
-        loss = scorer.loss(p, vocab.decode(out.tokens))
+    for p, req, out in zip(batch, params.requests, received.outputs, strict=True):
+        text = vocab.decode(out.tokens)
+        loss = scorer.loss(p, text)
         if scorer.binary:
             if loss not in (0, 1):
                 raise EvidenceError(f"unit {p.id}: the scorer gave loss {loss!r}, not 0 or 1")
@@ -160,7 +165,19 @@ def _run_batch(session: Session, vocab: ModelTokenizer, batch: Sequence[Unit], p
                 raise EvidenceError(f"unit {p.id}: the scorer gave loss {loss!r}, outside its declared loss_range "
                                     f"[{low:g}, {high:g}]")
             losses.append(float(loss))
+        if responses is not None:
+            responses.append(response_row(p, req, [int(t) for t in out.tokens], text, out.finish_reason,
+                                          losses[-1]))
     return losses
+
+
+def response_row(unit: Unit, request: GenerateRequest, tokens: list[int], text: str, finish_reason: str | None,
+                 loss: float) -> dict[str, Any]:
+    """One unit's response as `evaluate --responses` lists it: the prompt as rendered and its ids, the response's
+    tokens and the core's decoding of them, the unit's expected answer (as its line declares it) and the loss."""
+    return {"unit_id": unit.id, "kind": unit.kind, "prompt": request.prompt,
+            "prompt_ids": [int(t) for t in request.prompt_ids], "answer": thaw(unit.answer), "response": text,
+            "tokens": tokens, "finish_reason": finish_reason, "loss": loss}
 
 
 def summarize(problems: Sequence[Problem | Unit], losses: Sequence[int], confidence: float) -> dict[str, Any]:
