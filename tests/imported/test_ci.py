@@ -144,3 +144,18 @@ def test_sequential_looks_in_the_export_order(tmp_path: Path) -> None:
     assert (d.sequential.answer, d.sequential.stop) == (expected.answer, expected.stop)
     assert d.answer.value == expected.answer == "Admitted"
     assert expected.stop < 2000  # stopped at an earlier look
+
+
+def test_plan_uses_the_items_the_exports_pair(tmp_path: Path) -> None:
+    _table(tmp_path / "losses.jsonl", *_binary(500, 3, 2))
+    _declare(tmp_path, "planned", POPULATION)
+    prepare_imported(tmp_path / "planned.toml")
+    out = subprocess.run([sys.executable, "-m", "invar.cli", "use", "plan", "planned.contract.json", "--assume",
+                          "worse=0.01 better=0.005", "--method", "paired-binary-score", "--json"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["contract_units"] == 500
+    (row,) = plan["rows"]
+    assert row["method"] == "paired-binary-score"
+    assert plan["underpowered"] == (plan["contract_power"] < 0.8)

@@ -173,6 +173,24 @@ def plan_cmd(
     from invar.stats.sequential import render_sequential
 
     stated = parse_assumptions(assume)
+    from invar.imported import is_imported_contract
+
+    if is_imported_contract(contract):  # the items its exports pair stand for the units a run would have
+        from invar.cli.imported import plan_imported
+
+        got = plan_imported(contract, stated, power, method or None)
+        if json_out:
+            emit_model(outputs.UsePlanOutput(
+                contract=str(contract), contract_method=got.method, epsilon=got.epsilon, delta=got.delta,
+                rows=[outputs.PlanRow(**dataclasses.asdict(r)) for r in got.rows], sequential=None,
+                contract_units=got.items, contract_power=got.power,
+                underpowered=got.power is not None and got.power < power, plot=None))
+            return
+        typer.echo(render_plan(got.rows), nl=False)
+        typer.echo(f"the contract decides with {got.method} from {got.items:,} imported items"
+                   + ("" if got.power is None else f"; at that n it admits with probability {got.power:.4f} under "
+                      "this assumption"))
+        return
     c, units, looks = load_for_planning(contract)  # the unit count without reading the population
     req = c.requirement
     if req.standard != "population" or req.delta is None:
