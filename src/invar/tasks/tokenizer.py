@@ -327,7 +327,7 @@ class ModelTokenizer:
         """
         text = self.render_prompt(prompt, messages, template_kwargs)
         if prompt is not None:
-            return self.encode(text, add_special_tokens=True)
+            return self.text_ids(text)
         # a rendered template holds special tokens and characters of the owner's messages alike; only the latter
         # can be unknown, and the same refusal rule applies
         return self.encode(text, add_special_tokens=False)
@@ -340,7 +340,26 @@ class ModelTokenizer:
         and a training cycle's requests both come from here."""
         messages = None if unit.messages is None else unit.chat()
         text = self.render_prompt(prompt=unit.prompt, messages=messages)
-        return text, self.encode(text, add_special_tokens=unit.prompt is not None)
+        return text, self.text_ids(text) if unit.prompt is not None else self.encode(text, add_special_tokens=False)
+
+    def text_ids(self, text: str) -> list[int]:
+        """Token ids of a plain text prompt, shape [T]: encoded with the special tokens the tokenizer's
+        post-processor adds (e.g. BOS), except one the text already spells at the place it would be added. A text
+        that begins with the BOS text (a chat prompt rendered elsewhere and given as text) gets no second BOS, and
+        one that ends with an EOS the post-processor appends gets no second EOS: special tokens are never added
+        twice. Raises `ContractError` as `encode` does."""
+        bare = self.encode(text, add_special_tokens=False)
+        full = list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+        # The post-processor wraps the text's own ids: full = head + bare + tail.
+        start = next((k for k in range(len(full) - len(bare) + 1) if full[k:k + len(bare)] == bare), None)
+        if start is None:  # a post-processor that rewrites the text's ids: nothing to compare, keep what it made
+            return full
+        head, tail = full[:start], full[start + len(bare):]
+        if head and bare[:len(head)] == head:
+            head = []
+        if tail and bare[len(bare) - len(tail):] == tail:
+            tail = []
+        return head + bare + tail
 
 
 def _model_unk_id(tokenizer: Tokenizer) -> int | None:
