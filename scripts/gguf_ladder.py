@@ -52,7 +52,6 @@ CONVERTED = {"F32": "f32", "F16": "f16"}
 """Rungs the converter writes, by its --outtype."""
 QUANTIZED = {"Q8_0": 7, "Q6_K": 18, "Q5_K_M": 17, "Q4_K_M": 15, "Q3_K_M": 12, "Q2_K": 10}
 """Rungs the quantizer makes from F32, by llama.cpp's `LLAMA_FTYPE_MOSTLY_*` value."""
-RUNGS = [*CONVERTED, *QUANTIZED, "shipped-Q4_1"]
 
 
 def progress(message: str) -> None:
@@ -141,41 +140,130 @@ def invar(*args: str) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT)
 
 
-def decide(rung: str) -> dict[str, Any]:
+DECISIONS = {**{rung: "F32" for rung in [*CONVERTED, *QUANTIZED] if rung != "F32"},
+             "F32-vs-HF": "HF", "shipped-Q4_1": "HF"}
+"""Each decision by name → its reference: a rung against the F32 file on llama.cpp (only the quantization differs),
+or the F32 file and the shipped Q4_1 file against the HF FP32 folder (the engine differs too)."""
+SAMPLE = 200
+"""Chats per decision, a seeded sample of the 400: what the 2 shared cores allowed for every rung (a call of 64 chats
+took 90 s on llama.cpp with the machine loaded); 0 chats worse and 0 better of 200 still bounds the increase well
+inside ε."""
+INVARIANCE = ("shipped-Q4_1",)
+"""The decisions that also require the candidate's bits alone, in batches of 16 and in shuffled batches of 32."""
+SETTINGS = ("parallel=32", "context=512")
+"""The llamacpp worker's launch: 32 sequences (the shuffled batch of 32 of the invariance layouts), 512 positions
+each (the chats' prompts and 8 answer tokens fit)."""
+
+
+def decide(name: str) -> dict[str, Any]:
     OUT.mkdir(parents=True, exist_ok=True)
     RUNS.mkdir(parents=True, exist_ok=True)
-    decl = RUNS / f"{rung}.toml"
-    if not decl.is_file():
-        made = invar("use", "init", str(decl), "--model", str(FP32), "--candidate-engine", "llamacpp",
-                     "--candidate-model", str(rung_folder(rung)), "--candidate-setting", "parallel=16",
-                     "--population", str(ROOT / "data" / "chat-eval.jsonl"), "--scorer", "numeric",
-                     "--scorer-setting", 'which="last"', "--temperature", "0", "--max-tokens", "8",
-                     "--epsilon", "0.02", "--sequential", "--every-unit", "--batch-size", "16",
-                     "--no-invariance", "--party", "chat task owner", "--name", f"smollm2-gguf-{rung.lower()}",
-                     "--description", f"SmolLM2-135M-Instruct as the {rung} GGUF on llama.cpp against the HF FP32 "
-                                      "reference, greedy, on the chat task.")
+    candidate = rung_folder("F32" if name == "F32-vs-HF" else name)
+    contract_name = f"smollm2-gguf-{name.lower()}"
+    decl = RUNS / f"{name}.toml"
+    run_dir = RUNS / name
+    if not run_dir.exists():  # a fresh declaration names the worker code as it is now; a run resumes under its own
+        if DECISIONS[name] == "HF":
+            reference = ["--model", str(FP32), "--engine", "hf"]
+            launch = [a for setting in SETTINGS for a in ("--candidate-setting", setting)]
+            what = "the HF FP32 folder"
+        else:
+            reference = ["--model", str(rung_folder("F32")), "--engine", "llamacpp"]
+            launch = [a for setting in SETTINGS for a in ("--setting", setting)]
+            what = "the F32 GGUF on llama.cpp"
+        made = invar("use", "init", str(decl), "--force", *reference, *launch, "--candidate-engine", "llamacpp",
+                     "--candidate-model", str(candidate), "--population", str(ROOT / "data" / "chat-eval.jsonl"),
+                     "--scorer", "numeric", "--scorer-setting", 'which="last"', "--temperature", "0",
+                     "--max-tokens", "8", "--epsilon", "0.02", "--sample", str(SAMPLE), "--batch-size", "16",
+                     "--invariance" if name in INVARIANCE else "--no-invariance", "--party", "chat task owner",
+                     "--name", contract_name,
+                     "--description", f"SmolLM2-135M-Instruct as {candidate.name} on llama.cpp against {what}, "
+                                      "greedy, on the chat task" + ("; the same answers alone, in batches of 16 and "
+                                      "in shuffled batches of 32." if name in INVARIANCE else "."))
         if made.returncode != 0:
-            raise SystemExit(f"{rung}: use init failed: {made.stderr.strip()}")
+            raise SystemExit(f"{name}: use init failed: {made.stderr.strip()}")
     prepared = invar("use", "prepare", str(decl), "--out", str(RUNS), "--json")
     if prepared.returncode != 0:
-        raise SystemExit(f"{rung}: prepare failed: {prepared.stderr.strip()}")
-    contract = RUNS / f"smollm2-gguf-{rung.lower()}.contract.json"
-    run_dir = RUNS / rung
+        raise SystemExit(f"{name}: prepare failed: {prepared.stderr.strip()}")
+    contract = RUNS / f"{contract_name}.contract.json"
     started = time.monotonic()
     ran = invar("use", "run", str(contract), "--run", str(run_dir), "--json")
     if ran.returncode != 0:
-        raise SystemExit(f"{rung}: use run failed: {ran.stderr.strip()}")
+        raise SystemExit(f"{name}: use run failed: {ran.stderr.strip()}")
     seconds = time.monotonic() - started
     head = json.loads(ran.stdout)["head"]
     admitted = invar("use", "admit", str(run_dir), "--contract", str(contract), "--expect-head", head, "--json")
     if admitted.returncode not in (0, 10, 11):
-        raise SystemExit(f"{rung}: use admit failed: {admitted.stderr.strip()}")
-    (OUT / f"{rung}.admit.json").write_text(admitted.stdout)
+        raise SystemExit(f"{name}: use admit failed: {admitted.stderr.strip()}")
+    (OUT / f"{name}.admit.json").write_text(admitted.stdout)
     compared = invar("compare", "numerical", str(run_dir), "--contract", str(contract), "--json")
     if compared.returncode == 0:
-        (OUT / f"{rung}.compare.json").write_text(compared.stdout)
+        (OUT / f"{name}.compare.json").write_text(compared.stdout)
     decision = json.loads(admitted.stdout)
-    return {"rung": rung, "use_run_s": round(seconds, 1), "head": head, "answer": decision.get("answer")}
+    return {"decision": name, "use_run_s": round(seconds, 1), "head": head, "answer": decision.get("answer")}
+
+
+def plan_units(contract: Path, worse: int, better: int, n: int) -> int | None:
+    """`use plan`'s units for the contract's own method at the discordance the run observed (at least 1 in n
+    each way, since a rate of 0 plans nothing)."""
+    w, b = max(worse, 1) / n, max(better, 1) / n
+    planned = invar("use", "plan", str(contract), "--assume", f"worse={w:.6g} better={b:.6g}", "--json")
+    if planned.returncode != 0:
+        return None
+    doc = json.loads(planned.stdout)
+    rows = [r for r in doc["rows"] if r["method"] == doc["contract_method"]]
+    return int(rows[0]["n"]) if rows and rows[0].get("n") is not None else None
+
+
+def table() -> None:
+    """docs/gguf/summary.json and docs/gguf.png from the kept admit and compare outputs; the table on stdout."""
+    rows = []
+    for name in DECISIONS:
+        admit_path = OUT / f"{name}.admit.json"
+        if not admit_path.is_file():
+            continue
+        admit = json.loads(admit_path.read_text())
+        compare_path = OUT / f"{name}.compare.json"
+        compare = json.loads(compare_path.read_text()) if compare_path.is_file() else {}
+        loss, bound, inv = admit["task_loss"], admit["bound"], admit["invariance"]
+        generation = compare.get("generation") or {}
+        first = generation.get("first_divergence") or {}
+        contract = RUNS / f"smollm2-gguf-{name.lower()}.contract.json"
+        rows.append({
+            "decision": name, "reference": DECISIONS[name], "answer": admit["answer"], "reason": admit["reason"],
+            "n": loss["n"], "worse": loss["worse"], "better": loss["better"],
+            "reference_loss": loss["reference_loss"], "candidate_loss": loss["candidate_loss"],
+            "bound": [bound["lower"], bound["upper"]], "epsilon": admit["epsilon"],
+            "invariant": inv.get("holds"), "units_differing_across_layouts": inv.get("units_differing"),
+            "same_tokens": first.get("none"), "first_divergence_positions": first.get("positions"),
+            "max_abs_logprob_delta": (generation.get("max_abs_delta") or {}).get("max"),
+            "median_abs_logprob_delta": ((generation.get("max_abs_delta") or {}).get("percentiles") or {}).get("50"),
+            "planned_units": plan_units(contract, loss["worse"], loss["better"], loss["n"]),
+            "chain_head": admit["chain_head"]})
+    (OUT / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print("| decision | reference | answer | worse / better of n | bound | invariant (units differing) | same "
+          "tokens | max abs Δ logprob | units use plan needs |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['decision']} | {r['reference']} | {r['answer']} | {r['worse']} / {r['better']} of {r['n']} | "
+              f"[{r['bound'][0]:.4f}, {r['bound'][1]:.4f}] | {r['invariant']} ({r['units_differing_across_layouts']}) "
+              f"| {r['same_tokens']} | {r['max_abs_logprob_delta']} | {r['planned_units']} |")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
+    colours = {"Admitted": "tab:green", "Violated": "tab:red", "Unknown": "tab:orange"}
+    for y, r in enumerate(rows):
+        ax.plot(r["bound"], [y, y], color=colours.get(r["answer"], "grey"), linewidth=4)
+        ax.plot([(r["worse"] - r["better"]) / r["n"]], [y], "k|", markersize=12)
+    ax.axvline(float(rows[0]["epsilon"]) if rows else 0.02, color="black", linestyle="--", linewidth=1)
+    ax.axvline(0, color="grey", linewidth=0.5)
+    ax.set_yticks(range(len(rows)), [f"{r['decision']} ({r['answer']})" for r in rows])
+    ax.set_xlabel("task loss increase against the reference: bound (bar), estimate (tick), ε (dashed)")
+    fig.tight_layout()
+    fig.savefig(ROOT / "docs" / "gguf.png", dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,13 +272,16 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build")
     b.add_argument("--write-pins", action="store_true")
     d = sub.add_parser("decide")
-    d.add_argument("rungs", nargs="*", choices=[*RUNGS, []], default=[])
+    d.add_argument("names", nargs="*", choices=[*DECISIONS, []], default=[])
+    sub.add_parser("table")
     args = parser.parse_args(argv)
     if args.command == "build":
         build(args.write_pins)
+    elif args.command == "table":
+        table()
     else:
-        for rung in args.rungs or RUNGS:
-            result = decide(rung)
+        for name in args.names or DECISIONS:
+            result = decide(name)
             print(json.dumps(result), flush=True)
     return 0
 
