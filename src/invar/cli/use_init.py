@@ -370,6 +370,11 @@ def init_cmd(
         str | None, typer.Option("--party", help="Who vouches that the population represents the use: writes "
                                                  "that premise.")
     ] = None,
+    add_end_ids: Annotated[
+        bool, typer.Option("--add-end-ids", help="Where a model folder's chat template ends a turn with a token its "
+                                                 "generation_config.json does not list among the ids that end a "
+                                                 "response, add it there (and say so) before the folder is pinned.")
+    ] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Write a complete declaration: every digest filled in, each package's identity as its worker reports it.
@@ -407,6 +412,8 @@ def init_cmd(
              _Side("candidate", c_engine, candidate_model or model, cand_launch,
                    _patches("--candidate-patch", candidate_patch or []), candidate_dtype or dtype,
                    candidate_quantization or quantization)]
+    if add_end_ids:
+        _add_end_ids(sides)
     for side, option in zip(sides, ("--model", "--candidate-model"), strict=True):
         side.model_digest, side.tokenizer_digest = _model(option, side.model)
         side.worker_digest = worker_digest(side.engine.value)
@@ -462,6 +469,22 @@ def init_cmd(
             from None
     typer.echo(f"wrote {out}: {choices.name}, {_describe(sides[1])} against {_describe(sides[0])}")
     typer.echo(f"next: invar use prepare {out}")
+
+
+def _add_end_ids(sides: list[_Side]) -> None:
+    """`--add-end-ids`: each model folder's chat template's turn end added to its `generation_config.json` where
+    it is missing, said on one line per folder (the folder changes, so its digests are computed after)."""
+    from invar.tasks.special_tokens import add_end_ids
+    from invar.tasks.tokenizer import ModelTokenizer
+
+    for folder in dict.fromkeys(side.model for side in sides):
+        tokenizer = ModelTokenizer.from_model_dir(folder)
+        before = list(tokenizer.eos_token_ids)
+        added = add_end_ids(tokenizer)
+        if added is not None:
+            typer.echo(f"{folder}: its chat template ends a turn with id {added[-1]}, which ended no response "
+                       f"({tokenizer.eos_source} had {before}); wrote eos_token_id {list(added)} to "
+                       f"{folder / 'generation_config.json'}")
 
 
 def _describe(side: _Side) -> str:

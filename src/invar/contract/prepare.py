@@ -44,6 +44,7 @@ from invar.tasks.population import Unit as PopulationUnit
 from invar.tasks.population import load_units
 from invar.tasks.scorers import Scorer as ScorerImpl
 from invar.tasks.scorers import UserScorer, check_units, load_scorer
+from invar.tasks.special_tokens import check_model_tokens
 from invar.tasks.tokenizer import ModelTokenizer, tokenizer_digest
 from invar.worker_code import WorkerCodeError
 
@@ -122,12 +123,14 @@ def _worker(role: Literal["reference", "candidate"], decl: PackageDeclaration) -
     return actual
 
 
-def _package(role: Literal["reference", "candidate"], decl: PackageDeclaration, base: Path, out: Path) -> Package:
+def _package(role: Literal["reference", "candidate"], decl: PackageDeclaration, base: Path, out: Path,
+             chat: bool) -> Package:
     model_dir = base / decl.model_dir
     _tree(f"{role}.model_digest", model_dir, decl.model_digest)
     with _reading(f"{role}.model_dir", model_dir):
         try:
-            ModelTokenizer.from_model_dir(model_dir)
+            # a folder whose metadata and tokenizer disagree on the BOS or the end of a turn would run, and run wrong
+            check_model_tokens(ModelTokenizer.from_model_dir(model_dir), chat, "invar use init --add-end-ids")
         except ContractError as exc:
             raise ContractError(f"{role}.model_dir: {exc}") from None
     adapter = None
@@ -205,6 +208,7 @@ def build_contract(declaration: Declaration, base: Path, out: Path) -> tuple[Con
             f"population.sample: {pop.sample} exceeds the {len(units)} units of {pop_path}; lower it"
         )
     requirement = declaration.requirement
+    chat = any(u.messages is not None for u in units)
     fields: dict[str, Any] = {
         **{k: v for k, v in declaration if k not in ("population", "reference", "candidate", "premises", "scorer")},
         "population": Population(
@@ -212,8 +216,8 @@ def build_contract(declaration: Declaration, base: Path, out: Path) -> tuple[Con
         ),
         "scorer": _scorer(declaration.scorer, requirement, units, base, out),
         "method_version": None if requirement.method is None else method_version(requirement.method),
-        "reference": _package("reference", declaration.reference, base, out),
-        "candidate": _package("candidate", declaration.candidate, base, out),
+        "reference": _package("reference", declaration.reference, base, out, chat),
+        "candidate": _package("candidate", declaration.candidate, base, out, chat),
         "premises": [_premise(i, p, base, out) for i, p in enumerate(declaration.premises)],
     }
     contract: Contract = _validated(Contract, fields)
