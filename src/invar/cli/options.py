@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from invar.engines import DEFAULT_MODEL, ENGINE_TABLE
+from invar.errors import InvarError
 from invar.runner.engine import Dtype, Engine, Quantization
 
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature, in [0, 10] (0: greedy).")]
@@ -24,7 +25,27 @@ def _setting_help() -> str:
 
 
 SettingOpt = Annotated[list[str] | None, typer.Option("--setting", help=_setting_help())]
-ModelOpt = Annotated[Path, typer.Option("--model", help="The model folder (named by its tree digest).")]
+
+
+def _model_folder(model: Path) -> Path:
+    """`--model FILE.gguf` names the GGUF model folder that holds the file: the model is that folder, pinned by its
+    tree digest (docs/gguf.md); a file elsewhere is refused in one line saying what the folder needs."""
+    if model.suffix.lower() != ".gguf" or not model.is_file():
+        return model
+    folder = model.parent
+    ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+    missing = [name for name in ("tokenizer.json", "tokenizer_config.json", "config.json")
+               if not (folder / name).is_file()]
+    if ggufs != [model.name] or missing:
+        why = f"it has no {', '.join(missing)}" if missing else f"it holds {len(ggufs)} .gguf files"
+        raise InvarError(f"--model {model}: a GGUF file runs from its own folder, and {why}; put the file alone "
+                         "in a folder beside its tokenizer.json, tokenizer_config.json and config.json "
+                         "(docs/gguf.md) and pass either")
+    return folder
+
+
+ModelOpt = Annotated[Path, typer.Option("--model", callback=_model_folder, help=(
+    "The model folder (named by its tree digest); for --engine llamacpp also FILE.gguf, run from its folder."))]
 DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="The dtype the engine computes in.")]
 QuantOpt = Annotated[
     Quantization, typer.Option("--quantization", help="Weight quantization, where the engine has it (nf4: hf).")
