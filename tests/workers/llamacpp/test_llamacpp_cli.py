@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from support.cli_runs import invar
 
 pytestmark = pytest.mark.engine
