@@ -224,7 +224,7 @@ def parse_outputs(result: Mapping[str, Any], requests: Sequence[Mapping[str, Any
     for i, (o, req) in enumerate(zip(received.outputs, requests, strict=True)):
         where = f"{name}: output {i}"
         tokens = o.tokens
-        if not np.array_equal(o.prompt_tokens, req["prompt_ids"]):
+        if not _same_ids(o.prompt_tokens, req["prompt_ids"]):
             raise EvidenceError(f"{where} ({req['request_id']}): the engine ran other prompt tokens than the call "
                                 "asked for")
         t = len(tokens)
@@ -241,6 +241,13 @@ def parse_outputs(result: Mapping[str, Any], requests: Sequence[Mapping[str, Any
             raise EvidenceError(f"{where} ({req['request_id']}): {t} tokens exceed max_tokens {req['max_tokens']}")
         out.append(Output(req["request_id"], tokens, o.logprobs, o.finish_reason))
     return tuple(out)
+
+
+def _same_ids(a: Any, b: Any) -> bool:
+    """`np.array_equal(a, b)`, by the bytes where both are integer arrays of one dtype (a prompt's ids, decoded)."""
+    if type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == b.dtype and a.dtype.kind in "iu":
+        return a.shape == b.shape and a.tobytes() == b.tobytes()
+    return bool(np.array_equal(a, b))
 
 
 def run_contract_sha256(store: RunStore) -> str:
