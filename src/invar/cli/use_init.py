@@ -277,7 +277,7 @@ def _check(text: str, out: Path) -> None:
         encoders = prompt_encoders(package_tokenizers(contract, model_folders(contract, base)))
         derive_plan(contract, canonical.sha256(contract.canonical_json()), units, encoders)
     except InvarError as exc:
-        message = str(exc).removeprefix(f"{out}: ")
+        message = str(exc).removeprefix(f"{one_line(str(out))}: ")  # as the error wrote the path: escaped
         field_name = next((f for f in sorted(_OPTION_OF, key=len, reverse=True) if message.startswith(f)), None)
         hint = "" if field_name is None else f" (set by {_OPTION_OF[field_name]})"
         raise type(exc)(f"use init: {message}{hint}; nothing was written to {out}") from None
