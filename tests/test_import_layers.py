@@ -44,6 +44,7 @@ LAYERS = [
     "workers",
     "compare",
     "contract",
+    "imported",  # decisions from exported scores: the contract's requirement, premises and decision rules
     "runner",
     "cli",
 ]

@@ -122,7 +122,7 @@ def test_a_stale_option_or_command_fails() -> None:
     for ok in ("invar use admit --contract C --expect-head H", "invar train --ray",
                "invar use verify OUT/r.json --run … --contract … --public-key …"):
         assert fails(ok, "inline") == "", ok
-    assert fails("invar use admit --contract C --expect-head H") != ""  # a code block gives every argument
+    assert fails("invar use verify --run R --contract C") != ""  # a code block gives every argument
 
 
 def test_no_other_option_has_a_callback() -> None:
