@@ -191,7 +191,7 @@ def decide(name: str) -> dict[str, Any]:
     if ran.returncode != 0:
         raise SystemExit(f"{name}: use run failed: {ran.stderr.strip()}")
     seconds = time.monotonic() - started
-    head = json.loads(ran.stdout)["head"]
+    head = json.loads(ran.stdout)["chain_head"]
     admitted = invar("use", "admit", str(run_dir), "--contract", str(contract), "--expect-head", head, "--json")
     if admitted.returncode not in (0, 10, 11):
         raise SystemExit(f"{name}: use admit failed: {admitted.stderr.strip()}")
