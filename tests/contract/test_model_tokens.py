@@ -15,7 +15,7 @@ from support.model_copies import SMOLLM2, SMOLLM2_GGUF, TINY, tokenizer_copy
 
 from invar.errors import ContractError
 from invar.tasks import ModelTokenizer
-from invar.tasks.special_tokens import add_end_ids, adds_bos, check_bos, check_end_ids, proposed_end_ids
+from invar.tasks.special_tokens import add_end_ids, adds_bos, check_bos, check_end_ids, proposed_end_ids, turn_end_id
 
 
 @pytest.mark.parametrize("folder", [SMOLLM2, SMOLLM2_GGUF, TINY])
@@ -75,3 +75,18 @@ def test_a_turn_end_that_ends_no_response_is_proposed_and_written(tmp_path: Path
     fixed = ModelTokenizer.from_model_dir(folder)
     assert fixed.eos_token_ids == (endoftext[0], im_end)
     check_end_ids(fixed, "--add-end-ids")
+
+
+CHAT_FIXTURES = Path(__file__).resolve().parents[1] / "tasks" / "fixtures" / "chat"
+
+
+@pytest.mark.parametrize("family", sorted(p.name for p in CHAT_FIXTURES.iterdir() if p.is_dir()))
+def test_each_familys_template_ends_a_turn_with_an_id_its_generation_config_lists(family: str) -> None:
+    # The check finds each real template's turn end (<|eot_id|>, <|im_end|>, <end_of_turn>, </s>), and a folder
+    # saved as the family ships it lists that id: none of them is refused.
+    tokenizer = ModelTokenizer.from_model_dir(CHAT_FIXTURES / family)
+    turn_end = turn_end_id(tokenizer)
+    assert turn_end is not None
+    assert tokenizer.special_tokens.get("eos_token") is not None
+    assert turn_end in tokenizer.eos_token_ids
+    assert proposed_end_ids(tokenizer) is None

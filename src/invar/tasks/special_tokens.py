@@ -13,9 +13,9 @@ Decisions:
   (what llama.cpp follows; read from the file's header by `_gguf_add_bos`). Any that disagree with the tokenizer
   are refused, naming both and the fix: the core will not guess which one the model was trained with.
 - **A turn ends where the template says.** The template is rendered on a user message and an assistant reply; the
-  special token that directly follows the reply is the one the template ends a turn with. When it is not among the
-  ids that end a response, the fix is to add it to `generation_config.json`'s `eos_token_id` (the file
-  transformers, vLLM and the core all read): `use init --add-end-ids` does that and says so.
+  special token that follows the reply (after any whitespace) is the one the template ends a turn with. When it is
+  not among the ids that end a response, the fix is to add it to `generation_config.json`'s `eos_token_id` (the
+  file transformers, vLLM and the core all read): `use init --add-end-ids` does that and says so.
 """
 
 from __future__ import annotations
@@ -136,7 +136,8 @@ def turn_end_id(tokenizer: ModelTokenizer) -> int | None:
                                            {"role": "assistant", "content": _REPLY}],
                                           tokenizer.special_tokens, add_generation_prompt=False)
     at = text.rfind(_REPLY)
-    rest = text[at + len(_REPLY):] if at >= 0 else ""
+    # whitespace a template writes between the reply and its turn end (Mistral's ' ' + eos_token) is not the end
+    rest = text[at + len(_REPLY):].lstrip() if at >= 0 else ""
     ids = tokenizer.encode(rest) if rest else []
     return ids[0] if ids and ids[0] in tokenizer.special_ids else None
 
