@@ -30,8 +30,10 @@ def _cases(family: str) -> list[dict[str, Any]]:
 
 
 def test_families_cover_the_required_templates() -> None:
-    # each family's current template beside an older one: Llama 3.1 (its date and tools), Qwen2.5, Mistral v0.3
-    assert {"smollm2", "llama3", "llama3.1", "qwen2.5", "qwen3", "gemma", "mistral", "mistral-v0.3"} <= set(FAMILIES)
+    # each family's current template beside an older one: Llama 3.1 (its date and tools), Qwen2.5, Mistral v0.3,
+    # Gemma 3 (the system turn folded into the first user turn), Phi-3.5
+    assert {"smollm2", "llama3", "llama3.1", "qwen2.5", "qwen3", "gemma", "gemma3", "mistral", "mistral-v0.3",
+            "phi3.5"} <= set(FAMILIES)
     for family in FAMILIES:
         spec = _spec(family)
         assert spec["source"]
