@@ -2,7 +2,7 @@
 decided against the FP32 reference on the chat task, and the shipped Q4_1 file decided the same way.
 
     python scripts/gguf_ladder.py build [--write-pins]   # the rungs, into models/smollm2-ladder/<rung>/, pinned
-    python scripts/gguf_ladder.py decide [RUNG ...]      # one sequential use contract per rung, run and admitted
+    python scripts/gguf_ladder.py decide [NAME ...]      # one use contract per decision, run and admitted
     python scripts/gguf_ladder.py table                  # docs/gguf.md's table and plot, from the kept outputs
 
 Build: llama.cpp's own converter (`convert_hf_to_gguf.py` and its `gguf-py`, read out of the llama-cpp-python source
@@ -12,12 +12,14 @@ distribution of the version the llamacpp worker runs, pinned by sha256) writes F
 the F32 file. Each rung is a GGUF model folder: the file beside the FP32 folder's tokenizer files (hard links). Every
 file's sha256 is checked against models/smollm2-ladder.pins.json (`--write-pins` writes them, after two builds agree).
 
-Decide: per rung, `invar use init` writes the declaration (reference: HF FP32 on the FP32 folder; candidate: the
-llamacpp engine on the rung's folder; the 400 chats of data/chat-eval.jsonl, greedy, 8 tokens, the `numeric` scorer,
-ε = 0.02 at 95 %, decided sequentially so a clear rung stops early), then `use prepare`, `use run`, `use admit --json`
-(kept in docs/gguf/<rung>.admit.json) and `compare numerical --json` (docs/gguf/<rung>.compare.json); `use plan`
-with the discordance the run observed gives the sample a fixed-size contract would need (docs/gguf/<rung>.plan.json).
-A run already under runs/gguf-ladder/ is resumed.
+Decide: per decision, `invar use init` writes the declaration: a rung against the F32 file on llama.cpp (only the
+quantization differs), the F32 file and the shipped Q4_1 file against the HF FP32 folder (`F32-vs-HF`,
+`shipped-Q4_1`); a seeded sample of 200 of the 400 chats of data/chat-eval.jsonl, greedy, 8 tokens, the `numeric`
+scorer, ε = 0.02 at 95 %, and for the shipped file the same bits alone, in batches of 16 and in shuffled batches of
+32. Then `use prepare`, `use run`, `use admit --json` (kept in docs/gguf/<name>.admit.json) and `compare numerical
+--json` (docs/gguf/<name>.compare.json). A run already under runs/gguf-ladder/ is resumed. `table` gathers them into
+docs/gguf/summary.json and docs/gguf.png, with the units `use plan` says a fixed-size contract needs at the
+discordance each run observed.
 """
 
 from __future__ import annotations
