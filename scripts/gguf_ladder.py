@@ -1,5 +1,5 @@
 """The quantization ladder of SmolLM2-135M-Instruct: the GGUF files a user would make from the FP32 folder, each
-decided against the FP32 reference on the chat task, and the shipped Q4_1 file decided the same way.
+decided on the chat task against the F32 file, and the F32 and shipped Q4_1 files against the HF FP32 folder.
 
     python scripts/gguf_ladder.py build [--write-pins]   # the rungs, into models/smollm2-ladder/<rung>/, pinned
     python scripts/gguf_ladder.py decide [NAME ...]      # one use contract per decision, run and admitted
