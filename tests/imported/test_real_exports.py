@@ -115,12 +115,14 @@ def recorded(shared: dict[str, Path]) -> dict[str, Any]:
     run = folder / "run"
     out = _invar("use", "run", contract, "--run", run, "--json", "--quiet")
     assert out.returncode in (0, 10, 11), out.stderr
-    admitted = _invar("use", "admit", run, "--contract", contract, "--json", "--quiet")
+    admitted = _invar("use", "admit", run, "--contract", contract, "--json", "--quiet", "--junit",
+                      folder / "junit.xml")
     assert admitted.returncode in (0, 10, 11), admitted.stderr
     units = _invar("compare", "numerical", run, "--contract", contract, "--json", "--quiet")
     assert units.returncode == 0, units.stderr
     per_unit = {u["unit_id"]: (u["reference_loss"], u["candidate_loss"]) for u in json.loads(units.stdout)["units"]}
-    return {"decision": json.loads(admitted.stdout), "exit": admitted.returncode, "losses": per_unit}
+    return {"decision": json.loads(admitted.stdout), "exit": admitted.returncode, "losses": per_unit,
+            "junit": folder / "junit.xml"}
 
 
 def _imported_decision(folder: Path, fmt: str, metric: str, reference: Path, candidate: Path) -> dict[str, Any]:
@@ -196,7 +198,10 @@ def test_the_documented_workflow_decides_as_the_recorded_run(shared: dict[str, P
     _same_decision(imported, recorded)
     # what CI reads: a JUnit file of the schema CI systems use, and the job summary's headline
     junit = repo / "evals" / "invar-junit.xml"
-    xmlschema.XMLSchema(Path(__file__).with_name("JUnit.xsd")).validate(junit)
+    schema = xmlschema.XMLSchema(Path(__file__).with_name("JUnit.xsd"))
+    schema.validate(junit)
+    schema.validate(recorded["junit"])  # a recorded decision's, for the same CI
+    assert 'classname="invar.use.admit.recorded"' in recorded["junit"].read_text(encoding="utf-8")
     answer = imported["decision"]["answer"]
     assert f"`arith-ci`: {answer}" in summary.read_text(encoding="utf-8")
     assert ("<failure" in junit.read_text(encoding="utf-8")) == (answer != "Admitted")

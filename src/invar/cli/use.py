@@ -646,6 +646,9 @@ def admit_cmd(
             typer.echo(render_imported(imported))
         raise typer.Exit(EXIT_CODES[imported.answer])
     if run is None:
+        from invar.contract.model import read_contract
+
+        read_contract(contract)  # a contract that cannot be read says so first
         raise InvarError("give the run to decide: invar use admit RUN --contract CONTRACT")
     if key is not None and receipt is None:
         raise InvarError("--key signs a receipt; add --receipt PATH for the receipt to write")
