@@ -90,3 +90,13 @@ def test_each_familys_template_ends_a_turn_with_an_id_its_generation_config_list
     assert tokenizer.special_tokens.get("eos_token") is not None
     assert turn_end in tokenizer.eos_token_ids
     assert proposed_end_ids(tokenizer) is None
+
+
+@pytest.mark.parametrize("header", [b"not a gguf file at all, just text padded out" * 2,
+                                    b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little")
+                                    + (1).to_bytes(8, "little") + (2**40).to_bytes(8, "little")])
+def test_a_damaged_gguf_header_is_one_line(tmp_path: Path, header: bytes) -> None:
+    folder = tokenizer_copy(SMOLLM2, tmp_path / "m")
+    (folder / "model.gguf").write_bytes(header)
+    with pytest.raises(ContractError, match=r"model\.gguf: .*replace it with the GGUF file"):
+        check_bos(ModelTokenizer.from_model_dir(folder))

@@ -52,6 +52,8 @@ def bos_statements(model_dir: Path) -> list[tuple[str, bool]]:
 _GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 """Bytes of each fixed-size GGUF value type (GGUF spec: uint8 … float64; 7 is bool, 8 string, 9 array)."""
 _GGUF_BOOL, _GGUF_STRING, _GGUF_ARRAY = 7, 8, 9
+_GGUF_KEY_BYTES = 65_536
+"""The longest key read: GGUF keys are dotted names, so a longer one is a damaged file, not a key to read."""
 
 
 def _gguf_add_bos(path: Path) -> bool | None:
@@ -94,7 +96,10 @@ def _gguf_add_bos(path: Path) -> bool | None:
         if magic != b"GGUF" or version not in (2, 3):
             raise ContractError(f"{path}: not a GGUF file of version 2 or 3 (little-endian); {fix}")
         for _ in range(count):
-            key = take(f, length(f))
+            size_of_key = length(f)
+            if size_of_key > _GGUF_KEY_BYTES:
+                raise ContractError(f"{path}: its GGUF header names a key of {size_of_key:,} bytes; {fix}")
+            key = take(f, size_of_key)
             kind = struct.unpack("<I", take(f, 4))[0]
             if key == GGUF_ADD_BOS.encode() and kind == _GGUF_BOOL:
                 return take(f, 1) != b"\x00"
@@ -117,14 +122,13 @@ def check_bos(tokenizer: ModelTokenizer) -> None:
             raise ContractError(
                 f"{tokenizer.path}: {where} asks for a BOS, but tokenizer.json adds none to a prompt, so the model "
                 f"would read every prompt without it; add {bos or 'the BOS'!r} to tokenizer.json's post_processor "
-                "(a TemplateProcessing that puts it before $A), or set add_bos_token to false where the model was "
-                "trained without one")
+                f"(a TemplateProcessing that puts it before $A), or set {where} to false if the model was trained "
+                "without one")
         if adds and not asks:
             bos = tokenizer.special_tokens.get("bos_token")
             raise ContractError(
                 f"{tokenizer.path}: {where} says no BOS, but tokenizer.json adds {bos!r} to every prompt; remove "
-                "it from tokenizer.json's post_processor, or set add_bos_token to true where the model was trained "
-                "with one")
+                f"it from tokenizer.json's post_processor, or set {where} to true if the model was trained with one")
 
 
 def turn_end_id(tokenizer: ModelTokenizer) -> int | None:
