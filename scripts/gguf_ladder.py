@@ -236,7 +236,8 @@ def table() -> None:
             "n": loss["n"], "worse": loss["worse"], "better": loss["better"],
             "reference_loss": loss["reference_loss"], "candidate_loss": loss["candidate_loss"],
             "bound": [bound["lower"], bound["upper"]], "epsilon": admit["epsilon"],
-            "invariant": inv.get("holds"), "units_differing_across_layouts": inv.get("units_differing"),
+            "invariance_required": inv.get("required"), "invariant": inv.get("holds") if inv.get("required") else None,
+            "units_differing_across_layouts": inv.get("units_differing") if inv.get("required") else None,
             "same_tokens": first.get("none"), "first_divergence_positions": first.get("positions"),
             "max_abs_logprob_delta": (generation.get("max_abs_delta") or {}).get("max"),
             "median_abs_logprob_delta": ((generation.get("max_abs_delta") or {}).get("percentiles") or {}).get("50"),
@@ -247,9 +248,12 @@ def table() -> None:
           "tokens | max abs Δ logprob | units use plan needs |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        invariant = "not asked" if not r["invariance_required"] else \
+            f"{'yes' if r['invariant'] else 'no'} ({r['units_differing_across_layouts']} differ)"
+        delta = r["max_abs_logprob_delta"]
         print(f"| {r['decision']} | {r['reference']} | {r['answer']} | {r['worse']} / {r['better']} of {r['n']} | "
-              f"[{r['bound'][0]:.4f}, {r['bound'][1]:.4f}] | {r['invariant']} ({r['units_differing_across_layouts']}) "
-              f"| {r['same_tokens']} | {r['max_abs_logprob_delta']} | {r['planned_units']} |")
+              f"[{r['bound'][0]:.4f}, {r['bound'][1]:.4f}] | {invariant} | {r['same_tokens']} | "
+              f"{'' if delta is None else f'{delta:.3g}'} | {r['planned_units'] or 'none reaches power 0.8'} |")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -263,6 +267,7 @@ def table() -> None:
     ax.axvline(float(rows[0]["epsilon"]) if rows else 0.02, color="black", linestyle="--", linewidth=1)
     ax.axvline(0, color="grey", linewidth=0.5)
     ax.set_yticks(range(len(rows)), [f"{r['decision']} ({r['answer']})" for r in rows])
+    ax.invert_yaxis()  # the ladder from the top
     ax.set_xlabel("task loss increase against the reference: bound (bar), estimate (tick), ε (dashed)")
     fig.tight_layout()
     fig.savefig(ROOT / "docs" / "gguf.png", dpi=120)
