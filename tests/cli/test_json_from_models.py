@@ -22,9 +22,9 @@ from support.fake_worker import FakeTransport
 from typer.testing import CliRunner
 
 from invar import outputs
-from invar.cli import history as history_cli
 from invar.cli import infer, train, use
 from invar.cli.app import app
+from invar.loop import history as loop_history
 from invar.loop.config import read_config
 from invar.loop.cycle import Gap, Importance
 from invar.loop.history import CycleHistory, History
@@ -172,7 +172,8 @@ def test_inspect_history(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
         importance=Importance(min=0.9, mean=1.0, max=1.1, exactly_one=30, handled=0, ess=0.99), staleness=0,
         policy=None, checkpoint="c" * 64, wall_s={"generate": 1.5, "learner": 2.5, "publish": 0.5})
     history = History(tmp_path / "run", config, True, "a" * 64, [cycle])
-    monkeypatch.setattr(history_cli, "read_history", lambda *args, **kwargs: history)
+    # the command imports the reader when it runs (its module costs `inspect`'s start): patched where it lives
+    monkeypatch.setattr(loop_history, "read_history", lambda *args, **kwargs: history)
     doc = _printed_by(outputs.InspectHistoryOutput, "inspect", "history", tmp_path / "run", "--json")
     assert doc["config"] == json.loads(json.dumps(config.canonical()))
     (row,) = doc["cycles"]
