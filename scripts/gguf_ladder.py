@@ -4,6 +4,7 @@ decided on the chat task against the F32 file, and the F32 and shipped Q4_1 file
     python scripts/gguf_ladder.py build [--write-pins]   # the rungs, into models/smollm2-ladder/<rung>/, pinned
     python scripts/gguf_ladder.py decide [NAME ...]      # one use contract per decision, run and admitted
     python scripts/gguf_ladder.py table                  # docs/gguf.md's table and plot, from the kept outputs
+    python scripts/gguf_ladder.py engines [--chats 8]    # greedy tokens of F32, Q8_0, Q4_1 on llama.cpp vs HF FP32
 
 Build: llama.cpp's own converter (`convert_hf_to_gguf.py` and its `gguf-py`, read out of the llama-cpp-python source
 distribution of the version the llamacpp worker runs, pinned by sha256) writes F32 and F16 from
@@ -273,6 +274,39 @@ def table() -> None:
     fig.savefig(ROOT / "docs" / "gguf.png", dpi=120)
 
 
+def engines(chats: int) -> None:
+    """The first `chats` chats, greedy, 8 tokens, on HF FP32 and on llama.cpp with the F32, Q8_0 and shipped Q4_1
+    files: per file, the chats whose tokens are HF's and the largest |Δ log-probability| over each chat's shared
+    tokens (JSON on stdout)."""
+    import numpy as np
+
+    from invar import canonical
+    from invar.engines import start_worker
+    from invar.tasks import ModelTokenizer
+
+    lines = (ROOT / "data" / "chat-eval.jsonl").read_text().splitlines()[:chats]
+    tok = ModelTokenizer.from_model_dir(FP32)
+    requests = [{"request_id": str(i), "prompt_ids": tok.prompt_ids(messages=json.loads(line)["messages"]),
+                 "seed": i, "temperature": 0.0, "top_p": 1.0, "max_tokens": 8} for i, line in enumerate(lines)]
+    outputs = {}
+    for name, engine, folder in (("HF FP32", "hf", FP32), ("F32", "llamacpp", rung_folder("F32")),
+                                 ("Q8_0", "llamacpp", rung_folder("Q8_0")), ("shipped Q4_1", "llamacpp", SHIPPED)):
+        client = start_worker(engine)
+        try:
+            client.call("load_model", {"model_dir": str(folder), "model_digest": canonical.tree_digest(folder)})
+            outputs[name] = client.call("generate", {"requests": requests})["outputs"]
+        finally:
+            client.close()
+    result = {}
+    for name in ("F32", "Q8_0", "shipped Q4_1"):
+        pairs = list(zip(outputs["HF FP32"], outputs[name], strict=True))
+        gaps = [float(np.max(np.abs(a["logprobs"][:n].astype(np.float64) - b["logprobs"][:n])))
+                for a, b in pairs for n in [min(a["tokens"].size, b["tokens"].size)]]
+        result[name] = {"same_tokens": sum(a["tokens"].tobytes() == b["tokens"].tobytes() for a, b in pairs),
+                        "chats": len(pairs), "max_abs_logprob_delta": max(gaps)}
+    print(json.dumps(result, indent=2))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -281,11 +315,15 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("decide")
     d.add_argument("names", nargs="*", choices=[*DECISIONS, []], default=[])
     sub.add_parser("table")
+    e = sub.add_parser("engines")
+    e.add_argument("--chats", type=int, default=8)
     args = parser.parse_args(argv)
     if args.command == "build":
         build(args.write_pins)
     elif args.command == "table":
         table()
+    elif args.command == "engines":
+        engines(args.chats)
     else:
         for name in args.names or DECISIONS:
             result = decide(name)
