@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import xmlschema
 
+from invar.contract.decide import conservative_delta
 from invar.imported import admit_imported, prepare_imported
 from invar.stats.bounds import bound
 from invar.stats.sequential import sequential_decision
@@ -34,7 +35,7 @@ def _declare(folder: Path, name: str, requirement: str, imported: str = "") -> P
     return path
 
 
-POPULATION = 'standard = "population"\nepsilon = "0.05"\nconfidence = "0.95"\nmethod = "paired-binary-score"\n'
+POPULATION = 'standard = "population"\nepsilon = "0.05"\nconfidence = "0.95"\nmethod = "paired-binary-exact"\n'
 
 
 def _binary(n: int, worse: int, better: int) -> tuple[list[float], list[float]]:
@@ -91,7 +92,8 @@ def test_binary_table_decides_with_the_core_bound(tmp_path: Path) -> None:
     _declare(tmp_path, "binary", POPULATION)
     prepare_imported(tmp_path / "binary.toml")
     d = admit_imported(tmp_path / "binary.contract.json")
-    expected = bound("paired-binary-score", np.array(cand) - np.array(ref), -1.0, 1.0, 0.05)
+    delta = conservative_delta(Decimal("0.05"))  # δ as the decision takes it: never above the declared one
+    expected = bound("paired-binary-exact", np.array(cand) - np.array(ref), -1.0, 1.0, delta)
     assert d.bound is not None
     assert (d.bound.lower, d.bound.upper) == (expected.lower, expected.upper)
     assert (d.task_loss.worse, d.task_loss.better, d.task_loss.n) == (5, 3, 400)
@@ -151,11 +153,11 @@ def test_plan_uses_the_items_the_exports_pair(tmp_path: Path) -> None:
     _declare(tmp_path, "planned", POPULATION)
     prepare_imported(tmp_path / "planned.toml")
     out = subprocess.run([sys.executable, "-m", "invar.cli", "use", "plan", "planned.contract.json", "--assume",
-                          "worse=0.01 better=0.005", "--method", "paired-binary-score", "--json"],
+                          "worse=0.01 better=0.005", "--method", "hoeffding", "--json"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     assert plan["contract_units"] == 500
     (row,) = plan["rows"]
-    assert row["method"] == "paired-binary-score"
+    assert row["method"] == "hoeffding"
     assert plan["underpowered"] == (plan["contract_power"] < 0.8)
