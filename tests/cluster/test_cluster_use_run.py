@@ -126,7 +126,7 @@ def _fault_mid_call(cluster: NetnsCluster, contract: Path, run: Path, node: str,
     proc = cluster.popen_invar("use", "run", str(contract), "--run", str(run), "--ray", cluster.address,
                                "--workers", "2", "--json")
     ip = cluster.nodes[node].ip
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 900  # starting four HF workers took over 300 s on 2 cores at load 30
     while time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
         try:
