@@ -40,7 +40,8 @@ COMMANDS = {
     ("app.py", "_print_versions"), ("infer.py", "infer"), ("evaluate.py", "evaluate"), ("score.py", "score"),
     ("train.py", "train"), ("inspect.py", "records"), ("history.py", "history"), ("use.py", "prepare_cmd"),
     ("use.py", "plan_cmd"), ("use.py", "package_cmd"), ("use.py", "run_cmd"), ("use.py", "admit_cmd"),
-    ("use.py", "verify_cmd"), ("keys.py", "new"), ("compare.py", "numerical"), ("compare.py", "histories"),
+    ("use.py", "verify_cmd"), ("use.py", "prepare_imported_cmd"), ("use.py", "admit_imported_cmd"),
+    ("keys.py", "new"), ("compare.py", "numerical"), ("compare.py", "histories"),
 }
 """Every command function with a `--json` (one per model in `invar.outputs.OUTPUTS`)."""
 

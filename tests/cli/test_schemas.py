@@ -88,6 +88,15 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str
     run = invar("use-run", "use", "run", contract, "--run", out / "use", "--json")
     invar("use-run", "use", "run", contract, "--run", out / "use", "--json")  # already complete
     invar("keys-new", "keys", "new", "--out", out / "keys", "--json")
+    samples = REPO_ROOT / "tests" / "imported" / "data" / "lm-eval-samples.jsonl"  # a real lm-eval export
+    imported = out / "imported.toml"
+    imported.write_text(f'name = "schemas-imported"\n[imported]\nformat = "lm-eval"\nmetric = "exact_match"\n'
+                        f'reference = {{ path = "{samples}" }}\ncandidate = {{ path = "{samples}" }}\n'
+                        '[requirement]\nstandard = "population"\nepsilon = "0.2"\nconfidence = "0.95"\n'
+                        'method = "paired-binary-exact"\n', encoding="utf-8")
+    invar("use-prepare-imported", "use", "prepare", imported, "--json")
+    invar("use-admit-imported", "use", "admit", "--contract", out / "schemas-imported.contract.json", "--json",
+          codes=(0, 10, 11))
     invar("use-admit", "use", "admit", out / "use", "--contract", contract, "--json", codes=(0, 10, 11))
     invar("use-admit", "use", "admit", out / "use", "--contract", contract, "--expect-head", run["chain_head"],
           "--receipt", out / "receipt.json", "--key", out / "keys" / "invar.key", "--json", codes=(0, 10, 11))

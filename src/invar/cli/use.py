@@ -63,19 +63,10 @@ def prepare_cmd(
     export is read, paired and pinned by its digest."""
     from invar import outputs
     from invar.contract.prepare import prepare
-    from invar.imported import is_imported_declaration, prepare_imported
+    from invar.imported import is_imported_declaration
 
     if is_imported_declaration(declaration):
-        from invar.cli.imported import render_prepared
-
-        pinned = prepare_imported(declaration, out)
-        if json_out:
-            emit_model(outputs.UsePrepareImportedOutput(
-                contract=str(pinned.path), sha256=pinned.sha256, format=pinned.contract.source.format,
-                exports={role: outputs.PinnedExportOutput(path=e.path, sha256=e.sha256, items=e.items)
-                         for role, e in pinned.contract.exports.items()}))
-            return
-        typer.echo(render_prepared(pinned))
+        prepare_imported_cmd(declaration, out, json_out)
         return
     prepared = prepare(declaration, out)
     plan = prepared.plan
@@ -106,6 +97,22 @@ def prepare_cmd(
         steps = ", ".join(str(x) for x in plan.measure.capture_steps) or "none"
         typer.echo(f"  measurements                 {len(plan.measurements):>5} score calls on {units} units "
                    f"({what}; captures at steps {steps})")
+
+
+def prepare_imported_cmd(declaration: Path, out: Path | None, json_out: bool) -> None:
+    """`use prepare` of a declaration with [imported]: pin each export and print the contract's digest."""
+    from invar import outputs
+    from invar.cli.imported import render_prepared
+    from invar.imported import prepare_imported
+
+    pinned = prepare_imported(declaration, out)
+    if json_out:
+        emit_model(outputs.UsePrepareImportedOutput(
+            contract=str(pinned.path), sha256=pinned.sha256, format=pinned.contract.source.format,
+            exports={role: outputs.PinnedExportOutput(path=e.path, sha256=e.sha256, items=e.items)
+                     for role, e in pinned.contract.exports.items()}))
+        return
+    typer.echo(render_prepared(pinned))
 
 
 # A name starts where no letter precedes it: a long run of letters with no `=` is then one failed try, not one
@@ -621,12 +628,12 @@ def admit_cmd(
 
     from invar import outputs
     from invar.cli.ci import append_summary, write_junit
-    from invar.cli.imported import headline, render_imported
+    from invar.cli.imported import headline
     from invar.cli.progress import admission_steps, reporting
     from invar.contract.admit import admit
     from invar.contract.decide import EXIT_CODES
     from invar.contract.receipt import fingerprint, load_private_key, make_receipt, write_receipt
-    from invar.imported import admit_imported, is_imported_contract
+    from invar.imported import is_imported_contract
 
     started = time.monotonic()
     if is_imported_contract(contract):
@@ -635,16 +642,7 @@ def admit_cmd(
         if receipt is not None or key is not None or expect_head is not None:
             raise InvarError("--receipt, --key and --expect-head anchor a recorded run; an imported decision has "
                              "none: remove them")
-        imported = admit_imported(contract)
-        if junit is not None:
-            write_junit(junit, headline(imported, "imported"), time.monotonic() - started)
-        if summary is not None:
-            append_summary(summary, headline(imported, "imported"))
-        if json_out:
-            emit_model(outputs.UseAdmitImportedOutput.model_validate(imported.to_json()))
-        else:
-            typer.echo(render_imported(imported))
-        raise typer.Exit(EXIT_CODES[imported.answer])
+        admit_imported_cmd(contract, junit, summary, json_out, started)
     if run is None:
         from invar.contract.model import read_contract
 
@@ -673,6 +671,29 @@ def admit_cmd(
             signed = "unsigned" if private is None else f"signed, key {fingerprint(private.public_key())[:16]}…"
             typer.echo(f"receipt    {receipt} (an in-toto statement in a DSSE envelope, {signed})")
     raise typer.Exit(EXIT_CODES[decision.answer])
+
+
+def admit_imported_cmd(contract: Path, junit: Path | None, summary: Path | None, json_out: bool,
+                       started: float) -> None:
+    """`use admit` of an imported contract: decide from the exports it pins, report, exit with the answer's code."""
+    import time
+
+    from invar import outputs
+    from invar.cli.ci import append_summary, write_junit
+    from invar.cli.imported import headline, render_imported
+    from invar.contract.decide import EXIT_CODES
+    from invar.imported import admit_imported
+
+    imported = admit_imported(contract)
+    if junit is not None:
+        write_junit(junit, headline(imported, "imported"), time.monotonic() - started)
+    if summary is not None:
+        append_summary(summary, headline(imported, "imported"))
+    if json_out:
+        emit_model(outputs.UseAdmitImportedOutput.model_validate(imported.to_json()))
+    else:
+        typer.echo(render_imported(imported))
+    raise typer.Exit(EXIT_CODES[imported.answer])
 
 
 @app.command("verify")
