@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -66,6 +67,7 @@ class NetnsCluster:
     tag: str
     temp: Path
     nodes: dict[str, Node] = field(default_factory=dict)
+    token: str = field(default_factory=lambda: secrets.token_hex(32))
     made: list[str] = field(default_factory=list)
     """The namespaces made so far, removed at the end."""
 
@@ -120,7 +122,10 @@ class NetnsCluster:
     # -- processes -----------------------------------------------------------------------------------------------
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        return {**os.environ, **RAY_ENV, **(extra or {})}
+        # A token another Ray left in ~/.ray/auth_token would be this cluster's head's and not its nodes' (seen: the
+        # nodes then fail to join): every process of this cluster uses token auth with the cluster's own token.
+        own = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token}
+        return {**os.environ, **RAY_ENV, **own, **(extra or {})}
 
     def argv(self, node: str, *argv: str) -> list[str]:
         return ["ip", "netns", "exec", self.ns(node), *argv]
