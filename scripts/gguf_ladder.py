@@ -269,7 +269,7 @@ def table() -> None:
     ax.axvline(0, color="grey", linewidth=0.5)
     ax.set_yticks(range(len(rows)), [f"{r['decision']} ({r['answer']})" for r in rows])
     ax.invert_yaxis()  # the ladder from the top
-    ax.set_xlabel("task loss increase against the reference: bound (bar), estimate (tick), ε (dashed)")
+    ax.set_xlabel("task loss increase: bound (bar), estimate (tick), ε (dashed)")
     fig.tight_layout()
     fig.savefig(ROOT / "docs" / "gguf.png", dpi=120)
 
