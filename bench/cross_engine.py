@@ -70,7 +70,7 @@ import numpy as np  # noqa: E402
 from invar import canonical  # noqa: E402
 from invar.engines import DEFAULT_MODEL, launch_args, parse_launch_settings, start_worker  # noqa: E402
 from invar.errors import EvidenceError, InvarError  # noqa: E402
-from invar.protocol import Role, WorkerClient  # noqa: E402
+from invar.protocol import Role  # noqa: E402
 from invar.records import RunStore  # noqa: E402
 from invar.runner.evaluate import population_digest, request_seed, sample_indices  # noqa: E402
 from invar.runner.options import check_context, model_context  # noqa: E402
@@ -78,6 +78,7 @@ from invar.tasks import MAX_ANSWER_CHARS, ModelTokenizer  # noqa: E402
 from invar.tasks.arithmetic import SCORER_NAME as ARITHMETIC  # noqa: E402
 from invar.tasks.population import Unit, load_units  # noqa: E402
 from invar.tasks.scorers import Scorer, check_units, load_scorer, scorer_identity  # noqa: E402
+from invar.transport import WorkerClient  # noqa: E402
 
 ENGINES = ("hf", "vllm", "mlx")
 TEMPERATURES = (1.0, 0.7)

@@ -62,9 +62,9 @@ import numpy as np  # noqa: E402
 
 from invar import canonical  # noqa: E402
 from invar.engines import DEFAULT_MODEL, start_worker  # noqa: E402
-from invar.protocol import WorkerClient  # noqa: E402
 from invar.tasks import ModelTokenizer  # noqa: E402
 from invar.tasks.arithmetic import MAX_ANSWER_CHARS, Problem, load_population, score  # noqa: E402
+from invar.transport import WorkerClient  # noqa: E402
 
 EVAL_FILE = REPO / "data" / "arith-eval.jsonl"
 BUDGET = MAX_ANSWER_CHARS + 1

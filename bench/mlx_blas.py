@@ -34,8 +34,9 @@ import numpy as np
 
 from invar import canonical
 from invar.engines import start_worker
-from invar.protocol import Role, WorkerClient
+from invar.protocol import Role
 from invar.tasks import ModelTokenizer
+from invar.transport import WorkerClient
 
 REPO = Path(__file__).resolve().parents[1]
 BLAS = ("bundled", "openblas")

@@ -463,9 +463,9 @@ def breakdown(session: Any, store: RunStore, calls: list[dict[str, Any]], rounds
     (`_Steps`); `core_wall_median_us` keeps the plain wall times, `core_thread` the thread of each step."""
     import types
 
-    from invar.protocol import client as client_mod
     from invar.protocol import frames
     from invar.protocol.messages import Call, Report
+    from invar.transport import client as client_mod
 
     steps = _Steps()
     saved = {"call": b"", "report": b""}

@@ -21,7 +21,7 @@ import numpy as np
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "src")]
 
 from invar import canonical  # noqa: E402
-from invar.protocol import WorkerClient  # noqa: E402
+from invar.transport import WorkerClient  # noqa: E402
 from invar.workers import echo  # noqa: E402
 
 

@@ -27,7 +27,7 @@ the median wall time of `invar --help` and of `python -c "import invar.cli.app"`
 tiny model, so what shows is the fixed cost of a worker.
 
 `--forked`: a third side per pair for HF and MLX, **forked**: the same steps as invar's, the worker forked by a
-fork server that imported the engine once (`invar.protocol.forkserver`; started before the pairs, its own start
+fork server that imported the engine once (`invar.transport.forkserver`; started before the pairs, its own start
 reported apart). Its CPU is the worker's own from `/proc` (a forked worker is the server's child, not this
 process's): at the handshake, and through its generate (its close is not counted), plus the core's. Reported: the
 median per-pair ratios forked / invar of the handshake and of the whole, in wall and CPU time.
@@ -64,8 +64,9 @@ from commands import median_ci95  # noqa: E402  (bench/ is on the path: this scr
 
 from invar import canonical  # noqa: E402
 from invar.engines import DEFAULT_MODEL, ENGINES, start_worker, worker_env  # noqa: E402
-from invar.protocol import Role, forkserver  # noqa: E402
+from invar.protocol import Role  # noqa: E402
 from invar.tasks import ModelTokenizer  # noqa: E402
+from invar.transport import forkserver  # noqa: E402
 
 PROMPT = "37+58="
 

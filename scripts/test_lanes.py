@@ -13,7 +13,7 @@ in a single session.
 
 Most of a test's engine start is importing torch and transformers, or mlx and mlx-lm (about 5 s of CPU each time,
 and the suite starts some 170 such workers). The lanes share one fork server per engine for that
-(`invar.protocol.forkserver`, named to every command by `INVAR_FORKSERVER`): it imports the engine once and forks
+(`invar.transport.forkserver`, named to every command by `INVAR_FORKSERVER`): it imports the engine once and forks
 each worker from it, with the core's modules read afresh from the files; a worker whose environment a fresh process
 would see differently starts as a fresh process, as without the server. At the end the servers' counts are printed:
 how many workers each forked and why any were refused.
@@ -34,7 +34,7 @@ from collections import Counter
 from pathlib import Path
 
 from invar import engines
-from invar.protocol import forkserver
+from invar.transport import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_LANE = ("contract", "fuzz", "loop", "protocol", "records", "stats", "tasks", "typing", "models", "workers")

@@ -32,16 +32,18 @@ LAYERS = [
     "parallel",  # independent calls over the cores, for the commands that opt in (stats calls it)
     "docstrings",  # field docstrings read from the source where they are shown (outputs, training config)
     "outputs",
-    "protocol",
+    "patches",  # the candidate patches' digest rule: the workers check it before they load a patch
+    "formats",  # the tokenizer, the chat template and the checkpoint format: files both sides read
+    "protocol",  # the wire: frames, messages, payloads, the worker-side server
+    "workers",  # directly on the wire: a worker's code digest holds only what is below this line
+    "transport",  # the core's side of the wire: the client, the fork server, the Ray relay, the shared process
     "records",
     "stats",
     "evidence",
     "engines",
-    "patches",
     "owner_files",
     "tasks",
     "loop",
-    "workers",
     "compare",
     "contract",
     "imported",  # decisions from exported scores: the contract's requirement, premises and decision rules
@@ -244,3 +246,38 @@ def test_pending_moves_are_still_pending() -> None:
 def test_the_core_never_imports_an_engine_library() -> None:
     found = engine_imports(imports())
     assert not found, "\n".join(found)
+
+
+WIRE = ["invar/__init__.py", "invar/canonical.py", "invar/errors.py", "invar/protocol/__init__.py",
+        "invar/protocol/frames.py", "invar/protocol/messages.py", "invar/protocol/server.py", "invar/worker_code.py",
+        "invar/workers/__init__.py"]
+"""What every worker runs: the wire (without the client) and the digest it reports in its handshake."""
+ENGINE_SIDE_FILES = ["invar/formats/__init__.py", "invar/formats/chat.py", "invar/formats/checkpoint.py",
+                     "invar/formats/tokenizer.py", "invar/home.py", "invar/patches.py", "invar/protocol/payloads.py",
+                     "invar/regular_files.py", "invar/workers/common.py"]
+"""What an engine's worker adds: the typed payloads, the tokenizer and checkpoint formats, the patches' digest rule
+and the workers' shared checks."""
+PINNED = {
+    "echo": sorted([*WIRE, "invar/workers/echo.py"]),
+    "hf": sorted([*WIRE, *ENGINE_SIDE_FILES, "invar/workers/hf_worker.py"]),
+    "llamacpp": sorted([*WIRE, *ENGINE_SIDE_FILES, "invar/workers/llamacpp_worker.py"]),
+    "mlx": sorted([*WIRE, *ENGINE_SIDE_FILES, "invar/workers/mlx_worker.py"]),
+    "openai": sorted([*WIRE, *ENGINE_SIDE_FILES, "invar/workers/openai_worker.py"]),
+    "vllm": sorted([*WIRE, *ENGINE_SIDE_FILES, "invar/workers/vllm_worker.py"]),
+}
+"""Engine → exactly the files its worker code digest covers. A file the core alone runs is in none of them, so an
+edit to it moves no contract's pin; a change here is a change to what every contract of that engine pins."""
+
+
+def test_each_worker_pins_exactly_its_files() -> None:
+    from invar.engines import ENGINE_TABLE
+    from invar.worker_code import code_files
+
+    found = {name: sorted(code_files(engine.module, [str(SRC)])) for name, engine in ENGINE_TABLE.items()}
+    assert found == PINNED
+
+
+def test_the_workers_stand_directly_on_the_wire() -> None:
+    # Every unit a worker imports is below `protocol` (`test_every_import_goes_down_the_layers`), and nothing of the
+    # core's own sits between the wire and the workers.
+    assert LAYERS.index("workers") == LAYERS.index("protocol") + 1

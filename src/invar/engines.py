@@ -22,8 +22,9 @@ from typing import Any, Literal, Protocol
 
 from invar.errors import InvarError
 from invar.home import HOME
-from invar.protocol import Recorder, Role, WorkerClient, WorkerProcess
-from invar.protocol.client import spawn_local
+from invar.protocol import Role
+from invar.transport import Recorder, WorkerClient, WorkerProcess
+from invar.transport.client import spawn_local
 from invar.worker_code import FOLLOWED, WorkerCodeError, code_digest, search_path
 
 EngineName = Literal["hf", "vllm", "mlx", "llamacpp", "openai"]
@@ -264,7 +265,7 @@ def parse_launch_settings(engine: str, items: Sequence[str]) -> dict[str, Any]:
 
 class Transport(Protocol):
     """Where a command's workers start instead of as local subprocesses, and how many times one that is lost may
-    be replaced: a Ray placement (`invar.protocol.ray_transport.RayPlacement`), or in tests an in-process worker
+    be replaced: a Ray placement (`invar.transport.ray_relay.RayPlacement`), or in tests an in-process worker
     serving the protocol from scripted answers (tests/support/fake_worker.py). The frames, the binding and the
     records are the client's whichever transport carries them."""
 
@@ -274,7 +275,7 @@ class Transport(Protocol):
         ...
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> WorkerProcess:
-        """Start the worker's command line (`invar.protocol.client.Spawn`); `OSError` if it cannot start."""
+        """Start the worker's command line (`invar.transport.client.Spawn`); `OSError` if it cannot start."""
         ...
 
 
@@ -367,15 +368,15 @@ def check_worker_code(engine: str, expected: str, who: str, env: Mapping[str, st
 
 
 FORKSERVER_ENV = "INVAR_FORKSERVER"
-"""`invar.protocol.forkserver.ENV`, named here so that a command imports the fork server's client (sockets and all,
+"""`invar.transport.forkserver.ENV`, named here so that a command imports the fork server's client (sockets and all,
 about 18 ms) only where the variable is set."""
 
 
 def _spawn(argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> WorkerProcess:
     """A local worker: forked by a fork server where `INVAR_FORKSERVER` names one that serves it (its engine already
-    imported, `invar.protocol.forkserver`), a fresh subprocess otherwise."""
+    imported, `invar.transport.forkserver`), a fresh subprocess otherwise."""
     if os.environ.get(FORKSERVER_ENV):
-        from invar.protocol import forkserver
+        from invar.transport import forkserver
 
         forked = forkserver.spawn(argv, env, cwd)
         if forked is not None:

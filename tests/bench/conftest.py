@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from invar.protocol import forkserver
+from invar.transport import forkserver
 
 
 @pytest.fixture(autouse=True)

@@ -35,9 +35,9 @@ from fuzz_scale import SEED, scaled
 from invar import canonical
 from invar.errors import ProtocolError
 from invar.protocol import frames
-from invar.protocol.client import PendingCall, WorkerClient
 from invar.protocol.messages import Call, Identity, Report, Role
 from invar.records import RunStore
+from invar.transport.client import PendingCall, WorkerClient
 
 IDENTITY = Identity(engine="fuzz", engine_version={"invar": "test"}, role=Role.INFERENCE,
                     settings={"device": "cpu"}, methods=("generate",), pid=4242)

@@ -16,12 +16,8 @@ from hypothesis import strategies as st
 
 from invar import canonical
 from invar.errors import EvidenceError
-from invar.loop.checkpoint import (
-    CheckpointError,
-    check_adapter,
-    inspect_adapter,
-    read_safetensors,
-)
+from invar.formats.checkpoint import CheckpointError, inspect_adapter, read_safetensors
+from invar.loop.checkpoint import check_adapter
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS = 16, 2, 1, 8, 24, 2
 RANK, ALPHA = 4, 8

@@ -12,14 +12,14 @@ import pytest
 from test_checkpoint import base, lora_weights, peft_tensors, report, safetensors_bytes, write  # noqa: F401
 
 from invar import canonical
-from invar.loop.checkpoint import (
+from invar.formats.checkpoint import (
     MANIFEST,
     OPTIMIZER_WEIGHTS,
     CheckpointError,
-    check_checkpoint,
     manifest,
     save_atomically,
 )
+from invar.loop.checkpoint import check_checkpoint
 
 
 def moments(peft: dict[str, np.ndarray], scale: float = 1.0) -> dict[str, np.ndarray]:

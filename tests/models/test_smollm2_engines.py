@@ -37,8 +37,9 @@ import pytest
 
 from invar import canonical
 from invar.engines import start_worker
-from invar.protocol import Role, WorkerClient
+from invar.protocol import Role
 from invar.tasks import ModelTokenizer
+from invar.transport import WorkerClient
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

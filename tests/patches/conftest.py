@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from invar.engines import start_worker
-from invar.protocol import Role, WorkerClient
+from invar.protocol import Role
+from invar.transport import WorkerClient
 
 _WORKER_TESTS = Path(__file__).resolve().parents[1] / "workers"
 sys.path.insert(0, str(_WORKER_TESTS / "hf"))

@@ -13,7 +13,7 @@ import numpy as np
 from hf_calls import max_abs_diff
 
 from invar.patches import PATCHES_DIR, patch_digest
-from invar.protocol import WorkerClient
+from invar.transport import WorkerClient
 
 
 def load_module(path: Path, name: str) -> ModuleType:

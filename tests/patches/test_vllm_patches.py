@@ -15,8 +15,8 @@ from hf_calls import bit_identical, make_requests
 from patch_helpers import bit_equal_share, layouts, run, same_token_diff
 
 from invar.patches import patch_digest
-from invar.protocol import WorkerClient
 from invar.tasks import Problem
+from invar.transport import WorkerClient
 
 pytestmark = pytest.mark.engine
 

@@ -14,8 +14,9 @@ from support.disks import fill
 
 from invar import canonical
 from invar.errors import ProtocolError, RecordError, WorkerError
-from invar.protocol import Role, WorkerClient
+from invar.protocol import Role
 from invar.records import RunStore
+from invar.transport import WorkerClient
 
 SABOTEUR = str(Path(__file__).with_name("saboteur.py"))
 

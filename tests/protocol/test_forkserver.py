@@ -20,8 +20,8 @@ import pytest
 import invar
 from invar import engines
 from invar.engines import start_worker, worker_digest
-from invar.protocol import forkserver
-from invar.protocol.forkserver import ForkedWorker
+from invar.transport import forkserver
+from invar.transport.forkserver import ForkedWorker
 
 SRC = Path(invar.__file__).resolve().parents[1]
 ECHO = "invar.workers.echo"
@@ -242,7 +242,7 @@ def test_the_preloads_are_the_workers_module_level_engine_imports() -> None:
 
 def test_a_command_imports_the_fork_server_only_where_one_is_named() -> None:
     assert engines.FORKSERVER_ENV == forkserver.ENV
-    probe = "import sys, invar.engines; print('invar.protocol.forkserver' in sys.modules)"
+    probe = "import sys, invar.engines; print('invar.transport.forkserver' in sys.modules)"
     env = {k: v for k, v in os.environ.items() if k != forkserver.ENV}
     shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
     assert shown.stdout.strip() == "False"

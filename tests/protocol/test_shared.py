@@ -1,4 +1,4 @@
-"""One worker process serving both roles (`invar.protocol.shared`, the training loop's shared layout), on the echo
+"""One worker process serving both roles (`invar.transport.shared`, the training loop's shared layout), on the echo
 worker: each role handshakes on its own channel under its own identity, every call is bound to the role that
 answered it and recorded under that role's worker, the methods take turns, one role's close leaves the other
 served, and a dead process fails both roles' calls."""
@@ -17,9 +17,10 @@ import pytest
 
 from invar.engines import start_worker
 from invar.errors import ProtocolError
-from invar.protocol import Role, WorkerClient, WorkerLost
-from invar.protocol.shared import SharedProcess
+from invar.protocol import Role
 from invar.records import RunStore
+from invar.transport import WorkerClient, WorkerLost
+from invar.transport.shared import SharedProcess
 
 
 def start_both(shared: SharedProcess, store: RunStore | None = None,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from invar import canonical
-from invar.loop.checkpoint import PEFT_WEIGHTS
+from invar.formats.checkpoint import PEFT_WEIGHTS
 from invar.protocol import Role
 from invar.workers import mlx_worker
 

@@ -33,10 +33,10 @@ from invar.contract.decide import Answer
 from invar.contract.reading import RunReader
 from invar.errors import EvidenceError, ProtocolError, WorkerError
 from invar.interrupts import Stopped
-from invar.protocol import WorkerLost
 from invar.records import RunStore
 from invar.runner import use_run as use_run_module
 from invar.runner.use_run import RunOutcome, calls_at_once_for, use_run
+from invar.transport import WorkerLost
 
 UNITS = 32
 PER_CALL = 8

@@ -14,9 +14,9 @@ import pytest
 from train_helpers import write_config
 
 from invar.errors import EvidenceError, ProtocolError
-from invar.protocol import WorkerLost
 from invar.runner import train as tr
 from invar.runner.engine import RESTARTS, Lease
+from invar.transport import WorkerLost
 
 
 class _Worker:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from invar.errors import ProtocolError
-from invar.protocol import WorkerLost
 from invar.runner.engine import RESTARTS, Lease
+from invar.transport import WorkerLost
 
 
 class _Client:

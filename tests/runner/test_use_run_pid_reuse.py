@@ -14,9 +14,9 @@ from support import fake_worker
 from support.fake_worker import ENGINE_VERSION, FakeTransport, Fault
 
 from invar.contract.admit import admit
-from invar.protocol import WorkerLost
 from invar.records import RunStore
 from invar.runner.use_run import use_run
+from invar.transport import WorkerLost
 
 
 def test_workers_with_the_pids_of_the_first_attempt_keep_the_resumed_run_readable(

@@ -168,7 +168,7 @@ def test_an_unreachable_address_is_one_line_and_loses_nothing(contract: Path, tm
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
-        script = ("import sys\nfrom invar.errors import InvarError\nfrom invar.protocol.ray_transport import connect\n"
+        script = ("import sys\nfrom invar.errors import InvarError\nfrom invar.transport.ray_relay import connect\n"
                   f"try:\n    connect('127.0.0.1:{listener.getsockname()[1]}', timeout=3.0)\n"
                   "except InvarError as exc:\n    print(exc)\n    sys.exit(2)\n")
         started = time.monotonic()

@@ -14,8 +14,8 @@ import pytest
 from support.bpe_model import build_bpe_tokenizer
 
 from invar.errors import ContractError
-from invar.tasks.chat import ChatTemplate, find_template
-from invar.tasks.tokenizer import ModelTokenizer
+from invar.formats.chat import ChatTemplate, find_template
+from invar.formats.tokenizer import ModelTokenizer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FAMILIES = sorted(p.stem for p in (FIXTURES / "chat_templates").glob("*.json"))

@@ -16,8 +16,8 @@ from support.char_vocabulary import Vocabulary
 
 from invar.contract.prepare import tokenizer_digest as prepare_tokenizer_digest
 from invar.errors import ContractError, EvidenceError
+from invar.formats.tokenizer import kept_files, tokenizer_digest, tokenizer_files
 from invar.tasks import ModelTokenizer
-from invar.tasks.tokenizer import kept_files, tokenizer_digest, tokenizer_files
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "models" / "tiny-arith"

@@ -17,8 +17,8 @@ from invar.engines import DEFAULT_MODEL
 from invar.errors import WorkerError
 from invar.loop.checkpoint import check_checkpoint
 from invar.loop.objective import ObjectiveSettings, loss_terms
-from invar.protocol import WorkerClient
 from invar.tasks import ModelTokenizer, Problem
+from invar.transport import WorkerClient
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
 ADVANTAGES = [0.9, -0.4, 1.3, -0.7, 0.2, -1.1]

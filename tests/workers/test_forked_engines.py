@@ -1,4 +1,4 @@
-"""A worker forked from a fork server (`invar.protocol.forkserver`) computes what a fresh worker of its engine does:
+"""A worker forked from a fork server (`invar.transport.forkserver`) computes what a fresh worker of its engine does:
 the same `invar evaluate` run through each gives the same tokens and bit-identical log-probabilities, from the
 same worker code, on the real HF, MLX and vLLM engines."""
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from invar import engines
-from invar.protocol import forkserver
 from invar.records import RunStore
+from invar.transport import forkserver
 
 pytestmark = pytest.mark.engine
 

@@ -498,7 +498,7 @@ def package_cmd(
 def _model_folder(model: Path) -> dict[str, str]:
     """What a package states about its model folder, after the core has read the folder's tokenizer."""
     from invar import canonical
-    from invar.tasks.tokenizer import ModelTokenizer, tokenizer_digest
+    from invar.formats.tokenizer import ModelTokenizer, tokenizer_digest
 
     if not (model / "config.json").is_file():
         raise ContractError(f"--model {model}: no config.json there; name a model folder (config.json, weights and "

@@ -74,7 +74,7 @@ def _rel(target: Path, start: Path) -> str:
 
 def _model(option: str, folder: Path) -> tuple[str, str]:
     """A model folder's tree digest and tokenizer digest, after the core has read its tokenizer."""
-    from invar.tasks.tokenizer import ModelTokenizer, tokenizer_digest
+    from invar.formats.tokenizer import ModelTokenizer, tokenizer_digest
 
     if not (folder / "config.json").is_file():
         raise ContractError(f"{option} {folder}: no config.json there; name a model folder (config.json, weights and "
@@ -474,8 +474,8 @@ def init_cmd(
 def _add_end_ids(sides: list[_Side]) -> None:
     """`--add-end-ids`: each model folder's chat template's turn end added to its `generation_config.json` where
     it is missing, said on one line per folder (the folder changes, so its digests are computed after)."""
+    from invar.formats.tokenizer import ModelTokenizer
     from invar.tasks.special_tokens import add_end_ids
-    from invar.tasks.tokenizer import ModelTokenizer
 
     for folder in dict.fromkeys(side.model for side in sides):
         tokenizer = ModelTokenizer.from_model_dir(folder)

@@ -29,7 +29,7 @@ import numpy as np
 
 from invar import canonical
 from invar.errors import EvidenceError, InvarError, RecordError
-from invar.loop.checkpoint import MLX_WEIGHTS, OPTIMIZER_WEIGHTS, PEFT_WEIGHTS, CheckpointError, read_safetensors
+from invar.formats.checkpoint import MLX_WEIGHTS, OPTIMIZER_WEIGHTS, PEFT_WEIGHTS, CheckpointError, read_safetensors
 from invar.loop.config import TrainConfig
 from invar.loop.history import PublishedCalls
 from invar.records import RunStore

@@ -46,11 +46,11 @@ from invar.contract.plan import ExecutionPlan, Role, Unit
 from invar.errors import EvidenceError
 from invar.evidence import RangeTaskLoss, TaskLoss, range_method, within_epsilon
 from invar.evidence import task_bound as method_bound
+from invar.formats.tokenizer import ModelTokenizer
 from invar.stats.bounds import Bound, StatisticsError
 from invar.stats.diagnostics import PairedDiagnostics, RangeDiagnostics
 from invar.stats.sequential import SequentialDecision, check_stop, sequential_decision
 from invar.tasks.scorers import Scorer
-from invar.tasks.tokenizer import ModelTokenizer
 
 DECISION_VERSION = "invar.admit/1"
 """Names the decision procedure above; the bound method and its version are reported beside it."""

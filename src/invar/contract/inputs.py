@@ -18,9 +18,9 @@ from invar.contract.model import Contract
 from invar.contract.plan import ExecutionPlan, Role, derive_plan
 from invar.contract.prepare import ROLES, method_version, model_folders, package_tokenizers, prompt_encoders
 from invar.errors import ContractError, EvidenceError
+from invar.formats.tokenizer import BASE_FILES, ModelTokenizer, from_kept, kept_files
 from invar.records.store import RunStore
 from invar.tasks.population import load_units
-from invar.tasks.tokenizer import BASE_FILES, ModelTokenizer, from_kept, kept_files
 
 
 @dataclass(frozen=True)

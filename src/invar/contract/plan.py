@@ -373,7 +373,7 @@ def call_groups(contract: Contract, n: int, layout: str) -> list[list[list[int]]
 
 PromptEncoder = Callable[[PopulationUnit], tuple[str, Sequence[int]]]
 """A package's rendering and tokenization of a unit: (the text its model is given, token ids [P]), by the
-`invar.tasks.tokenizer.ModelTokenizer` under the digest its contract pins."""
+`invar.formats.tokenizer.ModelTokenizer` under the digest its contract pins."""
 
 
 def _encoded(unit: Unit, encoders: Mapping[Role, PromptEncoder]) -> Unit:

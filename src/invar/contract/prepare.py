@@ -36,6 +36,7 @@ from invar.contract.model import (
 from invar.contract.plan import ExecutionPlan, PromptEncoder, Role, call_groups, derive_plan
 from invar.engines import worker_digest
 from invar.errors import ContractError, one_line
+from invar.formats.tokenizer import ModelTokenizer, tokenizer_digest
 from invar.owner_files import field_error
 from invar.stats.bounds import BINARY_METHODS, METHODS, VERSIONS
 from invar.stats.sequential import BINARY_SEQUENTIAL_METHODS, SEQUENTIAL_METHODS, SEQUENTIAL_VERSIONS
@@ -45,7 +46,6 @@ from invar.tasks.population import load_units
 from invar.tasks.scorers import Scorer as ScorerImpl
 from invar.tasks.scorers import UserScorer, check_units, load_scorer
 from invar.tasks.special_tokens import check_model_tokens
-from invar.tasks.tokenizer import ModelTokenizer, tokenizer_digest
 from invar.worker_code import WorkerCodeError
 
 ROLES: tuple[Role, Role] = ("reference", "candidate")

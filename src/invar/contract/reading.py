@@ -51,10 +51,10 @@ from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, PlannedCall, Role
 from invar.contract.prepare import ROLES, contract_scorer, difference_range, package_tokenizers
 from invar.errors import EvidenceError, InvarError
+from invar.formats.tokenizer import ModelTokenizer
 from invar.records.store import RunStore, Verification
 from invar.stats.sequential import SequentialDecision
 from invar.tasks.scorers import Scorer
-from invar.tasks.tokenizer import ModelTokenizer
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any, get_args
 import numpy as np
 
 from invar.errors import ContractError, EvidenceError, RecordError
+from invar.formats.tokenizer import from_kept
 from invar.loop import cycle as cyc
 from invar.loop.advantages import group_advantages
 from invar.loop.config import Reduction, TrainConfig
@@ -31,7 +32,6 @@ from invar.stats.intervals import clopper_pearson
 from invar.tasks import ModelTokenizer, answer_of
 from invar.tasks.population import Unit, check_sha256, parse_units
 from invar.tasks.scorers import Scorer, load_scorer, scorer_identity
-from invar.tasks.tokenizer import from_kept
 
 CONFIDENCE = 0.95
 """Confidence of each cycle's accuracy interval."""

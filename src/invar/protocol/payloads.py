@@ -127,7 +127,7 @@ class AdapterRef:
     digest: str | None
     resume: bool | None = None
     """A learner continues training the adapter: it restores the optimizer state saved with it (a training
-    checkpoint: `invar.loop.checkpoint`). Not written when None (the same as false)."""
+    checkpoint: `invar.formats.checkpoint`). Not written when None (the same as false)."""
 
     def to_wire(self) -> dict[str, Any]:
         m: dict[str, Any] = {"path": self.path, "digest": self.digest}

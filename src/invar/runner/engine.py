@@ -33,7 +33,7 @@ from invar.engines import Transport, start_worker
 from invar.engines import launch_args as launch_args
 from invar.engines import parse_launch_settings as parse_launch_settings
 from invar.errors import EvidenceError, InvarError, ProtocolError
-from invar.protocol import Answer, Identity, Role, WorkerClient, WorkerLost
+from invar.protocol import Identity, Role
 from invar.protocol.payloads import (
     AdapterRef,
     GenerateParams,
@@ -44,6 +44,7 @@ from invar.protocol.payloads import (
     LoadModelResult,
 )
 from invar.records import RunStore
+from invar.transport import Answer, WorkerClient, WorkerLost
 
 
 class Dtype(enum.StrEnum):

@@ -39,6 +39,7 @@ import numpy as np
 from invar import canonical, owner_files
 from invar.engines import Transport
 from invar.errors import ContractError, EvidenceError, InvarError, NotResumable, RecordError
+from invar.formats.tokenizer import kept_files
 from invar.loop import cycle as cyc
 from invar.loop.advantages import group_advantages
 from invar.loop.checkpoint import check_checkpoint
@@ -46,7 +47,7 @@ from invar.loop.config import BACKEND_ENGINES, ConfigError, TrainConfig, read_co
 from invar.loop.config import Scorer as ScorerSection
 from invar.loop.objective import OBJECTIVE_VERSION, ObjectiveSettings, loss_terms
 from invar.owner_files import SHA256_FILE_BYTES
-from invar.protocol import Answer, PendingCall, Role, WorkerLost
+from invar.protocol import Role
 from invar.protocol.payloads import (
     GenerateRequest,
     LearnerOptimizer,
@@ -56,7 +57,6 @@ from invar.protocol.payloads import (
     LoraParams,
     Schedule,
 )
-from invar.protocol.shared import SharedProcess
 from invar.records import RunStore
 from invar.records.store import is_run
 from invar.runner.engine import ADAPTER_NAME, RESTARTS, Dtype, Engine, EngineSpec, Lease, Session, engine_session
@@ -64,7 +64,8 @@ from invar.runner.options import check_context, model_context
 from invar.tasks import SCORER_NAME, ModelTokenizer, split_of
 from invar.tasks.population import Unit, check_sha256, parse_units, read_regular_file
 from invar.tasks.scorers import Scorer, UserScorer, check_units, load_scorer, scorer_identity
-from invar.tasks.tokenizer import kept_files
+from invar.transport import Answer, PendingCall, WorkerLost
+from invar.transport.shared import SharedProcess
 
 BACKENDS: dict[str, tuple[Engine, Engine]] = {
     backend: (Engine(inference), Engine(learner)) for backend, (inference, learner) in BACKEND_ENGINES.items()}
@@ -367,7 +368,7 @@ def train(
                                     done[-1] if done else None, time.perf_counter() - started, already_closed=True)
     placement = None
     if ray is not None:
-        from invar.protocol.ray_transport import RayPlacement, connect
+        from invar.transport.ray_relay import RayPlacement, connect
 
         connect(ray)
         placement = RayPlacement(ray, restarts=RESTARTS)
@@ -392,7 +393,7 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
     last = done[-1] if done else None
     progress(Progress(len(done), cfg.cycles, "start"))
     shared = SharedProcess() if cfg.rollout.layout == "shared" else None
-    if shared is not None:  # one process serves both roles, one protocol channel each (`invar.protocol.shared`)
+    if shared is not None:  # one process serves both roles, one protocol channel each (`invar.transport.shared`)
         placement = local = shared
     inference_spec = EngineSpec(inference_engine, p.model, Dtype(cfg.dtype),
                                 settings=cfg.engines.get(inference_engine.value, {}))

@@ -24,7 +24,7 @@ Decisions:
   The stop (answer, look, units, and the digests of the calls it used) is recorded in the run's meta before the
   closing record. A resumed run first evaluates the rule on the looks already recorded, so it reaches the same stop.
 - **Workers may be Ray actors** (`ray`): each worker is started as a Ray actor on the cluster at that address and
-  relays the same frames (`invar.protocol.ray_transport`); the core binds and records every report here. A Ray
+  relays the same frames (`invar.transport.ray_relay`); the core binds and records every report here. A Ray
   worker that is lost mid-run (its actor killed, its node gone) is replaced by a fresh one from the same package,
   whose identity is checked against the contract again, and the call it left unanswered is issued again (the
   unanswered call stays on record; the re-issued one is a new record that binds the planned call), at most
@@ -68,7 +68,6 @@ from invar.errors import ContractError, EvidenceError, InvarError, NotResumable
 from invar.interrupts import Stopped, Terminated, interruption
 from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
 from invar.parallel import cores
-from invar.protocol import WorkerClient
 from invar.records import RunStore
 from invar.records.store import is_run
 from invar.runner.engine import (
@@ -81,9 +80,10 @@ from invar.runner.engine import (
     engine_session,
 )
 from invar.stats.sequential import SequentialDecision
+from invar.transport import WorkerClient
 
 if TYPE_CHECKING:
-    from invar.protocol.ray_transport import RayPlacement
+    from invar.transport.ray_relay import RayPlacement
 
 ROLES: tuple[Role, Role] = ("reference", "candidate")
 T = TypeVar("T")
@@ -274,7 +274,7 @@ def use_run(
                           time.perf_counter() - started, already_closed=True, stop=kept)
     placement = None
     if ray is not None:
-        from invar.protocol.ray_transport import RayPlacement, connect
+        from invar.transport.ray_relay import RayPlacement, connect
 
         connect(ray)
         placement = RayPlacement(ray, restarts=RESTARTS)

@@ -1,12 +1,13 @@
 """Tasks: what a model is asked, and how the core scores its responses from their tokens.
 
-`tokenizer` (the model's own `tokenizer.json`, run by the `tokenizers` library) and `chat` (its chat template)
-turn a unit into the token ids every engine is sent, and decode the ids an engine returns: no worker's text is
-trusted. `population` reads the one population format; `scorers` turns a unit and a response text into a task
-loss; `arithmetic` is the shipped task (its `population` generator is not re-exported here: the name is the
-submodule's, and importing `invar.tasks.population` would rebind it).
+`ModelTokenizer` (the model's own `tokenizer.json`, run by the `tokenizers` library, and its chat template: both
+in `invar.formats`, which the workers read too) turns a unit into the token ids every engine is sent, and decodes
+the ids an engine returns: no worker's text is trusted. `population` reads the one population format; `scorers`
+turns a unit and a response text into a task loss; `arithmetic` is the shipped task (its `population` generator is
+not re-exported here: the name is the submodule's, and importing `invar.tasks.population` would rebind it).
 """
 
+from invar.formats.tokenizer import ModelTokenizer
 from invar.tasks.arithmetic import (
     KINDS,
     MAX_ANSWER_CHARS,
@@ -21,7 +22,6 @@ from invar.tasks.arithmetic import (
     split_of,
     stream,
 )
-from invar.tasks.tokenizer import ModelTokenizer
 
 __all__ = [
     "KINDS",

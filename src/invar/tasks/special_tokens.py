@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from invar.errors import ContractError
+from invar.formats.tokenizer import GENERATION_CONFIG_FILE, ModelTokenizer
 from invar.regular_files import read_model_file
-from invar.tasks.tokenizer import GENERATION_CONFIG_FILE, ModelTokenizer
 
 GGUF_ADD_BOS = "tokenizer.ggml.add_bos_token"
 _REPLY = "Invar-reply-0"

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from invar import canonical
-from invar.loop.checkpoint import ADAPTER_CONFIG, BASE_DIGEST_KEY, PEFT_WEIGHTS
+from invar.formats.checkpoint import ADAPTER_CONFIG, BASE_DIGEST_KEY, PEFT_WEIGHTS
 from invar.protocol import MethodError
 
 
@@ -82,7 +82,7 @@ def response_end_ids(model_dir: str) -> frozenset[int]:
     past an end. A folder that names none is a `MethodError`.
     """
     from invar.errors import InvarError
-    from invar.tasks import ModelTokenizer
+    from invar.formats.tokenizer import ModelTokenizer
 
     try:
         return frozenset(ModelTokenizer.from_model_dir(model_dir).eos_token_ids)

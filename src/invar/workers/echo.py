@@ -3,7 +3,7 @@ tests and benchmark measure the transport with it.
 
     python -m invar.workers.echo [--role inference|learner] [--learner-channel IN,OUT]
 
-With `--learner-channel` it serves both roles from one process, one channel each (`invar.protocol.shared`).
+With `--learner-channel` it serves both roles from one process, one channel each (`invar.transport.shared`).
 """
 
 from __future__ import annotations

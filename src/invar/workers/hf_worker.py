@@ -44,7 +44,7 @@ Decisions this worker embodies:
   optimizer state persists across `learner_step` calls while the same adapter is trained (one update per cycle
   follows another); `load_model` starts a new adapter and a new optimizer state, or, with `adapter.resume`, restores
   the state saved with the checkpoint. LoRA dropout must be 0, so the first step's ratio is exactly 1.
-- **Checkpoints** (`invar.loop.checkpoint`) are written atomically: peft's `LoraConfig.save_pretrained` writes the
+- **Checkpoints** (`invar.formats.checkpoint`) are written atomically: peft's `LoraConfig.save_pretrained` writes the
   config and `get_peft_model_state_dict` gives the weights, saved with the base model's tree digest in their
   metadata (not `PeftModel.save_pretrained`, which also writes a model card naming local paths, puts each adapter
   but "default" in a subfolder and has no place for that metadata); AdamW's moments go beside them, then the
@@ -98,7 +98,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import logging as hf_logging
 
 from invar import __version__, canonical
-from invar.loop.checkpoint import BASE_DIGEST_KEY, MANIFEST, MOMENTS, OPTIMIZER_WEIGHTS, save_atomically
+from invar.formats.checkpoint import BASE_DIGEST_KEY, MANIFEST, MOMENTS, OPTIMIZER_WEIGHTS, save_atomically
 from invar.protocol import MethodError, Role, Server, exit_worker
 from invar.protocol.payloads import (
     FinishReason,

@@ -374,7 +374,7 @@ def check_vocabulary(gguf: Path, model_dir: str, eos_ids: frozenset[int]) -> Non
     from tokenizers import Tokenizer
 
     from invar.errors import InvarError
-    from invar.tasks import ModelTokenizer
+    from invar.formats.tokenizer import ModelTokenizer
 
     lc = llama()
     try:

@@ -34,7 +34,7 @@ identity, their methods one at a time. Decisions this worker embodies:
 - **Adapters** are held as arrays and applied by putting mlx-lm's `LoRALinear` (y = W·x + scale·(x·a)·b) on
   the modules they adapt, so `generate` switches between policy and reference inside one call. Both formats
   load (mlx-lm's `adapters.safetensors`, or PEFT's `adapter_model.safetensors`, transposed on load); each
-  folder is first checked by the core's `invar.loop.checkpoint.inspect_adapter` against the loaded base model,
+  folder is first checked by the core's `invar.formats.checkpoint.inspect_adapter` against the loaded base model,
   so a corrupt adapter, or one for another base model, is one clear error. Names in calls: null is the model
   as loaded (the adapter given to `load_model`, or on the learner the adapter under training), `"base"` the
   base model alone, any other name one given to `load_adapter`.
@@ -45,7 +45,7 @@ identity, their methods one at a time. Decisions this worker embodies:
   float32 per-token values MLX computed, summed in float64 and divided by N, as the core sums them. AdamW with
   bias correction (torch's AdamW), its state kept across steps while the same adapter is trained. LoRA dropout
   must be 0 (a dropout mask would make the step depend on random state the core cannot see).
-- **Saved adapters** hold both formats in one folder (`invar.loop.checkpoint`), with the base model's tree
+- **Saved adapters** hold both formats in one folder (`invar.formats.checkpoint`), with the base model's tree
   digest in each file's metadata, so vLLM and HF (PEFT) load the very digest the MLX worker loads.
 - Bad input (a prompt id outside the vocabulary among them) is a `MethodError` naming what to change, raised
   before any state changes, so the worker keeps serving what it had.
@@ -80,7 +80,7 @@ from mlx_lm.utils import load_model
 
 from invar import __version__, canonical
 from invar.errors import InvarError
-from invar.loop.checkpoint import (
+from invar.formats.checkpoint import (
     BASE_DIGEST_KEY,
     MANIFEST,
     MLX_WEIGHTS,

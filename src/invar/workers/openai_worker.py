@@ -62,6 +62,7 @@ import numpy as np
 
 from invar import __version__
 from invar.errors import ContractError
+from invar.formats.tokenizer import ModelTokenizer
 from invar.protocol import MethodError, Role, Server, exit_worker
 from invar.protocol.payloads import (
     GenerateOutput,
@@ -74,7 +75,6 @@ from invar.protocol.payloads import (
     ScoreParams,
     ScoreResult,
 )
-from invar.tasks import ModelTokenizer
 from invar.workers.common import (
     at_temperature,
     check_prompt_ids,

@@ -13,7 +13,8 @@ import pytest
 from hf_calls import load_params
 
 from invar.engines import start_worker
-from invar.protocol import Role, WorkerClient
+from invar.protocol import Role
+from invar.transport import WorkerClient
 
 
 def _worker(role: Role, model_dir: Path, digest: str, quantization: str) -> Iterator[WorkerClient]:

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from invar.engines import DEFAULT_MODEL
-from invar.protocol import WorkerClient
 from invar.tasks import MAX_ANSWER_CHARS, ModelTokenizer, Problem
+from invar.transport import WorkerClient
 
 TOK = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
 """The shipped model's tokenizer, as the core runs it: requests carry its `prompt_ids` (workers never tokenize)."""

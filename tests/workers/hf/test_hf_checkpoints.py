@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from invar import canonical
-from invar.protocol import WorkerClient
 from invar.tasks import Problem
+from invar.transport import WorkerClient
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import learner_checkpoints as shared

@@ -17,8 +17,8 @@ from safetensors.numpy import save_file
 
 from invar import canonical
 from invar.errors import WorkerError
-from invar.protocol import WorkerClient
 from invar.tasks import Problem
+from invar.transport import WorkerClient
 
 pytestmark = pytest.mark.engine
 

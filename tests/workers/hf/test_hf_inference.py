@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hf_calls import bit_identical, generate, make_requests, max_abs_diff, score
 
-from invar.protocol import WorkerClient
 from invar.tasks import Problem
+from invar.transport import WorkerClient
 
 pytestmark = pytest.mark.engine
 

@@ -23,9 +23,9 @@ from hf_calls import bit_identical, generate, max_abs_diff, prompt_ids, score
 from invar import canonical
 from invar.loop.checkpoint import check_checkpoint
 from invar.loop.objective import ObjectiveSettings, group_advantages, loss_terms
-from invar.protocol import WorkerClient
 from invar.tasks import ModelTokenizer, Problem
 from invar.tasks import score as task_score
+from invar.transport import WorkerClient
 
 pytestmark = pytest.mark.engine
 

@@ -22,7 +22,7 @@ What differs, and why:
   writes its metadata map in a random order per process (a Rust HashMap), so with two keys the same adapter had two
   spellings, hence two digests, about half the time (measured: 6 and 4 of 10 processes). With one key the file's
   bytes are a function of the weights, which resuming a run to the same checkpoint digests needs.
-- The checkpoint also holds the optimizer's moments and a manifest (`invar.loop.checkpoint`), which the old worker
+- The checkpoint also holds the optimizer's moments and a manifest (`invar.formats.checkpoint`), which the old worker
   did not save.
 """
 
@@ -36,11 +36,11 @@ import pytest
 from hf_calls import generate, load_params, prompt_ids, score
 
 from invar import canonical
-from invar.loop.checkpoint import BASE_DIGEST_KEY, PEFT_WEIGHTS, read_safetensors
+from invar.formats.checkpoint import BASE_DIGEST_KEY, PEFT_WEIGHTS, read_safetensors
 from invar.loop.objective import group_advantages
-from invar.protocol import WorkerClient
 from invar.tasks import ModelTokenizer, Problem
 from invar.tasks import score as task_score
+from invar.transport import WorkerClient
 
 pytestmark = pytest.mark.engine
 

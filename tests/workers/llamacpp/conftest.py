@@ -21,8 +21,8 @@ import pytest
 
 from invar import canonical
 from invar.engines import start_worker
-from invar.protocol import WorkerClient
 from invar.tasks import ModelTokenizer
+from invar.transport import WorkerClient
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build_smollm2.py"

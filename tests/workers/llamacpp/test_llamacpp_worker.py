@@ -18,8 +18,9 @@ import pytest
 from invar import canonical
 from invar.engines import DEFAULT_MODEL, start_worker
 from invar.errors import ProtocolError, WorkerError
-from invar.protocol import Role, WorkerClient
+from invar.protocol import Role
 from invar.tasks import ModelTokenizer
+from invar.transport import WorkerClient
 
 pytestmark = pytest.mark.engine
 

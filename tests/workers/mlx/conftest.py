@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from invar.engines import start_worker
-from invar.protocol import Role, WorkerClient
+from invar.protocol import Role
+from invar.transport import WorkerClient
 
 
 @pytest.fixture(scope="session")

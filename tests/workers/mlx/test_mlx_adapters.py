@@ -22,9 +22,9 @@ from safetensors.numpy import save_file
 from invar import canonical
 from invar.engines import DEFAULT_MODEL
 from invar.errors import WorkerError
-from invar.protocol import WorkerClient
 from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import MAX_ANSWER_CHARS, Problem
+from invar.transport import WorkerClient
 
 pytestmark = pytest.mark.engine
 

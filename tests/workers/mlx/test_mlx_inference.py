@@ -13,9 +13,9 @@ import pytest
 from invar import canonical
 from invar.engines import DEFAULT_MODEL
 from invar.errors import WorkerError
-from invar.protocol import WorkerClient
 from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import MAX_ANSWER_CHARS, Problem, score
+from invar.transport import WorkerClient
 
 pytestmark = pytest.mark.engine
 

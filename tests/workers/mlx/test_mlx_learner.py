@@ -25,9 +25,9 @@ from invar.engines import DEFAULT_MODEL
 from invar.errors import WorkerError
 from invar.loop.checkpoint import check_adapter
 from invar.loop.objective import LossTerms, ObjectiveSettings, group_advantages, loss_terms
-from invar.protocol import WorkerClient
 from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import MAX_ANSWER_CHARS, Problem, score
+from invar.transport import WorkerClient
 
 pytestmark = pytest.mark.engine
 
@@ -224,7 +224,7 @@ def test_the_mlx_and_hf_learners_take_the_same_step(
     over 128 tokens in different orders): grad_norm within 1e-4 relative and every weight within 1e-4 of the
     largest move, while a wrong gradient would be off by the size of the move (measured values printed)."""
     from invar.engines import start_worker
-    from invar.loop.checkpoint import inspect_adapter
+    from invar.formats.checkpoint import inspect_adapter
     from invar.protocol import Role
 
     learner.call("load_model", load_params)

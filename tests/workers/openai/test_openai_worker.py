@@ -23,8 +23,8 @@ from openai_server import SERVED, VllmServer, free_port, served_models
 
 from invar.engines import start_worker
 from invar.errors import ProtocolError, WorkerError
-from invar.protocol import WorkerClient
 from invar.tasks import ModelTokenizer
+from invar.transport import WorkerClient
 
 PROMPTS = ["37+58=", "12*7=", "305-187=", "9*9=", "37+58="]
 

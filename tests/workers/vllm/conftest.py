@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from invar.engines import start_worker
-from invar.protocol import WorkerClient
 from invar.tasks import ModelTokenizer
+from invar.transport import WorkerClient
 
 
 @pytest.fixture(scope="session")

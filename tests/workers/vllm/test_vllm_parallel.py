@@ -12,10 +12,10 @@ from test_vllm_worker import assert_engine_output_on_stderr
 
 from invar.engines import DEFAULT_MODEL, start_worker
 from invar.errors import ProtocolError
-from invar.protocol import WorkerClient
 from invar.runner.engine import launch_args
 from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import Problem
+from invar.transport import WorkerClient
 
 pytestmark = pytest.mark.engine
 

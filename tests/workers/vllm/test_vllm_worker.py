@@ -22,9 +22,10 @@ from invar.engines import DEFAULT_MODEL, start_worker
 from invar.errors import ProtocolError, WorkerError
 from invar.loop.checkpoint import check_adapter
 from invar.loop.objective import group_advantages
-from invar.protocol import Role, WorkerClient
+from invar.protocol import Role
 from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import MAX_ANSWER_CHARS, Problem, score
+from invar.transport import WorkerClient
 
 pytestmark = pytest.mark.engine
 

@@ -4,7 +4,7 @@ The core scores responses from the token ids a worker reports, never from the wo
 prompts itself, so both directions come from the files a contract pins. `ModelTokenizer` loads `tokenizer.json`
 with `tokenizers.Tokenizer.from_str` (any fast-tokenizer model: byte-level or byte-fallback BPE, Unigram,
 WordPiece, WordLevel) and reads `tokenizer_config.json` for the named special tokens, the decode clean-up switch
-and the chat template (rendered by `invar.tasks.chat`). Decoding keeps special tokens as their text, as
+and the chat template (rendered by `invar.formats.chat`). Decoding keeps special tokens as their text, as
 `AutoTokenizer.decode(ids, skip_special_tokens=False)` does, so a response containing one never passes as an
 answer; it stops before the first id that ends a response. On the shipped character-level model it gives exactly
 what `Vocabulary` gives. Every file of the folder it reads is read whole by `invar.regular_files`, bounded and
@@ -27,8 +27,8 @@ from tokenizers import Tokenizer
 
 from invar import canonical
 from invar.errors import ContractError, EvidenceError
+from invar.formats.chat import LEGACY_TEMPLATE_FILE, SPECIAL_TOKEN_NAMES, TEMPLATE_FILE, ChatTemplate, find_template
 from invar.regular_files import MODEL_FILE_BYTES, TOKENIZER_FILE_BYTES, read_model_file
-from invar.tasks.chat import LEGACY_TEMPLATE_FILE, SPECIAL_TOKEN_NAMES, TEMPLATE_FILE, ChatTemplate, find_template
 
 
 class PromptUnit(Protocol):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import IO, Any, cast
 
 from invar.errors import InvarError
-from invar.protocol.client import WorkerLost
+from invar.transport.client import WorkerLost
 
 CONNECT_TIMEOUT_S = 30.0
 _CALL_TIMEOUT_S = 30.0  # one relay call that is not a blocking read: a live actor answers at once
@@ -264,7 +264,7 @@ class _Stderr(io.RawIOBase):
 
 
 class RayProcess:
-    """A worker on a Ray node as the client drives it (`invar.protocol.client.WorkerProcess`)."""
+    """A worker on a Ray node as the client drives it (`invar.transport.client.WorkerProcess`)."""
 
     def __init__(self, ray: Any, actor: Any) -> None:
         self._ray = ray

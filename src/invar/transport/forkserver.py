@@ -1,6 +1,6 @@
 """Workers forked from a process that has already imported their engine: a start without the engine's imports.
 
-    python -P -m invar.protocol.forkserver FOLDER invar.workers.hf_worker     (one server per worker module)
+    python -P -m invar.transport.forkserver FOLDER invar.workers.hf_worker     (one server per worker module)
     INVAR_FORKSERVER=FOLDER invar ...
 
 Most of an HF or MLX worker's start is importing torch and transformers, or mlx and mlx-lm: about 5 s of CPU of the
@@ -59,7 +59,7 @@ from importlib.machinery import BuiltinImporter, FrozenImporter, PathFinder
 from pathlib import Path
 from typing import IO, Any
 
-from invar.protocol.client import _F_SETPIPE_SZ
+from invar.transport.client import _F_SETPIPE_SZ
 
 ENV = "INVAR_FORKSERVER"
 """The folder of the fork servers' sockets, one per worker module (`socket_path`); unset: every worker is a fresh
@@ -119,7 +119,7 @@ def preloads(module: str, path: Sequence[str]) -> list[str]:
 
 
 class ForkedWorker:
-    """A worker the server forked, as the client drives it (`invar.protocol.client.WorkerProcess`): its pipes, and
+    """A worker the server forked, as the client drives it (`invar.transport.client.WorkerProcess`): its pipes, and
     its life through the connection that started it."""
 
     def __init__(self, conn: socket.socket, pid: int, argv: Sequence[str],
@@ -239,7 +239,7 @@ def start(folder: str | os.PathLike[str], module: str, env: Mapping[str, str],
           log: IO[bytes] | int | None = None) -> subprocess.Popen[bytes]:
     """Start a fork server of worker `module` under `folder`, with the environment its workers will have. It serves
     once it has imported the engine: its socket appears then, and until then workers start as local subprocesses."""
-    return subprocess.Popen([sys.executable, "-P", "-m", "invar.protocol.forkserver", str(folder), module],
+    return subprocess.Popen([sys.executable, "-P", "-m", "invar.transport.forkserver", str(folder), module],
                             env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
 
 
@@ -476,7 +476,7 @@ def serve(folder: Path, module: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -P -m invar.protocol.forkserver",
+    parser = argparse.ArgumentParser(prog="python -P -m invar.transport.forkserver",
                                      description="Fork workers of one module from a process that imported its engine.")
     parser.add_argument("folder", type=Path, help="where its socket goes (INVAR_FORKSERVER names the folder)")
     parser.add_argument("module", help="the worker module it serves, e.g. invar.workers.hf_worker")

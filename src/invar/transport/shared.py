@@ -33,7 +33,7 @@ from typing import IO, Any, cast
 
 from invar.protocol.messages import Role
 
-_F_SETPIPE_SZ = 1031  # as `invar.protocol.client.spawn_local`: a 1 MiB pipe moves large arrays in fewer wake-ups
+_F_SETPIPE_SZ = 1031  # as `invar.transport.client.spawn_local`: a 1 MiB pipe moves large arrays in fewer wake-ups
 _BLOCK = 1 << 16
 
 
