@@ -40,7 +40,7 @@ for path in (REPO / "src", REPO, *((Path(OTHER_SRC),) if OTHER_SRC else ())):
 
 import numpy as np  # noqa: E402
 
-from bench.overhead import LARGE_SHAPE, build_large, make_calls  # noqa: E402
+from bench.overhead import LARGE_SHAPE, build_large, handler, make_calls  # noqa: E402
 from invar import canonical  # noqa: E402
 
 MODELS = {"tiny": REPO / "models" / "tiny-arith"}
@@ -62,8 +62,8 @@ def engine_for(engine: str) -> Any:
 
 
 def load(engine: Any, model: Path) -> None:
-    engine.load_model({"model_dir": str(model), "model_digest": canonical.tree_digest(str(model)),
-                       "dtype": "float32", "quantization": "none", "adapter": None})
+    handler(engine, "load_model")({"model_dir": str(model), "model_digest": canonical.tree_digest(str(model)),
+                                   "dtype": "float32", "quantization": "none", "adapter": None})
 
 
 def digest_calls(requests: int) -> list[dict[str, Any]]:
@@ -171,6 +171,7 @@ def serve(engine_name: str, model: Path) -> int:
     engine = engine_for(engine_name)
     load(engine, model)
     native = _native(engine_name, engine, model)
+    generate = handler(engine, "generate")
     out = sys.stdout
     sys.stdout = sys.stderr
     out.write(json.dumps({"ready": True}) + "\n")
@@ -179,7 +180,7 @@ def serve(engine_name: str, model: Path) -> int:
         req = json.loads(line)
         t0, c0 = time.perf_counter(), time.process_time()
         if req["driver"] == "worker":
-            engine.generate(req["call"])
+            generate(req["call"])
         else:
             native(req["call"])
         out.write(json.dumps({"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}) + "\n")

@@ -79,6 +79,8 @@ import numpy as np  # noqa: E402
 
 from invar import canonical  # noqa: E402
 from invar.engines import DEFAULT_MODEL, worker_env  # noqa: E402
+from invar.protocol.methods import METHODS, serves  # noqa: E402
+from invar.protocol.server import Handler  # noqa: E402
 from invar.records import RunStore  # noqa: E402
 from invar.runner.engine import Engine, EngineSpec, engine_session  # noqa: E402
 from invar.runner.evaluate import population_digest, request_seed, sample_indices  # noqa: E402
@@ -217,6 +219,14 @@ def invar_settings(engine: str, device: str) -> dict[str, Any]:
     return {"device": device}
 
 
+def handler(engine: Any, method: str) -> Handler:
+    """An engine's method as its worker's server runs it: the params map read into the method's struct, the result
+    written back (`invar.protocol.methods.serves`), so a direct driver times what a call costs inside the worker."""
+    module = sys.modules[type(engine).__module__]
+    read = getattr(module, "read_learner_step", None) if method == "learner_step" else None
+    return serves(METHODS[method], getattr(engine, method), read=read)
+
+
 def _direct_engine(engine: str, device: str) -> Any:
     """The worker's engine class, set up as the worker's `main` sets it up, in this process."""
     if engine == "hf":
@@ -282,8 +292,9 @@ def serve_direct(engine: str, model: Path, reply_fd: int, device: str) -> int:
     """Load the model once, then answer timing requests read as JSON lines on stdin, on a private pipe."""
     reply = os.fdopen(reply_fd, "w", buffering=1)
     direct = _direct_engine(engine, device)
-    direct.load_model({"model_dir": str(model), "model_digest": canonical.tree_digest(str(model)),
-                       "dtype": "float32", "quantization": "none", "adapter": None})
+    handler(direct, "load_model")({"model_dir": str(model), "model_digest": canonical.tree_digest(str(model)),
+                                   "dtype": "float32", "quantization": "none", "adapter": None})
+    generate = handler(direct, "generate")
     native = _native(engine, direct, model)
     gpu = None
     if device == "cuda":
@@ -296,7 +307,7 @@ def serve_direct(engine: str, model: Path, reply_fd: int, device: str) -> int:
         calls = req["calls"]
         if req["driver"] == "direct":
             c0, t0 = tree_cpu_s(os.getpid()), time.perf_counter()
-            outs = [direct.generate(c) for c in calls]
+            outs = [generate(c) for c in calls]
             seconds, cpu = time.perf_counter() - t0, tree_cpu_s(os.getpid()) - c0
             tokens = {o["request_id"]: [int(t) for t in o["tokens"]] for r in outs for o in r["outputs"]}
             reply.write(json.dumps({"seconds": seconds, "cpu_s": cpu, "tokens": tokens}) + "\n")

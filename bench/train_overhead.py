@@ -64,7 +64,7 @@ from invar.records.store import DB_NAME  # noqa: E402
 from invar.runner import train as tr  # noqa: E402
 
 sys.path.append(str(REPO / "bench"))  # last: the direct runner runs with -P; bench/workers.py must not shadow workers
-from overhead import tree_cpu_s  # noqa: E402
+from overhead import handler, tree_cpu_s  # noqa: E402
 
 DIRECT_BACKENDS = ("mlx", "hf")
 DRIVERS = ("invar", "direct", "split", "shared")
@@ -130,7 +130,7 @@ def _serve_learner(conn: Any, backend: str, device: str) -> None:
         method, params = conn.recv()
         if method is None:
             return
-        conn.send(getattr(learner, method)(params))
+        conn.send(handler(learner, method)(params))
 
 
 @contextlib.contextmanager
@@ -138,7 +138,7 @@ def _learner(backend: str, device: str, split: bool) -> Iterator[Callable[[str, 
     """Call the learner engine's methods: in this process, or (split) in a second process over a pipe, pickled."""
     if not split:
         learner = _engine(backend, "learner", device)
-        yield lambda method, params: getattr(learner, method)(params)
+        yield lambda method, params: handler(learner, method)(params)
         return
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe()
@@ -196,7 +196,8 @@ def _direct_cycles(p: tr.Plan, out: Path, device: str, learner: Callable[[str, d
     inference = _engine(cfg.backend, "inference", device)
     load = {"model_dir": str(p.model), "model_digest": p.model_digest, "dtype": cfg.dtype, "quantization": "none",
             "adapter": None}
-    inference.load_model(load)
+    handler(inference, "load_model")(load)
+    generate = handler(inference, "generate")
     learner("load_model", load)
     with_reference = cfg.objective.kl_coef > 0
     digests: list[str] = []
@@ -207,13 +208,13 @@ def _direct_cycles(p: tr.Plan, out: Path, device: str, learner: Callable[[str, d
     for n in range(cfg.cycles):
         c0, t0 = tree_cpu_s(os.getpid()), time.perf_counter()
         if policy is not None:
-            inference.load_adapter({"name": tr.ADAPTER_NAME, "path": str(policy), "digest": digests[-1]})
+            handler(inference, "load_adapter")({"name": tr.ADAPTER_NAME, "path": str(policy), "digest": digests[-1]})
         prompts = cyc.cycle_prompts(p.prompts, cfg.prompts.per_cycle, cfg.seed, n)
         requests = cyc.rollout_requests(prompts, cfg.rollout.group_size, cfg.seed, n, cfg.rollout.temperature,
                                         cfg.rollout.max_tokens, p.vocab)
-        gen = inference.generate(cyc.generate_params(requests, cfg.rollout.batch_size,
-                                                     None if policy is None else tr.ADAPTER_NAME,
-                                                     "base" if with_reference else None))
+        gen = generate(cyc.generate_params(requests, cfg.rollout.batch_size,
+                                           None if policy is None else tr.ADAPTER_NAME,
+                                           "base" if with_reference else None))
         samples = cyc.read_rollout(gen, requests, cycle=n, model_digest=p.model_digest,
                                    policy_digest=digests[-1] if digests else None, reference=with_reference,
                                    vocab_size=p.vocab.size)

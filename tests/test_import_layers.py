@@ -253,10 +253,10 @@ WIRE = ["invar/__init__.py", "invar/canonical.py", "invar/errors.py", "invar/pro
         "invar/workers/__init__.py"]
 """What every worker runs: the wire (without the client) and the digest it reports in its handshake."""
 ENGINE_SIDE_FILES = ["invar/formats/__init__.py", "invar/formats/chat.py", "invar/formats/checkpoint.py",
-                     "invar/formats/tokenizer.py", "invar/home.py", "invar/patches.py", "invar/protocol/payloads.py",
-                     "invar/regular_files.py", "invar/workers/common.py"]
-"""What an engine's worker adds: the typed payloads, the tokenizer and checkpoint formats, the patches' digest rule
-and the workers' shared checks."""
+                     "invar/formats/tokenizer.py", "invar/home.py", "invar/patches.py", "invar/protocol/methods.py",
+                     "invar/protocol/payloads.py", "invar/regular_files.py", "invar/workers/common.py"]
+"""What an engine's worker adds: the method table and its typed payloads, the tokenizer and checkpoint formats, the
+patches' digest rule and the workers' shared checks."""
 PINNED = {
     "echo": sorted([*WIRE, "invar/workers/echo.py"]),
     "hf": sorted([*WIRE, *ENGINE_SIDE_FILES, "invar/workers/hf_worker.py"]),

@@ -3,7 +3,6 @@ record store exactly as a worker's calls and reports would be (no mocks: the rec
 
 from __future__ import annotations
 
-import copy
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -167,7 +166,7 @@ class RunWriter:
         """Outputs for every request of `planned`: a correct answer, or a wrong one for units in `wrong`."""
         bad = set(wrong)
         out = []
-        for req in planned.params["requests"]:
+        for req in planned.params.to_wire()["requests"]:
             text = response_text(req["prompt"], req["request_id"] in bad)
             tokens = np.array([*self.ws.vocab.encode(text), self.ws.vocab.eos_token_id], dtype=np.int32)
             rng = np.random.default_rng(req["seed"])
@@ -188,7 +187,7 @@ class RunWriter:
         result_changes: Mapping[str, Any] | None = None,
     ) -> int:
         """Record one generate call and its report; returns the call id."""
-        params = copy.deepcopy(planned.params)  # a copy the edit may change
+        params = planned.params.to_wire()  # a fresh map the edit may change
         if edit_params is not None:
             edit_params(params)
         outputs = self.outputs(planned, wrong)

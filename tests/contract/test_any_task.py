@@ -168,7 +168,7 @@ def test_chat_units_are_rendered_by_each_packages_template_and_sent_as_ids(tmp_p
     ws = _chat_workspace(tmp_path, "{% for m in messages %}{{ m['content'] }}={% endfor %}"
                                    "{% if add_generation_prompt %}<s>{% endif %}")
     prepared = prepare(tmp_path / "decl.toml", tmp_path / "chat")
-    req = prepared.plan.calls[0].params["requests"][0]
+    req = prepared.plan.calls[0].params.to_wire()["requests"][0]
     unit = next(u for u in prepared.plan.units if u.unit_id == req["request_id"])
     i = int(unit.unit_id[1:])
     assert req["prompt"] == f"0={i}+1==<s>"  # the template's rendering, generation prompt included

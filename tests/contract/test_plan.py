@@ -86,13 +86,13 @@ def test_plan_pairs_reference_and_candidate(tmp_path: Path) -> None:
     assert [c.purposes for c in plan.calls] == [("pairing",), ("pairing",), ("invariance",), ("invariance",)]
     assert len(plan.units) == 12
     for c in plan.calls:
-        reqs = c.params["requests"]
+        reqs = c.params.to_wire()["requests"]
         assert [r["request_id"] for r in reqs] == [plan.units[i].unit_id for i in c.units]
         assert sorted(c.units) == list(range(12))
         assert [r["seed"] for r in reqs] == [plan.seeds[i] for i in c.units]
         assert all(r["temperature"] == 1.0 and r["max_tokens"] == 5 and r["top_p"] == 1.0 for r in reqs)
-        assert set(c.params) == {"requests", "layout", "adapter", "reference_adapter"}
-    assert plan.calls[0].params["requests"] == plan.calls[1].params["requests"]
+        assert set(c.params.to_wire()) == {"requests", "layout", "adapter", "reference_adapter"}
+    assert plan.calls[0].params.to_wire()["requests"] == plan.calls[1].params.to_wire()["requests"]
     assert plan.calls[0].params_digest == plan.calls[1].params_digest  # same layout, same requests
     # A call lists its requests in batch order: the reverse layout's batches are units 11..8, 7..4, 3..0.
     assert plan.calls[2].units == (11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
@@ -151,14 +151,14 @@ def test_plan_is_a_pure_function_of_the_contract(tmp_path: Path) -> None:
 def test_every_request_carries_its_packages_prompt_ids(tmp_path: Path) -> None:
     ws = make_workspace(tmp_path, units=12)
     for call in ws.plan.calls:
-        for req in call.params["requests"]:
+        for req in call.params.to_wire()["requests"]:
             assert req["prompt_ids"] == ws.vocab.prompt_ids(prompt=req["prompt"])
     # Each package's requests carry its own tokenizer's ids: the encoders are per package.
     shifted = {"reference": lambda u: (u.prompt, [1, *ws.vocab.prompt_ids(prompt=u.prompt)]),
                "candidate": lambda u: (u.prompt, ws.vocab.prompt_ids(prompt=u.prompt))}
     plan = derive_plan(ws.contract, ws.sha256, [u.scored() for u in ws.plan.units], shifted)
-    ref = plan.call("reference", ws.contract.pairing.layout).params["requests"][0]
-    cand = plan.call("candidate", ws.contract.pairing.layout).params["requests"][0]
+    ref = plan.call("reference", ws.contract.pairing.layout).params.to_wire()["requests"][0]
+    cand = plan.call("candidate", ws.contract.pairing.layout).params.to_wire()["requests"][0]
     assert ref["prompt_ids"] == [1, *cand["prompt_ids"]]
 
 
@@ -221,7 +221,7 @@ def test_a_plan_keeps_no_request_and_derives_each_call_s_params_from_its_digest(
     assert held / n < 400, f"the plan holds {held / n:.0f} bytes per unit"
     assert plan == ws.plan
     for call in plan.calls:
-        params = call.params
+        params = call.params.to_wire()
         assert canonical.digest(params) == call.params_digest
         assert [r["request_id"] for r in params["requests"]] == [plan.units[i].unit_id for i in call.units]
         assert [r["prompt_ids"] for r in params["requests"]] == \

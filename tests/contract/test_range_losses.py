@@ -82,7 +82,7 @@ def _run(ws: Workspace, path: Path, reference: dict[str, int], candidate: dict[s
 
     def answer(planned: PlannedCall) -> Any:
         def edit(outputs: list[dict[str, Any]]) -> None:
-            for out, req in zip(outputs, planned.params["requests"], strict=True):
+            for out, req in zip(outputs, planned.params.to_wire()["requests"], strict=True):
                 text = str(answer_of(req["prompt"]) + offsets[planned.package][req["request_id"]])
                 out["tokens"] = np.array([*ws.vocab.encode(text), ws.vocab.eos_token_id], dtype=np.int32)
                 out["logprobs"] = -np.random.default_rng(req["seed"]).random(len(out["tokens"])).astype(np.float32)
@@ -270,7 +270,7 @@ def test_a_sequential_range_contract_stops_where_the_rule_says(tmp_path: Path) -
     for look in range(looks):
         for planned in ws.plan.look_calls(look):
             def edit(outputs: list[dict[str, Any]], planned: PlannedCall = planned) -> None:
-                for out, req in zip(outputs, planned.params["requests"], strict=True):
+                for out, req in zip(outputs, planned.params.to_wire()["requests"], strict=True):
                     text = str(answer_of(req["prompt"]) + same[req["request_id"]])
                     out["tokens"] = np.array([*ws.vocab.encode(text), ws.vocab.eos_token_id], dtype=np.int32)
                     out["logprobs"] = -np.ones(len(out["tokens"]), dtype=np.float32)

@@ -16,12 +16,20 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from invar import canonical
 from invar.formats.checkpoint import PEFT_WEIGHTS
 from invar.protocol import Role
+from invar.protocol.payloads import (
+    GenerateParams,
+    GenerateResult,
+    LearnerStepParams,
+    LearnerStepResult,
+    LoadModelParams,
+    LoadModelResult,
+)
 from invar.workers import mlx_worker
 
 MODE = os.environ.get("INVAR_SABOTAGE", "")
@@ -32,27 +40,27 @@ _load_model = mlx_worker.Engine.load_model
 _generate = mlx_worker.Engine.generate
 
 
-def learner_step(self: mlx_worker.Engine, params: dict[str, Any]) -> dict[str, Any]:
+def learner_step(self: mlx_worker.Engine, params: LearnerStepParams) -> LearnerStepResult:
     result = _learner_step(self, params)
     if MODE == "wrong-loss":
-        result["loss"] += 1e-3
+        result = replace(result, loss=result.loss + 1e-3)
     if MODE == "corrupt-adapter":
-        weights = Path(result["adapter_dir"]) / PEFT_WEIGHTS
+        weights = Path(result.adapter_dir) / PEFT_WEIGHTS
         raw = bytearray(weights.read_bytes())
         raw[-3] ^= 0x01
         weights.write_bytes(bytes(raw))
-        result["adapter_digest"] = canonical.tree_digest(result["adapter_dir"])
+        result = replace(result, adapter_digest=canonical.tree_digest(result.adapter_dir))
     return result
 
 
-def generate(self: mlx_worker.Engine, params: dict[str, Any]) -> dict[str, Any]:
+def generate(self: mlx_worker.Engine, params: GenerateParams) -> GenerateResult:
     result = _generate(self, params)
-    if MODE == "other-digest" and result["adapter_digest"] is not None:
-        result["adapter_digest"] = "0" * 64
+    if MODE == "other-digest" and result.adapter_digest is not None:
+        result = replace(result, adapter_digest="0" * 64)
     return result
 
 
-def load_model(self: mlx_worker.Engine, params: dict[str, Any]) -> dict[str, Any]:
+def load_model(self: mlx_worker.Engine, params: LoadModelParams) -> LoadModelResult:
     if MODE == "slow-load" and self.role is Role.INFERENCE:
         time.sleep(SLOW_LOAD_S)
     return _load_model(self, params)

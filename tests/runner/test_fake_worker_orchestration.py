@@ -133,13 +133,13 @@ def test_admission_releases_the_plan_and_its_units_before_it_decides(ws: Workspa
 def test_each_call_runs_its_planned_batch_schedule(ws: Workspace, tmp_path: Path) -> None:
     transport = FakeTransport(SCRIPT)
     use_run(ws.contract_path, tmp_path / "run", transport=transport)
-    planned = Counter((c.package, canonical.digest(c.params["layout"])) for c in ws.plan.calls)
+    planned = Counter((c.package, canonical.digest(c.params.to_wire()["layout"])) for c in ws.plan.calls)
     received = Counter((package, canonical.digest(layout)) for package, layout in transport.layouts)
     assert received == planned
     assert {len(batch) for _, layout in transport.layouts for batch in layout} == {1, 4}  # solo and b4r
     # Each call on record is a planned call's exact params (requests in the plan's order: b4r reversed), once.
     assert Counter((p, d) for p, d, _ in _generate_calls(tmp_path / "run")) == \
-        Counter((c.package, canonical.digest(c.params)) for c in ws.plan.calls)
+        Counter((c.package, canonical.digest(c.params.to_wire())) for c in ws.plan.calls)
 
 
 def test_a_batch_dependent_candidate_fails_the_invariance_layouts(tmp_path: Path) -> None:

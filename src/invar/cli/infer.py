@@ -28,6 +28,7 @@ from invar.cli.options import (
 )
 from invar.cli.progress import QuietOpt, reporting
 from invar.errors import EvidenceError, InvarError
+from invar.protocol.methods import GENERATE
 from invar.protocol.payloads import GenerateOutput, GenerateParams, GenerateRequest
 from invar.records import RunStore
 from invar.runner.engine import (
@@ -98,8 +99,8 @@ def infer(
         with reporting(quiet) as shown, engine_session(spec, store, call_timeout=call_timeout,
                                                        phase=shown.phase) as session:
             shown.phase("generating")
-            report = session.client.call("generate", GenerateParams(
-                params.requests, params.layout, session.adapter, None).to_wire())
+            report = session.client.call(GENERATE, GenerateParams(params.requests, params.layout, session.adapter,
+                                                                  None))
             received = read_generate(report, params, session.model_digest)
         rows: list[dict[str, Any]] = []
         for req, out, messages in zip(params.requests, received.outputs, conversations, strict=True):

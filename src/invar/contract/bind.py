@@ -398,7 +398,7 @@ def bind_records(
         planned = by_params.get((role, params_digest(params)))
         if planned is None:
             nearest = _nearest_call(plan, role, params)
-            diff = _first_difference(nearest.params, params, "params") or "params are encoded differently"
+            diff = _first_difference(nearest.params.to_wire(), params, "params") or "params are encoded differently"
             raise EvidenceError(f"{rec.name}: does not match planned call {nearest.key} (nor any other): {diff}")
         if not answered:
             reason = "was never answered" if rec.report is None else "was answered with an error"

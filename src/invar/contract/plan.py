@@ -183,10 +183,10 @@ class PlannedCall:
         return [list(b) for b in self.layout_batches]
 
     @property
-    def params(self) -> dict[str, Any]:
+    def params(self) -> GenerateParams:
         """The exact `generate` params (docs/protocol.md): requests, layout, adapter, reference_adapter; derived
         anew on each use (the units are encoded again)."""
-        return GenerateParams(self.source.requests(self.package, self.units), self.batches).to_wire()
+        return GenerateParams(self.source.requests(self.package, self.units), self.batches)
 
     @property
     def first_request_id(self) -> str:
@@ -439,7 +439,7 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[P
             key = (id(encoders[package]), layout, part)
             if key not in digests:
                 # The params exist only while their digest is taken: each unit is encoded here once per call.
-                digests[key] = canonical.digest(call.params)
+                digests[key] = canonical.digest(call.params.to_wire())
             out.append(replace(call, params_digest=digests[key]))
         return out
 

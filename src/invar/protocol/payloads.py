@@ -32,7 +32,7 @@ class PayloadError(MethodError, ProtocolError):
     """A call's params or a report's result that does not have its method's shape; the message names the field."""
 
 
-def _received(read: Callable[[], _T]) -> _T:
+def read_received(read: Callable[[], _T]) -> _T:
     """A `from_wire` of a worker's report as the core reads it: a result without its method's shape is an error of
     the evidence being read (`EvidenceError`, naming the field)."""
     try:
@@ -210,7 +210,7 @@ class LoadModelResult:
     @classmethod
     def received(cls, result: Any) -> LoadModelResult:
         """`from_wire` for the core, reading a worker's report: `EvidenceError` naming the field."""
-        return _received(lambda: cls.from_wire(result))
+        return read_received(lambda: cls.from_wire(result))
 
     @classmethod
     def from_wire(cls, result: Any) -> LoadModelResult:
@@ -264,7 +264,7 @@ class LoadAdapterResult:
     @classmethod
     def received(cls, result: Any) -> LoadAdapterResult:
         """`from_wire` for the core, reading a worker's report: `EvidenceError` naming the field."""
-        return _received(lambda: cls.from_wire(result))
+        return read_received(lambda: cls.from_wire(result))
 
     @classmethod
     def from_wire(cls, result: Any) -> LoadAdapterResult:
@@ -483,7 +483,7 @@ class GenerateResult:
     @classmethod
     def received(cls, result: Any, where: str = "generate") -> GenerateResult:
         """`from_wire` for the core, reading a worker's report: `EvidenceError` naming the field."""
-        return _received(lambda: cls.from_wire(result, where))
+        return read_received(lambda: cls.from_wire(result, where))
 
     @classmethod
     def from_wire(cls, result: Any, where: str = "generate") -> GenerateResult:
@@ -599,7 +599,7 @@ class ScoreResult:
     @classmethod
     def received(cls, result: Any, where: str = "score") -> ScoreResult:
         """`from_wire` for the core, reading a worker's report: `EvidenceError` naming the field."""
-        return _received(lambda: cls.from_wire(result, where))
+        return read_received(lambda: cls.from_wire(result, where))
 
     @classmethod
     def from_wire(cls, result: Any, where: str = "score") -> ScoreResult:
@@ -882,7 +882,7 @@ class LearnerStepResult:
     @classmethod
     def received(cls, result: Any, where: str = "learner_step") -> LearnerStepResult:
         """`from_wire` for the core, reading a worker's report: `EvidenceError` naming the field."""
-        return _received(lambda: cls.from_wire(result, where))
+        return read_received(lambda: cls.from_wire(result, where))
 
     @classmethod
     def from_wire(cls, result: Any, where: str = "learner_step") -> LearnerStepResult:

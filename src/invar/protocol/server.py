@@ -33,7 +33,9 @@ from invar.protocol import frames
 from invar.protocol.messages import PROTOCOL_VERSION, Call, ErrorInfo, Handshake, Identity, Kind, Report, Role
 from invar.worker_code import WorkerCodeError, code_digest
 
-Method = Callable[[dict[str, Any]], dict[str, Any]]
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+"""A method as the server runs it: the call's params map in, the result map out (`invar.protocol.methods.serves`
+makes one of a typed method)."""
 
 
 class MethodError(Exception):
@@ -120,7 +122,7 @@ class Server:
         engine_version: Mapping[str, str],
         role: Role,
         settings: Mapping[str, Any],
-        methods: Mapping[str, Method],
+        methods: Mapping[str, Handler],
     ) -> None:
         self.methods = dict(methods)
         self.identity = Identity(

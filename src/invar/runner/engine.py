@@ -34,14 +34,13 @@ from invar.engines import launch_args as launch_args
 from invar.engines import parse_launch_settings as parse_launch_settings
 from invar.errors import EvidenceError, InvarError, ProtocolError
 from invar.protocol import Identity, Role
+from invar.protocol.methods import LOAD_ADAPTER, LOAD_MODEL
 from invar.protocol.payloads import (
     AdapterRef,
     GenerateParams,
     GenerateResult,
     LoadAdapterParams,
-    LoadAdapterResult,
     LoadModelParams,
-    LoadModelResult,
 )
 from invar.records import RunStore
 from invar.transport import Answer, WorkerClient, WorkerLost
@@ -184,16 +183,16 @@ def engine_session(
         adapter_ref = None
         if adapter_in_load and spec.adapter is not None:
             adapter_ref = AdapterRef(str(spec.adapter.resolve()), adapter_digest, True if resume_training else None)
-        loaded = LoadModelResult.received(client.call("load_model", LoadModelParams(
+        loaded = client.call(LOAD_MODEL, LoadModelParams(
             str(spec.model.resolve()), model_digest, spec.dtype.value, spec.quantization.value, adapter_ref,
-        ).to_wire()))
+        ))
         if loaded.model_digest != model_digest:
             raise EvidenceError(f"the {spec.engine.value} worker reports model digest {loaded.model_digest[:16]}…, "
                                 f"not {model_digest[:16]}…: it loaded other files than the core named")
         name = None
         if spec.adapter is not None and not adapter_in_load:
-            got = LoadAdapterResult.received(client.call("load_adapter", LoadAdapterParams(
-                ADAPTER_NAME, str(spec.adapter.resolve()), adapter_digest).to_wire()))
+            got = client.call(LOAD_ADAPTER, LoadAdapterParams(ADAPTER_NAME, str(spec.adapter.resolve()),
+                                                              adapter_digest))
             if got.adapter_digest != adapter_digest:
                 raise EvidenceError(f"the {spec.engine.value} worker reports adapter digest "
                                     f"{got.adapter_digest[:16]}…, not {adapter_digest}")
@@ -274,23 +273,19 @@ def probe_identity(engine: Engine, settings: Mapping[str, Any] | None = None,
         client.close()
 
 
-def read_generate(result: Mapping[str, Any], params: GenerateParams, model_digest: str) -> GenerateResult:
-    """A generate result, read once: one output per request, each answering the request it is listed for with the
-    prompt ids it asked for, from the model the core named."""
+def read_generate(received: GenerateResult, params: GenerateParams, model_digest: str) -> GenerateResult:
+    """A generate result (read by the client as `GENERATE`'s struct), checked once: one output per request, each
+    answering the request it is listed for with the prompt ids it asked for, from the model the core named."""
     requests = params.requests
-    outputs = result.get("outputs")
-    if not isinstance(outputs, list) or len(outputs) != len(requests):
-        raise EvidenceError(f"generate returned {len(outputs) if isinstance(outputs, list) else 'no'} outputs for "
-                            f"{len(requests)} requests")
-    if result.get("model_digest") != model_digest:
-        raise EvidenceError(f"generate reports model digest {str(result.get('model_digest'))[:16]}…, not "
+    if len(received.outputs) != len(requests):
+        raise EvidenceError(f"generate returned {len(received.outputs)} outputs for {len(requests)} requests")
+    if received.model_digest != model_digest:
+        raise EvidenceError(f"generate reports model digest {received.model_digest[:16]}…, not "
                             f"{model_digest[:16]}…")
-    for request, output in zip(requests, outputs, strict=True):
-        label = output.get("request_id") if isinstance(output, dict) else None
-        if label != request.request_id:
-            raise EvidenceError(f"generate output for request {request.request_id!r} is labelled {label!r}: outputs "
-                                "must come back in request order")
-    received = GenerateResult.received(result)
+    for request, output in zip(requests, received.outputs, strict=True):
+        if output.request_id != request.request_id:
+            raise EvidenceError(f"generate output for request {request.request_id!r} is labelled "
+                                f"{output.request_id!r}: outputs must come back in request order")
     for request, output in zip(requests, received.outputs, strict=True):
         if not np.array_equal(output.prompt_tokens, request.prompt_ids):
             raise EvidenceError(f"generate output for request {request.request_id!r}: the engine ran other prompt "

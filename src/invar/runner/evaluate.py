@@ -35,6 +35,7 @@ import numpy as np
 
 from invar.errors import ContractError, EvidenceError
 from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
+from invar.protocol.methods import GENERATE
 from invar.protocol.payloads import GenerateParams, GenerateRequest
 from invar.records import RunStore
 from invar.runner.engine import EngineSpec, Session, engine_session, read_generate
@@ -149,7 +150,7 @@ def _run_batch(session: Session, vocab: ModelTokenizer, batch: Sequence[Unit], p
                                              s.top_p, prompt=text)
                              for p, (text, ids) in zip(batch, prompts, strict=True)],
                             [list(range(len(batch)))], session.adapter, None)
-    report = session.client.call("generate", params.to_wire())
+    report = session.client.call(GENERATE, params)
     received = read_generate(report, params, session.model_digest)
     losses: list[float] = []
     for p, req, out in zip(batch, params.requests, received.outputs, strict=True):

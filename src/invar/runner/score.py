@@ -32,6 +32,7 @@ from invar.errors import EvidenceError, InvarError
 from invar.evidence import check_patches_active
 from invar.owner_files import read_regular_file
 from invar.protocol import payloads
+from invar.protocol.methods import SCORE
 from invar.records import RunStore
 from invar.runner.engine import EngineSpec, engine_session
 from invar.runner.options import check_context, model_context
@@ -211,8 +212,7 @@ def score_batches(spec: EngineSpec, batches: Iterator[list[ScoreItem]], store: R
         for batch in batches:
             batch = [it.with_ids(vocab) for it in batch]
             check_items(batch, vocab, context)
-            answer = session.client.ask("score", payloads.ScoreParams([it.params() for it in batch],
-                                                                      session.adapter).to_wire())
+            answer = session.client.ask(SCORE, payloads.ScoreParams([it.params() for it in batch], session.adapter))
             result = answer.result
             where = f"score call {answer.call.call_id}"
             if result.get("model_digest") != session.model_digest:

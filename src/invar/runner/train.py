@@ -48,12 +48,12 @@ from invar.loop.config import Scorer as ScorerSection
 from invar.loop.objective import OBJECTIVE_VERSION, ObjectiveSettings, loss_terms
 from invar.owner_files import SHA256_FILE_BYTES
 from invar.protocol import Role
+from invar.protocol.methods import LEARNER_STEP, LOAD_ADAPTER
 from invar.protocol.payloads import (
     GenerateRequest,
     LearnerOptimizer,
     LearnerStepParams,
     LoadAdapterParams,
-    LoadAdapterResult,
     LoraParams,
     Schedule,
 )
@@ -586,8 +586,7 @@ class _Rollouts:
         assert lease.session is not None
         client = lease.session.client
         if policy is not None and self.loaded[i] != policy.digest:
-            got = LoadAdapterResult.received(client.call("load_adapter", LoadAdapterParams(
-                ADAPTER_NAME, str(policy.path.resolve()), policy.digest).to_wire()))
+            got = client.call(LOAD_ADAPTER, LoadAdapterParams(ADAPTER_NAME, str(policy.path.resolve()), policy.digest))
             if got.adapter_digest != policy.digest:
                 raise EvidenceError(f"cycle {m}: the engine loaded {got.adapter_digest[:16]}…, not the published "
                                     f"checkpoint {policy.digest[:16]}…")
@@ -705,7 +704,7 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, rollouts: _Rollouts,
     save_dir = _save_dir(run_dir, n)
     save_dir.parent.mkdir(parents=True, exist_ok=True)
     params = learner_step_params(p, samples, adv.values, save_dir)
-    submitted = learner.client.submit("learner_step", params.to_wire())
+    submitted = learner.client.submit(LEARNER_STEP, params)
     learner_seq = store.call_seq(submitted.call_digest)
     rollouts.ahead(n, done)  # with K ≥ 1 the engines generate the next cycles while the learner updates
     step = submitted.answer()

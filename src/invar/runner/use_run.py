@@ -614,7 +614,7 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
                 return result, where
 
             def generate(planned: PlannedCall) -> None:
-                params = planned.params
+                params = planned.params.to_wire()
                 if (asked := ask("generate", params, planned.key)) is None:
                     return
                 result, where = asked

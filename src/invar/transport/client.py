@@ -19,12 +19,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import IO, Any, Protocol, runtime_checkable
+from typing import IO, Any, Protocol, overload, runtime_checkable
 
 from invar import canonical
 from invar.errors import InvarError, ProtocolError, WorkerError
 from invar.protocol import frames
 from invar.protocol.messages import Call, Handshake, Identity, Kind, Report, Role, shutdown_message
+from invar.protocol.methods import Method, P, R, Wire
 
 _OVERLAP_HASH = 1 << 22  # calls larger than this are hashed while they are written
 _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB pipe moves large arrays in fewer wake-ups.
@@ -316,8 +317,10 @@ class WorkerClient:
 
     # -- calls ------------------------------------------------------------------------------------------------
 
-    def submit(self, method: str, params: Mapping[str, Any], *, timeout: float | None = -1.0) -> PendingCall:
-        """Send a call without waiting; `timeout` -1 means the client's default, None means none."""
+    def submit(self, method: str | Method[Any, Any], params: Mapping[str, Any] | Wire, *,
+               timeout: float | None = -1.0) -> PendingCall:
+        """Send a call without waiting; `timeout` -1 means the client's default, None means none. `method` is a
+        method of the table (`invar.protocol.methods`) with its params struct, or a name with the params map."""
         if self._identity is None:
             raise ProtocolError(f"{self.name}: not started")
         with self._lock:
@@ -325,7 +328,9 @@ class WorkerClient:
                 raise self._failure
             call_id = self._next_id
             self._next_id += 1
-        call = Call(call_id=call_id, method=method, params=dict(params))
+        name = method if isinstance(method, str) else method.name
+        wire = dict(params) if isinstance(params, Mapping) else params.to_wire()
+        call = Call(call_id=call_id, method=name, params=wire)
         parts = canonical.encode_parts(call.to_wire())
         size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
         if self._recorder is not None or size < _OVERLAP_HASH:
@@ -354,11 +359,22 @@ class WorkerClient:
             pending._digest_ready.set()
         return pending
 
-    def call(self, method: str, params: Mapping[str, Any], *, timeout: float | None = -1.0) -> dict[str, Any]:
-        """Send a call and return its result, or raise the worker's error as `WorkerError`."""
-        return self.submit(method, params, timeout=timeout).result()
+    @overload
+    def call(self, method: Method[P, R], params: P, *, timeout: float | None = -1.0) -> R: ...
 
-    def ask(self, method: str, params: Mapping[str, Any], *, timeout: float | None = -1.0) -> Answer:
+    @overload
+    def call(self, method: str, params: Mapping[str, Any], *, timeout: float | None = -1.0) -> dict[str, Any]: ...
+
+    def call(self, method: str | Method[Any, Any], params: Mapping[str, Any] | Wire, *,
+             timeout: float | None = -1.0) -> Any:
+        """Send a call and return its result, or raise the worker's error as `WorkerError`: `method`'s result
+        struct for a method of the table (`EvidenceError` naming the field where the result is not its shape), the
+        result map for a method named by a string."""
+        result = self.submit(method, params, timeout=timeout).result()
+        return result if isinstance(method, str) else method.received(result)
+
+    def ask(self, method: str | Method[Any, Any], params: Mapping[str, Any] | Wire, *,
+            timeout: float | None = -1.0) -> Answer:
         """Send a call and return the whole verified answer (result or error, digests, timing)."""
         return self.submit(method, params, timeout=timeout).answer()
 

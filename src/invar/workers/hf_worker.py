@@ -100,6 +100,7 @@ from transformers.utils import logging as hf_logging
 from invar import __version__, canonical
 from invar.formats.checkpoint import BASE_DIGEST_KEY, MANIFEST, MOMENTS, OPTIMIZER_WEIGHTS, save_atomically
 from invar.protocol import MethodError, Role, Server, exit_worker
+from invar.protocol.methods import GENERATE, LEARNER_STEP, LOAD_ADAPTER, LOAD_MODEL, SCORE, serves
 from invar.protocol.payloads import (
     FinishReason,
     GenerateOutput,
@@ -322,8 +323,8 @@ class Engine:
             raise MethodError(f"{where}: no model is loaded; call load_model first")
         return self.m
 
-    def load_model(self, params: dict[str, Any]) -> dict[str, Any]:
-        req = LoadModelParams.from_wire(params).require(("float32", "bfloat16"), ("none", "nf4"))
+    def load_model(self, params: LoadModelParams) -> LoadModelResult:
+        req = params.require(("float32", "bfloat16"), ("none", "nf4"))
         digest = verify_dir(req.model_dir, req.model_digest, "model")
         dtype = getattr(torch, req.dtype)
         try:
@@ -379,15 +380,14 @@ class Engine:
                 if moments is not None:
                     self._restore(*moments)
         return LoadModelResult(digest, None if adapter is None else adapter.digest, loaded.vocab_size, min(eos_ids),
-                               loaded.max_len, None if self.trainer is None else self.trainer.steps).to_wire()
+                               loaded.max_len, None if self.trainer is None else self.trainer.steps)
 
-    def load_adapter(self, params: dict[str, Any]) -> dict[str, Any]:
+    def load_adapter(self, req: LoadAdapterParams) -> LoadAdapterResult:
         m = self.loaded("load_adapter")
-        req = LoadAdapterParams.from_wire(params)
         actual = verify_dir(req.path, req.digest, "adapter")
         adapter = _read_adapter(req.path, actual, m.model, m.model_digest, "load_adapter")
         self._install(req.name, adapter)
-        return LoadAdapterResult(req.name, actual).to_wire()
+        return LoadAdapterResult(req.name, actual)
 
     def _install(self, name: str, adapter: Adapter) -> None:
         """Add `adapter` to peft under a fresh name and copy its tensors in; drop the adapter `name` replaces."""
@@ -537,9 +537,8 @@ class Engine:
 
     # -- methods ----------------------------------------------------------------------------------------------
 
-    def generate(self, params: dict[str, Any]) -> dict[str, Any]:
+    def generate(self, call: GenerateParams) -> GenerateResult:
         m = self.loaded("generate")
-        call = GenerateParams.from_wire(params)
         requests = call.requests
         key = self._key(call.adapter, "generate.adapter")
         ref = call.reference_adapter
@@ -567,11 +566,10 @@ class Engine:
                     requests[i].request_id, np.asarray(prompt_ids[i], dtype=np.int32),
                     np.asarray(res.tokens, dtype=np.int32), _f32(res.logprobs), res.finish_reason,
                     reference_logprobs=None if ref is None else _f32(ref_results[j].logprobs))
-        return GenerateResult([o for o in outputs if o is not None], m.model_digest, self._digest(key)).to_wire()
+        return GenerateResult([o for o in outputs if o is not None], m.model_digest, self._digest(key))
 
-    def score(self, params: dict[str, Any]) -> dict[str, Any]:
+    def score(self, call: ScoreParams) -> ScoreResult:
         m = self.loaded("score")
-        call = ScoreParams.from_wire(params)
         key = self._key(call.adapter, "score.adapter")
         rows = []
         for i, it in enumerate(call.items):
@@ -587,7 +585,7 @@ class Engine:
             vocab = (np.stack(res.vocab).astype(np.float32) if res.vocab
                      else np.zeros((0, m.vocab_size), dtype=np.float32))
             outputs.append(ScoreOutput(it.item_id, _f32(res.logprobs), vocab))
-        return ScoreResult(outputs, m.model_digest, self._digest(key)).to_wire()
+        return ScoreResult(outputs, m.model_digest, self._digest(key))
 
     def _digest(self, key: str | None) -> str | None:
         m = self.loaded("call")
@@ -635,9 +633,8 @@ class Engine:
         self._install(LOADED, adapter)  # peft's own init is overwritten by this seeded one
         self._train(adapter)
 
-    def learner_step(self, params: dict[str, Any]) -> dict[str, Any]:
+    def learner_step(self, step: LearnerStepParams) -> LearnerStepResult:
         m = self.loaded("learner_step")
-        step = LearnerStepParams.from_wire(params, reductions=REDUCTIONS)
         rows: list[tuple[list[int], Any]] = []
         for i, s in enumerate(step.samples):
             where = f"learner_step.samples[{i}]"
@@ -713,7 +710,7 @@ class Engine:
             importance_weight_mean=terms["importance_weight_mean"], tokens=terms["tokens"],
             grad_norm=float(grad_norm), adapter_dir=str(save_dir), adapter_digest=digest, adapter_tensors=tensors,
             start_adapter_digest=start_digest, optimizer_steps=trainer.steps, model_digest=m.model_digest,
-        ).to_wire()
+        )
 
     def _scheduled_gradients(self, rows: list[tuple[list[int], Any]], step: LearnerStepParams, micro_batch: int,
                              reduction: str) -> tuple[list[Any], dict[str, Any]]:
@@ -902,6 +899,11 @@ REDUCTIONS = ("float64-sequence", "float32-microbatch")
 """The `learner_step.schedule` reductions this learner computes."""
 
 
+def read_learner_step(params: Any) -> LearnerStepParams:
+    """A `learner_step` call's params as this learner reads them: a schedule only with a reduction it computes."""
+    return LearnerStepParams.from_wire(params, reductions=REDUCTIONS)
+
+
 def _objective(current: list[Any], step: LearnerStepParams, *, samples: Sequence[LearnerSample] | None = None,
                n: int | None = None) -> dict[str, Any]:
     """invar.loop.objective's loss, per token in float32, at current = proximal (the update's first step).
@@ -981,12 +983,13 @@ def main(argv: list[str] | None = None) -> int:
     def server_for(role: Role) -> Server:
         engine = Engine(role, args.device)
         engine.attn_implementation = attn_implementation
-        methods = {"load_model": engine.load_model, "load_adapter": engine.load_adapter,
-                   "score": patches.counted(engine.score)}
+        methods = {LOAD_MODEL.name: serves(LOAD_MODEL, engine.load_model),
+                   LOAD_ADAPTER.name: serves(LOAD_ADAPTER, engine.load_adapter),
+                   SCORE.name: patches.counted(serves(SCORE, engine.score))}
         if role == Role.INFERENCE:
-            methods["generate"] = patches.counted(engine.generate)
+            methods[GENERATE.name] = patches.counted(serves(GENERATE, engine.generate))
         else:
-            methods["learner_step"] = engine.learner_step
+            methods[LEARNER_STEP.name] = serves(LEARNER_STEP, engine.learner_step, read=read_learner_step)
         return Server(
             engine="hf",
             engine_version={"invar": __version__, **versions("torch", "transformers", "bitsandbytes",

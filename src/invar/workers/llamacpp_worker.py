@@ -56,6 +56,7 @@ import numpy as np
 
 from invar import __version__
 from invar.protocol import MethodError, Role, Server, exit_worker
+from invar.protocol.methods import GENERATE, LOAD_MODEL, SCORE, serves
 from invar.protocol.payloads import (
     FinishReason,
     GenerateOutput,
@@ -189,8 +190,8 @@ class Engine:
 
     # -- loading ----------------------------------------------------------------------------------------------
 
-    def load_model(self, params: dict[str, Any]) -> dict[str, Any]:
-        req = LoadModelParams.from_wire(params).require(("float32",), ("none",))
+    def load_model(self, params: LoadModelParams) -> LoadModelResult:
+        req = params.require(("float32",), ("none",))
         if req.adapter is not None:
             raise MethodError("load_model.adapter: the llama.cpp worker loads no adapters; send null")
         digest = verify_dir(req.model_dir, req.model_digest, "model")
@@ -205,7 +206,7 @@ class Engine:
         elif self.m.digest != digest:
             raise MethodError(f"load_model: this worker already serves model {self.m.digest[:16]}…; a llama.cpp "
                               "worker holds one model for its life: start a new worker for another model")
-        return LoadModelResult(digest, None, self.m.vocab_size, min(eos_ids), self.settings.context).to_wire()
+        return LoadModelResult(digest, None, self.m.vocab_size, min(eos_ids), self.settings.context)
 
     def _start(self, gguf: Path, digest: str, eos_ids: frozenset[int]) -> Loaded:
         lc = llama()
@@ -304,9 +305,8 @@ class Engine:
 
     # -- methods ----------------------------------------------------------------------------------------------
 
-    def generate(self, params: dict[str, Any]) -> dict[str, Any]:
+    def generate(self, call: GenerateParams) -> GenerateResult:
         m = self.loaded("generate")
-        call = GenerateParams.from_wire(params)
         if call.adapter not in (None, "base") or call.reference_adapter is not None:
             raise MethodError("generate.adapter: the llama.cpp worker loads no adapters; send adapter and "
                               "reference_adapter null")
@@ -326,11 +326,10 @@ class Engine:
                 outputs[i] = GenerateOutput(call.requests[i].request_id,
                                             np.asarray(call.requests[i].prompt_ids, dtype=np.int32), tokens,
                                             np.asarray(s.logprobs, dtype=np.float32), finish)
-        return GenerateResult([o for o in outputs if o is not None], m.digest, None).to_wire()
+        return GenerateResult([o for o in outputs if o is not None], m.digest, None)
 
-    def score(self, params: dict[str, Any]) -> dict[str, Any]:
+    def score(self, call: ScoreParams) -> ScoreResult:
         m = self.loaded("score")
-        call = ScoreParams.from_wire(params)
         if call.adapter not in (None, "base"):
             raise MethodError("score.adapter: the llama.cpp worker loads no adapters; send null")
         for i, it in enumerate(call.items):
@@ -352,7 +351,7 @@ class Engine:
                 order = {step: k for k, step in enumerate(sorted(set(call.items[i].vocab_steps)))}
                 rows = vocab[[order[step] for step in call.items[i].vocab_steps]] if s.vocab else vocab
                 outputs.append(ScoreOutput(call.items[i].item_id, np.asarray(s.logprobs, dtype=np.float32), rows))
-        return ScoreResult(outputs, m.digest, None).to_wire()
+        return ScoreResult(outputs, m.digest, None)
 
 
 def load_gguf(gguf: Path, vocab_only: bool) -> Any:
@@ -447,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
                         "llama_cpp_build": build_digest(), "system_info": system_info()},
         role=Role.INFERENCE,
         settings=settings.identity(),
-        methods={"load_model": engine.load_model, "generate": engine.generate, "score": engine.score},
+        methods={LOAD_MODEL.name: serves(LOAD_MODEL, engine.load_model),
+                 GENERATE.name: serves(GENERATE, engine.generate), SCORE.name: serves(SCORE, engine.score)},
     )
     return server.serve()
 

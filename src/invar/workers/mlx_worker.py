@@ -91,6 +91,7 @@ from invar.formats.checkpoint import (
     save_atomically,
 )
 from invar.protocol import MethodError, Role, Server, exit_worker
+from invar.protocol.methods import GENERATE, LEARNER_STEP, LOAD_ADAPTER, LOAD_MODEL, SCORE, serves
 from invar.protocol.payloads import (
     FinishReason,
     GenerateOutput,
@@ -207,8 +208,8 @@ class Engine:
 
     # -- loading --------------------------------------------------------------------------------------------
 
-    def load_model(self, params: dict[str, Any]) -> dict[str, Any]:
-        req = LoadModelParams.from_wire(params).require(tuple(DTYPES), ("none",))
+    def load_model(self, params: LoadModelParams) -> LoadModelResult:
+        req = params.require(tuple(DTYPES), ("none",))
         digest = verify_dir(req.model_dir, req.model_digest, "model")
         root = Path(req.model_dir)
         if not (root / "config.json").is_file():
@@ -252,17 +253,16 @@ class Engine:
             if moments is not None:
                 self.trainee.optimizer, self.trainee.steps = self.restore(adapter, *moments)
         return LoadModelResult(digest, None if adapter is None else adapter.digest, loaded.vocab_size, min(eos_ids),
-                               loaded.max_len, None if self.trainee is None else self.trainee.steps).to_wire()
+                               loaded.max_len, None if self.trainee is None else self.trainee.steps)
 
-    def load_adapter(self, params: dict[str, Any]) -> dict[str, Any]:
+    def load_adapter(self, req: LoadAdapterParams) -> LoadAdapterResult:
         m = self.need("load_adapter")
-        req = LoadAdapterParams.from_wire(params)
         adapter = _read_adapter(req.path, req.digest, m, "load_adapter")
         if m.active is m.adapters.get(req.name):
             self.activate(None)
         m.adapters[req.name] = adapter
         assert adapter.digest is not None  # an adapter read from a folder is named by its digest
-        return LoadAdapterResult(req.name, adapter.digest).to_wire()
+        return LoadAdapterResult(req.name, adapter.digest)
 
     def select(self, name: Any, where: str) -> Adapter | None:
         """The adapter a name selects: null → the model as loaded, "base" → none, else a loaded name."""
@@ -313,9 +313,8 @@ class Engine:
 
     # -- inference ------------------------------------------------------------------------------------------
 
-    def generate(self, params: dict[str, Any]) -> dict[str, Any]:
+    def generate(self, call: GenerateParams) -> GenerateResult:
         m = self.need("generate")
-        call = GenerateParams.from_wire(params)
         requests = call.requests
         policy = self.select(call.adapter, "generate.adapter")
         ref_name = call.reference_adapter
@@ -338,7 +337,7 @@ class Engine:
                                             np.asarray(logprobs, dtype=np.float32), finish,
                                             reference_logprobs=refs.get(i))
         return GenerateResult([o for o in outputs if o is not None], m.model_digest,
-                              None if policy is None else policy.digest).to_wire()
+                              None if policy is None else policy.digest)
 
     def decode(
         self, requests: list[GenerateRequest], prompts: list[list[int]]
@@ -402,9 +401,8 @@ class Engine:
         ids = mx.array([prompt + [int(t) for t in tokens[:-1]]], dtype=mx.int32)
         return _log_softmax(m.model(ids)[0, len(prompt) - 1:], temperature)
 
-    def score(self, params: dict[str, Any]) -> dict[str, Any]:
+    def score(self, call: ScoreParams) -> ScoreResult:
         m = self.need("score")
-        call = ScoreParams.from_wire(params)
         adapter = self.select(call.adapter, "score.adapter")
         prompts = []
         for i, item in enumerate(call.items):
@@ -418,15 +416,14 @@ class Engine:
             vocab = (np.array(lp[mx.array(list(item.vocab_steps), dtype=mx.int32)], dtype=np.float32)
                      if item.vocab_steps else np.zeros((0, m.vocab_size), dtype=np.float32))
             outputs.append(ScoreOutput(item.item_id, _gather(lp, tokens), vocab))
-        return ScoreResult(outputs, m.model_digest, None if adapter is None else adapter.digest).to_wire()
+        return ScoreResult(outputs, m.model_digest, None if adapter is None else adapter.digest)
 
     # -- the learner ----------------------------------------------------------------------------------------
 
-    def learner_step(self, params: dict[str, Any]) -> dict[str, Any]:
+    def learner_step(self, step: LearnerStepParams) -> LearnerStepResult:
         import mlx.optimizers as optim  # the learner's alone
 
         m = self.need("learner_step")
-        step = LearnerStepParams.from_wire(params, reductions=REDUCTIONS)
         rows = []
         for i, s in enumerate(step.samples):
             where = f"learner_step.samples[{i}]"
@@ -569,7 +566,7 @@ class Engine:
             grad_norm=float(grad_norm.item()), adapter_dir=str(save_dir), adapter_digest=digest,
             adapter_tensors=tensors, start_adapter_digest=start_digest, optimizer_steps=trainee.steps,
             model_digest=m.model_digest,
-        ).to_wire()
+        )
 
     def fresh(self, lora: LoraParams, seed: int) -> Adapter:
         """A new adapter: a uniform in ±1/√in from the seed (the range of mlx-lm's and PEFT's default
@@ -686,6 +683,11 @@ def _read_adapter(path: str, digest: str | None, m: Loaded, where: str) -> Adapt
 
 REDUCTIONS = ("float64-sequence", "float32-microbatch", "float32-sequence")
 """The `learner_step.schedule` reductions this learner computes."""
+
+
+def read_learner_step(params: Any) -> LearnerStepParams:
+    """A `learner_step` call's params as this learner reads them: a schedule only with a reduction it computes."""
+    return LearnerStepParams.from_wire(params, reductions=REDUCTIONS)
 
 
 def _log_softmax(logits: mx.array, temperature: float) -> mx.array:
@@ -848,11 +850,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def server_for(role: Role) -> Server:
         engine = Engine(role, map_rope=args.map_rope)
-        methods = {"load_model": engine.load_model, "load_adapter": engine.load_adapter, "score": engine.score}
+        methods = {LOAD_MODEL.name: serves(LOAD_MODEL, engine.load_model),
+                   LOAD_ADAPTER.name: serves(LOAD_ADAPTER, engine.load_adapter),
+                   SCORE.name: serves(SCORE, engine.score)}
         if role is Role.INFERENCE:
-            methods["generate"] = engine.generate
+            methods[GENERATE.name] = serves(GENERATE, engine.generate)
         else:
-            methods["learner_step"] = engine.learner_step
+            methods[LEARNER_STEP.name] = serves(LEARNER_STEP, engine.learner_step, read=read_learner_step)
         return Server(
             engine="mlx",
             engine_version={"invar": __version__,

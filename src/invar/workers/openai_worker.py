@@ -64,6 +64,7 @@ from invar import __version__
 from invar.errors import ContractError
 from invar.formats.tokenizer import ModelTokenizer
 from invar.protocol import MethodError, Role, Server, exit_worker
+from invar.protocol.methods import GENERATE, LOAD_MODEL, SCORE, serves
 from invar.protocol.payloads import (
     GenerateOutput,
     GenerateParams,
@@ -235,8 +236,8 @@ class Engine:
 
     # -- loading ----------------------------------------------------------------------------------------------
 
-    def load_model(self, params: dict[str, Any]) -> dict[str, Any]:
-        req = LoadModelParams.from_wire(params).require(("float32", "bfloat16"), ("none",))
+    def load_model(self, params: LoadModelParams) -> LoadModelResult:
+        req = params.require(("float32", "bfloat16"), ("none",))
         if req.adapter is not None:
             raise MethodError("load_model.adapter: an endpoint serves the adapters it was started with; this worker "
                               "does not load adapters (name the served adapter as served_model instead)")
@@ -259,7 +260,7 @@ class Engine:
         self.m = Loaded(req.model_dir, digest, vocab_size, response_end_ids(req.model_dir), max_len, tokenizer)
         self._check_seeds()
         self._check_logprobs_mode()
-        return LoadModelResult(digest, None, vocab_size, min(self.m.eos_ids), max_len).to_wire()
+        return LoadModelResult(digest, None, vocab_size, min(self.m.eos_ids), max_len)
 
     def _check_seeds(self) -> None:
         """A seeded request sent twice must come back the same: a server that ignores seeds is refused here."""
@@ -460,9 +461,8 @@ class Engine:
                               "token id")
         return ids[0]
 
-    def generate(self, params: dict[str, Any]) -> dict[str, Any]:
+    def generate(self, call: GenerateParams) -> GenerateResult:
         m = self.loaded("generate")
-        call = GenerateParams.from_wire(params, top_logprobs=True)
         requests = call.requests
         if call.adapter not in (None, "base") or call.reference_adapter is not None:
             raise MethodError("generate.adapter: an endpoint serves the model it was started with; send no adapter")
@@ -486,11 +486,10 @@ class Engine:
                 raise MethodError(f"generate: requests {requests[j].request_id!r} and {req.request_id!r} are the same "
                                   "seeded request and came back different; the server does not honour request seeds")
         self._same_server("generate")
-        return GenerateResult([outputs[i] for i in range(len(requests))], m.model_digest, None).to_wire()
+        return GenerateResult([outputs[i] for i in range(len(requests))], m.model_digest, None)
 
-    def score(self, params: dict[str, Any]) -> dict[str, Any]:
+    def score(self, call: ScoreParams) -> ScoreResult:
         m = self.loaded("score")
-        call = ScoreParams.from_wire(params)
         items = call.items
         if call.adapter not in (None, "base"):
             raise MethodError("score.adapter: an endpoint serves the model it was started with; send no adapter")
@@ -542,7 +541,7 @@ class Engine:
                 lps = np.asarray(values, dtype=np.float32)
                 vocab = np.zeros((0, m.vocab_size), dtype=np.float32)
             outputs.append(ScoreOutput(it.item_id, lps, vocab))
-        return ScoreResult(outputs, m.model_digest, None).to_wire()
+        return ScoreResult(outputs, m.model_digest, None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -606,7 +605,10 @@ def main(argv: list[str] | None = None) -> int:
                   "max_in_flight": settings.max_in_flight,
                   "request_timeout": settings.request_timeout, "retries": settings.retries,
                   "top_p": "1 only", "server": identity},
-        methods={"load_model": engine.load_model, "generate": engine.generate, "score": engine.score},
+        methods={LOAD_MODEL.name: serves(LOAD_MODEL, engine.load_model),
+                 GENERATE.name: serves(GENERATE, engine.generate,
+                                       read=lambda params: GenerateParams.from_wire(params, top_logprobs=True)),
+                 SCORE.name: serves(SCORE, engine.score)},
     )
     return server.serve()
 

