@@ -192,31 +192,40 @@ def test_a_node_killed_mid_run_is_replaced_by_the_others(cluster: NetnsCluster, 
 
 def test_a_node_cut_off_mid_call_is_replaced_and_rejoins(cluster: NetnsCluster, contract: Path, local: Path,
                                                          tmp_path: Path) -> None:
-    run = tmp_path / "run"
+    # The cut is aimed at a call seen unanswered on record, but a call of the tiny model takes about 0.1 s and may be
+    # answered before the link goes down: such an attempt still checks the run, then the scenario is run again.
     lost_ip = cluster.nodes["w2"].ip
-    proc, lost = _fault_mid_call(cluster, contract, run, "w2", lambda: cluster.cut("w2"))
-    try:
-        # The link comes back while the run goes on, once the node's workers have been replaced elsewhere.
-        deadline = time.monotonic() + 300
-        while len(placements(run)) <= 4 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-    finally:
-        cluster.restore("w2")
-    _finished(proc)
-    _same_as_local(run, contract, local)
-    _lost_call_reissued(run, lost, lost_ip)
-    placed = placements(run)
-    assert len(placed) > 4
-    # The head declared the cut-off node dead: once the link is back its raylet ends itself, and the node's workers
-    # with it; the node then comes back under the same address with a new node id.
-    before = {p["node_id"] for p in placed if p["node_ip"] == lost_ip}
-    deadline = time.monotonic() + 120
-    while any(_is_ray_or_worker(pid) for pid in cluster.pids("w2")) and time.monotonic() < deadline:
-        time.sleep(1)
-    assert [_cmdline(pid) for pid in cluster.pids("w2") if _is_ray_or_worker(pid)] == []
-    cluster.revive("w2")
-    alive = cluster.wait_alive(_worker_ips(cluster) | {cluster.head.ip})
-    assert not before & set(alive)
+    for attempt in range(3):
+        run = tmp_path / f"run-{attempt}"
+        proc, lost = _fault_mid_call(cluster, contract, run, "w2", lambda: cluster.cut("w2"))
+        try:
+            # The link comes back while the run goes on, once the node's workers have been replaced elsewhere.
+            deadline = time.monotonic() + 300
+            while len(placements(run)) <= 4 and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            cluster.restore("w2")
+        try:
+            _finished(proc)
+            _same_as_local(run, contract, local)
+            _lost_call_reissued(run, lost, lost_ip)
+            placed = placements(run)
+            replaced = len(placed) > 4
+            # The head declared the cut-off node dead: once the link is back its raylet ends itself, and the node's
+            # workers with it; the node then comes back under the same address with a new node id.
+            before = {p["node_id"] for p in placed if p["node_ip"] == lost_ip}
+            deadline = time.monotonic() + 120
+            while replaced and any(_is_ray_or_worker(p) for p in cluster.pids("w2")) and time.monotonic() < deadline:
+                time.sleep(1)
+            left = [_cmdline(pid) for pid in cluster.pids("w2") if _is_ray_or_worker(pid)]
+        finally:
+            cluster.revive("w2")
+            alive = cluster.wait_alive(_worker_ips(cluster) | {cluster.head.ip})
+        if replaced:
+            assert left == []
+            assert not before & set(alive)
+            return
+    pytest.fail("in 3 attempts, every call cut off had been answered before the cut")
 
 
 def test_a_node_back_under_the_same_address_takes_workers_again(cluster: NetnsCluster, contract: Path,
