@@ -14,6 +14,8 @@ import pytest
 from train_helpers import write_config
 
 from invar.errors import EvidenceError, ProtocolError
+from invar.protocol.methods import Method
+from invar.protocol.payloads import LoadAdapterParams, LoadAdapterResult
 from invar.runner import train as tr
 from invar.runner.engine import RESTARTS, Lease
 from invar.transport import WorkerLost
@@ -27,12 +29,13 @@ class _Worker:
         self.name, self.log, self.lost = name, log, False
         self.adapter: str | None = None
 
-    def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    def call(self, method: Method[LoadAdapterParams, LoadAdapterResult],
+             params: LoadAdapterParams) -> LoadAdapterResult:
         if self.lost:
             raise WorkerLost(f"{self.name}: the Ray actor relaying the worker is gone (ActorDiedError)")
-        self.adapter = params["digest"]
-        self.log.append((self.name, method, params["digest"]))
-        return {"name": params["name"], "adapter_digest": params["digest"]}  # as every worker answers it
+        self.adapter = params.digest
+        self.log.append((self.name, method.name, params.digest))
+        return LoadAdapterResult(params.name, params.digest)  # as every worker answers it
 
     def submit(self, method: str, params: dict[str, Any]) -> _Call:
         if self.lost:

@@ -28,6 +28,7 @@ from invar.cli.options import (
     SettingOpt,
     TemperatureOpt,
     TopPOpt,
+    model_folder,
 )
 from invar.cli.progress import QuietOpt, Reporter, reporting
 from invar.errors import ContractError
@@ -103,6 +104,7 @@ def evaluate(
     scorer = load_scorer(scorer_file, _settings(scorer_setting or []), scorer_dir)
     check_units(scorer, problems)
     chosen = [problems[i] for i in sample_indices(len(problems), count, sample_seed)]
+    model = model_folder(model)  # --model FILE.gguf names the folder that holds it
     spec = EngineSpec(engine, model, dtype, quantization, adapter,
                       settings=parse_launch_settings(engine.value, setting or []))
     meta = spec.meta()

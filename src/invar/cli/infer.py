@@ -25,6 +25,7 @@ from invar.cli.options import (
     SettingOpt,
     TemperatureOpt,
     TopPOpt,
+    model_folder,
 )
 from invar.cli.progress import QuietOpt, reporting
 from invar.errors import EvidenceError, InvarError
@@ -77,6 +78,7 @@ def infer(
         raise InvarError(f"--top-logprobs {top_logprobs}: must be ≥ 0 (0 for none)")
     if system is not None and not chat:
         raise InvarError("--system is a chat message: add --chat (or drop --system)")
+    model = model_folder(model)  # --model FILE.gguf names the folder that holds it
     spec = EngineSpec(engine, model, dtype, quantization, adapter,
                       settings=parse_launch_settings(engine.value, setting or []))
     meta = spec.meta()

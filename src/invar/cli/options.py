@@ -27,7 +27,7 @@ def _setting_help() -> str:
 SettingOpt = Annotated[list[str] | None, typer.Option("--setting", help=_setting_help())]
 
 
-def _model_folder(model: Path) -> Path:
+def model_folder(model: Path) -> Path:
     """`--model FILE.gguf` names the GGUF model folder that holds the file: the model is that folder, pinned by its
     tree digest (docs/gguf.md); a file elsewhere is refused in one line saying what the folder needs."""
     if model.suffix.lower() != ".gguf" or not model.is_file():
@@ -44,7 +44,7 @@ def _model_folder(model: Path) -> Path:
     return folder
 
 
-ModelOpt = Annotated[Path, typer.Option("--model", callback=_model_folder, help=(
+ModelOpt = Annotated[Path, typer.Option("--model", help=(
     "The model folder (named by its tree digest); for --engine llamacpp also FILE.gguf, run from its folder."))]
 DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="The dtype the engine computes in.")]
 QuantOpt = Annotated[

@@ -25,6 +25,7 @@ from invar.cli.options import (
     QuantOpt,
     RunOpt,
     SettingOpt,
+    model_folder,
 )
 from invar.cli.progress import QuietOpt, reporting
 from invar.compare.steps import parse_steps, show_steps
@@ -96,6 +97,7 @@ def score(
     except ValueError as exc:
         raise InvarError(f"--capture-steps {capture_steps!r}: {exc}") from None
     patches = {name: patch_digest(patch_dir(name)) for name in patch or []}
+    model = model_folder(model)  # --model FILE.gguf names the folder that holds it
     spec = EngineSpec(engine, model, dtype, quantization, adapter, patches=patches,
                       settings=parse_launch_settings(engine.value, setting or []))
     meta: dict[str, Any] = {"command": "score", **spec.meta(), "capture_steps": show_steps(spec_steps)}
