@@ -34,8 +34,12 @@ def test_workers_with_the_pids_of_the_first_attempt_keep_the_resumed_run_readabl
     with RunStore.open(run) as store:
         assert store.verify().closed
         workers = store.workers()
-        assert len(workers) == 4
-        assert len({ident.pid for ident in workers.values()}) == 2  # two pids, each started twice
+        # The first attempt may stop before its second worker is on record, so 3 or 4 starts: what matters is that a
+        # pid started twice is on record under two keys.
+        pids = [ident.pid for ident in workers.values()]
+        assert len(workers) in (3, 4)
+        assert set(pids) <= {4000, 4001}
+        assert len(pids) > len(set(pids))
     # Admission reads every record: the resumed run decides as an uninterrupted one does.
     use_run(ws.contract_path, tmp_path / "whole", transport=FakeTransport())
     assert admit(ws.contract_path, run).to_json()["answer"] == admit(ws.contract_path, tmp_path / "whole").to_json()[
