@@ -368,7 +368,6 @@ def decide(
     """The answer and its one-line reason, in the contract's order: invariance, the measurements' `max_kl` (when
     the contract sets one), premises, task loss (a sequential contract's: the stopping rule's answer). Pure."""
     eps_text = contract.requirement.epsilon
-    eps = Fraction(eps_text)
     if invariance.required and not invariance.holds:
         return Answer.VIOLATED, (f"invariance: {invariance.units_differing} of {invariance.units} units differ "
                                  f"across layouts {', '.join(invariance.layouts)}; {invariance.first_difference}")
@@ -396,20 +395,26 @@ def decide(
                          f"{relation} ε = {eps_text}; no claim beyond these units")
     assert task_bound is not None
     assert contract.requirement.delta is not None
-    conf = 1 - contract.requirement.delta
+    return bound_answer(task_bound, eps_text, contract.requirement.delta)
+
+
+def bound_answer(task_bound: Bound, epsilon: Decimal, delta: Decimal) -> tuple[Answer, str]:
+    """The population standard's answer from a fixed-n bound at confidence 1 − `delta`: bounds that cross never
+    decide; upper ≤ ε Admitted; lower > ε Violated; otherwise Unknown. Recorded and imported decisions share it."""
+    conf = 1 - delta
     if task_bound.lower > task_bound.upper:
         # Two one-sided bounds that stop at different times can cross (probability ≤ 2δ, betting only); an empty
         # interval would let the order of the tests below pick the answer, so it never decides.
         return Answer.UNKNOWN, (f"the one-sided bounds cross: lower {task_bound.lower:.6g} > upper "
                                 f"{task_bound.upper:.6g} ({task_bound.method} {task_bound.version}); "
                                 "this evidence does not decide")
-    if within_epsilon(Fraction(task_bound.upper), contract.requirement.epsilon):
-        return Answer.ADMITTED, (f"upper bound {task_bound.upper:.6g} on the mean loss increase ≤ ε = {eps_text} "
+    if within_epsilon(Fraction(task_bound.upper), epsilon):
+        return Answer.ADMITTED, (f"upper bound {task_bound.upper:.6g} on the mean loss increase ≤ ε = {epsilon} "
                                  f"at confidence {conf} ({task_bound.method} {task_bound.version})")
-    if Fraction(task_bound.lower) > eps:
-        return Answer.VIOLATED, (f"lower bound {task_bound.lower:.6g} on the mean loss increase > ε = {eps_text} "
+    if Fraction(task_bound.lower) > Fraction(epsilon):
+        return Answer.VIOLATED, (f"lower bound {task_bound.lower:.6g} on the mean loss increase > ε = {epsilon} "
                                  f"at confidence {conf} ({task_bound.method} {task_bound.version})")
-    return Answer.UNKNOWN, (f"the bound [{task_bound.lower:.6g}, {task_bound.upper:.6g}] contains ε = {eps_text}: "
+    return Answer.UNKNOWN, (f"the bound [{task_bound.lower:.6g}, {task_bound.upper:.6g}] contains ε = {epsilon}: "
                             "this evidence does not decide; more units may")
 
 

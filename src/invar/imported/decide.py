@@ -1,8 +1,8 @@
 """`use prepare` and `use admit` over imported evidence: pin the exports, pair them, decide.
 
-Decision: the answer comes from the same rules as a recorded decision (`invar.contract.decide.decide`'s population
-and finite-domain rules, word for word in `bound_answer`; the same bound methods; the same sequential rule), on
-losses the exporter computed; nothing here recomputes a score. So
+Decision: the answer comes from the same rules as a recorded decision (`invar.contract.decide.bound_answer` for the
+population standard, `decide`'s finite-domain rule; the same bound methods; the same sequential rule), on losses the
+exporter computed; nothing here recomputes a score. So
 the decision's premises always begin with one per export: the scores in that file (named by its sha256) are the
 exporter's word, read by Invar and not recomputed from calls. An imported decision states `evidence: imported`
 and names no run, records or chain head, so it can never be presented as a recorded one.
@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from decimal import Decimal
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from invar import canonical
 from invar.contract.decide import (
     Answer,
     PremiseCheck,
+    bound_answer,
     conservative_delta,
     diagnostics_json,
     sequential_json,
@@ -208,24 +208,6 @@ def _premise(p: Premise, base: Path) -> PremiseCheck:
     holds = actual == p.basis_sha256
     note = f"basis file {path} re-hashed: " + ("matches" if holds else f"sha256 is now {actual}")
     return PremiseCheck(p.statement, p.party, p.basis_sha256, p.reliance, holds, note)
-
-
-def bound_answer(task_bound: Bound, epsilon: Decimal, delta: Decimal) -> tuple[Answer, str]:
-    """The population standard's answer from a fixed-n bound at confidence 1 − `delta`, as `decide` gives it for a
-    recorded decision: bounds that cross never decide; upper ≤ ε Admitted; lower > ε Violated; otherwise Unknown."""
-    conf = 1 - delta
-    if task_bound.lower > task_bound.upper:
-        return Answer.UNKNOWN, (f"the one-sided bounds cross: lower {task_bound.lower:.6g} > upper "
-                                f"{task_bound.upper:.6g} ({task_bound.method} {task_bound.version}); "
-                                "this evidence does not decide")
-    if within_epsilon(Fraction(task_bound.upper), epsilon):
-        return Answer.ADMITTED, (f"upper bound {task_bound.upper:.6g} on the mean loss increase ≤ ε = {epsilon} "
-                                 f"at confidence {conf} ({task_bound.method} {task_bound.version})")
-    if Fraction(task_bound.lower) > Fraction(epsilon):
-        return Answer.VIOLATED, (f"lower bound {task_bound.lower:.6g} on the mean loss increase > ε = {epsilon} "
-                                 f"at confidence {conf} ({task_bound.method} {task_bound.version})")
-    return Answer.UNKNOWN, (f"the bound [{task_bound.lower:.6g}, {task_bound.upper:.6g}] contains ε = {epsilon}: "
-                            "this evidence does not decide; more units may")
 
 
 def admit_imported(contract_path: str | os.PathLike[str]) -> ImportedDecision:
