@@ -558,6 +558,23 @@ def _check_sequential(requirement: Requirement, measurements: Measurements | Non
                          "the measurements section or sequential")
 
 
+def confidence_to_delta(data: Any) -> Any:
+    """A declaration's raw data with `requirement.confidence` turned into `delta`: owners think in confidence, a
+    contract keeps δ. Either is accepted, never both (`ValueError` naming the field)."""
+    if isinstance(data, dict) and isinstance(data.get("requirement"), dict):
+        req = dict(data["requirement"])
+        if "confidence" in req:
+            if "delta" in req:
+                raise ValueError("requirement: give confidence or delta, not both")
+            try:
+                confidence = _open_unit(_to_decimal(req.pop("confidence")))
+            except ValueError as exc:
+                raise ValueError(f"requirement.confidence: {exc}") from None
+            req["delta"] = _decimal_text(Decimal(1) - confidence)
+        data = {**data, "requirement": req}
+    return data
+
+
 class Declaration(_Model):
     """What an owner writes: the use, the requirement, the two packages and the premises."""
 
@@ -593,19 +610,7 @@ class Declaration(_Model):
     @model_validator(mode="before")
     @classmethod
     def _confidence_to_delta(cls, data: Any) -> Any:
-        # Owners think in confidence; the contract keeps δ. Accept either, never both.
-        if isinstance(data, dict) and isinstance(data.get("requirement"), dict):
-            req = dict(data["requirement"])
-            if "confidence" in req:
-                if "delta" in req:
-                    raise ValueError("requirement: give confidence or delta, not both")
-                try:
-                    confidence = _open_unit(_to_decimal(req.pop("confidence")))
-                except ValueError as exc:
-                    raise ValueError(f"requirement.confidence: {exc}") from None
-                req["delta"] = _decimal_text(Decimal(1) - confidence)
-            data = {**data, "requirement": req}
-        return data
+        return confidence_to_delta(data)
 
     @model_validator(mode="after")
     def _consistent(self) -> Declaration:

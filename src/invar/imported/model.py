@@ -28,9 +28,7 @@ from invar.contract.model import (
     Requirement,
     _check_method,
     _check_nesting,
-    _decimal_text,
-    _open_unit,
-    _to_decimal,
+    confidence_to_delta,
 )
 from invar.errors import ContractError
 from invar.owner_files import Name, PathText, field_error, owner_text, read_owner_file
@@ -161,18 +159,7 @@ class ImportDeclaration(_Model):
     @model_validator(mode="before")
     @classmethod
     def _confidence_to_delta(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("requirement"), dict):
-            req = dict(data["requirement"])
-            if "confidence" in req:
-                if "delta" in req:
-                    raise ValueError("requirement: give confidence or delta, not both")
-                try:
-                    confidence = _open_unit(_to_decimal(req.pop("confidence")))
-                except ValueError as exc:
-                    raise ValueError(f"requirement.confidence: {exc}") from None
-                req["delta"] = _decimal_text(Decimal(1) - confidence)
-            data = {**data, "requirement": req}
-        return data
+        return confidence_to_delta(data)
 
     @model_validator(mode="after")
     def _consistent(self) -> ImportDeclaration:
