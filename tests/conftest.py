@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -27,6 +28,29 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+BUILD_SMOLLM2 = ROOT / "scripts" / "build_smollm2.py"
+SMOLLM2_FOLDERS = ("smollm2-135m-instruct", "smollm2-135m-instruct-mlx", "smollm2-135m-instruct-q4_1")
+
+
+@pytest.fixture(scope="session")
+def smollm2_build() -> tuple[Path, Path, Path]:
+    """The real model's three folders (float32, its mlx-lm copy, the shipped Q4_1 GGUF), built or checked against the
+    pins by `scripts/build_smollm2.py` before any test reads them: a no-op once `models/` matches the pins. The
+    suite's two lanes may both ask at once, so the build holds a lock and the later one finds the folders pinned. A
+    build that cannot run fails the test with the script's own message; it is never skipped."""
+    (ROOT / "models").mkdir(exist_ok=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    with (ROOT / "models" / ".smollm2-build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = subprocess.run([sys.executable, str(BUILD_SMOLLM2)], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=1800, check=False)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        pytest.fail(f"{BUILD_SMOLLM2.name} exited {done.returncode}: {' | '.join(lines[-3:])}", pytrace=False)
+    full, mlx, gguf = (ROOT / "models" / name for name in SMOLLM2_FOLDERS)
+    return full, mlx, gguf
 
 
 def python_argv(*args: str) -> list[str]:

@@ -52,6 +52,7 @@ def _chat_population(where: Path) -> Path:
 
 
 @pytest.mark.engine
+@pytest.mark.usefixtures("smollm2_build")
 def test_use_init_adds_the_turn_end_a_conversion_left_out_and_prepare_refuses_a_bos_gap(tmp_path: Path) -> None:
     """SmolLM2's tokenizer files as a user's GGUF conversion leaves them: generation_config.json ends a response at
     <|endoftext|> only, while the chat template ends each turn with <|im_end|>. `use init` refuses the folder naming

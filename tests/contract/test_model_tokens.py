@@ -17,6 +17,9 @@ from invar.errors import ContractError
 from invar.tasks import ModelTokenizer
 from invar.tasks.special_tokens import add_end_ids, adds_bos, check_bos, check_end_ids, proposed_end_ids, turn_end_id
 
+# The SmolLM2 folders are built by the build script, not checked in: every test here reads them after it ran.
+pytestmark = pytest.mark.usefixtures("smollm2_build")
+
 
 @pytest.mark.parametrize("folder", [SMOLLM2, SMOLLM2_GGUF, TINY])
 def test_the_shipped_folders_agree_with_themselves(folder: Path) -> None:

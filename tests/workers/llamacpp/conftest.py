@@ -9,9 +9,6 @@ the real model it exists for.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,21 +21,11 @@ from invar.engines import start_worker
 from invar.tasks import ModelTokenizer
 from invar.transport import WorkerClient
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-BUILD_SCRIPT = REPO_ROOT / "scripts" / "build_smollm2.py"
-GGUF_DIR = REPO_ROOT / "models" / "smollm2-135m-instruct-q4_1"
-
 
 @pytest.fixture(scope="session")
-def gguf_dir() -> Path:
+def gguf_dir(smollm2_build: tuple[Path, Path, Path]) -> Path:
     """The pinned GGUF folder, built (or checked) by the build script; a build that cannot run fails the test."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, str(BUILD_SCRIPT)], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=1800, check=False)
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        pytest.fail(f"{BUILD_SCRIPT.name} exited {done.returncode}: {' | '.join(lines[-3:])}", pytrace=False)
-    return GGUF_DIR
+    return smollm2_build[2]
 
 
 @pytest.fixture(scope="session")
