@@ -27,8 +27,8 @@ def render_prepared(prepared: PreparedImport) -> str:
 
 def render_imported(d: ImportedDecision) -> str:
     """An imported decision as a few aligned lines, saying first that it was not recorded."""
+    from invar.cli.use import diagnostics_line
     from invar.evidence import RangeTaskLoss
-    from invar.stats.diagnostics import RangeDiagnostics
 
     lines = [f"{d.answer.value}: {d.reason}",
              f"contract   {d.contract_name} (sha256 {d.contract_sha256})",
@@ -53,14 +53,8 @@ def render_imported(d: ImportedDecision) -> str:
         b = d.bound
         lines.append(f"bound      {b.method} {b.version}, δ = {b.delta:.6g}: estimate {b.estimate:.6g}, "
                      f"[{b.lower:.6g}, {b.upper:.6g}]")
-    g = d.diagnostics
-    if isinstance(g, RangeDiagnostics):
-        lines.append(f"diagnostic (never deciding) paired Wald {g.wald_confidence:g}: [{g.wald[0]:.6g}, "
-                     f"{g.wald[1]:.6g}]; Hoeffding [{g.hoeffding.lower:.6g}, {g.hoeffding.upper:.6g}]")
-    elif g is not None:
-        lines.append(f"diagnostic (never deciding) paired Wald {g.wald_confidence:g}: [{g.wald[0]:.6g}, "
-                     f"{g.wald[1]:.6g}]; exact McNemar one-sided p = {g.mcnemar_p:.4g}; Hoeffding "
-                     f"[{g.hoeffding.lower:.6g}, {g.hoeffding.upper:.6g}]")
+    if d.diagnostics is not None:
+        lines.append(diagnostics_line(d.diagnostics))
     return "\n".join(lines)
 
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from invar.contract.model import Contract
     from invar.contract.plan import PlannedCall
     from invar.runner.use_run import Progress
+    from invar.stats.diagnostics import PairedDiagnostics, RangeDiagnostics
     from invar.stats.planning import Assumed, PlanRow
     from invar.stats.sequential import SequentialPlan
 
@@ -362,10 +363,21 @@ def _sequential_plan(c: Contract, looks: tuple[int, ...] | None, stated: dict[st
                            int(horizon), batch=min(int(horizon), look), runs=1000)
 
 
+def diagnostics_line(g: PairedDiagnostics | RangeDiagnostics) -> str:
+    """A decision's diagnostics (never deciding) on one line, recorded or imported alike."""
+    from invar.stats.diagnostics import RangeDiagnostics
+
+    if isinstance(g, RangeDiagnostics):
+        return (f"diagnostic (never deciding) paired Wald {g.wald_confidence:g}: [{g.wald[0]:.6g}, "
+                f"{g.wald[1]:.6g}]; Hoeffding [{g.hoeffding.lower:.6g}, {g.hoeffding.upper:.6g}]")
+    return (f"diagnostic (never deciding) paired Wald {g.wald_confidence:g}: [{g.wald[0]:.6g}, "
+            f"{g.wald[1]:.6g}]; exact McNemar one-sided p = {g.mcnemar_p:.4g}; Hoeffding "
+            f"[{g.hoeffding.lower:.6g}, {g.hoeffding.upper:.6g}]")
+
+
 def render_decision(decision: Decision) -> str:
     """The decision as a few aligned lines for a person."""
     from invar.evidence import RangeTaskLoss
-    from invar.stats.diagnostics import RangeDiagnostics
 
     d = decision
     lines = [f"{d.answer.value}: {d.reason}",
@@ -405,14 +417,8 @@ def render_decision(decision: Decision) -> str:
                      f"units used; bounds at each look: " + ", ".join(
                          f"{look.n}: [{look.lower:.3g}, {look.upper:.3g}]" for look in s.looks[-4:])
                      + (" (last four)" if len(s.looks) > 4 else ""))
-    g = d.diagnostics
-    if isinstance(g, RangeDiagnostics):
-        lines.append(f"diagnostic (never deciding) paired Wald {g.wald_confidence:g}: [{g.wald[0]:.6g}, "
-                     f"{g.wald[1]:.6g}]; Hoeffding [{g.hoeffding.lower:.6g}, {g.hoeffding.upper:.6g}]")
-    elif g is not None:
-        lines.append(f"diagnostic (never deciding) paired Wald {g.wald_confidence:g}: [{g.wald[0]:.6g}, "
-                     f"{g.wald[1]:.6g}]; exact McNemar one-sided p = {g.mcnemar_p:.4g}; Hoeffding "
-                     f"[{g.hoeffding.lower:.6g}, {g.hoeffding.upper:.6g}]")
+    if d.diagnostics is not None:
+        lines.append(diagnostics_line(d.diagnostics))
     m = d.measurements
     if m is not None:
         tf = m.teacher_forcing()

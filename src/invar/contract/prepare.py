@@ -62,9 +62,41 @@ class Prepared:
     plan: ExecutionPlan
 
 
-def _rel(target: Path, start: Path) -> str:
+def relative_path(target: Path, start: Path) -> str:
     """`target` relative to `start`, with forward slashes, so the contract moves with the files it names."""
     return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()
+
+
+def output_folder(out_dir: str | os.PathLike[str] | None, declaration_path: Path) -> Path:
+    """The folder `prepare` writes to (`out_dir`, default the declaration's folder), created; one line if not."""
+    out = Path(out_dir) if out_dir is not None else declaration_path.parent
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ContractError(f"{out}: cannot create the output folder ({exc.strerror or exc}); choose another "
+                            "--out") from None
+    return out
+
+
+def write_contract(out: Path, name: str, data: bytes) -> tuple[str, Path, Path]:
+    """Write a contract's canonical bytes to `out/<name>.contract.json` and its digest, in `sha256sum` format, beside
+    it; returns the sha256 and both paths. A different contract of the same name is never overwritten (a contract,
+    once named, never changes)."""
+    sha = canonical.sha256(data)
+    path = out / f"{name}.contract.json"
+    digest_path = out / f"{name}.contract.json.sha256"
+    try:
+        if path.exists() and path.read_bytes() != data:
+            raise ContractError(
+                f"{path}: a different contract of this name already exists; give the declaration a new name "
+                "or move the old contract away"
+            )
+        path.write_bytes(data)
+        digest_path.write_text(f"{sha}  {path.name}\n", encoding="ascii")
+    except OSError as exc:
+        raise ContractError(f"{path}: cannot write the contract ({exc.strerror or exc}); choose another --out") \
+            from None
+    return sha, path, digest_path
 
 
 @contextlib.contextmanager
@@ -137,10 +169,10 @@ def _package(role: Literal["reference", "candidate"], decl: PackageDeclaration, 
     if decl.adapter is not None:
         adapter_dir = base / decl.adapter.path
         _tree(f"{role}.adapter.digest", adapter_dir, decl.adapter.digest)
-        adapter = Adapter(path=_rel(adapter_dir, out), digest=decl.adapter.digest)
+        adapter = Adapter(path=relative_path(adapter_dir, out), digest=decl.adapter.digest)
     fields: dict[str, Any] = {
         **decl.model_dump(),
-        "model_dir": _rel(model_dir, out),
+        "model_dir": relative_path(model_dir, out),
         "adapter": adapter,
     }
     with _reading(f"{role}.model_dir", model_dir):
@@ -187,7 +219,7 @@ def _premise(index: int, premise: Premise, base: Path, out: Path) -> Premise:
         raise ContractError(
             f"premises[{index}].basis_sha256: {basis} has sha256 {actual}, but {premise.basis_sha256} was declared"
         )
-    return premise.model_copy(update={"basis_path": _rel(basis, out)})
+    return premise.model_copy(update={"basis_path": relative_path(basis, out)})
 
 
 def method_version(method: str) -> str:
@@ -212,7 +244,7 @@ def build_contract(declaration: Declaration, base: Path, out: Path) -> tuple[Con
     fields: dict[str, Any] = {
         **{k: v for k, v in declaration if k not in ("population", "reference", "candidate", "premises", "scorer")},
         "population": Population(
-            path=_rel(pop_path, out), sha256=pop.sha256, size=len(units), unit=pop.unit, sample=pop.sample
+            path=relative_path(pop_path, out), sha256=pop.sha256, size=len(units), unit=pop.unit, sample=pop.sample
         ),
         "scorer": _scorer(declaration.scorer, requirement, units, base, out),
         "method_version": None if requirement.method is None else method_version(requirement.method),
@@ -237,7 +269,7 @@ def _scorer(declared: Scorer, requirement: Requirement, units: Sequence[Populati
     check_method_fits(requirement, scorer)
     name, sha256 = declared.name, None
     if isinstance(scorer, UserScorer):
-        name = f"{_rel(base / scorer.path, out)}:{declared.name.rsplit(':', 1)[1]}"
+        name = f"{relative_path(base / scorer.path, out)}:{declared.name.rsplit(':', 1)[1]}"
         sha256 = scorer.sha256
     version = None if declared.name == ARITHMETIC else scorer.version
     return Scorer(name=name, settings=declared.settings, version=version, sha256=sha256)
@@ -315,30 +347,13 @@ def prepare(declaration_path: str | os.PathLike[str], out_dir: str | os.PathLike
     """
     decl_path = Path(declaration_path)
     declaration = read_declaration(decl_path)
-    out = Path(out_dir) if out_dir is not None else decl_path.parent
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ContractError(f"{out}: cannot create the output folder ({exc.strerror or exc}); choose another "
-                            "--out") from None
+    out = output_folder(out_dir, decl_path)
     contract, units = build_contract(declaration, decl_path.parent, out)
     data = contract.canonical_json()
     sha = canonical.sha256(data)
     encoders = prompt_encoders(package_tokenizers(contract, model_folders(contract, out)))
     plan = derive_plan(contract, sha, units, encoders)
-    path = out / f"{contract.name}.contract.json"
-    digest_path = out / f"{contract.name}.contract.json.sha256"
-    try:
-        if path.exists() and path.read_bytes() != data:
-            raise ContractError(
-                f"{path}: a different contract of this name already exists; give the declaration a new name "
-                "or move the old contract away"
-            )
-        path.write_bytes(data)
-        digest_path.write_text(f"{sha}  {path.name}\n", encoding="ascii")
-    except OSError as exc:
-        raise ContractError(f"{path}: cannot write the contract ({exc.strerror or exc}); choose another --out") \
-            from None
+    sha, path, digest_path = write_contract(out, contract.name, data)
     return Prepared(contract=contract, sha256=sha, path=path, digest_path=digest_path, plan=plan)
 
 

@@ -28,7 +28,7 @@ from invar.contract.decide import (
     sequential_json,
 )
 from invar.contract.model import Premise
-from invar.contract.prepare import method_version
+from invar.contract.prepare import method_version, output_folder, relative_path, write_contract
 from invar.errors import ContractError, EvidenceError
 from invar.evidence import RangeTaskLoss, TaskLoss, paired_range_task_loss, paired_task_loss, within_epsilon
 from invar.imported.exports import Export, pair, read_bytes, read_exports
@@ -51,22 +51,13 @@ class PreparedImport:
     digest_path: Path
 
 
-def _rel(target: Path, start: Path) -> str:
-    return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()
-
-
 def prepare_imported(declaration_path: str | os.PathLike[str],
                      out_dir: str | os.PathLike[str] | None = None) -> PreparedImport:
     """Validate an imported declaration, read and pair its exports (so a defect is found now, not at admission), and
     write `<name>.contract.json` and its `.sha256` with every export pinned by digest and item count."""
     decl_path = Path(declaration_path)
     decl = read_import_declaration(decl_path)
-    out = Path(out_dir) if out_dir is not None else decl_path.parent
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ContractError(f"{out}: cannot create the output folder ({exc.strerror or exc}); choose another "
-                            "--out") from None
+    out = output_folder(out_dir, decl_path)
     files = {}
     for role, f in decl.imported.files().items():
         path = decl_path.parent / f.path
@@ -80,7 +71,7 @@ def prepare_imported(declaration_path: str | os.PathLike[str],
     pair(exports["reference"], exports["candidate"])  # refused now, naming the item, rather than at admission
     counts = {"reference": len(exports["reference"].items), "candidate": len(exports["candidate"].items),
               "table": len(exports["reference"].items)}
-    pinned = {role: PinnedExport(path=_rel(path, out), sha256=sha, items=counts[role])
+    pinned = {role: PinnedExport(path=relative_path(path, out), sha256=sha, items=counts[role])
               for role, (path, _, sha) in files.items()}
     source = decl.imported.model_copy(update={
         role: type(f)(path=pinned[role].path, sha256=pinned[role].sha256)
@@ -92,7 +83,7 @@ def prepare_imported(declaration_path: str | os.PathLike[str],
             if not basis.is_file() or canonical.file_sha256(basis) != p.basis_sha256:
                 raise ContractError(f"premises: the basis file {basis} is missing or does not hash to basis_sha256; "
                                     "point basis_path at the file the digest names")
-            p = p.model_copy(update={"basis_path": _rel(basis, out)})
+            p = p.model_copy(update={"basis_path": relative_path(basis, out)})
         premises.append(p)
     method = decl.requirement.method
     try:
@@ -102,19 +93,7 @@ def prepare_imported(declaration_path: str | os.PathLike[str],
             premises=premises)
     except ValueError as exc:  # the declaration's own checks passed, so only a path past the limits lands here
         raise ContractError(f"{decl_path}: {exc}") from None
-    data = contract.canonical_json()
-    sha = canonical.sha256(data)
-    path = out / f"{contract.name}.contract.json"
-    digest_path = out / f"{contract.name}.contract.json.sha256"
-    try:
-        if path.exists() and path.read_bytes() != data:
-            raise ContractError(f"{path}: a different contract of this name already exists; give the declaration a "
-                                "new name or move the old contract away")
-        path.write_bytes(data)
-        digest_path.write_text(f"{sha}  {path.name}\n", encoding="ascii")
-    except OSError as exc:
-        raise ContractError(f"{path}: cannot write the contract ({exc.strerror or exc}); choose another --out") \
-            from None
+    sha, path, digest_path = write_contract(out, contract.name, contract.canonical_json())
     return PreparedImport(contract, sha, path, digest_path)
 
 
