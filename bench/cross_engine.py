@@ -417,8 +417,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--setting {item!r}: write ENGINE:NAME=VALUE for one of {','.join(args.engines)}")
         try:
             launch.setdefault(engine, {}).update(parse_launch_settings(engine, [setting]))
-        except InvarError as e:
-            parser.error(str(e))
+        except InvarError as exc:
+            parser.error(str(exc))
     if args.batch_size < 1:
         parser.error(f"--batch-size {args.batch_size}: must be at least 1")
     if args.max_tokens < 1:

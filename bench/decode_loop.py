@@ -40,8 +40,10 @@ for path in (REPO / "src", REPO, *((Path(OTHER_SRC),) if OTHER_SRC else ())):
 
 import numpy as np  # noqa: E402
 
-from bench.overhead import LARGE_SHAPE, build_large, handler, make_calls  # noqa: E402
 from invar import canonical  # noqa: E402
+
+sys.path.append(str(REPO / "bench"))  # last, as bench/train_overhead.py: bench/workers.py must not shadow workers
+from overhead import LARGE_SHAPE, build_large, handler, make_calls  # noqa: E402
 
 MODELS = {"tiny": REPO / "models" / "tiny-arith"}
 
@@ -56,7 +58,7 @@ def engine_for(engine: str) -> Any:
     """The worker's engine class, set up as the worker's `main` sets it up (as bench/overhead.py's direct driver)."""
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(name, "1")
-    from bench.overhead import _direct_engine
+    from overhead import _direct_engine
 
     return _direct_engine(engine, "cpu")
 
@@ -160,7 +162,7 @@ def _native(engine_name: str, engine: Any, model: Path) -> Any:
             prompts = [call["requests"][i]["prompt_ids"] for i in batch]
             out = batch_generate(m.model, _Tok(), prompts, max_tokens=call["requests"][0]["max_tokens"],
                                  sampler=make_sampler(temp=1.0), verbose=False)
-            n += len(out.texts) if hasattr(out, "texts") else len(out)
+            n += len(out.texts)
         return n
 
     return run_mlx

@@ -73,7 +73,7 @@ def main() -> None:
             times["kernel"].append(tk)
             times["torch"].append(tt)
             same = same and torch.equal(out_k.view(torch.int32), out_t.view(torch.int32))
-        row = {"case": name, "bit_identical": same,
+        row: dict[str, Any] = {"case": name, "bit_identical": same,
                **{f"{impl}_s_min": min(t) for impl, t in times.items()},
                **{f"{impl}_s_median": statistics.median(t) for impl, t in times.items()},
                "speedup_median": statistics.median(times["torch"]) / statistics.median(times["kernel"]),

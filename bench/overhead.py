@@ -66,7 +66,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ import numpy as np  # noqa: E402
 
 from invar import canonical  # noqa: E402
 from invar.engines import DEFAULT_MODEL, worker_env  # noqa: E402
+from invar.protocol import Role  # noqa: E402
 from invar.protocol.methods import METHODS, serves  # noqa: E402
 from invar.protocol.server import Handler  # noqa: E402
 from invar.records import RunStore  # noqa: E402
@@ -151,7 +152,7 @@ def build_large(out: Path, layers: int, hidden: int) -> Path:
         max_position_embeddings=base["max_position_embeddings"], tie_word_embeddings=True,
         bos_token_id=base["bos_token_id"], eos_token_id=base["eos_token_id"], pad_token_id=base["pad_token_id"],
         rms_norm_eps=base["rms_norm_eps"], dtype="float32")
-    model = Qwen3ForCausalLM(config)
+    model = Qwen3ForCausalLM(config)  # type: ignore[no-untyped-call]
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
@@ -240,13 +241,13 @@ def _direct_engine(engine: str, device: str) -> Any:
         torch.use_deterministic_algorithms(True)
         torch.set_num_threads(1)
         torch.set_num_interop_threads(1)
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
-        return hf_worker.Engine(hf_worker.Role.INFERENCE, device)
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+        return hf_worker.Engine(Role.INFERENCE, device)
     if engine == "mlx":
         from invar.workers import mlx_worker
 
-        return mlx_worker.Engine(mlx_worker.Role.INFERENCE)
+        return mlx_worker.Engine(Role.INFERENCE)
     from invar.workers import vllm_worker
 
     utilization = VLLM_SETTINGS["gpu_memory_utilization"] if device == "cpu" else VLLM_CUDA_UTILIZATION
@@ -275,14 +276,14 @@ def _native(engine: str, direct: Any, model: Path) -> Any:
         from mlx_lm.generate import batch_generate
         from mlx_lm.sample_utils import make_sampler
 
-        model_, tokenizer = mlx_lm.load(str(model))
+        model_, tokenizer = mlx_lm.load(str(model))[:2]
 
         def run_mlx(calls: list[dict[str, Any]]) -> int:
             reqs = [r for c in calls for r in c["requests"]]
             prompts = [tokenizer.encode(r["prompt"]) for r in reqs]
             out = batch_generate(model_, tokenizer, prompts, max_tokens=reqs[0]["max_tokens"],
                                  sampler=make_sampler(temp=reqs[0]["temperature"]), return_token_ids=True)
-            return sum(len(t) for t in out.token_ids) if getattr(out, "token_ids", None) else len(out.texts)
+            return sum(len(t) for t in out.token_ids) if out.token_ids is not None else len(out.texts)
 
         return run_mlx
     return None
@@ -480,9 +481,9 @@ def breakdown(session: Any, store: RunStore, calls: list[dict[str, Any]], rounds
 
     steps = _Steps()
     saved = {"call": b"", "report": b""}
-    orig = {"canonical": client_mod.canonical, "frames": client_mod.frames,  # type: ignore[attr-defined]
-            "hashlib": client_mod.hashlib,  # type: ignore[attr-defined]
-            "record_call": store.record_call, "record_report": store.record_report}
+    client_globals = vars(client_mod)  # the client's module globals, swapped for timed stand-ins during the calls
+    orig: dict[str, Any] = {**{name: client_globals[name] for name in ("canonical", "frames", "hashlib")},
+                            "record_call": store.record_call, "record_report": store.record_report}
 
     def keep(kind: str) -> Any:
         inner = steps.timed("record " + kind, orig["record_" + kind])
@@ -493,12 +494,11 @@ def breakdown(session: Any, store: RunStore, calls: list[dict[str, Any]], rounds
 
         return record
 
-    client_mod.canonical = _Timed(orig["canonical"], {"encode_parts": "encode call", "sha256_parts": "hash call"},
-                                  steps)  # type: ignore[attr-defined]
-    client_mod.frames = _Timed(orig["frames"], {"write_parts": "write call to the pipe",
-                                                "decode_payload": "decode report"}, steps)  # type: ignore[attr-defined]
-    client_mod.hashlib = types.SimpleNamespace(  # type: ignore[attr-defined]
-        sha256=lambda: _TimedHasher(steps, "hash report as read"))
+    client_globals["canonical"] = _Timed(orig["canonical"], {"encode_parts": "encode call",
+                                                             "sha256_parts": "hash call"}, steps)
+    client_globals["frames"] = _Timed(orig["frames"], {"write_parts": "write call to the pipe",
+                                                       "decode_payload": "decode report"}, steps)
+    client_globals["hashlib"] = types.SimpleNamespace(sha256=lambda: _TimedHasher(steps, "hash report as read"))
     store.record_call, store.record_report = keep("call"), keep("report")  # type: ignore[method-assign]
     main = threading.current_thread().name
     per_call: list[dict[str, float]] = []
@@ -515,21 +515,21 @@ def breakdown(session: Any, store: RunStore, calls: list[dict[str, Any]], rounds
                 t1 = time.perf_counter()
                 own: dict[str, float] = {"whole call": t1 - t0}
                 wall: dict[str, float] = {}
-                for label, thread, s, e, step in steps.within(t0, t1):
-                    own[label] = own.get(label, 0.0) + step
+                for label, thread, s, e, spent in steps.within(t0, t1):
+                    own[label] = own.get(label, 0.0) + spent
                     wall[label] = wall.get(label, 0.0) + e - s
                     thread_of[label] = "calling thread" if thread == main else "reader thread" \
                         if thread.endswith("-reader") else f"thread {thread}"
                 per_call.append(own)
                 wall_call.append(wall)
     finally:
-        client_mod.canonical, client_mod.frames = orig["canonical"], orig["frames"]  # type: ignore[attr-defined]
-        client_mod.hashlib = orig["hashlib"]  # type: ignore[attr-defined]
+        for name in ("canonical", "frames", "hashlib"):
+            client_globals[name] = orig[name]
         store.record_call, store.record_report = orig["record_call"], orig["record_report"]  # type: ignore
     # The worker's side of the protocol, replayed on the last call's exact bytes (the worker runs the same code).
     replay: dict[str, list[float]] = {}
     report = Report.from_wire(frames.decode_payload(bytearray(saved["report"]), "report"))
-    replayed = {
+    replayed: dict[str, Callable[[], object]] = {
         "worker: hash call as read": lambda: hashlib.sha256(saved["call"]).hexdigest(),
         "worker: decode call": lambda: Call.from_wire(frames.decode_payload(bytearray(saved["call"]))),
         "worker: encode report": lambda: canonical.encode_parts(report.to_wire()),

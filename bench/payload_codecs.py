@@ -146,7 +146,7 @@ def measure(rounds: int, number: int) -> dict[str, Any]:
     p_ms = msgspec.convert(params, ParamsM)
     r_ms = msgspec.convert(result, ResultM, dec_hook=_array)
     # The bytes every digest depends on: both writers must give back the bytes that were read.
-    same = {
+    same: dict[str, bool | str] = {
         "params_hand": canonical.encode(p_hand.to_wire()) == canonical.encode(params),
         "params_msgspec": canonical.encode(msgspec.to_builtins(p_ms)) == canonical.encode(params),
         "result_hand": canonical.encode(r_hand.to_wire()) == canonical.encode(result),

@@ -59,9 +59,11 @@ from invar import canonical  # noqa: E402
 from invar.engines import worker_env  # noqa: E402
 from invar.loop import cycle as cyc  # noqa: E402
 from invar.loop.advantages import group_advantages  # noqa: E402
+from invar.protocol import Role  # noqa: E402
 from invar.records import RunStore  # noqa: E402
 from invar.records.store import DB_NAME  # noqa: E402
 from invar.runner import train as tr  # noqa: E402
+from invar.runner.engine import ADAPTER_NAME  # noqa: E402
 
 sys.path.append(str(REPO / "bench"))  # last: the direct runner runs with -P; bench/workers.py must not shadow workers
 from overhead import handler, tree_cpu_s  # noqa: E402
@@ -101,11 +103,11 @@ def _engine(backend: str, role: str, device: str) -> Any:
     if backend == "mlx":
         from invar.workers import mlx_worker
 
-        return mlx_worker.Engine(mlx_worker.Role(role))
+        return mlx_worker.Engine(Role(role))
     _torch_as_the_worker()
     from invar.workers import hf_worker
 
-    return hf_worker.Engine(hf_worker.Role(role), device)
+    return hf_worker.Engine(Role(role), device)
 
 
 @functools.cache
@@ -119,8 +121,8 @@ def _torch_as_the_worker() -> None:
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
 
 
 def _serve_learner(conn: Any, backend: str, device: str) -> None:
@@ -160,15 +162,16 @@ def launch_train_workers_on(device: str) -> None:
     """From now on in this process, `invar train` starts every worker with the launch setting `device`."""
     import dataclasses
 
+    from invar.runner import engine as engine_mod
     from invar.runner import train as train_mod
 
-    spec = train_mod.EngineSpec
+    spec = engine_mod.EngineSpec
 
     def on_device(*args: Any, **kwargs: Any) -> Any:
         made = spec(*args, **kwargs)
         return dataclasses.replace(made, settings={**made.settings, "device": device})
 
-    train_mod.EngineSpec = on_device  # type: ignore[misc,assignment]
+    vars(train_mod)["EngineSpec"] = on_device  # the name train's own code calls
 
 
 def invar_train_on(device: str, argv: list[str]) -> int:
@@ -208,12 +211,12 @@ def _direct_cycles(p: tr.Plan, out: Path, device: str, learner: Callable[[str, d
     for n in range(cfg.cycles):
         c0, t0 = tree_cpu_s(os.getpid()), time.perf_counter()
         if policy is not None:
-            handler(inference, "load_adapter")({"name": tr.ADAPTER_NAME, "path": str(policy), "digest": digests[-1]})
+            handler(inference, "load_adapter")({"name": ADAPTER_NAME, "path": str(policy), "digest": digests[-1]})
         prompts = cyc.cycle_prompts(p.prompts, cfg.prompts.per_cycle, cfg.seed, n)
         requests = cyc.rollout_requests(prompts, cfg.rollout.group_size, cfg.seed, n, cfg.rollout.temperature,
                                         cfg.rollout.max_tokens, p.vocab)
         gen = generate(cyc.generate_params(requests, cfg.rollout.batch_size,
-                                           None if policy is None else tr.ADAPTER_NAME,
+                                           None if policy is None else ADAPTER_NAME,
                                            "base" if with_reference else None))
         samples = cyc.read_rollout(gen, requests, cycle=n, model_digest=p.model_digest,
                                    policy_digest=digests[-1] if digests else None, reference=with_reference,

@@ -29,13 +29,13 @@ def with_transformers(model_dir: Path, prompts: list[str]) -> list[tuple[list[in
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     out = []
     with torch.no_grad():
         for prompt in prompts:
             enc = tokenizer(prompt, return_tensors="pt")
-            ids = model.generate(**enc, do_sample=False, max_new_tokens=BUDGET)
+            ids = model.generate(**enc, do_sample=False, max_new_tokens=BUDGET)  # type: ignore[misc]
             out.append((enc.input_ids[0].tolist(), ids[0, enc.input_ids.shape[1] :].tolist()))
     return out
 
@@ -54,7 +54,7 @@ def with_mlx(model_dir: Path, prompts: list[str]) -> list[tuple[list[int], list[
     from mlx_lm import load
     from mlx_lm.generate import generate_step
 
-    model, tokenizer = load(str(model_dir))
+    model, tokenizer = load(str(model_dir))[:2]
     out = []
     for prompt in prompts:
         prompt_ids = tokenizer.encode(prompt)

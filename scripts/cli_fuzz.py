@@ -315,8 +315,9 @@ def _guarded(bound_s: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-        (subprocess.Popen.__init__, os.fork, os.execv, socket.create_connection,  # type: ignore[method-assign]
-         socket.socket.connect) = saved
+        subprocess.Popen.__init__ = saved[0]  # type: ignore[method-assign]
+        os.fork, os.execv, socket.create_connection = saved[1:4]
+        socket.socket.connect = saved[4]  # type: ignore[method-assign]
 
 
 def judge(case: Case, code: int | None, stdout: str, stderr: str) -> tuple[str, str]:

@@ -36,7 +36,8 @@ def _tokens(text: str) -> np.ndarray:
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     z = x - x.max(axis=-1, keepdims=True)
-    return (z - np.log(np.exp(z).sum(axis=-1, keepdims=True))).astype(np.float32)
+    out: np.ndarray = (z - np.log(np.exp(z).sum(axis=-1, keepdims=True))).astype(np.float32)
+    return out
 
 
 def example(units: int = 500, seed: int = 7) -> NumericalComparison:
