@@ -463,8 +463,17 @@ class InvarianceOutput(Closed):
     holds: bool
     units: int
     units_differing: int
+    """Units that break the requirement (relative to the reference: that gained layout dependence)."""
     first_difference: str | None
     covers: str
+    relative_to: Literal["reference"] | None = None
+    """Present when the contract judges invariance relative to the reference (`invariance.relative_to`)."""
+    reference_units_differing: int | None = None
+    """Relative to the reference: units the reference itself varies on across the layouts (not covered)."""
+    candidate_units_differing: int | None = None
+    """Relative to the reference: units the candidate varies on across the layouts, gained or not."""
+    gained_units: list[str] | None = None
+    """Relative to the reference: the ids of the units that gained layout dependence, in plan order."""
 
 
 class PremiseOutput(Closed):

@@ -31,6 +31,7 @@ from invar.contract.decide import (
     decide,
     layout_invariance,
     range_bound,
+    relative_invariance,
     unit_evidence,
 )
 from invar.contract.inputs import check_method_version
@@ -193,10 +194,16 @@ def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str |
             ref_loss, cand_loss = ref_loss[used], cand_loss[used]
             stopped = reader.stop(cand_loss - ref_loss, str(store.path))
             check_stop_record(store, stopped, plan, found)
-        if contract.invariance.required:
-            differing, first = layout_invariance(plan, found, "candidate", inv_layouts, scored.digests)
+        invariance: Invariance
+        if contract.invariance.relative_to == "reference":
+            # The reference's invariance outputs are read again from the store (the candidate's were digested
+            # as they were bound).
+            invariance = relative_invariance(plan, found, inv_layouts, {"candidate": scored.digests})
         else:
-            differing, first = 0, None
+            differing, first = layout_invariance(plan, found, "candidate", inv_layouts, scored.digests) \
+                if contract.invariance.required else (0, None)
+            invariance = Invariance(contract.invariance.required, inv_layouts, differing == 0, len(plan.units),
+                                    differing, first)
     ref_evidence = unit_evidence(plan, found, "reference", pairing)
     cand_evidence = unit_evidence(plan, found, "candidate", pairing)
     if stopped is not None:  # the units a sequential run reached; otherwise every planned unit, as planned
@@ -207,8 +214,7 @@ def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str |
         measurement_evidence=tuple(bound_evidence.measured[m.key] for m in plan.measurements), measured=measured,
         ref_evidence=ref_evidence, cand_evidence=cand_evidence, ref_loss=ref_loss, cand_loss=cand_loss,
         stopped=stopped,
-        invariance=Invariance(contract.invariance.required, inv_layouts, differing == 0, len(plan.units),
-                              differing, first),
+        invariance=invariance,
         scorer=scorer, base=reader.base)
 
 

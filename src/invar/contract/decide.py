@@ -9,7 +9,9 @@ computed.
 
 The decision, in order:
 1. Invariance (if the contract requires it): the candidate's runs under the declared layouts give bit-identical
-   tokens and log-probabilities for every unit. Any difference is a definite breach: Violated.
+   tokens and log-probabilities for every unit. Any difference is a definite breach: Violated. Relative to the
+   reference (`invariance.relative_to`), only the units the reference gives bit-identical outputs for across the
+   layouts are covered, and a candidate that differs on any of them is Violated: it added layout dependence.
 2. Premises: each has its declared reliance (a `checked` basis file still hashes to its digest). A premise that
    does not hold leaves the decision without a basis it declared: Unknown.
 3. The task loss. Population standard: the contract's bound on the mean paired difference (candidate loss minus
@@ -70,21 +72,50 @@ EXIT_CODES: Mapping[Answer, int] = {Answer.ADMITTED: 0, Answer.VIOLATED: 10, Ans
 
 @dataclass(frozen=True)
 class Invariance:
-    """Whether the candidate's outputs were bit-identical across the declared layouts."""
+    """Whether the candidate's outputs were bit-identical across the declared layouts (relative to the reference:
+    whether the candidate added layout dependence on a unit the reference is invariant on)."""
 
     required: bool
     layouts: tuple[str, ...]
     holds: bool
     units: int
     units_differing: int
+    """Units that break the requirement: that differ across layouts under the candidate (relative to the reference:
+    and not under the reference)."""
     first_difference: str | None
+    relative: RelativeInvariance | None = None
+    """Invariance relative to the reference (`invariance.relative_to = "reference"`); None otherwise."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "required": self.required, "layouts": list(self.layouts), "holds": self.holds, "units": self.units,
             "units_differing": self.units_differing, "first_difference": self.first_difference,
             "covers": "only the layouts listed; the reference is not required to be invariant",
         }
+        if self.relative is not None:  # only then, so decisions of other contracts keep their bytes
+            out["covers"] = ("only the layouts listed, and only the units the reference is invariant on; "
+                             "units_differing counts those that gained layout dependence under the candidate")
+            out["relative_to"] = "reference"
+            out.update(self.relative.to_json())
+        return out
+
+
+@dataclass(frozen=True)
+class RelativeInvariance:
+    """The counts of invariance relative to the reference: what each package does across the layouts, unit by unit."""
+
+    reference_units_differing: int
+    """Units whose outputs differ across the layouts under the reference: not covered by the requirement."""
+    candidate_units_differing: int
+    """Units whose outputs differ across the layouts under the candidate (gained or not)."""
+    gained_units: tuple[str, ...]
+    """The unit ids, in plan order, whose outputs are bit-identical across the layouts under the reference and
+    differ under the candidate: the layout dependence the candidate added."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reference_units_differing": self.reference_units_differing,
+                "candidate_units_differing": self.candidate_units_differing,
+                "gained_units": list(self.gained_units)}
 
 
 def check_invariance(runs: Mapping[str, Sequence[Output]]) -> tuple[int, str | None]:
@@ -132,6 +163,32 @@ def layout_invariance(plan: ExecutionPlan, found: Mapping[str, CallEvidence], pa
     name = next(n for n in names[1:] if differs[n][i])
     _, first = check_invariance({n: [_layout_output(plan, found, package, n, i)] for n in (names[0], name)})
     return differing, first
+
+
+def relative_invariance(plan: ExecutionPlan, found: Mapping[str, CallEvidence], layouts: Sequence[str],
+                        digests: Mapping[Role, Mapping[str, np.ndarray] | None]) -> Invariance:
+    """Invariance relative to the reference over `layouts`: a unit breaks it when its reference outputs are
+    bit-identical across the layouts and its candidate outputs are not. `digests`: per package, each layout's
+    `output_digest` per unit where a reader already took them (None: read them here, one call at a time). The
+    description is of the first such unit's first differing pair of candidate outputs."""
+    names = list(layouts)
+
+    def varies(package: Role) -> np.ndarray:
+        known = digests.get(package)
+        table = {n: known[n] if known is not None else _output_digests(plan, found, package, n) for n in names}
+        return np.asarray(np.logical_or.reduce([(table[n] != table[names[0]]).any(axis=1) for n in names[1:]]),
+                          dtype=bool)
+
+    reference, candidate = varies("reference"), varies("candidate")
+    gained = candidate & ~reference
+    first = None
+    if gained.any():
+        i = int(np.flatnonzero(gained)[0])
+        _, description = check_invariance({n: [_layout_output(plan, found, "candidate", n, i)] for n in names})
+        first = f"{description}; the reference gives identical outputs across layouts {', '.join(names)}"
+    relative = RelativeInvariance(int(reference.sum()), int(candidate.sum()),
+                                  tuple(plan.units[i].unit_id for i in np.flatnonzero(gained)))
+    return Invariance(True, tuple(names), not gained.any(), len(plan.units), int(gained.sum()), first, relative)
 
 
 def _output_digests(plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role, layout: str) -> np.ndarray:
@@ -368,6 +425,11 @@ def decide(
     """The answer and its one-line reason, in the contract's order: invariance, the measurements' `max_kl` (when
     the contract sets one), premises, task loss (a sequential contract's: the stopping rule's answer). Pure."""
     eps_text = contract.requirement.epsilon
+    if invariance.required and not invariance.holds and invariance.relative is not None:
+        return Answer.VIOLATED, (f"invariance relative to the reference: {invariance.units_differing} of "
+                                 f"{invariance.units} units gained layout dependence across layouts "
+                                 f"{', '.join(invariance.layouts)} ({invariance.relative.reference_units_differing} "
+                                 f"vary under the reference too and are not covered); {invariance.first_difference}")
     if invariance.required and not invariance.holds:
         return Answer.VIOLATED, (f"invariance: {invariance.units_differing} of {invariance.units} units differ "
                                  f"across layouts {', '.join(invariance.layouts)}; {invariance.first_difference}")
@@ -480,6 +542,7 @@ __all__ = [
     "Decision",
     "Invariance",
     "PremiseCheck",
+    "RelativeInvariance",
     "check_invariance",
     "check_premises",
     "conservative_delta",
@@ -489,6 +552,7 @@ __all__ = [
     "layout_losses",
     "output_digest",
     "range_bound",
+    "relative_invariance",
     "sequential_json",
     "sequential_rule",
     "sequential_stop",

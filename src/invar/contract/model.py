@@ -280,6 +280,13 @@ class Invariance(_Model):
     contract. Layouts not listed are not covered; the reference is not required to be invariant."""
     layouts: list[Name] = Field(default_factory=list)
     """The layouts (keys of `layouts`) the candidate must be invariant across."""
+    relative_to: Literal["reference"] | None = None
+    """`reference`: judge the candidate's invariance against the reference's, for a candidate that changes a kernel
+    of an engine that is not batch invariant itself. The reference runs every listed layout too, and the requirement
+    is that the candidate adds no layout dependence, unit by unit: a unit whose reference outputs are bit-identical
+    across the layouts must be bit-identical across them under the candidate. A unit the reference itself varies on
+    is not covered (the decision counts them). Omitted: every unit of the candidate must be invariant, whatever the
+    reference does (the key is left out of the JSON, so contracts without it keep their bytes)."""
 
 
 class Execution(_Model):
@@ -495,6 +502,9 @@ def _check_common(
                 raise ValueError(f"invariance.layouts: {name!r} is not a key of layouts; define [layouts.{name}]")
     elif invariance.layouts:
         raise ValueError("invariance.layouts: invariance is not required, so no layouts are compared; remove them")
+    if invariance.relative_to is not None and not invariance.required:
+        raise ValueError("invariance.relative_to: invariance is not required, so there is nothing to judge against the "
+                         "reference; set invariance.required = true or remove relative_to")
     used = {pairing.layout, *invariance.layouts}
     for name in layouts:
         if name not in used:
@@ -708,6 +718,8 @@ class Contract(_Model):
         data = self.model_dump(mode="json", by_alias=True)
         if data["measurements"] is None:
             del data["measurements"]  # contracts prepared before measurements existed keep their bytes
+        if data["invariance"]["relative_to"] is None:  # and before invariance relative to the reference
+            del data["invariance"]["relative_to"]
         for key in ("sequential", "max_n"):  # likewise for contracts prepared before sequential admission
             if not data["requirement"][key]:
                 del data["requirement"][key]

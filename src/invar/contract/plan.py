@@ -14,7 +14,9 @@ Decisions:
 - Every call lists the requests in the same (planned) order; a layout only changes how they are batched, so
   outputs (returned in request order) line up across layouts without any reindexing.
 - The reference runs the pairing layout; the candidate runs the pairing layout and every invariance layout
-  (one call serving both when the pairing layout is among them).
+  (one call serving both when the pairing layout is among them). With invariance relative to the reference
+  (`invariance.relative_to`), the reference runs every invariance layout as well, its calls after the candidate's,
+  so a contract without it keeps its plan call for call.
 - Measurements (plan /3) are `score` calls whose structure the plan fixes and whose tokens are the recorded
   responses: for each measured batch of the pairing layout, one call per package holding exactly that batch's
   units in order, so a package whose numbers depend on the batch scores its own samples in the batch it sampled
@@ -445,11 +447,18 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[P
 
     pairing = contract.pairing.layout
     invariant = contract.invariance.layouts if contract.invariance.required else []
-    calls = calls_of("reference", pairing, ("pairing",))
+    # Invariance relative to the reference: the reference runs the candidate's layouts too, in the same order.
+    relative = contract.invariance.relative_to == "reference"
+    calls = calls_of("reference", pairing, ("pairing", "invariance") if relative and pairing in invariant
+                     else ("pairing",))
     calls += calls_of("candidate", pairing, ("pairing", "invariance") if pairing in invariant else ("pairing",))
     for name in invariant:
         if name != pairing:
             calls += calls_of("candidate", name, ("invariance",))
+    if relative:
+        for name in invariant:
+            if name != pairing:
+                calls += calls_of("reference", name, ("invariance",))
 
     candidate_batches: dict[str, str] = {}
     for name in dict.fromkeys(c.layout for c in calls if c.package == "candidate"):

@@ -106,6 +106,9 @@ def receipt_body(decision: Decision) -> dict[str, Any]:
         },
         "evidence": canonical.digest([[e["call"], e["call_digest"], e["report_digest"]] for e in d["evidence"]]),
     }
+    if "relative_to" in d["invariance"]:  # invariance relative to the reference only: which units gained dependence
+        body["figures"]["invariance"].update(
+            {k: d["invariance"][k] for k in ("relative_to", "reference_units_differing", "gained_units")})
     if "sequential" in d:  # plan /4 only, so receipts of fixed-n decisions keep their bytes
         seq = d["sequential"]
         body["figures"]["sequential"] = {k: seq[k] for k in ("version", "answer", "look", "stop", "n_max")}
