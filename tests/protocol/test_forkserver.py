@@ -178,7 +178,9 @@ def test_names_the_engine_sets_or_never_reads_may_differ(tmp_path: Path, monkeyp
     server = _serve(folder, "probe_worker", engines.worker_env(path, "echo"))
     monkeypatch.setenv(forkserver.ENV, str(folder))
     try:
-        carried = {**path, "SET_AT_IMPORT": "by the import", "VLLM_LOGGING_LEVEL": "DEBUG", "MLX_SOMETHING": "1"}
+        # KMP_*: what scikit-learn's import sets, read only by an OpenMP runtime the server has not loaded.
+        carried = {**path, "SET_AT_IMPORT": "by the import", "VLLM_LOGGING_LEVEL": "DEBUG", "MLX_SOMETHING": "1",
+                   "KMP_DUPLICATE_LIB_OK": "True", "KMP_INIT_AT_FORK": "FALSE"}
         with start_worker("echo", env=carried) as w:
             assert isinstance(w.process, ForkedWorker)
             assert w.call("echo", {"a": 3}) == {"a": 3}
@@ -215,6 +217,18 @@ def test_a_worker_a_fresh_process_would_see_otherwise_starts_fresh(
     assert "1 workers forked, 1 refused" in log
     assert ("environment differs on OMP_NUM_THREADS" if change == "OMP_NUM_THREADS"
             else "its PYTHONPATH finds another numpy") in log
+
+
+def test_an_openmp_runtime_that_reads_kmp_names_is_found_in_the_maps(tmp_path: Path) -> None:
+    maps = tmp_path / "maps"
+    gomp = "7f00-7f01 r-xp 00000000 08:01 42 /venv/lib/python3.11/site-packages/torch/lib/libgomp.so.1\n"
+    maps.write_text(gomp + "7f02-7f03 r-xp 00000000 08:01 43 /usr/lib/libc.so.6\n")
+    assert not forkserver._kmp_runtime_loaded(maps)
+    for runtime in ("/opt/intel/lib/libiomp5.so", "/usr/lib/llvm-19/lib/libomp.so.5"):
+        maps.write_text(gomp + f"7f04-7f05 r-xp 00000000 08:01 44 {runtime}\n")
+        assert forkserver._kmp_runtime_loaded(maps)
+    assert forkserver._kmp_runtime_loaded(tmp_path / "unreadable")
+    assert not forkserver._kmp_runtime_loaded()  # this test process: torch's libgomp at most
 
 
 def test_no_server_or_a_broken_one_starts_a_fresh_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

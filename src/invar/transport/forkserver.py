@@ -83,6 +83,13 @@ OTHER_LIBRARIES = {"VLLM_": "vllm", "MLX_": "mlx", "RAY_": "ray"}
 """Environment prefixes of libraries that read their own names: a difference there cannot matter to a server that
 has not imported the library (an HF server and `VLLM_CPU_KVCACHE_SPACE`); the child runs with the request's own."""
 
+KMP_PREFIX = "KMP_"
+"""Names read by Intel's and LLVM's OpenMP runtimes (libiomp5, libomp) as they load, and by nothing else. A process
+that imported scikit-learn or joblib carries two of them (both set KMP_INIT_AT_FORK, scikit-learn also
+KMP_DUPLICATE_LIB_OK, at import). A runtime loaded in the server read the server's values; one a child loads later
+reads the request's, as a fresh process would. So a difference is refused only where such a runtime is loaded in the
+server (`_kmp_runtime_loaded`): torch and the engines here load GNU's libgomp, which reads none of them."""
+
 STARTUP_IMPORTS: dict[str, tuple[str, ...]] = {"invar.workers.vllm_worker": ("vllm",)}
 """Engines a worker imports inside its start rather than at module level, on every path that reaches its handshake:
 the server preloads them too. vLLM's worker imports `vllm` in `main`, after checking its arguments and setting
@@ -257,6 +264,7 @@ def _refusal(request: Mapping[str, Any], module: str, served: Sequence[str]) -> 
         return f"not this server's command line ({' '.join(argv[:4])})"
     names = set(env) | set(_STARTED_ENV)
     unloaded = tuple(prefix for prefix, library in OTHER_LIBRARIES.items() if library not in sys.modules)
+    unloaded += () if _KMP_RUNTIME[0] else (KMP_PREFIX,)
     differ = sorted(n for n in names if env.get(n) != _STARTED_ENV.get(n) and n != "PYTHONPATH"
                     and n not in SHELL_NAMES | CALL_TIME_NAMES and not n.startswith(RUNTIME_NAMES + unloaded)
                     # what the engine's own import sets it to: a fresh worker's import would leave it so
@@ -284,6 +292,20 @@ _SET_BY_IMPORTS: dict[str, str | None] = {}
 
 _BASE_PATH: list[str] = []
 """The server's search path without its PYTHONPATH entries: the interpreter's own, as a worker's would be."""
+
+_KMP_RUNTIME = [True]
+"""Whether an OpenMP runtime that reads `KMP_PREFIX` names is loaded in the server, found after the preloads (True
+until then, and where it cannot be told: such names must then be equal)."""
+
+
+def _kmp_runtime_loaded(maps: Path = Path("/proc/self/maps")) -> bool:
+    """Whether Intel's or LLVM's OpenMP runtime is mapped into this process (True where the maps cannot be read)."""
+    try:
+        text = maps.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True
+    return any(os.path.basename(line.rpartition(" ")[2]).startswith(("libiomp", "libomp.", "libomp-"))
+               for line in text.splitlines())
 
 
 def _search_path(pythonpath: str | None) -> list[str]:
@@ -353,6 +375,7 @@ def serve(folder: Path, module: str) -> int:
         importlib.import_module(name)
     _SET_BY_IMPORTS.update({n: os.environ.get(n) for n in set(os.environ) | set(_STARTED_ENV)
                             if os.environ.get(n) != _STARTED_ENV.get(n)})
+    _KMP_RUNTIME[0] = _kmp_runtime_loaded()
     if _SET_BY_IMPORTS:
         print(f"forkserver: the engine's imports set {', '.join(sorted(_SET_BY_IMPORTS))}; each worker gets the same",
               file=sys.stderr, flush=True)
