@@ -18,14 +18,20 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from invar.errors import InvarError
 from invar.home import HOME
-from invar.protocol import Role
-from invar.transport import Recorder, WorkerClient, WorkerProcess
-from invar.transport.client import spawn_local
-from invar.worker_code import FOLLOWED, WorkerCodeError, code_digest, search_path
+
+# The protocol, the transport and the worker-code digests (numpy, sockets, the canonical codec) are imported where a
+# worker is started or its code digested: a command's start and its `--help` read only the table below.
+if TYPE_CHECKING:
+    from invar.protocol import Role
+    from invar.transport import Recorder, WorkerClient, WorkerProcess
+
+FOLLOWED = "invar"
+"""`invar.worker_code.FOLLOWED`: the package whose imports a worker's code digest follows (checked equal in
+tests/cli/test_lazy_imports.py)."""
 
 EngineName = Literal["hf", "vllm", "mlx", "llamacpp", "openai"]
 """The engines a package can name (a contract's `engine`): each has its entry in `ENGINE_TABLE`."""
@@ -41,6 +47,20 @@ class Engine(enum.StrEnum):
     """llama.cpp on a GGUF model folder (`invar.workers.llamacpp_worker`; docs/gguf.md): inference only."""
     OPENAI = "openai"
     """An OpenAI-compatible server (`invar.workers.openai_worker`; docs/endpoints.md): inference only."""
+
+
+class Dtype(enum.StrEnum):
+    """The dtype an engine computes in (`--dtype`; `invar.runner.engine` exports it too)."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+
+class Quantization(enum.StrEnum):
+    """Weight quantization (`--quantization`; `invar.runner.engine` exports it too)."""
+
+    NONE = "none"
+    NF4 = "nf4"
 
 
 @dataclass(frozen=True)
@@ -314,6 +334,8 @@ def worker_digest(engine: str, env: Mapping[str, str] | None = None) -> str:
     engine's worker module and the core modules it imports, found on the search path that worker will have."""
     # `-P` leaves the script's folder (sys.path[0]) off the worker's path; the rest is this interpreter's own.
     default = sys.path if sys.flags.safe_path else sys.path[1:]
+    from invar.worker_code import code_digest, search_path
+
     module, path = _module(engine), tuple(search_path(worker_env(env).get("PYTHONPATH"), default))
     if module.partition(".")[0] != FOLLOWED:
         return code_digest(module, path)
@@ -357,6 +379,8 @@ def _package_sources(path: Sequence[str]) -> str:
 def check_worker_code(engine: str, expected: str, who: str, env: Mapping[str, str] | None = None) -> str:
     """Refuse, before it starts, a worker whose code is not the package's: `WorkerCodeError` naming both digests.
     Returns the digest."""
+    from invar.worker_code import WorkerCodeError
+
     actual = worker_digest(engine, env)
     if actual != expected:
         raise WorkerCodeError(
@@ -381,6 +405,8 @@ def _spawn(argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) 
         forked = forkserver.spawn(argv, env, cwd)
         if forked is not None:
             return forked
+    from invar.transport.client import spawn_local
+
     return spawn_local(argv, env, cwd)
 
 
@@ -393,7 +419,7 @@ def worker_argv(engine: str, role: Role, args: list[str] | None = None) -> list[
 
 def start_worker(
     engine: str,
-    role: Role = Role.INFERENCE,
+    role: Role | None = None,
     *,
     args: list[str] | None = None,
     recorder: Recorder | None = None,
@@ -412,7 +438,13 @@ def start_worker(
     `code` = (worker digest, who): the worker code the package names. The digest of the files about to start is
     computed first and a mismatch refused before any process exists (`check_worker_code`); after the handshake the
     worker's own report of its digest must be the same (a Ray worker runs on another machine's files).
+    `role`: the inference role where not given.
     """
+    from invar.protocol import Role
+    from invar.transport import WorkerClient
+    from invar.worker_code import WorkerCodeError
+
+    role = Role.INFERENCE if role is None else role
     if code is not None:
         check_worker_code(engine, code[0], code[1], env)
     client = WorkerClient(

@@ -14,15 +14,13 @@ from fractions import Fraction
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
 
-from invar import canonical
-from invar.canonical import BFloat16Array
 from invar.errors import Interrupted, InvarError, NotResumable
 from invar.interrupts import Stopped, interruption
-from invar.records.store import is_run
 
+# numpy, the canonical codec and the run store are imported where they are used, not at every command's start
+# (a `--help` needs none of them; tests/cli/test_lazy_imports.py holds that).
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
@@ -53,22 +51,29 @@ def plain(obj: Any) -> Any:
     if isinstance(obj, bytes | bytearray | memoryview):
         raw = bytes(obj)
         return {"sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
-    if isinstance(obj, BFloat16Array):
+    # An array or a bfloat16 array can exist only once its module is imported: look it up, never import it here.
+    codec = sys.modules.get("invar.canonical")
+    if codec is not None and isinstance(obj, codec.BFloat16Array):
         return {**plain(obj.bits), "dtype": "bfloat16"}
-    if isinstance(obj, np.ndarray):
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(obj, np.ndarray):
         return {"dtype": str(obj.dtype), "shape": list(obj.shape),
                 "sha256": hashlib.sha256(np.ascontiguousarray(obj).tobytes()).hexdigest()}
-    if isinstance(obj, np.generic):
+    if np is not None and isinstance(obj, np.generic):
         return plain(obj.item())
     if isinstance(obj, enum.Enum):
         return plain(obj.value)
     if isinstance(obj, PurePath | Decimal | Fraction):
         return str(obj)
+    from invar import canonical
+
     raise TypeError(f"no JSON for a {type(obj).__qualname__} in a command's output: {canonical.show(obj, 80)}")
 
 
 def _key(key: Any) -> str:
     if isinstance(key, bytes | bytearray | memoryview):  # str() would give the `b'…'` repr
+        from invar import canonical
+
         raise TypeError(f"no JSON key for bytes in a command's output: {canonical.show(bytes(key), 80)}")
     return str(key)
 
@@ -95,6 +100,8 @@ def emit_model(output: BaseModel, *, exclude_none: bool = False, exclude_unset: 
 @contextlib.contextmanager
 def resumable(run_dir: Path, command: str) -> Iterator[None]:
     """A failure of a resumable command (`use run`, `train`) after its run exists says how to resume it."""
+    from invar.records.store import is_run
+
     try:
         yield
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM where the command has no graceful stop of its own

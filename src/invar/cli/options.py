@@ -7,9 +7,8 @@ from typing import Annotated
 
 import typer
 
-from invar.engines import DEFAULT_MODEL, ENGINE_TABLE
+from invar.engines import DEFAULT_MODEL, ENGINE_TABLE, Dtype, Engine, Quantization
 from invar.errors import InvarError
-from invar.runner.engine import Dtype, Engine, Quantization
 
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature, in [0, 10] (0: greedy).")]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].")]

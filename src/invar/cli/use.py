@@ -20,8 +20,8 @@ import typer
 from invar.cli.common import ExpectHeadOpt, JsonOpt, QuietOpt, emit_model, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
 from invar.cli.use_init import init_cmd, toml_value
+from invar.engines import Engine, parse_launch_settings
 from invar.errors import ContractError, InvarError
-from invar.runner.engine import Engine, default_run_dir, parse_launch_settings, probe_identity
 
 # Each command imports the contract model, the statistics and the output models it uses when it runs: a command's
 # --help (and the family's start) then reads none of them (tests/cli/test_version.py).
@@ -477,6 +477,7 @@ def package_cmd(
     from invar import outputs
     from invar.engines import worker_digest
     from invar.patches import patch_digest, patch_dir
+    from invar.runner.engine import probe_identity
 
     folder: dict[str, str] = {}
     if model is not None:
@@ -549,6 +550,7 @@ def run_cmd(
     """
     from invar import outputs
     from invar.cli.progress import reporting
+    from invar.runner.engine import default_run_dir
     from invar.runner.options import check_sampling
     from invar.runner.use_run import MAX_WORKERS, admit_command, use_run
 

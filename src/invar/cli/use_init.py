@@ -19,12 +19,12 @@ from typing import Annotated, Any
 
 import typer
 
-from invar import canonical
-from invar.engines import DEFAULT_MODEL, worker_digest
+from invar.engines import DEFAULT_MODEL, Dtype, Engine, Quantization, parse_launch_settings, worker_digest
 from invar.errors import ContractError, InvarError, one_line
 from invar.home import HOME
-from invar.patches import patch_digest, patch_dir
-from invar.runner.engine import Dtype, Engine, Quantization, parse_launch_settings, probe_identity
+
+# The canonical codec, the patches and the runner (numpy, the worker transport) are imported where they are used:
+# `use --help` and every other `use` command import this module at their start.
 
 # The contract model, the plan, the scorers and the tokenizer are imported where they are used: `use --help` and
 # each `use` command's --help read none of them (tests/cli/test_version.py).
@@ -74,6 +74,7 @@ def _rel(target: Path, start: Path) -> str:
 
 def _model(option: str, folder: Path) -> tuple[str, str]:
     """A model folder's tree digest and tokenizer digest, after the core has read its tokenizer."""
+    from invar import canonical
     from invar.formats.tokenizer import ModelTokenizer, tokenizer_digest
 
     if not (folder / "config.json").is_file():
@@ -87,6 +88,8 @@ def _model(option: str, folder: Path) -> tuple[str, str]:
 
 
 def _patches(option: str, names: list[str]) -> dict[str, str]:
+    from invar.patches import patch_digest, patch_dir
+
     out: dict[str, str] = {}
     for name in names:
         if name in out:
@@ -266,6 +269,7 @@ def _render(c: _Choices, reference: _Side, candidate: _Side, base: Path, file_na
 def _check(text: str, out: Path) -> None:
     """The checks `use prepare` makes on the text as written, without writing a contract: one line naming the option
     that set a refused field."""
+    from invar import canonical
     from invar.contract.model import parse_declaration
     from invar.contract.plan import derive_plan
     from invar.contract.prepare import build_contract, model_folders, package_tokenizers, prompt_encoders
@@ -382,6 +386,9 @@ def init_cmd(
     `use prepare` accepts the file as written. Every option is checked, and the declaration as a whole goes through
     prepare's checks, before anything is written; a worker is started once per distinct package identity.
     """
+    from invar import canonical
+    from invar.runner.engine import probe_identity
+
     if out.exists() and not force:
         raise InvarError(f"{out} exists; choose another path, or add --force to overwrite it")
     if out.exists() and not out.is_file():

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import enum
 import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -27,8 +26,10 @@ import numpy as np
 
 from invar import canonical
 from invar.engines import LAUNCH_SETTINGS as LAUNCH_SETTINGS
+from invar.engines import Dtype as Dtype
 from invar.engines import Engine as Engine
 from invar.engines import LaunchSetting as LaunchSetting
+from invar.engines import Quantization as Quantization
 from invar.engines import Transport, start_worker
 from invar.engines import launch_args as launch_args
 from invar.engines import parse_launch_settings as parse_launch_settings
@@ -44,17 +45,6 @@ from invar.protocol.payloads import (
 )
 from invar.records import RunStore
 from invar.transport import Answer, WorkerClient, WorkerLost
-
-
-class Dtype(enum.StrEnum):
-    FLOAT32 = "float32"
-    BFLOAT16 = "bfloat16"
-
-
-class Quantization(enum.StrEnum):
-    NONE = "none"
-    NF4 = "nf4"
-
 
 ADAPTER_NAME = "policy"
 """The name under which a session loads its adapter into the worker."""
