@@ -93,8 +93,27 @@ RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 BACKOFF_CAP_S = 8.0
 
 
+LLAMACPP_KIND = "llama-cpp-python"
+"""llama-cpp-python's server (`python -m llama_cpp.server`), recognised by its OpenAPI title; vLLM's has /version."""
+LLAMACPP_SAMPLING = {"top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
+                     "frequency_penalty": 0.0}
+"""llama.cpp's sampler defaults a request must undo (top-k 40, min-p 0.05, repetition penalty 1.1): with them a
+token is drawn from a truncated, penalized distribution while its reported log-probability is the full one's."""
+
+
+HISTORY_PROBE_TEXT = "Once upon a time, in a village by the sea, there lived"
+HISTORY_PROBE_CHAT = "Write a long poem about the sea."
+"""The seed probes for llama-cpp-python's server, a plain prompt and a chat (one that does not end within the
+probe's 8 tokens): long enough that a repeat can reuse a cached prefix."""
+
+
 class EndpointError(Exception):
     """The server could not be reached or refused: the message says which URL and why."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        """The HTTP status of a refusal; None when the server was not reached or answered no JSON."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +164,7 @@ class Endpoint:
                 detail = _first_line(exc.read().decode("utf-8", "replace"))
                 why = f"HTTP {exc.code}: {detail}"
                 if exc.code not in RETRY_STATUS:
-                    raise EndpointError(f"{url} refused {label or 'the request'} ({why})") from None
+                    raise EndpointError(f"{url} refused {label or 'the request'} ({why})", exc.code) from None
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
                 reason = getattr(exc, "reason", exc)
                 why = _first_line(str(reason) or type(exc).__name__)
@@ -162,8 +181,19 @@ class Endpoint:
 
 def server_identity(endpoint: Endpoint) -> dict[str, Any]:
     """What the server reports of itself: its version and the served model (the parts that do not change between
-    requests; `created` and permission ids do)."""
-    version, _ = endpoint.call("GET", "/version", label="GET /version")
+    requests; `created` and permission ids do). llama-cpp-python's server has no /version: it is recognised by its
+    OpenAPI title, which carries its version, and named as `kind` (vLLM's identity has no `kind`, as before)."""
+    kind = None
+    try:
+        version, _ = endpoint.call("GET", "/version", label="GET /version")
+    except EndpointError as exc:
+        if exc.status != 404:
+            raise
+        api, _ = endpoint.call("GET", "/openapi.json", label="GET /openapi.json")
+        info = api.get("info") if isinstance(api, dict) else None
+        if not isinstance(info, dict) or "llama.cpp" not in str(info.get("title")):
+            raise
+        kind, version = LLAMACPP_KIND, {"version": info.get("version")}
     models, _ = endpoint.call("GET", "/v1/models", label="GET /v1/models")
     entries = models.get("data") if isinstance(models, dict) else None
     if not isinstance(entries, list):
@@ -175,7 +205,8 @@ def server_identity(endpoint: Endpoint) -> dict[str, Any]:
         raise EndpointError(f"{endpoint.settings.base_url} serves no model {served!r} (it serves: "
                             f"{', '.join(ids) or 'none'}); set served_model to one of these")
     m = match[0]
-    return {"version": version.get("version") if isinstance(version, dict) else None,
+    return {**({} if kind is None else {"kind": kind}),
+            "version": version.get("version") if isinstance(version, dict) else None,
             "model": {k: m.get(k) for k in ("id", "root", "max_model_len", "owned_by")}}
 
 
@@ -207,6 +238,7 @@ class Engine:
         self.settings = settings
         self.endpoint = endpoint
         self.identity = identity
+        self.llamacpp = identity.get("kind") == LLAMACPP_KIND
         self.m: Loaded | None = None
 
     def loaded(self, where: str) -> Loaded:
@@ -254,26 +286,64 @@ class Engine:
                               "was started from") from None
         self._same_server("load_model")
         max_len = self.identity["model"].get("max_model_len")
+        if self.llamacpp:
+            max_len = self._llamacpp_probe_len(req.model_dir)
         if not isinstance(max_len, int) or max_len < 2:
             raise MethodError("load_model: the server reports no max_model_len for the served model")
         tokenizer = ModelTokenizer.from_model_dir(req.model_dir) if self.settings.prompt_form == "text" else None
         self.m = Loaded(req.model_dir, digest, vocab_size, response_end_ids(req.model_dir), max_len, tokenizer)
         self._check_seeds()
         self._check_logprobs_mode()
+        if self.llamacpp:
+            self.m = None
+            raise MethodError("load_model: llama-cpp-python's server reports no context size (its --n_ctx), so no "
+                              "request can be checked to fit before it is sent, and it shortens max_tokens silently "
+                              "to what fits; it is refused")
         return LoadModelResult(digest, None, vocab_size, min(self.m.eos_ids), max_len)
 
+    def _llamacpp_probe_len(self, model_dir: str) -> int:
+        """For llama-cpp-python's server, which reports no context size: the model's own maximum length (its
+        config.json), used only by the load probes' short requests; `load_model` refuses the server after them."""
+        if self.settings.prompt_form != "text":
+            raise MethodError("load_model: llama-cpp-python's server takes text prompts only (a token-id prompt is "
+                              "answered with HTTP 500, a validation error); declare prompt = text")
+        try:
+            with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+                return int(json.load(f)["max_position_embeddings"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise MethodError(f"load_model: {model_dir}/config.json names no max_position_embeddings") from None
+
     def _check_seeds(self) -> None:
-        """A seeded request sent twice must come back the same: a server that ignores seeds is refused here."""
+        """A seeded request sent twice must come back the same: a server that ignores seeds, or whose numbers depend
+        on the request before, is refused here."""
         m = self.loaded("load_model")
-        ids = self._probe_ids(min(m.eos_ids))
-        probe = GenerateRequest("seed-probe", ids, seed=20261201, temperature=1.0, top_p=1.0,
-                                max_tokens=min(8, m.max_model_len - len(ids)))
-        first = self._generate_one(probe, "load_model seed probe")
-        second = self._generate_one(probe, "load_model seed probe")
-        if not (np.array_equal(first.tokens, second.tokens) and np.array_equal(first.logprobs, second.logprobs)):
-            raise MethodError("load_model: the same seeded request sent twice came back different; the server does "
-                              "not honour request seeds, so its samples cannot be paired (start it with a seed-"
-                              "honouring configuration)")
+        probes = [self._probe_ids(min(m.eos_ids))]
+        if self.llamacpp and m.tokenizer is not None:
+            # Prompts of many tokens, a chat among them: llama-cpp-python's server recomputes a one-token prompt in
+            # full every time, and reuses the previous request's cache over a longer common prefix.
+            probes = [m.tokenizer.encode(HISTORY_PROBE_TEXT, add_special_tokens=True)]
+            if m.tokenizer.chat_template is not None:
+                probes.append(m.tokenizer.prompt_ids(messages=[{"role": "user", "content": HISTORY_PROBE_CHAT}]))
+        for k, ids in enumerate(probes):
+            probe = GenerateRequest("seed-probe", ids, seed=20261201, temperature=1.0, top_p=1.0,
+                                    max_tokens=min(8, m.max_model_len - len(ids)))
+            if len(probes) > 1:
+                # another prompt first, so the probe's first run does not find itself in the server's prompt cache
+                other = probes[(k + 1) % len(probes)]
+                self._generate_one(GenerateRequest("seed-probe-other", other, seed=1, temperature=0.0, top_p=1.0,
+                                                   max_tokens=1), "load_model seed probe")
+            first = self._generate_one(probe, "load_model seed probe")
+            second = self._generate_one(probe, "load_model seed probe")
+            same = np.array_equal(first.tokens, second.tokens) and np.array_equal(first.logprobs, second.logprobs)
+            if not same and self.llamacpp:
+                raise MethodError("load_model: the same seeded request sent twice came back different: llama-cpp-"
+                                  "python's server recomputes only the last token of a prompt it has just run (its "
+                                  "prompt cache), which rounds otherwise than the whole prompt's computation, so a "
+                                  "request's numbers depend on the request before it; this server is refused")
+            if not (np.array_equal(first.tokens, second.tokens) and np.array_equal(first.logprobs, second.logprobs)):
+                raise MethodError("load_model: the same seeded request sent twice came back different; the server "
+                                  "does not honour request seeds, so its samples cannot be paired (start it with a "
+                                  "seed-honouring configuration)")
 
     def _check_logprobs_mode(self) -> None:
         """The declared `logprobs_mode` must be what the server does: the same seeded one-token request at T = 1
@@ -392,7 +462,8 @@ class Engine:
         body = {"model": self.settings.served_model, "prompt": self._prompt(list(req.prompt_ids), label),
                 "max_tokens": req.max_tokens, "temperature": req.temperature, "top_p": 1.0, "seed": req.seed,
                 "logprobs": req.top_logprobs or 0, "return_tokens_as_token_ids": True, "return_token_ids": True,
-                "stop_token_ids": sorted(m.eos_ids), "ignore_eos": True, "skip_special_tokens": False}
+                "stop_token_ids": sorted(m.eos_ids), "ignore_eos": True, "skip_special_tokens": False,
+                **(LLAMACPP_SAMPLING if self.llamacpp else {})}
         choice, attempts = self._post(body, label)
         ran = choice.get("prompt_token_ids")
         if ran is None and m.tokenizer is None:
