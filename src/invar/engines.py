@@ -105,8 +105,10 @@ class EngineInfo:
     the device the worker resolved) keeps computing; None where that is not known or the work is done elsewhere (a
     GPU, a server). `use run` lets no more calls compute at once than the cores hold (`calls_at_once_for`)."""
 
-    def launch_args(self, settings: Mapping[str, Any], patches: Mapping[str, str]) -> list[str]:
-        """The worker command-line options that make this engine's worker start with `settings` and `patches`."""
+    def launch_args(self, settings: Mapping[str, Any], patches: Mapping[str, str],
+                    patch_dirs: Mapping[str, str] | None = None) -> list[str]:
+        """The worker command-line options that make this engine's worker start with `settings` and `patches`
+        (reference → sha256); `patch_dirs`: where a reference's folder lies when it is not the reference itself."""
         args: list[str] = []
         for key, launch in self.settings.items():
             value = settings.get(key)
@@ -117,6 +119,8 @@ class EngineInfo:
                 args += [launch.flag, str(value)]
         for name, sha in sorted(patches.items()):
             args += ["--patch", f"{name}={sha}"]
+        for name, folder in sorted((patch_dirs or {}).items()):
+            args += ["--patch-dir", f"{name}={folder}"]
         return args
 
     def missing(self, given: Mapping[str, Any]) -> list[str]:
@@ -215,11 +219,12 @@ def engine_info(engine: str) -> EngineInfo:
     return info
 
 
-def launch_args(engine: str, settings: Mapping[str, Any], patches: Mapping[str, str]) -> list[str]:
+def launch_args(engine: str, settings: Mapping[str, Any], patches: Mapping[str, str],
+                patch_dirs: Mapping[str, str] | None = None) -> list[str]:
     """The worker command-line options that make a worker of `engine` start with `settings` and `patches` (none for
-    an engine whose worker takes no launch settings)."""
+    an engine whose worker takes no launch settings); `patch_dirs` as `EngineInfo.launch_args` takes it."""
     info = ENGINE_TABLE.get(engine)
-    return (info or EngineInfo(engine, "")).launch_args(settings, patches)
+    return (info or EngineInfo(engine, "")).launch_args(settings, patches, patch_dirs)
 
 
 def missing_settings(engine: str, given: Mapping[str, Any]) -> list[str]:

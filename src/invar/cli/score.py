@@ -30,7 +30,7 @@ from invar.cli.options import (
 from invar.cli.progress import QuietOpt, reporting
 from invar.compare.steps import parse_steps, show_steps
 from invar.errors import InvarError
-from invar.patches import patch_digest, patch_dir
+from invar.patches import select as select_patches
 from invar.records import RunStore
 from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, default_run_dir, parse_launch_settings
 from invar.runner.options import TEMPERATURE_MAX, check_sampling, model_context
@@ -73,8 +73,9 @@ def score(
     quantization: QuantOpt = Quantization.NONE,
     adapter: AdapterOpt = None,
     patch: Annotated[
-        list[str] | None, typer.Option("--patch", help="A patch under patches/ the worker runs with (repeatable), "
-                                                       "as a contract's patched package.")
+        list[str] | None, typer.Option("--patch", help="A patch or kernel the worker runs with (repeatable), as a "
+                                                       "contract's patched package: a name under INVAR_HOME's "
+                                                       "patches/, or a folder path.")
     ] = None,
     run: RunOpt = None,
     call_timeout: CallTimeoutOpt = DEFAULT_CALL_TIMEOUT,
@@ -96,9 +97,9 @@ def score(
         spec_steps = parse_steps(capture_steps) if capture_steps is not None else ()
     except ValueError as exc:
         raise InvarError(f"--capture-steps {capture_steps!r}: {exc}") from None
-    patches = {name: patch_digest(patch_dir(name)) for name in patch or []}
+    patches, patch_dirs = select_patches(patch or [], engine.value, "--patch")
     model = model_folder(model)  # --model FILE.gguf names the folder that holds it
-    spec = EngineSpec(engine, model, dtype, quantization, adapter, patches=patches,
+    spec = EngineSpec(engine, model, dtype, quantization, adapter, patches=patches, patch_dirs=patch_dirs,
                       settings=parse_launch_settings(engine.value, setting or []))
     meta: dict[str, Any] = {"command": "score", **spec.meta(), "capture_steps": show_steps(spec_steps)}
     vocab = ModelTokenizer.from_model_dir(model)

@@ -456,7 +456,8 @@ def _toml_value(value: Any) -> str:
 def package_cmd(
     engine: Annotated[Engine, typer.Argument(help="The engine: hf, vllm or mlx.")],
     patch: Annotated[
-        list[str] | None, typer.Option("--patch", help="A patch under patches/ to run with (repeatable).")
+        list[str] | None, typer.Option("--patch", help="A patch or kernel to run with (repeatable): a name under "
+                                                       "INVAR_HOME's patches/, or a folder path (printed absolute).")
     ] = None,
     setting: Annotated[
         list[str] | None, typer.Option("--setting", help="A launch setting of the engine's worker, NAME=VALUE (e.g. "
@@ -476,15 +477,15 @@ def package_cmd(
     """
     from invar import outputs
     from invar.engines import worker_digest
-    from invar.patches import patch_digest, patch_dir
+    from invar.patches import select
     from invar.runner.engine import probe_identity
 
     folder: dict[str, str] = {}
     if model is not None:
         folder = _model_folder(model)
     settings = parse_launch_settings(engine.value, setting or [])
-    patches = {name: patch_digest(patch_dir(name)) for name in patch or []}
-    identity = probe_identity(engine, settings, patches)
+    patches, patch_dirs = select(patch or [], engine.value, "--patch")
+    identity = probe_identity(engine, settings, patches, patch_dirs)
     package = outputs.UsePackageOutput(
         engine=engine.value, engine_version=identity.engine_version,
         settings={k: v for k, v in identity.settings.items() if k != "patches"}, patches=patches or None,

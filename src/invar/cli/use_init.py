@@ -87,15 +87,12 @@ def _model(option: str, folder: Path) -> tuple[str, str]:
     return canonical.tree_digest(folder), tokenizer_digest(folder)
 
 
-def _patches(option: str, names: list[str]) -> dict[str, str]:
-    from invar.patches import patch_digest, patch_dir
+def _patches(option: str, names: list[str], engine: Engine, base: Path) -> dict[str, str]:
+    """Each patch or kernel `option` names (a name under patches/, or a folder, keyed relative to `base`): its
+    digest."""
+    from invar.patches import select
 
-    out: dict[str, str] = {}
-    for name in names:
-        if name in out:
-            raise InvarError(f"{option} {name} is given twice; give each patch once")
-        out[name] = patch_digest(patch_dir(name))
-    return out
+    return select(names, engine.value, option, base)[0]
 
 
 def toml_value(value: Any, *, instead: str = "write the declaration by hand") -> str:
@@ -151,7 +148,8 @@ def _package_lines(side: _Side, base: Path) -> list[str]:
              "# The digest of the worker's code (its module and the core modules it imports): other code is refused.",
              f"worker_digest = {toml_value(side.worker_digest)}"]
     if side.patches:
-        lines += ["# Patches the worker runs with: name → digest of the folder under patches/.",
+        lines += ["# Patches and kernels the worker runs with: a name under patches/, or a folder (relative to this "
+                  "file) → digest.",
                   f"patches = {toml_value(side.patches)}"]
     lines += ["# The model folder (relative to this file) and its tree digest: another folder is refused.",
               f"model_dir = {toml_value(_rel(side.model, base))}", f"model_digest = {toml_value(side.model_digest)}",
@@ -308,11 +306,13 @@ def init_cmd(
                                        "same).")
     ] = None,
     patch: Annotated[
-        list[str] | None, typer.Option("--patch", metavar="NAME", help="A patch the reference runs with.")
+        list[str] | None, typer.Option("--patch", metavar="NAME|PATH", help="A patch or kernel the reference runs "
+                                       "with: a name under INVAR_HOME's patches/, or a folder path.")
     ] = None,
     candidate_patch: Annotated[
-        list[str] | None, typer.Option("--candidate-patch", metavar="NAME", help="A patch under patches/ the "
-                                       "candidate runs with (repeatable), e.g. fixed-block.")
+        list[str] | None, typer.Option("--candidate-patch", metavar="NAME|PATH", help="A patch or kernel the "
+                                       "candidate runs with (repeatable): a name under INVAR_HOME's patches/ (e.g. "
+                                       "fixed-block), or a folder path (e.g. ./my-kernel).")
     ] = None,
     dtype: Annotated[Dtype, typer.Option("--dtype", help="The reference's dtype.")] = Dtype.FLOAT32,
     candidate_dtype: Annotated[
@@ -415,9 +415,10 @@ def init_cmd(
     # The candidate's launch defaults to the reference's on the same engine (a change of kernels keeps the threads).
     same = candidate_setting is None and c_engine == engine
     cand_launch = dict(ref_launch) if same else parse_launch_settings(c_engine.value, candidate_setting or [])
-    sides = [_Side("reference", engine, model, ref_launch, _patches("--patch", patch or []), dtype, quantization),
+    sides = [_Side("reference", engine, model, ref_launch, _patches("--patch", patch or [], engine, base), dtype,
+                   quantization),
              _Side("candidate", c_engine, candidate_model or model, cand_launch,
-                   _patches("--candidate-patch", candidate_patch or []), candidate_dtype or dtype,
+                   _patches("--candidate-patch", candidate_patch or [], c_engine, base), candidate_dtype or dtype,
                    candidate_quantization or quantization)]
     if add_end_ids:
         _add_end_ids(sides)
@@ -463,7 +464,8 @@ def init_cmd(
     for side in sides:
         key = json.dumps([side.engine.value, side.launch, side.patches], sort_keys=True)
         if key not in identities:
-            identity = probe_identity(side.engine, side.launch, side.patches)
+            identity = probe_identity(side.engine, side.launch, side.patches,
+                                      {k: str(base / k) for k in side.patches if "/" in k})
             identities[key] = (dict(identity.engine_version),
                                {k: v for k, v in identity.settings.items() if k != "patches"})
         side.engine_version, side.settings = identities[key]

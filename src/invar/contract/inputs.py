@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from invar import patches
 from invar.contract.model import Contract
 from invar.contract.plan import ExecutionPlan, Role, derive_plan
 from invar.contract.prepare import ROLES, method_version, model_folders, package_tokenizers, prompt_encoders
@@ -39,7 +40,34 @@ def run_inputs(contract: Contract, base: Path) -> dict[str, Any]:
     """
     population = (base / contract.population.path).read_bytes()
     folders = model_folders(contract, base)
-    return {"population": population, "tokenizers": {role: kept_files(folders[role]) for role in ROLES}}
+    out: dict[str, Any] = {"population": population,
+                           "tokenizers": {role: kept_files(folders[role]) for role in ROLES}}
+    kept = {role: {key: patches.kept_files(patches.patch_dir(key, base)) for key in contract.package(role).patches}
+            for role in ROLES if contract.package(role).patches}
+    if kept:  # only a patched run keeps them, so an unpatched run's meta is unchanged
+        out["patches"] = kept
+    return out
+
+
+def check_patch_folders(contract: Contract, base: Path, kept: Any) -> None:
+    """Every patch or kernel folder a package names must still be the one the contract pins: the folder beside the
+    contract where it is there (a changed file is one `ContractError` line naming the folder, both digests and what
+    to do), else the copy the run keeps (meta `inputs.patches`), so a decision never covers other code than ran."""
+    kept_patches = kept.get("patches") if isinstance(kept, dict) else None
+    for role in ROLES:
+        for key, sha in contract.package(role).patches.items():
+            where = f"{role}.patches.{key}"
+            folder = base / key if patches.is_path(key) else patches.PATCHES_DIR / key
+            if not folder.is_dir():
+                copy = kept_patches.get(role, {}).get(key) if isinstance(kept_patches, dict) else None
+                if not isinstance(copy, dict):
+                    raise ContractError(f"{where}: the folder is not beside the contract ({base / key}) and the run "
+                                        "keeps no copy of it; put the contract beside the folder it names")
+                if patches.kept_digest(copy) != sha:
+                    raise EvidenceError(f"{where}: the run's kept copy of the folder has another digest than the "
+                                        f"contract pins ({sha[:16]}…); the run's records are not of this contract")
+                continue
+            patches.check_folder(key, sha, folder, where)
 
 
 def resolve_inputs(contract: Contract, base: Path, kept: Any, scratch: Path) -> Inputs:
@@ -80,7 +108,9 @@ def read_anchors(contract: Contract, sha: str, base: Path, store: RunStore, scra
         ExecutionPlan, dict[Role, ModelTokenizer]]:
     """The plan and each package's tokenizer, from the files the contract fixes by digest (beside the contract at
     `base`, or the copies the run keeps, written into `scratch`), every one checked against the contract."""
-    inputs = resolve_inputs(contract, base, store.meta().get("inputs"), scratch)
+    kept = store.meta().get("inputs")
+    check_patch_folders(contract, base, kept)
+    inputs = resolve_inputs(contract, base, kept, scratch)
     units = load_units(inputs.population, contract.population.sha256)
     tokenizers = package_tokenizers(contract, inputs.tokenizers)
     encoders = prompt_encoders(tokenizers)
@@ -94,6 +124,7 @@ def read_anchors(contract: Contract, sha: str, base: Path, store: RunStore, scra
 __all__ = [
     "Inputs",
     "check_method_version",
+    "check_patch_folders",
     "read_anchors",
     "resolve_inputs",
     "run_inputs",

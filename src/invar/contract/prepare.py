@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from invar import canonical
+from invar import canonical, patches
 from invar.contract.model import (
     Adapter,
     Contract,
@@ -174,12 +174,28 @@ def _package(role: Literal["reference", "candidate"], decl: PackageDeclaration, 
         **decl.model_dump(),
         "model_dir": relative_path(model_dir, out),
         "adapter": adapter,
+        "patches": _patches(role, decl, base, out),
     }
     with _reading(f"{role}.model_dir", model_dir):
         fields["tokenizer_digest"] = tokenizer_digest(model_dir)
     fields["worker_digest"] = _worker(role, decl)
     package: Package = _validated(Package, fields)
     return package
+
+
+def _patches(role: Literal["reference", "candidate"], decl: PackageDeclaration, base: Path, out: Path) -> dict[
+        str, str]:
+    """The package's patches, each folder hashed now (an edited file is refused here, not at `use run`) and a
+    folder's path rewritten relative to the contract; a kernel's `kernel.toml` checked against the engine."""
+    out_patches: dict[str, str] = {}
+    for key, sha in decl.patches.items():
+        field = f"{role}.patches.{key}"
+        with _reading(field, base / key):
+            folder = patches.patch_dir(key, base)
+            patches.check_folder(key, sha, folder, field, declared=True)
+            patches.check_engine(folder, decl.engine, field)
+        out_patches[patches.contract_key(folder, out) if patches.is_path(key) else key] = sha
+    return out_patches
 
 
 def package_tokenizers(contract: Contract, folders: Mapping[Role, Path]) -> dict[Role, ModelTokenizer]:

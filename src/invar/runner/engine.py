@@ -92,7 +92,10 @@ class EngineSpec:
     settings: Mapping[str, Any] = field(default_factory=dict)
     """Launch settings (a package's `settings`); empty: the worker's defaults."""
     patches: Mapping[str, str] = field(default_factory=dict)
-    """Patches to apply at start: name → sha256."""
+    """Patches and kernels to apply at start: reference (a name under patches/, or a folder path) → sha256."""
+    patch_dirs: Mapping[str, str] = field(default_factory=dict)
+    """Where a reference's folder lies when the worker cannot find it from the reference itself (a contract's path,
+    relative to the contract): reference → absolute folder. The worker checks its digest again before it runs."""
     worker_digest: str | None = None
     """The worker code digest the package names (`invar.worker_code`), checked before the worker starts and again
     against its handshake; None: not pinned (a command that runs no contract)."""
@@ -160,7 +163,7 @@ def engine_session(
     `phase` is told what the session is doing (starting the worker, loading the model), for a command to show.
     """
     model_digest, adapter_digest = spec.digests
-    args = launch_args(spec.engine.value, spec.settings, spec.patches)
+    args = launch_args(spec.engine.value, spec.settings, spec.patches, spec.patch_dirs)
     code = None if spec.worker_digest is None else (spec.worker_digest, expect[2] if expect else spec.engine.value)
     phase(f"starting the {spec.engine.value} worker")
     client = start_worker(spec.engine.value, role, args=args, recorder=store, call_timeout=call_timeout,
@@ -251,12 +254,14 @@ class Lease:
 
 
 def probe_identity(engine: Engine, settings: Mapping[str, Any] | None = None,
-                   patches: Mapping[str, str] | None = None) -> Identity:
+                   patches: Mapping[str, str] | None = None,
+                   patch_dirs: Mapping[str, str] | None = None) -> Identity:
     """Start a worker with these launch settings and patches, read its handshake identity, and stop it.
 
     What a contract's package must state (`engine_version`, `settings`) is exactly this identity's.
     """
-    client = start_worker(engine.value, Role.INFERENCE, args=launch_args(engine.value, settings or {}, patches or {}))
+    client = start_worker(engine.value, Role.INFERENCE,
+                          args=launch_args(engine.value, settings or {}, patches or {}, patch_dirs))
     try:
         return client.identity
     finally:

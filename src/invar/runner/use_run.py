@@ -157,8 +157,10 @@ def package_spec(package: Package, base: Path, role: Role) -> EngineSpec:
                             "declaration")
     # The worker's files are hashed before any worker starts, so a changed worker costs no model load.
     check_worker_code(package.engine, package.worker_digest, role)
+    folders = {name: patches.patch_dir(name, base) for name in package.patches}
     spec = EngineSpec(Engine(package.engine), model, Dtype(package.dtype), Quantization(package.quantization),
                       adapter, settings=dict(package.settings), patches=dict(package.patches),
+                      patch_dirs={k: str(f.resolve()) for k, f in folders.items() if patches.is_path(k)},
                       worker_digest=package.worker_digest)
     model_digest, adapter_digest = spec.digests
     if model_digest != package.model_digest:
@@ -168,10 +170,7 @@ def package_spec(package: Package, base: Path, role: Role) -> EngineSpec:
         raise ContractError(f"{role}.adapter: {adapter} has tree digest {str(adapter_digest)[:16]}…, the contract "
                             f"fixes {package.adapter.digest[:16]}…")
     for name, sha in package.patches.items():
-        actual = patches.patch_digest(patches.patch_dir(name))
-        if actual != sha:
-            raise ContractError(f"{role}.patches.{name}: the patch's files have digest {actual[:16]}…, the contract "
-                                f"fixes {sha[:16]}…; restore the patch the contract names")
+        patches.check_folder(name, sha, folders[name], f"{role}.patches.{name}")
     return spec
 
 

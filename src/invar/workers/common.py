@@ -14,6 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -131,15 +132,19 @@ def check_trained_on(metadata: dict[str, str], model_digest: str, path: str, whe
                           f"model is {model_digest[:16]}…: load the adapter's own base model, or another adapter")
 
 
-# -- candidate patches (patches/<name>/patch.py; the digest rule is invar.patches') --------------------------------
+# -- candidate patches and kernels (a name under patches/ or a folder anywhere; the digest rule is invar.patches') --
 
 
 def add_patch_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--patch NAME=SHA256` (repeatable) and the tests' poison switch `--patch-poison NAME`."""
-    parser.add_argument("--patch", action="append", default=[], metavar="NAME=SHA256",
-                        help="apply the patch folder patches/NAME before any model loads; refuse to start unless "
-                             "its digest (invar.patches.patch_digest) is SHA256")
-    parser.add_argument("--patch-poison", action="append", default=[], metavar="NAME",
+    """`--patch REFERENCE=SHA256` and `--patch-dir REFERENCE=FOLDER` (repeatable), and the tests' poison switch
+    `--patch-poison REFERENCE`."""
+    parser.add_argument("--patch", action="append", default=[], metavar="REFERENCE=SHA256",
+                        help="apply a patch or function kernel before any model loads: a name under patches/ or a "
+                             "folder path; refuse to start unless its digest (invar.patches.patch_digest) is SHA256")
+    parser.add_argument("--patch-dir", action="append", default=[], metavar="REFERENCE=FOLDER",
+                        help="where the folder of --patch REFERENCE lies (a contract's path, resolved by the core); "
+                             "default: the reference itself")
+    parser.add_argument("--patch-poison", action="append", default=[], metavar="REFERENCE",
                         help="tests only: the named patch flips the last bit of its results (recorded in the "
                              "identity as patch_poison)")
 
@@ -163,6 +168,28 @@ class Patches:
     def active(self) -> bool:
         return bool(self.modules)
 
+    def _ops(self) -> set[str]:
+        """The ops of the function kernels among the patches."""
+        return {m.spec.op for m in self.modules.values() if hasattr(m, "spec")}
+
+    def attention(self, asked: str | None) -> str:
+        """The HF attention implementation to run with, given `--attn-implementation` (None: not given).
+
+        A `patch.py` patch and a softmax kernel need eager attention (SDPA's fused kernel would bypass the patched
+        products and softmax); an attention kernel needs SDPA (the op it replaces); any other kernel keeps the
+        default, SDPA, so a kernel candidate differs from the stock reference in the kernel alone."""
+        eager = any(not hasattr(m, "spec") for m in self.modules.values()) or "softmax" in self._ops()
+        if "attention" in self._ops():
+            if eager or asked == "eager":
+                raise PatchRefused("an attention kernel replaces SDPA, which eager attention (asked for, or needed "
+                                   "by a patch or softmax kernel applied with it) never calls; leave "
+                                   "--attn-implementation out and apply it alone")
+            return "sdpa"
+        if any(not hasattr(m, "spec") for m in self.modules.values()) and asked == "sdpa":
+            raise PatchRefused("--attn-implementation sdpa cannot run under a patch (SDPA's fused kernel would bypass "
+                               "the patched matmul and softmax); leave it out or pass eager")
+        return asked or ("eager" if eager else "sdpa")
+
     def settings(self) -> dict[str, Any]:
         """What the identity's settings gain: nothing without patches, so unpatched identities are unchanged."""
         if not self.modules:
@@ -173,10 +200,14 @@ class Patches:
         return out
 
     def apply(self, engine: str) -> None:
-        """Install every patch in this process, before any model is loaded."""
+        """Install every patch in this process, before any model is loaded (a kernel is self-checked first)."""
+        from invar.workers.kernel_host import KernelRefused
+
         for name, module in self.modules.items():
             try:
                 module.apply(engine, poison=name in self.poison)
+            except KernelRefused as exc:
+                raise PatchRefused(f"--patch {name}: {exc}") from None
             except Exception as exc:
                 first = str(exc).splitlines()[0] if str(exc) else ""
                 raise PatchRefused(f"--patch {name}: cannot be applied to the {engine} engine "
@@ -184,37 +215,56 @@ class Patches:
 
     def counted(self, method: Any) -> Any:
         """`method`, reporting `patch_calls` {name: replaced-op invocations during the call}; unchanged without
-        patches."""
+        patches. A function kernel that did not run during the call makes the call an error: the evidence would not
+        be of the kernel."""
         if not self.modules:
             return method
 
-        def run(params: dict[str, Any]) -> dict[str, Any]:
+        def run(params: Any) -> Any:
             for module in self.modules.values():
                 module.reset_calls()
-            result: dict[str, Any] = method(params)
+            result = method(params)
+            for module in self.modules.values():
+                if hasattr(module, "never_called") and module.calls() == 0:
+                    raise RuntimeError(module.never_called())
             return {**result, "patch_calls": {name: int(m.calls()) for name, m in self.modules.items()}}
 
         return run
 
 
-def load_patches(specs: list[str], poison: list[str]) -> Patches:
-    """Check every `NAME=SHA256` against the folder's digest, then import the patches (nothing is applied yet).
+def _folders(specs: list[str]) -> dict[str, Path]:
+    folders: dict[str, Path] = {}
+    for spec in specs:
+        reference, sep, folder = spec.partition("=")
+        if not sep or not reference or not folder:
+            raise PatchRefused(f"--patch-dir {spec!r}: expected REFERENCE=FOLDER")
+        folders[reference] = Path(folder)
+    return folders
+
+
+def load_patches(specs: list[str], poison: list[str], dirs: list[str] | None = None) -> Patches:
+    """Check every `REFERENCE=SHA256` against the folder's digest, then import the patches and kernels (nothing is
+    applied yet). `dirs`: `REFERENCE=FOLDER`, where a reference's folder lies when it is not the reference itself.
 
     The digest is checked before the patch's code is imported, so code other than the named one never runs.
     """
     from invar.errors import InvarError
-    from invar.patches import patch_digest, patch_dir
+    from invar.patches import patch_digest, patch_dir, read_kernel
+    from invar.workers.kernel_host import FunctionKernel, KernelRefused
 
+    given = _folders(dirs or [])
     digests: dict[str, str] = {}
+    folders: dict[str, Path] = {}
     for spec in specs:
-        name, sep, expected = spec.partition("=")
+        name, sep, expected = spec.rpartition("=")
         if not sep or not name or _SHA256.fullmatch(expected) is None:
-            raise PatchRefused(f"--patch {spec!r}: expected NAME=SHA256 (the patch's digest in lowercase hex)")
+            raise PatchRefused(f"--patch {spec!r}: expected REFERENCE=SHA256 (a patch name or folder, and its "
+                               "digest in lowercase hex)")
         if name in digests:
             raise PatchRefused(f"--patch {name}: given twice; name each patch once")
         try:
-            folder = patch_dir(name)
-            actual = patch_digest(name)
+            folder = given[name] if name in given else patch_dir(name)
+            actual = patch_digest(folder)
         except InvarError as exc:
             raise PatchRefused(f"--patch {name}: {exc}") from None
         if actual != expected:
@@ -222,6 +272,7 @@ def load_patches(specs: list[str], poison: list[str]) -> Patches:
                                "for: the patch's files differ from the ones named; pass the digest of the patch "
                                "you mean to run (invar.patches.patch_digest)")
         digests[name] = actual
+        folders[name] = folder
     unknown = sorted(set(poison) - set(digests))
     if unknown:
         raise PatchRefused(f"--patch-poison {', '.join(unknown)}: not among the --patch arguments; poison only a "
@@ -229,12 +280,12 @@ def load_patches(specs: list[str], poison: list[str]) -> Patches:
     modules: dict[str, Any] = {}
     taken: dict[str, str] = {}
     for name in digests:
-        code = patch_dir(name) / "patch.py"
-        found = importlib.util.spec_from_file_location(f"invar_patch_{name.replace('-', '_')}", code)
-        if not code.is_file() or found is None or found.loader is None:
-            raise PatchRefused(f"--patch {name}: {code} is missing; a patch folder holds its code in patch.py")
-        module = importlib.util.module_from_spec(found)
-        found.loader.exec_module(module)
+        try:
+            kernel = read_kernel(folders[name])
+            module = FunctionKernel(name, folders[name], kernel) if kernel is not None else \
+                _import_patch(name, folders[name])
+        except (InvarError, KernelRefused) as exc:
+            raise PatchRefused(f"--patch {name}: {exc}") from None
         for op in sorted(module.REPLACES):
             if op in taken:
                 raise PatchRefused(f"--patch {name}: it replaces {op}, as --patch {taken[op]} does; apply one of "
@@ -242,3 +293,19 @@ def load_patches(specs: list[str], poison: list[str]) -> Patches:
             taken[op] = name
         modules[name] = module
     return Patches(modules, digests, sorted(set(poison)))
+
+
+def _import_patch(name: str, folder: Path) -> Any:
+    """The folder's `patch.py`, imported (the plug-in API of patches/README.md)."""
+    code = folder / "patch.py"
+    stem = name if "/" not in name and os.sep not in name else f"{folder.name}_{abs(hash(str(folder)))}"
+    found = importlib.util.spec_from_file_location(f"invar_patch_{re.sub(r'[^0-9A-Za-z_]', '_', stem)}", code)
+    if not code.is_file() or found is None or found.loader is None:
+        raise PatchRefused(f"--patch {name}: {code} is missing; a patch folder holds its code in patch.py, or a "
+                           "function kernel in kernel.py with kernel.toml")
+    module = importlib.util.module_from_spec(found)
+    try:
+        found.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise PatchRefused(f"--patch {name}: {code}: syntax error at line {exc.lineno} ({exc.msg}); fix it") from None
+    return module

@@ -58,10 +58,12 @@ Decisions this worker embodies:
 - Bad input (missing or mismatched folders, prompt ids outside the vocabulary, a corrupt adapter, an over-long
   request) is a `MethodError` naming what to change, raised before any state changes, so the worker keeps serving
   what it had.
-- **Candidate patches** (`--patch NAME=SHA256`, `patches/`): checked against their digest and applied before any
-  model loads (`invar.workers.common.load_patches`); the model then runs with eager attention, since SDPA's fused CPU
-  kernel would bypass the patched matrix products and softmax (`--attn-implementation eager` runs an unpatched model
-  that way too: a package setting, so eager-vs-SDPA is a candidate of its own). The identity's settings gain
+- **Candidate patches and kernels** (`--patch REFERENCE=SHA256`, a name under `patches/` or a folder anywhere):
+  checked against their digest and applied before any model loads (`invar.workers.common.load_patches`; a function
+  kernel through `invar.workers.kernel_host`); under a `patch.py` patch or a softmax kernel the model runs with eager
+  attention, since SDPA's fused CPU kernel would bypass the patched matrix products and softmax; any other kernel
+  keeps SDPA (`--attn-implementation eager` runs an unpatched model eagerly too: a package setting, so eager-vs-SDPA
+  is a candidate of its own). The identity's settings gain
   `patches` (and `patch_poison`), and `generate` / `score` results gain `patch_calls`, the patched ops each call
   ran.
 - **Both roles in one process** (`--learner-channel`, the training loop's shared layout): an inference engine and a
@@ -957,13 +959,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="torch device: cpu, or cuda where one is present")
     parser.add_argument("--attn-implementation", choices=["sdpa", "eager"], default=None,
                         help="transformers' attention: sdpa (the fused kernel) or eager (matmul and softmax); "
-                             "default sdpa, eager under a patch")
+                             "default sdpa, eager under a patch or a softmax kernel")
     add_patch_arguments(parser)
     add_channel_argument(parser)
     args = parser.parse_args(argv)
     try:
-        patches = load_patches(args.patch, args.patch_poison)
+        patches = load_patches(args.patch, args.patch_poison, args.patch_dir)
         patches.apply("hf")  # before any model is loaded
+        attn_implementation = patches.attention(args.attn_implementation)
     except PatchRefused as exc:
         print(f"invar.workers.hf_worker: {exc}", file=sys.stderr, flush=True)
         return 2
@@ -974,11 +977,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_interop_threads(1)
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers leaves them unannotated
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    if patches.active and args.attn_implementation == "sdpa":
-        print("invar.workers.hf_worker: --attn-implementation sdpa cannot run under a patch (SDPA's fused kernel "
-              "would bypass the patched matmul and softmax); leave it out or pass eager", file=sys.stderr, flush=True)
-        return 2
-    attn_implementation = args.attn_implementation or ("eager" if patches.active else "sdpa")
 
     def server_for(role: Role) -> Server:
         engine = Engine(role, args.device)

@@ -579,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
               "start the learner with the hf or mlx worker (--role learner)", file=sys.stderr, flush=True)
         return 2
     try:
-        patches = load_patches(args.patch, args.patch_poison)
+        patches = load_patches(args.patch, args.patch_poison, args.patch_dir)
     except PatchRefused as exc:
         print(f"invar.workers.vllm_worker: {exc}", file=sys.stderr, flush=True)
         return 2
