@@ -121,7 +121,9 @@ def test_an_existing_file_is_kept_unless_force_is_given(tmp_path: Path, monkeypa
     assert result.exit_code == 0, (result.output, result.exception)
     decl = tomllib.loads(out.read_text(encoding="utf-8"))
     assert decl["candidate"]["patches"]["fixed-block"] == canonical.tree_digest(REPO_ROOT / "patches" / "fixed-block")
-    assert decl["invariance"] == {"required": True, "layouts": ["b16", "b32-shuffled", "solo"]}  # the default
+    # A patched candidate gets the kernel contract's invariance, relative to the stock reference (the default).
+    assert decl["invariance"] == {"required": True, "relative_to": "reference",
+                                  "layouts": ["b16", "b32-shuffled", "solo"]}
     assert decl["population"]["sample"] == 2000
     assert decl["requirement"]["method"] == "paired-binary-score"
     assert len(started) == 2  # one worker per distinct identity: the candidate's launch and patch differ

@@ -35,6 +35,12 @@ DEFAULT_POPULATION = HOME / "data" / "arith-eval.jsonl"
 DEFAULT_SAMPLE = 2000
 """As the shipped contracts: 2,000 sampled units (the whole population when it has fewer)."""
 DEFAULT_SEED = 20261130
+KERNEL_MAX_KL = "0.0001"
+"""The `max_kl` (nats, at every capture) a kernel contract proposes: a float32 kernel that only reorders its sums
+stays below 1e-9 on the shipped model, a matrix product silently run in bfloat16 reaches 1e-2
+(docs/kernel-contracts.md)."""
+KERNEL_CAPTURE_STEPS = ("every:1",)
+"""The capture steps a kernel contract proposes: every response step of the reference's responses."""
 
 _OPTION_OF = {
     # A field the declaration model refuses, and the option of `use init` that set it.
@@ -43,6 +49,8 @@ _OPTION_OF = {
     "requirement.epsilon": "--epsilon", "requirement.confidence": "--confidence", "requirement.delta": "--confidence",
     "requirement.method": "--method", "requirement.max_n": "--sample", "pairing.seed": "--seed",
     "layouts": "--batch-size", "execution.requests_per_call": "--requests-per-call",
+    "invariance.relative_to": "--invariance-relative-to", "measurements.max_kl": "--max-kl",
+    "measurements.capture_steps": "--capture-step", "measurements": "--measurements",
     "reference.settings": "--setting", "candidate.settings": "--candidate-setting", "premises": "--party",
     "candidate": "--candidate-model, --candidate-engine, --candidate-setting, --candidate-patch, --candidate-dtype or "
                  "--candidate-quantization",
@@ -185,6 +193,11 @@ class _Choices:
     invariance: bool
     requests_per_call: int
     party: str | None
+    relative_invariance: bool = False
+    """Invariance relative to the reference (`invariance.relative_to = "reference"`)."""
+    measurements: dict[str, Any] | None = None
+    """The `[measurements]` section as the contract model reads it (teacher_forcing, capture_steps, max_kl), or
+    None for none."""
 
 
 def _render(c: _Choices, reference: _Side, candidate: _Side, base: Path, file_name: str) -> str:
@@ -240,11 +253,20 @@ def _render(c: _Choices, reference: _Side, candidate: _Side, base: Path, file_na
                   _line("order", "shuffled", "in a seeded shuffled order"),
                   "", "[layouts.solo]", _line("batch_size", 1, "every prompt alone")]
     lines += ["", "[invariance]"]
-    if c.invariance:
+    if c.invariance and c.relative_invariance:
+        lines += [_line("required", True, "the candidate may add no layout dependence the reference lacks:"),
+                  "# a unit bit-identical under every layout below for the reference must be so for the candidate",
+                  _line("relative_to", "reference", "the reference runs these layouts too"),
+                  f"layouts = {toml_value([pairing, f'b{2 * c.batch_size}-shuffled', 'solo'])}"]
+    elif c.invariance:
         lines += [_line("required", True, "the candidate must give identical bits under every layout below"),
                   f"layouts = {toml_value([pairing, f'b{2 * c.batch_size}-shuffled', 'solo'])}"]
     else:
         lines.append(_line("required", False, "the candidate runs only the pairing layout"))
+    if c.measurements is not None:
+        lines += ["", "[measurements]", "# The candidate scores the reference's responses (teacher forcing) and both "
+                  "packages' whole-vocabulary", "# distributions are captured at these steps.",
+                  *(_line(key, value, _MEASUREMENT_NOTES[key]) for key, value in c.measurements.items())]
     lines += ["", "[execution]",
               _line("requests_per_call", c.requests_per_call, "the most requests one worker call carries"),
               "", *_package_lines(reference, base), "", *_package_lines(candidate, base), ""]
@@ -262,6 +284,14 @@ def _render(c: _Choices, reference: _Side, candidate: _Side, base: Path, file_na
                   '# party = "who vouches"', f"# basis_sha256 = {toml_value(c.population_sha256)}",
                   '# reliance = "vouched"', ""]
     return "\n".join(lines)
+
+
+_MEASUREMENT_NOTES = {
+    "teacher_forcing": "score the reference's responses on the reference's context",
+    "capture_steps": "response steps with a whole-vocabulary capture",
+    "max_kl": "a requirement: KL(reference ‖ candidate) in nats at every capture",
+    "units": "measure only the first batches covering this many units",
+}
 
 
 def _check(text: str, out: Path) -> None:
@@ -368,6 +398,25 @@ def init_cmd(
     requests_per_call: Annotated[
         int, typer.Option("--requests-per-call", help="The most requests one worker call carries.")
     ] = 64,
+    invariance_relative_to: Annotated[
+        str | None, typer.Option("--invariance-relative-to", metavar="reference|none",
+                                 help="reference: the candidate may add no layout dependence the reference lacks "
+                                      "(the reference runs the layouts too); none: the candidate must be invariant "
+                                      "on every unit (default: reference when only the candidate runs patches)")
+    ] = None,
+    measurements: Annotated[
+        bool | None, typer.Option("--measurements/--no-measurements",
+                                  help="Write [measurements]: teacher forcing and whole-vocabulary captures "
+                                       "(default: yes when only the candidate runs patches, and not sequential).")
+    ] = None,
+    capture_step: Annotated[
+        list[str] | None, typer.Option("--capture-step", metavar="STEP", help="A capture step of [measurements] "
+                                       "(repeatable): a step number, last, or every:K (default: every:1).")
+    ] = None,
+    max_kl: Annotated[
+        str | None, typer.Option("--max-kl", metavar="NATS", help="Require KL(reference ‖ candidate) at most this "
+                                 f"at every capture (default with patches: {KERNEL_MAX_KL}; 'none' for no bound).")
+    ] = None,
     name: Annotated[str | None, typer.Option("--name", help="The contract's name (default: the file's stem).")] = None,
     description: Annotated[str | None, typer.Option("--description", help="The use, in your words.")] = None,
     party: Annotated[
@@ -404,6 +453,11 @@ def init_cmd(
                          "--invariance")
     if every_unit and sample is not None:
         raise InvarError("--every-unit and --sample both say how many units to run; give one")
+    if invariance_relative_to not in (None, "reference", "none"):
+        raise InvarError(f"--invariance-relative-to {invariance_relative_to!r}: write reference or none")
+    if measurements and sequential:
+        raise InvarError("--measurements covers batches a sequential run may never reach: leave out --sequential or "
+                         "--measurements")
     from invar.cli.evaluate import _settings as scorer_settings
     from invar.stats.bounds import DEFAULT_BINARY_METHOD
     from invar.tasks.scorers import UserScorer, load_scorer
@@ -442,6 +496,19 @@ def init_cmd(
             method = "paired-binary-sequence" if loaded.binary else "betting-sequence"
         else:
             method = DEFAULT_BINARY_METHOD if loaded.binary else "maurer-pontil"
+    # A kernel contract (patches on the candidate alone) judges the kernel, not the engine around it: invariance
+    # relative to the stock reference, and the measurements that see a precision the task cannot.
+    kernel = bool(sides[1].patches) and not sides[0].patches
+    relative = invariance_relative_to == "reference" if invariance_relative_to is not None else kernel
+    measured = measurements if measurements is not None else kernel and not sequential
+    measure = None
+    if measured:
+        bound = max_kl if max_kl is not None else KERNEL_MAX_KL if kernel else None
+        steps = [int(step) if step.isdecimal() else step for step in capture_step or KERNEL_CAPTURE_STEPS]
+        measure = {"teacher_forcing": True, "capture_steps": steps,
+                   **({} if bound is None or bound == "none" else {"max_kl": bound})}
+    elif max_kl is not None or capture_step:
+        raise InvarError("--max-kl and --capture-step set [measurements], which is not written: add --measurements")
     units = sum(1 for line in population.read_bytes().splitlines() if line.strip())
     chosen = None if every_unit else sample if sample is not None else \
         DEFAULT_SAMPLE if units > DEFAULT_SAMPLE else None
@@ -456,7 +523,11 @@ def init_cmd(
         top_p=top_p, max_tokens=max_tokens, standard=standard, epsilon=epsilon, confidence=confidence,
         method=method, sequential=sequential, seed=seed, batch_size=batch_size,
         invariance=bool(invariance) if invariance is not None else not sequential,
-        requests_per_call=requests_per_call, party=party)
+        requests_per_call=requests_per_call, party=party, measurements=measure)
+    choices.relative_invariance = relative and choices.invariance
+    if relative and invariance_relative_to is not None and not choices.invariance:
+        raise InvarError("--invariance-relative-to reference judges invariance, which is not required: leave out "
+                         "--no-invariance or --invariance-relative-to")
     for side in sides:  # everything but the identities first: a mistake costs no worker start
         side.engine_version, side.settings = {"invar": "0"}, dict(side.launch)
     _check(_render(choices, sides[0], sides[1], base, out.name), out)
@@ -469,6 +540,7 @@ def init_cmd(
             identities[key] = (dict(identity.engine_version),
                                {k: v for k, v in identity.settings.items() if k != "patches"})
         side.engine_version, side.settings = identities[key]
+    _same_attention(sides, identities)
     text = _render(choices, sides[0], sides[1], base, out.name)
     _check(text, out)
     try:
@@ -478,6 +550,27 @@ def init_cmd(
             from None
     typer.echo(f"wrote {out}: {choices.name}, {_describe(sides[1])} against {_describe(sides[0])}")
     typer.echo(f"next: invar use prepare {out}")
+
+
+def _same_attention(sides: list[_Side], identities: dict[str, tuple[dict[str, str], dict[str, Any]]]) -> None:
+    """A kernel candidate's worker may run another attention implementation than the stock default (a patch needs
+    eager attention): where the reference's was not chosen, it runs the candidate's, so the two packages differ in
+    the kernel alone. The reference's worker is asked for its identity again with that setting."""
+    from invar.runner.engine import probe_identity
+
+    reference, candidate = sides
+    attention = "attn_implementation"
+    chosen = candidate.settings.get(attention)
+    if reference.engine != candidate.engine or reference.patches or not candidate.patches or \
+            attention in reference.launch or chosen is None or reference.settings.get(attention) == chosen:
+        return
+    reference.launch = {**reference.launch, attention: chosen}
+    key = json.dumps([reference.engine.value, reference.launch, reference.patches], sort_keys=True)
+    if key not in identities:
+        identity = probe_identity(reference.engine, reference.launch, reference.patches)
+        identities[key] = (dict(identity.engine_version),
+                           {k: v for k, v in identity.settings.items() if k != "patches"})
+    reference.engine_version, reference.settings = identities[key]
 
 
 def _add_end_ids(sides: list[_Side]) -> None:

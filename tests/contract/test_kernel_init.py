@@ -1,0 +1,96 @@
+"""`use init --candidate-patch` proposes a contract that judges the kernel, not the engine around it: invariance
+relative to the stock reference, and `[measurements]` with teacher forcing and a `max_kl` bound; the reference runs the
+attention the patched candidate runs. `use init` writes `[measurements]` on request for any candidate. The workers'
+identities are stood in for (the claim is about what the command writes; tests/cli/test_use_init.py runs it on the
+real engine), and each file is checked by `use prepare`'s checks as `use init` writes it."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from invar.cli.app import app
+from invar.cli.use_init import KERNEL_MAX_KL
+from invar.contract.model import parse_declaration
+from invar.errors import InvarError
+
+
+@pytest.fixture
+def probes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """Each identity asked for; a patched worker reports eager attention, as the hf worker's patch host does, and
+    an unpatched one the launch setting it was given (SDPA by default)."""
+    started: list[tuple[Any, ...]] = []
+
+    def probe(engine: Any, launch: dict[str, Any], patches: dict[str, str], *_: Any) -> SimpleNamespace:
+        started.append((launch, patches))
+        attention = "eager" if patches else launch.get("attn_implementation", "sdpa")
+        return SimpleNamespace(engine_version={"invar": "0.1.0", "torch": "2"},
+                               settings={"attn_implementation": attention, "device": "cpu", "threads": 1})
+
+    monkeypatch.setattr("invar.runner.engine.probe_identity", probe)
+    return started
+
+
+def _init(out: Path, *args: str) -> dict[str, Any]:
+    result = CliRunner().invoke(app, ["use", "init", str(out), "--sample", "40", *args])
+    assert result.exit_code == 0, (result.output, result.exception)
+    decl = tomllib.loads(out.read_text(encoding="utf-8"))
+    parse_declaration(decl, str(out))  # the declaration model reads it as written
+    return decl
+
+
+def test_a_patched_candidate_gets_a_kernel_contract(tmp_path: Path, probes: list[tuple[Any, ...]]) -> None:
+    decl = _init(tmp_path / "k.toml", "--candidate-patch", "split-k")
+    assert decl["invariance"] == {"required": True, "relative_to": "reference",
+                                  "layouts": ["b16", "b32-shuffled", "solo"]}
+    assert decl["measurements"] == {"teacher_forcing": True, "capture_steps": ["every:1"], "max_kl": KERNEL_MAX_KL}
+    # The reference runs the candidate's attention, so the two differ in the kernel alone; it was asked again.
+    assert decl["reference"]["settings"]["attn_implementation"] == "eager"
+    assert decl["candidate"]["settings"]["attn_implementation"] == "eager"
+    assert [launch.get("attn_implementation") for launch, _ in probes] == [None, None, "eager"]
+
+
+def test_the_kernel_defaults_can_each_be_changed(tmp_path: Path, probes: list[tuple[Any, ...]]) -> None:
+    decl = _init(tmp_path / "k.toml", "--candidate-patch", "split-k", "--invariance-relative-to", "none",
+                 "--max-kl", "none", "--capture-step", "0", "--capture-step", "last", "--setting",
+                 "attn_implementation=sdpa", "--candidate-setting", "attn_implementation=eager")
+    assert decl["invariance"] == {"required": True, "layouts": ["b16", "b32-shuffled", "solo"]}
+    assert decl["measurements"] == {"teacher_forcing": True, "capture_steps": [0, "last"]}
+    assert decl["reference"]["settings"]["attn_implementation"] == "sdpa"  # chosen: kept
+    decl = _init(tmp_path / "n.toml", "--candidate-patch", "split-k", "--no-measurements")
+    assert "measurements" not in decl
+    assert decl["invariance"]["relative_to"] == "reference"
+
+
+def test_without_patches_nothing_changes_unless_asked(tmp_path: Path, probes: list[tuple[Any, ...]]) -> None:
+    decl = _init(tmp_path / "q.toml", "--candidate-quantization", "nf4")
+    assert "measurements" not in decl
+    assert decl["invariance"] == {"required": True, "layouts": ["b16", "b32-shuffled", "solo"]}
+    decl = _init(tmp_path / "m.toml", "--candidate-quantization", "nf4", "--measurements", "--max-kl", "0.01",
+                 "--invariance-relative-to", "reference")
+    assert decl["measurements"] == {"teacher_forcing": True, "capture_steps": ["every:1"], "max_kl": "0.01"}
+    assert decl["invariance"]["relative_to"] == "reference"
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--invariance-relative-to", "stock"], "--invariance-relative-to 'stock': write reference or none"),
+    (["--invariance-relative-to", "reference", "--no-invariance"], "--invariance-relative-to reference judges"),
+    (["--max-kl", "0.01", "--no-measurements"], "--max-kl and --capture-step set [measurements]"),
+    (["--measurements", "--sequential", "--no-invariance"], "--measurements covers batches"),
+    (["--measurements", "--max-kl", "-1"], "measurements.max_kl"),
+    (["--measurements", "--capture-step", "every:0"], "measurements.capture_steps"),
+])
+def test_bad_kernel_options_are_one_line_and_nothing_is_written(tmp_path: Path, probes: list[tuple[Any, ...]],
+                                                                 args: list[str], says: str) -> None:
+    out = tmp_path / "decl.toml"
+    result = CliRunner().invoke(app, ["use", "init", str(out), "--candidate-quantization", "nf4", *args])
+    assert isinstance(result.exception, InvarError), (result.output, result.exception)
+    assert "\n" not in str(result.exception)
+    assert says in str(result.exception), str(result.exception)
+    assert not out.exists()
+    assert probes == []
