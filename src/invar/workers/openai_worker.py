@@ -38,6 +38,12 @@ Decisions this worker embodies:
   to generate, as vLLM needs). At temperature 1 without capture steps the server is asked for the scored tokens
   only; otherwise for the whole vocabulary (the server must allow it: `--max-logprobs -1`), rescaled to T by the
   worker exactly as the vLLM worker does.
+- **llama.cpp's server** (llama-cpp-python's `python -m llama_cpp.server`) has no /version; it is recognised by its
+  OpenAPI title and named as `kind` in the server's identity. Its requests undo llama.cpp's sampler defaults
+  (top-k 40, min-p, repetition penalty). It takes text prompts only, and it recomputes just the last token of a
+  prompt it has just run (its prompt cache), so its seed probe sends each probe right after another prompt and
+  then again: measured, the repeat comes back different, and the server is refused at `load_model` in one line
+  (docs/endpoints.md); it reports no context size either.
 - **Failures.** A refused connection, a timeout, HTTP 5xx or 429 is retried up to `--retries` times with
   exponential backoff, each attempt logged on stderr and counted in the output (`attempts`); a 4xx is the server
   refusing the request and is not retried. What cannot be answered is a `MethodError`: the core records the
