@@ -802,6 +802,55 @@ class UseAdmitImportedOutput(Closed):
     sequential: SequentialDecisionOutput | None
 
 
+class SideSummaryOutput(Closed):
+    """One side of an imported pair, as `invar evaluate` reports a policy."""
+
+    role: Literal["reference", "candidate"]
+    items: int
+    mean_loss: float
+    """The mean loss under the contract's mapping (exact sum, correctly rounded)."""
+    mean_score: float | None
+    """The mean score the exporter wrote; null for a table, which gives losses."""
+    correct: int | None
+    """0/1 losses: the items with loss 0; null for graded losses."""
+    interval: list[float]
+    """Accuracy's Clopper–Pearson interval (0/1 losses), or the mean loss's betting interval (graded)."""
+    interval_method: Literal["clopper-pearson", "betting"]
+
+
+class PairedSummaryOutput(Closed):
+    """The paired table of an imported pair."""
+
+    items: int
+    worse: int
+    """Items whose loss the candidate raised."""
+    better: int
+    """Items whose loss the candidate lowered."""
+    ties: int
+    both_right: int | None
+    """0/1 losses: ties with loss 0 on both sides."""
+    both_wrong: int | None
+    """0/1 losses: ties with loss 1 on both sides."""
+    mean_increase: float
+
+
+class UseSummaryOutput(Closed):
+    """`invar use summary CONTRACT --json`: an imported pair described (decides nothing; exit 0)."""
+
+    summary_version: str
+    evidence: Literal["imported"]
+    contract: DecisionContract
+    format: Literal["lm-eval", "inspect", "table"]
+    metric: str | None
+    loss: Literal["one-minus", "identity"]
+    loss_range: list[float] | None
+    confidence: float
+    sides: list[SideSummaryOutput]
+    """The reference, then the candidate."""
+    paired: PairedSummaryOutput
+    exports: list[ExportEvidenceOutput]
+
+
 class UseVerifyOutput(Closed):
     """`invar use verify --json`."""
 
@@ -887,6 +936,7 @@ OUTPUTS: dict[str, type[BaseModel]] = {
     "use-admit": UseAdmitOutput,
     "use-prepare-imported": UsePrepareImportedOutput,
     "use-admit-imported": UseAdmitImportedOutput,
+    "use-summary": UseSummaryOutput,
     "use-verify": UseVerifyOutput,
     "keys-new": KeysNewOutput,
     "compare-numerical": CompareNumericalOutput,

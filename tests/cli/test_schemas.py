@@ -97,6 +97,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str
     invar("use-prepare-imported", "use", "prepare", imported, "--json")
     invar("use-admit-imported", "use", "admit", "--contract", out / "schemas-imported.contract.json", "--json",
           codes=(0, 10, 11))
+    invar("use-summary", "use", "summary", out / "schemas-imported.contract.json", "--json")
     invar("use-admit", "use", "admit", out / "use", "--contract", contract, "--json", codes=(0, 10, 11))
     invar("use-admit", "use", "admit", out / "use", "--contract", contract, "--expect-head", run["chain_head"],
           "--receipt", out / "receipt.json", "--key", out / "keys" / "invar.key", "--json", codes=(0, 10, 11))

@@ -133,6 +133,8 @@ EXAMPLES: dict[str, list[str]] = {
     "use admit": ["invar use admit runs/w/use-run --contract runs/w/walkthrough.contract.json --expect-head HEAD",
                   "invar use admit RUN --contract C --expect-head HEAD --receipt receipt.json --key keys/owner.key "
                   "--json"],
+    "use summary": ["invar use summary evals/arith-ci.contract.json",
+                    "invar use summary evals/arith-ci.contract.json --confidence 0.99 --json"],
     "use verify": ["invar use verify receipt.json --run runs/w/use-run --contract runs/w/walkthrough.contract.json "
                    "--public-key keys/owner.pub"],
     "keys new": ["invar keys new --out keys --name owner", "invar keys new --json"],

@@ -11,6 +11,7 @@ from invar.cli.ci import Headline
 if TYPE_CHECKING:
     from invar.contract.decide import Decision
     from invar.imported.decide import ImportedDecision, PreparedImport
+    from invar.imported.summary import ImportedSummary
     from invar.stats.planning import PlanRow
 
 
@@ -55,6 +56,32 @@ def render_imported(d: ImportedDecision) -> str:
                      f"[{b.lower:.6g}, {b.upper:.6g}]")
     if d.diagnostics is not None:
         lines.append(diagnostics_line(d.diagnostics))
+    return "\n".join(lines)
+
+
+def render_summary(m: ImportedSummary) -> str:
+    """`use summary`: each side as `invar evaluate` reports a policy, the paired table, then the exports."""
+    lines = [f"{m.contract_name}: imported {m.source_format} evidence ({m.metric or 'losses'}, loss {m.loss}); the "
+             "scores are the exporter's, not recomputed from calls",
+             f"contract   {m.contract_name} (sha256 {m.contract_sha256}); decide with invar use admit --contract"]
+    for s in m.sides:
+        lo, hi = s.interval
+        if s.correct is not None:
+            lines.append(f"{s.role:<10} accuracy {1 - s.mean_loss:.4f} ({s.correct}/{s.items}), {m.confidence:.0%} "
+                         f"Clopper–Pearson interval [{lo:.4f}, {hi:.4f}]")
+        else:
+            assert m.loss_range is not None
+            score = "" if s.mean_score is None else f", mean score {s.mean_score:.4f}"
+            lines.append(f"{s.role:<10} mean loss {s.mean_loss:.4f} over {s.items} items (losses in "
+                         f"[{m.loss_range[0]:g}, {m.loss_range[1]:g}]){score}, {m.confidence:.0%} betting interval "
+                         f"[{lo:.4f}, {hi:.4f}]")
+    n = m.worse + m.better + m.ties
+    ties = f"{m.ties}" if m.both_right is None else f"{m.ties} ({m.both_right} both right, {m.both_wrong} both wrong)"
+    lines.append(f"paired     {n} items: candidate worse on {m.worse}, better on {m.better}, tied on {ties}; mean "
+                 f"loss increase {m.mean_increase:.6g}")
+    for e in m.exports:
+        lines.append(f"export     {e['role']:<10} {e['items']} items, {e['exporter']}, sha256 {e['sha256']} "
+                     f"({e['path']})")
     return "\n".join(lines)
 
 
@@ -112,4 +139,30 @@ class PlanImported:
     power: float | None
 
 
-__all__ = ["PlanImported", "headline", "plan_imported", "render_imported", "render_prepared"]
+def summary_imported_cmd(contract: Path, confidence: float, json_out: bool) -> None:
+    """`use summary`: one line for a contract that is not imported, or a bad --confidence; else the summary."""
+    import typer
+
+    from invar import outputs
+    from invar.cli.common import emit_model
+    from invar.errors import ContractError
+    from invar.imported import is_imported_contract
+    from invar.imported.summary import summarise_imported
+
+    if not 0 < confidence < 1:
+        raise ContractError(f"--confidence {confidence}: must be in (0, 1), e.g. 0.95")
+    if not is_imported_contract(contract):
+        from invar.contract.model import read_contract
+
+        read_contract(contract)  # a contract that cannot be read says so first
+        raise ContractError(f"{contract}: use summary describes imported evidence; summarise a run with invar "
+                            "evaluate, or compare its two sides with invar compare numerical RUN --contract CONTRACT")
+    summary = summarise_imported(contract, confidence)
+    if json_out:
+        emit_model(outputs.UseSummaryOutput.model_validate(summary.to_json()))
+    else:
+        typer.echo(render_summary(summary))
+
+
+__all__ = ["PlanImported", "headline", "plan_imported", "render_imported", "render_prepared", "render_summary",
+           "summary_imported_cmd"]

@@ -705,6 +705,20 @@ def admit_imported_cmd(contract: Path, junit: Path | None, summary: Path | None,
     raise typer.Exit(EXIT_CODES[imported.answer])
 
 
+@app.command("summary")
+def summary_cmd(
+    contract: Annotated[Path, typer.Argument(help="An imported contract (`use prepare` of a declaration with "
+                                                  "[imported]).")],
+    confidence: Annotated[float, typer.Option("--confidence", help="Confidence of each side's interval.")] = 0.95,
+    json_out: JsonOpt = False,
+) -> None:
+    """Summarise the two exports an imported contract pins, as `invar evaluate` reports a policy: each side's
+    accuracy (or mean loss) with its interval, the paired wins, losses and ties, each export's digest and harness."""
+    from invar.cli.imported import summary_imported_cmd
+
+    summary_imported_cmd(contract, confidence, json_out)
+
+
 @app.command("verify")
 def verify_cmd(
     receipt: Annotated[Path, typer.Argument(help="A receipt written by `invar use admit --receipt`.")],

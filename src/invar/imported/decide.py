@@ -31,7 +31,7 @@ from invar.contract.model import Premise
 from invar.contract.prepare import method_version, output_folder, relative_path, write_contract
 from invar.errors import ContractError, EvidenceError
 from invar.evidence import RangeTaskLoss, TaskLoss, paired_range_task_loss, paired_task_loss, within_epsilon
-from invar.imported.exports import Export, pair, read_bytes, read_exports
+from invar.imported.exports import Export, Paired, pair, read_bytes, read_exports
 from invar.imported.model import ImportedContract, PinnedExport, read_import_declaration, read_imported_contract
 from invar.stats.bounds import Bound, StatisticsError, bound
 from invar.stats.diagnostics import PairedDiagnostics, RangeDiagnostics, paired_diagnostics, range_diagnostics
@@ -189,16 +189,25 @@ def _premise(p: Premise, base: Path) -> PremiseCheck:
     return PremiseCheck(p.statement, p.party, p.basis_sha256, p.reliance, holds, note)
 
 
-def admit_imported(contract_path: str | os.PathLike[str]) -> ImportedDecision:
-    """Decide from the exports an imported contract pins: each file re-read and checked against its digest, the
-    items paired, the losses bounded by the contract's method; `EvidenceError` (one line) for any defect."""
+@dataclass(frozen=True)
+class PinnedEvidence:
+    """What an imported contract pins, read again: the contract, its digest and folder, each export re-read and
+    checked against its digest, and the items paired."""
+
+    contract: ImportedContract
+    sha256: str
+    base: Path
+    files: dict[str, tuple[Path, bytes, str]]
+    """Each pinned file by role: its path, bytes and sha256."""
+    exports: dict[str, Export]
+    paired: Paired
+
+
+def read_pinned(contract_path: str | os.PathLike[str]) -> PinnedEvidence:
+    """Read an imported contract and the exports it pins: each file re-read and checked against its digest, the
+    items paired; `EvidenceError` (one line) for any defect."""
     path = Path(contract_path)
     contract, sha = read_imported_contract(path)
-    if contract.method_version is not None and contract.requirement.method is not None \
-            and method_version(contract.requirement.method) != contract.method_version:
-        raise ContractError(f"method_version: the contract fixes {contract.method_version}, this Invar computes "
-                            f"{method_version(contract.requirement.method)}; decide with the Invar version the "
-                            "contract names, or prepare a new contract")
     base = path.parent
     files: dict[str, tuple[Path, bytes, str]] = {}
     for role, pinned in contract.exports.items():
@@ -210,7 +219,21 @@ def admit_imported(contract_path: str | os.PathLike[str]) -> ImportedDecision:
                                 "the export the contract was prepared on, or prepare a new contract")
         files[role] = (file, data, actual)
     exports = read_exports(contract.source, files)
-    paired = pair(exports["reference"], exports["candidate"])
+    return PinnedEvidence(contract, sha, base, files, exports, pair(exports["reference"], exports["candidate"]))
+
+
+def admit_imported(contract_path: str | os.PathLike[str]) -> ImportedDecision:
+    """Decide from the exports an imported contract pins: each file re-read and checked against its digest, the
+    items paired, the losses bounded by the contract's method; `EvidenceError` (one line) for any defect."""
+    path = Path(contract_path)
+    contract, _ = read_imported_contract(path)
+    if contract.method_version is not None and contract.requirement.method is not None \
+            and method_version(contract.requirement.method) != contract.method_version:
+        raise ContractError(f"method_version: the contract fixes {contract.method_version}, this Invar computes "
+                            f"{method_version(contract.requirement.method)}; decide with the Invar version the "
+                            "contract names, or prepare a new contract")
+    pinned = read_pinned(path)
+    sha, base, files, exports, paired = pinned.sha256, pinned.base, pinned.files, pinned.exports, pinned.paired
     source = contract.source
     binary = source.loss_range is None
     req = contract.requirement
