@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from invar.cli import use
 from invar.cli.app import app
 from invar.errors import InvarError
 from invar.runner.engine import LAUNCH_SETTINGS, launch_args, parse_launch_settings
@@ -55,7 +54,7 @@ def test_a_bad_setting_is_refused_before_any_worker_starts(monkeypatch: pytest.M
     def no_worker(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("a worker was started for a setting that is refused")
 
-    monkeypatch.setattr(use, "probe_identity", no_worker)
+    monkeypatch.setattr("invar.runner.engine.probe_identity", no_worker)
     for bad in ("attn_implementaton=eager", "threads=abc", "threads=1.5"):
         result = CliRunner().invoke(app, ["use", "package", "hf", "--setting", bad])
         assert isinstance(result.exception, InvarError), (bad, result.exception)

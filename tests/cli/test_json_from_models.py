@@ -22,7 +22,6 @@ from support.fake_worker import FakeTransport
 from typer.testing import CliRunner
 
 from invar import outputs
-from invar.cli import infer, train, use
 from invar.cli.app import app
 from invar.loop import history as loop_history
 from invar.loop.config import read_config
@@ -127,7 +126,7 @@ def test_use_package(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the worker's identity scripted (no worker starts): the fields not asked for are absent, not null."""
     identity = types.SimpleNamespace(engine_version=REFERENCE_IDENTITY["engine_version"],
                                      settings={"device": "cpu", "threads": 1, "patches": {}})
-    monkeypatch.setattr(use, "probe_identity", lambda engine, settings, patches: identity)
+    monkeypatch.setattr("invar.runner.engine.probe_identity", lambda engine, settings, patches: identity)
     doc = _printed_by(outputs.UsePackageOutput, "use", "package", "hf", "--json")
     assert sorted(doc) == ["engine", "engine_version", "settings", "worker_digest"]
     assert doc["settings"] == {"device": "cpu", "threads": 1}
@@ -154,7 +153,7 @@ def test_train(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, closed: bool) ->
     ck = Published(cycle=2, path=tmp_path / "run" / "ck", digest="c" * 64, optimizer_steps=4)
     outcome = TrainOutcome(run=tmp_path / "run", config=config, config_digest="d" * 64, head="a" * 64, cycles=3,
                            cycles_reused=1, checkpoint=ck, wall_s=2.0004, already_closed=closed)
-    monkeypatch.setattr(train, "run_training", lambda *args, **kwargs: outcome)
+    monkeypatch.setattr("invar.runner.train.train", lambda *args, **kwargs: outcome)
     doc = _printed_by(outputs.TrainOutput, "train", config, "--run", tmp_path / "run", "--json")
     assert doc == {"run": str(tmp_path / "run"), "config": str(config), "config_digest": "d" * 64,
                    "chain_head": "a" * 64, "cycles": 3, "cycles_reused": 1, "cycles_run": 0 if closed else 2,
@@ -191,7 +190,7 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> None:
         with real(*args, **{**kwargs, "placement": FakeTransport()}) as started:
             yield started
 
-    for module in (infer, evaluate, score):
+    for module in (engine, evaluate, score):  # infer imports the runner's when it runs
         monkeypatch.setattr(module, "engine_session", session)
 
 

@@ -50,3 +50,31 @@ def test_the_engine_tables_names_are_the_runners_and_the_digests() -> None:
     assert engine.Dtype is engines.Dtype
     assert engine.Quantization is engines.Quantization
     assert engine.Engine is engines.Engine
+
+
+# Not for the help of a command that runs an engine, inspects a run or compares runs.
+_NOT_FOR_HELP = ("numpy", "scipy", "msgpack", "rich", "cryptography", "invar.canonical", "invar.records",
+                 "invar.transport", "invar.protocol", "invar.runner", "invar.contract", "invar.stats", "invar.tasks",
+                 "invar.outputs", "invar.compare", "invar.loop")
+
+
+@pytest.mark.parametrize("args", [["evaluate", "--help"], ["infer", "--help"], ["inspect", "--help"],
+                                  ["inspect", "records", "--help"], ["compare", "--help"],
+                                  ["compare", "numerical", "--help"], ["keys", "new", "--help"]])
+def test_a_command_help_imports_neither_numpy_nor_the_store_nor_the_models(args: list[str]) -> None:
+    assert _held_after(args, _NOT_FOR_HELP) == []
+
+
+def test_train_help_reads_the_configuration_not_the_training_loop() -> None:
+    assert _held_after(["train", "--help"], ("rich", "invar.runner", "invar.transport", "invar.loop.cycle")) == []
+
+
+def test_the_defaults_written_out_for_a_quick_start_are_the_modules() -> None:
+    from invar import tasks
+    from invar.cli import compare, evaluate
+    from invar.compare import numerical
+    from invar.tasks import arithmetic
+
+    assert evaluate.ARITHMETIC == arithmetic.SCORER_NAME
+    assert evaluate.MAX_ANSWER_CHARS == tasks.MAX_ANSWER_CHARS
+    assert compare.DEFAULT_LARGE_STEP == numerical.DEFAULT_LARGE_STEP

@@ -73,12 +73,12 @@ def test_distinct_assumptions_still_read() -> None:
 ])
 def test_a_launch_setting_is_checked_before_any_worker_starts(monkeypatch: pytest.MonkeyPatch, engine: str,
                                                               setting: str, message: str) -> None:
-    monkeypatch.setattr(use, "probe_identity", _no_worker)
+    monkeypatch.setattr("invar.runner.engine.probe_identity", _no_worker)
     assert _refused(RUNNER.invoke(app, ["use", "package", engine, "--setting", setting])) == message
 
 
 def test_a_launch_setting_given_twice_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(use, "probe_identity", _no_worker)
+    monkeypatch.setattr("invar.runner.engine.probe_identity", _no_worker)
     result = RUNNER.invoke(app, ["use", "package", "hf", "--setting", "threads=1", "--setting", "threads=2"])
     assert _refused(result) == "--setting threads is given twice; give each setting once"
 
@@ -86,9 +86,7 @@ def test_a_launch_setting_given_twice_is_refused_naming_it(monkeypatch: pytest.M
 # -- evaluate --scorer-setting ----------------------------------------------------------------------------------------
 
 def test_a_scorer_setting_given_twice_is_refused_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from invar.cli import evaluate
-
-    monkeypatch.setattr(evaluate, "evaluate_policy", _no_worker)
+    monkeypatch.setattr("invar.runner.evaluate.evaluate_policy", _no_worker)
     pop = tmp_path / "pop.jsonl"
     pop.write_text(json.dumps({"id": "u1", "prompt": "2+2=", "answer": "4"}) + "\n", encoding="utf-8")
     sha = hashlib.sha256(pop.read_bytes()).hexdigest()

@@ -16,7 +16,6 @@ import pytest
 from typer.testing import CliRunner
 
 from invar import canonical
-from invar.cli import use_init
 from invar.cli.app import app
 from invar.engines import DEFAULT_MODEL, worker_digest
 from invar.errors import InvarError
@@ -93,7 +92,7 @@ def _no_worker(*_: object, **__: object) -> object:
 ])
 def test_bad_options_are_one_line_before_any_worker_and_nothing_is_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], says: str) -> None:
-    monkeypatch.setattr(use_init, "probe_identity", _no_worker)
+    monkeypatch.setattr("invar.runner.engine.probe_identity", _no_worker)
     out = tmp_path / "decl.toml"
     result = CliRunner().invoke(app, ["use", "init", str(out), "--candidate-quantization", "nf4", *args])
     assert isinstance(result.exception, InvarError), (result.output, result.exception)
@@ -115,7 +114,7 @@ def test_an_existing_file_is_kept_unless_force_is_given(tmp_path: Path, monkeypa
     identity = SimpleNamespace(engine_version={"invar": "0.1.0", "torch": "2"},
                                settings={"attn_implementation": "sdpa", "device": "cpu", "threads": 1})
     started: list[object] = []
-    monkeypatch.setattr(use_init, "probe_identity", lambda *a: started.append(a) or identity)
+    monkeypatch.setattr("invar.runner.engine.probe_identity", lambda *a: started.append(a) or identity)
     result = CliRunner().invoke(app, ["use", "init", str(out), "--force", "--candidate-patch", "fixed-block",
                                       "--candidate-setting", "attn_implementation=eager"])
     assert result.exit_code == 0, (result.output, result.exception)

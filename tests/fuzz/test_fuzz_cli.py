@@ -89,8 +89,8 @@ def test_the_harness_sees_a_traceback_a_hang_and_a_started_worker(tmp_path: Path
     apart from a refusal."""
     import time
 
-    from invar.cli import keys
-
+    # `keys new` imports the receipts module when it runs: its function is the one replaced
+    makes_keys = "invar.contract.receipt.new_key_pair"
     ws = fuzz.make_workspace(tmp_path / "ws")
     cwd = fuzz.make_workspace(tmp_path / "cwd").root
     case = fuzz.Case(("keys", "new"), "test", ("keys", "new", "--out", ws.path("missing")))
@@ -98,21 +98,21 @@ def test_the_harness_sees_a_traceback_a_hang_and_a_started_worker(tmp_path: Path
     def broken(*_a: Any, **_k: Any) -> Any:
         raise ValueError("a bug")
 
-    monkeypatch.setattr(keys, "new_key_pair", broken)
+    monkeypatch.setattr(makes_keys, broken)
     outcome = fuzz.run_case(case, cwd)
     assert outcome.verdict == "traceback"
     assert "ValueError: a bug" in outcome.detail
 
-    monkeypatch.setattr(keys, "new_key_pair", lambda *_a, **_k: time.sleep(30))
+    monkeypatch.setattr(makes_keys, lambda *_a, **_k: time.sleep(30))
     started = time.monotonic()
     assert fuzz.run_case(case, cwd, bound_s=0.5).verdict == "hang"
     assert time.monotonic() - started < 5
 
-    monkeypatch.setattr(keys, "new_key_pair", lambda *_a, **_k: subprocess.Popen(["true"]))
+    monkeypatch.setattr(makes_keys, lambda *_a, **_k: subprocess.Popen(["true"]))
     outcome = fuzz.run_case(case, cwd)
     assert (outcome.verdict, outcome.detail) == ("accepted", "a process would have started")
 
-    monkeypatch.setattr(keys, "new_key_pair", lambda *_a, **_k: print("two\nlines", file=sys.stderr) or sys.exit(2))
+    monkeypatch.setattr(makes_keys, lambda *_a, **_k: print("two\nlines", file=sys.stderr) or sys.exit(2))
     assert fuzz.run_case(case, cwd).verdict == "2 lines"
 
 

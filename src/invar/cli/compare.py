@@ -9,13 +9,20 @@ from verified records alone; no engine runs. This module parses, prints and writ
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from invar.cli.common import JsonOpt, QuietOpt, emit_model
-from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, NumericalComparison, compare
 from invar.errors import InvarError
+
+# The comparison itself (numpy, the run store) is imported when a command runs: `compare --help` needs none of it.
+if TYPE_CHECKING:
+    from invar.compare.numerical import NumericalComparison
+
+DEFAULT_LARGE_STEP = 0.01
+"""`invar.compare.numerical.DEFAULT_LARGE_STEP`, the default --large-step (checked equal in
+tests/cli/test_lazy_imports.py)."""
 
 app = typer.Typer(
     name="compare",
@@ -164,6 +171,8 @@ def numerical(
 ) -> None:
     """Where the candidate's tokens first part from the reference's, whether the bits agree before that, how the
     candidate scores the reference's responses, and how far the full next-token distributions are apart."""
+    from invar.compare.numerical import InputError, compare
+
     if not large_step > 0:
         raise InvarError(f"--large-step {large_step}: must be a positive number of nats")
     if len(runs) not in (1, 2):

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from invar.cli.common import JsonOpt, emit_model
+from invar.cli.common import JsonOpt, QuietOpt, emit_model
 from invar.cli.options import (
     DEFAULT_CALL_TIMEOUT,
     DEFAULT_MODEL,
@@ -30,22 +30,19 @@ from invar.cli.options import (
     TopPOpt,
     model_folder,
 )
-from invar.cli.progress import QuietOpt, Reporter, reporting
+from invar.engines import Dtype, Engine, Quantization, parse_launch_settings
 from invar.errors import ContractError
 from invar.home import HOME
-from invar.records import RunStore
-from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, default_run_dir, parse_launch_settings
-from invar.runner.evaluate import (
-    EvaluationSettings,
-    evaluate_policy,
-    population_digest,
-    sample_indices,
-)
-from invar.runner.options import SEED_MAX, check_sampling
-from invar.tasks import MAX_ANSWER_CHARS
-from invar.tasks.arithmetic import SCORER_NAME as ARITHMETIC
-from invar.tasks.population import load_units
-from invar.tasks.scorers import check_units, load_scorer, scorer_identity
+
+# The run store, the runner, the tasks and the progress display (numpy, the tokenizer, rich) are imported when the
+# command runs: its `--help` and a refused option need none of them (tests/cli/test_lazy_imports.py).
+if TYPE_CHECKING:
+    from invar.cli.progress import Reporter
+
+ARITHMETIC = "arithmetic-exact"
+"""`invar.tasks.arithmetic.SCORER_NAME`, the default --scorer (checked equal in tests/cli/test_lazy_imports.py)."""
+MAX_ANSWER_CHARS = 4
+"""`invar.tasks.MAX_ANSWER_CHARS`: the default --max-tokens is one more (checked equal in the same test)."""
 
 DEFAULT_POPULATION = HOME / "data" / "arith-eval.jsonl"
 
@@ -92,6 +89,14 @@ def evaluate(
 ) -> None:
     """Evaluate a fixed policy on the population (or a seeded sample): accuracy with a confidence interval (for a
     scorer with losses in a declared range, binary = false: the mean loss with a betting interval)."""
+    from invar.cli.progress import reporting
+    from invar.records import RunStore
+    from invar.runner.engine import EngineSpec, default_run_dir
+    from invar.runner.evaluate import EvaluationSettings, evaluate_policy, population_digest, sample_indices
+    from invar.runner.options import SEED_MAX, check_sampling
+    from invar.tasks.population import load_units
+    from invar.tasks.scorers import check_units, load_scorer, scorer_identity
+
     check_sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seeds=(seed,),
                    batch_size=batch_size, call_timeout=call_timeout)
     if not 0 <= sample_seed <= SEED_MAX:

@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_model
 
@@ -27,6 +25,9 @@ def history(
 ) -> None:
     """Per cycle: reward and accuracy, advantages, objective (core vs learner), learner–engine gap, importance
     weights, staleness, checkpoint and wall time per phase, all recomputed from the run's records."""
+    from rich.console import Console  # rich, too: `inspect --help` needs none of it
+    from rich.table import Table
+
     from invar.loop.history import CONFIDENCE, read_history  # the training loop's modules cost `inspect`'s start
 
     h = read_history(run, expect_head=expect_head)

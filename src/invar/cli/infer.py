@@ -7,11 +7,11 @@ way, through `invar.runner.engine`. The text it prints is the core's own decodin
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from invar.cli.common import JsonOpt, emit_model
+from invar.cli.common import JsonOpt, QuietOpt, emit_model
 from invar.cli.options import (
     DEFAULT_CALL_TIMEOUT,
     DEFAULT_MODEL,
@@ -27,23 +27,13 @@ from invar.cli.options import (
     TopPOpt,
     model_folder,
 )
-from invar.cli.progress import QuietOpt, reporting
+from invar.engines import Dtype, Engine, Quantization
 from invar.errors import EvidenceError, InvarError
-from invar.protocol.methods import GENERATE
-from invar.protocol.payloads import GenerateOutput, GenerateParams, GenerateRequest
-from invar.records import RunStore
-from invar.runner.engine import (
-    Dtype,
-    Engine,
-    EngineSpec,
-    Quantization,
-    default_run_dir,
-    engine_session,
-    parse_launch_settings,
-    read_generate,
-)
-from invar.runner.options import check_context, check_sampling, model_context
-from invar.tasks import ModelTokenizer
+
+# The protocol's payloads, the run store, the runner and the tokenizer (numpy, msgpack, tokenizers) are imported
+# when the command runs: its `--help` needs none of them (tests/cli/test_lazy_imports.py).
+if TYPE_CHECKING:
+    from invar.protocol.payloads import GenerateOutput, GenerateRequest
 
 
 def infer(
@@ -72,6 +62,14 @@ def infer(
     quiet: QuietOpt = False,
 ) -> None:
     """Make one inference call: print each response's tokens, text and log-probabilities; keep the records."""
+    from invar.cli.progress import reporting
+    from invar.protocol.methods import GENERATE
+    from invar.protocol.payloads import GenerateParams, GenerateRequest
+    from invar.records import RunStore
+    from invar.runner.engine import EngineSpec, default_run_dir, engine_session, parse_launch_settings, read_generate
+    from invar.runner.options import check_context, check_sampling, model_context
+    from invar.tasks import ModelTokenizer
+
     check_sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                    seeds=(seed, seed + len(prompts) - 1), call_timeout=call_timeout)
     if top_logprobs < 0:

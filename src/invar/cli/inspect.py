@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from invar.cli.common import ExpectHeadOpt, JsonOpt, RunDir, emit_model
-from invar.cli.progress import QuietOpt, reporting
-from invar.outputs import CallLogRow, InspectRecordsOutput
-from invar.protocol.messages import Identity
-from invar.records import RunStore
+from invar.cli.common import ExpectHeadOpt, JsonOpt, QuietOpt, RunDir, emit_model
+
+# The run store, the output models and rich are imported when a command runs: `inspect --help` needs none of them.
+if TYPE_CHECKING:
+    from invar.protocol.messages import Identity
 
 app = typer.Typer(help="Look into what a run recorded.", no_args_is_help=True, rich_markup_mode=None)
 app.command("history")(__import__("invar.cli.history", fromlist=["history"]).history)
@@ -27,6 +25,13 @@ def records(run: RunDir, expect_head: ExpectHeadOpt = None, as_json: JsonOpt = F
     Without --expect-head this shows the records are consistent with each other; only the head kept from when the
     run closed (or from a receipt) shows they are the records that were written.
     """
+    from rich.console import Console
+    from rich.table import Table
+
+    from invar.cli.progress import reporting
+    from invar.outputs import CallLogRow, InspectRecordsOutput
+    from invar.records import RunStore
+
     rows: list[CallLogRow] = []
     with RunStore.open(run) as store, reporting(quiet) as shown:
         def verifying(done: int, total: int) -> None:

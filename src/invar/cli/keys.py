@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from invar.cli.common import JsonOpt, emit_model
-from invar.contract.receipt import new_key_pair
 
 app = typer.Typer(help="Key pairs that sign decision receipts.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -20,6 +19,8 @@ def new(
     as_json: JsonOpt = False,
 ) -> None:
     """Make an Ed25519 key pair: NAME.key (private, owner-only) and NAME.pub (give it to whoever verifies)."""
+    from invar.contract.receipt import new_key_pair  # cryptography: imported when a key is made, not at --help
+
     key, pub, fp = new_key_pair(out, name)
     if as_json:
         from invar.outputs import KeysNewOutput  # the models cost a start that prints text nothing

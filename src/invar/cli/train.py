@@ -8,18 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from invar.cli.common import JsonOpt, emit_model, resumable
+from invar.cli.common import JsonOpt, QuietOpt, emit_model, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
-from invar.cli.progress import QuietOpt, Reporter, reporting
 from invar.loop.config import field_help, read_config
-from invar.runner.engine import default_run_dir
-from invar.runner.options import check_sampling
-from invar.runner.train import Progress
-from invar.runner.train import train as run_training
+
+# The training loop, the runner and the progress display are imported when the command runs; its help reads only
+# the configuration's fields.
+if TYPE_CHECKING:
+    from invar.cli.progress import Reporter
+    from invar.runner.train import Progress
 
 
 def train(
@@ -37,6 +38,11 @@ def train(
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
+    from invar.cli.progress import reporting
+    from invar.runner.engine import default_run_dir
+    from invar.runner.options import check_sampling
+    from invar.runner.train import train as run_training
+
     check_sampling(temperature=0.0, top_p=1.0, max_tokens=1, call_timeout=call_timeout)
     run_dir = run if run is not None else default_run_dir(f"train-{read_config(config).name}")
     with resumable(run_dir, f"invar train {config}"), reporting(quiet) as shown:
