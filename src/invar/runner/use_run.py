@@ -64,7 +64,7 @@ from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Rol
 from invar.contract.prepare import load_contract
 from invar.contract.reading import RunReader
 from invar.engines import Transport, check_worker_code, engine_info
-from invar.errors import ContractError, EvidenceError, InvarError, NotResumable
+from invar.errors import ContractError, EvidenceError, InvarError, NotResumable, WorkerError
 from invar.interrupts import Stopped, Terminated, interruption
 from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
 from invar.parallel import cores
@@ -145,6 +145,18 @@ def check_sha256_file(contract_path: Path, sha: str) -> None:
         raise ContractError(f"{contract_path}: its sha256 is {sha[:16]}…, but {sibling.name} records {recorded[:16]}…: "
                             "the contract was changed after use prepare wrote it; prepare it again from the "
                             "declaration")
+
+
+def failed_call(error: WorkerError, where: str, package: Package) -> str:
+    """The message of a call its worker answered with an error: the call, the package (its engine and the patches it
+    runs, which are what a failure mid-call most often comes from) and the worker's words. The error is on record;
+    a resume repeats the call, which fails again while the package is unchanged."""
+    runs = f", patches {', '.join(sorted(package.patches))}" if package.patches else ""
+    hint = ("; the run's records keep the error, and a resume repeats the call, which fails the same way while the "
+            "package is unchanged: fix the patch or kernel and prepare a new contract")
+    if error.error_type == "NonFiniteOutput":
+        return f"{where}: the package ({package.engine}{runs}) produced non-finite values: {error.message}{hint}"
+    return f"{where}: the package ({package.engine}{runs}) failed: {error.message}"
 
 
 def package_spec(package: Package, base: Path, role: Role) -> EngineSpec:
@@ -608,7 +620,10 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
                         return None
                     answer = lease.ask(method, params)
                 where = f"{role} call {key} (call id {answer.call.call_id})"
-                result = answer.result  # raises the worker's error as WorkerError
+                try:
+                    result = answer.result  # raises the worker's error as WorkerError
+                except WorkerError as exc:  # recorded as the worker's error; said with the package that gave it
+                    raise WorkerError(exc.method, exc.error_type, failed_call(exc, where, package)) from None
                 check_package_report(result, package, role, where)  # what admission checks of each record again
                 return result, where
 

@@ -504,6 +504,7 @@ class Engine:
                         lp_all[at] = torch.log_softmax(logits[at] / t, dim=-1)
                 # One host copy a step: the logprobs (and greedy rows' argmax) read as numpy, not per token.
                 lp_host = lp_all.cpu().numpy()
+                _check_finite(lp_host, done, step)
                 top = logits.argmax(-1).tolist() if any(greedy) else None
                 nxt = []
                 for i, r in enumerate(rows):
@@ -880,6 +881,23 @@ def _read_moments(folder: Path, adapter: Adapter) -> tuple[dict[str, Any], int]:
                     raise MethodError(f"{where}: {folder / OPTIMIZER_WEIGHTS} lacks float32 {name}; the optimizer "
                                       "state is not this adapter's")
     return moments, steps
+
+
+class NonFiniteOutput(RuntimeError):
+    """The model's forward gave NaN: no token can be drawn and no log-probability reported (a patch or kernel that
+    computes NaN, an overflow in a lower precision). The call is answered with this error, named by its type."""
+
+
+def _check_finite(lp: np.ndarray, done: list[bool], step: int) -> None:
+    """Refuse a step whose log-probabilities (float32 [rows, vocab]) hold NaN in a row still decoding. -inf is a
+    masked token's log-probability, NaN never is; argmax and sampling would turn it into a token without a word."""
+    if not np.isnan(lp).any():
+        return
+    rows = [i for i in range(len(done)) if not done[i] and np.isnan(lp[i]).any()]
+    if rows:
+        raise NonFiniteOutput(f"the model's log-probabilities hold NaN at response step {step} in {len(rows)} of "
+                              f"{len(done)} rows of the batch (first: row {rows[0]}); the forward computed a "
+                              "non-finite value, so no token was drawn")
 
 
 def _draw(lp: Any, top_p: float, generator: Any) -> int:
