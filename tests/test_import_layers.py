@@ -257,13 +257,15 @@ ENGINE_SIDE_FILES = ["invar/formats/__init__.py", "invar/formats/chat.py", "inva
                      "invar/protocol/payloads.py", "invar/regular_files.py", "invar/workers/common.py"]
 """What an engine's worker adds: the method table and its typed payloads, the tokenizer and checkpoint formats, the
 patches' digest rule and the workers' shared checks."""
+EFFECTIVE = ["invar/workers/effective.py"]
+"""The readers of an engine's effective configuration: the workers of engines whose model modules can be read."""
 PINNED = {
     "echo": sorted([*WIRE, "invar/workers/echo.py"]),
-    "hf": sorted([*WIRE, *ENGINE_SIDE_FILES, "invar/workers/hf_worker.py"]),
+    "hf": sorted([*WIRE, *ENGINE_SIDE_FILES, *EFFECTIVE, "invar/workers/hf_worker.py"]),
     "llamacpp": sorted([*WIRE, *ENGINE_SIDE_FILES, "invar/workers/llamacpp_worker.py"]),
-    "mlx": sorted([*WIRE, *ENGINE_SIDE_FILES, "invar/workers/mlx_worker.py"]),
+    "mlx": sorted([*WIRE, *ENGINE_SIDE_FILES, *EFFECTIVE, "invar/workers/mlx_worker.py"]),
     "openai": sorted([*WIRE, *ENGINE_SIDE_FILES, "invar/workers/openai_worker.py"]),
-    "vllm": sorted([*WIRE, *ENGINE_SIDE_FILES, "invar/workers/vllm_worker.py"]),
+    "vllm": sorted([*WIRE, *ENGINE_SIDE_FILES, *EFFECTIVE, "invar/workers/vllm_worker.py"]),
 }
 """Engine → exactly the files its worker code digest covers. A file the core alone runs is in none of them, so an
 edit to it moves no contract's pin; a change here is a change to what every contract of that engine pins."""

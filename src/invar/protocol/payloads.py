@@ -199,12 +199,17 @@ class LoadModelResult:
     max_model_len: int | None
     optimizer_steps: int | None = None
     """A learner's: the optimizer steps of the adapter it continues (not written by an inference worker)."""
+    effective_config: Mapping[str, Any] | None = None
+    """The configuration the engine computes with, read back from the model it built
+    (`invar.formats.model_config.FIELDS`; not written by a worker that reports none, so older results keep their
+    bytes)."""
 
     def to_wire(self) -> dict[str, Any]:
         m: dict[str, Any] = {"model_digest": self.model_digest, "adapter_digest": self.adapter_digest,
                              "vocab_size": self.vocab_size, "eos_token_id": self.eos_token_id,
                              "max_model_len": self.max_model_len}
         _put(m, "optimizer_steps", self.optimizer_steps)
+        _put(m, "effective_config", None if self.effective_config is None else dict(self.effective_config))
         return m
 
     @classmethod
@@ -221,9 +226,13 @@ class LoadModelResult:
             raise PayloadError(f"{where}.max_model_len: expected an integer or null")
         if steps is not None and not _int(steps):
             raise PayloadError(f"{where}.optimizer_steps: expected an integer")
+        effective = result.get("effective_config")
+        if effective is not None and not isinstance(effective, dict):
+            raise PayloadError(f"{where}.effective_config: expected a map or null")
         return cls(_get(result, "model_digest", str, where),
                    _optional_str(result, "adapter_digest", where, "a hex string"),
-                   _get(result, "vocab_size", int, where), _get(result, "eos_token_id", int, where), max_len, steps)
+                   _get(result, "vocab_size", int, where), _get(result, "eos_token_id", int, where), max_len, steps,
+                   effective)
 
 
 _ADAPTER_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")

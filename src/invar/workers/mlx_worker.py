@@ -118,6 +118,7 @@ from invar.workers.common import (
     verify_dir,
     versions,
 )
+from invar.workers.effective import mlx_effective
 
 if TYPE_CHECKING:
     import mlx.optimizers as optim
@@ -131,13 +132,20 @@ def rope_overrides(root: Path) -> dict[str, Any]:
     transformers 5 writes a model's rope settings as `rope_parameters` = {rope_theta, rope_type, ...}; mlx-lm 0.32
     reads that key for some architectures (Qwen3) but not others (Llama), which silently build their rotary
     embedding with θ = 10,000 instead. Mapped as mlx-lm's Qwen3 maps it: θ from `rope_parameters.rope_theta`, the
-    scaling config the dict itself. A config that names either key at the top level, or nests `rope_parameters`
-    per layer type, is left as it is.
+    scaling config the dict itself. A config that names either key at the top level is left as it is.
+
+    Per layer type (Gemma 3: `rope_parameters` = {full_attention: {...}, sliding_attention: {...}}, with
+    `layer_types`): mlx-lm's gemma3_text reads `rope_theta` (global layers), `rope_local_base_freq` (local layers)
+    and `sliding_window_pattern` (every p-th layer global), and would otherwise take its defaults (10⁶, 10⁴, 6)
+    whatever the folder says. Mapped when `layer_types` has that periodic form; any other per-layer-type config is
+    left as it is, and the effective-configuration check refuses what mlx-lm then builds.
     """
     try:
         config = json.loads((root / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}  # mlx-lm's own load reports the unreadable file
+    if isinstance(config, dict) and config.get("model_type") == "gemma3_text":
+        return _gemma3_overrides(config)
     rope = config.get("rope_parameters") if isinstance(config, dict) else None
     if not isinstance(rope, dict) or not isinstance(rope.get("rope_theta"), int | float):
         return {}
@@ -146,6 +154,26 @@ def rope_overrides(root: Path) -> dict[str, Any]:
         out["rope_theta"] = float(rope["rope_theta"])
     if config.get("rope_scaling") is None and rope.get("rope_type", "default") != "default":
         out["rope_scaling"] = rope
+    return out
+
+
+def _gemma3_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    """`rope_overrides` for mlx-lm's gemma3_text: per-layer-type rope and the local/global layer pattern."""
+    out: dict[str, Any] = {}
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict):
+        full, local = rope.get("full_attention"), rope.get("sliding_attention")
+        if isinstance(full, dict) and isinstance(full.get("rope_theta"), int | float):
+            out["rope_theta"] = float(full["rope_theta"])
+            if full.get("rope_type", "default") != "default":
+                out["rope_scaling"] = full
+        if isinstance(local, dict) and isinstance(local.get("rope_theta"), int | float):
+            out["rope_local_base_freq"] = float(local["rope_theta"])
+    types = config.get("layer_types")
+    if isinstance(types, list) and "full_attention" in types:
+        period = types.index("full_attention") + 1
+        if all((t == "full_attention") == ((i + 1) % period == 0) for i, t in enumerate(types)):
+            out["sliding_window_pattern"] = period
     return out
 
 
@@ -218,9 +246,9 @@ class Engine:
         try:
             model, config = load_model(root, model_config=rope_overrides(root) if self.map_rope else {})
         except Exception as exc:  # mlx-lm raises plain exceptions for unreadable folders
-            first = str(exc).splitlines()[0] if str(exc) else ""
+            said = " ".join(str(exc).split())[:300]  # one line: mlx-lm puts the names it means on the next
             raise MethodError(f"load_model: mlx-lm cannot load {str(root)!r} ({type(exc).__name__}: "
-                              f"{first}); pass an mlx-lm model folder") from None
+                              f"{said}); pass an mlx-lm model folder") from None
         if req.dtype != "float32":
             model.set_dtype(DTYPES[req.dtype])
         model.freeze()
@@ -253,7 +281,8 @@ class Engine:
             if moments is not None:
                 self.trainee.optimizer, self.trainee.steps = self.restore(adapter, *moments)
         return LoadModelResult(digest, None if adapter is None else adapter.digest, loaded.vocab_size, min(eos_ids),
-                               loaded.max_len, None if self.trainee is None else self.trainee.steps)
+                               loaded.max_len, None if self.trainee is None else self.trainee.steps,
+                               effective_config=mlx_effective(model, config))
 
     def load_adapter(self, req: LoadAdapterParams) -> LoadAdapterResult:
         m = self.need("load_adapter")
