@@ -34,6 +34,7 @@ from invar.engines import Transport, start_worker
 from invar.engines import launch_args as launch_args
 from invar.engines import parse_launch_settings as parse_launch_settings
 from invar.errors import EvidenceError, InvarError, ProtocolError
+from invar.formats.model_config import check_effective
 from invar.protocol import Identity, Role
 from invar.protocol.methods import LOAD_ADAPTER, LOAD_MODEL
 from invar.protocol.payloads import (
@@ -182,6 +183,9 @@ def engine_session(
         if loaded.model_digest != model_digest:
             raise EvidenceError(f"the {spec.engine.value} worker reports model digest {loaded.model_digest[:16]}…, "
                                 f"not {model_digest[:16]}…: it loaded other files than the core named")
+        if loaded.effective_config is not None:
+            # the configuration the engine built, field by field against the folder's config.json
+            check_effective(spec.model, spec.engine.value, loaded.effective_config)
         name = None
         if spec.adapter is not None and not adapter_in_load:
             got = client.call(LOAD_ADAPTER, LoadAdapterParams(ADAPTER_NAME, str(spec.adapter.resolve()),

@@ -134,6 +134,7 @@ from invar.workers.common import (
     verify_dir,
     versions,
 )
+from invar.workers.effective import hf_effective
 
 PEFT_PREFIX = "base_model.model."
 LOADED = "@loaded"
@@ -382,7 +383,8 @@ class Engine:
                 if moments is not None:
                     self._restore(*moments)
         return LoadModelResult(digest, None if adapter is None else adapter.digest, loaded.vocab_size, min(eos_ids),
-                               loaded.max_len, None if self.trainer is None else self.trainer.steps)
+                               loaded.max_len, None if self.trainer is None else self.trainer.steps,
+                               effective_config=hf_effective(model))
 
     def load_adapter(self, req: LoadAdapterParams) -> LoadAdapterResult:
         m = self.loaded("load_adapter")

@@ -112,6 +112,7 @@ from invar.workers.common import (
     verify_dir,
     versions,
 )
+from invar.workers.effective import vllm_effective
 
 LOGPROBS_MODE = "processed_logprobs"
 LOADED = "@loaded"
@@ -232,6 +233,8 @@ class Loaded:
     max_num_batched_tokens: int
     shapes: dict[str, tuple[int, ...]]
     adapters: dict[str, Adapter] = field(default_factory=dict)
+    effective: dict[str, Any] | None = None
+    """The configuration the engine built (`invar.workers.effective.vllm_effective`); None where unreadable."""
 
 
 @dataclass(frozen=True)
@@ -335,7 +338,8 @@ class Engine:
             self._install(LOADED, req.adapter.path, a_digest, "load_model.adapter")
         else:
             self._drop(LOADED)
-        return LoadModelResult(digest, a_digest, m.vocab_size, min(m.eos_ids), m.max_model_len)
+        return LoadModelResult(digest, a_digest, m.vocab_size, min(m.eos_ids), m.max_model_len,
+                               effective_config=m.effective)
 
     def _start(self, model_dir: str, digest: str, dtype: str, quantization: str,
                shapes: dict[str, tuple[int, ...]]) -> Loaded:
@@ -356,12 +360,20 @@ class Engine:
             lora_target_modules=list(ENGINE_LORA_MODULES), **s.parallel(), **kwargs,
         )
         config = llm.llm_engine.vllm_config
+        try:
+            # the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0): the model's modules are reachable
+            effective: dict[str, Any] | None = llm.apply_model(vllm_effective)[0]
+        except Exception as exc:  # a model layout the reader does not know: reported as none, never guessed
+            print(f"invar.workers.vllm_worker: effective configuration unreadable ({type(exc).__name__}: {exc})",
+                  file=sys.stderr, flush=True)
+            effective = None
         return Loaded(
             llm=llm, model_dir=model_dir, model_digest=digest, dtype=dtype, quantization=quantization,
             vocab_size=int(config.model_config.get_vocab_size()), eos_ids=eos_ids,
             max_model_len=int(config.model_config.max_model_len),
             max_num_seqs=int(config.scheduler_config.max_num_seqs),
-            max_num_batched_tokens=int(config.scheduler_config.max_num_batched_tokens), shapes=shapes)
+            max_num_batched_tokens=int(config.scheduler_config.max_num_batched_tokens), shapes=shapes,
+            effective=effective)
 
     def load_adapter(self, req: LoadAdapterParams) -> LoadAdapterResult:
         m = self.loaded("load_adapter")
