@@ -33,13 +33,18 @@ Decisions this worker embodies:
   the CPU that budget is 16,384 prompt tokens unless `--max-num-batched-tokens` sets it (vLLM's 4,096 would refuse 64
   chat prompts of 100 tokens, and a seeded prompt prefilled in chunks fails in vLLM's CPU sampler).
   Prefix caching is off, so a request's numbers never depend on which prompts ran before it.
-- **Teacher-forced scoring** runs prompt + response as one prompt with `prompt_logprobs`. vLLM computes prompt
-  log-probabilities at temperature 1 in every logprobs mode (prompt tokens skip the sampler). At T = 1 the engine's
-  float32 values are reported unchanged. At T != 1 the worker asks for the whole vocabulary and computes
-  log_softmax(l / T) itself from those temperature-1 log-probabilities l, in float64, rounded to float32: exact in
-  exact arithmetic (log_softmax is shift-invariant), within float32 rounding of vLLM's own log_softmax(logits / T).
-  vLLM computes prompt log-probabilities only for a prompt it could extend by one token, so scoring needs
-  prompt + response + 1 <= max_model_len.
+- **Teacher-forced scoring** runs prompt + response as one prompt with `prompt_logprobs`, asking only for each
+  position's own token (vLLM hands prompt log-probabilities back as one Python object per entry, so the whole
+  vocabulary at every position of 32 chats on a 49,152-token vocabulary took over 15 GB). vLLM computes prompt
+  log-probabilities from the model's logits at temperature 1 in every logprobs mode (prompt tokens skip the
+  sampler): at T = 1 the engine's float32 values are reported unchanged; at T != 1 the model's logits scale (vLLM's
+  `LogitsProcessor.scale`, which models such as Cohere's set from their config) is multiplied by 1/T for that
+  submission and restored after it, so the engine's own log_softmax gives log_softmax(logits / T), the sampler's
+  computation up to the rounding of multiplying by 1/T rather than dividing by T. The whole vocabulary at a capture
+  step s is one more request: the prompt and the first s response tokens, sampled for one token at T with every
+  log-probability returned (processed: the distribution the sampler drew from), one row of V; the step's token
+  log-probability is read from that row. vLLM computes prompt log-probabilities only for a prompt it could extend by
+  one token, so scoring needs prompt + response + 1 <= max_model_len.
 - **LoRA.** Every adapter is checked before vLLM sees it (vLLM's own loader accepts an adapter whose shapes belong
   to another model): PEFT layout, rank within `--max-lora-rank`, every A/B pair shaped for a module of the loaded
   model, and the base-model digest an Invar learner records in the safetensors metadata. The verified folder is
@@ -68,6 +73,8 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
+import functools
 import glob
 import math
 import os
@@ -75,6 +82,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -102,7 +110,6 @@ from invar.workers.common import (
     ADAPTER_WEIGHTS,
     PatchRefused,
     add_patch_arguments,
-    at_temperature,
     check_prompt_ids,
     check_tokens,
     check_trained_on,
@@ -286,7 +293,8 @@ class Settings:
             **optional,
             "device": self.device,
             "logprobs_mode": LOGPROBS_MODE,
-            "prompt_logprobs": "temperature 1 from vLLM; rescaled to T by the worker (float64, rounded once)",
+            "prompt_logprobs": "the response tokens' only, at T by the model's logits scale times 1/T; whole "
+                               "vocabulary at a capture step from one sampled step at T",
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "max_num_seqs": self.max_num_seqs,
             "enable_prefix_caching": False,
@@ -434,36 +442,77 @@ class Engine:
 
     def _teacher_forced(self, seqs: list[tuple[list[int], np.ndarray, float, list[int]]],
                         adapter: Adapter | None) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Score each (prompt ids, response tokens [T], temperature, vocab steps) in one engine submission.
+        """Score each (prompt ids, response tokens [T], temperature, vocab steps) in one engine submission per
+        temperature, plus one sampled step per vocab step.
 
         Returns per item the response tokens' log-probabilities [T] and the whole vocabulary's at the vocab steps
-        [len(steps), V], float32, at the item's temperature.
+        [len(steps), V], float32, at the item's temperature. vLLM returns each prompt position's log-probabilities as
+        Python objects, so only the response token's is asked for: at T != 1 with the model's logits scale divided by
+        T for that submission (`_logits_scaled`), so the engine itself computes log_softmax(logits / T). A vocab step
+        s is one more request, the prompt and the first s response tokens sampled for one token at the item's
+        temperature: its processed log-probabilities are the whole distribution of step s at T (one row of V, not
+        one per prompt position), and the step's token log-probability is read from that row, so the two agree bit
+        for bit.
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         m = self.loaded("score")
-        prompts, params = [], []
-        for prompt_ids, tokens, temperature, steps in seqs:
-            whole = temperature != 1.0 or bool(steps)
-            prompts.append(TokensPrompt(prompt_token_ids=prompt_ids + [int(t) for t in tokens]))
-            params.append(SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                                         prompt_logprobs=-1 if whole else 0))
-        results = m.llm.generate(prompts, params, lora_request=None if adapter is None else adapter.request(),
-                                 use_tqdm=False)
+        lora = None if adapter is None else adapter.request()
+        lps: list[np.ndarray] = [np.zeros(0, dtype=np.float32) for _ in seqs]
+        for temperature in sorted({t for _, _, t, _ in seqs}):
+            chosen = [k for k, (_, _, t, _) in enumerate(seqs) if t == temperature]
+            prompts = [TokensPrompt(prompt_token_ids=seqs[k][0] + [int(t) for t in seqs[k][1]]) for k in chosen]
+            params = [SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, prompt_logprobs=0)
+                      for _ in chosen]
+            with self._logits_scaled(m, temperature):
+                results = m.llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
+            for k, res in zip(chosen, results, strict=True):
+                prompt_ids, tokens = seqs[k][0], seqs[k][1]
+                rows = res.prompt_logprobs[len(prompt_ids):]
+                lps[k] = np.array([row[int(t)].logprob for row, t in zip(rows, tokens, strict=True)], dtype=np.float32)
+        wanted = [(k, s) for k, (_, _, _, steps) in enumerate(seqs) for s in steps]
+        rows_at = {}
+        if wanted:
+            prompts = [TokensPrompt(prompt_token_ids=seqs[k][0] + [int(t) for t in seqs[k][1][:s]]) for k, s in wanted]
+            params = [SamplingParams(max_tokens=1, temperature=seqs[k][2], seed=0, logprobs=-1, detokenize=False,
+                                     ignore_eos=True) for k, _ in wanted]
+            results = m.llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
+            for (k, s), res in zip(wanted, results, strict=True):
+                (step,) = res.outputs[0].logprobs
+                row = np.full(m.vocab_size, -np.inf, dtype=np.float32)
+                for v, lp in step.items():
+                    if v < m.vocab_size:
+                        row[v] = lp.logprob
+                rows_at[(k, s)] = row
         out = []
-        for (prompt_ids, tokens, temperature, steps), res in zip(seqs, results, strict=True):
-            rows = res.prompt_logprobs[len(prompt_ids):]
-            if temperature != 1.0 or steps:
-                full = np.array([[row[v].logprob for v in range(m.vocab_size)] for row in rows], dtype=np.float32)
-                scaled = at_temperature(full, temperature)
-                lps = scaled[np.arange(tokens.size), tokens]
-                vocab = scaled[steps] if steps else np.zeros((0, m.vocab_size), dtype=np.float32)
-            else:
-                lps = np.array([row[int(t)].logprob for row, t in zip(rows, tokens, strict=True)], dtype=np.float32)
-                vocab = np.zeros((0, m.vocab_size), dtype=np.float32)
-            out.append((lps, vocab))
+        for k, (_, tokens, _, steps) in enumerate(seqs):
+            vocab = np.zeros((len(steps), m.vocab_size), dtype=np.float32)
+            for j, s in enumerate(steps):
+                vocab[j] = rows_at[(k, s)]
+                lps[k][s] = vocab[j, int(tokens[s])]
+            out.append((lps[k], vocab))
         return out
+
+    @contextlib.contextmanager
+    def _logits_scaled(self, m: Loaded, temperature: float) -> Iterator[None]:
+        """The model's logits multiplied by 1 / `temperature` on top of its own scale while the block runs (nothing
+        changed at T = 1): vLLM computes prompt log-probabilities from the model's logits at temperature 1, so the
+        engine's own log_softmax then gives the distribution at T. Restored on the way out, error or not."""
+        if temperature == 1.0:
+            yield
+            return
+        try:
+            before = m.llm.apply_model(functools.partial(_scale_logits, factor=1.0 / temperature))
+        except TypeError as exc:  # vLLM's serializer, where the engine core runs in processes of its own
+            raise MethodError(f"score: the engine core runs in its own processes, where vLLM sends the function that "
+                              f"sets the logits scale for T = {temperature:g} only with "
+                              f"VLLM_ALLOW_INSECURE_SERIALIZATION=1 ({exc}); set it in the package's env, or run "
+                              "the core in the worker's process (VLLM_ENABLE_V1_MULTIPROCESSING=0)") from None
+        try:
+            yield
+        finally:
+            m.llm.apply_model(functools.partial(_restore_logits_scale, scales=before))
 
     # -- methods ----------------------------------------------------------------------------------------------
 
@@ -554,10 +603,35 @@ class Engine:
                     f"{where}: {len(ids)} prompt tokens + {tokens.size} response tokens leave no room "
                     f"in the engine's maximum length {m.max_model_len} (vLLM scores a sequence only with one "
                     "position to spare); shorten the prompt or the response")
+            if it.vocab_steps and it.temperature < SAMPLING_EPS:
+                raise MethodError(f"{where}.temperature: {it.temperature:g} is below vLLM's sampling threshold "
+                                  f"{SAMPLING_EPS:g}, and a capture step is one sampled step at that temperature; "
+                                  "capture at a temperature of at least that")
             seqs.append((ids, tokens, it.temperature, list(it.vocab_steps)))
         results = self._teacher_forced(seqs, adapter)
         outputs = [ScoreOutput(it.item_id, lps, vocab) for it, (lps, vocab) in zip(items, results, strict=True)]
         return ScoreResult(outputs, m.model_digest, None if adapter is None else adapter.digest)
+
+
+def _logits_layer(model: Any) -> Any:
+    """The layer that scales a model's logits (vLLM's `LogitsProcessor`; under LoRA the wrapper's base layer)."""
+    layer = getattr(model, "logits_processor", None)
+    if layer is None or not hasattr(layer, "scale"):
+        raise MethodError(f"score: vLLM's {type(model).__name__} has no logits scale to set, so log-probabilities "
+                          "at a temperature other than 1 cannot be computed by the engine; score at temperature 1")
+    return getattr(layer, "base_layer", layer)
+
+
+def _scale_logits(model: Any, factor: float) -> float:
+    """Multiply the model's logits scale by `factor`; the scale it had before (run inside vLLM's model runner)."""
+    layer = _logits_layer(model)
+    before = float(layer.scale)
+    layer.scale = before * factor
+    return before
+
+
+def _restore_logits_scale(model: Any, scales: list[float]) -> None:
+    _logits_layer(model).scale = scales[0]
 
 
 def main(argv: list[str] | None = None) -> int:
