@@ -123,3 +123,22 @@ def test_vllm_computes_the_folder_s_model(vllm_run: tuple[Path, dict[str, Any]],
     c = _agrees(table.run_one(hf_worker, "hf", folder), row)
     assert c["greedy_equal"], c
     assert c["max_abs_delta_logprob"] <= table.TOLERANCE, c
+
+
+def test_infer_refuses_an_engine_that_computes_another_model(family_dirs: dict[str, Path], tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from invar.records import RunStore
+
+    run = tmp_path / "infer-mlx-gemma3"
+    done = subprocess.run([sys.executable, "-m", "invar.cli", "infer", "12+34=", "--engine", "mlx", "--model",
+                           str(family_dirs["gemma3"]), "--temperature", "0", "--run", str(run), "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "embed_scale: the folder's config.json gives 9.797959, the engine computes with 9.8125" in lines[0]
+    with RunStore.open(run) as store:
+        methods = [c.call.method for c in store.iter_calls()]
+    assert methods == ["load_model"]  # refused before any generate call
