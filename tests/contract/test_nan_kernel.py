@@ -52,7 +52,7 @@ def nan_worker(tmp_path_factory: pytest.TempPathFactory, model_dir: Path,
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 def test_nan_is_the_calls_error_not_a_token(nan_worker: WorkerClient, problems: list[object],
                                             temperature: float) -> None:
-    requests = make_requests(problems[:4], temperature=temperature)  # type: ignore[arg-type]
+    requests = make_requests(problems[:4], temperature=temperature)
     with pytest.raises(WorkerError) as caught:
         generate(nan_worker, requests)
     assert caught.value.error_type == "NonFiniteOutput"
@@ -64,7 +64,7 @@ def test_nan_is_the_calls_error_not_a_token(nan_worker: WorkerClient, problems: 
 def test_teacher_forcing_through_nan_is_refused_too(nan_worker: WorkerClient, problems: list[object]) -> None:
     import numpy as np
 
-    requests = make_requests(problems[:2], temperature=1.0)  # type: ignore[arg-type]
+    requests = make_requests(problems[:2], temperature=1.0)
     forced = [{"tokens": np.array([5, 6], dtype=np.int32)} for _ in requests]
     with pytest.raises(WorkerError) as caught:
         score(nan_worker, requests, forced)
