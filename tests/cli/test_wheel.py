@@ -118,3 +118,21 @@ def test_the_wheel_prepares_a_shipped_contract_from_outside_the_checkout(install
     # The wheel's copy of the patch is the checkout's, byte for byte: the same digest.
     assert contract["candidate"]["patches"] == {"fixed-block": patch_digest(REPO_ROOT / "patches" / "fixed-block")}
     assert doc["sha256"] == (tmp_path / "prepared" / "walkthrough.contract.json.sha256").read_text().split()[0]
+
+
+@pytest.mark.engine
+def test_the_wheel_runs_a_kernel_folder_from_outside_the_checkout(installed: Path, tmp_path: Path) -> None:
+    """A function kernel in a folder of its own, beside no checkout: hashed, self-checked and applied by the
+    installed worker, which reports the folder's digest."""
+    work = tmp_path / "elsewhere"
+    shutil.copytree(REPO_ROOT / "examples" / "kernels" / "silu-fp32", work / "my-silu")
+    out = _run(installed, "use", "package", "hf", "--patch", "./my-silu", "--json", cwd=work)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    folder = str((work / "my-silu").resolve())
+    assert doc["patches"] == {folder: patch_digest(work / "my-silu")}
+    assert doc["settings"]["attn_implementation"] == "sdpa"  # a kernel other than softmax keeps SDPA
+    (work / "my-silu" / "kernel.py").write_text("def silu(x):\n    return x[..., :1]\n")
+    out = _run(installed, "use", "package", "hf", "--patch", "./my-silu", cwd=work)
+    assert out.returncode == 2, out.stderr
+    assert "returned shape" in out.stderr
