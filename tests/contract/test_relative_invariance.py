@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from contract_runs import RunWriter, Workspace, make_workspace, unit_ids
+from contract_runs import CANDIDATE_IDENTITY, RunWriter, Workspace, make_workspace, unit_ids
 
 from invar.contract.admit import admit
 from invar.contract.decide import Answer
@@ -21,11 +21,14 @@ from invar.errors import ContractError
 N = 600  # enough units for the task bound to admit at ε = 0.05 when both packages answer alike
 
 RELATIVE = {"required": True, "layouts": ["solo", "b4r"], "relative_to": "reference"}
+# The candidate differs from the reference by its weights' quantization, with no patch folder to resolve.
+UNPATCHED = {"patches": None}
+IDENTITY = {**CANDIDATE_IDENTITY, "settings": {"device": "cpu", "threads": 1}}
 
 
 @pytest.fixture(scope="module")
 def relative(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
-    return make_workspace(tmp_path_factory.mktemp("relative"), units=N, invariance=RELATIVE)
+    return make_workspace(tmp_path_factory.mktemp("relative"), units=N, invariance=RELATIVE, candidate=UNPATCHED)
 
 
 def _flip(ids: Iterable[str]) -> Any:
@@ -46,7 +49,7 @@ def _run(ws: Workspace, run_dir: Path, varies: dict[str, Iterable[str]]) -> Path
     """Every planned call answered correctly; under layout b4r, the units `varies[package]` of that package get
     other log-probability bits than under solo."""
     writer = RunWriter(ws, run_dir)
-    workers = {"reference": writer.worker("reference"), "candidate": writer.worker("candidate")}
+    workers = {"reference": writer.worker("reference"), "candidate": writer.worker("candidate", IDENTITY)}
     for planned in ws.plan.calls:
         changed = varies.get(planned.package, ()) if planned.layout == "b4r" else ()
         writer.generate(workers[planned.package], planned, edit_outputs=_flip(changed))
@@ -62,10 +65,10 @@ def test_the_reference_runs_every_invariance_layout(relative: Workspace) -> None
 
 
 def test_a_contract_without_it_keeps_its_bytes_and_plan(tmp_path: Path) -> None:
-    ws = make_workspace(tmp_path, units=20)
+    ws = make_workspace(tmp_path, units=20, candidate=UNPATCHED)
     assert b"relative_to" not in ws.contract.canonical_json()
     assert [c.key for c in ws.plan.calls] == ["reference/solo#0", "candidate/solo#0", "candidate/b4r#0"]
-    d = admit(ws.contract_path, RunWriter(ws, tmp_path / "run").complete().close())
+    d = admit(ws.contract_path, _run(ws, tmp_path / "run", {}))
     assert set(d.to_json()["invariance"]) == {"required", "layouts", "holds", "units", "units_differing",
                                               "first_difference", "covers"}
     assert set(receipt_body(d)["figures"]["invariance"]) == {"required", "layouts", "holds", "units_differing"}
@@ -74,7 +77,7 @@ def test_a_contract_without_it_keeps_its_bytes_and_plan(tmp_path: Path) -> None:
 def test_relative_to_needs_invariance_required(tmp_path: Path) -> None:
     with pytest.raises(ContractError, match=r"invariance.relative_to: invariance is not required"):
         make_workspace(tmp_path, units=20, invariance={"required": False, "layouts": [], "relative_to": "reference"},
-                       layouts={"solo": {"batch_size": 1}})
+                       layouts={"solo": {"batch_size": 1}}, candidate=UNPATCHED)
 
 
 def test_dependence_the_reference_has_too_is_not_a_breach(relative: Workspace, tmp_path: Path) -> None:
