@@ -227,12 +227,16 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
     expected = [0]  # the next array must start where the previous one ended
     exts: dict[int, msgpack.ExtType] = {}  # id of each decoded array → its extension, to re-encode the document
 
+    readonly = view.readonly  # arrays of a bytes value are read-only views already
+    unpack, pack, frombuffer, new_tuple, ext_type = msgpack.unpackb, msgpack.packb, np.frombuffer, tuple.__new__, \
+        msgpack.ExtType
+
     def ext_hook(code: int, payload: bytes) -> Any:
         # Runs once per array (thousands in a generate report), so it checks with plain loops and cached dtypes.
         if code != ARRAY_EXT:
             raise CanonicalError(f"unknown msgpack extension {code}")
         try:
-            dtype, shape, offset, nbytes = msgpack.unpackb(payload, raw=False)
+            dtype, shape, offset, nbytes = unpack(payload, raw=False)
         except Exception as exc:
             raise CanonicalError(f"malformed array extension: {exc}") from None
         dt = _WIRE_DTYPES.get(dtype) if type(dtype) is str else None
@@ -240,15 +244,18 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
             raise CanonicalError(f"malformed array extension: dtype {show(dtype)} is not supported on the wire"
                                  if type(shape) is list else "malformed array extension: expected "
                                  "[dtype, shape, offset, nbytes]")
-        count = 1
-        for x in shape:
-            if type(x) is not int or x < 0:
-                raise CanonicalError(f"malformed array extension: shape {show(shape)}")
-            count *= x
+        if len(shape) == 1 and type(shape[0]) is int and shape[0] >= 0:  # the common case, without the loop
+            count = shape[0]
+        else:
+            count = 1
+            for x in shape:
+                if type(x) is not int or x < 0:
+                    raise CanonicalError(f"malformed array extension: shape {show(shape)}")
+                count *= x
         if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0:
             raise CanonicalError(f"malformed array extension: offset {show(offset)}, nbytes {show(nbytes)}")
         end = expected[0]
-        if offset != end + _pad(end) or offset + nbytes > blob_len:
+        if offset != end + -end % _ALIGN or offset + nbytes > blob_len:
             raise CanonicalError("array bytes out of place: arrays must follow the document in order, each at the "
                                  "next multiple of 16")
         if offset != end and any(view[blob_start + end:blob_start + offset]):
@@ -256,13 +263,15 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
         expected[0] = offset + nbytes
         if nbytes != dt.itemsize * count:
             raise CanonicalError(f"array: {nbytes} bytes do not hold shape {show(shape)} of {dtype}")
-        arr = np.frombuffer(view, dtype=dt, count=count, offset=blob_start + offset)
+        arr = frombuffer(view, dtype=dt, count=count, offset=blob_start + offset)
         if len(shape) != 1:
             arr = arr.reshape(shape)
-        arr.flags.writeable = False
+        if not readonly:
+            arr.flags.writeable = False
         value = BFloat16Array(arr) if dtype == "bfloat16" else arr
         # Re-packed from its fields, so a payload spelled in a wider form fails the document comparison.
-        exts[id(value)] = msgpack.ExtType(ARRAY_EXT, msgpack.packb([dtype, shape, offset, nbytes]))
+        # (An ExtType built as the tuple it is: its checking constructor costs more than the rest of this hook.)
+        exts[id(value)] = new_tuple(ext_type, (ARRAY_EXT, pack([dtype, shape, offset, nbytes])))
         return value
 
     def array_ext(obj: Any) -> msgpack.ExtType:
