@@ -224,7 +224,8 @@ def plan_cmd(
             curves = power_curves(rows, assumed, extra=[units])
             draw_power(curves, target=power, contract_n=units, contract_method=req.method,
                        assumption=rows[0].assumption if rows else "", out=plot)
-    stops = _sequential_plan(c, looks, stated, horizon)
+        planned.simulating(horizon)
+        stops = _sequential_plan(c, looks, stated, horizon)
     if json_out:
         emit_model(outputs.UsePlanOutput(
             contract=str(contract), contract_method=req.method, epsilon=str(req.epsilon), delta=str(req.delta),
@@ -265,6 +266,7 @@ class _PlanningProgress:
     def __init__(self, shown: Reporter) -> None:
         self._shown, self._lock = shown, threading.Lock()
         self._total, self._rows, self._showing = 0, 0, False
+        self._simulating: str | None = None  # the sequential simulation's phase, once it has begun
         self._timer = threading.Timer(PLAN_QUIET_S, self._begin)
         self._timer.daemon = True
 
@@ -280,7 +282,20 @@ class _PlanningProgress:
     def _begin(self) -> None:
         with self._lock:
             self._showing = True
-            self._shown.phase("planning the sample size", total=self._total, unit="methods", done=self._rows)
+            if self._simulating is not None:
+                self._shown.phase(self._simulating)
+            else:
+                self._shown.phase("planning the sample size", total=self._total, unit="methods", done=self._rows)
+
+    def simulating(self, horizon: int | None) -> None:
+        """The stopping-n simulation of `--sequential-max` begins: a phase of its own (it counts nothing), so that a
+        long one is seen to be running."""
+        if horizon is None:
+            return
+        with self._lock:
+            self._simulating = f"simulating sequential admission up to {horizon:,} units"
+            if self._showing:
+                self._shown.phase(self._simulating)
 
     def row(self, row: PlanRow) -> None:
         with self._lock:
