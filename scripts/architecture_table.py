@@ -16,23 +16,25 @@ An engine that refuses the folder (its worker answers `load_model` with an error
 worker's one line. The JSON keeps every engine's ids, tokens and log-probabilities, and the worker's effective
 configuration where it reports one; `--doc` rewrites the table between the markers in docs/cross_engine.md.
 
-The models.
-Each folder holds the shipped model's character-level tokenizer (`models/tiny-arith`: 18 ids, BOS `<s>` 1, EOS
-`</s>` 2, pad 0) and a model of that family with its distinguishing settings switched on and set away from the
-values an engine would assume without reading them:
+The models. Each folder holds the shipped model's character-level tokenizer (`models/tiny-arith`: 18 ids, BOS
+`<s>` 1, EOS `</s>` 2, pad 0) and a model of that family with its distinguishing settings switched on and set
+away from the values an engine would assume without reading them:
 
 | family | what it exercises |
 |---|---|
 | llama | rope θ 500,000 under `rope_parameters` only (transformers 5's form) |
 | qwen3 | q/k norms, tied embeddings |
 | mistral | a sliding window (8) on every layer, shorter than prompt + response |
-| gemma2 | local/global layers (window 8), attention and final-logit soft-capping, √hidden embedding scale |
+| gemma2 | local/global layers (window 8), attention and final-logit soft-capping, √96 embedding scale, tied |
 | gemma3 | local/global layers, rope θ per layer type (250,000 / 20,000), √96 embedding scale (no bfloat16) |
 | phi3 | partial rotary (factor 0.5), fused qkv / gate-up projections |
 
 Weights are drawn by transformers' own init with `initializer_range` 0.5 (seeded): at the usual 0.02 a random model
 is near-uniform and its greedy tokens are decided by float32 noise; at 0.5 the top-two gaps are large enough for
-greedy tokens to be a real comparison (see docs/cross_engine.md, "Architectures").
+greedy tokens to be a real comparison (see docs/cross_engine.md, "Architectures"). Gemma scales the embedding by
+√hidden: Gemma 3 (untied) has its embedding multiplied by 0.1 after init, and Gemma 2 (tied, as every Gemma 2 is:
+vLLM and mlx-lm refuse an untied one) is drawn at 0.1; its greedy responses repeat one token, so for it the
+teacher-forced log-probabilities are the comparison.
 """
 
 from __future__ import annotations
@@ -95,8 +97,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("gemma2", "Gemma2Config", "Gemma2ForCausalLM", {
         "hidden_size": 96, "sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"],
         "query_pre_attn_scalar": 32, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
-        "tie_word_embeddings": False, "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0}},
-        embed_multiplier=0.1),
+        "tie_word_embeddings": True, "initializer_range": 0.1,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0}}),
     Family("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM", {
         "hidden_size": 96, "sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"],
         "query_pre_attn_scalar": 32,
@@ -160,7 +162,21 @@ def run_one(client: WorkerClient, engine: str, folder: Path) -> dict[str, Any]:
         try:
             check_effective(folder, engine, loaded["effective_config"])
         except ConfigMismatch as exc:
-            refusal = str(exc).replace(str(folder), folder.name)  # measured all the same: the figures show what the refusal keeps out
+            # measured all the same: the figures show what the refusal keeps out
+            refusal = str(exc).replace(str(folder), folder.name)
+    try:
+        return measure(client, folder, refusal, loaded.get("effective_config"))
+    except WorkerError as exc:  # an engine that loads a folder it cannot run: the call's error is the row
+        line = " ".join(str(exc).split()).replace(str(folder), folder.name)
+        if refusal is None:
+            return {"status": "refused", "refusal": f"fails: {line}", "refused_by": "worker"}
+        return {"status": "refused", "refusal": refusal, "refused_by": "effective configuration",
+                "effective_config": loaded.get("effective_config"), "measured": f"fails: {line}"}
+
+
+def measure(client: WorkerClient, folder: Path, refusal: str | None,
+            effective: dict[str, Any] | None) -> dict[str, Any]:
+    """`generate` and `score` on a loaded worker: the figures of one row."""
     tokenizer = ModelTokenizer.from_model_dir(folder)
     ids = [tokenizer.prompt_ids(prompt=p) for p in PROMPTS]
     gen = client.call("generate", {"requests": [
@@ -173,7 +189,7 @@ def run_one(client: WorkerClient, engine: str, folder: Path) -> dict[str, Any]:
         "status": "runs" if refusal is None else "refused",
         "refusal": refusal,
         "refused_by": None if refusal is None else "effective configuration",
-        "effective_config": loaded.get("effective_config"),
+        "effective_config": effective,
         "prompt_ids": [np.asarray(o["prompt_tokens"]).tolist() for o in gen["outputs"]],
         "tokens": [np.asarray(o["tokens"]).tolist() for o in gen["outputs"]],
         "logprobs": [np.asarray(o["logprobs"], dtype=np.float32).tolist() for o in gen["outputs"]],
@@ -237,7 +253,8 @@ def table(results: dict[str, dict[str, dict[str, Any]]], engines: list[str]) -> 
             status = "runs" if row["status"] == "runs" else f"refused: {row['refusal']}"
             eq = yes[row.get("config_equal")]
             if "scored" not in row:
-                lines.append(f"| {family} | {engine} | {status} | | | | {eq} |")
+                past = f" (past the refusal, generate {row['measured']})" if row.get("measured") else ""
+                lines.append(f"| {family} | {engine} | {status}{past} | | | | {eq} |")
             elif engine == "hf":
                 lines.append(f"| {family} | hf | {status} | (reference) | (reference) | 0 | {eq} |")
             else:
