@@ -6,14 +6,18 @@ GGUF pair and the same tokens (docs/gguf.md, "Cross-check with llama.cpp's own t
 llama.cpp's side: `llama-perplexity` (built by scripts/llamacpp_tools.py build) runs the base, the ladder's F32 file,
 over the text with `--kl-divergence-base FILE` (it saves the tokens and, for the second half of every window of
 `--ctx` tokens, each position's log-probabilities in 16 bits), then each rung with `--kl-divergence`; its "Mean
-KLD" and "Same top p" lines are read from its output. One thread, as the llamacpp worker's default.
+KLD" and "Same top p" lines are read from its output. One thread and flash attention off, as the llamacpp worker.
 
-Invar's side: the same tokens, read back out of the base file, go to the llamacpp worker's `score` (the protocol's
-teacher-forced scoring) for each window: the window's first half and one more token as the prompt, the rest as the
-response, the whole vocabulary captured at every step, so each capture is the distribution llama.cpp scored at that
-position. Each position's pair of captures goes through `invar.compare.metrics.compare_capture` and the aggregates
-`compare numerical` reports (`distribution`, `fraction_and_uncertainty`): KL(base ‖ rung) mean ± its error, and
-the same-top fraction. The text is the repository's LICENSE (the Apache License 2.0, pinned by sha256).
+Invar's side: the same tokens (llama.cpp's tokenizer of the text here, checked equal to the base file's) go to the
+llamacpp worker's `score` (the protocol's teacher-forced scoring) for each window: the window's first half and one
+more token as the prompt, the rest as the response, the whole vocabulary captured at every step, so each capture
+is the distribution llama.cpp scored at that position. Each position's pair of captures goes through
+`invar.compare.metrics.compare_capture` and the aggregates `compare numerical` reports (`distribution`,
+`fraction_and_uncertainty`): KL(base ‖ rung) mean ± its error, and the same-top fraction. A third column computes
+the same figures from each window evaluated in one batch, as llama-perplexity evaluates it (llama-cpp-python's
+`Llama` with every position's logits), to tell the computation path apart from llama.cpp's 16-bit storage of the
+base. The text is the repository's LICENSE (the Apache License 2.0; its sha256 is recorded). Invar's captures are
+kept under runs/gguf-kl/ and reused (`--invar-only` computes them alone, before the tool is built).
 Writes docs/gguf/kl.json and prints the table.
 """
 
@@ -57,7 +61,9 @@ def tool() -> Path:
 
 
 def run_tool(args: list[str]) -> str:
-    done = subprocess.run([str(tool()), "-t", "1", "-tb", "1", *args], capture_output=True, text=True)
+    # one thread and the plain attention path (flash attention off), as the llamacpp worker runs
+    done = subprocess.run([str(tool()), "-t", "1", "-tb", "1", "-fa", "off", *args], capture_output=True,
+                          text=True)
     if done.returncode != 0:
         raise SystemExit(f"gguf_kl: llama-perplexity {' '.join(args)} exited {done.returncode}: "
                          f"{done.stderr[-2000:]}")
@@ -114,6 +120,39 @@ def invar_captures(rung: str, tokens: np.ndarray, add_bos: int | None) -> list[n
         return out
     finally:
         client.close()
+
+
+def batch_captures(rung: str, tokens: np.ndarray, add_bos: int | None, work: Path) -> list[np.ndarray]:
+    """Per window, float32 [ctx - 1 - ctx/2, V]: the same positions evaluated as llama-perplexity evaluates them,
+    the whole window in one llama_decode (llama-cpp-python's `Llama`, every position's logits kept), then
+    log_softmax in float64, rounded to float32. It separates the computation path from llama.cpp's 16-bit storage
+    of the base. Kept under runs/gguf-kl/ as `cached_captures` keeps the worker's."""
+    import hashlib
+
+    import llama_cpp as lc
+
+    n_ctx = tokens.shape[1]
+    first = n_ctx // 2
+    key = hashlib.sha256(tokens.tobytes()).hexdigest()[:16]
+    path = work / f"batch-{rung}-{n_ctx}-{key}.npy"
+    if path.is_file():
+        return list(np.load(path))
+    llm = lc.Llama(model_path=str(gguf(rung)), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=1,
+                   n_threads_batch=1, logits_all=True, flash_attn=False, verbose=False)
+    out = []
+    for window in tokens:
+        ids = [int(t) for t in window]
+        if add_bos is not None:
+            ids[0] = add_bos
+        llm.n_tokens = 0  # `Llama.reset`: eval clears the cache from here
+        llm.eval(ids)
+        logits = np.asarray(llm.scores[first:n_ctx - 1], dtype=np.float64)
+        top = logits.max(axis=1, keepdims=True)
+        lse = top + np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
+        out.append((logits - lse).astype(np.float32))
+    llm.close()
+    np.save(path, np.stack(out))
+    return out
 
 
 def invar_figures(base: list[np.ndarray], rung: list[np.ndarray], tokens: np.ndarray) -> dict[str, Any]:
@@ -205,8 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     tokens = tokenize_text(BASE, args.ctx, args.chunks)
     add_bos = bos_of(BASE)
     caps = {rung: cached_captures(rung, tokens, add_bos, work) for rung in [BASE, *args.rungs]}
+    batch = {rung: batch_captures(rung, tokens, add_bos, work) for rung in [BASE, *args.rungs]}
     if args.invar_only:
-        return 0
+        return 0  # the captures are kept; llama-perplexity can come later
     started = time.perf_counter()
     base_out = run_tool(["-m", str(gguf(BASE)), "-f", str(TEXT), "--kl-divergence-base", str(base_file), *common])
     say(f"llama-perplexity base {BASE}: {time.perf_counter() - started:.0f} s")
@@ -219,20 +259,23 @@ def main(argv: list[str] | None = None) -> int:
         out = run_tool(["-m", str(gguf(rung)), "--kl-divergence-base", str(base_file), "--kl-divergence", *common])
         say(f"llama-perplexity {rung}: {time.perf_counter() - started:.0f} s")
         rows.append({"rung": rung, "llama_perplexity": llama_figures(out),
-                     "invar": invar_figures(caps[BASE], caps[rung], tokens)})
+                     "invar": invar_figures(caps[BASE], caps[rung], tokens),
+                     "invar_window_in_one_batch": invar_figures(batch[BASE], batch[rung], tokens)})
     result = {"base": BASE, "text": str(TEXT.relative_to(ROOT)), "text_sha256": file_sha256(TEXT), "ctx": args.ctx,
               "chunks": int(tokens.shape[0]), "positions_per_chunk": args.ctx - 1 - args.ctx // 2,
               "add_bos": add_bos is not None, "base_perplexity_output_tail": base_out.strip().splitlines()[-1],
               "rows": rows}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"| rung vs {BASE} | llama.cpp mean KLD | Invar mean KL | llama.cpp same top % | Invar same top % |")
+    print(f"| rung vs {BASE} | figure | llama-perplexity --kl-divergence | Invar (worker's score) | Invar (window in "
+          "one batch) |")
     print("|---|---|---|---|---|")
     for r in rows:
-        a, b = r["llama_perplexity"], r["invar"]
-        print(f"| {r['rung']} | {a['mean_kld']:.6f} ± {a['mean_kld_stderr']:.6f} | {b['mean_kld']:.6f} ± "
-              f"{b['mean_kld_stderr']:.6f} | {a['same_top_percent']:.3f} ± {a['same_top_stderr']:.3f} | "
-              f"{b['same_top_percent']:.3f} ± {b['same_top_stderr']:.3f} |")
+        cols = (r["llama_perplexity"], r["invar"], r["invar_window_in_one_batch"])
+        print(f"| {r['rung']} | mean KL, nats | "
+              + " | ".join(f"{c['mean_kld']:.6f} ± {c['mean_kld_stderr']:.6f}" for c in cols) + " |")
+        print(f"| {r['rung']} | same top, % | "
+              + " | ".join(f"{c['same_top_percent']:.3f} ± {c['same_top_stderr']:.3f}" for c in cols) + " |")
     return 0
 
 

@@ -195,10 +195,13 @@ def server_identity(endpoint: Endpoint) -> dict[str, Any]:
     except EndpointError as exc:
         if exc.status != 404:
             raise
-        api, _ = endpoint.call("GET", "/openapi.json", label="GET /openapi.json")
+        try:
+            api, _ = endpoint.call("GET", "/openapi.json", label="GET /openapi.json")
+        except EndpointError:
+            raise exc from None
         info = api.get("info") if isinstance(api, dict) else None
         if not isinstance(info, dict) or "llama.cpp" not in str(info.get("title")):
-            raise
+            raise exc from None
         kind, version = LLAMACPP_KIND, {"version": info.get("version")}
     models, _ = endpoint.call("GET", "/v1/models", label="GET /v1/models")
     entries = models.get("data") if isinstance(models, dict) else None
