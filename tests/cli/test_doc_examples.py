@@ -65,6 +65,7 @@ NOT_EXECUTED: dict[tuple[str, ...], str] = {
     ("use", "run"): "starts the packages' workers (tests/cli/test_walkthrough.py, steps 5-7; tests/runner/)",
     ("use", "admit"): "needs a use run's records (tests/cli/test_walkthrough.py, step 9; tests/contract/)",
     ("use", "verify"): "needs a use run and its receipt (tests/cli/test_walkthrough.py, step 10)",
+    ("use", "summary"): "needs an imported contract and the exports it pins (tests/imported/test_summary.py)",
     ("compare", "numerical"): "needs the records of engine runs (tests/compare/, tests/runner/"
                               "test_use_run_measurements.py)",
     ("compare", "histories"): "needs two training runs (tests/runner/test_train_schedules.py)",
