@@ -1,7 +1,7 @@
 """How the reading commands grow with a use run's size: `use admit`, `use verify`, `compare numerical RUN --contract`
 and `use plan`, at 10^3 to 10^6 paired units, in time and peak memory, with the fitted growth.
 
-    .venv/bin/python bench/scale.py --keep DIR [--sizes 1000,10000,100000,1000000] [--baseline OLD/src]
+    .venv/bin/python bench/scale.py [--keep DIR] [--sizes 1000,10000,100000,1000000] [--baseline OLD/src]
                                     [--commands admit,verify,compare,plan] [--json OUT]
 
 Per size the script writes a population of that many arithmetic problems (`invar.tasks.arithmetic.population`,
@@ -9,9 +9,10 @@ split eval, seed 11: the shipped population holds 20,000), a declaration of the 
 candidate (as `bench/run_memory.py --engine fake` writes it: T = 1, 5 tokens, batches of 16, 64 requests per call,
 paired-binary-score at ε = 0.01), `use prepare`, and a run made by `invar.runner.use_run.use_run` with the tests'
 in-process fake worker (`tests/support/fake_worker.py`: the real protocol, client and store, every record bound to
-its call; the answers scripted from each request). Run and contract are kept under `--keep DIR/<size>` and reused by
-later calls: a million-unit run takes a while to make, once. `--maker SRC` makes them with another checkout's `src`
-(one whose worker code does not change while they are made).
+its call; the answers scripted from each request). Run and contract are kept under `--keep DIR/<size>` (by default
+`bench/.cache/scale`, ignored by git) and reused by later calls: a million-unit run takes a while to make (about 450
+CPU s), once. `--maker SRC` makes them with another checkout's `src` (one whose worker code does not change while they
+are made).
 
 Then each command runs as a fresh process importing `src` (this checkout's, and with `--baseline` another's, right
 after it on the same run, so both see the same machine load): `use admit RUN --contract C --json --receipt R`,
@@ -148,7 +149,8 @@ def growth(points: list[tuple[int, float]]) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--keep", type=Path, required=True, help="where the runs are made and kept")
+    parser.add_argument("--keep", type=Path, default=REPO / "bench" / ".cache" / "scale",
+                        help="where the runs are made and kept (default bench/.cache/scale, which git ignores)")
     parser.add_argument("--sizes", default="1000,10000,100000,1000000")
     parser.add_argument("--commands", default="admit,verify,compare,plan")
     parser.add_argument("--baseline", type=Path, default=None, help="also time this source tree (OLD/src)")
@@ -175,17 +177,25 @@ def main(argv: list[str] | None = None) -> int:
                 result["rows"].append(row)
                 print(f"{units:>8} {command:<8} {name:<8} {row['wall_s']:>7} s wall {row['cpu_s']:>7} s CPU "
                       f"{row['peak_rss_mib']:>7} MiB", flush=True)
+                if args.json:  # written after every row: a bench stopped part-way keeps what it measured
+                    _write(args.json, result, commands, trees)
             if command in ("admit", "compare") and len(got) == 2 and \
                     got["this"]["stdout_sha256"] != got["baseline"]["stdout_sha256"]:
                 raise SystemExit(f"bench/scale.py: {command} at {units} units prints other bytes than the baseline")
-    result["growth"] = {f"{c}/{t}": growth([(r["units"], r["cpu_s"]) for r in result["rows"]
-                                            if r["command"] == c and r["tree"] == t])
-                        for c in commands for t in trees}
-    print("growth (slope of log CPU s on log units, sizes >= 10^4):", result["growth"])
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        _write(args.json, result, commands, trees)
+    print("growth (slope of log CPU s on log units, sizes >= 10^4):", _growths(result, commands, trees))
     return 0
+
+
+def _growths(result: dict[str, Any], commands: list[str], trees: dict[str, Path]) -> dict[str, float | None]:
+    return {f"{c}/{t}": growth([(r["units"], r["cpu_s"]) for r in result["rows"]
+                                if r["command"] == c and r["tree"] == t]) for c in commands for t in trees}
+
+
+def _write(path: Path, result: dict[str, Any], commands: list[str], trees: dict[str, Path]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**result, "growth": _growths(result, commands, trees)}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
