@@ -875,6 +875,25 @@ def _normal_guess(assumption: _Assumption, epsilon: float, delta: float, power: 
     return max(1, int(variance * (z / (epsilon - assumption.mean)) ** 2))
 
 
+REACH_FACTOR = 2
+"""A plan is refused at once when the z-test's n exceeds this many times n_max (`_within_reach`)."""
+
+
+def _within_reach(assumption: _Assumption, epsilon: float, delta: float, power: float, n_max: int) -> None:
+    """Refuse, before any search, a plan whose n lies far beyond n_max: the one-sided z-test with the variance known
+    (`_normal_guess`) is the most powerful test of the assumed mean against ε in the normal limit, so no method's n
+    lies much below its n; where that n exceeds REACH_FACTOR · n_max every search would walk to n_max (minutes near
+    ε, the search growing as gap^-2) and fail. One line with the n it would need instead."""
+    needed = _normal_guess(assumption, epsilon, delta, power)
+    if needed > REACH_FACTOR * n_max:
+        raise StatisticsError(
+            f"the target power needs about {needed:,} units (the normal approximation, below which no method "
+            f"admits much sooner), beyond the {n_max:,} a plan searches; the assumed increase {assumption.mean:g} "
+            f"lies too close to epsilon {epsilon:g}: relax epsilon or delta, lower the power, or plan for a smaller "
+            "increase"
+        )
+
+
 def _twice(power_at: Callable[[int], float]) -> Callable[[int], tuple[float, float]]:
     """An exact (or conservative) power is both the reported and the certified power."""
 
@@ -961,6 +980,7 @@ def plan_row(
     n_cap = bounds.check_count("n_max", search.n_max, 2)
     runs = bounds.check_count("reps", search.reps, 1)
     seed = search.seed
+    _within_reach(assumption, eps, dlt, target, n_cap)
     if method == "betting":
         if not assumption.trinomial:
             raise StatisticsError(
