@@ -210,6 +210,17 @@ def cpu_timed(argv: list[str]) -> float:
 
 CLI_PAIRS = {"help": ["--help"], "use_help": ["use", "--help"], "use_plan_help": ["use", "plan", "--help"],
              "use_prepare_help": ["use", "prepare", "--help"],
+             # every other command's help: what a command pays for its own modules before it reads its arguments
+             **{"_".join(a[:-1]).replace("-", "_") + "_help": a for a in (
+                 ["use", "admit", "--help"], ["use", "verify", "--help"], ["use", "run", "--help"],
+                 ["use", "init", "--help"], ["use", "package", "--help"], ["infer", "--help"],
+                 ["evaluate", "--help"], ["score", "--help"], ["train", "--help"], ["inspect", "--help"],
+                 ["inspect", "records", "--help"], ["compare", "--help"], ["compare", "numerical", "--help"],
+                 ["keys", "new", "--help"])},
+             "version": ["version"],
+             # a plan whose own work is small (one closed-form-like method): the start, then a little planning
+             "use_plan_hoeffding": ["use", "plan", "{scratch}/walkthrough.contract.json", "--assume",
+                                    "worse=0.01 better=0.01", "--method", "hoeffding", "--json"],
              # Two commands that do their work (no worker): what a command costs with the modules it uses.
              "use_prepare": ["use", "prepare", str(REPO / "contracts" / "walkthrough.toml"), "--out", "{scratch}",
                              "--json"],
@@ -219,12 +230,21 @@ CLI_PAIRS = {"help": ["--help"], "use_help": ["use", "--help"], "use_plan_help":
 `use_prepare` wrote there)."""
 
 
-def cli_pairs(before_src: Path, reps: int) -> dict[str, Any]:
-    """Each of `CLI_PAIRS` from `before_src` and from this checkout, in alternating pairs: wall and CPU seconds."""
+def cli_pairs(before_src: Path, reps: int, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Each of `CLI_PAIRS` (but `skip`) from `before_src` and from this checkout, in alternating pairs: wall and CPU
+    seconds. The walkthrough contract the plans read is prepared into each version's folder first, by the version
+    before (so a plan is measured even where this checkout's worker digests are stale while the code changes)."""
     sources = {"before": str(before_src.resolve()), "after": str(REPO / "src")}
     scratch = {who: Path(tempfile.mkdtemp(prefix=f"invar-cli-{who}-")) for who in sources}
+    for folder in scratch.values():
+        walkthrough = str(REPO / "contracts" / "walkthrough.toml")
+        prepare = [sys.executable, "-m", "invar.cli", "use", "prepare", walkthrough, "--out", str(folder), "--json"]
+        subprocess.run(prepare, check=True, capture_output=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": sources["before"]})
     out: dict[str, Any] = {}
     for name, template in CLI_PAIRS.items():
+        if name in skip:
+            continue
         times: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in sources}
         for rep in range(reps):
             for who in (("before", "after") if rep % 2 == 0 else ("after", "before")):
@@ -269,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also start HF and MLX workers forked from a fork server, as a third side of each pair")
     parser.add_argument("--cli-before", type=Path, default=None,
                         help="another checkout's src: pair the CLI's start against it")
+    parser.add_argument("--cli-skip", default="",
+                        help="comma-separated names of CLI_PAIRS not to run (e.g. use_prepare where the worker "
+                             "digests are stale)")
     args = parser.parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
     unknown = sorted(set(engines) - set(PLAIN))
@@ -338,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                      "help_cpu": summary([cpu_timed(cli) for _ in range(args.reps)]),
                      "use_plan_help_cpu": summary([cpu_timed(family) for _ in range(args.reps)])}
     if args.cli_before is not None:
-        result["cli_pairs"] = cli_pairs(args.cli_before, args.reps)
+        result["cli_pairs"] = cli_pairs(args.cli_before, args.reps, frozenset(filter(None, args.cli_skip.split(","))))
     result["load_1min_end"] = os.getloadavg()[0]
     print("| engine | invar handshake | plain import | invar load + generate | plain load + generate | invar close "
           "| invar whole | plain whole | handshake / import | whole / whole |")
@@ -378,6 +401,15 @@ def main(argv: list[str] | None = None) -> int:
           f"import invar.cli.app {c['import_app']['median']:.2f} s, "
           f"python alone {c['python_alone']['median']:.2f} s (medians of {args.reps}); CPU time: invar --help "
           f"{c['help_cpu']['median']:.2f} s, invar use plan --help {c['use_plan_help_cpu']['median']:.2f} s")
+    if "cli_pairs" in result:
+        print("\n| command | CPU s before | CPU s after | after / before (median of pairs) | wall s before "
+              "| wall s after |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for name, row in result["cli_pairs"].items():
+            shown = " ".join(a.replace("{scratch}/", "") for a in CLI_PAIRS[name])
+            print(f"| `invar {shown}` | {row['cpu']['before']['median']:.2f} | {row['cpu']['after']['median']:.2f} "
+                  f"| {row['cpu']['ratio']['median']:.2f} | {row['wall']['before']['median']:.2f} "
+                  f"| {row['wall']['after']['median']:.2f} |")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
