@@ -33,11 +33,13 @@ process's): at the handshake, and through its generate (its close is not counted
 median per-pair ratios forked / invar of the handshake and of the whole, in wall and CPU time.
 
 `--cli-before OTHER/src` (another checkout's `src`, e.g. `git worktree add /tmp/old HEAD~1`): the CLI's commands
-(`--help`, `use --help`, `use plan --help`, `use prepare --help`, and two that do their work without a worker:
-`use prepare contracts/walkthrough.toml` and `use plan` of what it wrote) run in `--reps` alternating pairs, that
-version against this checkout's, each a fresh process; reported per command: the medians (min–max) of each
-version's wall and CPU time and the median per-pair ratio this / before. With `--engines ''` only the CLI is
-measured.
+(`CLI_PAIRS`: `--help`, every command's `--help`, `version`, and three that do their work without a worker:
+`use prepare contracts/walkthrough.toml`, `use plan` of what it wrote, and the same plan for Hoeffding alone) run in
+`--reps` alternating pairs, that version against this checkout's, each a fresh process; reported per command: the
+medians (min–max) of each version's wall and CPU time and the median per-pair ratio this / before, and a table.
+The walkthrough contract is prepared into each version's folder by the version before, first; `--cli-skip NAMES`
+leaves out commands (`use_prepare` where this checkout's worker digests are stale). With `--engines ''` only the CLI
+is measured.
 """
 
 from __future__ import annotations
