@@ -254,9 +254,10 @@ WIRE = ["invar/__init__.py", "invar/canonical.py", "invar/errors.py", "invar/pro
 """What every worker runs: the wire (without the client) and the digest it reports in its handshake."""
 ENGINE_SIDE_FILES = ["invar/formats/__init__.py", "invar/formats/chat.py", "invar/formats/checkpoint.py",
                      "invar/formats/tokenizer.py", "invar/home.py", "invar/patches.py", "invar/protocol/methods.py",
-                     "invar/protocol/payloads.py", "invar/regular_files.py", "invar/workers/common.py"]
+                     "invar/protocol/payloads.py", "invar/regular_files.py", "invar/workers/common.py",
+                     "invar/workers/kernel_host.py"]
 """What an engine's worker adds: the method table and its typed payloads, the tokenizer and checkpoint formats, the
-patches' digest rule and the workers' shared checks."""
+patches' digest rule, the function kernels' host and the workers' shared checks."""
 EFFECTIVE = ["invar/workers/effective.py"]
 """The readers of an engine's effective configuration: the workers of engines whose model modules can be read."""
 PINNED = {

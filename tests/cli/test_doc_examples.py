@@ -61,6 +61,7 @@ NOT_EXECUTED: dict[tuple[str, ...], str] = {
     ("score",): "starts an engine worker (tests/compare/test_score_engine.py)",
     ("train",): "starts an engine worker and a learner (tests/runner/test_train_*.py)",
     ("use", "init"): "starts each package's worker to read its identity (tests/cli/test_use_init.py)",
+    ("kernel", "check"): "starts a torch process that loads the model (tests/kernels/test_kernel_check.py)",
     ("use", "package"): "starts the engine's worker to read its identity (tests/cli/test_use_package_model.py)",
     ("use", "run"): "starts the packages' workers (tests/cli/test_walkthrough.py, steps 5-7; tests/runner/)",
     ("use", "admit"): "needs a use run's records (tests/cli/test_walkthrough.py, step 9; tests/contract/)",

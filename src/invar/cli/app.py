@@ -43,6 +43,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "keys": ("invar.cli.keys", "app", "Key pairs that sign decision receipts."),
     "compare": ("invar.cli.compare", "app",
                 "Compare a candidate's numbers with the reference's, from the records alone."),
+    "kernel": ("invar.cli.kernel", "app",
+               "Check a kernel against the stock op, on random inputs and on the model's own (a diagnostic)."),
 }
 """Each command: the module that defines it, the attribute (a function, or a Typer app for a family), and the
 summary `invar --help` lists it with (the listing reads this table, so it never imports a command's module)."""
@@ -137,6 +139,8 @@ EXAMPLES: dict[str, list[str]] = {
                     "invar use summary evals/arith-ci.contract.json --confidence 0.99 --json"],
     "use verify": ["invar use verify receipt.json --run runs/w/use-run --contract runs/w/walkthrough.contract.json "
                    "--public-key keys/owner.pub"],
+    "kernel check": ["invar kernel check KERNEL_DIR",
+                     "invar kernel check KERNEL_DIR --model MODEL_DIR --prompts 16 --json"],
     "keys new": ["invar keys new --out keys --name owner", "invar keys new --json"],
     "compare numerical": ["invar compare numerical runs/infer-fp32 runs/infer-nf4 --cand-scores runs/score-nf4",
                           "invar compare numerical runs/w/use-run --report compare.html",

@@ -203,7 +203,7 @@ class FunctionKernel:
         self.self_check()
         self._poison = poison
         if engine == "hf":
-            _install_hf(self)
+            _install_hf(self)  # for good: the worker serves with it until it exits
         else:
             _install_vllm(self)
 
@@ -297,7 +297,21 @@ class _KernelMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch 
         return self.kernel.run((a.shape[0], b.shape[1]), a.dtype, a, a, b.t(), base)
 
 
-def _install_hf(kernel: FunctionKernel) -> None:
+STOCK_SDPA = torch.nn.functional.scaled_dot_product_attention
+"""The stock attention, kept before any attention kernel replaces it."""
+
+
+def stock_op(op: str) -> Callable[..., torch.Tensor]:
+    """The stock op a kernel of `op` replaces, with the kernel's signature (`invar.patches.OPS`)."""
+    f = torch.nn.functional
+    table: dict[str, Callable[..., torch.Tensor]] = {
+        "softmax": torch.softmax, "log_softmax": torch.log_softmax, "rms_norm": f.rms_norm, "silu": f.silu,
+        "gelu": f.gelu, "matmul": torch.matmul, "linear": f.linear, "attention": STOCK_SDPA}
+    return table[op]
+
+
+def _install_hf(kernel: FunctionKernel) -> Callable[[], None]:
+    """Route the kernel's op to it in this process; returns what undoes that (the kernel check's capture uses it)."""
     op = kernel.spec.op
     if op == "rms_norm":
         def hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> Any:
@@ -308,8 +322,8 @@ def _install_hf(kernel: FunctionKernel) -> None:
             eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
             return kernel.run(tuple(output.shape), output.dtype, x, x, (x.shape[-1],), weight, eps)
 
-        torch.nn.modules.module.register_module_forward_hook(hook)
-        return
+        handle = torch.nn.modules.module.register_module_forward_hook(hook)
+        return handle.remove
     if op == "attention":
         stock = torch.nn.functional.scaled_dot_product_attention
 
@@ -320,10 +334,19 @@ def _install_hf(kernel: FunctionKernel) -> None:
             return kernel.run(shape, query.dtype, query, query, key, value, *args, **kwargs)
 
         torch.nn.functional.scaled_dot_product_attention = sdpa
-        return
+
+        def restore() -> None:
+            torch.nn.functional.scaled_dot_product_attention = stock
+
+        return restore
     mode = _KernelMode(kernel)
     # Entered for good: the worker serves every call on this thread (autograd carries the mode to backward).
     mode.__enter__()  # type: ignore[no-untyped-call]
+
+    def leave() -> None:
+        mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+
+    return leave
 
 
 # -- vLLM (CPU) ---------------------------------------------------------------------------------------------------
