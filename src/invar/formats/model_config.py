@@ -75,14 +75,15 @@ def _rope_for(config: Mapping[str, Any], layer_type: str) -> Mapping[str, Any]:
         return rope[layer_type]  # type: ignore[no-any-return]  # per layer type, as transformers 5 writes it
     if isinstance(rope, dict) and "rope_theta" in rope:
         return rope
-    theta = config.get("rope_theta", 10_000.0)
+    theta = config.get("rope_theta") or 10_000.0
     return {"rope_type": "default", "rope_theta": theta, **(config.get("rope_scaling") or {})}
 
 
 def folder_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """What transformers computes for this `config.json`, in the canonical fields (defaults per model_type)."""
     model_type = str(config.get("model_type", ""))
-    c: dict[str, Any] = {**_DEFAULTS.get(model_type, {}), **{k: v for k, v in config.items() if v is not None}}
+    # a key the file names overrides the default even when null (null soft-capping is none, as transformers reads it)
+    c: dict[str, Any] = {**_DEFAULTS.get(model_type, {}), **config}
     if model_type in _DEFAULTS and "rope_parameters" in _DEFAULTS[model_type] and \
             not isinstance(config.get("rope_parameters"), dict):
         c["rope_parameters"] = _DEFAULTS[model_type]["rope_parameters"]
@@ -96,8 +97,8 @@ def folder_config(config: Mapping[str, Any]) -> dict[str, Any]:
     theta, dims = [], []
     for layer_type in layer_types:
         rope = _rope_for(c, layer_type)
-        theta.append(float(rope.get("rope_theta", 10_000.0)))
-        factor = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))
+        theta.append(float(rope.get("rope_theta") or 10_000.0))
+        factor = rope.get("partial_rotary_factor") or c.get("partial_rotary_factor") or 1.0
         dims.append(int(head_dim * float(factor)))
     window = c.get("sliding_window")
     out: dict[str, Any] = {
@@ -113,8 +114,8 @@ def folder_config(config: Mapping[str, Any]) -> dict[str, Any]:
         "attn_softcap": _float_or_none(c.get("attn_logit_softcapping")),
         "final_softcap": _float_or_none(c.get("final_logit_softcapping")),
         "embed_scale": float(np.float32(math.sqrt(float(c["hidden_size"])))) if model_type in _GEMMA else None,
-        "tied_embeddings": bool(c.get("tie_word_embeddings", False)),
-        "norm_eps": float(c.get("rms_norm_eps", 1e-6)),
+        "tied_embeddings": bool(c.get("tie_word_embeddings")),
+        "norm_eps": float(c.get("rms_norm_eps") or 1e-6),
     }
     return out
 
