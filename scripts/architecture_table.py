@@ -1,7 +1,9 @@
 """The architecture table: small random-weight models of six families on HF, vLLM and MLX, through Invar's workers.
 
     .venv/bin/python scripts/architecture_table.py [--engines hf,vllm,mlx] [--families llama,...]
-        [--out docs/cross_engine_architectures.json] [--doc docs/cross_engine.md]
+        [--out docs/cross_engine_architectures.json] [--doc docs/cross_engine.md] [--mlx-doc docs/mlx.md]
+    .venv/bin/python scripts/architecture_table.py --from-json docs/cross_engine_architectures.json --doc ... (tables
+        from a saved run, no engine)
 
 For each family of `FAMILIES` (built into a temporary folder, seeded) and each engine, one
 worker (`invar.engines.start_worker`, float32, inference role; vLLM holds one model for its life, so one worker
@@ -140,8 +142,9 @@ RESPONSE = [5, 6, 14, 7, 8, 17, 9, 9, 15, 4, 13, 12]
 MAX_TOKENS = 12
 TOLERANCE = 1e-4
 """|Δ log-prob| (nats) allowed between an engine and HF on the same tokens: float32 kernels differ by rounding
-(1e-6 to 1e-5 measured here); a setting read otherwise moves them by 1e-2 and more."""
+(8.6e-6 to 7.6e-5 measured here, docs/cross_engine.md); a setting read otherwise moves them by 1e-2 and more."""
 BEGIN, END = "<!-- architecture-table:begin -->", "<!-- architecture-table:end -->"
+MLX_BEGIN, MLX_END = "<!-- mlx-gap:begin -->", "<!-- mlx-gap:end -->"
 
 
 def load_params(folder: Path) -> dict[str, Any]:
@@ -264,13 +267,61 @@ def table(results: dict[str, dict[str, dict[str, Any]]], engines: list[str]) -> 
     return "\n".join(lines)
 
 
+def mlx_gap(results: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """docs/mlx.md's table: MLX against HF on each family, and what the core says of MLX's configuration."""
+    lines = ["| family | MLX | greedy tokens equal | max abs Δ log-prob vs HF |", "|---|---|---|---|"]
+    for family, rows in results.items():
+        row = rows.get("mlx")
+        if row is None:
+            continue
+        c = row.get("vs_hf", {})
+        said = "runs" if row["status"] == "runs" else f"refused: {row['refusal'].split(': ', 1)[-1].split(';')[0]}"
+        if "max_abs_delta_logprob" in c:
+            lines.append(f"| {family} | {said} | {c['greedy_prompts_equal']}/{len(PROMPTS)} | "
+                         f"{c['max_abs_delta_logprob']:.1e} |")
+        else:
+            lines.append(f"| {family} | {said} | {row.get('measured', '')} | |")
+    return "\n".join(lines)
+
+
+def _rewrite(path: Path, begin: str, end: str, text: str) -> None:
+    doc = path.read_text(encoding="utf-8")
+    if begin not in doc or end not in doc:
+        raise SystemExit(f"{path} holds no {begin} ... {end} markers; add them where the table goes")
+    head, rest = doc.split(begin, 1)
+    path.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1], encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--doc", type=Path, default=None)
+    parser.add_argument("--mlx-doc", type=Path, default=None,
+                        help="also write MLX's gap to HF per family between the mlx-gap markers of this file")
+    parser.add_argument("--set", action="append", default=[], metavar="FAMILY.KEY=JSON",
+                        help="change one config setting of a family (e.g. gemma2.attn_logit_softcapping=null)")
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="render the tables from a run this script saved with --out, starting no engine")
     args = parser.parse_args(argv)
+    if args.from_json is not None:
+        saved = json.loads(args.from_json.read_text(encoding="utf-8"))["results"]
+        engines = list(next(iter(saved.values())))
+        if args.doc is not None:
+            _rewrite(args.doc, BEGIN, END, table(saved, engines))
+        if args.mlx_doc is not None:
+            _rewrite(args.mlx_doc, MLX_BEGIN, MLX_END, mlx_gap(saved))
+        print(table(saved, engines))
+        return 0
+    for change in args.set:
+        target, _, value = change.partition("=")
+        name, _, key = target.partition(".")
+        if name not in FAMILIES or not key or not value:
+            parser.error(f"--set {change!r}: expected FAMILY.KEY=JSON with FAMILY one of {', '.join(FAMILIES)}")
+        family = FAMILIES[name]
+        FAMILIES[name] = Family(family.name, family.config_class, family.model_class,
+                                {**family.settings, key: json.loads(value)}, family.embed_multiplier)
     engines = [e for e in args.engines.split(",") if e]
     families = [f for f in args.families.split(",") if f]
     if engines[0] != "hf":
@@ -297,11 +348,9 @@ def main(argv: list[str] | None = None) -> int:
                                                          for n in families}, "results": results}
         args.out.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
     if args.doc is not None:
-        doc = args.doc.read_text(encoding="utf-8")
-        if BEGIN not in doc or END not in doc:
-            parser.error(f"--doc: {args.doc} holds no {BEGIN} ... {END} markers; add them where the table goes")
-        head, rest = doc.split(BEGIN, 1)
-        args.doc.write_text(head + BEGIN + "\n" + text + "\n" + END + rest.split(END, 1)[1], encoding="utf-8")
+        _rewrite(args.doc, BEGIN, END, text)
+    if args.mlx_doc is not None:
+        _rewrite(args.mlx_doc, MLX_BEGIN, MLX_END, mlx_gap(results))
     return 0
 
 
