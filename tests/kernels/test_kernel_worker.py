@@ -175,3 +175,20 @@ def test_the_worker_refuses_a_bad_kernel_before_any_handshake(tmp_path: Path) ->
     assert message.count("\n") == 1, message
     assert words in message
     assert str(folder) in message
+
+
+def test_a_matmul_kernel_runs_on_vllm_where_the_linear_layers_are(tmp_path: Path, model_dir: Path,
+                                                                    model_digest: str, problems: list[Any]) -> None:
+    """On vLLM (CPU) the host makes each linear layer's cpu_linear the kernel: counted like on HF."""
+    folder = _kernel(tmp_path, "matmul", "def matmul(a, b):\n    return torch.matmul(a, b)\n",
+                     'op = "matmul"\nengines = ["hf", "vllm"]\ndtypes = ["float32"]\n')
+    client = start_worker("vllm", Role.INFERENCE, args=_args(folder))
+    try:
+        assert client.identity.settings["patches"] == {str(folder): patch_digest(folder)}
+        client.call("load_model", load_params(model_dir, model_digest))
+        requests = _requests(problems)[:2]
+        result = client.call("generate", {"requests": requests, "layout": [[0, 1]], "adapter": None,
+                                          "reference_adapter": None})
+        assert result["patch_calls"][str(folder)] > 0
+    finally:
+        client.close()
