@@ -145,3 +145,17 @@ def test_infer_refuses_an_engine_that_computes_another_model(family_dirs: dict[s
     with RunStore.open(run) as store:
         methods = [c.call.method for c in store.iter_calls()]
     assert methods == ["load_model"]  # refused before any generate call
+
+
+def test_a_package_running_mlx_lm_as_installed_declares_its_rope(family_dirs: dict[str, Path],
+                                                                 tmp_path: Path) -> None:
+    """`map_rope_parameters = false` (the contracts about mlx-lm as installed): θ 10,000 instead of the folder's
+    500,000 is the package's premise, so the session runs; no other field is."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "invar.cli", "infer", "12+34=", "--engine", "mlx", "--setting",
+                           "map_rope_parameters=false", "--model", str(family_dirs["llama"]), "--temperature", "0",
+                           "--max-tokens", "2", "--run", str(tmp_path / "as-installed"), "--quiet", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]

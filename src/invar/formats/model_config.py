@@ -150,6 +150,8 @@ def differences(folder: Mapping[str, Any], engine: Mapping[str, Any]) -> list[st
 def _show(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.7g}"
+    if isinstance(value, list) and len(value) > 2 and all(v == value[0] for v in value):
+        return f"[{_show(value[0])} × {len(value)} layers]"  # one value per layer, the same on every layer
     if isinstance(value, list):
         return "[" + ", ".join(_show(v) for v in value) + "]"
     return json.dumps(value)

@@ -184,8 +184,11 @@ def engine_session(
             raise EvidenceError(f"the {spec.engine.value} worker reports model digest {loaded.model_digest[:16]}…, "
                                 f"not {model_digest[:16]}…: it loaded other files than the core named")
         if loaded.effective_config is not None:
-            # the configuration the engine built, field by field against the folder's config.json
-            check_effective(spec.model, spec.engine.value, loaded.effective_config)
+            # the configuration the engine built, field by field against the folder's config.json; a package that
+            # runs MLX with map_rope_parameters = false declares the rope it computes as its premise (the package
+            # is about mlx-lm as installed)
+            premises = ("rope_theta",) if spec.settings.get("map_rope_parameters") is False else ()
+            check_effective(spec.model, spec.engine.value, loaded.effective_config, premises)
         name = None
         if spec.adapter is not None and not adapter_in_load:
             got = client.call(LOAD_ADAPTER, LoadAdapterParams(ADAPTER_NAME, str(spec.adapter.resolve()),
