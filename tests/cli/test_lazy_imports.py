@@ -60,7 +60,7 @@ _NOT_FOR_HELP = ("numpy", "scipy", "msgpack", "rich", "cryptography", "invar.can
 
 @pytest.mark.parametrize("args", [["evaluate", "--help"], ["infer", "--help"], ["inspect", "--help"],
                                   ["inspect", "records", "--help"], ["compare", "--help"],
-                                  ["compare", "numerical", "--help"], ["keys", "new", "--help"]])
+                                  ["compare", "numerical", "--help"], ["keys", "new", "--help"], ["score", "--help"]])
 def test_a_command_help_imports_neither_numpy_nor_the_store_nor_the_models(args: list[str]) -> None:
     assert _held_after(args, _NOT_FOR_HELP) == []
 

@@ -8,12 +8,11 @@ request's temperature in the batches it was sampled in). Every call and report i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
 
-from invar.cli.common import JsonOpt, emit_model
+from invar.cli.common import JsonOpt, QuietOpt, emit_model
 from invar.cli.options import (
     DEFAULT_CALL_TIMEOUT,
     DEFAULT_MODEL,
@@ -27,22 +26,14 @@ from invar.cli.options import (
     SettingOpt,
     model_folder,
 )
-from invar.cli.progress import QuietOpt, reporting
-from invar.compare.steps import parse_steps, show_steps
+from invar.engines import Dtype, Engine, Quantization, parse_launch_settings
 from invar.errors import InvarError
-from invar.patches import select as select_patches
-from invar.records import RunStore
-from invar.runner.engine import Dtype, Engine, EngineSpec, Quantization, default_run_dir, parse_launch_settings
-from invar.runner.options import TEMPERATURE_MAX, check_sampling, model_context
-from invar.runner.score import (
-    ScoredOutput,
-    batches_from_run,
-    check_items,
-    items_from_file,
-    score_batches,
-    verify_source,
-)
-from invar.tasks import ModelTokenizer
+
+# The runner, the run store, the step parser, the patches and the tokenizer (numpy, msgpack, tokenizers) are imported
+# when the command runs: its `--help` needs none of them (tests/cli/test_lazy_imports.py).
+if TYPE_CHECKING:
+    from invar.runner.score import ScoredOutput
+    from invar.tasks import ModelTokenizer
 
 _SHOWN = 50
 """Items printed one by one in text mode; --json lists every item."""
@@ -84,6 +75,17 @@ def score(
 ) -> None:
     """Score given tokens teacher-forced: each token's log-probability and, at the capture steps, the whole
     vocabulary's; keep the records."""
+    import numpy as np
+
+    from invar.cli.progress import reporting
+    from invar.compare.steps import parse_steps, show_steps
+    from invar.patches import select as select_patches
+    from invar.records import RunStore
+    from invar.runner.engine import EngineSpec, default_run_dir
+    from invar.runner.options import TEMPERATURE_MAX, check_sampling, model_context
+    from invar.runner.score import batches_from_run, check_items, items_from_file, score_batches, verify_source
+    from invar.tasks import ModelTokenizer
+
     if (tokens is None) == (from_run is None):
         raise InvarError("give the tokens to score: --tokens FILE or --from-run RUN (one of them)")
     if not 0 < temperature <= TEMPERATURE_MAX:  # also refuses NaN
