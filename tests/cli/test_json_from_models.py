@@ -127,7 +127,8 @@ def test_use_package(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the worker's identity scripted (no worker starts): the fields not asked for are absent, not null."""
     identity = types.SimpleNamespace(engine_version=REFERENCE_IDENTITY["engine_version"],
                                      settings={"device": "cpu", "threads": 1, "patches": {}})
-    monkeypatch.setattr("invar.runner.engine.probe_identity", lambda engine, settings, patches, patch_dirs=None: identity)
+    monkeypatch.setattr("invar.runner.engine.probe_identity",
+                        lambda engine, settings, patches, patch_dirs=None: identity)
     doc = _printed_by(outputs.UsePackageOutput, "use", "package", "hf", "--json")
     assert sorted(doc) == ["engine", "engine_version", "settings", "worker_digest"]
     assert doc["settings"] == {"device": "cpu", "threads": 1}
