@@ -42,7 +42,8 @@ def run_inputs(contract: Contract, base: Path) -> dict[str, Any]:
     folders = model_folders(contract, base)
     out: dict[str, Any] = {"population": population,
                            "tokenizers": {role: kept_files(folders[role]) for role in ROLES}}
-    kept = {role: {key: patches.kept_files(patches.patch_dir(key, base)) for key in contract.package(role).patches}
+    kept = {role: {key: patches.kept_files(patches.patch_dir(key, base)) for key in contract.package(role).patches
+                   if patches.is_path(key) or key in patches.names()}
             for role in ROLES if contract.package(role).patches}
     if kept:  # only a patched run keeps them, so an unpatched run's meta is unchanged
         out["patches"] = kept

@@ -190,6 +190,11 @@ def _patches(role: Literal["reference", "candidate"], decl: PackageDeclaration, 
     out_patches: dict[str, str] = {}
     for key, sha in decl.patches.items():
         field = f"{role}.patches.{key}"
+        if not patches.is_path(key) and key not in patches.names():
+            # A name this Invar does not ship (a contract prepared for a home that has it): `use run` finds it or
+            # refuses, as before; a folder path or a shipped name is checked now.
+            out_patches[key] = sha
+            continue
         with _reading(field, base / key):
             folder = patches.patch_dir(key, base)
             patches.check_folder(key, sha, folder, field, declared=True)
