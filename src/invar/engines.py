@@ -184,6 +184,8 @@ ENGINE_TABLE: dict[str, EngineInfo] = {e.name: e for e in (
         "threads": LaunchSetting("--threads", int, default=1),
         "parallel": LaunchSetting("--parallel", int, default=8),
         "context": LaunchSetting("--context", int, default=1024)},
+        reported=frozenset({"device", "n_batch", "n_ubatch", "prefill", "decode", "kv_unified", "kv_cache_type",
+                            "flash_attention", "sampling", "teacher_forcing"}),
         host_cores=_torch_threads),
     # An OpenAI-compatible server: where it is and what it serves; the key is named, never given (docs/endpoints.md).
     EngineInfo("openai", "invar.workers.openai_worker", {
