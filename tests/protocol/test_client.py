@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import threading
 import time
@@ -271,3 +273,52 @@ def test_large_arrays_cross_intact_both_ways() -> None:
     assert back["nested"][1] == "tail"
     assert summed["sum"] == float(big.sum(dtype=np.float64))
     assert not back["a"].flags.writeable  # received arrays are read-only views of the record
+
+
+def _memory_cgroup(tmp_name: str, limit: int) -> Path:
+    """A memory cgroup of `limit` bytes (cgroup v1's memory controller, or v2's), made for the test: these machines and
+    CI run as root on Linux, so one that cannot be made fails the test rather than skipping it."""
+    v1 = Path("/sys/fs/cgroup/memory")
+    if v1.is_dir():
+        group = v1 / tmp_name
+        group.mkdir()
+        (group / "memory.limit_in_bytes").write_text(str(limit))
+        (group / "memory.memsw.limit_in_bytes").exists() and (group / "memory.memsw.limit_in_bytes").write_text(
+            str(limit))
+        return group
+    group = Path("/sys/fs/cgroup") / tmp_name
+    group.mkdir()
+    (group / "memory.max").write_text(str(limit))
+    (group / "memory.swap.max").exists() and (group / "memory.swap.max").write_text("0")
+    return group
+
+
+def test_a_worker_the_kernel_kills_for_memory_is_named_so() -> None:
+    """The worker is moved into a memory cgroup of 256 MiB and sent a call of 512 MiB: the kernel's out-of-memory
+    killer ends it, and the call's error says so, not only "exit code -9"."""
+    group = _memory_cgroup(f"invar-test-oom-{os.getpid()}", 256 << 20)
+    try:
+        with echo_worker() as w:
+            (group / ("tasks" if (group / "tasks").exists() else "cgroup.procs")).write_text(str(w.identity.pid))
+            with pytest.raises(ProtocolError) as lost:
+                w.call("checksum", {"array": np.ones(128 << 20, dtype=np.float32)})
+    finally:
+        for _ in range(50):  # the group can go once its last process has
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    assert "killed by the kernel's out-of-memory killer: the machine ran out of memory" in str(lost.value)
+    assert "exit code -9" in str(lost.value)
+
+
+def test_a_worker_killed_by_someone_else_is_not_said_to_lack_memory() -> None:
+    with echo_worker() as w:
+        os.kill(w.identity.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while w.process is not None and w.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the worker is reaped
+        with pytest.raises(ProtocolError) as lost:
+            w.call("echo", {"a": 1})
+    assert "killed by SIGKILL, not by the kernel's out-of-memory killer; exit code -9" in str(lost.value)

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -35,6 +36,20 @@ _STDERR_LINE = 4096  # characters of one stderr line kept for messages; a longer
 
 class WorkerLost(ProtocolError):
     """The worker's process or its carrier (a Ray actor) is gone: a fresh worker may take over its calls."""
+
+
+def oom_kills(vmstat: str = "/proc/vmstat") -> int | None:
+    """How many processes the kernel's out-of-memory killer has ended since boot (`oom_kill` in /proc/vmstat, Linux
+    4.13 and later); None where that cannot be read."""
+    try:
+        with open(vmstat, encoding="ascii") as fh:
+            for line in fh:
+                name, _, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 @runtime_checkable
@@ -190,6 +205,7 @@ class WorkerClient:
         self._worker_key = ""
         self._reader: threading.Thread | None = None
         self._stderr_reader: threading.Thread | None = None
+        self._oom_kills = oom_kills()
 
     # -- life cycle -------------------------------------------------------------------------------------------
 
@@ -533,4 +549,12 @@ class WorkerClient:
     def _exit_suffix(self) -> str:
         proc = self._proc
         code = proc.poll() if proc is not None else None
+        if code == -signal.SIGKILL:
+            # Killed outright: by the kernel when memory ran out, which its own counter tells, or by someone else.
+            now = oom_kills()
+            why = ("killed by the kernel's out-of-memory killer: the machine ran out of memory; give the worker less "
+                   "to hold (fewer or shorter items per call) or the machine more memory"
+                   if now is not None and self._oom_kills is not None and now > self._oom_kills
+                   else "killed by SIGKILL, not by the kernel's out-of-memory killer")
+            return f" ({why}; exit code {code})" + self._stderr_suffix()
         return (f" (exit code {code})" if code is not None else "") + self._stderr_suffix()
