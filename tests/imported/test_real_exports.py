@@ -25,6 +25,7 @@ import yaml
 from safetensors.numpy import load_file, save_file
 
 from invar import canonical
+from invar.contract.compare_run import compare_use_run
 from invar.engines import DEFAULT_MODEL
 from invar.runner.engine import Engine, probe_identity
 
@@ -47,16 +48,17 @@ def _invar(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedPr
     return _run(sys.executable, "-m", "invar.cli", *args, cwd=cwd)
 
 
-def perturbed_model(folder: Path) -> Path:
-    """The tiny model with noise of its own scale added to every MLP matrix (seeded): a candidate that gets some
-    problems wrong the reference gets right."""
-    shutil.copytree(DEFAULT_MODEL, folder)
-    weights = load_file(DEFAULT_MODEL / "model.safetensors")
+def perturbed_model(folder: Path, source: Path = DEFAULT_MODEL, scale: float = 1.0) -> Path:
+    """`source` (the tiny model by default) with seeded noise of `scale` times its own spread added to every MLP
+    matrix: a candidate that gets some problems wrong the reference gets right."""
+    shutil.copytree(source, folder)
+    weights = load_file(source / "model.safetensors")
     rng = np.random.default_rng(0)
     for name in sorted(weights):
         w = weights[name]
         if "mlp" in name and w.ndim == 2:
-            weights[name] = (w + rng.standard_normal(w.shape).astype(np.float32) * w.std()).astype(np.float32)
+            noise = rng.standard_normal(w.shape).astype(np.float32) * np.float32(w.std() * scale)
+            weights[name] = (w + noise).astype(np.float32)
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     (folder / "SHA256SUMS").unlink(missing_ok=True)
     return folder
@@ -118,9 +120,10 @@ def record(folder: Path, data: Path, engine: Engine, models: dict[str, Path], *,
     admitted = _invar("use", "admit", run, "--contract", contract, "--json", "--quiet", "--junit",
                       folder / "junit.xml")
     assert admitted.returncode in (0, 10, 11), admitted.stderr
-    units = _invar("compare", "numerical", run, "--contract", contract, "--json", "--quiet")
-    assert units.returncode == 0, units.stderr
-    per_unit = {u["unit_id"]: (u["reference_loss"], u["candidate_loss"]) for u in json.loads(units.stdout)["units"]}
+    # Each unit's two losses as `compare numerical RUN --contract` recomputes them from the records (called in this
+    # process: its --json cannot yet print a run in which no unit's responses share a prefix).
+    units = compare_use_run(run, contract).to_json()["units"]
+    per_unit = {u["unit_id"]: (u["reference_loss"], u["candidate_loss"]) for u in units}
     return {"decision": json.loads(admitted.stdout), "exit": admitted.returncode, "losses": per_unit,
             "junit": folder / "junit.xml"}
 
@@ -320,3 +323,112 @@ def test_lm_eval_vllm_samples_decide_as_the_recorded_vllm_run(shared: dict[str, 
                                   vllm_exports["reference"], vllm_exports["candidate"])
     assert imported["decision"]["task_loss"]["worse"] > 0  # the candidate differs: the decision is not trivial
     _same_decision(imported, recorded_vllm)
+
+
+SMOL_ITEMS = 12
+LAST_NUMBER = r"(?s)(-?[0-9]+)(?!.*[0-9])"
+"""The answer a chat model gives is the last number of its response ("4 + 5 = 9" answers 9): Invar's `regex` scorer,
+lm-eval's `regex` filter and Inspect's `pattern` scorer all read it with this pattern (one match: no digit after it)."""
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory: pytest.TempPathFactory, smollm2_build: tuple[Path, Path, Path]) -> dict[str, Path]:
+    """SmolLM2-135M-Instruct and a copy with seeded noise (0.3 of each MLP matrix's spread), 12 additions asked as
+    chat messages: the population Invar runs (`messages`) and the same questions for Inspect (`question`)."""
+    folder = tmp_path_factory.mktemp("imported-smollm2")
+    rng = np.random.default_rng(3)
+    pairs = [(int(a), int(b)) for a, b in rng.integers(1, 20, size=(SMOL_ITEMS, 2))]
+    questions = [f"What is {a} + {b}? Answer with the number only." for a, b in pairs]
+    data, inspect_data = folder / "smol.jsonl", folder / "smol-inspect.jsonl"
+    data.write_text("".join(json.dumps({"id": f"smol-{i:02d}", "messages": [{"role": "user", "content": q}],
+                                        "answer": str(a + b)}) + "\n"
+                            for i, (q, (a, b)) in enumerate(zip(questions, pairs, strict=True))), encoding="utf-8")
+    inspect_data.write_text("".join(json.dumps({"id": f"smol-{i:02d}", "question": q, "answer": str(a + b)}) + "\n"
+                                    for i, (q, (a, b)) in enumerate(zip(questions, pairs, strict=True))),
+                            encoding="utf-8")
+    tasks = folder / "tasks"
+    tasks.mkdir()
+    (tasks / "smol.yaml").write_text("\n".join([
+        "task: invar_smol", "dataset_path: json", "dataset_kwargs:", "  data_files:", f"    test: {data}",
+        "test_split: test", "output_type: generate_until", 'doc_to_text: "{{messages[0].content}}"',
+        'doc_to_target: "{{answer}}"', 'target_delimiter: ""', "generation_kwargs:", '  until: ["<|im_end|>"]',
+        "  do_sample: false", "  max_gen_toks: 12", "filter_list:", "  - name: last-number", "    filter:",
+        "      - function: regex", f"        regex_pattern: {json.dumps(LAST_NUMBER)}", "      - function: take_first",
+        "metric_list:", "  - metric: exact_match", "    aggregation: mean", "    higher_is_better: true", ""]),
+        encoding="utf-8")
+    reference = smollm2_build[0]
+    return {"folder": folder, "data": data, "inspect_data": inspect_data, "tasks": tasks, "reference": reference,
+            "candidate": perturbed_model(folder / "candidate-model", reference, 0.3)}
+
+
+def test_smollm2_lm_eval_and_inspect_decide_as_the_recorded_run(smol: dict[str, Path]) -> None:
+    """SmolLM2 and its perturbed copy, greedy, 12 chat questions, at most 12 tokens: lm-eval (`hf`, with its chat
+    template applied) and Inspect (`hf/`, which always applies it) ask what `use run` asks (the model's own chat
+    template, rendered for one user message with the generation prompt: the same token ids) and read the same last
+    number; each item's loss and the decision equal the recorded ones."""
+    folder = smol["folder"]
+    recorded = record(folder / "recorded", smol["data"], Engine.HF,
+                      {role: smol[role] for role in ("reference", "candidate")}, max_tokens=12,
+                      unit_lines=["[scorer]", 'name = "regex"',
+                                  f"settings = {{ pattern = {json.dumps(LAST_NUMBER)} }}"])
+    lm_eval = Path(sys.executable).with_name("lm_eval")
+    samples = {}
+    for role in ("reference", "candidate"):
+        out = _run(lm_eval, "--model", "hf", "--model_args", f"pretrained={smol[role]},dtype=float32",
+                   "--tasks", "invar_smol", "--include_path", smol["tasks"], "--device", "cpu", "--batch_size", "1",
+                   "--apply_chat_template", "--log_samples", "--output_path", folder / "lm-eval" / role)
+        assert out.returncode == 0, out.stderr[-3000:]
+        (samples[role],) = (folder / "lm-eval" / role).glob("*/samples_invar_smol_*.jsonl")
+        rows = [json.loads(line) for line in samples[role].read_text("utf-8").splitlines()]
+        losses = {row["doc"]["id"]: 1 - int(row["exact_match"]) for row in rows if row["filter"] == "last-number"}
+        index = 0 if role == "reference" else 1
+        assert losses == {unit: pair[index] for unit, pair in recorded["losses"].items()}, role
+    assert 0 < sum(1 - pair[0] for pair in recorded["losses"].values()) < SMOL_ITEMS  # neither all right nor wrong
+    decl = folder / "lm-eval.toml"
+    decl.write_text("\n".join([
+        'name = "smol-lm-eval"', "[imported]", 'format = "lm-eval"', 'metric = "exact_match"', 'filter = "last-number"',
+        f'reference = {{ path = "{samples["reference"]}" }}', f'candidate = {{ path = "{samples["candidate"]}" }}',
+        "[requirement]", 'standard = "population"', f'epsilon = "{EPSILON}"', 'confidence = "0.95"',
+        'method = "paired-binary-exact"', ""]), encoding="utf-8")
+    assert _invar("use", "prepare", decl).returncode == 0
+    decided = _invar("use", "admit", "--contract", folder / "smol-lm-eval.contract.json", "--json")
+    imported = {"decision": json.loads(decided.stdout), "exit": decided.returncode}
+    assert imported["decision"]["task_loss"]["worse"] + imported["decision"]["task_loss"]["better"] > 0
+    _same_decision(imported, recorded)
+    inspect = folder / "inspect"
+    inspect.mkdir()
+    (inspect / "smol_task.py").write_text(SMOL_INSPECT_TASK, encoding="utf-8")
+    out = _run(sys.executable, "-c", SMOL_INSPECT_RUN, smol["inspect_data"], smol["reference"], inspect / "reference",
+               smol["candidate"], inspect / "candidate", cwd=inspect)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (ref_log,) = (inspect / "reference").glob("*.eval")
+    (cand_log,) = (inspect / "candidate").glob("*.eval")
+    imported = _imported_decision(inspect, "inspect", "pattern", ref_log, cand_log)
+    _same_decision(imported, recorded)
+
+
+SMOL_INSPECT_TASK = f'''
+from inspect_ai import Task, task
+from inspect_ai.dataset import FieldSpec, json_dataset
+from inspect_ai.scorer import pattern
+from inspect_ai.solver import generate
+
+
+@task
+def smol(data: str) -> Task:
+    return Task(dataset=json_dataset(data, FieldSpec(input="question", target="answer", id="id")),
+                solver=generate(), scorer=pattern({LAST_NUMBER!r}))
+'''
+
+SMOL_INSPECT_RUN = '''
+import sys
+from inspect_ai import eval as inspect_eval
+from smol_task import smol
+
+# One request at a time (max_connections is the provider's batch), as the recorded run's batches of one.
+for model_path, log_dir in zip(*[iter(sys.argv[2:])] * 2):
+    (log,) = inspect_eval(smol(sys.argv[1]), model="hf/local", model_args={
+        "model_path": model_path, "device": "cpu", "do_sample": False}, max_tokens=12, max_connections=1,
+        log_dir=log_dir, display="none")
+    assert log.status == "success", log.error
+'''
