@@ -89,6 +89,8 @@ class InferOutput(EngineFields):
     """`invar infer --json`."""
 
     run: str
+    patches: dict[str, str] | None = None
+    """Only when the worker ran with patches or kernels (`--patch`): reference → digest."""
     chain_head: str
     temperature: float
     top_p: float
@@ -123,6 +125,8 @@ class _EvaluateRun(EngineFields):
     """What both shapes of `invar evaluate --json` state of the run: its population, scorer and sampling."""
 
     run: str
+    patches: dict[str, str] | None = None
+    """Only when the worker ran with patches or kernels (`--patch`): reference → digest."""
     chain_head: str
     population: str
     population_sha256: str

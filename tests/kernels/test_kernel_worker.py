@@ -4,6 +4,7 @@ kernel that fails mid-call, or never runs, an error of that call."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -192,3 +193,13 @@ def test_a_matmul_kernel_runs_on_vllm_where_the_linear_layers_are(tmp_path: Path
         assert result["patch_calls"][str(folder)] > 0
     finally:
         client.close()
+
+
+def test_infer_runs_with_a_kernel_folder_and_says_so(tmp_path: Path) -> None:
+    folder = EXAMPLES / "silu-fp32"
+    out = subprocess.run([sys.executable, "-m", "invar.cli", "infer", "23+18=", "--temperature", "0", "--max-tokens",
+                          "4", "--patch", str(folder), "--json", "--run", str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["patches"] == {str(folder.resolve()): patch_digest(folder)}

@@ -23,6 +23,7 @@ from invar.cli.options import (
     DtypeOpt,
     EngineOpt,
     ModelOpt,
+    PatchOpt,
     QuantOpt,
     RunOpt,
     SettingOpt,
@@ -79,6 +80,7 @@ def evaluate(
     dtype: DtypeOpt = Dtype.FLOAT32,
     quantization: QuantOpt = Quantization.NONE,
     adapter: AdapterOpt = None,
+    patch: PatchOpt = None,
     run: RunOpt = None,
     call_timeout: CallTimeoutOpt = DEFAULT_CALL_TIMEOUT,
     responses: Annotated[bool, typer.Option(
@@ -90,6 +92,7 @@ def evaluate(
     """Evaluate a fixed policy on the population (or a seeded sample): accuracy with a confidence interval (for a
     scorer with losses in a declared range, binary = false: the mean loss with a betting interval)."""
     from invar.cli.progress import reporting
+    from invar.patches import select as select_patches
     from invar.records import RunStore
     from invar.runner.engine import EngineSpec, default_run_dir
     from invar.runner.evaluate import EvaluationSettings, evaluate_policy, population_digest, sample_indices
@@ -110,7 +113,8 @@ def evaluate(
     check_units(scorer, problems)
     chosen = [problems[i] for i in sample_indices(len(problems), count, sample_seed)]
     model = model_folder(model)  # --model FILE.gguf names the folder that holds it
-    spec = EngineSpec(engine, model, dtype, quantization, adapter,
+    patches, patch_dirs = select_patches(patch or [], engine.value, "--patch")
+    spec = EngineSpec(engine, model, dtype, quantization, adapter, patches=patches, patch_dirs=patch_dirs,
                       settings=parse_launch_settings(engine.value, setting or []))
     meta = spec.meta()
     settings = {"population": str(population), "population_sha256": pop_digest, "scorer": scorer_identity(scorer),

@@ -20,6 +20,7 @@ from invar.cli.options import (
     DtypeOpt,
     EngineOpt,
     ModelOpt,
+    PatchOpt,
     QuantOpt,
     RunOpt,
     SettingOpt,
@@ -48,6 +49,7 @@ def infer(
     dtype: DtypeOpt = Dtype.FLOAT32,
     quantization: QuantOpt = Quantization.NONE,
     adapter: AdapterOpt = None,
+    patch: PatchOpt = None,
     run: RunOpt = None,
     call_timeout: CallTimeoutOpt = DEFAULT_CALL_TIMEOUT,
     chat: Annotated[bool, typer.Option(
@@ -63,6 +65,7 @@ def infer(
 ) -> None:
     """Make one inference call: print each response's tokens, text and log-probabilities; keep the records."""
     from invar.cli.progress import reporting
+    from invar.patches import select as select_patches
     from invar.protocol.methods import GENERATE
     from invar.protocol.payloads import GenerateParams, GenerateRequest
     from invar.records import RunStore
@@ -77,7 +80,8 @@ def infer(
     if system is not None and not chat:
         raise InvarError("--system is a chat message: add --chat (or drop --system)")
     model = model_folder(model)  # --model FILE.gguf names the folder that holds it
-    spec = EngineSpec(engine, model, dtype, quantization, adapter,
+    patches, patch_dirs = select_patches(patch or [], engine.value, "--patch")
+    spec = EngineSpec(engine, model, dtype, quantization, adapter, patches=patches, patch_dirs=patch_dirs,
                       settings=parse_launch_settings(engine.value, setting or []))
     meta = spec.meta()
     vocab = ModelTokenizer.from_model_dir(model)

@@ -50,6 +50,10 @@ QuantOpt = Annotated[
     Quantization, typer.Option("--quantization", help="Weight quantization, where the engine has it (nf4: hf).")
 ]
 AdapterOpt = Annotated[Path | None, typer.Option("--adapter", help="A LoRA adapter folder to sample from.")]
+PatchOpt = Annotated[
+    list[str] | None, typer.Option("--patch", help="A patch or kernel the worker runs with (repeatable): a name under "
+                                                   "INVAR_HOME's patches/, or a folder path (docs/kernels.md).")
+]
 RunOpt = Annotated[
     Path | None, typer.Option("--run", help="Run directory for the records; default: a fresh runs/<command>-<time>.")
 ]
