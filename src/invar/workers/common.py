@@ -63,8 +63,8 @@ def at_temperature(logprobs_t1: np.ndarray, temperature: float) -> np.ndarray:
     """log_softmax(l / T) of temperature-1 log-probabilities `l` ([..., V] float32, nats) → [..., V] float32.
 
     Equal to log_softmax(logits / T) in exact arithmetic; computed in float64 and rounded once. At T = 1 the input
-    is returned as is, so the engine's own values pass through untouched. One definition for the vLLM and endpoint
-    workers: the same server values must rescale to the same bits in both.
+    is returned as is, so the engine's own values pass through untouched. The endpoint worker's: a server returns
+    temperature-1 values only.
     """
     if temperature == 1.0:
         return logprobs_t1.astype(np.float32)
