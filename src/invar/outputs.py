@@ -596,9 +596,13 @@ class GenerationSummary(Closed):
     """Units whose responses share a prefix of at least one token: what the count above is out of (None only in
     output written before this field existed)."""
     first_divergence: dict[str, Any]
-    max_ulp: dict[str, Any]
-    max_abs_delta: dict[str, Any]
-    sum_delta: dict[str, Any]
+    max_ulp: dict[str, Any] | None
+    """Per unit sharing a prefix, the largest ULP distance of its log-probabilities over that prefix; None where no
+    unit's responses share even their first token."""
+    max_abs_delta: dict[str, Any] | None
+    """The same units' largest |Δ log-probability| (nats); None where no unit shares a prefix."""
+    sum_delta: dict[str, Any] | None
+    """The same units' sum of Δ log-probability over the shared prefix (nats); None where no unit shares a prefix."""
 
 
 class TaskSummary(Closed):

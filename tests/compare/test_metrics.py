@@ -25,6 +25,7 @@ from invar.compare.metrics import (
     ulp_distance,
 )
 from invar.compare.numerical import NumericalComparison, UnitResult
+from invar.outputs import GenerationSummary
 
 
 def _capture(rng: np.random.Generator, v: int, scale: float = 4.0) -> np.ndarray:
@@ -79,6 +80,11 @@ def test_responses_that_part_at_the_first_token_are_not_counted_bit_identical_ov
     generation = NumericalComparison(units, large_step=1.0, context=None).generation()
     assert (generation["logprobs_identical_over_shared_prefix"], generation["with_shared_prefix"]) == (1, 1)
     assert generation["units"] == 3
+    # Where no unit shares a prefix there is nothing to summarise, and the output says so with nulls.
+    none_shared = NumericalComparison(units[:1] + units[2:], large_step=1.0, context=None).generation()
+    assert none_shared["with_shared_prefix"] == 0
+    assert none_shared["max_ulp"] is none_shared["max_abs_delta"] is none_shared["sum_delta"] is None
+    assert GenerationSummary.model_validate(none_shared).max_ulp is None
 
 
 def test_teacher_forced_deltas_of_an_engine_against_itself_are_exactly_zero() -> None:
