@@ -1,5 +1,5 @@
 """The gate `use run` puts in front of the workers' calls when they cannot all compute at once
-(`invar.runner.use_run._Gate`): at most its slots held, and taken in the order asked, so a worker that finishes a
+(`invar.runner.pool.Gate`): at most its slots held, and taken in the order asked, so a worker that finishes a
 call and asks again waits behind the workers already waiting."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from invar.runner.use_run import _Gate
+from invar.runner.pool import Gate as _Gate
 
 
 def _wait_until(condition: Callable[[], bool], seconds: float = 10.0) -> None:

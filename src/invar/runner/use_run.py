@@ -37,15 +37,15 @@ Decisions:
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import numpy as np
 
@@ -65,7 +65,6 @@ from invar.contract.prepare import load_contract
 from invar.contract.reading import RunReader
 from invar.engines import Transport, check_worker_code, engine_info
 from invar.errors import ContractError, EvidenceError, InvarError, NotResumable, WorkerError
-from invar.interrupts import Stopped, Terminated, interruption
 from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
 from invar.parallel import cores
 from invar.records import RunStore
@@ -77,10 +76,11 @@ from invar.runner.engine import (
     EngineSpec,
     Lease,
     Quantization,
+    Session,
     engine_session,
 )
+from invar.runner.pool import WorkerPool
 from invar.stats.sequential import SequentialDecision
-from invar.transport import WorkerClient
 
 if TYPE_CHECKING:
     from invar.transport.ray_relay import RayPlacement
@@ -89,12 +89,6 @@ ROLES: tuple[Role, Role] = ("reference", "candidate")
 T = TypeVar("T")
 MAX_WORKERS = 64
 """The most worker processes `use run --workers` starts per package (fewer when the package has fewer calls left)."""
-INTERRUPT_GRACE_S = 30.0
-"""After Ctrl-C, how long the calls under way may take to answer (and be recorded) before their workers are stopped;
-a second Ctrl-C stops them at once."""
-TERMINATE_GRACE_S = 10.0
-"""At SIGTERM the calls under way get this long to answer: schedulers send SIGKILL about 30 s after SIGTERM (Slurm's
-KillWait, Kubernetes' grace period), and stopping the workers and closing the store must fit before it."""
 
 
 @dataclass(frozen=True)
@@ -203,35 +197,49 @@ def _check_run(store: RunStore, sha: str, contract_path: Path) -> None:
                          "run directory for this one")
 
 
-def _open_run(run_dir: Path, contract: Contract, sha: str, base: Path, contract_path: Path) -> tuple[RunStore, bool]:
-    """A new run (with the contract's inputs kept), or an existing one of this contract opened to resume."""
+@dataclass
+class OpenRun:
+    """A run directory opened for this contract, answered once: `new` (created, the contract's inputs kept),
+    `resumed` (an existing run of this contract, verified, opened for writing) or `closed` (nothing left to do)."""
+
+    state: Literal["new", "resumed", "closed"]
+    store: RunStore | None
+    """Open for writing (None when closed)."""
+    head: str | None = None
+    """A closed run's head."""
+    stop: dict[str, Any] | None = None
+    """A closed sequential run's stop, as recorded."""
+
+
+def open_run(run_dir: Path, contract: Contract, sha: str, contract_path: Path, *,
+             before_writing: Callable[[], object] = lambda: None,
+             phase: Callable[[str], object] = lambda text: None) -> OpenRun:
+    """Open `run_dir` for the contract: a closed run of it is only verified; otherwise `before_writing` runs (joining
+    a Ray cluster: before the run directory is touched) and the run is created, or opened for writing, verified
+    and checked to be this contract's."""
+    if is_run(run_dir):
+        with RunStore.open(run_dir) as existing:
+            if existing.closed:
+                _check_run(existing, sha, contract_path)
+                return OpenRun("closed", None, existing.verify().head, existing.meta().get(SEQUENTIAL_META))
+    before_writing()
     if not is_run(run_dir):
         store = RunStore.create(run_dir, meta={"command": "use run", "contract_sha256": sha,
                                                "contract_name": contract.name, "contract": str(contract_path)})
-        store.put_meta("inputs", run_inputs(contract, base))
-        return store, False
+        store.put_meta("inputs", run_inputs(contract, contract_path.parent))
+        return OpenRun("new", store)
+    phase("verifying the records")
     store = RunStore.open(run_dir, writable=True)
     try:
         _check_run(store, sha, contract_path)
         if "inputs" not in store.meta():
             # The first attempt stopped between creating the run and keeping its inputs (a full disk, a kill): keep
             # them now, so the run decides away from the owner's files as an uninterrupted one does.
-            store.put_meta("inputs", run_inputs(contract, base))
+            store.put_meta("inputs", run_inputs(contract, contract_path.parent))
     except BaseException:
         store.close()
         raise
-    return store, True
-
-
-def _closed_head(run_dir: Path, sha: str, contract_path: Path) -> str | None:
-    """The head of an existing, closed run of this contract (nothing left to do), else None."""
-    if not is_run(run_dir):
-        return None
-    with RunStore.open(run_dir) as store:
-        if not store.closed:
-            return None
-        _check_run(store, sha, contract_path)
-        return store.verify().head
+    return OpenRun("resumed", store)
 
 
 def use_run(
@@ -256,6 +264,33 @@ def use_run(
     computing at once over all workers (None: as many as this host's cores hold, from what each package's engine
     computes on, `calls_at_once_for`); the calls, their records and every number stay the same, only when each is
     issued changes."""
+    _check_options(ray, transport, workers, calls_at_once)
+    started = time.perf_counter()
+    reader, specs = _read_contract(contract_path)
+    total = len(reader.plan.calls) + len(reader.plan.measurements)
+    placement: list[RayPlacement] = []
+    run = open_run(run_dir, reader.contract, reader.sha256, contract_path,
+                   before_writing=lambda: placement.extend(_join(ray)), phase=phase)
+    if run.store is None:
+        assert run.head is not None
+        return RunOutcome(run_dir, contract_path, reader.sha256, run.head, total, total, 0,
+                          time.perf_counter() - started, already_closed=True, stop=run.stop)
+    with run.store as store:
+        work, done = _work_left(reader, store if run.state == "resumed" else None)
+        counter = _Counter(reader.plan, done, progress)
+        counter.report()
+        launch = _Launch(specs, workers, call_timeout, placement[0] if placement else None, transport, calls_at_once)
+        issued = _execute(reader, launch, work, store, counter, phase)
+        if work.rule is not None:
+            phase("deciding")
+        stop = None if work.rule is None else _record_stop(store, reader)
+        head = store.close_run()
+    return RunOutcome(run_dir, contract_path, reader.sha256, head, total, len(done), issued,
+                      time.perf_counter() - started, already_closed=False, stop=stop)
+
+
+def _check_options(ray: str | None, transport: Transport | None, workers: int, calls_at_once: int | None) -> None:
+    """`use run`'s options, checked before anything is read or started."""
     if ray is not None and transport is not None:
         raise InvarError("use_run: give a Ray address or a transport, not both")
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
@@ -265,7 +300,11 @@ def use_run(
                                       or calls_at_once < 1):
         raise InvarError(f"--calls-at-once {calls_at_once}: must be a whole number ≥ 1 (calls computing at once "
                          "over all workers), or left out to fit this machine's cores")
-    started = time.perf_counter()
+
+
+def _read_contract(contract_path: Path) -> tuple[RunReader, dict[Role, EngineSpec]]:
+    """The contract read and checked with every file it names, before any worker starts: the reader that binds
+    the run's records as admission does, and each package's engine spec."""
     contract, sha, plan = load_contract(contract_path)
     check_sha256_file(contract_path, sha)
     check_method_version(contract, "run with the Invar version the contract names")
@@ -275,52 +314,41 @@ def use_run(
     # recomputes the stopping rule.
     reader = RunReader.of_models(contract, sha, plan, base, {role: specs[role].model for role in ROLES})
     _ = reader.scorer  # a changed user scorer is refused before any worker starts
+    return reader, specs
 
-    total = len(plan.calls) + len(plan.measurements)
-    head = _closed_head(run_dir, sha, contract_path)
-    if head is not None:
-        with RunStore.open(run_dir) as closed:
-            kept = closed.meta().get(SEQUENTIAL_META)
-        return RunOutcome(run_dir, contract_path, sha, head, total, total, 0,
-                          time.perf_counter() - started, already_closed=True, stop=kept)
-    placement = None
-    if ray is not None:
-        from invar.transport.ray_relay import RayPlacement, connect
 
-        connect(ray)
-        placement = RayPlacement(ray, restarts=RESTARTS)
-    if is_run(run_dir):
-        phase("verifying the records")
-    store, resumed = _open_run(run_dir, contract, sha, base, contract_path)
-    with store:
-        tokens: dict[tuple[Role, int], np.ndarray] = {}
-        done: set[str] = set()
-        first_look = 0
-        if resumed:
-            # One call at a time, outputs checked and dropped: a resumed run reads its records in bounded memory.
-            bound = reader.bind_partial(store)
-            done = set(bound.found) | set(bound.measured)
-            for c in plan.calls if _needs_tokens(plan) else ():
-                if c.layout == plan.pairing_layout and c.key in bound.found:
-                    for index, out in zip(c.units, bound.found[c.key].outputs, strict=True):
-                        tokens[(c.package, index)] = np.array(out.tokens, copy=True)
-            if plan.sequential is not None:
-                first_look = reader.looks(bound.found, str(run_dir), running=True)
-        rule = None if plan.sequential is None else _Rule(reader, tokens)
-        todo = {role: [c for c in plan.calls if c.package == role and c.key not in done] for role in ROLES}
-        measure = {role: [m for m in plan.measurements if m.package == role and m.key not in done] for role in ROLES}
-        counter = _Counter(plan, done, progress)
-        counter.report()
-        if rule is not None and first_look and rule.stops(first_look):
-            todo = {role: [] for role in ROLES}  # stopped before the kill: only the stop and the close are left
-        issued = _execute(reader, _Launch(specs, workers, call_timeout, placement, transport, calls_at_once),
-                          _Work(todo, measure, tokens, rule, first_look), store, counter, phase)
-        if rule is not None:
-            phase("deciding")
-        stop = None if rule is None else _record_stop(store, reader)
-        head = store.close_run()
-    return RunOutcome(run_dir, contract_path, sha, head, total, len(done), issued,
-                      time.perf_counter() - started, already_closed=False, stop=stop)
+def _join(ray: str | None) -> list[RayPlacement]:
+    """Join the Ray cluster at `ray` (if any): where the workers are placed."""
+    if ray is None:
+        return []
+    from invar.transport.ray_relay import RayPlacement, connect
+
+    connect(ray)
+    return [RayPlacement(ray, restarts=RESTARTS)]
+
+
+def _work_left(reader: RunReader, resumed: RunStore | None) -> tuple[_Work, set[str]]:
+    """What is left of the plan, and the planned calls already answered in a resumed run's records."""
+    plan = reader.plan
+    tokens: dict[tuple[Role, int], np.ndarray] = {}
+    done: set[str] = set()
+    first_look = 0
+    if resumed is not None:
+        # One call at a time, outputs checked and dropped: a resumed run reads its records in bounded memory.
+        bound = reader.bind_partial(resumed)
+        done = set(bound.found) | set(bound.measured)
+        for c in plan.calls if _needs_tokens(plan) else ():
+            if c.layout == plan.pairing_layout and c.key in bound.found:
+                for index, out in zip(c.units, bound.found[c.key].outputs, strict=True):
+                    tokens[(c.package, index)] = np.array(out.tokens, copy=True)
+        if plan.sequential is not None:
+            first_look = reader.looks(bound.found, str(resumed.path), running=True)
+    rule = None if plan.sequential is None else _Rule(reader, tokens)
+    todo = {role: [c for c in plan.calls if c.package == role and c.key not in done] for role in ROLES}
+    measure = {role: [m for m in plan.measurements if m.package == role and m.key not in done] for role in ROLES}
+    if rule is not None and first_look and rule.stops(first_look):
+        todo = {role: [] for role in ROLES}  # stopped before the kill: only the stop and the close are left
+    return _Work(todo, measure, tokens, rule, first_look), done
 
 
 def calls_at_once_for(specs: Mapping[Role, EngineSpec], workers: Mapping[Role, int],
@@ -402,36 +430,6 @@ class _Share(Generic[T]):
             return self._items.popleft() if self._items else None
 
 
-class _Gate:
-    """At most `slots` holders at once, admitted in the order they asked: a worker that finishes a call and asks
-    again waits behind the workers already waiting (a plain semaphore lets it take the slot back at once, so a
-    package's second worker could wait out the whole run)."""
-
-    def __init__(self, slots: int) -> None:
-        self._free = slots
-        self._waiting: collections.deque[object] = collections.deque()
-        self._cond = threading.Condition()
-
-    def __enter__(self) -> None:
-        ticket = object()
-        with self._cond:
-            self._waiting.append(ticket)
-            try:
-                self._cond.wait_for(lambda: self._free > 0 and self._waiting[0] is ticket)
-            except BaseException:  # interrupted while waiting: out of the line, which moves on without it
-                self._waiting.remove(ticket)
-                self._cond.notify_all()
-                raise
-            self._waiting.popleft()
-            self._free -= 1
-            self._cond.notify_all()  # the next in line may fit too
-
-    def __exit__(self, *exc: object) -> None:
-        with self._cond:
-            self._free += 1
-            self._cond.notify_all()
-
-
 class _Counter:
     """Progress across the worker threads."""
 
@@ -494,220 +492,162 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
     """Start `launch.workers` workers per package that has calls left and issue its calls over them, generate calls
     first, then (once every package has sampled) measurements; the first failure stops all. With a stopping rule
     (plan /4) the generate calls go look by look from `work.first_look`, the rule evaluated after each."""
-    contract, plan, eos = reader.contract, reader.plan, reader.eos
-    specs, workers, call_timeout = launch.specs, launch.workers, launch.call_timeout
-    placement, transport = launch.placement, launch.transport
-    todo, measure, tokens, rule, first_look = work.todo, work.measure, work.tokens, work.rule, work.first_look
-    count = workers_per_package(todo, measure, workers)
-    roles = [role for role in ROLES if count[role]]
-    if not roles:
+    count = workers_per_package(work.todo, work.measure, launch.workers)
+    slots = [(role, n) for role in ROLES for n in range(count[role])]
+    if not slots:
         return 0
-    # One thread per worker; a package's threads take its calls from shared queues, each call exactly once.
-    threads = [(role, n) for role in roles for n in range(count[role])]
-    keep_tokens = _needs_tokens(plan)
-    at_once = launch.calls_at_once
-    auto = None
-    if at_once is None and placement is None:  # Ray places workers on other machines, with cores of their own
-        auto = calls_at_once_for(specs, {role: count[role] for role in roles}, cores())
+    at_once = _calls_at_once(launch, count, phase)
+    after_load = "generating" if any(work.todo.values()) else "measuring"
+    pool = WorkerPool(len(slots), calls_at_once=at_once, checked=lambda: phase("loading the models"),
+                      loaded=lambda: phase(after_load))
+    calls = _Calls(reader, work, counter, pool, len(slots), phase)
+
+    def serve(role: Role, n: int) -> None:
+        with pool.lease(_starter(role, reader.contract.package(role), launch, store), _restarts(launch, role),
+                        f"the {role} worker {n + 1}") as lease:
+            calls.drive(role, lease)
+
+    pool.run([functools.partial(serve, role, n) for role, n in slots], name="use-run",
+             stopped=lambda how: f"stopped issuing calls at {how} after {calls.issued} answered call(s) this time")
+    return calls.issued
+
+
+def _calls_at_once(launch: _Launch, count: Mapping[Role, int], phase: Callable[[str], object]) -> int | None:
+    """How many calls may compute at once (None: all), told with the workers being started."""
+    at_once, auto = launch.calls_at_once, None
+    if at_once is None and launch.placement is None:  # Ray places workers on other machines, with cores of their own
+        auto = calls_at_once_for(launch.specs, {role: count[role] for role in ROLES if count[role]}, cores())
         at_once = None if auto is None else auto[0]
     turns = "" if auto is None else (f"; {'one call' if auto[0] == 1 else f'{auto[0]} calls'} at a time: {auto[1]}, "
                                      "--calls-at-once to change")
-    phase("starting workers (" + ", ".join(f"{specs[role].engine.value} {role}" + (f" ×{count[role]}"
-                                                                                   if count[role] > 1 else "")
-                                           for role in roles) + turns + ")")
-    after_load = "generating" if any(todo[role] for role in roles) else "measuring"
-    generate_share = {role: _Share(todo[role]) for role in roles}
-    measure_share = {role: _Share(measure[role]) for role in roles}
-    look_share: dict[tuple[Role, int], _Share[PlannedCall]] = {}
-    if rule is not None:
-        assert plan.sequential is not None
-        for role in roles:
-            left = {c.key for c in todo[role]}
-            for look in range(first_look, len(plan.sequential.boundaries)):
-                look_share[(role, look)] = _Share([c for c in plan.look_calls(look)
-                                                   if c.package == role and c.key in left])
-    stop = threading.Event()
-    # Engines that each use every core slow each other down when they compute at once (two vLLM CPU engines on 2
-    # cores: 48-51 s for two calls side by side where one alone took 11 s); a gate lets such calls go one at a time.
-    gate: contextlib.AbstractContextManager[object] = contextlib.nullcontext() if at_once is None else _Gate(at_once)
-    live: set[WorkerClient] = set()  # the workers now serving, stopped at a Ctrl-C whose grace has passed
-    live_lock = threading.Lock()
+    phase("starting workers (" + ", ".join(f"{launch.specs[role].engine.value} {role}"
+                                           + (f" ×{count[role]}" if count[role] > 1 else "")
+                                           for role in ROLES if count[role]) + turns + ")")
+    return at_once
 
-    def identities_checked() -> None:
-        phase("loading the models")
 
-    def all_loaded() -> None:
-        phase(after_load)
+def _placed(launch: _Launch, role: Role) -> Transport | None:
+    """Where a package's workers start: Ray shows an actor only the accelerators it reserved, so a package on a GPU
+    reserves one."""
+    if launch.placement is None:
+        return launch.transport
+    on_gpu = str(launch.specs[role].settings.get("device", "")).startswith("cuda")
+    return dataclasses.replace(launch.placement, num_gpus=1.0) if on_gpu else launch.placement
 
-    def all_sampled() -> None:
-        if any(measure.values()):
-            phase("measuring")
 
-    # No call is made until every worker has shown the identity the contract names.
-    checked = threading.Barrier(len(threads), action=identities_checked)
-    # Nor before every worker has loaded its model: a package's workers share its calls, and one that loaded first
-    # would otherwise take them all while the other still loads (an NF4 load is slower than a tiny model's calls).
-    loaded = threading.Barrier(len(threads), action=all_loaded)
-    # No measurement is made until every package has sampled: the candidate scores the reference's responses.
-    sampled = threading.Barrier(len(threads), action=all_sampled)
-    issued = [0]
-    lock = threading.Lock()
-    # Sequential: both packages finish look k before the rule looks, and no call of look k + 1 precedes its verdict.
-    finished = threading.Event()
-    look_at = [first_look]
-    ruled: list[BaseException] = []
+def _restarts(launch: _Launch, role: Role) -> int:
+    placed = _placed(launch, role)
+    return 0 if placed is None else placed.restarts
 
-    def evaluate() -> None:
-        assert rule is not None
-        look_at[0] += 1
+
+def _starter(role: Role, package: Package, launch: _Launch, store: RunStore) -> Callable[
+        [Callable[[], object]], contextlib.AbstractContextManager[Session]]:
+    """How a package's worker starts, first or as a replacement: from its spec, its identity checked against the
+    contract's package before any call, its model the contract's."""
+    expect = (package.engine_version, package.expected_settings(), role)
+
+    @contextlib.contextmanager
+    def start(ready: Callable[[], object]) -> Iterator[Session]:
+        with engine_session(launch.specs[role], store, expect=expect, adapter_in_load=True,
+                            call_timeout=launch.call_timeout, ready=ready, placement=_placed(launch, role)) as session:
+            if session.model_digest != package.model_digest:
+                raise EvidenceError(f"the {role} worker loaded model {session.model_digest[:16]}…, not the "
+                                    "contract's")
+            yield session
+    return start
+
+
+class _Calls:
+    """The plan's calls handed out to the workers' threads, each call to exactly one: a package's threads share its
+    queues; measurements wait until every package has sampled (the candidate scores the reference's responses);
+    a sequential plan's looks go one at a time, both packages finishing look k before the rule is evaluated, and no
+    call of look k + 1 preceding its verdict."""
+
+    def __init__(self, reader: RunReader, work: _Work, counter: _Counter, pool: WorkerPool, parties: int,
+                 phase: Callable[[str], object]) -> None:
+        self.reader, self.work, self.counter, self.pool = reader, work, counter, pool
+        plan = reader.plan
+        self.keep_tokens = _needs_tokens(plan)
+        self.generate = {role: _Share(work.todo[role]) for role in ROLES}
+        self.measure = {role: _Share(work.measure[role]) for role in ROLES}
+        self.looks: dict[tuple[Role, int], _Share[PlannedCall]] = {}
+        if work.rule is not None:
+            assert plan.sequential is not None
+            for role in ROLES:
+                left = {c.key for c in work.todo[role]}
+                for look in range(work.first_look, len(plan.sequential.boundaries)):
+                    self.looks[(role, look)] = _Share([c for c in plan.look_calls(look)
+                                                       if c.package == role and c.key in left])
+
+        def all_sampled() -> None:
+            if any(work.measure.values()):
+                phase("measuring")
+
+        self.sampled = pool.barrier(parties, all_sampled)
+        self.looked = pool.barrier(parties, self._evaluate)
+        self.finished = threading.Event()
+        self.look_at = work.first_look
+        self.issued = 0
+        self.lock = threading.Lock()
+
+    def _evaluate(self) -> None:
+        assert self.work.rule is not None
+        self.look_at += 1
+        if self.work.rule.stops(self.look_at):
+            self.finished.set()
+
+    def drive(self, role: Role, lease: Lease) -> None:
+        """Issue `role`'s calls over this worker until none is left (or the pool halts)."""
+        plan, stop = self.reader.plan, self.pool.stop
+        if self.work.rule is None:
+            while not stop.is_set() and (planned := self.generate[role].take()) is not None:
+                self._generate(role, lease, planned)
+        else:
+            assert plan.sequential is not None
+            for look in range(self.work.first_look, len(plan.sequential.boundaries)):
+                while not stop.is_set() and (planned := self.looks[(role, look)].take()) is not None:
+                    self._generate(role, lease, planned)
+                self.pool.wait(self.looked)
+                if self.finished.is_set():
+                    break
+        self.pool.wait(self.sampled)
+        while not stop.is_set() and (m := self.measure[role].take()) is not None:
+            with self.lock:
+                source = {index: self.work.tokens[(m.source, index)] for index in m.units}
+            params = measurement_params(plan, m, source.__getitem__)
+            if (asked := self._ask(role, lease, "score", params, m.key)) is None:
+                return
+            result, where = asked
+            score_outputs(result, params["items"], where)
+            self._done(m)
+
+    def _ask(self, role: Role, lease: Lease, method: str, params: dict[str, Any],
+             key: str) -> tuple[dict[str, Any], str] | None:
+        """The call's checked result, or None when the run stopped while this thread waited its turn."""
+        if (answer := self.pool.ask(lease, method, params)) is None:
+            return None
+        where = f"{role} call {key} (call id {answer.call.call_id})"
+        package = self.reader.contract.package(role)
         try:
-            if rule.stops(look_at[0]):
-                finished.set()
-        except BaseException as exc:  # reported by the thread that sees the broken barrier
-            ruled.append(exc)
-            raise
+            result = answer.result  # raises the worker's error as WorkerError
+        except WorkerError as exc:  # recorded as the worker's error; said with the package that gave it
+            raise WorkerError(exc.method, exc.error_type, failed_call(exc, where, package)) from None
+        check_package_report(result, package, role, where)  # what admission checks of each record again
+        return result, where
 
-    looked = threading.Barrier(len(threads), action=evaluate)
-    barriers = (checked, loaded, sampled, looked)
+    def _generate(self, role: Role, lease: Lease, planned: PlannedCall) -> None:
+        params = planned.params.to_wire()
+        if (asked := self._ask(role, lease, "generate", params, planned.key)) is None:
+            return
+        result, where = asked
+        outputs = parse_outputs(result, params["requests"], self.reader.eos[role], where)
+        if planned.layout == self.reader.plan.pairing_layout and self.keep_tokens:
+            with self.lock:
+                for index, out in zip(planned.units, outputs, strict=True):
+                    self.work.tokens[(role, index)] = np.array(out.tokens, copy=True)
+        self._done(planned)
 
-    def drive(role: Role, n: int) -> None:
-        try:
-            _drive(role, n)
-        except threading.BrokenBarrierError:
-            if ruled:
-                raise ruled[0] from None
-            raise
-        except BaseException:
-            for barrier in barriers:
-                barrier.abort()
-            raise
-
-    def _drive(role: Role, n: int) -> None:
-        package = contract.package(role)
-        spec = specs[role]
-        expect = (package.engine_version, package.expected_settings(), role)
-
-        placed: Transport | None = transport
-        if placement is not None:
-            # Ray shows an actor only the accelerators it reserved: a package on a GPU reserves one.
-            on_gpu = str(spec.settings.get("device", "")).startswith("cuda")
-            placed = dataclasses.replace(placement, num_gpus=1.0) if on_gpu else placement
-
-        @contextlib.contextmanager
-        def session_of(ready: Callable[[], object]) -> Any:
-            with engine_session(spec, store, expect=expect, adapter_in_load=True, call_timeout=call_timeout,
-                                ready=ready, placement=placed) as session:
-                if session.model_digest != package.model_digest:
-                    raise EvidenceError(f"the {role} worker loaded model {session.model_digest[:16]}…, not the "
-                                        "contract's")
-                with live_lock:
-                    live.add(session.client)
-                try:
-                    yield session
-                finally:
-                    with live_lock:
-                        live.discard(session.client)
-
-        restarts = 0 if placed is None else placed.restarts
-        with Lease(session_of, checked.wait, restarts, f"the {role} worker {n + 1}") as lease:
-            loaded.wait()
-
-            def ask(method: str, params: dict[str, Any], key: str) -> tuple[dict[str, Any], str] | None:
-                """The call's checked result, or None when the run stopped while this thread waited its turn."""
-                with gate:  # never held across a barrier: a lease starts its first session before any call
-                    # A signal that came while this thread waited at the gate stops it here: no call after it.
-                    if stop.is_set():
-                        return None
-                    answer = lease.ask(method, params)
-                where = f"{role} call {key} (call id {answer.call.call_id})"
-                try:
-                    result = answer.result  # raises the worker's error as WorkerError
-                except WorkerError as exc:  # recorded as the worker's error; said with the package that gave it
-                    raise WorkerError(exc.method, exc.error_type, failed_call(exc, where, package)) from None
-                check_package_report(result, package, role, where)  # what admission checks of each record again
-                return result, where
-
-            def generate(planned: PlannedCall) -> None:
-                params = planned.params.to_wire()
-                if (asked := ask("generate", params, planned.key)) is None:
-                    return
-                result, where = asked
-                outputs = parse_outputs(result, params["requests"], eos[role], where)
-                if planned.layout == plan.pairing_layout and keep_tokens:
-                    with lock:
-                        for index, out in zip(planned.units, outputs, strict=True):
-                            tokens[(role, index)] = np.array(out.tokens, copy=True)
-                with lock:
-                    issued[0] += 1
-                counter.add(planned)
-
-            if rule is None:
-                while (planned := generate_share[role].take()) is not None:
-                    if stop.is_set():
-                        return
-                    generate(planned)
-            else:
-                assert plan.sequential is not None
-                for look in range(first_look, len(plan.sequential.boundaries)):
-                    if stop.is_set():
-                        return
-                    while (planned := look_share[(role, look)].take()) is not None:
-                        if stop.is_set():
-                            return
-                        generate(planned)
-                    looked.wait()
-                    if finished.is_set():
-                        break
-            sampled.wait()
-            while (m := measure_share[role].take()) is not None:
-                if stop.is_set():
-                    return
-                with lock:
-                    source = {index: tokens[(m.source, index)] for index in m.units}
-                params = measurement_params(plan, m, source.__getitem__)
-                if (asked := ask("score", params, m.key)) is None:
-                    return
-                result, where = asked
-                score_outputs(result, params["items"], where)
-                with lock:
-                    issued[0] += 1
-                counter.add(m)
-
-    def halt() -> None:
-        stop.set()
-        for barrier in barriers:
-            barrier.abort()
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(threads), thread_name_prefix="use-run") as pool:
-        futures = [pool.submit(drive, role, n) for role, n in threads]
-        failure: BaseException | None = None
-        try:
-            for future in concurrent.futures.as_completed(futures):
-                exc = future.exception()
-                # A worker released by another's refusal reports the broken barrier; the refusal is the cause.
-                if exc is not None and not isinstance(exc, threading.BrokenBarrierError) and failure is None:
-                    failure = exc
-                    halt()
-        except KeyboardInterrupt as exc:
-            # Ctrl-C: no new call starts; the calls under way may answer (and be recorded) for INTERRUPT_GRACE_S,
-            # then (or at a second Ctrl-C) their workers are stopped. SIGTERM: the same, within TERMINATE_GRACE_S.
-            how, status = interruption(exc)
-            halt()
-            forced = False
-            try:
-                _, pending = concurrent.futures.wait(
-                    futures, timeout=TERMINATE_GRACE_S if isinstance(exc, Terminated) else INTERRUPT_GRACE_S)
-            except KeyboardInterrupt:
-                pending = {f for f in futures if not f.done()}
-            if pending:
-                forced = True
-                with live_lock:
-                    for client in list(live):
-                        client.close(timeout=0.1)
-                concurrent.futures.wait(futures, timeout=60)
-            cut = " (the calls still under way were stopped, unanswered)" if forced else ""
-            raise Stopped(f"stopped issuing calls at {how} after {issued[0]} answered call(s) this time{cut}",
-                          status) from None
-        if failure is not None:
-            raise failure
-    return issued[0]
+    def _done(self, planned: PlannedCall | MeasurementCall) -> None:
+        with self.lock:
+            self.issued += 1
+        self.counter.add(planned)
