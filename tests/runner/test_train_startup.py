@@ -2,9 +2,10 @@
 imports, handshake and model load overlap), worker 1's identity is the one the others must declare whichever
 finished first, and a start-up that fails (a worker that dies, a refusal, Ctrl-C) stops every worker that did start.
 
-The helper is tested with stand-in context managers; the engine tests run real MLX workers (the sabotaged module of
-test_train_mlx.py): the learner is recorded before the inference worker's slowed model load is answered, and a
-learner that dies during its start-up leaves one error line, the run's records, and no worker process behind.
+The pool's start-up (`WorkerPool.start`) is tested with stand-in context managers; the engine tests run real MLX
+workers (the sabotaged module of test_train_mlx.py): the learner is recorded before the inference worker's slowed
+model load is answered, and a learner that dies during its start-up leaves one error line, the run's records, and no
+worker process behind.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from train_helpers import write_config
 from invar.errors import EvidenceError, ProtocolError
 from invar.records import RunStore
 from invar.runner import train as tr
+from invar.runner.pool import WorkerPool
 
 
 class _Start:
@@ -54,60 +56,61 @@ class _Start:
             self.log.append((self.name, "exit", time.monotonic()))
 
 
-def _ready(stop: threading.Event) -> Any:
-    def ready() -> None:
-        if stop.is_set():
-            raise tr._Stopped
-    return ready
+def _start_together(stack: contextlib.ExitStack, managers: list[Any], pool: WorkerPool) -> list[Any]:
+    return pool.start(stack, managers)
+
+
+def _ready(pool: WorkerPool) -> Any:
+    return pool.ready
 
 
 def test_the_start_ups_overlap_and_come_back_in_order() -> None:
     log: list[tuple[str, str, float]] = []
-    stop = threading.Event()
+    pool = WorkerPool(3)
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:
-        got = tr._start_together(stack, [_Start("worker 1", log, 1.0).session(), _Start("worker 2", log, 0.1).session(),
-                                         _Start("learner", log, 1.0).session()], stop)
+        got = _start_together(stack, [_Start("worker 1", log, 1.0).session(), _Start("worker 2", log, 0.1).session(),
+                                         _Start("learner", log, 1.0).session()], pool)
         took = time.monotonic() - t0
         assert got == ["worker 1", "worker 2", "learner"]  # in the order given, not the order they finished
         assert log[0][0] == "worker 2"  # it finished first
     assert took < 1.8, f"the start-ups took {took:.2f} s: they did not overlap"
     # Exited in reverse order of the list, as if entered one after the other.
     assert [name for name, what, _ in log if what == "exit"] == ["learner", "worker 2", "worker 1"]
-    assert not stop.is_set()
+    assert not pool.stop.is_set()
 
 
 def test_a_failed_start_up_stops_the_others_and_its_error_is_raised() -> None:
     log: list[tuple[str, str, float]] = []
-    stop = threading.Event()
-    ready = _ready(stop)
+    pool = WorkerPool(3)
+    ready = _ready(pool)
     refused = ProtocolError("mlx-learner: bad handshake: end of stream before the handshake (exit code 3)")
     with pytest.raises(ProtocolError) as err, contextlib.ExitStack() as stack:
-        tr._start_together(stack, [
+        _start_together(stack, [
             _Start("worker 1", log, 0.0, ready=ready).session(),  # started before the failure
             _Start("worker 2", log, 0.8, ready=ready).session(),  # reaches its model load after it: gives up
-            _Start("learner", log, 0.2, fail=refused).session()], stop)
+            _Start("learner", log, 0.2, fail=refused).session()], pool)
     assert err.value is refused  # the failure, not the start-up it made moot
-    assert stop.is_set()
+    assert pool.stop.is_set()
     assert [(name, what) for name, what, _ in log] == [("worker 1", "enter"), ("worker 1", "exit")]
 
 
 def test_the_first_failure_in_order_is_raised() -> None:
-    stop = threading.Event()
+    pool = WorkerPool(3)
     with pytest.raises(EvidenceError, match=r"^worker 2$"), contextlib.ExitStack() as stack:
-        tr._start_together(stack, [_Start("worker 1", [], 0.0).session(),
+        _start_together(stack, [_Start("worker 1", [], 0.0).session(),
                                    _Start("worker 2", [], 0.3, fail=EvidenceError("worker 2")).session(),
-                                   _Start("learner", [], 0.0, fail=EvidenceError("learner")).session()], stop)
+                                   _Start("learner", [], 0.0, fail=EvidenceError("learner")).session()], pool)
 
 
 def test_an_interrupt_waits_for_every_start_up_and_stops_what_started() -> None:
     log: list[tuple[str, str, float]] = []
-    stop = threading.Event()
-    ready = _ready(stop)
+    pool = WorkerPool(3)
+    ready = _ready(pool)
     with pytest.raises(KeyboardInterrupt), contextlib.ExitStack() as stack:
-        tr._start_together(stack, [
+        _start_together(stack, [
             _Start("worker 1", log, 0.3, interrupt=True).session(),  # past its check: it starts, then is stopped
-            _Start("learner", log, 2.0, ready=ready).session()], stop)  # checks after the interrupt: gives up
+            _Start("learner", log, 2.0, ready=ready).session()], pool)  # checks after the interrupt: gives up
     assert [(name, what) for name, what, _ in log] == [("worker 1", "enter"), ("worker 1", "exit")]
     assert not any(t.name.startswith("invar-start-") for t in threading.enumerate())
 

@@ -151,17 +151,21 @@ class WorkerPool:
             with self._lock:
                 self._live.discard(session.client)
 
+    def served(self, start: Callable[[Callable[[], object]], contextlib.AbstractContextManager[Session]]) \
+            -> Callable[[Callable[[], object]], contextlib.AbstractContextManager[Session]]:
+        """`start`, each session it starts kept `serving`."""
+        @contextlib.contextmanager
+        def served(ready: Callable[[], object]) -> Iterator[Session]:
+            with start(ready) as session, self.serving(session):
+                yield session
+        return served
+
     @contextlib.contextmanager
     def lease(self, start: Callable[[Callable[[], object]], contextlib.AbstractContextManager[Session]],
               restarts: int, who: str) -> Iterator[Lease]:
         """One slot's worker, from a thread of `run`: started by `start` (its first session waits at the identity
         barrier before loading), replaced at most `restarts` times when lost; entered once every slot has loaded."""
-        @contextlib.contextmanager
-        def served(ready: Callable[[], object]) -> Iterator[Session]:
-            with start(ready) as session, self.serving(session):
-                yield session
-
-        with Lease(served, lambda: self.wait(self.checked), restarts, who) as lease:
+        with Lease(self.served(start), lambda: self.wait(self.checked), restarts, who) as lease:
             self.wait(self.loaded)
             yield lease
 

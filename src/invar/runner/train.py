@@ -9,7 +9,11 @@ Decisions:
   core checks it (`invar.loop.checkpoint.check_checkpoint`) and publishes it by recording `cycle-NNNNNN`: the
   calls the cycle used, the checkpoint's path and digest, the core's own objective and the wall time per phase.
   The next cycle's engine must load exactly that digest. Every worker (each inference worker and the learner) starts
-  at once, so the start-up costs about the slowest one's; one that fails to start stops every other.
+  at once through the command's `invar.runner.pool.WorkerPool`, so the start-up costs about the slowest one's; one
+  that fails to start stops every other.
+- **A signal stops the run as it stops `use run`**: no cycle and no update starts after Ctrl-C or SIGTERM, the calls
+  under way get the pool's grace to answer and be recorded, then the workers still computing are stopped; the run
+  resumes from its last published cycle.
 - **Resume from the records.** A run directory that holds records is opened for writing (the writer lock refuses a
   second process), must have been made by this configuration (its digest), and continues after the last published
   cycle: the learner loads that checkpoint with its optimizer state, the engine loads it as the policy. Calls of an
@@ -27,9 +31,8 @@ Decisions:
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +64,7 @@ from invar.records import RunStore
 from invar.records.store import is_run
 from invar.runner.engine import ADAPTER_NAME, RESTARTS, Dtype, Engine, EngineSpec, Lease, Session, engine_session
 from invar.runner.options import check_context, model_context
+from invar.runner.pool import WorkerPool
 from invar.tasks import SCORER_NAME, ModelTokenizer, split_of
 from invar.tasks.population import Unit, check_sha256, parse_units, read_regular_file
 from invar.tasks.scorers import Scorer, UserScorer, check_units, load_scorer, scorer_identity
@@ -401,24 +405,20 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
                               settings=cfg.engines.get(learner_engine.value, {}))
     start = _InferenceStart(inference_spec, store, call_timeout, placement)
     restarts = 0 if placement is None else placement.restarts
-    stop = threading.Event()
-
-    def ready() -> None:
-        # Called after a worker's handshake, before its load_model: a start-up another one's failure made moot
-        # ends there instead of loading the model.
-        if stop.is_set():
-            raise _Stopped
-
+    pool = WorkerPool(cfg.rollout.workers + 1)
     with contextlib.ExitStack() as stack:
         if shared is not None:
             stack.callback(shared.close)  # after both roles' sessions have closed
         # The workers are independent processes: their start-up (spawn, imports, handshake, load_model) overlaps,
-        # so it costs about the slowest one's, not the sum.
-        *leases, learner = _start_together(stack, [
-            *(Lease(start, ready, restarts, f"the inference worker {i + 1}") for i in range(cfg.rollout.workers)),
-            engine_session(learner_spec, store, role=Role.LEARNER, adapter_in_load=True, resume_training=True,
-                           call_timeout=call_timeout, ready=ready, placement=local),
-        ], stop)
+        # so it costs about the slowest one's, not the sum. A start-up another one's failure made moot ends after
+        # its handshake instead of loading the model.
+        *leases, learner = pool.start(stack, [
+            *(Lease(pool.served(start), pool.ready, restarts, f"the inference worker {i + 1}")
+              for i in range(cfg.rollout.workers)),
+            pool.served(lambda ready: engine_session(
+                learner_spec, store, role=Role.LEARNER, adapter_in_load=True, resume_training=True,
+                call_timeout=call_timeout, ready=ready, placement=local))(pool.ready),
+        ])
         for lease in leases:  # worker 1's identity is the one every other (and every replacement) must declare
             assert lease.session is not None
             start.declare(lease.session)
@@ -429,8 +429,16 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
             raise EvidenceError(f"the learner loaded adapter {str(learner.adapter_digest)[:16]}…, not the published "
                                 f"checkpoint {last.digest[:16]}…")
         rollouts = _Rollouts(p, leases, store)
-        for n in range(len(done), cfg.cycles):
-            done.append(_cycle(p, n, run_dir, store, rollouts, learner, done, progress))
+        reused = len(done)
+
+        def cycles() -> None:
+            for n in range(len(done), cfg.cycles):
+                pool.ready()  # no cycle starts after a signal
+                done.append(_cycle(p, n, run_dir, store, rollouts, learner, done, progress, pool))
+
+        # At a signal the calls under way get the pool's grace to answer and be recorded, as in `use run`.
+        pool.run([cycles], name="train", stopped=lambda how: f"stopped at {how} after {len(done) - reused} "
+                                                              "published cycle(s) this time")
     return done
 
 
@@ -445,61 +453,6 @@ def _record_shared(store: RunStore, shared: SharedProcess, inference: Session, l
         key = f"placement shared {shared.process.pid}.{n}"
     store.put_meta(key, {"layout": "shared", "pid": shared.process.pid,
                          "workers": {"inference": inference.client.worker_key, "learner": learner.client.worker_key}})
-
-
-class _Stopped(Exception):
-    """A worker's start-up given up because another worker's failed or the command was interrupted."""
-
-
-def _start_together(stack: contextlib.ExitStack, managers: Sequence[contextlib.AbstractContextManager[Any]],
-                    stop: threading.Event) -> list[Any]:
-    """Enter every context manager at once, one thread each, and return what each entered, in order; each is exited
-    by `stack` (in reverse order, as if entered one after the other).
-
-    A failure sets `stop` (the managers' start-ups check it before loading a model) and, once every thread is done,
-    is raised after whatever did start is on `stack`, so the caller's unwinding stops it: no worker outlives the
-    command. The first failure in `managers` order is raised, never a start-up given up because of it. An interrupt
-    (Ctrl-C) while waiting does the same: every thread is waited for, so nothing is recorded into a closed store
-    and no process is left running."""
-    entered: list[tuple[contextlib.AbstractContextManager[Any], Any] | None] = [None] * len(managers)
-    failed: list[BaseException | None] = [None] * len(managers)
-    ended = [threading.Event() for _ in managers]
-
-    def enter(i: int) -> None:
-        try:
-            entered[i] = (managers[i], managers[i].__enter__())
-        except BaseException as exc:
-            failed[i] = exc
-            stop.set()
-        finally:
-            ended[i].set()
-
-    threads = [threading.Thread(target=enter, args=(i,), name=f"invar-start-{i}") for i in range(len(managers))]
-    interrupted: BaseException | None = None
-    try:
-        for t in threads:
-            t.start()
-    except BaseException as exc:
-        interrupted = exc
-        stop.set()
-    for t, end in zip(threads, ended, strict=True):
-        # An Event, not `join`: an interrupted `Thread.join` can mark a running thread as ended (Python 3.11).
-        # A thread that is not alive and has not ended never ran (its start failed).
-        while t.is_alive() and not end.is_set():
-            try:
-                end.wait(0.5)
-            except BaseException as exc:  # an interrupt: let every start-up end, then stop what started
-                interrupted = interrupted or exc
-                stop.set()
-    for got in entered:
-        if got is not None:
-            stack.push(got[0])
-    if interrupted is not None:
-        raise interrupted
-    failures = [exc for exc in failed if exc is not None]
-    if failures:
-        raise next((exc for exc in failures if not isinstance(exc, _Stopped)), failures[0])
-    return [got[1] for got in entered if got is not None]
 
 
 class _InferenceStart:
@@ -679,7 +632,7 @@ def learner_step_params(p: Plan, samples: list[cyc.Sample], advantages: np.ndarr
 
 
 def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, rollouts: _Rollouts, learner: Session,
-           done: list[Published], progress: Callable[[Progress], None]) -> Published:
+           done: list[Published], progress: Callable[[Progress], None], pool: WorkerPool) -> Published:
     """One cycle: sample, score, update, check, publish. Returns the published checkpoint."""
     cfg = p.config
     progress(Progress(n, cfg.cycles, "generate"))
@@ -701,6 +654,7 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, rollouts: _Rollouts,
     t1 = time.perf_counter()
 
     progress(Progress(n, cfg.cycles, "learn"))
+    pool.ready()  # no update starts after a signal
     save_dir = _save_dir(run_dir, n)
     save_dir.parent.mkdir(parents=True, exist_ok=True)
     params = learner_step_params(p, samples, adv.values, save_dir)
