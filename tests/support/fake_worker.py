@@ -11,6 +11,13 @@ Decisions:
   the fake reports that engine, the launch settings its command line gives, the tests' engine versions
   (`ENGINE_VERSION`) and the worker code digest of that module's files, so a contract prepared with those values
   names it and every check before the first call runs as for a real worker.
+- **It learns too.** Started as a learner it answers `learner_step` as a learner must: it reads the batch under the
+  policy the update starts from, computes the objective's terms with the core's own function, takes a step that
+  is a deterministic function of the start adapter, the batch and the optimizer settings (never of how the core
+  scheduled the work), and saves a PEFT checkpoint with its optimizer moments that passes the core's checks. With
+  `Script.policy_logprobs` the engine's log-probabilities of a response are a function of the policy that scores
+  it (the adapter's digest, the base model's for none), the prompt and the response, so the learner's proximal
+  reading equals the engine's behavior reading exactly when they use the same policy, as a matched pair does.
 - **Failures are scripted too** (`Fault`): a worker dies on its k-th call of a method (the call is on record, its
   report never comes), answers an error, hangs until it is stopped, or refuses to start with one line on stderr as
   a worker refusing its launch options does. A loss is a process gone: exit code -9, end of its streams.
@@ -24,6 +31,8 @@ import contextlib
 import dataclasses
 import hashlib
 import itertools
+import json
+import struct
 import subprocess
 import threading
 import time
@@ -37,6 +46,19 @@ import numpy as np
 from invar import canonical
 from invar.engines import ENGINES, LAUNCH_SETTINGS, worker_digest
 from invar.errors import ContractError
+from invar.formats.checkpoint import (
+    ADAPTER_CONFIG,
+    BASE_DIGEST_KEY,
+    MANIFEST,
+    MOMENTS,
+    OPTIMIZER_WEIGHTS,
+    PEFT_WEIGHTS,
+    BaseModel,
+    inspect_adapter,
+    read_safetensors,
+    save_atomically,
+)
+from invar.loop.objective import ObjectiveSettings, loss_terms
 from invar.protocol import MethodError, Role, Server
 from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import answer_of
@@ -166,6 +188,9 @@ class Script:
     """The generate or score result as sent: a report that names another model than the one loaded, say."""
     load_seconds: Callable[[int], float] = lambda number: 0.0
     """How long the worker started `number`-th (from 1) takes to load its model: a slow load, say NF4's."""
+    policy_logprobs: bool = False
+    """Log-probabilities of a response drawn from the policy scoring it, the prompt and the response (what a learner
+    can reproduce) rather than from the request's seed; a generate call then also scores its `reference_adapter`."""
 
 
 def _unit_hash(*parts: Any) -> int:
@@ -175,6 +200,14 @@ def _unit_hash(*parts: Any) -> int:
 def _uniform(*parts: Any) -> float:
     """A number in [0, 1) fixed by `parts`."""
     return _unit_hash(*parts) / 2**64
+
+
+def policy_logprobs(policy: str | None, prompt_ids: Sequence[int], tokens: np.ndarray) -> np.ndarray:
+    """float32 [T]: the fake's log-probabilities of `tokens` after `prompt_ids` under `policy` (an adapter's digest;
+    None: the base model), the same in the engine and the learner."""
+    rng = np.random.default_rng(_unit_hash("policy-logprobs", policy, [int(t) for t in prompt_ids],
+                                           [int(t) for t in np.asarray(tokens)]))
+    return -rng.random(len(tokens)).astype(np.float32)
 
 
 class FakeWorker:
@@ -192,9 +225,13 @@ class FakeWorker:
         """The `load_model` params of this worker (which package it serves), once loaded."""
         self.tokenizer: ModelTokenizer | None = None
         self.adapters: dict[str, str] = {}
+        self.trainee: _Trainee | None = None
+        """A learner's adapter under training (None before its first update when it loaded none)."""
         self.stopped = threading.Event()
         methods = {"load_model": self.load_model, "load_adapter": self.load_adapter, "generate": self.generate,
                    "score": self.score}
+        if self.role == Role.LEARNER:
+            methods["learner_step"] = self.learner_step
         server = Server(engine=self.engine, engine_version=ENGINE_VERSION, role=self.role,
                         settings=self._settings(), methods={k: self._faulty(k, m) for k, m in methods.items()})
         # In-process there is no worker `__main__` to describe: state the code it stands in for, as that worker would.
@@ -246,6 +283,8 @@ class FakeWorker:
         if adapter is not None and canonical.tree_digest(adapter["path"]) != adapter["digest"]:
             raise MethodError("load_model: the adapter's digest differs")
         time.sleep(self.transport.script.load_seconds(self.number))
+        if adapter is not None and self.role == Role.LEARNER:
+            self.trainee = _Trainee.read(Path(adapter["path"]), adapter["digest"])
         self.loaded = dict(params)
         self.tokenizer = ModelTokenizer.from_model_dir(model)
         return {"model_digest": digest, "adapter_digest": None if adapter is None else adapter["digest"],
@@ -288,6 +327,10 @@ class FakeWorker:
         logprobs = -rng.random(len(tokens)).astype(np.float32)
         return np.array(tokens, dtype=np.int32), logprobs, finish
 
+    def _policy(self, name: str | None) -> str | None:
+        """The digest of the policy an adapter name samples or scores under (None: the base model)."""
+        return None if name is None or name == "base" else self.adapters[name]
+
     def generate(self, params: dict[str, Any]) -> dict[str, Any]:
         requests = params["requests"]
         self.transport.layouts.append((self.package, [list(b) for b in params["layout"]]))
@@ -299,6 +342,12 @@ class FakeWorker:
                 outputs[i] = {"request_id": req["request_id"],
                               "prompt_tokens": np.array(req["prompt_ids"], dtype=np.int32),
                               "tokens": tokens, "logprobs": logprobs, "finish_reason": finish}
+                if self.transport.script.policy_logprobs:
+                    outputs[i]["logprobs"] = policy_logprobs(self._policy(params.get("adapter")), req["prompt_ids"],
+                                                             tokens)
+                    if params.get("reference_adapter") is not None:
+                        outputs[i]["reference_logprobs"] = policy_logprobs(
+                            self._policy(params["reference_adapter"]), req["prompt_ids"], tokens)
         assert self.loaded is not None
         return self.transport.script.report(self, "generate", {
             "outputs": outputs, "model_digest": self.loaded["model_digest"],
@@ -321,6 +370,116 @@ class FakeWorker:
         return self.transport.script.report(self, "score", {
             "outputs": outputs, "model_digest": self.loaded["model_digest"],
             "adapter_digest": self._adapter_digest(params.get("adapter"))})
+
+
+    def learner_step(self, params: dict[str, Any]) -> dict[str, Any]:
+        """One update: the batch read under the start policy, the objective's terms as the core computes them, a
+        step fixed by the start adapter, the batch and the optimizer settings, and a checkpoint saved."""
+        assert self.loaded is not None
+        model_dir, model_digest = Path(self.loaded["model_dir"]), str(self.loaded["model_digest"])
+        start = self.trainee
+        if start is None:
+            lora = params["lora"]
+            start = _Trainee.fresh(BaseModel.from_dir(model_dir), lora["r"], lora["alpha"], lora["target_modules"],
+                                   params["seed"])
+        samples = params["samples"]
+        proximal = [policy_logprobs(start.digest, s["prompt_ids"], s["tokens"]) for s in samples]
+        o = params["objective"]
+        settings = ObjectiveSettings(o["clip_low"], o["clip_high"], o["kl_coef"], o["importance"],
+                                     o["importance_cap"])
+        advantages = np.array([s["advantage"] for s in samples], dtype=np.float32)
+        terms = loss_terms(proximal, [np.asarray(s["behavior_logprobs"]) for s in samples], advantages, settings,
+                           reference=[np.asarray(s["reference_logprobs"]) for s in samples] if settings.kl_coef
+                           else None)
+        batch = canonical.digest([[list(map(int, s["prompt_ids"])), np.asarray(s["tokens"]).tolist(),
+                                   np.asarray(s["behavior_logprobs"]).tobytes().hex(), float(s["advantage"])]
+                                  for s in samples])
+        after = start.step(batch, float(params["optimizer"]["lr"]), terms.loss)
+        folder = Path(params["save_dir"])
+        save_atomically(folder, lambda tmp: after.write(tmp, model_digest), optimizer_steps=after.steps)
+        checked = inspect_adapter(folder, model_dir, base_model_digest=model_digest)
+        after.digest = checked.digest
+        self.trainee = after
+        return {"proximal_logprobs": proximal, "loss": terms.loss, "policy": terms.policy, "kl": terms.kl,
+                "importance_weight_mean": terms.importance_weight_mean, "tokens": terms.tokens,
+                "grad_norm": abs(terms.loss), "adapter_dir": str(folder), "adapter_digest": checked.digest,
+                "adapter_tensors": checked.tensors, "start_adapter_digest": start.digest,
+                "optimizer_steps": after.steps, "model_digest": model_digest}
+
+
+@dataclass
+class _Trainee:
+    """A fake learner's LoRA adapter and AdamW-shaped moments, in PEFT's names and orientation."""
+
+    rank: int
+    alpha: float
+    targets: list[str]
+    weights: dict[str, np.ndarray]
+    moments: dict[str, np.ndarray]
+    steps: int
+    digest: str | None
+    """The saved folder's digest (None: not saved, a fresh adapter)."""
+
+    @classmethod
+    def fresh(cls, base: BaseModel, rank: int, alpha: float, targets: Sequence[str], seed: int) -> _Trainee:
+        weights: dict[str, np.ndarray] = {}
+        for layer in range(base.num_layers):
+            for module, (n_in, n_out) in base.linears.items():
+                if not any(module == t or module.endswith("." + t) for t in targets):
+                    continue
+                name = f"base_model.model.model.layers.{layer}.{module}"
+                rng = np.random.default_rng(_unit_hash("lora-init", seed, name))
+                weights[f"{name}.lora_A.weight"] = rng.uniform(-0.1, 0.1, (rank, n_in)).astype(np.float32)
+                weights[f"{name}.lora_B.weight"] = np.zeros((n_out, rank), dtype=np.float32)
+        moments = {f"{n}.{m}": np.zeros_like(w) for n, w in weights.items() for m in MOMENTS}
+        return cls(rank, alpha, sorted(set(targets)), weights, moments, 0, None)
+
+    @classmethod
+    def read(cls, folder: Path, digest: str) -> _Trainee:
+        """A saved checkpoint, to continue training it."""
+        config = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+        peft, opt = read_safetensors(folder / PEFT_WEIGHTS), read_safetensors(folder / OPTIMIZER_WEIGHTS)
+        steps = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["optimizer_steps"]
+        return cls(config["r"], config["lora_alpha"], config["target_modules"],
+                   {n: peft.array(n).copy() for n in peft.tensors}, {n: opt.array(n).copy() for n in opt.tensors},
+                   int(steps), digest)
+
+    def step(self, batch: str, lr: float, loss: float) -> _Trainee:
+        """The adapter after one update on `batch` (its digest): each tensor moved by lr along a direction drawn
+        from the start adapter and the batch, scaled by the loss."""
+        weights, moments = {}, {}
+        for name, w in sorted(self.weights.items()):
+            rng = np.random.default_rng(_unit_hash("update", self.digest, batch, name))
+            g = rng.standard_normal(w.shape).astype(np.float32) * np.float32(1.0 + abs(loss))
+            weights[name] = (w - np.float32(lr) * g).astype(np.float32)
+            moments[f"{name}.exp_avg"] = (np.float32(0.9) * self.moments[f"{name}.exp_avg"] + np.float32(0.1) * g)
+            moments[f"{name}.exp_avg_sq"] = (np.float32(0.999) * self.moments[f"{name}.exp_avg_sq"]
+                                             + np.float32(0.001) * g * g)
+        return _Trainee(self.rank, self.alpha, self.targets, weights, moments, self.steps + 1, None)
+
+    def write(self, folder: Path, model_digest: str) -> None:
+        metadata = {"format": "pt", BASE_DIGEST_KEY: model_digest}
+        _save_safetensors(folder / PEFT_WEIGHTS, self.weights, metadata)
+        _save_safetensors(folder / OPTIMIZER_WEIGHTS, self.moments, metadata)
+        config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.rank, "lora_alpha": self.alpha,
+                  "target_modules": self.targets, "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+                  "use_rslora": False, "use_dora": False, "modules_to_save": None}
+        (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _save_safetensors(path: Path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
+    """float32 tensors in the safetensors format, written the same way every time (sorted names and keys: the
+    `safetensors` package orders its metadata by hash, so two saves of one adapter could differ in their bytes)."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    offset, data = 0, []
+    for name in sorted(tensors):
+        raw = np.ascontiguousarray(tensors[name], dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        data.append(raw)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(data))
 
 
 class FakeProcess:

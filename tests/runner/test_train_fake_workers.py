@@ -1,0 +1,157 @@
+"""`train`'s orchestration against in-process fake workers (tests/support/fake_worker.py), as the fast `use run`
+tests drive it: schedules that split the rollouts over two inference workers or engine batches of 1 publish the
+checkpoints of one worker's whole batch; a declared staleness of 1 samples cycle 1 from the base model and differs
+from cycle 1 on; a run stopped by a lost learner or by SIGTERM resumes to the uninterrupted run's checkpoints; a
+lost inference worker is replaced and its call issued again. The fakes speak the real protocol, their calls are
+recorded by the real store and their checkpoints pass the core's checks, so every claim here is about the core;
+what real learners compute is for the `engine` tests (test_train_schedules.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.fake_worker import FakeTransport, FakeWorker, Fault, Script
+from train_helpers import history, published, write_config
+
+from invar.cli import app as cli_app
+from invar.interrupts import Stopped
+from invar.protocol import Role
+from invar.records import RunStore
+from invar.runner.train import train
+from invar.transport import WorkerLost
+
+SCRIPT = Script(wrong=lambda w: 0.5, policy_logprobs=True)
+"""Half the answers wrong (by a hash of each request): groups with rewards to learn from."""
+
+SCHEDULES: dict[str, dict[str, dict[str, Any]]] = {
+    "whole": {"rollout": {"batch_size": 32}},
+    "micro4": {"rollout": {"batch_size": 32}, "learner": {"micro_batch": 4}},
+    "engine1": {"rollout": {"batch_size": 1, "workers": 2}},
+    "stale1": {"rollout": {"batch_size": 32, "staleness": 1}},
+}
+
+
+def _inference(worker: FakeWorker) -> bool:
+    return worker.role == Role.INFERENCE
+
+
+def _learner(worker: FakeWorker) -> bool:
+    return worker.role == Role.LEARNER
+
+
+def _train(folder: Path, name: str, transport: FakeTransport, **sections: dict[str, Any]) -> Path:
+    config = folder / f"{name}.toml"
+    if not config.exists():
+        write_config(folder, name, "mlx", cycles=3, **sections)
+    run = folder / f"run-{name}"
+    train(config, run, transport=transport)
+    return run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("fake-train")
+    return {name: _train(folder, name, FakeTransport(SCRIPT), **sections) for name, sections in SCHEDULES.items()}
+
+
+def _calls(run: Path) -> list[tuple[str, bool]]:
+    """(method, answered without error) of every generate and learner_step call on record, in order."""
+    with RunStore.open(run) as store:
+        return [(c.call.method, c.report is not None and c.report.report.error is None) for c in store.calls()
+                if c.call.method in ("generate", "learner_step")]
+
+
+def test_schedules_publish_the_same_checkpoints(runs: dict[str, Path]) -> None:
+    whole = published(runs["whole"])
+    assert len(whole) == len(set(whole)) == 3  # every cycle published a checkpoint of its own
+    for other in ("micro4", "engine1"):
+        assert published(runs[other]) == whole, other
+    with RunStore.open(runs["engine1"]) as store:
+        meta = store.meta()
+        workers = store.workers()
+    assert all(len(meta[f"cycle-{n:06d}"]["generate_calls"]) == 2 for n in range(3))  # one per inference worker
+    assert sorted(ident.role.value for ident in workers.values()) == ["inference", "inference", "learner"]
+    # Synchronous cycles: the learner reads every sampled token as the engine did, and the core's objective agrees.
+    h = history(runs["whole"])
+    assert [c.staleness for c in h.cycles] == [0, 0, 0]
+    assert all(c.gap.equal == c.gap.tokens > 0 for c in h.cycles)
+    assert [c.loss_core for c in h.cycles] == [c.loss_core for c in history(runs["engine1"]).cycles]
+
+
+def test_staleness_one_samples_the_base_model_in_cycle_one_and_differs_from_there(runs: dict[str, Path]) -> None:
+    h = history(runs["stale1"])
+    assert [c.staleness for c in h.cycles] == [0, 1, 1]
+    stale, whole = published(runs["stale1"]), published(runs["whole"])
+    assert stale[0] == whole[0]
+    assert stale[1] != whole[1]
+    assert h.cycles[1].policy is None  # version 0: the base model, while the learner made the first update
+    assert h.cycles[1].gap.equal < h.cycles[1].gap.tokens  # sampled by another policy than the update starts from
+    with RunStore.open(runs["stale1"]) as store:
+        meta = store.meta()
+    assert [(meta[f"cycle-{n:06d}"]["policy_version"], meta[f"cycle-{n:06d}"]["staleness"]) for n in range(3)] == [
+        (0, 0), (0, 1), (1, 1)]
+
+
+def test_a_run_whose_learner_is_lost_resumes_to_the_uninterrupted_checkpoints(runs: dict[str, Path],
+                                                                              tmp_path: Path) -> None:
+    config = tmp_path / "whole.toml"
+    write_config(tmp_path, "whole", "mlx", cycles=3, **SCHEDULES["whole"])
+    run = tmp_path / "run"
+    with pytest.raises(WorkerLost):
+        train(config, run, transport=FakeTransport(SCRIPT, faults=[Fault("die", method="learner_step", calls=(2,),
+                                                                         where=_learner)]))
+    assert len(published(run)) == 1
+    with RunStore.open(run) as store:
+        assert not store.verify().closed
+    resumed = train(config, run, transport=FakeTransport(SCRIPT))
+    assert (resumed.cycles, resumed.cycles_reused) == (3, 1)
+    assert published(run) == published(runs["whole"])
+    # The lost update stays on record, unanswered; the cycle ran again with the same rollouts.
+    assert [ok for method, ok in _calls(run) if method == "learner_step"] == [True, False, True, True]
+
+
+def test_sigterm_stops_the_run_at_once_and_it_resumes_to_the_same_checkpoints(runs: dict[str, Path],
+                                                                              tmp_path: Path) -> None:
+    config = tmp_path / "whole.toml"
+    write_config(tmp_path, "whole", "mlx", cycles=3, **SCHEDULES["whole"])
+    generated = [0]
+
+    def report(worker: FakeWorker, method: str, result: dict[str, Any]) -> dict[str, Any]:
+        generated[0] += 1
+        if generated[0] == 2:  # cycle 1's rollouts: answered within the grace, no update after them
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    run = tmp_path / "run"
+    previous = signal.signal(signal.SIGTERM, cli_app._interrupt)
+    try:
+        with pytest.raises(Stopped, match=r"^stopped at SIGTERM after 1 published cycle\(s\) this time$") as stopped:
+            train(config, run, transport=FakeTransport(Script(wrong=SCRIPT.wrong, policy_logprobs=True,
+                                                              report=report)))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.status == 143
+    assert len(published(run)) == 1
+    assert _calls(run) == [("generate", True), ("learner_step", True), ("generate", True)]  # no update after it
+    resumed = train(config, run, transport=FakeTransport(SCRIPT))
+    assert resumed.cycles_reused == 1
+    assert published(run) == published(runs["whole"])
+
+
+def test_a_lost_inference_worker_is_replaced_and_its_call_issued_again(runs: dict[str, Path],
+                                                                       tmp_path: Path) -> None:
+    transport = FakeTransport(SCRIPT, restarts=3, faults=[Fault("die", calls=(2,), where=_inference)])
+    run = _train(tmp_path, "engine1", transport, **SCHEDULES["engine1"])
+    assert published(run) == published(runs["engine1"])
+    assert len(transport.started) == 4  # two inference workers, the learner, one replacement
+    generates = [ok for method, ok in _calls(run) if method == "generate"]
+    assert generates.count(False) == 1
+    assert len(generates) == 2 * 3 + 1
+    # Without replacements the loss stops the run as it came.
+    with pytest.raises(WorkerLost):
+        _train(tmp_path, "engine1-local", FakeTransport(SCRIPT, faults=[Fault("die", calls=(2,), where=_inference)]),
+               **SCHEDULES["engine1"])
