@@ -429,16 +429,15 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
             raise EvidenceError(f"the learner loaded adapter {str(learner.adapter_digest)[:16]}…, not the published "
                                 f"checkpoint {last.digest[:16]}…")
         rollouts = _Rollouts(p, leases, store)
-        reused = len(done)
 
         def cycles() -> None:
             for n in range(len(done), cfg.cycles):
                 pool.ready()  # no cycle starts after a signal
                 done.append(_cycle(p, n, run_dir, store, rollouts, learner, done, progress, pool))
 
-        # At a signal the calls under way get the pool's grace to answer and be recorded, as in `use run`.
-        pool.run([cycles], name="train", stopped=lambda how: f"stopped at {how} after {len(done) - reused} "
-                                                              "published cycle(s) this time")
+        # At a signal the calls under way get the pool's grace to answer and be recorded, as in `use run`; the
+        # command line says how to resume.
+        pool.run([cycles], name="train", stopped=lambda how: f"stopped at {how}")
     return done
 
 
