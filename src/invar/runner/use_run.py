@@ -13,7 +13,10 @@ Decisions:
   again. Engines are seeded per request, so a re-issued call gives what the lost one would have, and the decision
   equals that of an uninterrupted run. The writer lock refuses a second `use run` on the same directory.
 - **Reference and candidate run side by side**, one worker thread each; their generate calls do not depend on
-  each other.
+  each other. The threads, their barriers, the call gate, halting, the grace at a signal and the replacement of a
+  lost worker are the command's `invar.runner.pool.WorkerPool`; this module only says which calls go when.
+- **The run directory is opened once** (`open_run`): a closed run of this contract is answered from its head, a
+  new one is created with the contract's inputs, an existing one is verified and opened for writing.
 - **Measurements follow the generate calls** (plan /3): once both packages have sampled, each scores the
   responses the plan names (with teacher forcing, the reference's) in the batches they were sampled in, with the
   same worker. Their params are `invar.contract.plan.measurement_params` of the recorded responses, exactly what
