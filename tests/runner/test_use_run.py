@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -22,6 +23,8 @@ from train_helpers import live_workers, local_workers_env, worker_pids
 
 from invar import canonical
 from invar.engines import DEFAULT_MODEL
+from invar.home import HOME
+from invar.patches import patch_digest
 from invar.records import RunStore
 from invar.runner.engine import Engine, probe_identity
 
@@ -284,11 +287,23 @@ def test_bad_inputs_are_one_line(contract: Path, tmp_path: Path) -> None:
 
 
 def test_a_patch_whose_files_differ_is_refused_before_any_worker(tmp_path: Path) -> None:
-    decl = write_declaration(tmp_path, "patched", candidate={"patches": {"fixed-block": "0" * 64}})
+    """A patch folder of the user's own: a declaration naming another digest is refused by `use prepare`; prepared
+    with its digest and then edited, it is refused by `use run` in one line, before any worker or record."""
+    folder = tmp_path / "my-fixed-block"
+    shutil.copytree(HOME / "patches" / "fixed-block", folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    wrong = write_declaration(tmp_path, "wrong", candidate={"patches": {"./my-fixed-block": "0" * 64}})
+    refused = _invar("use", "prepare", str(wrong))
+    assert refused.returncode == 2
+    assert f"the patch folder {folder} has digest {patch_digest(folder)}, but {'0' * 64} was declared" in refused.stderr
+    assert refused.stderr.count("\n") == 1
+    decl = write_declaration(tmp_path, "patched", candidate={"patches": {"./my-fixed-block": patch_digest(folder)}})
     assert _invar("use", "prepare", str(decl)).returncode == 0
+    with (folder / "README.md").open("a", encoding="utf-8") as readme:
+        readme.write("An edit after use prepare.\n")
     out = _invar("use", "run", str(tmp_path / "patched.contract.json"), "--run", str(tmp_path / "run"))
     assert out.returncode == 2
-    assert "candidate.patches.fixed-block: the patch's files have digest" in out.stderr
+    assert f"the patch folder {folder} has digest" in out.stderr
+    assert "its files changed after use prepare" in out.stderr
     assert out.stderr.count("\n") == 1
     assert not (tmp_path / "run").exists()
 

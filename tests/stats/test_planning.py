@@ -177,8 +177,13 @@ def test_planning_errors() -> None:
         (lambda: required_n("maurer-pontil", Assumed(variance=2.0), 0.1, 0.05), "impossible"),
         (lambda: required_n("maurer-pontil", Assumed(0.01, 0.01, variance=0.1), 0.1, 0.05), "not both"),
         (lambda: required_n("maurer-pontil", Assumed(), 0.1, 0.05), "state the assumption"),
+        # Searched to n_max and not reached; and, far beyond n_max (the normal approximation needs more than twice
+        # it), refused before any search, naming the n it needs.
+        (lambda: required_n("maurer-pontil", Assumed(0.01, 0.01), 0.005, 0.05, search=Search(n_max=3000)),
+         "not reached with 3000"),
         (lambda: required_n("maurer-pontil", Assumed(0.01, 0.01), 0.005, 0.05, search=Search(n_max=1000)),
-         "not reached with 1000"),
+         "needs about 4,946 units (the normal approximation, below which no method admits much sooner), beyond the "
+         "1,000 a plan searches"),
         (lambda: required_n("maurer-pontil", Assumed(0.01, 0.01, a=0.0, b=1.0), 0.005, 0.05), "d in [-1, 1]"),
         (lambda: required_n("hoeffding", Assumed(float("nan"), 0.01), 0.005, 0.05), "finite"),
     ]
