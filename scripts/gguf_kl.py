@@ -24,11 +24,13 @@ Writes docs/gguf/kl.json and prints the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -175,19 +177,12 @@ def tokenize_text(rung: str, n_ctx: int, chunks: int) -> np.ndarray:
     none parsed), int32 [chunks, n_ctx]; `main` checks them against the base file's."""
     import llama_cpp as lc
 
-    lc.llama_backend_init()
-    params = lc.llama_model_default_params()
-    params.vocab_only = True
-    model = lc.llama_model_load_from_file(str(gguf(rung)).encode(), params)
-    try:
-        vocab = lc.llama_model_get_vocab(model)
+    with gguf_vocab(rung) as vocab:
         text = TEXT.read_bytes()
         buf = (lc.llama_token * (len(text) + 16))()
         n = lc.llama_tokenize(vocab, text, len(text), buf, len(buf), True, False)
         if n < 0:
             raise SystemExit(f"gguf_kl: llama.cpp could not tokenize {TEXT}")
-    finally:
-        lc.llama_model_free(model)
     ids = np.asarray(buf[:n], dtype=np.int32)
     chunks = min(chunks, ids.size // n_ctx)
     if chunks < 2:
@@ -214,13 +209,21 @@ def bos_of(rung: str) -> int | None:
     """The BOS id llama.cpp puts first in each window, or None for a model that adds none (SmolLM2's)."""
     import llama_cpp as lc
 
+    with gguf_vocab(rung) as vocab:
+        return int(lc.llama_vocab_bos(vocab)) if lc.llama_vocab_get_add_bos(vocab) else None
+
+
+@contextlib.contextmanager
+def gguf_vocab(rung: str) -> Iterator[Any]:
+    """The vocabulary of the rung's GGUF file, loaded without its weights through llama.cpp's own API."""
+    import llama_cpp as lc
+
     lc.llama_backend_init()
     params = lc.llama_model_default_params()
     params.vocab_only = True
     model = lc.llama_model_load_from_file(str(gguf(rung)).encode(), params)
     try:
-        vocab = lc.llama_model_get_vocab(model)
-        return int(lc.llama_vocab_bos(vocab)) if lc.llama_vocab_get_add_bos(vocab) else None
+        yield lc.llama_model_get_vocab(model)
     finally:
         lc.llama_model_free(model)
 
