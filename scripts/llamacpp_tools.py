@@ -22,11 +22,11 @@ import tarfile
 import time
 from pathlib import Path
 
+# The same pinned source distribution as the ladder's converter.
+from gguf_ladder import CACHE, SDIST_SHA256, pinned_sdist
+
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / "models" / "smollm2-cache"
 TOOLS = CACHE / "llama-tools"
-SDIST = "llama_cpp_python-0.3.36.tar.gz"
-SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 VENDOR = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
 TARGET = "llama-perplexity"
 CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF",
@@ -39,12 +39,6 @@ def say(message: str) -> None:
     print(f"[llamacpp_tools] {message}", file=sys.stderr, flush=True)
 
 
-def sha256(path: Path) -> str:
-    from invar.canonical import file_sha256
-
-    return file_sha256(path)
-
-
 def tool_path() -> Path:
     return TOOLS / "build" / "bin" / TARGET
 
@@ -54,15 +48,7 @@ def source() -> Path:
     src = TOOLS / "src"
     if (src / "CMakeLists.txt").is_file():
         return src
-    sdist = CACHE / SDIST
-    if not sdist.is_file():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        say(f"downloading {SDIST} (no dependencies) into {CACHE}")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
-                        "llama-cpp-python==0.3.36", "-d", str(CACHE)], check=True)
-    digest = sha256(sdist)
-    if digest != SDIST_SHA256:
-        raise SystemExit(f"llamacpp_tools: {sdist} has sha256 {digest}, not the pinned {SDIST_SHA256}")
+    sdist = pinned_sdist()
     partial = TOOLS / "src.partial"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
