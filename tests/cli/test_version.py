@@ -100,12 +100,12 @@ def test_help_imports_no_command_module_and_no_heavy_library() -> None:
         assert f"\n  {name} " in out.stdout, name
 
 
-# What a `use` command's help must not import: the contract model and the output models (pydantic classes), the
-# statistics (scipy), receipts (cryptography), the tokenizer and the progress display (rich), and other commands.
-# numpy and msgpack stay (the protocol's canonical encoding, through the engines' launch settings), and so does
-# pydantic itself (typer 0.29 builds every command's parameters through it).
-_NOT_FOR_USE_HELP = ("scipy", "cryptography", "tokenizers", "jinja2", "rich", "invar.outputs", "invar.contract",
-                     "invar.stats", "invar.tasks", "invar.evidence", "invar.runner.use_run", "invar.runner.evaluate",
+# What a `use` command's help must not import: the contract model and the output models (pydantic classes), numpy
+# and msgpack (the arrays and the protocol's encoding), the statistics (scipy), receipts (cryptography), the tokenizer
+# and the progress display (rich), and other commands. pydantic itself stays (typer 0.29 builds every command's
+# parameters through it).
+_NOT_FOR_USE_HELP = ("numpy", "msgpack", "scipy", "cryptography", "tokenizers", "jinja2", "rich", "invar.outputs",
+                     "invar.contract", "invar.stats", "invar.tasks", "invar.evidence", "invar.runner.use_run", "invar.runner.evaluate",
                      "invar.cli.evaluate", "invar.cli.progress")
 
 

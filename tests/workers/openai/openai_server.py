@@ -42,7 +42,7 @@ class VllmServer:
     def alive(self) -> bool:
         try:
             with urllib.request.urlopen(self.url + "/v1/models", timeout=5) as resp:
-                return resp.status == 200
+                return bool(resp.status == 200)
         except OSError:
             return False
 
