@@ -105,8 +105,8 @@ def test_help_imports_no_command_module_and_no_heavy_library() -> None:
 # and the progress display (rich), and other commands. pydantic itself stays (typer 0.29 builds every command's
 # parameters through it).
 _NOT_FOR_USE_HELP = ("numpy", "msgpack", "scipy", "cryptography", "tokenizers", "jinja2", "rich", "invar.outputs",
-                     "invar.contract", "invar.stats", "invar.tasks", "invar.evidence", "invar.runner.use_run", "invar.runner.evaluate",
-                     "invar.cli.evaluate", "invar.cli.progress")
+                     "invar.contract", "invar.stats", "invar.tasks", "invar.evidence", "invar.runner.use_run",
+                     "invar.runner.evaluate", "invar.cli.evaluate", "invar.cli.progress")
 
 
 def test_use_help_imports_neither_the_contract_model_nor_the_statistics() -> None:
