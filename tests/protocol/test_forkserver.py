@@ -165,8 +165,8 @@ def test_the_core_is_read_from_the_files_at_each_start(tmp_path: Path, monkeypat
 
 def test_names_the_engine_sets_or_never_reads_may_differ(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A name the engine's import sets, carried at that value (a command that imported torch itself passes it on),
-    and the names of an engine library the server has not imported, are no reason to refuse; the name at another
-    value is."""
+    the names of a library the server has not imported, and a library search path's folders that do not exist (what
+    OpenCV's import prepends), are no reason to refuse; the name at another value, or a folder that exists, is."""
     (tmp_path / "sets_a_name.py").write_text("import os\nos.environ['SET_AT_IMPORT'] = 'by the import'\n")
     (tmp_path / "probe_worker.py").write_text(
         "import sets_a_name\nfrom invar.protocol import exit_worker\nfrom invar.workers.echo import main\n"
@@ -180,16 +180,20 @@ def test_names_the_engine_sets_or_never_reads_may_differ(tmp_path: Path, monkeyp
     try:
         # KMP_*: what scikit-learn's import sets, read only by an OpenMP runtime the server has not loaded.
         carried = {**path, "SET_AT_IMPORT": "by the import", "VLLM_LOGGING_LEVEL": "DEBUG", "MLX_SOMETHING": "1",
-                   "KMP_DUPLICATE_LIB_OK": "True", "KMP_INIT_AT_FORK": "FALSE"}
+                   "KMP_DUPLICATE_LIB_OK": "True", "KMP_INIT_AT_FORK": "FALSE",
+                   "HF_DATASETS_OFFLINE": "1", "INSPECT_DISPLAY": "none", "LD_LIBRARY_PATH": str(tmp_path / "none")}
         with start_worker("echo", env=carried) as w:
             assert isinstance(w.process, ForkedWorker)
             assert w.call("echo", {"a": 3}) == {"a": 3}
         with start_worker("echo", env={**path, "SET_AT_IMPORT": "by the command"}) as w:
             assert isinstance(w.process, subprocess.Popen)
+        with start_worker("echo", env={**path, "LD_LIBRARY_PATH": f"{tmp_path / 'none'}:{tmp_path}"}) as w:
+            assert isinstance(w.process, subprocess.Popen)
     finally:
         log = _stop(server)
-    assert "1 workers forked, 1 refused" in log
+    assert "1 workers forked, 2 refused" in log
     assert "its environment differs on SET_AT_IMPORT" in log
+    assert "its environment differs on LD_LIBRARY_PATH" in log
 
 
 @pytest.mark.parametrize("change", ["OMP_NUM_THREADS", "a search path with another numpy"])

@@ -79,9 +79,16 @@ CALL_TIME_NAMES = frozenset({"TRANSFORMERS_NO_ADVISORY_WARNINGS", "PYTHONBREAKPO
 so a command that imported mlx-lm carries it), Python at each `breakpoint()`, and mypy's own (a command that ran
 mypy in its process carries it); the child runs with the request's own."""
 
-OTHER_LIBRARIES = {"VLLM_": "vllm", "MLX_": "mlx", "RAY_": "ray"}
+OTHER_LIBRARIES = {"VLLM_": "vllm", "MLX_": "mlx", "RAY_": "ray", "HF_DATASETS_": "datasets", "INSPECT_": "inspect_ai"}
 """Environment prefixes of libraries that read their own names: a difference there cannot matter to a server that
-has not imported the library (an HF server and `VLLM_CPU_KVCACHE_SPACE`); the child runs with the request's own."""
+has not imported the library (an HF server and `VLLM_CPU_KVCACHE_SPACE`); the child runs with the request's own.
+`HF_DATASETS_` names are read by datasets and by evaluate, which imports datasets; `INSPECT_` names by inspect_ai
+alone (a command that runs an inspect evaluation offline passes `HF_DATASETS_OFFLINE` and `INSPECT_DISPLAY`)."""
+
+SEARCH_PATH_NAMES = frozenset({"LD_LIBRARY_PATH"})
+"""Search paths compared by the folders they name that exist: an entry that is no folder finds nothing, so the
+dynamic loader searches alike with it and without it. OpenCV's import prepends a folder of its own that exists
+only in some installs (`cv2/../../lib64`), so a command that imported it, and a server that did, carry one."""
 
 KMP_PREFIX = "KMP_"
 """Names read by Intel's and LLVM's OpenMP runtimes (libiomp5, libomp) as they load, and by nothing else. A process
@@ -266,6 +273,7 @@ def _refusal(request: Mapping[str, Any], module: str, served: Sequence[str]) -> 
     unloaded = tuple(prefix for prefix, library in OTHER_LIBRARIES.items() if library not in sys.modules)
     unloaded += () if _KMP_RUNTIME[0] else (KMP_PREFIX,)
     differ = sorted(n for n in names if env.get(n) != _STARTED_ENV.get(n) and n != "PYTHONPATH"
+                    and not (n in SEARCH_PATH_NAMES and _folders(env.get(n)) == _folders(_STARTED_ENV.get(n)))
                     and n not in SHELL_NAMES | CALL_TIME_NAMES and not n.startswith(RUNTIME_NAMES + unloaded)
                     # what the engine's own import sets it to: a fresh worker's import would leave it so
                     and not (n in _SET_BY_IMPORTS and env.get(n) == _SET_BY_IMPORTS[n]))
@@ -282,6 +290,13 @@ def _refusal(request: Mapping[str, Any], module: str, served: Sequence[str]) -> 
             if spec is None or loaded is None or spec.origin != getattr(loaded, "__file__", None):
                 return f"its PYTHONPATH finds another {top}"
     return None
+
+
+def _folders(search_path: str | None) -> list[str]:
+    """The entries of a search path the dynamic loader may find something in, in order: all but the absolute ones
+    that are no folder (an empty or relative entry names a folder of the worker's, compared as written)."""
+    return [p for p in (search_path or "").split(os.pathsep) if not os.path.isabs(p) or os.path.isdir(p)] \
+        if search_path else []
 
 
 _STARTED_ENV: dict[str, str] = {}
