@@ -83,6 +83,11 @@ def main(argv: list[str]) -> int:
     # (the test folders' conftest modules share a name, and `from conftest import` finds the one collected first).
     second = [f"tests/{p.name}" for p in sorted((ROOT / "tests").iterdir()) if p.name not in FIRST_LANE
               and (p.name.startswith("test_") or (p.is_dir() and p.name not in ("support", "__pycache__")))]
+    # This interpreter's folder first on PATH, for the servers and both sessions: the tests that run `invar` from a
+    # shell script put it first (tests/support/venv_path.py), and a worker whose PATH differs would not be forked.
+    folder = str(Path(sys.executable).parent)
+    if os.environ.get("PATH", "").split(os.pathsep)[0] != folder:
+        os.environ["PATH"] = os.pathsep.join(p for p in (folder, os.environ.get("PATH", "")) if p)
     with tempfile.TemporaryDirectory(prefix="invar-first-lane-") as scratch:
         log = Path(scratch) / "first.log"
         started = time.monotonic()

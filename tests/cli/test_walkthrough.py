@@ -7,10 +7,10 @@ import base64
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.venv_path import with_venv_bin
 
 from invar.records import RunStore
 
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 def test_walkthrough_decides_a_contract_from_a_resumed_run(tmp_path: Path) -> None:
     out = tmp_path / "walk"
     env = dict(os.environ, INVAR_WALKTHROUGH_OUT=str(out),
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+               PATH=with_venv_bin())
     proc = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "walkthrough.sh")], env=env, cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

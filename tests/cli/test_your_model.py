@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.venv_path import with_venv_bin
 
 from invar import canonical
 from invar.records import RunStore
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.engine
 
 def test_the_worked_example_runs_from_a_model_folder_to_a_decision(tmp_path: Path) -> None:
     out = tmp_path / "your-model"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {**os.environ, "PATH": with_venv_bin()}
     proc = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "your_model.sh"), str(out)], env=env,
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

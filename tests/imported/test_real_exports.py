@@ -23,6 +23,7 @@ import pytest
 import xmlschema
 import yaml
 from safetensors.numpy import load_file, save_file
+from support.venv_path import with_venv_bin
 
 from invar import canonical
 from invar.contract.compare_run import compare_use_run
@@ -188,7 +189,7 @@ def test_the_documented_workflow_decides_as_the_recorded_run(shared: dict[str, P
     summary = repo / "step-summary.md"
     env = {**OFFLINE, **job["env"], "REFERENCE_MODEL": str(shared["reference"]),
            "CANDIDATE_MODEL": str(shared["candidate"]), "GITHUB_STEP_SUMMARY": str(summary),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+           "PATH": with_venv_bin()}
     statuses = {}
     for step in job["steps"]:
         if "run" not in step or step["name"] == "Install":  # `uses:` steps are GitHub's; the venv is installed
