@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from invar.docstrings import describe
 
@@ -958,3 +958,67 @@ def documented() -> dict[str, type[BaseModel]]:
     """`OUTPUTS` with each field's docstring as its description (`invar.docstrings`), for `scripts/schemas.py`."""
     describe(__name__, rebuild=True)
     return OUTPUTS
+
+
+class KernelVerdicts(Closed):
+    """One set of comparisons of a kernel against the stock op, over some inputs."""
+
+    inputs: int
+    """How many inputs were compared."""
+    allclose: dict[str, int]
+    """Per tolerance (atol = rtol, written as `1e-2`'s `0.01`): the inputs on which the kernel is allclose to the
+    stock op."""
+    bit_identical: int
+    """Inputs on which the kernel's result has the stock op's bits."""
+    max_ulp: int
+    """The largest float32 distance in units in the last place over these inputs (-1 where the dtypes differ)."""
+    nonfinite: int
+    """Inputs on which the kernel returns NaN or infinity where the stock op does not."""
+
+
+class KernelDisagreement(Closed):
+    """The first captured model input where the kernel fails what every random input passed."""
+
+    model_config = ConfigDict(extra="forbid", defer_build=True, serialize_by_alias=True)
+
+    layout: Literal["solo", "batched"]
+    """Which capture: every prompt alone (`solo`) or all in one left-padded batch (`batched`)."""
+    index: int
+    """The input's position among the op's calls in that capture."""
+    shapes: list[list[int]]
+    """The shapes of the op's tensor arguments."""
+    fails: list[str]
+    """What it fails: each tolerance every random input passed, or `nonfinite` (NaN or infinity where the stock op is
+    finite and no random input did so)."""
+    allclose_1e_2: bool = Field(alias="allclose_0.01")
+    """Allclose to the stock op at atol = rtol = 1e-2 on this input."""
+    allclose_1e_4: bool = Field(alias="allclose_0.0001")
+    """Allclose to the stock op at atol = rtol = 1e-4 on this input."""
+    bit_identical: bool
+    """The stock op's bits on this input."""
+    max_ulp: int
+    """The largest float32 distance in units in the last place on this input (-1 where the dtypes differ)."""
+    nonfinite: bool
+    """NaN or infinity where the stock op is finite, on this input."""
+
+
+class KernelCheckOutput(Closed):
+    """`invar kernel check --json`: a diagnostic beside the decision, never the decision."""
+
+    op: str
+    """The op the kernel replaces (kernel.toml's `op`)."""
+    dtypes: list[str]
+    """The dtypes routed to the kernel (kernel.toml's `dtypes`)."""
+    model_dir: str
+    """The model whose inputs the op was captured from."""
+    prompts: int
+    """Prompts of the population run alone and in one batch."""
+    random: KernelVerdicts
+    """The op-level test: seeded random inputs of random shapes, `--trials` per declared dtype."""
+    model: dict[Literal["solo", "batched"], KernelVerdicts]
+    """The same comparison on the op's inputs captured from the model, per layout."""
+    first_disagreement: KernelDisagreement | None
+    """The first model input failing what every random input passed; null when there is none."""
+
+
+OUTPUTS["kernel-check"] = KernelCheckOutput

@@ -123,6 +123,9 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str
     invar("train", "train", config, "--run", out / "train", "--json")  # already complete
     invar("inspect-history", "inspect", "history", out / "train", "--json")
     invar("compare-histories", "compare", "histories", out / "train", out / "train", "--json")
+    # hf (the only engine a function kernel's check runs on); the bfloat16 softmax reaches first_disagreement
+    invar("kernel-check", "kernel", "check", REPO_ROOT / "examples" / "kernels" / "softmax-bf16", "--prompts", "2",
+          "--trials", "2", "--json")
     return got
 
 
@@ -180,6 +183,7 @@ def test_the_outputs_cover_each_optional_part(outputs: dict[str, list[dict[str, 
     assert outputs["compare-numerical"][1]["captures"] is not None
     assert outputs["compare-numerical"][2]["teacher_forcing"] is None
     assert outputs["use-verify"][0]["key_checked"] is True
+    assert outputs["kernel-check"][0]["first_disagreement"] is not None
 
 
 @pytest.mark.engine

@@ -9,12 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 import torch
 
+from invar.outputs import KernelCheckOutput
 from invar.workers.kernel_check import max_ulp
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "kernels"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "kernels"
+SCHEMA = ROOT / "docs" / "schemas" / "kernel-check.schema.json"
 
 
 def test_ulp_distance_counts_representable_floats_across_zero() -> None:
@@ -31,6 +35,9 @@ def test_a_precision_downgrade_passes_allclose_and_fails_on_the_models_batch(tmp
                           "--prompts", "4", "--json"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
+    # --json is its published schema's shape, and the model that generated the schema reads it back unchanged
+    jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text(encoding="utf-8"))).validate(report)
+    assert KernelCheckOutput.model_validate(report).model_dump(mode="json") == report
     random = report["random"]
     assert random["inputs"] == 5
     assert random["allclose"]["0.01"] == 5  # what a KernelBench-style test accepts

@@ -64,7 +64,11 @@ def check_cmd(
         raise InvarError(one_line(lines[-1] if lines else f"the kernel check stopped with exit {done.returncode}"))
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     if json_out:
-        typer.echo(json.dumps(report, indent=2))
+        from invar.cli.common import emit_model
+        from invar.outputs import KernelCheckOutput
+
+        # The model that generates docs/schemas/kernel-check.schema.json is the one that prints the report.
+        emit_model(KernelCheckOutput.model_validate(report))
         return
     typer.echo(_text(report))
 
