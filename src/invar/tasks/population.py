@@ -264,12 +264,17 @@ def parse_units(data: bytes, path: str | Path) -> tuple[Unit, ...]:
     Raises `ContractError` for the first bad line: one line naming the file, the line number and what to change.
     """
     what = f"population file {path}"
-    body = data[:-1] if data.endswith(b"\n") else data
-    if not body:
+    end = len(data) - 1 if data.endswith(b"\n") else len(data)
+    if not end:
         raise ContractError(f"{what} holds no units: write one JSON object per line")
     units: list[Unit] = []
     first_line: dict[str, int] = {}
-    for number, raw in enumerate(body.split(b"\n"), start=1):
+    # One line's bytes at a time, found in place: a million-unit file is not held again as a body and its lines.
+    start, number = 0, 0
+    while start <= end:
+        stop = data.find(b"\n", start, end)
+        stop = end if stop < 0 else stop
+        raw, start, number = data[start:stop], stop + 1, number + 1
         where = f"{what} line {number}"
         try:
             text = raw.decode("utf-8")
