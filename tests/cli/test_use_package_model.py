@@ -43,3 +43,18 @@ def test_a_folder_the_core_cannot_read_is_one_line_before_any_worker(tmp_path: P
     assert out.stderr.strip().count("\n") == 0, out.stderr
     assert "Traceback" not in out.stderr
     assert ("no config.json" if what == "empty" else "tokenizer.json does not exist") in out.stderr
+
+
+@pytest.mark.engine
+def test_the_effective_configuration_is_printed_field_by_field_beside_the_folders(tmp_path: Path) -> None:
+    """The hf worker loads the model and the effective configuration it reports is printed beside the folder's
+    config.json, field by field: every field of the shipped model equal (θ read back from float32 frequencies)."""
+    out = _invar("use", "package", "hf", "--model", DEFAULT_MODEL)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith("#   ")]
+    fields = [row[1] for row in rows]
+    assert fields == ["vocab_size", "layers", "rope_theta", "rope_dims", "sliding_window", "attention_scale",
+                      "attn_softcap", "final_softcap", "embed_scale", "tied_embeddings", "norm_eps"]
+    assert all(row[-1] == "equal" for row in rows), out.stdout
+    assert "#   rope_theta       [10000 × 3 layers] | [9999.998 × 3 layers]  equal" in out.stdout.splitlines()
+    assert "known_premises" not in out.stdout

@@ -188,6 +188,9 @@ class Script:
     """The generate or score result as sent: a report that names another model than the one loaded, say."""
     load_seconds: Callable[[int], float] = lambda number: 0.0
     """How long the worker started `number`-th (from 1) takes to load its model: a slow load, say NF4's."""
+    effective_config: Callable[[FakeWorker, Path], Mapping[str, Any] | None] = lambda worker, model: None
+    """The effective configuration the worker reports at `load_model` for the model folder it loaded (None: it
+    reports none, as a worker that cannot read its engine's)."""
     policy_logprobs: bool = False
     """Log-probabilities of a response drawn from the policy scoring it, the prompt and the response (what a learner
     can reproduce) rather than from the request's seed; a generate call then also scores its `reference_adapter`."""
@@ -287,9 +290,13 @@ class FakeWorker:
             self.trainee = _Trainee.read(Path(adapter["path"]), adapter["digest"])
         self.loaded = dict(params)
         self.tokenizer = ModelTokenizer.from_model_dir(model)
-        return {"model_digest": digest, "adapter_digest": None if adapter is None else adapter["digest"],
-                "vocab_size": self.tokenizer.size, "eos_token_id": self.tokenizer.eos_token_id,
-                "max_model_len": MAX_MODEL_LEN}
+        result = {"model_digest": digest, "adapter_digest": None if adapter is None else adapter["digest"],
+                  "vocab_size": self.tokenizer.size, "eos_token_id": self.tokenizer.eos_token_id,
+                  "max_model_len": MAX_MODEL_LEN}
+        effective = self.transport.script.effective_config(self, model)
+        if effective is not None:
+            result["effective_config"] = dict(effective)
+        return result
 
     def load_adapter(self, params: dict[str, Any]) -> dict[str, Any]:
         digest = canonical.tree_digest(params["path"])

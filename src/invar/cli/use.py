@@ -488,19 +488,26 @@ def package_cmd(
 
     A package's engine_version and settings must equal the worker's identity exactly, and its worker_digest the
     digest of the worker's code (the worker module and the core modules it imports); this prints them. With
-    `--model`, the folder is read first (its tokenizer checked by the core), before any worker starts.
+    `--model`, the folder is read first (its tokenizer checked by the core), before any worker starts; then (text
+    output) the worker loads it and the effective configuration it reports is printed field by field beside the
+    folder's config.json: equal, premise (a field the package's settings make a premise) or refused (`use run`
+    refuses it unless the package declares it in `known_premises`).
     """
     from invar import outputs
     from invar.engines import worker_digest
     from invar.patches import select
-    from invar.runner.engine import probe_identity
+    from invar.runner.engine import EngineSpec, probe_effective, probe_identity, session_premises
 
     folder: dict[str, str] = {}
     if model is not None:
         folder = _model_folder(model)
     settings = parse_launch_settings(engine.value, setting or [])
     patches, patch_dirs = select(patch or [], engine.value, "--patch")
-    identity = probe_identity(engine, settings, patches, patch_dirs)
+    effective = None
+    if model is not None and not json_out:
+        identity, effective = probe_effective(engine, model, settings, patches, patch_dirs)
+    else:
+        identity = probe_identity(engine, settings, patches, patch_dirs)
     package = outputs.UsePackageOutput(
         engine=engine.value, engine_version=identity.engine_version,
         settings={k: v for k, v in identity.settings.items() if k != "patches"}, patches=patches or None,
@@ -516,6 +523,18 @@ def package_cmd(
     if folder:
         # Not a declaration field: `use prepare` computes it from the folder and fixes it in the contract.
         typer.echo(f"# tokenizer_digest {folder['tokenizer_digest']} (fixed in the contract by use prepare)")
+    if model is not None and effective is not None:
+        from invar.formats.model_config import comparison, folder_config, read_config, show_value
+
+        premises = session_premises(EngineSpec(engine, model, settings=settings))
+        rows = comparison(folder_config(read_config(model)), effective, premises)
+        typer.echo(f"# effective configuration: the folder's config.json | what the {engine.value} engine computes")
+        for name, want, got, verdict in rows:
+            shown = "-" if verdict == "not reported" else show_value(got)
+            typer.echo(f"#   {name:<16} {show_value(want)} | {shown}  {verdict}")
+        for name in (row[0] for row in rows if row[3] == "refused"):
+            typer.echo(f"# use run refuses {name} unless the package declares it: known_premises = "
+                       f"[{{field = \"{name}\", why = \"...\"}}]")
 
 
 def _model_folder(model: Path) -> dict[str, str]:

@@ -45,6 +45,7 @@ from invar import canonical
 from invar.compare.steps import MAX_STEPS, check_step
 from invar.engines import EngineName
 from invar.errors import ContractError
+from invar.formats.model_config import FIELDS as CONFIG_FIELDS
 
 # The file size and path limits, the reader and the one-line report are shared with training configurations
 # (`invar.owner_files`); re-exported so that `invar.contract.model.MAX_*` still lists every contract limit.
@@ -337,6 +338,35 @@ class Adapter(_Model):
     """`invar.canonical.tree_digest` of the folder."""
 
 
+def _config_field(name: str) -> str:
+    if name not in CONFIG_FIELDS:
+        raise ValueError(f"{name!r} is not a field of the effective configuration; use one of "
+                         f"{', '.join(CONFIG_FIELDS)}")
+    return name
+
+
+ConfigField = Annotated[str, AfterValidator(_config_field)]
+"""A field of the effective configuration (`invar.formats.model_config.FIELDS`)."""
+
+
+class KnownPremise(_Model):
+    """A field of the effective configuration the package's engine does not compute as the model folder asks."""
+
+    field: ConfigField
+    """The field (`invar.formats.model_config.FIELDS`), e.g. `embed_scale` or `sliding_window`."""
+    why: str = Field(min_length=1, max_length=MAX_STATEMENT)
+    """Why the package is meant to run the model so, in one sentence (the package is about the engine as it is)."""
+
+
+class ConfigChange(_Model):
+    """One field of the effective configuration the candidate changes from the reference, as each folder gives it."""
+
+    reference: JsonValue
+    """The reference's value (its model folder's config.json read the transformers way)."""
+    candidate: JsonValue
+    """The candidate's value."""
+
+
 class PackageDeclaration(_Model):
     """A frozen package: the worker that must answer and the model it must load."""
 
@@ -360,12 +390,30 @@ class PackageDeclaration(_Model):
     """The weight quantization the model is loaded with."""
     adapter: Adapter | None = None
     """The LoRA adapter loaded with the model, if any."""
+    known_premises: list[KnownPremise] = Field(default_factory=list, max_length=MAX_ENTRIES)
+    """Fields of the effective configuration this package's engine does not honour, each with why: where the
+    worker's effective configuration differs from the model folder's in such a field, the difference is a recorded
+    premise of the package instead of a refusal. Omitted: none (the key is left out of a contract's JSON, so
+    contracts without it keep their bytes)."""
     worker_digest: Hex64 | None = None
     """The worker code digest (`invar.worker_code`): the engine's worker module and every core module it imports,
     as a tree digest. `use run` computes it from the files it is about to start and refuses a mismatch before the
     worker exists; `use admit` compares it with each record's identity. In a declaration, omitted: `use prepare`
     fixes the digest of the worker code where it runs. In a contract, absent only in contracts prepared before
     worker code was pinned (the key is left out of their JSON, so they keep their digest); `use run` refuses those."""
+
+    @field_validator("known_premises")
+    @classmethod
+    def _one_premise_per_field(cls, premises: list[KnownPremise]) -> list[KnownPremise]:
+        fields = [p.field for p in premises]
+        for name in fields:
+            if fields.count(name) > 1:
+                raise ValueError(f"field {name!r} is declared a known premise twice; keep one entry")
+        return premises
+
+    def premise_fields(self) -> tuple[str, ...]:
+        """The effective-configuration fields this package declares its engine does not honour."""
+        return tuple(p.field for p in self.known_premises)
 
     @field_validator("settings")
     @classmethod
@@ -612,6 +660,10 @@ class Declaration(_Model):
     """The package proposed to replace it."""
     premises: list[Premise] = Field(default_factory=list, max_length=MAX_ENTRIES)
     """Assumptions the decision may rest on."""
+    config_changes: list[ConfigField] = Field(default_factory=list, max_length=MAX_ENTRIES)
+    """Fields of the effective configuration the candidate is meant to change from the reference (the contract is
+    about that change, e.g. `rope_theta` for a candidate that runs the model at another rotary base). `use prepare`
+    compares the two model folders' configurations and refuses any other difference."""
     execution: Execution = Field(default_factory=Execution)
     """How the plan's calls are cut; the defaults suit most uses."""
     measurements: Measurements | None = None
@@ -685,6 +737,12 @@ class Contract(_Model):
     """The package proposed to replace it."""
     premises: list[Premise] = Field(default_factory=list, max_length=MAX_ENTRIES)
     """Assumptions the decision rests on."""
+    config_changes: dict[ConfigField, ConfigChange] = Field(default_factory=dict, max_length=MAX_ENTRIES)
+    """The fields of the effective configuration in which the candidate differs from the reference, each with both
+    values, as `use prepare` found them in the two model folders (each folder's config.json read the transformers
+    way); only the fields the declaration names as the contract's purpose. `use run` checks every worker's reported
+    configuration against its folder's, so these are the values the two packages compute with. Empty: the two
+    compute the same configuration (the key is left out of the JSON, so contracts without it keep their bytes)."""
     execution: Execution | None = None
     """How the plan's calls are cut. Absent in contracts of plan `invar.plan/1` (one call per package and layout);
     present, the plan is `invar.plan/2`."""
@@ -729,6 +787,10 @@ class Contract(_Model):
         for role in ("reference", "candidate"):  # and for contracts prepared before worker code was pinned
             if data[role]["worker_digest"] is None:
                 del data[role]["worker_digest"]
+            if not data[role]["known_premises"]:  # and before effective configurations were compared
+                del data[role]["known_premises"]
+        if not data["config_changes"]:
+            del data["config_changes"]
         return (json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
 
     def sha256(self) -> str:

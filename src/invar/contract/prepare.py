@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from invar import canonical, patches
 from invar.contract.model import (
     Adapter,
+    ConfigChange,
     Contract,
     Declaration,
     Package,
@@ -36,6 +37,8 @@ from invar.contract.model import (
 from invar.contract.plan import ExecutionPlan, PromptEncoder, Role, call_groups, derive_plan
 from invar.engines import worker_digest
 from invar.errors import ContractError, one_line
+from invar.formats.model_config import folder_config, read_config, show_value
+from invar.formats.model_config import same_value as same_config_value
 from invar.formats.tokenizer import ModelTokenizer, tokenizer_digest
 from invar.owner_files import field_error
 from invar.stats.bounds import BINARY_METHODS, METHODS, VERSIONS
@@ -263,7 +266,8 @@ def build_contract(declaration: Declaration, base: Path, out: Path) -> tuple[Con
     requirement = declaration.requirement
     chat = any(u.messages is not None for u in units)
     fields: dict[str, Any] = {
-        **{k: v for k, v in declaration if k not in ("population", "reference", "candidate", "premises", "scorer")},
+        **{k: v for k, v in declaration
+           if k not in ("population", "reference", "candidate", "premises", "scorer", "config_changes")},
         "population": Population(
             path=relative_path(pop_path, out), sha256=pop.sha256, size=len(units), unit=pop.unit, sample=pop.sample
         ),
@@ -272,9 +276,90 @@ def build_contract(declaration: Declaration, base: Path, out: Path) -> tuple[Con
         "reference": _package("reference", declaration.reference, base, out, chat),
         "candidate": _package("candidate", declaration.candidate, base, out, chat),
         "premises": [_premise(i, p, base, out) for i, p in enumerate(declaration.premises)],
+        "config_changes": config_changes(declaration, base),
     }
     contract: Contract = _validated(Contract, fields)
     return contract, units
+
+
+def _config_json(role: Role, folder: Path) -> dict[str, Any]:
+    with _reading(f"{role}.model_dir", folder / "config.json"):
+        try:
+            return read_config(folder)
+        except ValueError as exc:  # not JSON, or not an object
+            raise ContractError(one_line(f"{role}.model_dir: {folder / 'config.json'} is not a model configuration "
+                                         f"({exc}); point it at a model folder")) from None
+
+
+def _folder_configuration(role: Role, folder: Path) -> dict[str, Any]:
+    field = f"{role}.model_dir"
+    config = _config_json(role, folder)
+    with _reading(field, folder / "config.json"):
+        try:
+            return folder_config(config)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ContractError(one_line(f"{field}: {folder / 'config.json'} does not give the model's "
+                                         f"configuration ({type(exc).__name__}: {exc}); point it at a model folder "
+                                         "whose config.json transformers reads")) from None
+
+
+def config_changes(declaration: Declaration, base: Path) -> dict[str, ConfigChange]:
+    """The effective-configuration fields in which the candidate's model differs from the reference's, each with
+    both values; refused (one line naming the field, both values and how to declare it) where the declaration does
+    not name the field in `config_changes`, or names a field in which the two do not differ.
+
+    Each package's configuration is its folder's config.json read the transformers way (`folder_config`): `use run`
+    refuses a worker whose reported configuration differs from its folder's in a field the package does not declare
+    a known premise, so these are the configurations the two packages compute with. A pair of folders without
+    config.json, or whose config.json names no decoder layers (a model no engine here builds), has nothing to
+    compare; nor has a pair whose config.json files are the same bytes.
+    """
+    folders = {"reference": base / declaration.reference.model_dir, "candidate": base / declaration.candidate.model_dir}
+    files = [folder / "config.json" for folder in folders.values()]
+    comparable = all(file.is_file() for file in files)
+    with _reading("candidate.model_dir", files[1]):
+        comparable = comparable and files[0].read_bytes() != files[1].read_bytes() and all(
+            "num_hidden_layers" in _config_json(role, folders[role]) for role in ROLES)
+    if not comparable:
+        if declaration.config_changes:
+            raise ContractError(f"config_changes: the two model folders give the same configuration (no "
+                                f"config.json of a decoder, or the same bytes), so the contract changes nothing in "
+                                f"{declaration.config_changes[0]}; remove it")
+        return {}
+    ref, cand = (_folder_configuration(role, folders[role]) for role in ROLES)
+    declared = set(declaration.config_changes)
+    out: dict[str, ConfigChange] = {}
+    for field in ref:
+        if same_config_value(field, ref[field], cand[field]):
+            if field in declared:
+                raise ContractError(f"config_changes: the candidate's model computes {field} as the reference's "
+                                    f"({show_value(ref[field])}), so the contract changes nothing there; remove it")
+            continue
+        if field not in declared:
+            raise ContractError(
+                f"candidate.model_dir: the candidate's config.json gives {field} = {show_value(cand[field])}, the "
+                f"reference's {show_value(ref[field])}: the two packages compute different models; point both at the "
+                f"same configuration, or declare the change as the contract's purpose (config_changes = "
+                f"[\"{field}\"])")
+        out[field] = ConfigChange(reference=ref[field], candidate=cand[field])
+    return out
+
+
+def check_config_changes(contract: Contract, base: Path) -> None:
+    """The configuration changes the contract records must be the ones its two model folders (relative to the
+    contract's folder `base`) give now: `ContractError` naming the field and both values where this Invar reads the
+    folders otherwise (a contract prepared by an Invar that read config.json differently: prepare it again)."""
+    if not contract.config_changes:
+        return  # nothing recorded; each worker is still checked against its own folder at load_model
+    for field, change in contract.config_changes.items():
+        for role in ROLES:
+            folder = base / contract.package(role).model_dir
+            value = _folder_configuration(role, folder)[field]
+            recorded = getattr(change, role)
+            if not same_config_value(field, recorded, value):
+                raise ContractError(f"config_changes.{field}: the contract records {show_value(recorded)} for the "
+                                    f"{role}, this Invar reads {show_value(value)} from {folder / 'config.json'}; "
+                                    "prepare the contract again from its declaration")
 
 
 def _scorer(declared: Scorer, requirement: Requirement, units: Sequence[PopulationUnit], base: Path,

@@ -124,9 +124,10 @@ def _float_or_none(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def _same(field: str, want: Any, got: Any) -> bool:
+def same_value(field: str, want: Any, got: Any) -> bool:
+    """Whether two values of `field` are the same (floats relatively, θ within `THETA_RELATIVE`, per layer)."""
     if isinstance(want, list) and isinstance(got, list):
-        return len(want) == len(got) and all(_same(field, w, g) for w, g in zip(want, got, strict=True))
+        return len(want) == len(got) and all(same_value(field, w, g) for w, g in zip(want, got, strict=True))
     if isinstance(want, bool) or isinstance(got, bool) or want is None or got is None:
         return bool(want == got)
     if isinstance(want, int | float) and isinstance(got, int | float):
@@ -141,20 +142,39 @@ def differences(folder: Mapping[str, Any], engine: Mapping[str, Any]) -> list[st
     for field in FIELDS:
         if field not in engine or field not in folder:
             continue
-        if not _same(field, folder[field], engine[field]):
-            out.append(f"{field}: the folder's config.json gives {_show(folder[field])}, the engine computes "
-                       f"with {_show(engine[field])}")
+        if not same_value(field, folder[field], engine[field]):
+            out.append(f"{field}: the folder's config.json gives {show_value(folder[field])}, the engine computes "
+                       f"with {show_value(engine[field])}")
     return out
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
+    """A field's value as the one-line messages show it (a per-layer list the same on every layer, once)."""
     if isinstance(value, float):
         return f"{value:.7g}"
     if isinstance(value, list) and len(value) > 2 and all(v == value[0] for v in value):
-        return f"[{_show(value[0])} × {len(value)} layers]"  # one value per layer, the same on every layer
+        return f"[{show_value(value[0])} × {len(value)} layers]"  # one value per layer, the same on every layer
     if isinstance(value, list):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
+        return "[" + ", ".join(show_value(v) for v in value) + "]"
     return json.dumps(value)
+
+
+def comparison(folder: Mapping[str, Any], engine: Mapping[str, Any], premises: Sequence[str] = ()) -> list[
+        tuple[str, Any, Any, str]]:
+    """Field by field: (field, the folder's value, the engine's, verdict), the verdict `equal`, `premise` (differs
+    in a field the package declares its engine does not honour), `refused` (differs otherwise) or `not reported`
+    (the engine's reader cannot read the field back; it is not compared)."""
+    rows = []
+    for field in FIELDS:
+        want, got = folder.get(field), engine.get(field)
+        if field not in engine:
+            verdict = "not reported"
+        elif same_value(field, want, got):
+            verdict = "equal"
+        else:
+            verdict = "premise" if field in premises else "refused"
+        rows.append((field, want, got, verdict))
+    return rows
 
 
 class ConfigMismatch(InvarError):
@@ -173,7 +193,8 @@ def check_effective(folder: str | Path, engine: str, effective: Mapping[str, Any
     refused = [line for line in lines if line.split(":", 1)[0] not in premises]
     if refused:
         more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        field = refused[0].split(":", 1)[0]
         raise ConfigMismatch(f"the {engine} engine does not compute the model in {folder}: {refused[0]}{more}; run "
-                             "it on an engine that honours the field, or declare the field a known premise of the "
-                             "package")
+                             "it on an engine that honours the field, or declare it a known premise in the "
+                             f"package's table (known_premises = [{{field = \"{field}\", why = \"...\"}}])")
     return allowed

@@ -97,6 +97,9 @@ class EngineSpec:
     patch_dirs: Mapping[str, str] = field(default_factory=dict)
     """Where a reference's folder lies when the worker cannot find it from the reference itself (a contract's path,
     relative to the contract): reference → absolute folder. The worker checks its digest again before it runs."""
+    premises: tuple[str, ...] = ()
+    """Effective-configuration fields the package declares its engine does not honour (`known_premises`): where the
+    worker's configuration differs from the folder's there, the difference is shown, not refused."""
     worker_digest: str | None = None
     """The worker code digest the package names (`invar.worker_code`), checked before the worker starts and again
     against its handshake; None: not pinned (a command that runs no contract)."""
@@ -131,6 +134,13 @@ class Session:
     adapter_digest: str | None
     eos_token_id: int
     max_model_len: int | None
+
+
+def session_premises(spec: EngineSpec) -> tuple[str, ...]:
+    """The effective-configuration fields a session accepts as premises: the package's `known_premises`, and the
+    rope of a package that runs MLX with map_rope_parameters = false (the package is about mlx-lm as installed)."""
+    implied = ("rope_theta",) if spec.settings.get("map_rope_parameters") is False else ()
+    return tuple(dict.fromkeys((*spec.premises, *implied)))
 
 
 def default_run_dir(command: str) -> Path:
@@ -184,11 +194,11 @@ def engine_session(
             raise EvidenceError(f"the {spec.engine.value} worker reports model digest {loaded.model_digest[:16]}…, "
                                 f"not {model_digest[:16]}…: it loaded other files than the core named")
         if loaded.effective_config is not None:
-            # the configuration the engine built, field by field against the folder's config.json; a package that
-            # runs MLX with map_rope_parameters = false declares the rope it computes as its premise (the package
-            # is about mlx-lm as installed)
-            premises = ("rope_theta",) if spec.settings.get("map_rope_parameters") is False else ()
-            check_effective(spec.model, spec.engine.value, loaded.effective_config, premises)
+            # the configuration the engine built, field by field against the folder's config.json (which the model
+            # digest seals): a field the package does not declare a known premise is refused here, before any call
+            for line in check_effective(spec.model, spec.engine.value, loaded.effective_config,
+                                        session_premises(spec)):
+                phase(f"known premise of the package: {line}")
         name = None
         if spec.adapter is not None and not adapter_in_load:
             got = client.call(LOAD_ADAPTER, LoadAdapterParams(ADAPTER_NAME, str(spec.adapter.resolve()),
@@ -271,6 +281,22 @@ def probe_identity(engine: Engine, settings: Mapping[str, Any] | None = None,
                           args=launch_args(engine.value, settings or {}, patches or {}, patch_dirs))
     try:
         return client.identity
+    finally:
+        client.close()
+
+
+def probe_effective(engine: Engine, model: Path, settings: Mapping[str, Any] | None = None,
+                    patches: Mapping[str, str] | None = None,
+                    patch_dirs: Mapping[str, str] | None = None) -> tuple[Identity, Mapping[str, Any] | None]:
+    """Start a worker as `probe_identity` does, load `model` (float32, unquantized), and return its identity and
+    the effective configuration it reports (None: the worker reports none); the worker is stopped after."""
+    client = start_worker(engine.value, Role.INFERENCE,
+                          args=launch_args(engine.value, settings or {}, patches or {}, patch_dirs))
+    try:
+        digest = canonical.tree_digest(str(model))
+        loaded = client.call(LOAD_MODEL, LoadModelParams(str(model.resolve()), digest, Dtype.FLOAT32.value,
+                                                         Quantization.NONE.value, None))
+        return client.identity, loaded.effective_config
     finally:
         client.close()
 

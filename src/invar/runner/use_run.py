@@ -64,7 +64,7 @@ from invar.contract.bind import (
 from invar.contract.inputs import check_method_version, run_inputs
 from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
-from invar.contract.prepare import load_contract
+from invar.contract.prepare import check_config_changes, load_contract
 from invar.contract.reading import RunReader
 from invar.engines import Transport, check_worker_code, engine_info
 from invar.errors import ContractError, EvidenceError, InvarError, NotResumable, WorkerError
@@ -170,7 +170,7 @@ def package_spec(package: Package, base: Path, role: Role) -> EngineSpec:
     spec = EngineSpec(Engine(package.engine), model, Dtype(package.dtype), Quantization(package.quantization),
                       adapter, settings=dict(package.settings), patches=dict(package.patches),
                       patch_dirs={k: str(f.resolve()) for k, f in folders.items() if patches.is_path(k)},
-                      worker_digest=package.worker_digest)
+                      premises=package.premise_fields(), worker_digest=package.worker_digest)
     model_digest, adapter_digest = spec.digests
     if model_digest != package.model_digest:
         raise ContractError(f"{role}.model_dir: {model} has tree digest {model_digest[:16]}…, the contract fixes "
@@ -313,6 +313,7 @@ def _read_contract(contract_path: Path) -> tuple[RunReader, dict[Role, EngineSpe
     check_method_version(contract, "run with the Invar version the contract names")
     base = contract_path.parent
     specs = {role: package_spec(contract.package(role), base, role) for role in ROLES}
+    check_config_changes(contract, base)  # each worker is then checked against its folder's configuration
     # The run is read under its contract as admission reads it: the same reader binds a resumed run's records and
     # recomputes the stopping rule.
     reader = RunReader.of_models(contract, sha, plan, base, {role: specs[role].model for role in ROLES})
