@@ -35,7 +35,7 @@ import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -136,7 +136,7 @@ class Requests:
     """What every generate request of a plan is made of: the units, their seeds and the contract's sampling. A planned
     call's requests are derived from it when asked, one call at a time, and dropped after."""
 
-    units: tuple[Unit, ...]
+    units: Sequence[Unit]
     seeds: tuple[int, ...]
     temperature: float
     top_p: float
@@ -243,7 +243,7 @@ class ExecutionPlan:
 
     version: str
     contract_sha256: str
-    units: tuple[Unit, ...]
+    units: Sequence[Unit]
     seeds: tuple[int, ...]
     """Per-unit sampling seeds, aligned with `units`."""
     load_params: dict[Role, dict[str, Any]]
@@ -326,15 +326,19 @@ def select_units(population: Sequence[Unit], sample: int | None, contract_seed: 
 
     Pure. Raises `ContractError` if ids repeat or the sample is larger than the population.
     """
-    ids = [u.unit_id for u in population]
+    chosen = _chosen_ids([u.unit_id for u in population], sample, contract_seed)
+    return tuple(population) if chosen is None else tuple(u for u in population if u.unit_id in chosen)
+
+
+def _chosen_ids(ids: Sequence[str], sample: int | None, contract_seed: int) -> set[str] | None:
+    """The ids `select_units` keeps (None: all of them); the same refusals."""
     if len(set(ids)) != len(ids):
         raise ContractError("population: unit ids repeat; give every unit its own id")
     if sample is None:
-        return tuple(population)
-    if sample > len(population):
-        raise ContractError(f"population.sample: {sample} exceeds the {len(population)} units; lower it")
-    chosen = set(sorted(ids, key=lambda i: _key("invar.sample/1", contract_seed, i))[:sample])
-    return tuple(u for u in population if u.unit_id in chosen)
+        return None
+    if sample > len(ids):
+        raise ContractError(f"population.sample: {sample} exceeds the {len(ids)} units; lower it")
+    return set(sorted(ids, key=lambda i: _key("invar.sample/1", contract_seed, i))[:sample])
 
 
 def layout_batches(n: int, name: str, layout: Layout, contract_seed: int) -> list[list[int]]:
@@ -378,12 +382,43 @@ PromptEncoder = Callable[[PopulationUnit], tuple[str, Sequence[int]]]
 `invar.formats.tokenizer.ModelTokenizer` under the digest its contract pins."""
 
 
-def _encoded(unit: Unit, encoders: Mapping[Role, PromptEncoder]) -> Unit:
-    """`unit` as the plan keeps it: with the encoders rather than its text and ids; a chat unit's label is the
-    reference's rendering of its messages."""
-    assert unit.source is not None
-    prompt = unit.prompt if unit.source.prompt is not None else encoders["reference"](unit.source)[0]
-    return replace(unit, prompt=prompt, encoders=encoders)
+class PlannedUnits(Sequence[Unit]):
+    """A plan's units, kept as the population's units they are made of: each `Unit` (with the encoders rather than
+    its text and ids) is built when it is read, so a plan of a million units holds no object per unit of its own.
+    A chat unit's label, the reference's rendering of its messages, is rendered once, when the plan is derived."""
+
+    __slots__ = ("_encoders", "_labels", "sources")
+
+    def __init__(self, sources: Sequence[PopulationUnit], encoders: Mapping[Role, PromptEncoder]) -> None:
+        self.sources = tuple(sources)
+        self._encoders = encoders
+        self._labels = {i: encoders["reference"](u)[0] for i, u in enumerate(self.sources) if u.prompt is None}
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    @overload
+    def __getitem__(self, index: int) -> Unit: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Unit, ...]: ...
+    def __getitem__(self, index: int | slice) -> Unit | tuple[Unit, ...]:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        source = self.sources[index]
+        prompt = source.prompt
+        if prompt is None:
+            prompt = self._labels[index if index >= 0 else index + len(self.sources)]
+        return Unit(source.id, prompt, source, encoders=self._encoders)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PlannedUnits):
+            return self.sources == other.sources and [u.prompt for u in self] == [u.prompt for u in other]
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PlannedUnits({len(self)} units)"
 
 
 def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[PopulationUnit],
@@ -400,9 +435,9 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[P
             "load the file the contract names"
         )
     seed = contract.pairing.seed
-    planned = [Unit(p.id, p.prompt if p.prompt is not None else "", p) for p in population]
-    units = tuple(_encoded(u, encoders) for u in select_units(planned, contract.population.sample, seed))
-    seeds = tuple(unit_seed(seed, u.unit_id) for u in units)
+    chosen = _chosen_ids([p.id for p in population], contract.population.sample, seed)
+    units = PlannedUnits(population if chosen is None else [p for p in population if p.id in chosen], encoders)
+    seeds = tuple(unit_seed(seed, p.id) for p in units.sources)
     sampling = contract.sampling
     source = Requests(units, seeds, sampling.temperature, sampling.top_p, sampling.max_tokens)
 
