@@ -69,7 +69,7 @@ if str(REPO / "src") not in sys.path:  # run from a checkout without installing 
 import numpy as np  # noqa: E402
 
 from invar import canonical  # noqa: E402
-from invar.cli.use_init import toml_document  # noqa: E402
+from invar.contract.declaration_toml import toml_document  # noqa: E402
 from invar.engines import worker_digest, worker_env  # noqa: E402
 from invar.records import RunStore  # noqa: E402
 
@@ -380,7 +380,8 @@ def _absolute(declared: dict[str, Any], base: Path) -> dict[str, Any]:
 
 
 def prepare(folder: Path, name: str, declared: dict[str, Any]) -> Path:
-    """Write the declaration `declared` as `name`.toml into `folder` (`invar.cli.use_init.toml_document`) and
+    """Write the declaration `declared` as `name`.toml into `folder`
+    (`invar.contract.declaration_toml.toml_document`) and
     `invar use prepare` it there; the contract's path."""
     decl = folder / f"{name}.toml"
     decl.write_text(toml_document(declared), encoding="utf-8")

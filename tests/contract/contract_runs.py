@@ -13,7 +13,7 @@ import numpy as np
 from support.char_model import write_char_model
 
 from invar import canonical
-from invar.cli.use_init import toml_document
+from invar.contract.declaration_toml import toml_document
 from invar.contract.inputs import run_inputs
 from invar.contract.model import Contract
 from invar.contract.plan import ExecutionPlan, PlannedCall

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,15 @@ def test_split_k_is_violated_for_the_dependence_it_adds(tmp_path: Path) -> None:
     assert 0 < len(inv["gained_units"]) == inv["units_differing"] <= inv["candidate_units_differing"]
     # A correct float32 product: its captures are within the proposed max_kl.
     assert decision["measurements"]["requirement"]["holds"] is True
+
+
+def test_a_softmax_function_kernel_gives_the_reference_eager_attention(tmp_path: Path) -> None:
+    # A softmax kernel is on the model's path through eager attention only: its worker reports eager, and the stock
+    # reference `use init` proposes runs eager too, so the two packages differ in the kernel alone.
+    kernel = REPO_ROOT / "examples" / "kernels" / "softmax-fp32"
+    made = _invar("use", "init", "k.toml", "--candidate-patch", str(kernel), "--sample", "24", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    decl = tomllib.loads((tmp_path / "k.toml").read_text(encoding="utf-8"))
+    assert decl["candidate"]["settings"]["attn_implementation"] == "eager"
+    assert decl["reference"]["settings"]["attn_implementation"] == "eager"
+    assert "patches" not in decl["reference"]

@@ -6,6 +6,7 @@ real engine), and each file is checked by `use prepare`'s checks as `use init` w
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 
 from invar.cli.app import app
 from invar.cli.use_init import KERNEL_MAX_KL
+from invar.contract.declaration_toml import declaration_toml
 from invar.contract.model import parse_declaration
 from invar.errors import InvarError
 
@@ -39,8 +41,12 @@ def probes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
 def _init(out: Path, *args: str) -> dict[str, Any]:
     result = CliRunner().invoke(app, ["use", "init", str(out), "--sample", "40", *args])
     assert result.exit_code == 0, (result.output, result.exception)
-    decl = tomllib.loads(out.read_text(encoding="utf-8"))
-    parse_declaration(decl, str(out))  # the declaration model reads it as written
+    text = out.read_text(encoding="utf-8")
+    decl = tomllib.loads(text)
+    declaration = parse_declaration(decl, str(out))  # the declaration model reads it as written
+    # and writes it again to the same bytes: the file is written from the model
+    digests = dict(zip(("reference", "candidate"), re.findall(r"tokenizer digest, ([0-9a-f]{64}),", text), strict=True))
+    assert declaration_toml(declaration, out.name, digests) == text
     return decl
 
 

@@ -3,8 +3,10 @@ scorer.
 
 Every digest is computed here (population, model folders, patches, a user scorer's file) and each package's
 `engine_version` and `settings` are the identity its worker reports, so `use prepare` accepts the file as written.
-Paths are written relative to the declaration's folder, so the folder moves with what it names. Nothing is written
-until the whole declaration has passed the checks `use prepare` makes.
+Paths are written relative to the declaration's folder, so the folder moves with what it names. The options make
+the declaration's model (`invar.contract.model.Declaration`), and the file is written from it
+(`invar.contract.declaration_toml`). Nothing is written until the whole declaration has passed the checks
+`use prepare` makes.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -80,6 +83,14 @@ def _rel(target: Path, start: Path) -> str:
     return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()
 
 
+def toml_value(value: Any, *, instead: str = "write the declaration by hand") -> str:
+    """`invar.contract.declaration_toml.toml_value` (`use package` prints settings with it), imported when called:
+    `use --help` reads no module of the contract package."""
+    from invar.contract.declaration_toml import toml_value as written
+
+    return written(value, instead=instead)
+
+
 def _model(option: str, folder: Path) -> tuple[str, str]:
     """A model folder's tree digest and tokenizer digest, after the core has read its tokenizer."""
     from invar import canonical
@@ -101,70 +112,6 @@ def _patches(option: str, names: list[str], engine: Engine, base: Path) -> dict[
     from invar.patches import select
 
     return select(names, engine.value, option, base)[0]
-
-
-def toml_value(value: Any, *, instead: str = "write the declaration by hand") -> str:
-    """A value as TOML: strings as JSON strings (a TOML basic string), tables inline with sorted keys; `instead`
-    says what to do with a value TOML cannot state."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v, instead=instead) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(str(k))} = {toml_value(v, instead=instead)}"
-                                for k, v in sorted(value.items())) + " }"
-    raise InvarError(f"{value!r} cannot be written in TOML; {instead}")
-
-
-
-
-def toml_document(data: Mapping[str, Any]) -> str:
-    """A declaration (or any table of tables) as a TOML document: top-level values first, then one table per dict
-    (its values inline, `toml_value`), then one `[[key]]` per table of a list of tables."""
-    head: list[str] = []
-    body: list[str] = []
-    for key, value in data.items():
-        if isinstance(value, dict):
-            body.append(f"\n[{key}]")
-            body.extend(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items())
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            for item in value:
-                body.append(f"\n[[{key}]]")
-                body.extend(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in item.items())
-        else:
-            head.append(f"{key} = {toml_value(value)}")
-    return "\n".join(head + body) + "\n"
-
-
-def _line(key: str, value: Any, comment: str) -> str:
-    text = f"{key} = {toml_value(value)}"
-    return f"{text:<29} # {comment}" if len(text) < 29 else f"# {comment}\n{text}"
-
-
-def _package_lines(side: _Side, base: Path) -> list[str]:
-    what = "that is trusted" if side.role == "reference" else "proposed to replace the reference"
-    lines = [f"[{side.role}]", f"# The package {what}: its worker must report exactly this identity at handshake.",
-             _line("engine", side.engine.value, "the engine whose worker runs the model"),
-             "# Every package version the worker reports (invar use package prints them).",
-             f"engine_version = {toml_value(side.engine_version)}",
-             "# Every setting the worker's identity reports; launch options among them start the worker.",
-             f"settings = {toml_value(side.settings)}",
-             "# The digest of the worker's code (its module and the core modules it imports): other code is refused.",
-             f"worker_digest = {toml_value(side.worker_digest)}"]
-    if side.patches:
-        lines += ["# Patches and kernels the worker runs with: a name under patches/, or a folder (relative to this "
-                  "file) → digest.",
-                  f"patches = {toml_value(side.patches)}"]
-    lines += ["# The model folder (relative to this file) and its tree digest: another folder is refused.",
-              f"model_dir = {toml_value(_rel(side.model, base))}", f"model_digest = {toml_value(side.model_digest)}",
-              f"# (use prepare fixes its tokenizer digest, {side.tokenizer_digest}, in the contract)",
-              _line("dtype", side.dtype.value, "the dtype the model is loaded in"),
-              _line("quantization", side.quantization.value, "the weight quantization (none or nf4)")]
-    return lines
 
 
 @dataclass
@@ -200,98 +147,66 @@ class _Choices:
     None for none."""
 
 
-def _render(c: _Choices, reference: _Side, candidate: _Side, base: Path, file_name: str) -> str:
+def _package(side: _Side, base: Path) -> dict[str, Any]:
+    return {"engine": side.engine.value, "engine_version": side.engine_version, "settings": side.settings,
+            "worker_digest": side.worker_digest, **({"patches": side.patches} if side.patches else {}),
+            "model_dir": _rel(side.model, base), "model_digest": side.model_digest, "dtype": side.dtype.value,
+            "quantization": side.quantization.value}
+
+
+def _declaration(c: _Choices, reference: _Side, candidate: _Side, base: Path) -> dict[str, Any]:
+    """The declaration the choices make, as its TOML states it (the model reads it: `_declared`)."""
     pairing = f"b{c.batch_size}"
-    lines = [
-        "# A use declaration written by `invar use init`: may the candidate package replace the reference for this",
-        "# use? Every digest was computed from the files named here and every engine_version and settings is what",
-        "# the worker reported. Paths are relative to this file. Next:",
-        "#",
-        f"#   invar use prepare {one_line(file_name)}            (writes {one_line(c.name)}.contract.json beside it)",
-        f"#   invar use run {one_line(c.name)}.contract.json --run RUN",
-        f"#   invar use admit RUN --contract {one_line(c.name)}.contract.json",
-        "",
-        _line("name", c.name, "the contract's name: use prepare writes <name>.contract.json"),
-        _line("description", c.description, "the use, in the owner's words"),
-        "",
-        "[population]",
-        "# The prompts the use is about: the file (relative to this file) and the sha256 of its bytes.",
-        f"path = {toml_value(_rel(c.population, base))}",
-        f"sha256 = {toml_value(c.population_sha256)}",
-        _line("unit", "prompt", "each unit gets one paired comparison"),
-    ]
-    if c.sample is not None:
-        lines.append(_line("sample", c.sample, "a seeded sample of this many units (omit: every unit)"))
-    else:
-        lines.append("# no sample: every unit of the population is run")
-    lines += ["", "[scorer]",
-              _line("name", c.scorer, "scores each response: its loss per unit (built in, or path.py:function)")]
-    if c.scorer_sha256 is not None:
-        lines.append(_line("sha256", c.scorer_sha256, "the scorer file's sha256: a changed file is refused"))
-    if c.scorer_settings:
-        lines.append(_line("settings", c.scorer_settings, "the scorer's settings"))
-    lines += ["", "[sampling]", "# Identical for both packages on every request.",
-              _line("temperature", c.temperature, "0 is greedy"),
-              _line("top_p", c.top_p, "nucleus mass kept before sampling"),
-              _line("max_tokens", c.max_tokens, "the longest response, end-of-sequence included"),
-              "", "[requirement]",
-              _line("standard", c.standard, "population: a confidence bound; finite-domain: exact on the units"),
-              _line("epsilon", c.epsilon, "ε: the largest allowed rise of the mean task loss")]
+    requirement: dict[str, Any] = {"standard": c.standard, "epsilon": c.epsilon}
     if c.standard == "population":
-        lines.append(_line("confidence", c.confidence, "1 − δ: each side of the bound holds with this probability"))
-        lines.append(_line("method", c.method, "the confidence bound that decides (docs/statistics.md)"))
+        requirement |= {"confidence": c.confidence, "method": c.method}
         if c.sequential:
-            lines.append(_line("sequential", True, "look after each pairing call; stop when the bound decides"))
-            lines.append(_line("max_n", c.sample, "the most units the run uses: every unit the plan runs"))
-    lines += ["", "[pairing]",
-              _line("seed", c.seed, "fixes the sample, every unit's sampling seed and shuffled orders"),
-              _line("layout", pairing, "the batch layout both packages run for the paired comparison"),
-              "", f"[layouts.{pairing}]", _line("batch_size", c.batch_size, "prompts per batch, in population order")]
+            requirement |= {"sequential": True, "max_n": c.sample}
+    layouts: dict[str, Any] = {pairing: {"batch_size": c.batch_size}}
+    invariance: dict[str, Any] = {"required": c.invariance}
     if c.invariance:
-        lines += ["", f"[layouts.b{2 * c.batch_size}-shuffled]",
-                  _line("batch_size", 2 * c.batch_size, "larger batches"),
-                  _line("order", "shuffled", "in a seeded shuffled order"),
-                  "", "[layouts.solo]", _line("batch_size", 1, "every prompt alone")]
-    lines += ["", "[invariance]"]
-    if c.invariance and c.relative_invariance:
-        lines += [_line("required", True, "the candidate may add no layout dependence the reference lacks:"),
-                  "# a unit bit-identical under every layout below for the reference must be so for the candidate",
-                  _line("relative_to", "reference", "the reference runs these layouts too"),
-                  f"layouts = {toml_value([pairing, f'b{2 * c.batch_size}-shuffled', 'solo'])}"]
-    elif c.invariance:
-        lines += [_line("required", True, "the candidate must give identical bits under every layout below"),
-                  f"layouts = {toml_value([pairing, f'b{2 * c.batch_size}-shuffled', 'solo'])}"]
-    else:
-        lines.append(_line("required", False, "the candidate runs only the pairing layout"))
-    if c.measurements is not None:
-        lines += ["", "[measurements]", "# The candidate scores the reference's responses (teacher forcing) and both "
-                  "packages' whole-vocabulary", "# distributions are captured at these steps.",
-                  *(_line(key, value, _MEASUREMENT_NOTES[key]) for key, value in c.measurements.items())]
-    lines += ["", "[execution]",
-              _line("requests_per_call", c.requests_per_call, "the most requests one worker call carries"),
-              "", *_package_lines(reference, base), "", *_package_lines(candidate, base), ""]
-    if c.party is not None:
-        lines += ["[[premises]]", "# An assumption the decision rests on, and who vouches for it.",
-                  "statement = " + toml_value("The population represents the prompts the model will be asked in this "
-                                              "use."),
-                  f"party = {toml_value(c.party)}",
-                  _line("basis_sha256", c.population_sha256, "the document vouched with: here the population"),
-                  _line("reliance", "vouched", "the decision relies on the party's word"), ""]
-    else:
-        lines += ["# Premises the decision rests on (none stated; `use init --party NAME` writes one), e.g.",
-                  "# [[premises]]",
-                  '# statement = "The population represents the prompts the model will be asked in this use."',
-                  '# party = "who vouches"', f"# basis_sha256 = {toml_value(c.population_sha256)}",
-                  '# reliance = "vouched"', ""]
-    return "\n".join(lines)
+        layouts |= {f"b{2 * c.batch_size}-shuffled": {"batch_size": 2 * c.batch_size, "order": "shuffled"},
+                    "solo": {"batch_size": 1}}
+        invariance |= {**({"relative_to": "reference"} if c.relative_invariance else {}), "layouts": list(layouts)}
+    return {
+        "name": c.name, "description": c.description,
+        "population": {"path": _rel(c.population, base), "sha256": c.population_sha256, "unit": "prompt",
+                       **({} if c.sample is None else {"sample": c.sample})},
+        "scorer": {"name": c.scorer, **({} if c.scorer_sha256 is None else {"sha256": c.scorer_sha256}),
+                   **({"settings": c.scorer_settings} if c.scorer_settings else {})},
+        "sampling": {"temperature": c.temperature, "top_p": c.top_p, "max_tokens": c.max_tokens},
+        "requirement": requirement, "pairing": {"seed": c.seed, "layout": pairing}, "layouts": layouts,
+        "invariance": invariance, **({} if c.measurements is None else {"measurements": c.measurements}),
+        "execution": {"requests_per_call": c.requests_per_call},
+        "reference": _package(reference, base), "candidate": _package(candidate, base),
+        "premises": [] if c.party is None else [{
+            "statement": "The population represents the prompts the model will be asked in this use.",
+            "party": c.party, "basis_sha256": c.population_sha256, "reliance": "vouched"}],
+    }
 
 
-_MEASUREMENT_NOTES = {
-    "teacher_forcing": "score the reference's responses on the reference's context",
-    "capture_steps": "response steps with a whole-vocabulary capture",
-    "max_kl": "a requirement: KL(reference ‖ candidate) in nats at every capture",
-    "units": "measure only the first batches covering this many units",
-}
+def _render(c: _Choices, reference: _Side, candidate: _Side, base: Path, out: Path) -> str:
+    """The declaration's text, written from its model (`invar.contract.declaration_toml`); a field the model refuses
+    is one line naming the option that set it."""
+    from invar.contract.declaration_toml import declaration_toml
+    from invar.contract.model import parse_declaration
+
+    with _refusal(out):
+        declaration = parse_declaration(_declaration(c, reference, candidate, base), str(out))
+    return declaration_toml(declaration, out.name, {"reference": reference.tokenizer_digest,
+                                                    "candidate": candidate.tokenizer_digest})
+
+
+@contextmanager
+def _refusal(out: Path) -> Iterator[None]:
+    """A refusal of the declaration as one line naming the option that set the refused field."""
+    try:
+        yield
+    except InvarError as exc:
+        message = str(exc).removeprefix(f"{one_line(str(out))}: ")  # as the error wrote the path: escaped
+        field_name = next((f for f in sorted(_OPTION_OF, key=len, reverse=True) if message.startswith(f)), None)
+        hint = "" if field_name is None else f" (set by {_OPTION_OF[field_name]})"
+        raise type(exc)(f"use init: {message}{hint}; nothing was written to {out}") from None
 
 
 def _check(text: str, out: Path) -> None:
@@ -302,17 +217,12 @@ def _check(text: str, out: Path) -> None:
     from invar.contract.plan import derive_plan
     from invar.contract.prepare import build_contract, model_folders, package_tokenizers, prompt_encoders
 
-    try:
+    with _refusal(out):
         declaration = parse_declaration(tomllib.loads(text), str(out))
         base = out.parent
         contract, units = build_contract(declaration, base, base)
         encoders = prompt_encoders(package_tokenizers(contract, model_folders(contract, base)))
         derive_plan(contract, canonical.sha256(contract.canonical_json()), units, encoders)
-    except InvarError as exc:
-        message = str(exc).removeprefix(f"{one_line(str(out))}: ")  # as the error wrote the path: escaped
-        field_name = next((f for f in sorted(_OPTION_OF, key=len, reverse=True) if message.startswith(f)), None)
-        hint = "" if field_name is None else f" (set by {_OPTION_OF[field_name]})"
-        raise type(exc)(f"use init: {message}{hint}; nothing was written to {out}") from None
 
 
 def init_cmd(
@@ -530,7 +440,7 @@ def init_cmd(
                          "--no-invariance or --invariance-relative-to")
     for side in sides:  # everything but the identities first: a mistake costs no worker start
         side.engine_version, side.settings = {"invar": "0"}, dict(side.launch)
-    _check(_render(choices, sides[0], sides[1], base, out.name), out)
+    _check(_render(choices, sides[0], sides[1], base, out), out)
     identities: dict[str, tuple[dict[str, str], dict[str, Any]]] = {}
     for side in sides:
         key = json.dumps([side.engine.value, side.launch, side.patches], sort_keys=True)
@@ -541,7 +451,7 @@ def init_cmd(
                                {k: v for k, v in identity.settings.items() if k != "patches"})
         side.engine_version, side.settings = identities[key]
     _same_attention(sides, identities)
-    text = _render(choices, sides[0], sides[1], base, out.name)
+    text = _render(choices, sides[0], sides[1], base, out)
     _check(text, out)
     try:
         out.write_text(text, encoding="utf-8")
