@@ -52,8 +52,9 @@ class TaskLoss:
 
     @property
     def mean_difference(self) -> Fraction:
-        """Mean of candidate loss minus reference loss, exactly."""
-        return Fraction(self.candidate_loss - self.reference_loss, self.n)
+        """Mean of candidate loss minus reference loss, exactly (0 over no units: a run that stopped at a non-finite
+        candidate call before any unit was paired, decided by that call, not by the losses)."""
+        return Fraction(self.candidate_loss - self.reference_loss, self.n) if self.n else Fraction(0)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -89,8 +90,8 @@ class RangeTaskLoss:
 
     @property
     def mean_difference(self) -> Fraction:
-        """Mean of candidate loss minus reference loss, exactly."""
-        return (self.candidate_loss - self.reference_loss) / self.n
+        """Mean of candidate loss minus reference loss, exactly (0 over no units, as `TaskLoss`'s)."""
+        return (self.candidate_loss - self.reference_loss) / self.n if self.n else Fraction(0)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -746,6 +746,8 @@ class DecisionOutput(Closed):
     """Plan /3 contracts only."""
     sequential: SequentialDecisionOutput | None = None
     """Sequential contracts only."""
+    nonfinite: NonFiniteCallOutput | None = None
+    """Only when the run stopped at a candidate call answered with non-finite values: that call, which decides."""
 
 
 class UseAdmitOutput(DecisionOutput):
@@ -1022,3 +1024,24 @@ class KernelCheckOutput(Closed):
 
 
 OUTPUTS["kernel-check"] = KernelCheckOutput
+
+
+class NonFiniteCallOutput(Closed):
+    """A candidate generate call its worker answered with `NonFiniteOutput`: the error record a decision rests on."""
+
+    call: str
+    """The planned call's key."""
+    first_unit: str
+    """The unit id of the call's first request."""
+    units: int
+    """The units the call carries."""
+    record: int
+    """The record's sequence number in the run."""
+    call_id: int
+    """The call's id, as the worker was sent it."""
+    call_digest: str
+    """The digest of the call as recorded (its params are the planned call's)."""
+    report_digest: str
+    """The digest of the error report the worker sent, as the run's chain binds it."""
+    error: str
+    """`NonFiniteOutput: ` and the worker's words."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from invar.compare.measured import MeasurementRecord, kl_requirement
 from invar.compare.numerical import NumericalComparison
-from invar.contract.bind import CallEvidence, check_stop_record
+from invar.contract.bind import CallEvidence, NonFiniteCall, check_stop_record
 from invar.contract.decide import (
     Decision,
     Invariance,
@@ -107,7 +107,9 @@ def admit(
     diag: PairedDiagnostics | RangeDiagnostics | None = None
     delta: Decimal | None = None
     stopped = read.stopped
-    if req.standard == "population":
+    if req.standard == "population" and read.nonfinite is not None:
+        delta = req.delta  # the call decides; no bound is computed on the units paired before it
+    elif req.standard == "population":
         assert req.method is not None
         assert req.delta is not None
         delta = req.delta
@@ -126,13 +128,14 @@ def admit(
             diag = range_diagnostics(d, d_low, d_high, conservative_delta(delta))
     max_kl = None if contract.measurements is None else contract.measurements.max_kl
     kl = None if max_kl is None or read.measured is None else kl_requirement(read.measured, max_kl)
-    answer, reason = decide(contract, read.invariance, premises, loss, task_bound, kl, stopped)
+    answer, reason = decide(contract, read.invariance, premises, loss, task_bound, kl, stopped, read.nonfinite)
     return Decision(
         answer=answer, reason=reason, contract_name=contract.name, contract_sha256=sha, run=str(run_path),
         standard=req.standard, epsilon=req.epsilon, delta=delta, invariance=read.invariance,
         premises=premises, task_loss=loss, bound=task_bound, diagnostics=diag,
         evidence=read.evidence, plan_version=read.plan_version, chain_head=read.head, records=read.records,
         measurements=read.measured, measurement_evidence=read.measurement_evidence, kl=kl, sequential=stopped,
+        nonfinite=read.nonfinite,
     )
 
 
@@ -157,6 +160,8 @@ class _Read:
     invariance: Invariance
     scorer: Scorer
     base: Path
+    nonfinite: NonFiniteCall | None = None
+    """The candidate's first call answered with non-finite values (the run stopped there)."""
 
 
 def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str | os.PathLike[str],
@@ -186,16 +191,28 @@ def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str |
         ref_loss, cand_loss = losses["reference"], losses["candidate"]
         if plan.measurements:
             progress(Step("comparing the measurements"))
-        measured = reader.measurements(store, bound_evidence, losses) if plan.measurements else None
+        nonfinite = bound_evidence.nonfinite[0] if bound_evidence.nonfinite else None
+        measured = reader.measurements(store, bound_evidence, losses) \
+            if plan.measurements and nonfinite is None else None
         stopped = None
         used: list[int] = []
-        if plan.sequential is not None:
+        if nonfinite is not None:
+            # The run stopped at a non-finite candidate call: the losses are of the units both packages answered
+            # before it, beside the decision; no stop, measurement or layout is read from calls never made.
+            paired = [unit_evidence(plan, found, role, pairing) for role in ("reference", "candidate")]
+            used = [i for i in range(len(plan.units)) if paired[0][i] is not None and paired[1][i] is not None]
+            ref_loss, cand_loss = ref_loss[used], cand_loss[used]
+        elif plan.sequential is not None:
             used = reader.reached_units(found, str(store.path))
             ref_loss, cand_loss = ref_loss[used], cand_loss[used]
             stopped = reader.stop(cand_loss - ref_loss, str(store.path))
             check_stop_record(store, stopped, plan, found)
         invariance: Invariance
-        if contract.invariance.relative_to == "reference":
+        if nonfinite is not None:
+            invariance = Invariance(contract.invariance.required, inv_layouts, not contract.invariance.required, 0, 0,
+                                    "not checked: the run stopped at a candidate call answered with non-finite "
+                                    "values" if contract.invariance.required else None)
+        elif contract.invariance.relative_to == "reference":
             # The reference's invariance outputs are read again from the store (the candidate's were digested
             # as they were bound).
             invariance = relative_invariance(plan, found, inv_layouts, {"candidate": scored.digests})
@@ -206,7 +223,7 @@ def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str |
                                     differing, first)
     ref_evidence = unit_evidence(plan, found, "reference", pairing)
     cand_evidence = unit_evidence(plan, found, "candidate", pairing)
-    if stopped is not None:  # the units a sequential run reached; otherwise every planned unit, as planned
+    if stopped is not None or nonfinite is not None:  # the units reached; otherwise every planned unit, as planned
         ref_evidence, cand_evidence = [ref_evidence[i] for i in used], [cand_evidence[i] for i in used]
     return _Read(
         head=verification.head, records=verification.records, plan_version=plan.version,
@@ -215,7 +232,7 @@ def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str |
         ref_evidence=ref_evidence, cand_evidence=cand_evidence, ref_loss=ref_loss, cand_loss=cand_loss,
         stopped=stopped,
         invariance=invariance,
-        scorer=scorer, base=reader.base)
+        scorer=scorer, base=reader.base, nonfinite=nonfinite)
 
 
 __all__ = [

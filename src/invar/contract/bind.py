@@ -260,6 +260,32 @@ def run_contract_sha256(store: RunStore) -> str:
     return run_contract
 
 
+NON_FINITE = "NonFiniteOutput"
+"""The error type a worker answers a call with when the model's log-probabilities hold NaN (the package computed a
+non-finite value): a candidate's generate call answered so decides admission by itself (docs/kernel-contracts.md)."""
+
+
+@dataclass(frozen=True)
+class NonFiniteCall:
+    """A candidate generate call its worker answered with `NonFiniteOutput`: the planned call and the error record."""
+
+    key: str
+    first_unit: str
+    """The unit id of the call's first request."""
+    units: int
+    record_seq: int
+    call_id: int
+    call_digest: str
+    report_digest: str
+    message: str
+    """The worker's words (where in the batch, at which response step)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"call": self.key, "first_unit": self.first_unit, "units": self.units, "record": self.record_seq,
+                "call_id": self.call_id, "call_digest": self.call_digest, "report_digest": self.report_digest,
+                "error": f"{NON_FINITE}: {self.message}"}
+
+
 @dataclass
 class BoundEvidence:
     """What a run's records bind to the plan: generate evidence and measurement records by plan call key, and why
@@ -268,6 +294,8 @@ class BoundEvidence:
     found: dict[str, CallEvidence]
     measured: dict[str, MeasurementRecord]
     failed: dict[str, str]
+    nonfinite: list[NonFiniteCall] = field(default_factory=list)
+    """The candidate's generate calls answered with `NonFiniteOutput`, in record order."""
 
 
 class _PairingIndex:
@@ -403,6 +431,12 @@ def bind_records(
         if not answered:
             reason = "was never answered" if rec.report is None else "was answered with an error"
             failed.setdefault(planned.key, f"{rec.name} {reason}")
+            report = rec.report
+            error = None if report is None else report.report.error
+            if role == "candidate" and report is not None and error is not None and error.type == NON_FINITE:
+                bound.nonfinite.append(NonFiniteCall(
+                    planned.key, plan.units[planned.units[0]].unit_id, len(planned.units), rec.seq,
+                    rec.call.call_id, rec.call_digest, report.report_digest, error.message))
             continue
         if planned.key in found:
             raise EvidenceError(f"{rec.name}: repeats planned call {planned.key}, already answered by record "
@@ -563,6 +597,10 @@ def recorded_looks(plan: ExecutionPlan, found: Mapping[str, CallEvidence], where
 
 
 def _complete(store: RunStore, plan: ExecutionPlan, bound: BoundEvidence) -> BoundEvidence:
+    if bound.nonfinite:
+        # A candidate call answered with non-finite values decides the run by itself: `use run` closed it there, and
+        # the calls it never made are not needed (admission decides Violated from that record).
+        return bound
     if plan.sequential is not None:
         # The stopping rule, not the plan's length, says how many looks a run holds: admit checks that.
         recorded_looks(plan, bound.found, str(store.path))
@@ -636,9 +674,11 @@ def check_stop_record(store: RunStore, decision: SequentialDecision, plan: Execu
 
 
 __all__ = [
+    "NON_FINITE",
     "SEQUENTIAL_META",
     "BoundEvidence",
     "CallEvidence",
+    "NonFiniteCall",
     "Output",
     "OutputReader",
     "Visit",

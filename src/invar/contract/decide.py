@@ -42,7 +42,7 @@ import numpy as np
 from invar import canonical
 from invar.compare.measured import KlRequirement, MeasurementRecord
 from invar.compare.numerical import NumericalComparison
-from invar.contract.bind import CallEvidence, Output
+from invar.contract.bind import CallEvidence, NonFiniteCall, Output
 from invar.contract.model import Contract
 from invar.contract.plan import ExecutionPlan, Role, Unit
 from invar.errors import EvidenceError
@@ -373,6 +373,9 @@ class Decision:
     """The contract's `max_kl` requirement, checked at every capture (only when it sets one)."""
     sequential: SequentialDecision | None = None
     """Plan /4: where the stopping rule stopped (recomputed from the records), every look it evaluated."""
+    nonfinite: NonFiniteCall | None = None
+    """The candidate's first generate call answered with non-finite values, when the run stopped at one: it decides
+    Violated by itself, and the task loss covers only the units both packages answered before it."""
 
     @property
     def exit_code(self) -> int:
@@ -407,6 +410,7 @@ class Decision:
                 "requirement": None if self.kl is None else self.kl.to_json(),
                 "note": "measurements only; they decide nothing unless the contract sets max_kl"}}),
             **({} if self.sequential is None else {"sequential": sequential_json(self.sequential)}),
+            **({} if self.nonfinite is None else {"nonfinite": self.nonfinite.to_json()}),
         }
 
 
@@ -421,9 +425,16 @@ def sequential_json(decision: SequentialDecision) -> dict[str, Any]:
 def decide(
     contract: Contract, invariance: Invariance, premises: Sequence[PremiseCheck], loss: TaskLoss | RangeTaskLoss,
     task_bound: Bound | None, kl: KlRequirement | None = None, sequential: SequentialDecision | None = None,
+    nonfinite: NonFiniteCall | None = None,
 ) -> tuple[Answer, str]:
-    """The answer and its one-line reason, in the contract's order: invariance, the measurements' `max_kl` (when
+    """The answer and its one-line reason, in the contract's order: a candidate call answered with non-finite values
+    (the package computed NaN: no other figure is needed, nor complete), invariance, the measurements' `max_kl` (when
     the contract sets one), premises, task loss (a sequential contract's: the stopping rule's answer). Pure."""
+    if nonfinite is not None:
+        return Answer.VIOLATED, (f"the candidate package produced non-finite values in candidate call {nonfinite.key} "
+                                 f"(call id {nonfinite.call_id}, record {nonfinite.record_seq}; {nonfinite.units} "
+                                 f"units from {nonfinite.first_unit}): {nonfinite.message.split(';')[0]}; the run "
+                                 "stopped there and this recorded error decides it")
     eps_text = contract.requirement.epsilon
     if invariance.required and not invariance.holds and invariance.relative is not None:
         return Answer.VIOLATED, (f"invariance relative to the reference: {invariance.units_differing} of "

@@ -112,6 +112,8 @@ def receipt_body(decision: Decision) -> dict[str, Any]:
     if "sequential" in d:  # plan /4 only, so receipts of fixed-n decisions keep their bytes
         seq = d["sequential"]
         body["figures"]["sequential"] = {k: seq[k] for k in ("version", "answer", "look", "stop", "n_max")}
+    if "nonfinite" in d:  # a run stopped at a non-finite candidate call only: the error record that decided it
+        body["figures"]["nonfinite"] = d["nonfinite"]
     return body
 
 
