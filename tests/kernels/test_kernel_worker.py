@@ -29,6 +29,7 @@ sys.path.insert(0, str(_TESTS / "patches"))
 
 from hf_calls import generate, load_params, make_requests  # noqa: E402
 from patch_helpers import load_module  # noqa: E402
+from support.kernel_workers import hf_worker, outside, patch_args  # noqa: E402
 
 _shared = load_module(_TESTS / "workers" / "conftest.py", "invar_tests_kernels_workers_conftest")
 model_dir = _shared.model_dir
@@ -49,31 +50,17 @@ def _kernel(tmp: Path, name: str, code: str, toml: str | None = None) -> Path:
     return folder
 
 
-def _args(folder: Path, *extra: str) -> list[str]:
-    return ["--patch", f"{folder}={patch_digest(folder)}", *extra]
-
-
-def _worker(args: list[str], model: Path, digest: str) -> Iterator[WorkerClient]:
-    client = start_worker("hf", Role.INFERENCE, args=args)
-    try:
-        client.call("load_model", load_params(model, digest))
-        yield client
-    finally:
-        client.close()
-
-
 @pytest.fixture(scope="module")
 def stock_eager(model_dir: Path, model_digest: str) -> Iterator[WorkerClient]:
-    yield from _worker(["--attn-implementation", "eager"], model_dir, model_digest)
+    yield from hf_worker(["--attn-implementation", "eager"], model_dir, model_digest)
 
 
 @pytest.fixture(scope="module")
 def softmax_kernel(tmp_path_factory: pytest.TempPathFactory, model_dir: Path,
                    model_digest: str) -> Iterator[tuple[WorkerClient, Path]]:
     """The example fp32 softmax, from a copy outside the checkout."""
-    folder = tmp_path_factory.mktemp("elsewhere") / "my-softmax"
-    shutil.copytree(EXAMPLES / "softmax-fp32", folder)
-    for client in _worker(_args(folder), model_dir, model_digest):
+    folder = outside(EXAMPLES / "softmax-fp32", tmp_path_factory.mktemp("elsewhere"), "my-softmax")
+    for client in hf_worker(patch_args(folder), model_dir, model_digest):
         yield client, folder
 
 
@@ -101,7 +88,7 @@ def test_a_kernel_folder_anywhere_runs_and_is_counted(softmax_kernel: tuple[Work
 def test_a_kernel_that_does_not_replace_attention_keeps_sdpa(model_dir: Path, model_digest: str,
                                                              problems: list[Any]) -> None:
     folder = EXAMPLES / "silu-fp32"
-    for worker in _worker(_args(folder), model_dir, model_digest):
+    for worker in hf_worker(patch_args(folder), model_dir, model_digest):
         assert worker.identity.settings["attn_implementation"] == "sdpa"
         requests = _requests(problems)[:2]
         result = worker.call("generate", {"requests": requests, "layout": [[0, 1]], "adapter": None,
@@ -114,7 +101,7 @@ def test_a_kernel_never_called_makes_the_call_an_error(tmp_path: Path, model_dir
     folder = _kernel(tmp_path, "bf16-only",
                      "def softmax(input, dim, dtype=None):\n    return torch.softmax(input, dim)\n",
                      'op = "softmax"\nengines = ["hf"]\ndtypes = ["bfloat16"]\n')
-    for worker in _worker(_args(folder), model_dir, model_digest):
+    for worker in hf_worker(patch_args(folder), model_dir, model_digest):
         with pytest.raises(WorkerError, match="the kernel was never called: op softmax is not on this engine's path"):
             generate(worker, _requests(problems)[:2])
 
@@ -126,7 +113,7 @@ def test_a_kernel_failing_mid_call_is_that_calls_error(tmp_path: Path, model_dir
     code = ("def softmax(input, dim, dtype=None):\n    out = torch.softmax(input, dim)\n"
             "    return out if input.shape[-1] <= 7 else out[..., :-1]\n")
     folder = _kernel(tmp_path, "short-rows", code)
-    for worker in _worker(_args(folder), model_dir, model_digest):
+    for worker in hf_worker(patch_args(folder), model_dir, model_digest):
         with pytest.raises(WorkerError, match=r"returned shape .* the stock op returns shape"):
             generate(worker, _requests(problems)[:2])
         assert worker.identity.settings["patches"] == {str(folder): patch_digest(folder)}
@@ -147,7 +134,7 @@ BAD = {
 def _refusal(folder: Path) -> str:
     """The one line `load_patches` and the self-check refuse a kernel with (what the worker prints before exit 2)."""
     try:
-        patches = load_patches(_args(folder)[1:], [])
+        patches = load_patches(patch_args(folder)[1:], [])
         kernel = patches.modules[str(folder)]
         kernel.self_check()
     except (PatchRefused, KernelRefused) as exc:
@@ -168,7 +155,7 @@ def test_a_bad_kernel_is_refused_in_one_line(tmp_path: Path, case: str) -> None:
 def test_the_worker_refuses_a_bad_kernel_before_any_handshake(tmp_path: Path) -> None:
     code, words = BAD["NaN"]
     folder = _kernel(tmp_path, "bad", code)
-    done = subprocess.run(worker_argv("hf", Role.INFERENCE, _args(folder)), env=worker_env(), capture_output=True,
+    done = subprocess.run(worker_argv("hf", Role.INFERENCE, patch_args(folder)), env=worker_env(), capture_output=True,
                           timeout=300, stdin=subprocess.DEVNULL)
     message = done.stderr.decode()
     assert done.returncode == 2, message
@@ -183,7 +170,7 @@ def test_a_matmul_kernel_runs_on_vllm_where_the_linear_layers_are(tmp_path: Path
     """On vLLM (CPU) the host makes each linear layer's cpu_linear the kernel: counted like on HF."""
     folder = _kernel(tmp_path, "matmul", "def matmul(a, b):\n    return torch.matmul(a, b)\n",
                      'op = "matmul"\nengines = ["hf", "vllm"]\ndtypes = ["float32"]\n')
-    client = start_worker("vllm", Role.INFERENCE, args=_args(folder))
+    client = start_worker("vllm", Role.INFERENCE, args=patch_args(folder))
     try:
         assert client.identity.settings["patches"] == {str(folder): patch_digest(folder)}
         client.call("load_model", load_params(model_dir, model_digest))

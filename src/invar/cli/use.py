@@ -614,6 +614,9 @@ def run_cmd(
     if outcome.stop is not None:
         typer.echo(f"sequential: the stopping rule ({outcome.stop['version']}) stopped at look {outcome.stop['look']} "
                    f"after {outcome.stop['units']:,} units ({outcome.stop['answer']}; use admit recomputes it)")
+    if outcome.nonfinite is not None:
+        typer.echo(f"stopped: {outcome.nonfinite.split('; ')[0]}; the run is closed there, and use admit decides it "
+                   "Violated from that record")
     typer.echo(f"chain head {outcome.head} (keep it: it anchors these records)")
     typer.echo(f"decide with: {admit_command(run_dir, contract, outcome.head)}")
 

@@ -54,6 +54,7 @@ import numpy as np
 
 from invar import patches
 from invar.contract.bind import (
+    NON_FINITE,
     SEQUENTIAL_META,
     check_package_report,
     parse_outputs,
@@ -120,6 +121,8 @@ class RunOutcome:
     already_closed: bool
     stop: dict[str, Any] | None = None
     """Sequential contracts: where the stopping rule stopped (the run's meta `sequential_stop`)."""
+    nonfinite: str | None = None
+    """The candidate call answered with non-finite values that ended the run (it is closed there), as one line."""
 
 
 def admit_command(run: Path, contract: Path, head: str) -> str:
@@ -283,13 +286,26 @@ def use_run(
         counter = _Counter(reader.plan, done, progress)
         counter.report()
         launch = _Launch(specs, workers, call_timeout, placement[0] if placement else None, transport, calls_at_once)
-        issued = _execute(reader, launch, work, store, counter, phase)
-        if work.rule is not None:
+        try:
+            issued, nonfinite = _execute(reader, launch, work, store, counter, phase), work.nonfinite
+        except _NonFinite as exc:  # on record; the run is closed there and admission decides from that record
+            issued, nonfinite = exc.issued, exc.message
+        if work.rule is not None and nonfinite is None:
             phase("deciding")
-        stop = None if work.rule is None else _record_stop(store, reader)
+        stop = None if work.rule is None or nonfinite is not None else _record_stop(store, reader)
         head = store.close_run()
     return RunOutcome(run_dir, contract_path, reader.sha256, head, total, len(done), issued,
-                      time.perf_counter() - started, already_closed=False, stop=stop)
+                      time.perf_counter() - started, already_closed=False, stop=stop, nonfinite=nonfinite)
+
+
+class _NonFinite(WorkerError):
+    """A candidate call answered with `NonFiniteOutput`: the run stops issuing calls and closes, since that recorded
+    error decides admission (Violated) by itself and a repeat fails the same way while the package is unchanged."""
+
+    def __init__(self, error: WorkerError, message: str) -> None:
+        super().__init__(error.method, error.error_type, message)
+        self.message = message
+        self.issued = 0
 
 
 def _check_options(ray: str | None, transport: Transport | None, workers: int, calls_at_once: int | None) -> None:
@@ -337,10 +353,16 @@ def _work_left(reader: RunReader, resumed: RunStore | None) -> tuple[_Work, set[
     tokens: dict[tuple[Role, int], np.ndarray] = {}
     done: set[str] = set()
     first_look = 0
+    nonfinite = None
     if resumed is not None:
         # One call at a time, outputs checked and dropped: a resumed run reads its records in bounded memory.
         bound = reader.bind_partial(resumed)
         done = set(bound.found) | set(bound.measured)
+        if bound.nonfinite:  # stopped there before it could close: the recorded error decides, no call is repeated
+            first = bound.nonfinite[0]
+            nonfinite = (f"candidate call {first.key} (call id {first.call_id}) answered NonFiniteOutput: "
+                         f"{first.message}")
+            return _Work({role: [] for role in ROLES}, {role: [] for role in ROLES}, tokens, None, 0, nonfinite), done
         for c in plan.calls if _needs_tokens(plan) else ():
             if c.layout == plan.pairing_layout and c.key in bound.found:
                 for index, out in zip(c.units, bound.found[c.key].outputs, strict=True):
@@ -489,6 +511,8 @@ class _Work:
     tokens: dict[tuple[Role, int], np.ndarray]
     rule: _Rule | None = None
     first_look: int = 0
+    nonfinite: str | None = None
+    """A resumed run's records hold a candidate call answered with non-finite values: nothing is left but closing."""
 
 
 def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, counter: _Counter,
@@ -511,8 +535,12 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
                         f"the {role} worker {n + 1}") as lease:
             calls.drive(role, lease)
 
-    pool.run([functools.partial(serve, role, n) for role, n in slots], name="use-run",
-             stopped=lambda how: f"stopped issuing calls at {how} after {calls.issued} answered call(s) this time")
+    try:
+        pool.run([functools.partial(serve, role, n) for role, n in slots], name="use-run",
+                 stopped=lambda how: f"stopped issuing calls at {how} after {calls.issued} answered call(s) this time")
+    except _NonFinite as exc:  # the other calls under way were answered and recorded before the pool returned
+        exc.issued = calls.issued
+        raise
     return calls.issued
 
 
@@ -635,6 +663,8 @@ class _Calls:
         try:
             result = answer.result  # raises the worker's error as WorkerError
         except WorkerError as exc:  # recorded as the worker's error; said with the package that gave it
+            if role == "candidate" and method == "generate" and exc.error_type == NON_FINITE:
+                raise _NonFinite(exc, f"{where} answered NonFiniteOutput: {exc.message}") from None
             raise WorkerError(exc.method, exc.error_type, failed_call(exc, where, package)) from None
         check_package_report(result, package, role, where)  # what admission checks of each record again
         return result, where
