@@ -159,3 +159,28 @@ def test_a_package_running_mlx_lm_as_installed_declares_its_rope(family_dirs: di
                            "--max-tokens", "2", "--run", str(tmp_path / "as-installed"), "--quiet", "--json"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_vllm_reports_how_its_cpu_attention_soft_caps_gemma2(family_dirs: dict[str, Path]) -> None:
+    """vLLM 0.32's CPU attention computes Gemma 2's attention soft-cap with a polynomial exp (`fast_exp`) where its
+    library is built for AVX-512, std::tanh elsewhere: the worker reports which, so the first is refused in one line
+    (or declared a known premise) where every other field equals the folder's."""
+    import platform
+
+    import torch
+
+    client = start_worker("vllm")
+    try:
+        row = table.run_one(client, "vllm", family_dirs["gemma2"])
+    finally:
+        client.close()
+    fast = platform.machine().lower() in ("x86_64", "amd64") and torch.cpu._is_avx512_supported()
+    assert row["effective_config"]["attn_softcap_tanh"] == ("fast_exp" if fast else "tanh")
+    others = {**row["effective_config"], "attn_softcap_tanh": "tanh"}
+    assert differences(folder_config(read_config(family_dirs["gemma2"])), others) == []
+    if fast:
+        assert row["status"] == "refused"
+        assert row["refused_by"] == "effective configuration"
+        assert "attn_softcap_tanh: the folder's config.json gives \"tanh\", the engine computes with \"fast_exp\"" \
+            in row["refusal"], row["refusal"]
+        assert "\n" not in row["refusal"]

@@ -18,7 +18,7 @@ from support.fake_worker import ENGINE_VERSION, FakeTransport, FakeWorker, Scrip
 from invar import canonical
 from invar.contract.prepare import load_contract, prepare
 from invar.errors import ContractError
-from invar.formats.model_config import ConfigMismatch, folder_config, read_config
+from invar.formats.model_config import FIELDS, ConfigMismatch, comparison, folder_config, read_config
 from invar.records import RunStore
 from invar.runner.use_run import use_run
 from invar.tasks.arithmetic import population, population_bytes
@@ -86,7 +86,8 @@ def test_a_contract_without_changes_or_premises_keeps_its_bytes(tmp_path: Path) 
     prepared = prepare(_declaration(tmp_path, {"hidden_size": 64}))  # another folder, the same configuration
     data = json.loads(prepared.path.read_bytes())
     assert "config_changes" not in data
-    assert "known_premises" not in data["reference"] and "known_premises" not in data["candidate"]
+    assert "known_premises" not in data["reference"]
+    assert "known_premises" not in data["candidate"]
 
 
 def test_known_premises_name_fields_of_the_effective_configuration(tmp_path: Path) -> None:
@@ -130,3 +131,16 @@ def test_use_run_refuses_a_worker_computing_another_configuration_unless_its_pac
         loads = [c.report.report.result for c in store.calls()
                  if c.call.method == "load_model" and c.report is not None and c.report.report.result is not None]
     assert sorted(r["effective_config"]["embed_scale"] or 0.0 for r in loads) == [0.0, 25.25]
+
+
+def test_the_comparison_says_equal_premise_refused_or_not_reported_for_each_field() -> None:
+    folder = folder_config({**DECODER, "model_type": "gemma2", "vocab_size": 32, "attn_logit_softcapping": 50.0})
+    assert folder["attn_softcap_tanh"] == "tanh"  # transformers' softcap · tanh(x / softcap)
+    engine = {k: v for k, v in folder.items() if k != "norm_eps"}
+    engine |= {"attn_softcap_tanh": "fast_exp", "embed_scale": 9.0}
+    rows = {name: (want, got, verdict) for name, want, got, verdict in comparison(folder, engine, ("embed_scale",))}
+    assert list(rows) == list(FIELDS)
+    assert rows["attn_softcap_tanh"] == ("tanh", "fast_exp", "refused")
+    assert rows["embed_scale"] == (8.0, 9.0, "premise")  # √64
+    assert rows["norm_eps"] == (1e-5, None, "not reported")
+    assert {verdict for _, _, verdict in rows.values()} == {"equal", "premise", "refused", "not reported"}

@@ -32,6 +32,8 @@ FIELDS: dict[str, str] = {
     "sliding_window": "per layer: the attention window (null: the layer attends to the whole prefix)",
     "attention_scale": "the factor on q·k before the softmax",
     "attn_softcap": "attention-logit soft-capping (null: none)",
+    "attn_softcap_tanh": "how the attention kernel computes the soft-cap's tanh: \"tanh\" (softcap · tanh(x / softcap) "
+                         "as transformers computes it) or the engine's approximation by name (null: no soft-capping)",
     "final_softcap": "final-logit soft-capping (null: none)",
     "embed_scale": "the factor on the input embedding, as the float32 value applied (null: none)",
     "tied_embeddings": "whether the output layer is the input embedding",
@@ -112,6 +114,7 @@ def folder_config(config: Mapping[str, Any]) -> dict[str, Any]:
         if model_type in _GEMMA and c.get("query_pre_attn_scalar") is not None
         else float(np.float32(head_dim ** -0.5)),
         "attn_softcap": _float_or_none(c.get("attn_logit_softcapping")),
+        "attn_softcap_tanh": None if c.get("attn_logit_softcapping") is None else "tanh",
         "final_softcap": _float_or_none(c.get("final_logit_softcapping")),
         "embed_scale": float(np.float32(math.sqrt(float(c["hidden_size"])))) if model_type in _GEMMA else None,
         "tied_embeddings": bool(c.get("tie_word_embeddings")),

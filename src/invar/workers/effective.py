@@ -67,6 +67,8 @@ def hf_effective(model: Any) -> dict[str, Any]:
     if getattr(attn0, "scaling", None) is not None:
         out["attention_scale"] = float(np.float32(attn0.scaling))
     out["attn_softcap"] = _opt(getattr(attn0, "attn_logit_softcapping", None))
+    # transformers' attention computes softcap · torch.tanh(x / softcap) (Gemma 2 runs eager attention for it)
+    out["attn_softcap_tanh"] = None if out["attn_softcap"] is None else "tanh"
     out["final_softcap"] = _opt(getattr(cfg, "final_logit_softcapping", None))  # read there at every forward
     scale = getattr(inner.embed_tokens, "embed_scale", None)
     out["embed_scale"] = None if scale is None else float(scale.to(inner.embed_tokens.weight.dtype))
@@ -110,6 +112,7 @@ def mlx_effective(model: Any, config: dict[str, Any]) -> dict[str, Any]:
     if getattr(attn0, "scale", None) is not None:
         out["attention_scale"] = float(np.float32(attn0.scale))
     out["attn_softcap"] = _opt(getattr(attn0, "attn_logit_softcapping", None))
+    out["attn_softcap_tanh"] = None if out["attn_softcap"] is None else "tanh"  # mlx-lm: mx.tanh(x / cap) * cap
     out["final_softcap"] = _opt(getattr(model, "final_logit_softcapping", None))
     kind = MLX_EMBED_SCALE.get(str(config.get("model_type")))
     root = math.sqrt(float(config["hidden_size"]))
@@ -125,11 +128,32 @@ def _opt(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+VLLM_CPU_FAST_EXP = "fast_exp"
+"""What vLLM's CPU attention kernel computes for the soft-cap's tanh where its library is built for AVX-512 (x86
+with AVX-512: `_C` or `_C_AVX512`): (e − 1/e) / (e + 1/e) of e = `fast_exp(x / softcap)`, a polynomial approximation
+of exp (`DEFINE_FAST_EXP`, csrc/cpu/cpu_attn_impl.hpp `apply_softcap`), times softcap; the AVX2 build and other
+architectures without that macro call std::tanh."""
+
+
+def vllm_softcap_tanh(impl: Any) -> str | None:
+    """How the attention backend `impl` computes the soft-cap's tanh: `"tanh"`, `VLLM_CPU_FAST_EXP`, or None where
+    the backend is not one whose kernel this reader knows (vLLM 0.32's CPU attention)."""
+    if type(impl).__name__ != "CPUAttentionBackendImpl":
+        return None
+    import platform
+
+    import torch  # the engine's own torch: this runs inside vLLM's process
+
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    return VLLM_CPU_FAST_EXP if x86 and torch.cpu._is_avx512_supported() else "tanh"
+
+
 def vllm_effective(model: Any) -> dict[str, Any]:
     """A vLLM model's effective configuration, from its modules (run inside the engine through `apply_model`).
 
     Each layer's rotary embedding (`base`, `rotary_dim`), its attention layer (`sliding_window`) and the attention
-    backend's `scale` and `logits_soft_cap`; the embedding's `normalizer` (Gemma), the logits processor's
+    backend's `scale` and `logits_soft_cap` (with how its kernel computes the soft-cap, `vllm_softcap_tanh`); the
+    embedding's `normalizer` (Gemma), the logits processor's
     `soft_cap`, whether `lm_head` is the embedding, the final norm's ε.
     """
     inner = model.model
@@ -141,7 +165,7 @@ def vllm_effective(model: Any) -> dict[str, Any]:
     if vocab is not None:
         out["vocab_size"] = int(vocab)
     theta, dims, window = [], [], []
-    scale = soft = None
+    scale = soft = impl0 = None
     for layer in layers:
         attn = layer.self_attn
         rope = getattr(attn, "rotary_emb", None)
@@ -155,13 +179,16 @@ def vllm_effective(model: Any) -> dict[str, Any]:
         impl = getattr(core, "impl", None)
         impl_scale = getattr(impl, "scale", None)
         if scale is None and impl_scale is not None:
-            scale, soft = float(np.float32(impl_scale)), getattr(impl, "logits_soft_cap", None)
+            scale, soft, impl0 = float(np.float32(impl_scale)), getattr(impl, "logits_soft_cap", None), impl
     if len(theta) == len(layers):
         out["rope_theta"], out["rope_dims"] = theta, dims
     out["sliding_window"] = window
     if scale is not None:
         out["attention_scale"] = scale
         out["attn_softcap"] = None if not soft else float(soft)
+        kernel = vllm_softcap_tanh(impl0) if soft else None
+        if not soft or kernel is not None:  # a backend whose kernel is not known here: left out, not guessed
+            out["attn_softcap_tanh"] = kernel
     processor = getattr(model, "logits_processor", None)
     if processor is not None:
         cap = getattr(processor, "soft_cap", None)

@@ -369,8 +369,13 @@ class Engine:
         )
         config = llm.llm_engine.vllm_config
         try:
-            # the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0): the model's modules are reachable
+            # the reader runs where the model is: in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), or in the
+            # engine core's process, where vLLM sends a function only with VLLM_ALLOW_INSECURE_SERIALIZATION=1
             effective: dict[str, Any] | None = llm.apply_model(vllm_effective)[0]
+        except TypeError as exc:
+            if "VLLM_ALLOW_INSECURE_SERIALIZATION" not in str(exc):
+                raise
+            raise MethodError(unreadable_effective(model_dir)) from None
         except Exception as exc:  # a model layout the reader does not know: reported as none, never guessed
             print(f"invar.workers.vllm_worker: effective configuration unreadable ({type(exc).__name__}: {exc})",
                   file=sys.stderr, flush=True)
@@ -632,6 +637,16 @@ def _scale_logits(model: Any, factor: float) -> float:
 
 def _restore_logits_scale(model: Any, scales: list[float]) -> None:
     _logits_layer(model).scale = scales[0]
+
+
+def unreadable_effective(model_dir: str) -> str:
+    """The refusal of a load whose effective configuration the worker cannot read: vLLM's engine core runs in its own
+    process and takes no function there without insecure serialization, so nothing would show which configuration
+    the engine built."""
+    return (f"load_model: vLLM's engine core runs in its own process, where this worker cannot read back the "
+            f"configuration it built of {model_dir} (vLLM sends the reading function there only with "
+            "VLLM_ALLOW_INSECURE_SERIALIZATION=1); set that in the package's env, or run the core in the worker's "
+            "process (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
 
 
 def main(argv: list[str] | None = None) -> int:
