@@ -126,6 +126,9 @@ class _Encoder:
         if t is list or t is tuple:
             if depth >= MAX_DEPTH:
                 raise CanonicalError(_TOO_DEEP)
+            # A list of plain ints (a prompt's token ids) checked at once rather than one call per item.
+            if obj and all(type(v) is int for v in obj) and min(obj) >= _INT_MIN and max(obj) <= _INT_MAX:
+                return list(obj)
             return [self.normalize(v, depth + 1) for v in obj]
         if isinstance(obj, np.ndarray):
             a = np.asarray(obj, order="C")  # not ascontiguousarray, which turns a 0-d array into shape (1,)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from invar import canonical
 from invar.errors import ContractError, EvidenceError
@@ -248,10 +248,14 @@ class ModelTokenizer:
                 raise ContractError(f"{self.path / 'tokenizer_config.json'} has no bos_token: "
                                     "encode with add_bos=False")
             add_special_tokens = add_bos
-        self._check_text(text)
-        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        encoding = self._checked(text)
+        if add_special_tokens:
+            # what `Tokenizer.encode` does after encoding the text's own ids: the text is not encoded twice
+            encoding = self._tokenizer.post_process(encoding, None, True)
+        return list(encoding.ids)
 
-    def _check_text(self, text: str) -> None:
+    def _checked(self, text: str) -> Encoding:
+        """The text's own encoding (no special tokens added), once the refusal rule of `encode` has passed."""
         encoding = self._tokenizer.encode(text, add_special_tokens=False)
         covered = bytearray(len(text))
         for token_id, (start, end) in zip(encoding.ids, encoding.offsets, strict=True):
@@ -269,6 +273,7 @@ class ModelTokenizer:
                 raise ContractError(
                     f"character {char!r} at position {position} of {text!r} is not in the model's vocabulary "
                     f"({self.path / 'tokenizer.json'} drops it): use only characters the tokenizer knows")
+        return encoding
 
     def _declared_text_ids(self, text: str, start: int, end: int) -> frozenset[int]:
         # the unknown token written out in the text (e.g. "<unk>") is that token, not an unknown character
@@ -348,8 +353,9 @@ class ModelTokenizer:
         that begins with the BOS text (a chat prompt rendered elsewhere and given as text) gets no second BOS, and
         one that ends with an EOS the post-processor appends gets no second EOS: special tokens are never added
         twice. Raises `ContractError` as `encode` does."""
-        bare = self.encode(text, add_special_tokens=False)
-        full = list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+        encoding = self._checked(text)
+        bare = list(encoding.ids)
+        full = list(self._tokenizer.post_process(encoding, None, True).ids)
         # The post-processor wraps the text's own ids: full = head + bare + tail.
         start = next((k for k in range(len(full) - len(bare) + 1) if full[k:k + len(bare)] == bare), None)
         if start is None:  # a post-processor that rewrites the text's ids: nothing to compare, keep what it made
