@@ -16,6 +16,7 @@ from contract_runs import declaration, make_model, toml_text
 from support.fake_worker import ENGINE_VERSION, FakeTransport, FakeWorker, Script
 
 from invar import canonical
+from invar.contract.model import Contract
 from invar.contract.prepare import load_contract, prepare
 from invar.errors import ContractError
 from invar.formats.model_config import FIELDS, ConfigMismatch, comparison, folder_config, read_config
@@ -144,3 +145,23 @@ def test_the_comparison_says_equal_premise_refused_or_not_reported_for_each_fiel
     assert rows["embed_scale"] == (8.0, 9.0, "premise")  # √64
     assert rows["norm_eps"] == (1e-5, None, "not reported")
     assert {verdict for _, _, verdict in rows.values()} == {"equal", "premise", "refused", "not reported"}
+
+
+def test_use_run_refuses_a_recorded_change_the_folders_do_not_give(tmp_path: Path) -> None:
+    """A contract whose recorded configuration change is not what this Invar reads from the two folders (written by
+    an Invar that read config.json otherwise) is refused before any worker starts."""
+    prepared = prepare(_declaration(tmp_path, {"rope_theta": 500_000.0}, config_changes=["rope_theta"]))
+    data = json.loads(prepared.path.read_bytes())
+    data["config_changes"]["rope_theta"]["candidate"] = [400_000.0, 400_000.0]
+    other = Contract.model_validate(data)
+    path = tmp_path / "other.contract.json"
+    path.write_bytes(other.canonical_json())
+    path.with_name(path.name + ".sha256").write_text(f"{other.sha256()}  {path.name}\n")
+    transport = FakeTransport()
+    with pytest.raises(ContractError) as info:
+        use_run(path, tmp_path / "run", transport=transport)
+    assert str(info.value) == (
+        "config_changes.rope_theta: the contract records [400000, 400000] for the candidate, this Invar reads "
+        f"[500000, 500000] from {tmp_path / 'model-b' / 'config.json'}; prepare the contract again from its "
+        "declaration")
+    assert transport.received == []  # no worker started
