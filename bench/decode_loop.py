@@ -45,12 +45,14 @@ from invar import canonical  # noqa: E402
 sys.path.append(str(REPO / "bench"))  # last, as bench/train_overhead.py: bench/workers.py must not shadow workers
 from overhead import LARGE_SHAPE, build_large, handler, make_calls  # noqa: E402
 
-MODELS = {"tiny": REPO / "models" / "tiny-arith"}
+MODELS = {"tiny": REPO / "models" / "tiny-arith",
+          # built by scripts/build_smollm2.py; digest only (--sizes smollm2), with the tiny model's prompt ids
+          "smollm2": REPO / "models" / "smollm2-135m-instruct-mlx"}
 
 
 def model_dir(size: str, cache: Path) -> Path:
-    if size == "tiny":
-        return MODELS["tiny"]
+    if size in MODELS:
+        return MODELS[size]
     return build_large(cache, *LARGE_SHAPE["cpu"])
 
 
@@ -105,7 +107,7 @@ def digests(call: Any, requests: int) -> list[dict[str, Any]]:
     return entries
 
 
-DIGEST_REQUESTS = {"tiny": 32, "large": 16}
+DIGEST_REQUESTS = {"tiny": 32, "large": 16, "smollm2": 8}
 
 
 def run_digest(engine_name: str, sizes: list[str], cache: Path, out: Path) -> int:
@@ -113,7 +115,8 @@ def run_digest(engine_name: str, sizes: list[str], cache: Path, out: Path) -> in
     result: dict[str, Any] = {}
     for size in sizes:
         load(engine, model_dir(size, cache))
-        result[size] = digests(lambda method, params: getattr(engine, method)(params), DIGEST_REQUESTS[size])
+        # Through `handler`: the engine's methods take the typed params its worker's server reads.
+        result[size] = digests(lambda method, params: handler(engine, method)(params), DIGEST_REQUESTS[size])
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{out}: {sum(len(v) for v in result.values())} entries")
     return 0

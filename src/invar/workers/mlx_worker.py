@@ -31,6 +31,14 @@ identity, their methods one at a time. Decisions this worker embodies:
   one forward pass over [prompt tokens, response[:-1]], each item in a batch of its own, so a score never
   depends on what else the call holds. Generation decodes one step at a time through the KV cache instead; the
   tests state how the two paths compare on the shipped model.
+- **The output layer only where it is read.** A prefill (generate's prompt, a teacher-forced pass, the learner's
+  forward) takes the output layer at the positions whose log-probabilities are used and nowhere else: the prompt's
+  last position for generate, the response's positions for teacher forcing (`logits_at`: the model's own forward,
+  its decoder stack's hidden states cut to those positions before the output layer, soft-capping and all, that
+  follows). Each kept row's logits are the same dot products as in the whole forward, so the same bits where the
+  matrix product rounds a row independently of how many rows it holds (the bundled BLAS; checked once per loaded
+  model on a probe, `head_rows`, which falls back to the whole forward where a family's forward or the product
+  differs). On a 262,144-token vocabulary the whole layer at every prompt position was most of a score's time.
 - **Adapters** are held as arrays and applied by putting mlx-lm's `LoRALinear` (y = W·x + scale·(x·a)·b) on
   the modules they adapt, so `generate` switches between policy and reference inside one call. Both formats
   load (mlx-lm's `adapters.safetensors`, or PEFT's `adapter_model.safetensors`, transposed on load); each
@@ -214,6 +222,9 @@ class Loaded:
     max_len: int
     linears: dict[str, Any]
     """Module path → the base model's own linear layer (what stays when no adapter applies)."""
+    head_rows: bool = False
+    """Whether `logits_at` gives this model's logits bit for bit (checked on a probe at load): then the output layer
+    is taken at the used positions only; else the whole forward runs and is cut after."""
     adapters: dict[str, Adapter] = field(default_factory=dict)
     loaded: Adapter | None = None
     """The adapter a null name selects: load_model's, or on the learner the one under training."""
@@ -262,7 +273,8 @@ class Engine:
             max_len=int(config.get("max_position_embeddings", 0)),
             linears={f"model.layers.{i}.{path}": module for i, layer in enumerate(model.layers)
                      for path, module in layer.named_modules()
-                     if isinstance(module, nn.Linear)})  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
+                     if isinstance(module, nn.Linear)},  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
+            head_rows=_rows_kept_exactly(model, int(config["vocab_size"])))
         adapter = None
         if req.adapter is not None:
             adapter = _read_adapter(req.adapter.path, req.adapter.digest, loaded, "load_model.adapter")
@@ -340,6 +352,14 @@ class Engine:
                               f"model's maximum length {m.max_len}; shorten the prompt or lower max_tokens")
         return ids
 
+    def logits(self, ids: mx.array, keep: slice, cache: Any = None) -> mx.array:
+        """The logits [B, kept, V] at positions `keep` of `ids` [B, L]: the output layer at those positions only
+        where `head_rows` holds, else the whole forward cut after."""
+        m = self.need("call")
+        if m.head_rows:
+            return logits_at(m.model, ids, keep, cache)
+        return cast(mx.array, m.model(ids, cache=cache)[:, keep, :])
+
     # -- inference ------------------------------------------------------------------------------------------
 
     def generate(self, call: GenerateParams) -> GenerateResult:
@@ -377,7 +397,7 @@ class Engine:
         padding = [width - len(p) for p in prompts]
         x = mx.array([[m.pad_id] * pad + p for pad, p in zip(padding, prompts, strict=True)], dtype=mx.int32)
         cache = [BatchKVCache(padding) for _ in m.model.layers]
-        logits = m.model(x, cache=cache)[:, -1, :]
+        logits = self.logits(x, slice(-1, None), cache)[:, -1, :]  # the prompt's last position alone
         # The whole batch's sampling is a few array ops a step, not a dozen per row, with each row's numbers those
         # of the row alone: a row's log_softmax reduces that row only, and `mx.random.categorical` is the argmax of
         # the row plus Gumbel noise from the row's own split key, drawn here for every row at once with `vmap`.
@@ -426,9 +446,8 @@ class Engine:
         """Teacher-forced log-probabilities [T, V] at `temperature`, for each step of `tokens` after `prompt`.
 
         prompt: token ids [P]; tokens: the response [T]; one forward over P + T − 1 positions, batch of 1."""
-        m = self.need("score")
         ids = mx.array([prompt + [int(t) for t in tokens[:-1]]], dtype=mx.int32)
-        return _log_softmax(m.model(ids)[0, len(prompt) - 1:], temperature)
+        return _log_softmax(self.logits(ids, slice(len(prompt) - 1, None))[0], temperature)
 
     def score(self, call: ScoreParams) -> ScoreResult:
         m = self.need("score")
@@ -494,7 +513,7 @@ class Engine:
 
         def sample_loss(ids: mx.array, start: int, tokens: mx.array, behavior: mx.array, reference: mx.array,
                         advantage: mx.array, with_kl: bool) -> tuple[mx.array, ...]:
-            lp = _log_softmax(m.model(ids)[0, start:], step.temperature)
+            lp = _log_softmax(self.logits(ids, slice(start, None))[0], step.temperature)
             current = mx.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]
             proximal = mx.stop_gradient(current)
             w = mx.exp(proximal - behavior)  # the importance weight: exactly 1 where the two are equal
@@ -717,6 +736,50 @@ REDUCTIONS = ("float64-sequence", "float32-microbatch", "float32-sequence")
 def read_learner_step(params: Any) -> LearnerStepParams:
     """A `learner_step` call's params as this learner reads them: a schedule only with a reduction it computes."""
     return LearnerStepParams.from_wire(params, reductions=REDUCTIONS)
+
+
+class _Kept:
+    """Stands in for a model's decoder stack (mlx-lm's `Model.model`) inside the model's own forward: runs the
+    stack and hands on its hidden states [B, L, H] at the kept positions only, so what the forward does next (the
+    output layer, tied or not, and any soft-capping) is computed at those positions alone. Every other attribute
+    (`embed_tokens` for a tied output layer) is the stack's own."""
+
+    def __init__(self, stack: Any, keep: slice) -> None:
+        self._stack, self._keep = stack, keep
+
+    def __call__(self, *args: Any, **kwargs: Any) -> mx.array:
+        return cast(mx.array, self._stack(*args, **kwargs)[:, self._keep, :])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stack, name)
+
+
+class _Keeping:
+    """The model as its own forward sees it (`self`), with its decoder stack replaced by `_Kept`."""
+
+    def __init__(self, model: Any, keep: slice) -> None:
+        self._model, self.model = model, _Kept(model.model, keep)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+def logits_at(model: Any, ids: mx.array, keep: slice, cache: Any = None) -> mx.array:
+    """The logits [B, kept, V] at positions `keep` of `ids` [B, L], by the model's own forward (`_Kept`)."""
+    return cast(mx.array, type(model).__call__(_Keeping(model, keep), ids, cache=cache))
+
+
+def _rows_kept_exactly(model: Any, vocab: int) -> bool:
+    """Whether `logits_at` gives the whole forward's bits on a probe of 8 positions (the last one alone, and the
+    last five): false for a family whose forward does not run its stack as `model` then an output layer, or
+    where the matrix product rounds a row differently with fewer rows."""
+    ids = mx.array([[i % vocab for i in range(1, 9)]], dtype=mx.int32)
+    try:
+        whole = model(ids)
+        return all(bool(mx.array_equal(logits_at(model, ids, keep), whole[:, keep, :]).item())
+                   for keep in (slice(-1, None), slice(3, None)))
+    except Exception:  # a forward of another shape (a multimodal wrapper, say): the whole forward serves it
+        return False
 
 
 def _log_softmax(logits: mx.array, temperature: float) -> mx.array:
