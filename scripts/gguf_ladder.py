@@ -26,6 +26,7 @@ discordance each run observed.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -76,7 +77,9 @@ def pinned_sdist() -> Path:
         progress(f"downloading {SDIST} (no dependencies) into {CACHE}")
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
                         "llama-cpp-python==0.3.36", "-d", str(CACHE)], check=True)
-    digest = sha256(sdist)
+    # hashlib, not invar's file_sha256: `make install` fetches this before the venv has invar's dependencies.
+    with sdist.open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
     if digest != SDIST_SHA256:
         raise SystemExit(f"{sdist} has sha256 {digest}, not the pinned {SDIST_SHA256}: remove it to download it again")
     return sdist
