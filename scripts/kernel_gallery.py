@@ -218,7 +218,7 @@ def frac(v: dict[str, Any], key: str) -> str:
 
 def table(results: dict[str, Any]) -> str:
     rows = ["| kernel | class | op-level: random allclose 1e-2, 1e-4 | model inputs (solo / batched) allclose 1e-2 "
-            "| proposed contract | reason | gained / ref varies / cand varies | task bound only | "
+            "| proposed contract | reason | gained / lost / ref varies / cand varies | task bound only | "
             "loss ref → cand (worse/better) | max KL | new folder → decision |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results["kernels"].items():
@@ -252,11 +252,20 @@ def table(results: dict[str, Any]) -> str:
         steps = r["steps_s"]
         rows.append(
             f"| `{name}` | {r['class']} | {op} | {model_in} | **{d['answer']}** | {short_reason(d['reason'])} | "
-            f"{inv['units_differing']} / {inv['reference_units_differing']} / {inv['candidate_units_differing']} | "
+            f"{inv['units_differing']} / {lost(inv)} / {inv['reference_units_differing']} / "
+            f"{inv['candidate_units_differing']} | "
             f"{d['task_bound_only']} | {loss['reference_loss']} → {loss['candidate_loss']} "
             f"({loss['worse']}/{loss['better']}) | {worst} | {r['new_folder_to_decision_s']:.0f} s "
             f"(run {steps.get('run', 0):.0f} s) |")
     return "\n".join(rows)
+
+
+def lost(inv: dict[str, Any]) -> int | str:
+    """Units the reference varies on and the candidate does not: with the gained units, whether a kernel added layout
+    dependence (gained well above lost) or moved the stock engine's own dependence onto other units (about equal)."""
+    if inv.get("reference_units_differing") is None:
+        return "–"
+    return int(inv["reference_units_differing"] - (inv["candidate_units_differing"] - inv["units_differing"]))
 
 
 def short_reason(reason: str) -> str:
@@ -264,6 +273,8 @@ def short_reason(reason: str) -> str:
         return reason.split(";")[0].removeprefix("invariance relative to the reference: ").split(" across")[0]
     if reason.startswith("measurements: "):
         return "KL " + reason.split("= ")[1].split(" ")[0] + " > max_kl"
+    if reason.startswith("upper bound "):
+        return reason.split(" on the mean")[0] + " ≤ ε"
     return reason.split(" (")[0][:120]
 
 
@@ -302,7 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/kernel-gallery"), help="where the folders go")
     parser.add_argument("--out", type=Path, default=None, help="default docs/kernels/gallery_<model>.json")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per command")
+    parser.add_argument("--table", type=Path, default=None, help="print the table of a gallery JSON and stop")
     args = parser.parse_args(argv)
+    if args.table is not None:
+        print(table(json.loads(args.table.read_text(encoding="utf-8"))))
+        return 0
     if args.sample < 1:
         print("kernel_gallery: --sample must be at least 1", file=sys.stderr)
         return 2
