@@ -184,6 +184,13 @@ def test_use_run_closes_at_the_candidates_nan_call_and_admission_decides_from_it
     assert receipt_body(decision)["figures"]["nonfinite"] == decision.nonfinite.to_json()
     # Closed: a second use run has nothing to do, and decides the same.
     assert use_run(ws.contract_path, tmp_path / "run", transport=FakeTransport()).already_closed
+    # compare numerical has no candidate outputs past the call: one line naming it, exit 2, no traceback.
+    compared = subprocess.run([sys.executable, "-m", "invar.cli", "compare", "numerical", str(tmp_path / "run")],
+                              capture_output=True, text=True, timeout=300)
+    assert compared.returncode == 2
+    refusal = compared.stderr.strip().splitlines()[-1]
+    assert "answered NonFiniteOutput: the candidate has no outputs there to compare" in refusal
+    assert "Traceback" not in compared.stderr
 
     def reference_nan(worker: FakeWorker, method: str, result: dict[str, Any]) -> dict[str, Any]:
         if method == "generate" and worker.package == "reference":

@@ -25,7 +25,7 @@ from invar.contract.admit import Step, admit
 from invar.contract.decide import Decision
 from invar.contract.model import read_contract
 from invar.contract.reading import RunReader
-from invar.errors import InvarError
+from invar.errors import EvidenceError, InvarError
 from invar.records import RunStore
 from invar.records.store import is_run
 from invar.tasks.population import thaw
@@ -59,6 +59,11 @@ def compare_use_run(run: Path, contract_path: Path | None, *, large_step: float 
         reader = RunReader.of_run(contract, sha, contract_file.parent, store, Path(scratch))
         phase("reading the run's records under the contract")
         bound = reader.bind_streamed(store)
+        if bound.nonfinite:
+            first = bound.nonfinite[0]
+            raise EvidenceError(f"{run}: the run closed at candidate call {first.key} (call id {first.call_id}), "
+                                "answered NonFiniteOutput: the candidate has no outputs there to compare, and the "
+                                f"calls after it were never made; use admit decides it (Violated) from that record")
         phase("scoring the responses")
         losses = reader.losses(bound.found)
         phase("comparing the numbers")
