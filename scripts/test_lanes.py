@@ -2,14 +2,14 @@
 
     python scripts/test_lanes.py [PYTEST ARGS...]
 
-The first lane holds the folders of `FIRST_LANE`: the tests that compute in their own process alone (statistics,
-fuzzing, contracts, records, the protocol's frames, the loop's arithmetic) and the engine workers' own tests, the
-real model's and the patches'; the second lane holds the rest (the runners, the command line, comparisons,
-benchmarks). The two take about as long. A test that starts an engine spends much of its wall time on one core (a
-worker's imports, its start-up, the model load, Python between calls), so the other lane uses the other core
-instead of waiting. Session fixtures are defined per folder (tests/workers/conftest.py, tests/models/conftest.py,
-...), and a folder is in one lane, so every engine start or model build a session fixture makes is made once, as
-in a single session.
+The first lane holds the paths of `FIRST_LANE`: the tests that compute in their own process alone (statistics,
+fuzzing, contracts, records, the protocol's frames, the loop's arithmetic), the engine workers' own tests and the
+real model's, and two files of the runners' tests; the second lane holds the rest (the other runners' tests, the
+command line, comparisons, benchmarks, patches, the cluster). The two take about as long. A test that starts an
+engine spends much of its wall time on one core (a worker's imports, its start-up, the model load, Python between
+calls), so the other lane uses the other core instead of waiting. Session fixtures are defined per folder
+(tests/workers/conftest.py, tests/models/conftest.py, ...), and the tests that ask for one are in one lane, so every
+engine start or model build a session fixture makes is made once, as in a single session.
 
 Most of a test's engine start is importing torch and transformers, or mlx and mlx-lm (about 5 s of CPU each time,
 and the suite starts some 170 such workers). The lanes share one fork server per engine for that
@@ -37,10 +37,13 @@ from invar import engines
 from invar.transport import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
-FIRST_LANE = ("contract", "fuzz", "loop", "protocol", "records", "stats", "tasks", "typing", "models", "workers")
-"""Folders of tests/ run in the first lane, chosen from `--durations` so that both lanes take about as long. With
-the fork servers (2026-12-03, `--durations-min=2`): this lane 1,856 s with `anymodel` (125 s) and `patches` (85 s)
-in it, the other 1,377 s; they moved to the other lane."""
+FIRST_LANE = ("contract", "fuzz", "loop", "protocol", "records", "stats", "tasks", "typing", "models", "workers",
+              "runner/test_use_run.py", "runner/test_train_vllm_hf.py")
+"""Paths under tests/ (folders, or files of a folder the lanes share) run in the first lane, chosen so that both
+lanes take about as long. `make test` of 2026-12-05 with the folders alone: this lane 1,498 s, the other 2,084 s;
+the real-engine `use run` tests (13, HF, killed and resumed runs) and the vLLM+HF training tests (two vLLM workers)
+moved here from tests/runner, about 300 s of that lane's by their `--durations` share. A folder's session fixtures
+stay in one lane: tests/runner's Ray cluster is asked for only by its Ray files, all in the other lane."""
 
 FORKED = ("hf", "mlx", "vllm")
 """The engines whose workers the lanes fork from a server: HF and MLX, whose imports are most of a start, and vLLM,
@@ -76,13 +79,34 @@ def stop_fork_servers(servers: list[tuple[str, subprocess.Popen[bytes], Path]]) 
             print(f"  {n} × {why}", flush=True)
 
 
+def _collected(folder: Path) -> list[Path]:
+    """The entries of `folder` pytest collects: test files and folders of tests (not the tests' helper modules)."""
+    return [p for p in sorted(folder.iterdir()) if (p.name.startswith("test_") and p.suffix == ".py")
+            or (p.is_dir() and p.name not in ("support", "__pycache__") and not p.name.startswith("."))]
+
+
+def others(chosen: tuple[str, ...], folder: Path | None = None) -> list[str]:
+    """The paths under tests/ outside `chosen` (paths relative to tests/), fewest first: a folder with nothing of
+    `chosen` in it whole, a folder that holds some of it entry by entry."""
+    folder = folder or ROOT / "tests"
+    left = []
+    for entry in _collected(folder):
+        rel = entry.relative_to(ROOT / "tests").as_posix()
+        if rel in chosen:
+            continue
+        if entry.is_dir() and any(c.startswith(rel + "/") for c in chosen):
+            left += others(chosen, entry)
+        else:
+            left.append(f"tests/{rel}")
+    return left
+
+
 def main(argv: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest"]
     first = [f"tests/{name}" for name in FIRST_LANE]
     # Both sessions collect tests/ and leave out the other's part, so each collects in the order one session would
     # (the test folders' conftest modules share a name, and `from conftest import` finds the one collected first).
-    second = [f"tests/{p.name}" for p in sorted((ROOT / "tests").iterdir()) if p.name not in FIRST_LANE
-              and (p.name.startswith("test_") or (p.is_dir() and p.name not in ("support", "__pycache__")))]
+    second = others(FIRST_LANE)
     # This interpreter's folder first on PATH, for the servers and both sessions: the tests that run `invar` from a
     # shell script put it first (tests/support/venv_path.py), and a worker whose PATH differs would not be forked.
     folder = str(Path(sys.executable).parent)
