@@ -97,7 +97,7 @@ def test_plan_pairs_reference_and_candidate(tmp_path: Path) -> None:
     # A call lists its requests in batch order: the reverse layout's batches are units 11..8, 7..4, 3..0.
     assert plan.calls[2].units == (11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
     assert plan.calls[2].batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
-    assert plan.seeds == tuple(unit_seed(20240601, u.unit_id) for u in plan.units)
+    assert list(plan.seeds) == [unit_seed(20240601, u.unit_id) for u in plan.units]
     assert plan.load_params["candidate"]["quantization"] == "nf4"
 
 

@@ -30,6 +30,7 @@ Decisions:
 
 from __future__ import annotations
 
+import array
 import hashlib
 import itertools
 import json
@@ -137,7 +138,7 @@ class Requests:
     call's requests are derived from it when asked, one call at a time, and dropped after."""
 
     units: Sequence[Unit]
-    seeds: tuple[int, ...]
+    seeds: Sequence[int]
     temperature: float
     top_p: float
     max_tokens: int
@@ -244,8 +245,8 @@ class ExecutionPlan:
     version: str
     contract_sha256: str
     units: Sequence[Unit]
-    seeds: tuple[int, ...]
-    """Per-unit sampling seeds, aligned with `units`."""
+    seeds: Sequence[int]
+    """Per-unit sampling seeds, aligned with `units` (63-bit, kept as signed 64-bit machine words)."""
     load_params: dict[Role, dict[str, Any]]
     """The `load_model` params each package's worker is called with (paths relative to the contract file)."""
     calls: tuple[PlannedCall, ...]
@@ -437,7 +438,7 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[P
     seed = contract.pairing.seed
     chosen = _chosen_ids([p.id for p in population], contract.population.sample, seed)
     units = PlannedUnits(population if chosen is None else [p for p in population if p.id in chosen], encoders)
-    seeds = tuple(unit_seed(seed, p.id) for p in units.sources)
+    seeds = array.array("q", (unit_seed(seed, p.id) for p in units.sources))  # 8 bytes a unit, not an int object
     sampling = contract.sampling
     source = Requests(units, seeds, sampling.temperature, sampling.top_p, sampling.max_tokens)
 
