@@ -12,6 +12,7 @@ import pytest
 
 from invar import canonical
 from invar.engines import DEFAULT_MODEL
+from invar.formats.model_config import FIELDS
 from invar.tasks import ModelTokenizer
 
 
@@ -53,8 +54,7 @@ def test_the_effective_configuration_is_printed_field_by_field_beside_the_folder
     assert out.returncode == 0, out.stderr
     rows = [line.split() for line in out.stdout.splitlines() if line.startswith("#   ")]
     fields = [row[1] for row in rows]
-    assert fields == ["vocab_size", "layers", "rope_theta", "rope_dims", "sliding_window", "attention_scale",
-                      "attn_softcap", "final_softcap", "embed_scale", "tied_embeddings", "norm_eps"]
+    assert fields == list(FIELDS)
     assert all(row[-1] == "equal" for row in rows), out.stdout
     assert "#   rope_theta       [10000 × 3 layers] | [9999.998 × 3 layers]  equal" in out.stdout.splitlines()
     assert "known_premises" not in out.stdout
