@@ -80,10 +80,9 @@ def score(
     from invar.cli.progress import reporting
     from invar.compare.steps import parse_steps, show_steps
     from invar.patches import select as select_patches
-    from invar.records import RunStore
     from invar.runner.engine import EngineSpec, default_run_dir
-    from invar.runner.options import TEMPERATURE_MAX, check_sampling, model_context
-    from invar.runner.score import batches_from_run, check_items, items_from_file, score_batches, verify_source
+    from invar.runner.options import TEMPERATURE_MAX, check_sampling
+    from invar.runner.score import score_run, score_source
     from invar.tasks import ModelTokenizer
 
     if (tokens is None) == (from_run is None):
@@ -103,30 +102,8 @@ def score(
     model = model_folder(model)  # --model FILE.gguf names the folder that holds it
     spec = EngineSpec(engine, model, dtype, quantization, adapter, patches=patches, patch_dirs=patch_dirs,
                       settings=parse_launch_settings(engine.value, setting or []))
-    meta: dict[str, Any] = {"command": "score", **spec.meta(), "capture_steps": show_steps(spec_steps)}
-    vocab = ModelTokenizer.from_model_dir(model)
-    context = model_context(model)
-    if from_run is not None:
-        source = verify_source(from_run)
-        meta["source"] = {"run": str(from_run), "head": source.head, "command": source.command}
-        batches = batches_from_run(source, spec_steps)
-        # Every item is checked before a worker starts (a step past a response's end, an id outside the model's
-        # vocabulary, a prompt and response past its context): none costs a model load.
-        total = 0
-        for batch in batches_from_run(source, spec_steps):
-            check_items([it.with_ids(vocab) for it in batch], vocab, context)
-            total += len(batch)
-    if from_run is None:
-        assert tokens is not None
-        # The prompts are tokenized and every id checked against the model's vocabulary before a worker starts:
-        # text the model cannot read, or a token it does not have, costs no model load.
-        listed = [[it.with_ids(vocab) for it in batch]
-                  for batch in items_from_file(tokens, temperature, spec_steps, batch_size)]
-        for batch in listed:
-            check_items(batch, vocab, context)
-        meta["source"] = {"tokens": str(tokens)}
-        batches = iter(listed)
-        total = sum(len(batch) for batch in listed)
+    source = score_source(spec, spec_steps, tokens=tokens, from_run=from_run, temperature=temperature,
+                          batch_size=batch_size)
     run_dir = run if run is not None else default_run_dir("score")
     # Outputs are kept as the float32 arrays they arrived as: a whole-vocabulary capture of a real model (49,152
     # tokens) is 192 KiB so, and six times that as Python floats. Only --json needs every item.
@@ -140,11 +117,12 @@ def score(
         if as_json or len(kept) < _SHOWN:
             kept.append(out)
 
-    with RunStore.create(run_dir, meta=meta) as store, reporting(quiet) as shown:
-        counts = score_batches(spec, batches, store, call_timeout=call_timeout, on_output=keep,
-                               phase=lambda text: shown.phase(text, total=total, unit="items")
-                               if text == "scoring" else shown.phase(text))
-        head = store.close_run()
+    with reporting(quiet) as shown:
+        done = score_run(spec, source, run_dir, show_steps(spec_steps), call_timeout=call_timeout, on_output=keep,
+                         phase=lambda text: shown.phase(text, total=source.total, unit="items")
+                         if text == "scoring" else shown.phase(text))
+    meta, head, counts = done.meta, done.head, done.counts
+    vocab = ModelTokenizer.from_model_dir(model)
     if as_json:
         from invar.outputs import ScoreOutput  # the models cost a start that prints text nothing
 

@@ -237,13 +237,76 @@ def score_batches(spec: EngineSpec, batches: Iterator[list[ScoreItem]], store: R
     return {"calls": calls, "items": items, "captures": captures, "vocab_size": width}
 
 
+@dataclass(frozen=True)
+class ScoreSource:
+    """The items to score, every one checked against the scoring model, and where they came from."""
+
+    batches: Iterator[list[ScoreItem]]
+    """One list per score call, in order."""
+    total: int
+    """How many items the batches hold."""
+    source: dict[str, Any]
+    """The run's `source` meta: the source run (path, head, command) or the tokens file."""
+
+
+def score_source(spec: EngineSpec, steps: Sequence[Step], *, tokens: Path | None, from_run: Path | None,
+                 temperature: float, batch_size: int) -> ScoreSource:
+    """The items of a tokens file (at `temperature` where an item states none, `batch_size` per call) or of a
+    verified run's responses (in its batches), checked against `spec`'s model before any worker starts: a step past
+    a response's end, an id outside the model's vocabulary, a prompt and response past its context each cost no
+    model load."""
+    spec.digests  # noqa: B018  (first: a missing model folder is named as the option that gave it)
+    vocab = ModelTokenizer.from_model_dir(spec.model)
+    context = model_context(spec.model)
+    if from_run is not None:
+        run = verify_source(from_run)
+        total = 0
+        for batch in batches_from_run(run, steps):
+            check_items([it.with_ids(vocab) for it in batch], vocab, context)
+            total += len(batch)
+        return ScoreSource(batches_from_run(run, steps), total,
+                           {"run": str(from_run), "head": run.head, "command": run.command})
+    assert tokens is not None, "name the tokens file or the run"
+    listed = [[it.with_ids(vocab) for it in batch] for batch in items_from_file(tokens, temperature, steps, batch_size)]
+    for batch in listed:
+        check_items(batch, vocab, context)
+    return ScoreSource(iter(listed), sum(len(batch) for batch in listed), {"tokens": str(tokens)})
+
+
+@dataclass(frozen=True)
+class ScoreRun:
+    """A finished score run: its meta, its chain head and the counts `score_batches` returns."""
+
+    meta: dict[str, Any]
+    head: str
+    counts: dict[str, Any]
+
+
+def score_run(spec: EngineSpec, source: ScoreSource, run_dir: Path, capture_steps: str, *,
+              call_timeout: float | None = None, on_output: Callable[[ScoredOutput], None] = lambda out: None,
+              phase: Callable[[str], object] = lambda text: None) -> ScoreRun:
+    """`source`'s batches scored through `spec`'s worker into a new run store at `run_dir` (its meta names the
+    package, the capture steps as written, `capture_steps`, and the source): what `invar score` runs."""
+    meta: dict[str, Any] = {"command": "score", **spec.meta(), "capture_steps": capture_steps,
+                            "source": source.source}
+    with RunStore.create(run_dir, meta=meta) as store:
+        counts = score_batches(spec, source.batches, store, call_timeout=call_timeout, on_output=on_output,
+                               phase=phase)
+        head = store.close_run()
+    return ScoreRun(meta, head, counts)
+
+
 __all__ = [
     "ScoreItem",
+    "ScoreRun",
+    "ScoreSource",
     "ScoredOutput",
     "SourceRun",
     "batches_from_run",
     "check_items",
     "items_from_file",
     "score_batches",
+    "score_run",
+    "score_source",
     "verify_source",
 ]
