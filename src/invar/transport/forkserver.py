@@ -18,7 +18,8 @@ Decision: **serve only what a fresh process would run the same way, and start a 
 preloaded library has read its environment at import (OpenMP's thread count, the hub's offline flags, …), so a
 request is refused unless its environment equals the server's on every name except those of `RUNTIME_NAMES` (read
 by the core's own code, which the child imports afresh) and `PYTHONPATH`, which may differ only where every
-preloaded package is still found in the file the server loaded. The interpreter, the `-P -m` form and the module
+preloaded package is still found in the file the server loaded (and the names below that no loaded library reads,
+and `LD_LIBRARY_PATH` wherever it names the same existing folders). The interpreter, the `-P -m` form and the module
 must be the server's too. A refused request, a server that is not there or not answering, or any error talking to
 it: the core starts the worker as a local subprocess (`spawn_local`), as without a server.
 
