@@ -11,7 +11,7 @@ from invar.cli.ci import Headline
 if TYPE_CHECKING:
     from invar.contract.decide import Decision
     from invar.imported.decide import ImportedDecision, PreparedImport
-    from invar.imported.summary import ImportedSummary
+    from invar.outputs import UseSummaryOutput
     from invar.stats.planning import PlanRow
 
 
@@ -59,11 +59,11 @@ def render_imported(d: ImportedDecision) -> str:
     return "\n".join(lines)
 
 
-def render_summary(m: ImportedSummary) -> str:
+def render_summary(m: UseSummaryOutput) -> str:
     """`use summary`: each side as `invar evaluate` reports a policy, the paired table, then the exports."""
-    lines = [f"{m.contract_name}: imported {m.source_format} evidence ({m.metric or 'losses'}, loss {m.loss}); the "
+    lines = [f"{m.contract.name}: imported {m.format} evidence ({m.metric or 'losses'}, loss {m.loss}); the "
              "scores are the exporter's, not recomputed from calls",
-             f"contract   {m.contract_name} (sha256 {m.contract_sha256}); decide with invar use admit --contract"]
+             f"contract   {m.contract.name} (sha256 {m.contract.sha256}); decide with invar use admit --contract"]
     for s in m.sides:
         lo, hi = s.interval
         if s.correct is not None:
@@ -75,13 +75,12 @@ def render_summary(m: ImportedSummary) -> str:
             lines.append(f"{s.role:<10} mean loss {s.mean_loss:.4f} over {s.items} items (losses in "
                          f"[{m.loss_range[0]:g}, {m.loss_range[1]:g}]){score}, {m.confidence:.0%} betting interval "
                          f"[{lo:.4f}, {hi:.4f}]")
-    n = m.worse + m.better + m.ties
-    ties = f"{m.ties}" if m.both_right is None else f"{m.ties} ({m.both_right} both right, {m.both_wrong} both wrong)"
-    lines.append(f"paired     {n} items: candidate worse on {m.worse}, better on {m.better}, tied on {ties}; mean "
-                 f"loss increase {m.mean_increase:.6g}")
+    p = m.paired
+    ties = f"{p.ties}" if p.both_right is None else f"{p.ties} ({p.both_right} both right, {p.both_wrong} both wrong)"
+    lines.append(f"paired     {p.items} items: candidate worse on {p.worse}, better on {p.better}, tied on {ties}; "
+                 f"mean loss increase {p.mean_increase:.6g}")
     for e in m.exports:
-        lines.append(f"export     {e['role']:<10} {e['items']} items, {e['exporter']}, sha256 {e['sha256']} "
-                     f"({e['path']})")
+        lines.append(f"export     {e.role:<10} {e.items} items, {e.exporter}, sha256 {e.sha256} ({e.path})")
     return "\n".join(lines)
 
 
@@ -143,7 +142,6 @@ def summary_imported_cmd(contract: Path, confidence: float, json_out: bool) -> N
     """`use summary`: one line for a contract that is not imported, or a bad --confidence; else the summary."""
     import typer
 
-    from invar import outputs
     from invar.cli.common import emit_model
     from invar.errors import ContractError
     from invar.imported import is_imported_contract
@@ -159,7 +157,7 @@ def summary_imported_cmd(contract: Path, confidence: float, json_out: bool) -> N
                             "evaluate, or compare its two sides with invar compare numerical RUN --contract CONTRACT")
     summary = summarise_imported(contract, confidence)
     if json_out:
-        emit_model(outputs.UseSummaryOutput.model_validate(summary.to_json()))
+        emit_model(summary)
     else:
         typer.echo(render_summary(summary))
 
