@@ -446,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: {args.model} holds no model; build it with scripts/train_model.py or pass --model",
               file=sys.stderr)
         return 2
+    # On CUDA vLLM's engine core runs in a spawned process; the worker reads the configuration the engine computes
+    # with (and scores at T != 1) through `LLM.apply_model`, which vLLM sends to that process only with this set.
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     out_dir = args.out or Path(os.environ.get("OUT") or "gpu-check")
     out_dir.mkdir(parents=True, exist_ok=True)
     problems = load_population(EVAL_FILE, EVAL_FILE.with_suffix(".sha256").read_text().split()[0])
