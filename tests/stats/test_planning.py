@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -147,7 +146,7 @@ def test_plan_table_and_rendering() -> None:
     for row in rows:
         assert row.method in text
         assert f"{row.n:,}" in text
-    encoded = json.loads(json.dumps([dataclasses.asdict(row) for row in rows]))
+    encoded = json.loads(json.dumps([row.model_dump(mode="json") for row in rows]))
     assert encoded[1]["n"] == by_method["maurer-pontil"].n
     assert "standard error" in by_method["betting"].basis
     variance_rows = plan_table(Assumed(variance=0.1), 0.1, 0.05)

@@ -190,7 +190,7 @@ def plan_cmd(
         if json_out:
             emit_model(outputs.UsePlanOutput(
                 contract=str(contract), contract_method=got.method, epsilon=got.epsilon, delta=got.delta,
-                rows=[outputs.PlanRow(**dataclasses.asdict(r)) for r in got.rows], sequential=None,
+                rows=got.rows, sequential=None,
                 contract_units=got.items, contract_power=got.power,
                 underpowered=got.power is not None and got.power < power, plot=None))
             return
@@ -229,7 +229,7 @@ def plan_cmd(
     if json_out:
         emit_model(outputs.UsePlanOutput(
             contract=str(contract), contract_method=req.method, epsilon=str(req.epsilon), delta=str(req.delta),
-            rows=[outputs.PlanRow(**dataclasses.asdict(r)) for r in rows],
+            rows=rows,
             sequential=None if stops is None else outputs.SequentialPlanRow(**dataclasses.asdict(stops)),
             contract_units=units, contract_power=own, underpowered=own is not None and own < power,
             plot=None if plot is None else str(plot)))

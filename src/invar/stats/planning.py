@@ -49,6 +49,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from invar.outputs import PlanRow as PlanRow  # one method's row: the model `use plan --json` prints
 from invar.parallel import cores, map_calls
 from invar.stats import _binom, bounds, score, trinomial
 from invar.stats.bounds import METHODS, VERSIONS, StatisticsError
@@ -69,30 +70,6 @@ _BLOCK = 64  # runs per vectorised block (fits the caches)
 
 _NORMAL = NormalDist()
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class PlanRow:
-    """One method's required sample size under the stated assumption; JSON-ready via dataclasses.asdict."""
-
-    method: str
-    """Bound method (one of METHODS)."""
-    version: str
-    """The method's version string."""
-    n: int
-    """Smallest number of paired units at which P(upper bound ≤ ε) ≥ power_target."""
-    power: float
-    """Power at n as computed (the simulated estimate for Monte Carlo rows)."""
-    power_target: float
-    """The required probability of admission when the assumption holds."""
-    epsilon: float
-    """Largest allowed increase of the mean task loss."""
-    delta: float
-    """Error probability of the one-sided bound."""
-    assumption: str
-    """The stated distribution of d, in words."""
-    basis: str
-    """How power was computed: exact, Monte Carlo or conservative."""
 
 
 @dataclass(frozen=True)
@@ -992,7 +969,8 @@ def plan_row(
             f"{plan.runs} independent runs; power estimated on {plan.runs} fresh runs, standard error "
             f"{plan.standard_error:.4f}"
         )
-        return PlanRow(method, VERSIONS[method], plan.n, plan.power, target, eps, dlt, assumption.words(), basis)
+        return PlanRow(method=method, version=VERSIONS[method], n=plan.n, power=plan.power, power_target=target,
+                       epsilon=eps, delta=dlt, assumption=assumption.words(), basis=basis)
     power_of, n_min, basis = _power_function(method, assumption, eps, dlt, target, runs, int(seed))
     factor = START_FACTORS[method] if assumption.trinomial else 1.0
     start = round(factor * _normal_guess(assumption, eps, dlt, target))
@@ -1002,7 +980,8 @@ def plan_row(
         n, achieved = _ScorePlanner(assumption, eps, dlt).plan(target, n_min, n_cap, start)
     else:
         n, achieved = _search(power_of, target, n_min, n_cap, start)
-    return PlanRow(method, VERSIONS[method], n, achieved, target, eps, dlt, assumption.words(), basis)
+    return PlanRow(method=method, version=VERSIONS[method], n=n, power=achieved, power_target=target, epsilon=eps,
+                   delta=dlt, assumption=assumption.words(), basis=basis)
 
 
 def power_at(
