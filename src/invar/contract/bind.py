@@ -252,7 +252,7 @@ def _same_ids(a: Any, b: Any) -> bool:
 
 def run_contract_sha256(store: RunStore) -> str:
     """The contract a run was made under (its meta `run.contract_sha256`); `EvidenceError` if it names none."""
-    meta = store.meta().get("run", {})
+    meta = store.meta("run").get("run", {})
     run_contract = meta.get("contract_sha256") if isinstance(meta, dict) else None
     if not isinstance(run_contract, str):
         raise EvidenceError(f"{store.path}: the run names no contract (meta run.contract_sha256); "

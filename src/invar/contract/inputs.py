@@ -98,6 +98,17 @@ def resolve_inputs(contract: Contract, base: Path, kept: Any, scratch: Path) -> 
     return Inputs(population, tokenizers)
 
 
+def _needs_kept(contract: Contract, base: Path) -> bool:
+    """Whether reading the contract's files needs the run's kept copies: a population, tokenizer or patch folder
+    that `resolve_inputs` or `check_patch_folders` would read from them."""
+    population = base / contract.population.path
+    tokenizers = model_folders(contract, base)
+    if not (population.is_file() and all((tokenizers[r] / n).is_file() for r in ROLES for n in BASE_FILES)):
+        return True
+    return any(patches.is_path(key) and not (base / key).is_dir() for role in ROLES
+               for key in contract.package(role).patches)
+
+
 def check_method_version(contract: Contract, remedy: str) -> None:
     """The contract's bound method must be the version this Invar computes (`ContractError`, ending in `remedy`):
     an owner's contract fixes the method's version, and another version's numbers would not be the ones it fixed."""
@@ -111,7 +122,8 @@ def read_anchors(contract: Contract, sha: str, base: Path, store: RunStore, scra
         ExecutionPlan, dict[Role, ModelTokenizer]]:
     """The plan and each package's tokenizer, from the files the contract fixes by digest (beside the contract at
     `base`, or the copies the run keeps, written into `scratch`), every one checked against the contract."""
-    kept = store.meta().get("inputs")
+    # The run's kept copies (its population among them) are read only when a file is not beside the contract.
+    kept = store.meta("inputs").get("inputs") if _needs_kept(contract, base) else None
     check_patch_folders(contract, base, kept)
     inputs = resolve_inputs(contract, base, kept, scratch)
     units = load_units(inputs.population, contract.population.sha256)

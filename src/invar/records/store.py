@@ -400,10 +400,13 @@ class RunStore:
             raise RecordError(f"{self.path / DB_NAME}: the database cannot be read ({exc}); "
                               "the file was damaged or tampered with") from None
 
-    def meta(self) -> dict[str, Any]:
-        """The run's metadata entries (not verified: call `verify` first where it matters)."""
+    def meta(self, *only: str) -> dict[str, Any]:
+        """The run's metadata entries (not verified: call `verify` first where it matters); with `only`, those of
+        these names (an entry of another name is skipped undecoded: a run's kept inputs hold its population)."""
         out: dict[str, Any] = {}
         for seq, _kind, _w, _d, body, _t, _c in self._rows("WHERE kind = 'meta'"):
+            if only and _meta_name(body) not in (*only, None):
+                continue
             out.update(_meta_entry(seq, body))
         return out
 
@@ -553,7 +556,7 @@ class RunStore:
             done: CallRecord | None = None
             try:
                 if kind == "meta":
-                    _meta_entry(seq, body)
+                    _meta_checked(seq, message)  # decoded once: a run's kept inputs hold its population
                 elif kind == "close":
                     _check_close(where, message, v, chain_before=chain_before)
                     close_seen = seq
@@ -653,12 +656,29 @@ def _canonical_body(where: str, body: bytes) -> Any:
         raise RecordError(f"{where}: undecodable ({exc})") from None
 
 
+def _meta_name(body: bytes) -> str | None:
+    """The name of a metadata record's one entry read from the first bytes of its canonical document (a map of one
+    entry under a short name), or None when they are not that (the record is then decoded whole)."""
+    # 4 bytes of document length, then msgpack: a fixmap of 1 (0x81) and the name as a fixstr (0xa0 | length).
+    if len(body) < 6 or body[4] != 0x81 or not 0xa0 <= body[5] <= 0xbf:
+        return None
+    try:
+        return body[6:6 + (body[5] & 0x1f)].decode()
+    except UnicodeDecodeError:
+        return None
+
+
 def _meta_entry(seq: int, body: bytes) -> dict[str, Any]:
     """A metadata record's one {key: value} entry; `RecordError` naming the record for anything else."""
     try:
         entry = canonical.decode(body)
     except canonical.CanonicalError as exc:
         raise RecordError(f"record {seq} (meta): undecodable ({exc})") from None
+    return _meta_checked(seq, entry)
+
+
+def _meta_checked(seq: int, entry: Any) -> dict[str, Any]:
+    """A decoded metadata record's one {key: value} entry; `RecordError` naming the record for anything else."""
     if not isinstance(entry, dict) or len(entry) != 1 or not all(isinstance(k, str) for k in entry):
         raise RecordError(f"record {seq} (meta): malformed: a metadata record holds one {{name: value}} entry")
     (key, value), = entry.items()
