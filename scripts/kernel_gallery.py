@@ -237,7 +237,7 @@ def table(results: dict[str, Any]) -> str:
         if d is None:
             stop = r.get("stopped", {})
             rows.append(f"| `{name}` | {r['class']} | {op} | {model_in} | no decision | use {stop.get('step')} "
-                        f"exit {stop.get('exit_code')}: {stop.get('line', '')[:200]} | – | – | – | – | "
+                        f"exit {stop.get('exit_code')}: {stop_line(stop.get('line', ''))} | – | – | – | – | "
                         f"{r['new_folder_to_decision_s']:.0f} s |")
             continue
         inv = d["invariance"]
@@ -258,6 +258,11 @@ def table(results: dict[str, Any]) -> str:
             f"({loss['worse']}/{loss['better']}) | {worst} | {r['new_folder_to_decision_s']:.0f} s "
             f"(run {steps.get('run', 0):.0f} s) |")
     return "\n".join(rows)
+
+
+def stop_line(line: str) -> str:
+    """The refusal without the `invar: error:` prefix and the resume advice."""
+    return line.removeprefix("invar: error: ").split("; the forward")[0][:220]
 
 
 def lost(inv: dict[str, Any]) -> int | str:
@@ -296,7 +301,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(names) + 1.2))
     ax.barh(names[::-1], times[::-1], color=colours[::-1])
     ax.set_xlabel("new kernel folder → decision (s): use init + prepare + run + admit")
-    ax.set_title(f"kernel gallery on {results['model']}: green Admitted, red Violated, orange Unknown, grey none")
+    ax.set_title(f"kernel gallery on {results['model']}\ngreen Admitted, red Violated, orange Unknown, grey no decision")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -313,10 +318,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/kernel-gallery"), help="where the folders go")
     parser.add_argument("--out", type=Path, default=None, help="default docs/kernels/gallery_<model>.json")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per command")
-    parser.add_argument("--table", type=Path, default=None, help="print the table of a gallery JSON and stop")
+    parser.add_argument("--table", type=Path, default=None,
+                        help="print the table of a gallery JSON, draw its PNG beside it, and stop")
     args = parser.parse_args(argv)
     if args.table is not None:
-        print(table(json.loads(args.table.read_text(encoding="utf-8"))))
+        done = json.loads(args.table.read_text(encoding="utf-8"))
+        plot(done, args.table.with_suffix(".png"))
+        print(table(done))
         return 0
     if args.sample < 1:
         print("kernel_gallery: --sample must be at least 1", file=sys.stderr)
