@@ -301,7 +301,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(names) + 1.2))
     ax.barh(names[::-1], times[::-1], color=colours[::-1])
     ax.set_xlabel("new kernel folder → decision (s): use init + prepare + run + admit")
-    ax.set_title(f"kernel gallery on {results['model']}\ngreen Admitted, red Violated, orange Unknown, grey no decision")
+    ax.set_title(f"kernel gallery on {results['model']}\n"
+                 "green Admitted, red Violated, orange Unknown, grey no decision")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
