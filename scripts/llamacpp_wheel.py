@@ -35,10 +35,16 @@ from typing import Any
 from gguf_ladder import SDIST, SDIST_SHA256, pinned_sdist
 
 ROOT = Path(__file__).resolve().parents[1]
-LIB_ONLY = ROOT / "scripts" / "llamacpp_lib_only.cmake"
+LIB_ONLY = Path("scripts") / "llamacpp_lib_only.cmake"
 VERSION = SDIST.removeprefix("llama_cpp_python-").removesuffix(".tar.gz")
-OPTIONS = ("-DLLAVA_BUILD=OFF", f"-DCMAKE_PROJECT_llama.cpp_INCLUDE={LIB_ONLY}")
-"""CMake options on top of llama-cpp-python's defaults: no multimodal library, no common library (see module doc)."""
+
+
+def cmake_args(root: Path) -> list[str]:
+    """CMake options on top of llama-cpp-python's defaults: no multimodal library, no common library (module doc),
+    then any CMAKE_ARGS of the environment. The key names the included file relative to the checkout (its bytes are
+    keyed apart), so a clone elsewhere reuses the same wheel; the build is given its absolute path."""
+    return ["-DLLAVA_BUILD=OFF", f"-DCMAKE_PROJECT_llama.cpp_INCLUDE={root / LIB_ONLY}",
+            *shlex.split(os.environ.get("CMAKE_ARGS", ""))]
 
 
 def say(message: str) -> None:
@@ -82,8 +88,8 @@ def build_parts(sdist: Path) -> dict[str, Any]:
     """What the wheel's bytes depend on: the source, the CMake options (any CMAKE_ARGS of the environment after this
     script's), the included CMake file, the compiler and the CPU a native build targets."""
     return {"sdist": sdist.name, "sha256": SDIST_SHA256,  # pinned_sdist() checked the file against it
-            "cmake_args": [*OPTIONS, *shlex.split(os.environ.get("CMAKE_ARGS", ""))],
-            "lib_only_cmake": hashlib.sha256(LIB_ONLY.read_bytes()).hexdigest(), "compiler": compiler(),
+            "cmake_args": cmake_args(Path()),
+            "lib_only_cmake": hashlib.sha256((ROOT / LIB_ONLY).read_bytes()).hexdigest(), "compiler": compiler(),
             "cpu_flags": cpu_flags()}
 
 
@@ -108,10 +114,10 @@ def main() -> int:
         print(wheels[0])
         return 0
     folder.parent.mkdir(parents=True, exist_ok=True)
-    say(f"building llama-cpp-python {VERSION} from source, once on this machine (about 6 to 15 minutes on 2 cores)")
+    say(f"building llama-cpp-python {VERSION} from source, once on this machine (about 4 minutes of CPU time)")
     start = time.time()
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".building-", ignore_cleanup_errors=True) as tmp:
-        env = {**os.environ, "CMAKE_ARGS": shlex.join(parts["cmake_args"])}
+        env = {**os.environ, "CMAKE_ARGS": shlex.join(cmake_args(ROOT))}
         done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
                                "--disable-pip-version-check", "-q", "-w", tmp, str(sdist)], env=env)
         if done.returncode != 0:
