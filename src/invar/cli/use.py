@@ -7,7 +7,6 @@ input is bad (an `InvarError`, printed as one line by the application).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import re
 import threading
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
     from invar.runner.use_run import Progress
     from invar.stats.diagnostics import PairedDiagnostics, RangeDiagnostics
     from invar.stats.planning import Assumed, PlanRow
-    from invar.stats.sequential import SequentialPlan
+    from invar.stats.sequential import SequentialPlanRow
 
 app = typer.Typer(
     name="use",
@@ -230,7 +229,7 @@ def plan_cmd(
         emit_model(outputs.UsePlanOutput(
             contract=str(contract), contract_method=req.method, epsilon=str(req.epsilon), delta=str(req.delta),
             rows=rows,
-            sequential=None if stops is None else outputs.SequentialPlanRow(**dataclasses.asdict(stops)),
+            sequential=stops,
             contract_units=units, contract_power=own, underpowered=own is not None and own < power,
             plot=None if plot is None else str(plot)))
         return
@@ -362,7 +361,7 @@ def _sequential_horizon(c: Contract, stated: dict[str, float], n_max: int | None
 
 
 def _sequential_plan(c: Contract, looks: tuple[int, ...] | None, stated: dict[str, float], horizon: int | None) \
-        -> SequentialPlan | None:
+        -> SequentialPlanRow | None:
     """The stopping-n plan at `horizon` (`_sequential_horizon`'s), looking after each batch of the pairing layout;
     None when none is asked for."""
     from invar.stats.sequential import sequential_plan

@@ -40,6 +40,7 @@ from statistics import NormalDist
 import numpy as np
 import numpy.typing as npt
 
+from invar.outputs import SequentialPlanRow as SequentialPlanRow  # a stopping plan: what `use plan --json` prints
 from invar.stats import bounds
 from invar.stats.bounds import StatisticsError
 
@@ -346,28 +347,6 @@ def check_stop(recorded: int, decision: SequentialDecision) -> None:
 # --- planning: expected stopping n ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SequentialPlan:
-    """Simulated behaviour of the stopping rule under a stated trinomial assumption; JSON-ready via asdict."""
-
-    method: str
-    version: str
-    n_max: int
-    batch: int
-    admitted: float
-    """P(Admitted) as simulated."""
-    violated: float
-    unknown: float
-    expected_n: float
-    """E[stopping n] (n_max when the rule does not stop)."""
-    expected_n_error: float
-    """Its Monte Carlo standard error."""
-    p90_n: int
-    """90th percentile of the stopping n."""
-    runs: int
-    basis: str
-
-
 def simulate_stops(
     method: str, p_worse: float, p_better: float, epsilon: float, delta: float, n_max: int, batch: int,
     runs: int, seed: int,
@@ -417,7 +396,7 @@ def simulate_stops(
 def sequential_plan(
     method: str, p_worse: float, p_better: float, epsilon: float, delta: float, n_max: int, batch: int = 100,
     *, runs: int = 2000, seed: int = 0,
-) -> SequentialPlan:
+) -> SequentialPlanRow:
     """Expected and 90th-percentile stopping n, and the answer frequencies, by simulation under the assumption
     (0/1 losses with the given p_worse, p_better; runs independent runs, seed fixed)."""
     name = _check_method(method)
@@ -431,7 +410,7 @@ def sequential_plan(
     size = bounds.check_count("batch", batch, 1)
     count = bounds.check_count("runs", runs, 1)
     stops, answers = simulate_stops(name, pw, pb, eps, dlt, horizon, size, count, int(seed))
-    return SequentialPlan(
+    return SequentialPlanRow(
         method=name, version=SEQUENTIAL_VERSIONS[name], n_max=horizon, batch=size,
         admitted=float(np.mean(answers == 1)), violated=float(np.mean(answers == -1)),
         unknown=float(np.mean(answers == 0)), expected_n=float(np.mean(stops)),
@@ -444,7 +423,7 @@ def sequential_plan(
 def sequential_max_n(
     method: str, p_worse: float, p_better: float, epsilon: float, delta: float, power: float = 0.8,
     batch: int = 100, *, runs: int = 2000, seed: int = 0, n_limit: int = 10_000_000,
-) -> SequentialPlan:
+) -> SequentialPlanRow:
     """The plan at the smallest n_max (a multiple of `batch`) whose simulated P(Admitted) reaches `power` under the
     assumption: the sequential design with the power of a fixed-n plan. Every n_max is simulated on the same
     stream (common random numbers: the power is then smooth in n_max, and the search does not pick one lucky
@@ -453,9 +432,9 @@ def sequential_max_n(
     if not 0.0 < target < 1.0:
         raise StatisticsError(f"power must lie strictly between 0 and 1 (e.g. 0.8); got {target!r}")
     size = bounds.check_count("batch", batch, 1)
-    seen: dict[int, SequentialPlan] = {}
+    seen: dict[int, SequentialPlanRow] = {}
 
-    def at(blocks: int) -> SequentialPlan:
+    def at(blocks: int) -> SequentialPlanRow:
         if blocks not in seen:
             seen[blocks] = sequential_plan(
                 method, p_worse, p_better, epsilon, delta, blocks * size, size, runs=runs, seed=seed
@@ -486,7 +465,7 @@ def sequential_max_n(
     return at(hi)
 
 
-def render_sequential(plan: SequentialPlan) -> str:
+def render_sequential(plan: SequentialPlanRow) -> str:
     """One line for a person: the stopping n and the answers' frequencies, and how they were obtained."""
     return (
         f"sequential {plan.version}, n_max {plan.n_max:,}, looks every {plan.batch:,}: expected stop "
