@@ -41,7 +41,7 @@ COMMANDS = {
     ("use.py", "plan_cmd"), ("use.py", "package_cmd"), ("use.py", "run_cmd"), ("use.py", "admit_cmd"),
     ("use.py", "verify_cmd"), ("use.py", "prepare_imported_cmd"), ("use.py", "admit_imported_cmd"),
     ("keys.py", "new"), ("compare.py", "numerical"), ("compare.py", "histories"),
-    ("imported.py", "summary_imported_cmd"),
+    ("imported.py", "summary_imported_cmd"), ("kernel.py", "check_cmd"),
 }
 """Every command function with a `--json` (one per model in `invar.outputs.OUTPUTS`)."""
 
