@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +36,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
+
+from procfs import cpu_s, status_kib  # noqa: E402
 
 from invar import canonical  # noqa: E402
 from invar.engines import start_worker  # noqa: E402
@@ -87,24 +88,12 @@ def units(count: int) -> list[tuple[list[int], list[int]]]:
              [int(t) for t in rng.integers(3, VOCAB, RESPONSE)]) for _ in range(count)]
 
 
-def _status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/{pid}/status has no {field}")
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 def _phase(pid: int, name: str, run: Callable[[], Any]) -> dict[str, Any]:
     Path(f"/proc/{pid}/clear_refs").write_text("5")
-    cpu, began = _cpu_s(pid), time.perf_counter()
+    cpu, began = cpu_s(pid), time.perf_counter()
     run()
-    row = {"phase": name, "wall_s": round(time.perf_counter() - began, 2), "cpu_s": round(_cpu_s(pid) - cpu, 2),
-           "peak_mib": round(_status_kib(pid, "VmHWM") / 1024, 1)}
+    row = {"phase": name, "wall_s": round(time.perf_counter() - began, 2), "cpu_s": round(cpu_s(pid) - cpu, 2),
+           "peak_mib": round(status_kib(pid, "VmHWM") / 1024, 1)}
     print(f"  {name}: {row['wall_s']} s wall, {row['cpu_s']} CPU-s, peak {row['peak_mib']} MiB", flush=True)
     return row
 

@@ -33,6 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
 
+from procfs import cpu_s, status_kib  # noqa: E402
+
 from invar import canonical  # noqa: E402
 from invar.engines import launch_args, parse_launch_settings, start_worker  # noqa: E402
 from invar.protocol import Role  # noqa: E402
@@ -40,18 +42,6 @@ from invar.tasks import ModelTokenizer  # noqa: E402
 from invar.tasks.population import load_units  # noqa: E402
 
 PROMPTS = REPO / "data" / "chat-train.jsonl"
-
-
-def _status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/{pid}/status has no {field}")
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(engine: str, args: list[str], model: Path, prompts: list[list[int]], src: Path | None) -> dict[str, Any]:
@@ -63,13 +53,13 @@ def measure(engine: str, args: list[str], model: Path, prompts: list[list[int]],
     with start_worker(engine, Role.INFERENCE, args=args, env=env, call_timeout=7200.0) as worker:
         pid = worker.identity.pid
         worker.call("load_model", load)
-        loaded = _status_kib(pid, "VmRSS")
-        cpu, began = _cpu_s(pid), time.perf_counter()
+        loaded = status_kib(pid, "VmRSS")
+        cpu, began = cpu_s(pid), time.perf_counter()
         worker.call("generate", {"requests": requests, "layout": [list(range(len(requests)))], "adapter": None,
                                  "reference_adapter": None})
         row = {"src": "this checkout" if src is None else str(src), "rss_after_load_mib": round(loaded / 1024, 1),
-               "peak_mib": round(_status_kib(pid, "VmHWM") / 1024, 1),
-               "generate_wall_s": round(time.perf_counter() - began, 1), "generate_cpu_s": round(_cpu_s(pid) - cpu, 1)}
+               "peak_mib": round(status_kib(pid, "VmHWM") / 1024, 1),
+               "generate_wall_s": round(time.perf_counter() - began, 1), "generate_cpu_s": round(cpu_s(pid) - cpu, 1)}
     print(row, flush=True)
     return row
 
@@ -84,7 +74,7 @@ def child(cut: str, model: Path, prompts: list[list[int]]) -> int:
                                           "dtype": "float32", "quantization": "none", "adapter": None})
     assert engine.m is not None
     probe, engine.m.head_rows = engine.m.head_rows, cut == "kept"
-    loaded = _status_kib(os.getpid(), "VmRSS")
+    loaded = status_kib(os.getpid(), "VmRSS")
     Path("/proc/self/clear_refs").write_text("5")
     cpu = time.process_time()
     serves(GENERATE, engine.generate)({
@@ -92,7 +82,7 @@ def child(cut: str, model: Path, prompts: list[list[int]]) -> int:
                       "max_tokens": 8} for i, p in enumerate(prompts)],
         "layout": [list(range(len(prompts)))], "adapter": None, "reference_adapter": None})
     print(json.dumps({"cut": cut, "probe_head_rows": probe, "rss_after_load_mib": round(loaded / 1024, 1),
-                      "peak_mib": round(_status_kib(os.getpid(), "VmHWM") / 1024, 1),
+                      "peak_mib": round(status_kib(os.getpid(), "VmHWM") / 1024, 1),
                       "generate_cpu_s": round(time.process_time() - cpu, 1)}))
     return 0
 

@@ -27,6 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
 
+from procfs import status_kib  # noqa: E402
+
 from invar import canonical  # noqa: E402
 from invar.engines import start_worker  # noqa: E402
 from invar.protocol import Role  # noqa: E402
@@ -40,21 +42,14 @@ MAX_TOKENS = 8
 BATCH = 16
 
 
-def _status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/{pid}/status has no {field}")
-
-
 def _phase(pid: int, name: str, run: Any) -> dict[str, Any]:
     """Run `run()` as one phase: the worker's resident memory before it and its peak during it, in MiB."""
     Path(f"/proc/{pid}/clear_refs").write_text("5")
-    before = _status_kib(pid, "VmRSS")
+    before = status_kib(pid, "VmRSS")
     began = time.perf_counter()
     result = run()
     row = {"phase": name, "rss_before_mib": round(before / 1024, 1),
-           "peak_mib": round(_status_kib(pid, "VmHWM") / 1024, 1), "wall_s": round(time.perf_counter() - began, 1)}
+           "peak_mib": round(status_kib(pid, "VmHWM") / 1024, 1), "wall_s": round(time.perf_counter() - began, 1)}
     print(f"{name}: {row['rss_before_mib']} MiB before, peak {row['peak_mib']} MiB, {row['wall_s']} s", flush=True)
     row["result"] = result
     return row
