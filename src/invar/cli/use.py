@@ -18,7 +18,7 @@ import typer
 
 from invar.cli.common import ExpectHeadOpt, JsonOpt, QuietOpt, emit_model, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
-from invar.cli.use_init import init_cmd, toml_value
+from invar.cli.use_init import init_cmd
 from invar.engines import Engine, parse_launch_settings
 from invar.errors import ContractError, InvarError
 
@@ -463,6 +463,9 @@ def render_decision(decision: Decision) -> str:
 
 
 def _toml_value(value: Any) -> str:
+    # Imported here: `use --help` reads no module of the contract package.
+    from invar.contract.declaration_toml import toml_value
+
     return toml_value(value, instead="the worker's identity holds it: write the contract in JSON")
 
 

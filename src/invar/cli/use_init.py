@@ -83,14 +83,6 @@ def _rel(target: Path, start: Path) -> str:
     return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()
 
 
-def toml_value(value: Any, *, instead: str = "write the declaration by hand") -> str:
-    """`invar.contract.declaration_toml.toml_value` (`use package` prints settings with it), imported when called:
-    `use --help` reads no module of the contract package."""
-    from invar.contract.declaration_toml import toml_value as written
-
-    return written(value, instead=instead)
-
-
 def _model(option: str, folder: Path) -> tuple[str, str]:
     """A model folder's tree digest and tokenizer digest, after the core has read its tokenizer."""
     from invar import canonical
