@@ -351,10 +351,11 @@ def check_config_changes(contract: Contract, base: Path) -> None:
     folders otherwise (a contract prepared by an Invar that read config.json differently: prepare it again)."""
     if not contract.config_changes:
         return  # nothing recorded; each worker is still checked against its own folder at load_model
+    folders = {role: base / contract.package(role).model_dir for role in ROLES}
+    configs = {role: _folder_configuration(role, folder) for role, folder in folders.items()}
     for field, change in contract.config_changes.items():
-        for role in ROLES:
-            folder = base / contract.package(role).model_dir
-            value = _folder_configuration(role, folder)[field]
+        for role, folder in folders.items():
+            value = configs[role][field]
             recorded = getattr(change, role)
             if not same_config_value(field, recorded, value):
                 raise ContractError(f"config_changes.{field}: the contract records {show_value(recorded)} for the "
