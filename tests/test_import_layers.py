@@ -31,7 +31,7 @@ LAYERS = [
     "home",
     "parallel",  # independent calls over the cores, for the commands that opt in (stats calls it)
     "docstrings",  # field docstrings read from the source where they are shown (outputs, training config)
-    "outputs",
+    "printed",  # the base of the models a command prints, which the core returns
     "patches",  # the candidate patches' digest rule: the workers check it before they load a patch
     "formats",  # the tokenizer, the chat template and the checkpoint format: files both sides read
     "protocol",  # the wire: frames, messages, payloads, the worker-side server
@@ -46,6 +46,7 @@ LAYERS = [
     "loop",
     "compare",
     "contract",
+    "outputs",  # the printed models the core does not return, and the table of every command's --json model
     "imported",  # decisions from exported scores: the contract's requirement, premises and decision rules
     "runner",
     "cli",

@@ -11,23 +11,17 @@ packages, kinds) are open by nature.
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from invar.docstrings import describe
+from invar.printed import Closed
+from invar.stats.rows import PlanRow, SequentialPlanRow
 
 OUTPUT_SCHEMA_VERSION = "invar.outputs/1"
 """Names this set of output shapes; a change to any of them that can break a reader changes it."""
-
-
-class Closed(BaseModel):
-    """An output object whose fields are all named: another field is an error."""
-
-    # Built on first use, without the fields' docstrings: a command builds the one model it prints, and the
-    # docstrings are the schemas' descriptions alone (`documented`). pydantic's use_attribute_docstrings would read
-    # the source of every class here at each command's start.
-    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class EngineVersions(Closed):
@@ -370,34 +364,6 @@ class UsePrepareOutput(Closed):
     plan_version: str
     sequential: dict[str, Any] | None
     """Sequential contracts (plan /4): the stopping rule's method, n_max and looks, as the plan states them."""
-
-
-class PlanRow(Closed):
-    method: str
-    version: str
-    n: int
-    """Smallest number of paired units at which P(upper bound ≤ ε) ≥ power_target."""
-    power: float
-    power_target: float
-    epsilon: float
-    delta: float
-    assumption: str
-    basis: str
-
-
-class SequentialPlanRow(Closed):
-    method: str
-    version: str
-    n_max: int
-    batch: int
-    runs: int
-    admitted: float
-    violated: float
-    unknown: float
-    expected_n: float
-    expected_n_error: float
-    p90_n: int
-    basis: str
 
 
 class UsePlanOutput(Closed):
@@ -955,10 +921,17 @@ OUTPUTS: dict[str, type[BaseModel]] = {
 """Each command's `--json` output (file stem under docs/schemas/ → its model)."""
 
 
+CORE_MODULES = ("invar.stats.rows",)
+"""The core modules whose models a command prints as they are: the core returns them, and the tables here name
+them."""
+
+
 @functools.cache
 def documented() -> dict[str, type[BaseModel]]:
     """`OUTPUTS` with each field's docstring as its description (`invar.docstrings`), for `scripts/schemas.py`."""
-    describe(__name__, rebuild=True)
+    for module in (*CORE_MODULES, __name__):  # the core's first: a model here nests theirs
+        importlib.import_module(module)
+        describe(module, rebuild=True)
     return OUTPUTS
 
 

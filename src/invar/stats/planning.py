@@ -49,10 +49,10 @@ from typing import TypeVar
 
 import numpy as np
 
-from invar.outputs import PlanRow as PlanRow  # one method's row: the model `use plan --json` prints
 from invar.parallel import cores, map_calls
 from invar.stats import _binom, bounds, score, trinomial
 from invar.stats.bounds import METHODS, VERSIONS, StatisticsError
+from invar.stats.rows import PlanRow as PlanRow  # one method's row: the model `use plan --json` prints
 
 DECISION_MARGIN = 2.0**-30
 """Betting and paired-binary-exact plans test at ε − 2^-30, so a success implies the reported bound is ≤ ε despite

@@ -40,9 +40,9 @@ from statistics import NormalDist
 import numpy as np
 import numpy.typing as npt
 
-from invar.outputs import SequentialPlanRow as SequentialPlanRow  # a stopping plan: what `use plan --json` prints
 from invar.stats import bounds
 from invar.stats.bounds import StatisticsError
+from invar.stats.rows import SequentialPlanRow as SequentialPlanRow  # a stopping plan: what `use plan --json` prints
 
 FloatArray = npt.NDArray[np.float64]
 
