@@ -162,6 +162,24 @@ def test_kill_minus_nine_keeps_every_committed_record(tmp_path: Path, trial: int
     assert len(v.unanswered) <= 1
 
 
+
+def test_a_record_commits_without_waiting_for_the_disk_and_the_closing_record_waits(tmp_path: Path) -> None:
+    """What the kill test above relies on, and no more: each record's commit is in the write-ahead log when it returns
+    (SQLite synchronous 1, NORMAL), which a killed process leaves with the operating system; the closing record's
+    commit syncs the log (2, FULL), so the head handed out as the run's anchor is on the disk with every record
+    before it. A store reopened to resume commits without waiting again."""
+    store = RunStore.create(tmp_path / "run")
+    assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1
+    store.close()
+    store = RunStore.open(tmp_path / "run", writable=True)
+    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1
+    head = store.close_run()
+    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+    store.close()
+    with RunStore.open(tmp_path / "run") as s:
+        assert s.verify(expect_head=head).closed
+
 _DIE_WHILE_CREATING = """
 import os, signal, sys
 from invar.records import store as st
