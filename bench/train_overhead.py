@@ -10,6 +10,9 @@ Both drivers run the same cycles of the same configuration (cycles, model and pr
   records for it (generate + learner + publish, start-up excluded).
 - **shared** (with `--drivers ...,shared`): `invar train` with `rollout.layout = "shared"`: the same, but one worker
   process serves both roles, each on its own channel (docs/training.md, "Where the roles run").
+- **shared-full** (with `--drivers ...,shared-full`): the shared layout with the run store syncing every record to
+  the disk (SQLite `synchronous=FULL`, as the store did before 2026-12-05) instead of only the closing record
+  (`invar.records.store.SYNCHRONOUS`): what the records' syncs cost a cycle, measured beside the shipped store.
 - **direct**: one Python process imports the worker engine classes (`workers.<engine>_worker.Engine`, an inference
   and a learner instance) and runs each cycle's calls with the same params: load the last checkpoint as the policy,
   generate, the core's rewards and advantages (a runner must compute them too), one learner step that saves the
@@ -69,9 +72,13 @@ sys.path.append(str(REPO / "bench"))  # last: the direct runner runs with -P; be
 from overhead import handler, tree_cpu_s  # noqa: E402
 
 DIRECT_BACKENDS = ("mlx", "hf")
-DRIVERS = ("invar", "direct", "split", "shared")
+DRIVERS = ("invar", "direct", "split", "shared", "shared-full")
 """split: the direct runner with its learner engine in a second process, Invar's process layout without Invar;
-shared: `invar train` with both roles in one worker process (`rollout.layout = "shared"`)."""
+shared: `invar train` with both roles in one worker process (`rollout.layout = "shared"`); shared-full: the same with
+every record synced to the disk."""
+SYNCHRONOUS = {"shared": "NORMAL", "shared-full": "FULL"}
+"""The run store's `synchronous` setting of the drivers that set it (both launched the same way, through this
+file, so that only the setting differs between them)."""
 DEFAULT_DRIVERS = ("invar", "direct", "split")
 
 
@@ -174,11 +181,16 @@ def launch_train_workers_on(device: str) -> None:
     vars(train_mod)["EngineSpec"] = on_device  # the name train's own code calls
 
 
-def invar_train_on(device: str, argv: list[str]) -> int:
-    """`invar train` with every worker launched on `device` (a training configuration has no such setting)."""
+def invar_train_on(device: str, synchronous: str, argv: list[str]) -> int:
+    """`invar train` with every worker launched on `device` (a training configuration has no such setting) and the
+    run store committing each record with SQLite's `synchronous` setting `synchronous` ("-": the store's own)."""
     from invar.cli.app import main as cli_main
+    from invar.records import store as store_mod
 
-    launch_train_workers_on(device)
+    if device != "cpu":
+        launch_train_workers_on(device)
+    if synchronous != "-":
+        store_mod.SYNCHRONOUS = synchronous
     sys.argv = ["invar", *argv]
     cli_main()
     return 0
@@ -236,13 +248,15 @@ def _direct_cycles(p: tr.Plan, out: Path, device: str, learner: Callable[[str, d
     return {"cycle_s": seconds, "cycle_cpu_s": cpu, "phases_s": phases, "digests": digests}
 
 
-def run_invar(config: Path, run: Path, device: str = "cpu") -> dict[str, Any]:
-    """`invar train` in its own process; its process tree's CPU time is sampled every 20 ms while it runs."""
+def run_invar(config: Path, run: Path, device: str = "cpu", synchronous: str | None = None) -> dict[str, Any]:
+    """`invar train` in its own process (`synchronous`: the run store's setting, None for the store's own, launched
+    as the command itself); its process tree's CPU time is sampled every 20 ms while it runs."""
     samples: list[tuple[int, float]] = []
     log = run.with_name(run.name + ".log")
     command = [str(config), "--run", str(run), "--json"]
-    launch = ([sys.executable, "-m", "invar.cli", "train"] if device == "cpu" else
-              [sys.executable, str(Path(__file__).resolve()), "--invar-train-on", device, "train"])
+    launch = ([sys.executable, "-m", "invar.cli", "train"] if device == "cpu" and synchronous is None else
+              [sys.executable, str(Path(__file__).resolve()), "--invar-train-on", device, synchronous or "-",
+               "train"])
     t0 = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen([*launch, *command], stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
@@ -341,12 +355,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drivers", default=",".join(DEFAULT_DRIVERS),
                         help="comma-separated, invar and direct first, of: " + ", ".join(DRIVERS))
     parser.add_argument("--nice", type=int, default=-10, help="priority of the bench and its workers (root lowers it)")
-    if argv is None and len(sys.argv) > 2 and sys.argv[1] == "--invar-train-on":
-        return invar_train_on(sys.argv[2], sys.argv[3:])  # before parsing: the rest is invar's command line
+    if argv is None and len(sys.argv) > 3 and sys.argv[1] == "--invar-train-on":
+        return invar_train_on(sys.argv[2], sys.argv[3], sys.argv[4:])  # before parsing: the rest is invar's
     args = parser.parse_args(argv)
     drivers = args.drivers.split(",")
     if drivers[:2] != ["invar", "direct"] or not set(drivers) <= set(DRIVERS) or len(set(drivers)) != len(drivers):
-        parser.error(f"--drivers {args.drivers}: give invar,direct, optionally followed by split and shared")
+        parser.error(f"--drivers {args.drivers}: give invar,direct, optionally followed by split, shared and "
+                     "shared-full")
     if args.direct is not None:
         print(json.dumps(run_direct(args.direct, args.out, args.device, args.split)))
         return 0
@@ -359,8 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="invar-train-overhead-") as tmp:
         folder = Path(tmp)
         config = write_config(args.config, folder / "config.toml", args.cycles, args.model, args.per_cycle)
-        configs = {"invar": config, "shared": write_config(args.config, folder / "config-shared.toml", args.cycles,
-                                                           args.model, args.per_cycle, layout="shared")}
+        shared = write_config(args.config, folder / "config-shared.toml", args.cycles, args.model, args.per_cycle,
+                              layout="shared")
+        configs = {"invar": config, "shared": shared, "shared-full": shared}
         backend = tomllib.loads(config.read_text())["backend"]
         if backend not in DIRECT_BACKENDS:
             parser.error(f"the direct runner drives {', '.join(DIRECT_BACKENDS)}; the config's backend is {backend}")
@@ -372,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             order = drivers[rep % len(drivers):] + drivers[:rep % len(drivers)]
             for driver in order:
                 where = folder / f"{driver}-{rep}"
-                got = (run_invar(configs[driver], where, args.device) if driver in configs else
+                got = (run_invar(configs[driver], where, args.device, SYNCHRONOUS.get(driver)) if driver in configs else
                        direct_subprocess(config, where, args.device, split=driver == "split"))
                 runs[driver].append(got)
                 print(f"rep {rep + 1}/{args.reps} {driver}: cycles " +
@@ -415,6 +431,11 @@ def main(argv: list[str] | None = None) -> int:
         pairs |= {"invar_over_split": ("invar", "split"), "split_over_direct": ("split", "direct")}
     if "shared" in runs:
         pairs |= {"shared_over_direct": ("shared", "direct"), "shared_over_invar": ("shared", "invar")}
+    # With shared-full: what syncing every record costs (shared-full/shared) and where that layout stood.
+    if "shared-full" in runs:
+        pairs |= {"shared_full_over_direct": ("shared-full", "direct")}
+        if "shared" in runs:
+            pairs |= {"shared_full_over_shared": ("shared-full", "shared")}
     for name, (num, den) in pairs.items():
         result["paired_" + name] = paired(np.array([s for r in runs[num] for s in r["cycle_s"]]),
                                           np.array([s for r in runs[den] for s in r["cycle_s"]]))
@@ -427,9 +448,10 @@ def main(argv: list[str] | None = None) -> int:
     outside = [s for r in runs["invar"] for s in r["core_outside_calls_s"]]
     result["core_outside_calls_s"] = {"median": float(np.median(outside)), "min": min(outside), "max": max(outside),
                                       "share_of_invar_cycle": float(np.median(np.array(outside) / inv))}
-    if "shared" in runs:
-        out_shared = [s for r in runs["shared"] for s in r["core_outside_calls_s"]]
-        result["shared"]["core_outside_calls_s"] = {"median": float(np.median(out_shared)), "min": min(out_shared),
+    for name in ("shared", "shared-full"):
+        if name in runs:
+            out_shared = [s for r in runs[name] for s in r["core_outside_calls_s"]]
+            result[name]["core_outside_calls_s"] = {"median": float(np.median(out_shared)), "min": min(out_shared),
                                                     "max": max(out_shared)}
     print(f"invar's core outside its calls: median {np.median(outside) * 1e3:.1f} ms a cycle "
           f"({min(outside) * 1e3:.1f}-{max(outside) * 1e3:.1f})")
