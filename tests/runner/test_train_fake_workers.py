@@ -2,9 +2,10 @@
 tests drive it: schedules that split the rollouts over two inference workers or engine batches of 1 publish the
 checkpoints of one worker's whole batch; a declared staleness of 1 samples cycle 1 from the base model and differs
 from cycle 1 on; a run stopped by a lost learner or by SIGTERM resumes to the uninterrupted run's checkpoints; a
-lost inference worker is replaced and its call issued again. The fakes speak the real protocol, their calls are
-recorded by the real store and their checkpoints pass the core's checks, so every claim here is about the core;
-what real learners compute is for the `engine` tests (test_train_schedules.py)."""
+lost inference worker is replaced and its call issued again; the shared layout (both roles in one process) publishes
+the split layout's checkpoints and, its process lost, resumes to them. The fakes speak the real protocol, their
+calls are recorded by the real store and their checkpoints pass the core's checks, so every claim here is about the
+core; what real learners compute is for the `engine` tests (test_train_schedules.py)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.fake_worker import FakeTransport, FakeWorker, Fault, Script
+from support.fake_worker import FakeSharedProcess, FakeTransport, FakeWorker, Fault, Script
 from train_helpers import history, published, write_config
 
 from invar.cli import app as cli_app
 from invar.interrupts import Stopped
 from invar.protocol import Role
 from invar.records import RunStore
+from invar.runner import train as train_mod
 from invar.runner.train import train
 from invar.transport import WorkerLost
 
@@ -155,3 +157,72 @@ def test_a_lost_inference_worker_is_replaced_and_its_call_issued_again(runs: dic
     with pytest.raises(WorkerLost):
         _train(tmp_path, "engine1-local", FakeTransport(SCRIPT, faults=[Fault("die", calls=(2,), where=_inference)]),
                **SCHEDULES["engine1"])
+
+
+SHARED = {"rollout": {"batch_size": 32, "layout": "shared"}}
+"""The "whole" schedule with both roles in one worker process."""
+
+
+def _shared(monkeypatch: pytest.MonkeyPatch, *transports: FakeTransport) -> list[FakeSharedProcess]:
+    """`train`'s shared worker processes faked: the k-th one started serves its roles with `transports[k]`."""
+    made: list[FakeSharedProcess] = []
+    left = list(transports)
+
+    def start() -> FakeSharedProcess:
+        made.append(FakeSharedProcess(left.pop(0)))
+        return made[-1]
+
+    monkeypatch.setattr(train_mod, "SharedProcess", start)
+    return made
+
+
+def _placements(run: Path) -> list[tuple[int, list[int], list[str]]]:
+    """Each placement record of a run: (the pid, the pids its two workers' identities declare, their roles)."""
+    with RunStore.open(run) as store:
+        meta = store.meta()
+        workers = store.workers()
+    out = []
+    for key in sorted(k for k in meta if k.startswith("placement shared ")):
+        entry = meta[key]
+        assert entry["layout"] == "shared"
+        roles = sorted(entry["workers"])
+        out.append((entry["pid"], [workers[entry["workers"][r]].pid for r in roles],
+                    [workers[entry["workers"][r]].role.value for r in roles]))
+    return out
+
+
+def test_the_shared_layout_publishes_the_split_layouts_checkpoints(runs: dict[str, Path], tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    made = _shared(monkeypatch, FakeTransport(SCRIPT))
+    run = tmp_path / "run"
+    train(write_config(tmp_path, "shared", "mlx", cycles=3, **SHARED), run)
+    assert published(run) == published(runs["whole"])
+    # The same calls as the split run, and the same objective: only where the roles ran differs.
+    assert _calls(run) == _calls(runs["whole"])
+    assert [c.loss_core for c in history(run).cycles] == [c.loss_core for c in history(runs["whole"]).cycles]
+    # One process served both roles: its pid on record, declared by both workers, and the process closed at the end.
+    (process,) = made
+    assert _placements(run) == [(process.pid, [process.pid, process.pid], ["inference", "learner"])]
+    assert _placements(runs["whole"]) == []
+    assert process.closed
+
+
+def test_a_shared_run_whose_process_is_lost_resumes_to_the_split_layouts_checkpoints(
+        runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The process dies in cycle 1's update: the learner's call goes unanswered and the inference role dies with it.
+    dies = FakeTransport(SCRIPT, faults=[Fault("die", method="learner_step", calls=(2,), where=_learner)])
+    made = _shared(monkeypatch, dies, FakeTransport(SCRIPT))
+    config = write_config(tmp_path, "shared", "mlx", cycles=3, **SHARED)
+    run = tmp_path / "run"
+    with pytest.raises(WorkerLost):
+        train(config, run)
+    assert [made[0].roles[role].poll() for role in (Role.INFERENCE, Role.LEARNER)] == [-9, -9]
+    assert len(published(run)) == 1
+    with RunStore.open(run) as store:
+        assert not store.verify().closed
+    resumed = train(config, run)
+    assert (resumed.cycles, resumed.cycles_reused) == (3, 1)
+    assert published(run) == published(runs["whole"])
+    assert [ok for method, ok in _calls(run) if method == "learner_step"] == [True, False, True, True]
+    # Each attempt's process on record, both roles in it.
+    assert _placements(run) == [(p.pid, [p.pid, p.pid], ["inference", "learner"]) for p in made]

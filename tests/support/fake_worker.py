@@ -219,7 +219,7 @@ class FakeWorker:
     process: FakeProcess
     """The process serving it (set when that starts)."""
 
-    def __init__(self, transport: FakeTransport, number: int, argv: Sequence[str]) -> None:
+    def __init__(self, transport: FakeTransport, number: int, argv: Sequence[str], pid: int | None = None) -> None:
         self.transport, self.number, self.argv = transport, number, list(argv)
         self.module = module = self.argv[self.argv.index("-m") + 1]
         self.engine = next(name for name, mod in ENGINES.items() if mod == module)
@@ -238,7 +238,7 @@ class FakeWorker:
         server = Server(engine=self.engine, engine_version=ENGINE_VERSION, role=self.role,
                         settings=self._settings(), methods={k: self._faulty(k, m) for k, m in methods.items()})
         # In-process there is no worker `__main__` to describe: state the code it stands in for, as that worker would.
-        server.identity = dataclasses.replace(server.identity, pid=next(_PIDS), worker={
+        server.identity = dataclasses.replace(server.identity, pid=next(_PIDS) if pid is None else pid, worker={
             "module": module, "sha256": canonical.sha256(module.encode()), "digest": transport.digest(self.engine)})
         server.identity_digest = server.identity.digest
         self.server = server
@@ -501,6 +501,8 @@ class FakeProcess:
         self.stdout = _ReadEnd(self._out)
         self.stderr = _ReadEnd(self._err)
         self.returncode: int | None = None
+        self.lost_with: list[FakeProcess] = []
+        """The workers lost when this one is (those sharing its process)."""
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._main, args=(refusal,), name=f"fake-worker-{worker.number}",
@@ -537,6 +539,9 @@ class FakeProcess:
         self._err.close_write()
         self.worker.stopped.set()
         self._done.set()
+        for other in self.lost_with:
+            if other.poll() is None:
+                other.die(code)
 
     def poll(self) -> int | None:
         return self.returncode if self._done.is_set() else None
@@ -588,10 +593,47 @@ class FakeTransport:
                         hit = fault
         return hit
 
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> FakeProcess:
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
+              pid: int | None = None) -> FakeProcess:
+        """A fake worker started by `argv`; `pid`: the pid it reports (default: one of its own)."""
         with self._lock:
             number = next(self._numbers)
-        worker = FakeWorker(self, number, argv)
+        worker = FakeWorker(self, number, argv, pid)
         with self._lock:
             self.started.append(worker)
         return FakeProcess(worker, self.refuse(number, argv))
+
+
+@dataclass
+class FakeSharedProcess:
+    """The training loop's shared layout faked (`invar.transport.shared.SharedProcess`): each role a fake worker of
+    `transport` on a channel of its own, both reporting one pid, as the two roles of one process do; losing either
+    loses both, as a process does. Not replaced when lost. `process` is itself: `pid` is what the runner records."""
+
+    transport: FakeTransport
+    pid: int = field(default_factory=lambda: next(_PIDS))
+    roles: dict[Role, FakeProcess] = field(default_factory=dict)
+    closed: bool = False
+
+    @property
+    def restarts(self) -> int:
+        return 0
+
+    @property
+    def process(self) -> FakeSharedProcess:
+        return self
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> FakeProcess:
+        started = self.transport.spawn(argv, env, cwd, pid=self.pid)
+        role = started.worker.role
+        if role in self.roles:
+            raise OSError(None, f"the {role.value} role of this shared worker process was started already")
+        for other in self.roles.values():
+            other.lost_with.append(started)
+            started.lost_with.append(other)
+        self.roles[role] = started
+        return started
+
+    def close(self) -> None:
+        """After both roles' clients have closed (the runner's order): the process has ended."""
+        self.closed = True
