@@ -162,6 +162,25 @@ def test_every_request_carries_its_packages_prompt_ids(tmp_path: Path) -> None:
     assert ref["prompt_ids"] == [1, *cand["prompt_ids"]]
 
 
+def test_each_call_s_digest_is_the_canonical_digest_of_its_params(tmp_path: Path) -> None:
+    # The plan packs each call's params in their canonical form directly; the digest must be canonical.digest's, for
+    # any text and ids an encoder gives, and what canonical refuses is refused as before.
+    ws = make_workspace(tmp_path, units=12)
+    units = [u.scored() for u in ws.plan.units]
+    odd: dict[Role, PromptEncoder] = {"reference": lambda u: (f"{u.prompt} é ✓ \x00", [2**64 - 1, 0, 2**31]),
+                                      "candidate": lambda u: (u.prompt, [])}
+    plan = derive_plan(ws.contract, ws.sha256, units, odd)
+    for call in plan.calls:
+        assert call.params_digest == canonical.digest(call.params.to_wire())
+    for bad in ("\ud800", [2**64]):
+        wrong: dict[Role, PromptEncoder] = {
+            "reference": lambda u, bad=bad: (bad if isinstance(bad, str) else u.prompt,
+                                             bad if isinstance(bad, list) else [1]),
+            "candidate": lambda u: (u.prompt, [1])}
+        with pytest.raises(canonical.CanonicalError):
+            derive_plan(ws.contract, ws.sha256, units, wrong)
+
+
 def _encoders(ws: Workspace) -> dict[Role, PromptEncoder]:
     return prompt_encoders({"reference": ws.vocab, "candidate": ws.vocab})
 

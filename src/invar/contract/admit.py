@@ -170,7 +170,11 @@ def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str |
     scored, the sequential stop and the invariance layouts checked."""
     with RunStore.open(run_path) as store, tempfile.TemporaryDirectory(prefix="invar-admit-") as scratch:
         progress(Step("reading the contract's inputs"))
+        stream = store.stream(kept=True)
         try:
+            # The run's leading records (its kept inputs, a copy of the population, among them) are verified and
+            # dropped before the plan is derived: the plan is not held beside their decoding.
+            stream.prime()
             reader = RunReader.of_run(contract, sha, contract_file.parent, store, Path(scratch))
         except InvarError:
             store.verify(expect_head=expect_head)  # a damaged store is named first, as when it was verified first
@@ -180,7 +184,7 @@ def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str |
         # One pass: each record verified, decoded, bound and its outputs scored (then dropped) as it is read.
         scored = reader.read_scored(store, inv_layouts if contract.invariance.required else (),
                                     lambda done, total: progress(Step("verifying the records", done, total)),
-                                    expect_head)
+                                    expect_head, stream)
         verification = scored.verification
         bound_evidence = scored.bound
         found = bound_evidence.found

@@ -33,7 +33,7 @@ from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Rol
 from invar.errors import EvidenceError
 from invar.evidence import check_patches_active
 from invar.protocol.payloads import GenerateResult
-from invar.records.store import CallRecord, RunStore, Verification
+from invar.records.store import CallRecord, CallStream, RunStore, Verification
 from invar.stats.sequential import SequentialDecision
 
 
@@ -489,14 +489,17 @@ def stream_evidence(
 def bind_in_one_pass(
     store: RunStore, contract: Contract, sha256: str, plan: ExecutionPlan, eos: Mapping[Role, frozenset[int]],
     visit: Visit, progress: Callable[[int, int], object] | None = None, expect_head: str | None = None,
+    stream: CallStream | None = None,
 ) -> tuple[BoundEvidence, Verification]:
     """As `collect_evidence`, reading and decoding each record once: the store is verified as a stream
     (`RunStore.stream`) and each generate record bound as it comes, its outputs handed to `visit` and dropped (the
     evidence reads them again from `store` when asked, which the pass leaves verified). The refusals are
     `collect_evidence`'s, in its order: a damaged store (`RecordError`), a head other than `expect_head`, an
     incomplete run, a run of another contract, then the first record binding refuses (held while the rest of the
-    store is verified). `progress(done, total)` is told the calls read, as `RunStore.verify` tells them."""
-    stream = store.stream(kept=True)
+    store is verified). `progress(done, total)` is told the calls read, as `RunStore.verify` tells them. `stream`:
+    the pass to read, `store.stream(kept=True)` (perhaps primed) when given, else one made here."""
+    if stream is None:
+        stream = store.stream(kept=True)
     total = store.call_count
     done = 0
 

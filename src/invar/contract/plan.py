@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, overload
 
+import msgpack
 import numpy as np
 
 from invar import canonical
@@ -477,7 +478,7 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[P
             key = (id(encoders[package]), layout, part)
             if key not in digests:
                 # The params exist only while their digest is taken: each unit is encoded here once per call.
-                digests[key] = canonical.digest(call.params.to_wire())
+                digests[key] = _params_digest(call, encoders[package])
             out.append(replace(call, params_digest=digests[key]))
         return out
 
@@ -523,6 +524,34 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[P
         pairing_layout=contract.pairing.layout,
         sequential=sequential,
     )
+
+
+def _params_digest(call: PlannedCall, encoder: PromptEncoder) -> str:
+    """`canonical.digest(call.params.to_wire())`, the params written straight in their canonical form (maps in
+    sorted key order, the plain types `canonical` keeps as they are) and packed by msgpack in C, not walked in Python;
+    anything that form does not hold (a text msgpack refuses, an integer past 64 bits) goes to `canonical.digest`,
+    which refuses it as before. The integers `canonical` takes are the ones msgpack packs, in the same shortest form."""
+    source = call.source
+    units = source.units
+    if type(units) is not PlannedUnits or type(source.temperature) is not float or type(source.top_p) is not float \
+            or type(source.max_tokens) is not int:
+        return canonical.digest(call.params.to_wire())
+    sources, seeds = units.sources, source.seeds
+    requests = []
+    for i in call.units:
+        unit = sources[i]
+        text, ids = encoder(unit)
+        # keys in sorted order: max_tokens, prompt, prompt_ids, request_id, seed, temperature, top_p
+        requests.append({"max_tokens": source.max_tokens, "prompt": text, "prompt_ids": list(ids),
+                         "request_id": unit.id, "seed": seeds[i], "temperature": source.temperature,
+                         "top_p": source.top_p})
+    params = {"adapter": None, "layout": [list(b) for b in call.layout_batches], "reference_adapter": None,
+              "requests": requests}
+    try:
+        doc = msgpack.packb(params, use_bin_type=True, strict_types=True)
+    except (ValueError, TypeError, OverflowError):
+        return canonical.digest(call.params.to_wire())
+    return canonical.sha256_parts([len(doc).to_bytes(4, "big"), doc])
 
 
 def _sequential_section(contract: Contract, n: int, calls: Sequence[PlannedCall]) -> SequentialSection | None:

@@ -52,7 +52,7 @@ from invar.contract.plan import ExecutionPlan, PlannedCall, Role
 from invar.contract.prepare import ROLES, contract_scorer, difference_range, package_tokenizers
 from invar.errors import EvidenceError, InvarError
 from invar.formats.tokenizer import ModelTokenizer
-from invar.records.store import RunStore, Verification
+from invar.records.store import CallStream, RunStore, Verification
 from invar.stats.sequential import SequentialDecision
 from invar.tasks.scorers import Scorer
 
@@ -111,18 +111,20 @@ class RunReader:
         return bind_records(store.iter_calls(), self.contract, self.plan, self.eos, OutputReader(store))
 
     def read_scored(self, store: RunStore, invariance: Sequence[str] = (),
-                    progress: Callable[[int, int], object] | None = None, expect_head: str | None = None) -> Scored:
+                    progress: Callable[[int, int], object] | None = None, expect_head: str | None = None,
+                    stream: CallStream | None = None) -> Scored:
         """`bind_complete`, each record read and decoded once (`invar.contract.bind.bind_in_one_pass`): as each
         generate call binds, its pairing-layout outputs are scored into the losses and, for the candidate's calls
         under the `invariance` layouts, each output kept as its digest (`invar.contract.decide.output_digest`); then
         the outputs are dropped (`expect_head`: the head the run must have). The same evidence, losses and refusals
         (a loss the scorer refuses is raised as `losses` raises it: the first in the plan's order, after everything
-        binding refuses)."""
+        binding refuses). `stream`: the store's pass to read (`RunStore.stream(kept=True)`, perhaps primed)."""
         plan = self.plan
         try:
             scorer = self.scorer
         except InvarError as exc:  # refused after what binding refuses, as `losses` after `bind_complete`
-            bind_in_one_pass(store, self.contract, self.sha256, plan, self.eos, lambda *_: None, progress, expect_head)
+            bind_in_one_pass(store, self.contract, self.sha256, plan, self.eos, lambda *_: None, progress, expect_head,
+                             stream)
             raise exc from None
         n = len(plan.units)
         losses = {role: np.zeros(n, dtype=np.int64 if scorer.binary else np.float64) for role in ROLES}
@@ -146,7 +148,7 @@ class RunReader:
                     table[index] = output_digest(o)
 
         bound, verification = bind_in_one_pass(store, self.contract, self.sha256, plan, self.eos, visit, progress,
-                                               expect_head)
+                                               expect_head, stream)
         if refused:
             raise refused[min(refused)]
         return Scored(bound, losses, digests, verification)

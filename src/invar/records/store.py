@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import os
 import shutil
 import sqlite3
@@ -643,13 +644,27 @@ class CallStream:
         self._kept = kept
         self._v = Verification()
         self._started = False
+        self._walk: Iterator[CallRecord] | None = None
+        self._first: list[CallRecord] = []
         self.verification: Verification | None = None
+
+    def prime(self) -> None:
+        """Read the store now up to its first answered call, which the pass then yields first: the records before it
+        (the run's metadata, a run's kept inputs the largest of them) are verified and dropped before the caller
+        builds what it holds while the rest is read (admission's plan), not beside it. Raises `RecordError` as the
+        pass would; a stream already primed or read is left as it is."""
+        if self._walk is None and not self._started:
+            self._walk = self._store._walk_records(self._v, *self._index)
+            self._first = list(itertools.islice(self._walk, 1))
 
     def __iter__(self) -> Iterator[CallRecord]:
         if self._started:
             raise RuntimeError("a CallStream is read once; ask the store for another")
         self._started = True
-        yield from self._store._walk_records(self._v, *self._index)
+        walk = self._store._walk_records(self._v, *self._index) if self._walk is None else self._walk
+        first, self._first = self._first, []
+        yield from first
+        yield from walk
         self.verification = self._v
         digests, report_of = self._index
         if self._kept and digests is not None and report_of is not None:
