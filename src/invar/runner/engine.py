@@ -36,7 +36,7 @@ from invar.engines import parse_launch_settings as parse_launch_settings
 from invar.errors import EvidenceError, InvarError, ProtocolError
 from invar.formats.model_config import check_effective
 from invar.protocol import Identity, Role
-from invar.protocol.methods import LOAD_ADAPTER, LOAD_MODEL
+from invar.protocol.methods import LOAD_ADAPTER, LOAD_MODEL, Method, Wire
 from invar.protocol.payloads import (
     AdapterRef,
     GenerateParams,
@@ -161,6 +161,7 @@ def engine_session(
     ready: Callable[[], object] = lambda: None,
     placement: Transport | None = None,
     phase: Callable[[str], object] = lambda text: None,
+    watch: Callable[[WorkerClient], contextlib.AbstractContextManager[object]] = lambda _: contextlib.nullcontext(),
 ) -> Iterator[Session]:
     """Start the engine's worker (recording into `store`), load the model and adapter; stop the worker after.
 
@@ -172,44 +173,53 @@ def engine_session(
     package's worker has passed its check).
     `placement`: start the worker there, e.g. as a Ray actor (`invar.engines.start_worker`).
     `phase` is told what the session is doing (starting the worker, loading the model), for a command to show.
+    `watch` holds the client from its handshake until its model is loaded (a `WorkerPool` stops a worker that is
+    still loading at once at a signal: a load has no answer worth waiting for).
     """
-    model_digest, adapter_digest = spec.digests
+    spec.digests  # noqa: B018  (first: a missing folder costs no worker start)
     args = launch_args(spec.engine.value, spec.settings, spec.patches, spec.patch_dirs)
     code = None if spec.worker_digest is None else (spec.worker_digest, expect[2] if expect else spec.engine.value)
     phase(f"starting the {spec.engine.value} worker")
     client = start_worker(spec.engine.value, role, args=args, recorder=store, call_timeout=call_timeout,
                           placement=placement, code=code)
     try:
-        if expect is not None:
-            check_identity(client.identity, expect[0], expect[1], expect[2])
-        ready()
-        phase("loading the model")
-        adapter_ref = None
-        if adapter_in_load and spec.adapter is not None:
-            adapter_ref = AdapterRef(str(spec.adapter.resolve()), adapter_digest, True if resume_training else None)
-        loaded = client.call(LOAD_MODEL, LoadModelParams(
-            str(spec.model.resolve()), model_digest, spec.dtype.value, spec.quantization.value, adapter_ref,
-        ))
-        if loaded.model_digest != model_digest:
-            raise EvidenceError(f"the {spec.engine.value} worker reports model digest {loaded.model_digest[:16]}…, "
-                                f"not {model_digest[:16]}…: it loaded other files than the core named")
-        if loaded.effective_config is not None:
-            # the configuration the engine built, field by field against the folder's config.json (which the model
-            # digest seals): a field the package does not declare a known premise is refused here, before any call
-            for line in check_effective(spec.model, spec.engine.value, loaded.effective_config,
-                                        session_premises(spec)):
-                phase(f"known premise of the package: {line}")
-        name = None
-        if spec.adapter is not None and not adapter_in_load:
-            got = client.call(LOAD_ADAPTER, LoadAdapterParams(ADAPTER_NAME, str(spec.adapter.resolve()),
-                                                              adapter_digest))
-            if got.adapter_digest != adapter_digest:
-                raise EvidenceError(f"the {spec.engine.value} worker reports adapter digest "
-                                    f"{got.adapter_digest[:16]}…, not {adapter_digest}")
-            name = ADAPTER_NAME
-        yield Session(client, name, model_digest, adapter_digest, loaded.eos_token_id, loaded.max_model_len)
+        with watch(client):
+            if expect is not None:
+                check_identity(client.identity, expect[0], expect[1], expect[2])
+            ready()
+            phase("loading the model")
+            session = _load(spec, client, adapter_in_load, resume_training, phase)
+        yield session
     finally:
         client.close()
+
+
+def _load(spec: EngineSpec, client: WorkerClient, adapter_in_load: bool, resume_training: bool,
+          phase: Callable[[str], object]) -> Session:
+    """Load `spec`'s model (and adapter) into a started worker, each checked against the core's digests."""
+    model_digest, adapter_digest = spec.digests
+    adapter_ref = None
+    if adapter_in_load and spec.adapter is not None:
+        adapter_ref = AdapterRef(str(spec.adapter.resolve()), adapter_digest, True if resume_training else None)
+    loaded = client.call(LOAD_MODEL, LoadModelParams(
+        str(spec.model.resolve()), model_digest, spec.dtype.value, spec.quantization.value, adapter_ref,
+    ))
+    if loaded.model_digest != model_digest:
+        raise EvidenceError(f"the {spec.engine.value} worker reports model digest {loaded.model_digest[:16]}…, "
+                            f"not {model_digest[:16]}…: it loaded other files than the core named")
+    if loaded.effective_config is not None:
+        # the configuration the engine built, field by field against the folder's config.json (which the model
+        # digest seals): a field the package does not declare a known premise is refused here, before any call
+        for line in check_effective(spec.model, spec.engine.value, loaded.effective_config, session_premises(spec)):
+            phase(f"known premise of the package: {line}")
+    name = None
+    if spec.adapter is not None and not adapter_in_load:
+        got = client.call(LOAD_ADAPTER, LoadAdapterParams(ADAPTER_NAME, str(spec.adapter.resolve()), adapter_digest))
+        if got.adapter_digest != adapter_digest:
+            raise EvidenceError(f"the {spec.engine.value} worker reports adapter digest {got.adapter_digest[:16]}…, "
+                                f"not {adapter_digest}")
+        name = ADAPTER_NAME
+    return Session(client, name, model_digest, adapter_digest, loaded.eos_token_id, loaded.max_model_len)
 
 
 RESTARTS = 3
@@ -260,7 +270,7 @@ class Lease:
             except WorkerLost as exc:
                 lost = exc
 
-    def ask(self, method: str, params: dict[str, Any]) -> Answer:
+    def ask(self, method: str | Method[Any, Any], params: Mapping[str, Any] | Wire) -> Answer:
         """A call answered by this slot's worker; a lost worker's call is issued again to its replacement."""
         while True:
             assert self.session is not None
@@ -270,6 +280,18 @@ class Lease:
                 self.replace(exc)
 
 
+@contextlib.contextmanager
+def _probe(engine: Engine, settings: Mapping[str, Any] | None, patches: Mapping[str, str] | None,
+           patch_dirs: Mapping[str, str] | None) -> Iterator[WorkerClient]:
+    """A worker started with these launch settings and patches, recording nothing, stopped after."""
+    client = start_worker(engine.value, Role.INFERENCE,
+                          args=launch_args(engine.value, settings or {}, patches or {}, patch_dirs))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
 def probe_identity(engine: Engine, settings: Mapping[str, Any] | None = None,
                    patches: Mapping[str, str] | None = None,
                    patch_dirs: Mapping[str, str] | None = None) -> Identity:
@@ -277,12 +299,8 @@ def probe_identity(engine: Engine, settings: Mapping[str, Any] | None = None,
 
     What a contract's package must state (`engine_version`, `settings`) is exactly this identity's.
     """
-    client = start_worker(engine.value, Role.INFERENCE,
-                          args=launch_args(engine.value, settings or {}, patches or {}, patch_dirs))
-    try:
+    with _probe(engine, settings, patches, patch_dirs) as client:
         return client.identity
-    finally:
-        client.close()
 
 
 def probe_effective(engine: Engine, model: Path, settings: Mapping[str, Any] | None = None,
@@ -290,15 +308,11 @@ def probe_effective(engine: Engine, model: Path, settings: Mapping[str, Any] | N
                     patch_dirs: Mapping[str, str] | None = None) -> tuple[Identity, Mapping[str, Any] | None]:
     """Start a worker as `probe_identity` does, load `model` (float32, unquantized), and return its identity and
     the effective configuration it reports (None: the worker reports none); the worker is stopped after."""
-    client = start_worker(engine.value, Role.INFERENCE,
-                          args=launch_args(engine.value, settings or {}, patches or {}, patch_dirs))
-    try:
+    with _probe(engine, settings, patches, patch_dirs) as client:
         digest = canonical.tree_digest(str(model))
         loaded = client.call(LOAD_MODEL, LoadModelParams(str(model.resolve()), digest, Dtype.FLOAT32.value,
                                                          Quantization.NONE.value, None))
         return client.identity, loaded.effective_config
-    finally:
-        client.close()
 
 
 def read_generate(received: GenerateResult, params: GenerateParams, model_digest: str) -> GenerateResult:

@@ -17,6 +17,8 @@ Decisions:
   `invar.stats.bounds` (each side a one-sided bound at (1 − confidence)/2, so the two together cover at the
   confidence; the units run in the sample's order, fixed before any response exists). Its sum is exact.
 - One `generate` call per batch (one batch per call), so progress moves per call.
+- **One worker, on the command's `invar.runner.pool.WorkerPool`**: at a signal no call starts, the call under way
+  gets the pool's grace to answer and be recorded, and a worker still loading its model is stopped at once.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
 from invar.protocol.methods import GENERATE
 from invar.protocol.payloads import GenerateParams, GenerateRequest
 from invar.records import RunStore
-from invar.runner.engine import EngineSpec, Session, engine_session, read_generate
+from invar.runner.engine import EngineSpec, Lease, engine_session, read_generate
 from invar.runner.options import check_context, model_context
+from invar.runner.pool import WorkerPool
 from invar.stats.bounds import betting
 from invar.stats.intervals import clopper_pearson
 from invar.tasks import ModelTokenizer, Problem
@@ -125,15 +128,24 @@ def evaluate_policy(
     for p, (_, ids) in zip(problems, prompts, strict=True):
         check_context(len(ids), settings.max_tokens, context, f"unit {p.id}")
     losses: list[float] = []
-    with engine_session(spec, store, call_timeout=call_timeout, phase=phase) as session:
+    pool = WorkerPool(1)
+
+    def generate(lease: Lease) -> float:
         phase("generating")
         generating = time.perf_counter()
         for start in range(0, len(problems), settings.batch_size):
             batch = problems[start : start + settings.batch_size]
-            losses += _run_batch(session, vocab, batch, prompts[start : start + settings.batch_size], settings,
-                                 scorer, responses)
+            scored = _run_batch(pool, lease, vocab, batch, prompts[start : start + settings.batch_size], settings,
+                                scorer, responses)
+            if scored is None:  # halted: no call after a signal
+                break
+            losses.extend(scored)
             advance(len(batch))
-        generate_s = time.perf_counter() - generating
+        return time.perf_counter() - generating
+
+    generate_s = pool.one(lambda ready: engine_session(spec, store, call_timeout=call_timeout, ready=ready,
+                                                       phase=phase, watch=pool.starting),
+                          generate, f"the {spec.engine.value} worker", lambda how: f"stopped at {how}", "evaluate")
     if scorer.binary:
         result = summarize(problems, [int(x) for x in losses], settings.confidence)
     else:
@@ -142,15 +154,21 @@ def evaluate_policy(
     return result
 
 
-def _run_batch(session: Session, vocab: ModelTokenizer, batch: Sequence[Unit], prompts: Sequence[tuple[str, list[int]]],
-               s: EvaluationSettings, scorer: Scorer, responses: list[dict[str, Any]] | None) -> list[float]:
+def _run_batch(pool: WorkerPool, lease: Lease, vocab: ModelTokenizer, batch: Sequence[Unit],
+               prompts: Sequence[tuple[str, list[int]]], s: EvaluationSettings, scorer: Scorer,
+               responses: list[dict[str, Any]] | None) -> list[float] | None:
     """One generate call for `batch` (one batch, in order); returns each unit's task loss, scored by the core (0 or
-    1 for a binary scorer, within the declared range for any other), and appends each unit's row to `responses`."""
+    1 for a binary scorer, within the declared range for any other), and appends each unit's row to `responses`;
+    None when the pool halted before the call was issued."""
+    session = lease.session
+    assert session is not None
     params = GenerateParams([GenerateRequest(p.id, ids, request_seed(s.seed, p.id), s.temperature, s.max_tokens,
                                              s.top_p, prompt=text)
                              for p, (text, ids) in zip(batch, prompts, strict=True)],
                             [list(range(len(batch)))], session.adapter, None)
-    report = session.client.call(GENERATE, params)
+    if (answer := pool.ask(lease, GENERATE, params)) is None:
+        return None
+    report = GENERATE.received(answer.result)
     received = read_generate(report, params, session.model_digest)
     losses: list[float] = []
     for p, req, out in zip(batch, params.requests, received.outputs, strict=True):

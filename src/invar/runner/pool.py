@@ -10,7 +10,8 @@ Decisions:
   the signal).
 - **A signal gives the calls under way a grace.** At Ctrl-C no new call starts and the calls under way may answer
   (and be recorded) for `INTERRUPT_GRACE_S`, at SIGTERM for `TERMINATE_GRACE_S` (schedulers send SIGKILL about 30 s
-  after it); then, or at a second Ctrl-C, the workers still computing are stopped.
+  after it); then, or at a second Ctrl-C, the workers still computing are stopped. A worker still loading its model
+  is stopped at once: a load has no answer worth the wait.
 - **Start-ups overlap.** Spawn, imports, handshake and model load of independent workers overlap, so starting costs
   about the slowest one's; a start-up that fails stops every other, and no worker outlives the command.
 - **A lost worker is replaced** through its `invar.runner.engine.Lease`, a bounded number of times.
@@ -22,12 +23,18 @@ import collections
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 from invar.interrupts import Stopped, Terminated, interruption
+from invar.protocol.methods import Method, Wire
 from invar.runner.engine import Lease, Session
 from invar.transport import Answer, WorkerClient
+
+T = TypeVar("T")
+Start = Callable[[Callable[[], object]], contextlib.AbstractContextManager[Session]]
+"""How a slot's worker starts: `start(ready)` enters a session (`invar.runner.engine.engine_session`), calling
+`ready` after the identity check and before the model load."""
 
 INTERRUPT_GRACE_S = 30.0
 """After Ctrl-C, how long the calls under way may take to answer (and be recorded) before their workers are stopped;
@@ -96,6 +103,7 @@ class WorkerPool:
                                                                  else Gate(calls_at_once))
         self._barriers: list[threading.Barrier] = []
         self._live: set[WorkerClient] = set()  # the workers now serving, stopped once a signal's grace has passed
+        self._starting: set[WorkerClient] = set()  # the workers still loading, stopped at once at a signal
         self._lock = threading.Lock()
         self._failures: list[BaseException] = []  # what a barrier's action raised, reported by its parties
         # No call is made until every worker has shown the identity the command names, nor before every worker has
@@ -141,6 +149,18 @@ class WorkerPool:
             raise Halted
 
     @contextlib.contextmanager
+    def starting(self, client: WorkerClient) -> Iterator[WorkerClient]:
+        """Keep `client` among the workers stopped at once at a signal while it loads (`engine_session`'s
+        `watch`)."""
+        with self._lock:
+            self._starting.add(client)
+        try:
+            yield client
+        finally:
+            with self._lock:
+                self._starting.discard(client)
+
+    @contextlib.contextmanager
     def serving(self, session: Session) -> Iterator[Session]:
         """Keep `session`'s worker among those stopped when a signal's grace has passed."""
         with self._lock:
@@ -151,8 +171,7 @@ class WorkerPool:
             with self._lock:
                 self._live.discard(session.client)
 
-    def served(self, start: Callable[[Callable[[], object]], contextlib.AbstractContextManager[Session]]) \
-            -> Callable[[Callable[[], object]], contextlib.AbstractContextManager[Session]]:
+    def served(self, start: Start) -> Start:
         """`start`, each session it starts kept `serving`."""
         @contextlib.contextmanager
         def served(ready: Callable[[], object]) -> Iterator[Session]:
@@ -161,15 +180,14 @@ class WorkerPool:
         return served
 
     @contextlib.contextmanager
-    def lease(self, start: Callable[[Callable[[], object]], contextlib.AbstractContextManager[Session]],
-              restarts: int, who: str) -> Iterator[Lease]:
+    def lease(self, start: Start, restarts: int, who: str) -> Iterator[Lease]:
         """One slot's worker, from a thread of `run`: started by `start` (its first session waits at the identity
         barrier before loading), replaced at most `restarts` times when lost; entered once every slot has loaded."""
         with Lease(self.served(start), lambda: self.wait(self.checked), restarts, who) as lease:
             self.wait(self.loaded)
             yield lease
 
-    def ask(self, lease: Lease, method: str, params: dict[str, Any]) -> Answer | None:
+    def ask(self, lease: Lease, method: str | Method[Any, Any], params: Mapping[str, Any] | Wire) -> Answer | None:
         """`method` answered by the slot's worker (issued again to a replacement if it is lost), or None when the
         pool halted while this thread waited its turn at the gate: no call is issued after a halt."""
         with self._gate:  # never held across a barrier: a lease starts its first session before any call
@@ -226,6 +244,19 @@ class WorkerPool:
             raise next((exc for exc in failures if not isinstance(exc, Halted)), failures[0])
         return [got[1] for got in entered if got is not None]
 
+    def one(self, start: Start, work: Callable[[Lease], T], who: str, stopped: Callable[[str], str],
+            name: str) -> T:
+        """`work` over the one worker `start` starts (a pool of one slot, never replaced), on a thread of `run`:
+        what `work` returns, or what stopped it."""
+        done: list[T] = []
+
+        def job() -> None:
+            with self.lease(start, 0, who) as lease:
+                done.append(work(lease))
+
+        self.run([job], stopped, name)
+        return done[0]
+
     def run(self, jobs: Sequence[Callable[[], object]], stopped: Callable[[str], str], name: str = "invar-worker") \
             -> None:
         """Run each job on a thread of its own until all are done; the first failure halts the others and is raised
@@ -269,8 +300,12 @@ class WorkerPool:
                stopped: Callable[[str], str]) -> None:
         how, status = interruption(exc)
         self.halt()
+        with self._lock:
+            loading = list(self._starting)
+        for client in loading:
+            client.close(timeout=0.1)
         deadline = time.monotonic() + (TERMINATE_GRACE_S if isinstance(exc, Terminated) else INTERRUPT_GRACE_S)
-        forced = False
+        forced = bool(loading)
         try:
             for t, end in zip(threads, ended, strict=True):  # one grace for all of them together
                 if not _wait(t, end, max(0.0, deadline - time.monotonic())):

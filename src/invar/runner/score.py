@@ -13,6 +13,8 @@ Decisions:
 - **The source run is verified first** (a whole streamed pass), then read again to issue the calls; its head must
   not change in between.
 - **Steps are checked before any worker starts**: a requested step past a response's end is refused, naming the item.
+- **One worker, on the command's `invar.runner.pool.WorkerPool`**: at a signal no call starts, the call under way
+  gets the pool's grace to answer and be recorded, and a worker still loading its model is stopped at once.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from invar.owner_files import read_regular_file
 from invar.protocol import payloads
 from invar.protocol.methods import SCORE
 from invar.records import RunStore
-from invar.runner.engine import EngineSpec, engine_session
+from invar.runner.engine import EngineSpec, Lease, engine_session
 from invar.runner.options import check_context, model_context
+from invar.runner.pool import WorkerPool
 from invar.tasks import ModelTokenizer
 
 TOKEN_ID_MAX = (1 << 31) - 1
@@ -207,12 +210,19 @@ def score_batches(spec: EngineSpec, batches: Iterator[list[ScoreItem]], store: R
     context = model_context(spec.model)
     calls = items = captures = 0
     width: int | None = None
-    with engine_session(spec, store, call_timeout=call_timeout, phase=phase) as session:
+    pool = WorkerPool(1)
+
+    def score(lease: Lease) -> None:
+        nonlocal calls, items, captures, width
+        session = lease.session
+        assert session is not None
         phase("scoring")
         for batch in batches:
             batch = [it.with_ids(vocab) for it in batch]
             check_items(batch, vocab, context)
-            answer = session.client.ask(SCORE, payloads.ScoreParams([it.params() for it in batch], session.adapter))
+            answer = pool.ask(lease, SCORE, payloads.ScoreParams([it.params() for it in batch], session.adapter))
+            if answer is None:  # halted: no call after a signal
+                return
             result = answer.result
             where = f"score call {answer.call.call_id}"
             if result.get("model_digest") != session.model_digest:
@@ -234,6 +244,10 @@ def score_batches(spec: EngineSpec, batches: Iterator[list[ScoreItem]], store: R
                 items += 1
                 captures += len(it.steps)
             calls += 1
+
+    pool.one(lambda ready: engine_session(spec, store, call_timeout=call_timeout, ready=ready, phase=phase,
+                                          watch=pool.starting),
+             score, f"the {spec.engine.value} worker", lambda how: f"stopped at {how}", "score")
     return {"calls": calls, "items": items, "captures": captures, "vocab_size": width}
 
 
