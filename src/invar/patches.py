@@ -54,6 +54,20 @@ OPS: Mapping[str, Mapping[str, str]] = {
 """The ops a function kernel may replace: op → {engine: where the host plugs it in}. An engine not listed for an op
 cannot route it (MLX's ops are not torch ops: no function kernel runs there)."""
 
+OP_REPLACES: Mapping[str, frozenset[str]] = {
+    "softmax": frozenset({"aten._softmax"}),
+    "log_softmax": frozenset({"aten._log_softmax"}),
+    "rms_norm": frozenset({"hf.RMSNorm", "aten.mean.dim", "vllm.RMSNorm"}),
+    "silu": frozenset({"aten.silu"}),
+    "gelu": frozenset({"aten.gelu"}),
+    "matmul": frozenset({"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "vllm.cpu_linear"}),
+    "linear": frozenset({"aten.mm", "aten.addmm", "vllm.cpu_linear"}),
+    "attention": frozenset({"torch.scaled_dot_product_attention"}),
+}
+"""What each op's function kernel takes over, in the names `patch.py` patches give their `REPLACES`: two that
+overlap are refused together by the worker, and `use init` leaves out of its batch-invariant base the ops a
+candidate's kernel takes (`invar.contract.kernel_base`)."""
+
 DTYPES = ("float32", "bfloat16", "float16")
 """The dtypes a kernel may declare."""
 

@@ -1,5 +1,6 @@
 """`use init --candidate-patch` proposes a contract that judges the kernel, not the engine around it: invariance
-relative to the stock reference, and `[measurements]` with teacher forcing and a `max_kl` bound; the reference runs the
+relative to a reference running the batch-invariant base (the candidate runs the base less the ops its kernel
+replaces), and `[measurements]` with teacher forcing and a `max_kl` bound; the reference runs the
 attention the patched candidate runs. `use init` writes `[measurements]` on request for any candidate. The workers'
 identities are stood in for (the claim is about what the command writes; tests/cli/test_use_init.py runs it on the
 real engine), and each file is checked by `use prepare`'s checks as `use init` writes it."""
@@ -18,8 +19,13 @@ from typer.testing import CliRunner
 from invar.cli.app import app
 from invar.cli.use_init import KERNEL_MAX_KL
 from invar.contract.declaration_toml import declaration_toml
+from invar.contract.kernel_base import BASE as BASE_NAMES
 from invar.contract.model import parse_declaration
 from invar.errors import InvarError
+from invar.patches import patch_digest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples" / "kernels"
 
 
 @pytest.fixture
@@ -50,15 +56,70 @@ def _init(out: Path, *args: str) -> dict[str, Any]:
     return decl
 
 
+BASE = {name: patch_digest(name) for name in BASE_NAMES.values()}
+
+
 def test_a_patched_candidate_gets_a_kernel_contract(tmp_path: Path, probes: list[tuple[Any, ...]]) -> None:
     decl = _init(tmp_path / "k.toml", "--candidate-patch", "split-k")
     assert decl["invariance"] == {"required": True, "relative_to": "reference",
                                   "layouts": ["b16", "b32-shuffled", "solo"]}
     assert decl["measurements"] == {"teacher_forcing": True, "capture_steps": ["every:1"], "max_kl": KERNEL_MAX_KL}
-    # The reference runs the candidate's attention, so the two differ in the kernel alone; it was asked again.
+    # The batch-invariant base: all of it on the reference; on the candidate all but the products split-k replaces.
+    assert decl["reference"]["patches"] == BASE
+    assert decl["candidate"]["patches"] == {**{k: v for k, v in BASE.items() if k != "invariant-matmul"},
+                                            "split-k": patch_digest("split-k")}
+    # Both sides run eager attention (the base's softmax is on the model's path there): the kernel is the difference.
     assert decl["reference"]["settings"]["attn_implementation"] == "eager"
     assert decl["candidate"]["settings"]["attn_implementation"] == "eager"
+    assert [launch.get("attn_implementation") for launch, _ in probes] == [None, None]
+
+
+@pytest.mark.parametrize(("kernel", "left_out"), [
+    (EXAMPLES / "silu-fp32", set()),
+    (EXAMPLES / "softmax-fp32", {"invariant-softmax"}),
+    (EXAMPLES / "matmul-cached", {"invariant-matmul"}),
+    (REPO / "patches" / "fixed-block", set(BASE)),
+])
+def test_the_base_leaves_out_the_ops_the_kernel_replaces(tmp_path: Path, probes: list[tuple[Any, ...]],
+                                                         kernel: Path, left_out: set[str]) -> None:
+    decl = _init(tmp_path / "k.toml", "--candidate-patch", str(kernel))
+    assert decl["reference"]["patches"] == BASE
+    base = {k: v for k, v in decl["candidate"]["patches"].items() if k in BASE}
+    assert base == {k: v for k, v in BASE.items() if k not in left_out}
+    assert len(decl["candidate"]["patches"]) == len(base) + 1  # and the kernel
+
+
+def test_no_base_keeps_the_stock_reference(tmp_path: Path, probes: list[tuple[Any, ...]]) -> None:
+    decl = _init(tmp_path / "k.toml", "--candidate-patch", "split-k", "--no-base")
+    assert "patches" not in decl["reference"]
+    assert decl["candidate"]["patches"] == {"split-k": patch_digest("split-k")}
+    assert decl["reference"]["settings"]["attn_implementation"] == "eager"  # asked again with the candidate's
     assert [launch.get("attn_implementation") for launch, _ in probes] == [None, None, "eager"]
+    decl = _init(tmp_path / "n.toml", "--candidate-patch", "split-k", "--no-invariance")
+    assert "patches" not in decl["reference"]  # nothing for the base to make invariant
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    (["--candidate-patch", "split-k", "--setting", "attn_implementation=sdpa"], "attn_implementation=sdpa"),
+    (["--candidate-patch", "split-k", "--dtype", "bfloat16"], "float32 inputs"),
+    (["--candidate-patch", "./my-attention"], "it replaces attention, which runs under SDPA"),
+])
+def test_where_the_base_cannot_route_one_line_says_why(tmp_path: Path, probes: list[tuple[Any, ...]],
+                                                       args: list[str], why: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    attention = tmp_path / "my-attention"
+    attention.mkdir()
+    (attention / "kernel.toml").write_text('op = "attention"\nengines = ["hf"]\n', encoding="utf-8")
+    (attention / "kernel.py").write_text("from torch.nn.functional import scaled_dot_product_attention as attention\n",
+                                         encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "k.toml"
+    result = CliRunner().invoke(app, ["use", "init", str(out), "--sample", "40", *args])
+    assert result.exit_code == 0, (result.output, result.exception)
+    said = [line for line in result.output.splitlines() if line.startswith("no batch-invariant base: ")]
+    assert len(said) == 1, result.output
+    assert why in said[0], result.output
+    assert "patches" not in tomllib.loads(out.read_text(encoding="utf-8"))["reference"]
 
 
 def test_the_kernel_defaults_can_each_be_changed(tmp_path: Path, probes: list[tuple[Any, ...]]) -> None:

@@ -306,6 +306,13 @@ def init_cmd(
                                       "(the reference runs the layouts too); none: the candidate must be invariant "
                                       "on every unit (default: reference when only the candidate runs patches)")
     ] = None,
+    use_base: Annotated[
+        bool, typer.Option("--base/--no-base",
+                           help="With patches on the candidate alone and invariance required: run the "
+                                "batch-invariant base (patches/invariant-*) on both sides, the candidate without the "
+                                "ops its kernel replaces, so invariance judges only the kernel (default: yes where "
+                                "the base can route; --no-base keeps the stock engine as the reference).")
+    ] = True,
     measurements: Annotated[
         bool | None, typer.Option("--measurements/--no-measurements",
                                   help="Write [measurements]: teacher forcing and whole-vocabulary captures "
@@ -430,6 +437,8 @@ def init_cmd(
     if relative and invariance_relative_to is not None and not choices.invariance:
         raise InvarError("--invariance-relative-to reference judges invariance, which is not required: leave out "
                          "--no-invariance or --invariance-relative-to")
+    if kernel and choices.invariance and use_base:
+        _add_base(sides, base)
     for side in sides:  # everything but the identities first: a mistake costs no worker start
         side.engine_version, side.settings = {"invar": "0"}, dict(side.launch)
     _check(_render(choices, sides[0], sides[1], base, out), out)
@@ -473,6 +482,32 @@ def _same_attention(sides: list[_Side], identities: dict[str, tuple[dict[str, st
         identities[key] = (dict(identity.engine_version),
                            {k: v for k, v in identity.settings.items() if k != "patches"})
     reference.engine_version, reference.settings = identities[key]
+
+
+def _add_base(sides: list[_Side], base: Path) -> None:
+    """A kernel contract's batch-invariant base (`invar.contract.kernel_base`): the whole base on the reference, the
+    base's ops the kernel does not replace on the candidate (before its kernels), or one line saying why there is
+    none (the reference stays the stock engine)."""
+    from invar.contract.kernel_base import propose_base
+    from invar.patches import patch_dir
+
+    reference, candidate = sides
+    attention = reference.launch.get("attn_implementation") or candidate.launch.get("attn_implementation")
+    proposal = propose_base({key: patch_dir(key, base) for key in candidate.patches},
+                            reference_engine=reference.engine.value, candidate_engine=candidate.engine.value,
+                            dtypes={reference.dtype.value, candidate.dtype.value},
+                            quantized=Quantization.NONE not in (reference.quantization, candidate.quantization),
+                            attention=None if attention is None else str(attention))
+    if proposal.absent is not None:
+        typer.echo(f"{proposal.absent}; the reference is the stock engine (invariance relative to it also judges "
+                   "the engine's own layout dependence)")
+        return
+    kernels = ", ".join(candidate.patches)
+    reference.patches = _patches("the base", list(proposal.reference), reference.engine, base)
+    candidate.patches = {**_patches("the base", list(proposal.candidate), candidate.engine, base),
+                         **candidate.patches}
+    typer.echo(f"batch-invariant base: the reference runs {', '.join(proposal.reference)}; the candidate runs "
+               f"{', '.join((*proposal.candidate, kernels))}")
 
 
 def _add_end_ids(sides: list[_Side]) -> None:

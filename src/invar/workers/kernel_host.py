@@ -31,18 +31,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from invar.patches import KernelSpec
+from invar.patches import OP_REPLACES, KernelSpec
 
-REPLACES: dict[str, frozenset[str]] = {
-    "softmax": frozenset({"aten._softmax"}),
-    "log_softmax": frozenset({"aten._log_softmax"}),
-    "rms_norm": frozenset({"hf.RMSNorm", "aten.mean.dim", "vllm.RMSNorm"}),
-    "silu": frozenset({"aten.silu"}),
-    "gelu": frozenset({"aten.gelu"}),
-    "matmul": frozenset({"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "vllm.cpu_linear"}),
-    "linear": frozenset({"aten.mm", "aten.addmm", "vllm.cpu_linear"}),
-    "attention": frozenset({"torch.scaled_dot_product_attention"}),
-}
+REPLACES = OP_REPLACES
 """What each op's kernel takes over, in the names the `patch.py` patches use: two that overlap are refused together."""
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
