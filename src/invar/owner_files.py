@@ -40,6 +40,26 @@ SHA256_FILE_BYTES = 4096
 """A `.sha256` file beside another (as `sha256sum` writes it: the digest, then the file's name)."""
 
 
+def sha256_file(sibling: Path, fix: str) -> str:
+    """The digest a `.sha256` file holds: its first word, as `sha256sum` writes it (checked as 64 hex digits where
+    the file it names is read); `ContractError` naming the file, with `fix`, when it holds none."""
+    words = read_regular_file(sibling, "sha256 file", limit=SHA256_FILE_BYTES, fix=fix).split()
+    if not words:
+        raise ContractError(f"{sibling}: empty; {fix}")
+    return words[0].decode("ascii", "replace")
+
+
+def declared_sha256(path: Path, declared: str | None, fix: str) -> str:
+    """A data file's declared sha256: `declared` when given, else the digest in the `.sha256` file beside it (its
+    suffix replaced: `arith-eval.jsonl` → `arith-eval.sha256`); `ContractError` with `fix` when there is none."""
+    if declared is not None:
+        return declared
+    sibling = path.with_suffix(".sha256")
+    if not sibling.exists():
+        raise ContractError(f"{path}: no {sibling.name} beside it; {fix}")
+    return sha256_file(sibling, fix)
+
+
 def _show(value: object) -> str:
     """A bounded repr for messages: one line, however long or strange the value."""
     return canonical.show(value, 60)

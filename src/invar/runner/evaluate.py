@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from invar.errors import ContractError, EvidenceError
-from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
+from invar.owner_files import declared_sha256
 from invar.protocol.methods import GENERATE
 from invar.protocol.payloads import GenerateParams, GenerateRequest
 from invar.records import RunStore
@@ -75,18 +75,9 @@ def sample_indices(size: int, count: int | None, seed: int) -> list[int]:
 
 def population_digest(population: Path, declared: str | None) -> str:
     """The declared sha256 of the population file, or the one in its `.sha256` sibling."""
-    if declared is not None:
-        return declared
-    if population.is_dir():  # `--population ''` is the working directory: it has no `.sha256` sibling to read
+    if declared is None and population.is_dir():  # `--population ''` is the working directory: no sibling to read
         raise ContractError(f"--population {population}: is a folder; name the population's JSON-lines file")
-    sibling = population.with_suffix(".sha256")
-    fix = "pass --population-sha256 with the digest you expect"
-    if not sibling.exists():
-        raise ContractError(f"{population}: no {sibling.name} beside it; {fix}")
-    words = read_regular_file(sibling, "sha256 file", limit=SHA256_FILE_BYTES, fix=fix).split()
-    if not words:
-        raise ContractError(f"{sibling}: empty; {fix}")
-    return words[0].decode("ascii", "replace")  # checked as 64 hex digits where the population is read
+    return declared_sha256(population, declared, "pass --population-sha256 with the digest you expect")
 
 
 @dataclass(frozen=True)

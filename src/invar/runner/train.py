@@ -49,7 +49,6 @@ from invar.loop.checkpoint import check_checkpoint
 from invar.loop.config import BACKEND_ENGINES, ConfigError, TrainConfig, read_config, resolve
 from invar.loop.config import Scorer as ScorerSection
 from invar.loop.objective import OBJECTIVE_VERSION, ObjectiveSettings, loss_terms
-from invar.owner_files import SHA256_FILE_BYTES
 from invar.protocol import Role
 from invar.protocol.methods import LEARNER_STEP, LOAD_ADAPTER
 from invar.protocol.payloads import (
@@ -199,20 +198,6 @@ def _prompt_units(config_path: Path, config: TrainConfig, path: Path, data: byte
     return chosen
 
 
-def _prompts_digest(path: Path, declared: str | None) -> str:
-    """The prompts file's declared sha256: `prompts.sha256`, or the digest in the `.sha256` file beside it."""
-    if declared is not None:
-        return declared
-    sibling = path.with_suffix(".sha256")
-    fix = f"set prompts.sha256 to the digest you expect, or write it to {sibling}"
-    if not sibling.exists():
-        raise ContractError(f"{path}: no {sibling.name} beside it; {fix}")
-    words = owner_files.read_regular_file(sibling, "sha256 file", limit=SHA256_FILE_BYTES, fix=fix).split()
-    if not words:
-        raise ContractError(f"{sibling}: empty; {fix}")
-    return words[0].decode("ascii", "replace")  # checked as 64 hex digits where the prompts are read
-
-
 def plan(config_path: Path) -> Plan:
     """Read the configuration and check every file it names, before any worker starts."""
     config = read_config(config_path)
@@ -229,7 +214,8 @@ def plan(config_path: Path) -> Plan:
         raise ConfigError(f"{config_path}: scorer: {exc}") from None
     prompts_path = resolve(config_path, config.prompts.path)
     try:
-        sha = _prompts_digest(prompts_path, config.prompts.sha256)
+        sha = owner_files.declared_sha256(prompts_path, config.prompts.sha256, "set prompts.sha256 to the digest you "
+                                          f"expect, or write it to {prompts_path.with_suffix('.sha256')}")
         data = read_regular_file(prompts_path, "population file")
         check_sha256("population file", prompts_path, data, sha)
     except ContractError as exc:

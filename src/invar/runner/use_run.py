@@ -69,7 +69,7 @@ from invar.contract.prepare import check_config_changes, load_contract
 from invar.contract.reading import RunReader
 from invar.engines import Transport, check_worker_code, engine_info
 from invar.errors import ContractError, EvidenceError, InvarError, NotResumable, WorkerError
-from invar.owner_files import SHA256_FILE_BYTES, read_regular_file
+from invar.owner_files import sha256_file
 from invar.parallel import cores
 from invar.records import RunStore
 from invar.records.store import is_run
@@ -135,12 +135,7 @@ def check_sha256_file(contract_path: Path, sha: str) -> None:
     sibling = contract_path.with_name(contract_path.name + ".sha256")
     if not sibling.exists():
         return
-    fix = "it should hold the contract's sha256 as use prepare wrote it"
-    raw = read_regular_file(sibling, "sha256 file", limit=SHA256_FILE_BYTES, fix=fix)
-    try:
-        recorded = raw.decode("ascii").split()[0]
-    except (UnicodeDecodeError, IndexError):
-        raise ContractError(f"{sibling}: unreadable; {fix}") from None
+    recorded = sha256_file(sibling, "it should hold the contract's sha256 as use prepare wrote it")
     if recorded != sha:
         raise ContractError(f"{contract_path}: its sha256 is {sha[:16]}…, but {sibling.name} records {recorded[:16]}…: "
                             "the contract was changed after use prepare wrote it; prepare it again from the "
