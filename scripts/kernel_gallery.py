@@ -6,7 +6,8 @@ For every kernel, from a new folder of its own (a function kernel or a `patch.py
 agent's fresh kernel would be; a shipped patch keeps its name):
 
 1. `invar use init k.toml --candidate-patch KERNEL --sample N --temperature 0`: the contract `use init` proposes for a
-   kernel (invariance relative to the stock reference, `max_kl` on teacher-forced captures, the task bound);
+   kernel (the batch-invariant base on both sides, less the ops the kernel replaces on the candidate's; invariance
+   relative to the reference, `max_kl` on teacher-forced captures, the task bound);
 2. `invar use prepare k.toml`, 3. `invar use run k.contract.json --run run`, 4. `invar use admit run --json`,
 
 each step timed; then, from the same records, the decision under the task bound alone (the recorded bound put
@@ -26,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,7 @@ GALLERY: dict[str, tuple[str, str]] = {
     # name: (where, class): where is a folder under the repository, or a shipped patch name
     "fixed-block": ("fixed-block", "correct, batch-invariant"),
     "split-k": ("split-k", "correct, batch-variant"),
-    "softmax-fp32": ("examples/kernels/softmax-fp32", "correct, batch-invariant"),
+    "softmax-fp32": ("examples/kernels/softmax-fp32", "correct, padding-variant (stock row sum)"),
     "silu-fp32": ("examples/kernels/silu-fp32", "correct, elementwise"),
     "softmax-bf16": ("examples/kernels/softmax-bf16", "silent precision downgrade"),
     "bf16-matmul": ("tests/contract/kernels/bf16-matmul", "silent precision downgrade"),
@@ -186,6 +188,8 @@ def one_kernel(kernel: str, model: str, sample: int, epsilon: str | None, work: 
         done, seconds = invar(args, home, timeout)
         out["steps_s"][step] = seconds
         log(f"{name}: use {step} exit {done.returncode} in {seconds} s")
+        if step == "init" and done.returncode == 0:
+            out["base"] = base_of(home / "k.toml", done.stdout)
         if step == "admit" and done.returncode in (0, 10, 11):
             out["decision"] = summarise_decision(json.loads(done.stdout))
         elif done.returncode != 0:
@@ -210,6 +214,15 @@ def one_kernel(kernel: str, model: str, sample: int, epsilon: str | None, work: 
         out["kernel_check"] = op_verdicts(json.loads(done.stdout)) if done.returncode == 0 else \
             {"error": last_line(done.stderr)}
     return out
+
+
+def base_of(declaration: Path, said: str) -> dict[str, Any]:
+    """The patches each side of the proposed contract runs (the batch-invariant base and the kernel), and what
+    `use init` said about the base."""
+    decl = tomllib.loads(declaration.read_text(encoding="utf-8"))
+    line = next((x for x in said.splitlines() if "batch-invariant base" in x), None)
+    return {"reference": sorted(decl["reference"].get("patches", {})),
+            "candidate": sorted(decl["candidate"].get("patches", {})), "said": line}
 
 
 def frac(v: dict[str, Any], key: str) -> str:
@@ -338,8 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "command": "python scripts/kernel_gallery.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": label, "sample": args.sample, "epsilon": args.epsilon or "use init's default",
-        "contract": "as use init --candidate-patch proposes it (invariance relative to the reference over its "
-                    "layouts, measurements with max_kl, the task bound), --temperature 0",
+        "contract": "as use init --candidate-patch proposes it (the batch-invariant base on both sides, less the "
+                    "kernel's ops on the candidate's; invariance relative to the reference over its layouts, "
+                    "measurements with max_kl, the task bound), --temperature 0",
         "kernels": dict(previous.get("kernels", {})) if previous.get("sample") == args.sample else {}}
     started = time.monotonic()
     for i, kernel in enumerate(kernels, 1):
