@@ -307,3 +307,48 @@ def check_patches_active(report: Mapping[str, Any], patches: Mapping[str, str], 
         if not isinstance(count, int) or count <= 0:
             raise EvidenceError(f"{where}: patch {name!r} reports {count!r} calls: it was not active in this call, "
                                 "so the evidence is not of the patched package")
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The first place a value differs from the one expected (a contract's, a recomputed one), for the check that
+    found it to say in its own words: admission of a record, verification of a receipt, a worker's identity."""
+
+    where: str
+    """The path to it from the values compared: `package.settings.threads`, `params.requests[5].seed`."""
+    kind: Literal["missing", "unexpected", "length", "type", "value"]
+    """`missing`: a key of the expected map only; `unexpected`: a key of the actual map only; `length`: two lists of
+    other lengths, equal as far as the shorter goes; `type`: values of other types (1, 1.0 and true are three, an
+    array and a list two); `value`: other values of one type (arrays: another dtype, shape or bytes)."""
+    expected: Any
+    """The expected value at `where` (None where `unexpected`)."""
+    actual: Any
+    """The actual value at `where` (None where `missing`)."""
+
+
+def first_difference(expected: Any, actual: Any, where: str) -> Difference | None:
+    """The first place `actual` differs from `expected`, walking maps in sorted key order and lists element by
+    element (then their lengths), comparing types as well as values; None where they are equal."""
+    if isinstance(expected, np.ndarray) or isinstance(actual, np.ndarray):
+        if not isinstance(expected, np.ndarray) or not isinstance(actual, np.ndarray):
+            return Difference(where, "type", expected, actual)
+        same = expected.dtype == actual.dtype and expected.shape == actual.shape and \
+            expected.tobytes() == actual.tobytes()
+        return None if same else Difference(where, "value", expected, actual)
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        for key in sorted(set(expected) | set(actual), key=str):
+            if key not in actual:
+                return Difference(f"{where}.{key}", "missing", expected[key], None)
+            if key not in expected:
+                return Difference(f"{where}.{key}", "unexpected", None, actual[key])
+            if (found := first_difference(expected[key], actual[key], f"{where}.{key}")) is not None:
+                return found
+        return None
+    if isinstance(expected, list) and isinstance(actual, list):
+        for i, (e, a) in enumerate(zip(expected, actual, strict=False)):
+            if (found := first_difference(e, a, f"{where}[{i}]")) is not None:
+                return found
+        return None if len(expected) == len(actual) else Difference(where, "length", expected, actual)
+    if type(expected) is not type(actual):
+        return Difference(where, "type", expected, actual)
+    return None if expected == actual else Difference(where, "value", expected, actual)

@@ -31,7 +31,7 @@ from invar.compare.runs import ScoredItem, check_score_output
 from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
 from invar.errors import EvidenceError
-from invar.evidence import check_patches_active
+from invar.evidence import check_patches_active, first_difference
 from invar.protocol.payloads import GenerateResult
 from invar.records.store import CallRecord, CallStream, RunStore, Verification
 from invar.stats.sequential import SequentialDecision
@@ -90,35 +90,22 @@ class CallEvidence:
 
 def _first_difference(expected: Any, actual: Any, where: str) -> str | None:
     """The first place two decoded values differ (types included), as `where: what`; None if equal."""
-    if isinstance(expected, np.ndarray) or isinstance(actual, np.ndarray):
-        if not isinstance(expected, np.ndarray) or not isinstance(actual, np.ndarray):
-            return f"{where} is {canonical.show(actual)} in the record, {canonical.show(expected)} in the contract"
-        if expected.dtype != actual.dtype or expected.shape != actual.shape or \
-                expected.tobytes() != actual.tobytes():
-            return (f"{where} is a {actual.dtype} array of shape {actual.shape} in the record, not the "
-                    f"{expected.dtype} array of shape {expected.shape} the plan and the recorded responses give")
+    diff = first_difference(expected, actual, where)
+    if diff is None:
         return None
-    if isinstance(expected, dict) and isinstance(actual, dict):
-        for key in sorted(set(expected) | set(actual)):
-            if key not in actual:
-                return f"{where}.{key} is missing (the contract has {expected[key]!r})"
-            if key not in expected:
-                return f"{where}.{key} is not in the contract"
-            found = _first_difference(expected[key], actual[key], f"{where}.{key}")
-            if found:
-                return found
-        return None
-    if isinstance(expected, list) and isinstance(actual, list):
-        for i, (e, a) in enumerate(zip(expected, actual, strict=False)):
-            found = _first_difference(e, a, f"{where}[{i}]")
-            if found:
-                return found
-        if len(expected) != len(actual):
-            return f"{where} has {len(actual)} entries, the contract's has {len(expected)}"
-        return None
-    if type(expected) is not type(actual) or expected != actual:
-        return f"{where} is {actual!r} in the record, {expected!r} in the contract"
-    return None
+    at, e, a = diff.where, diff.expected, diff.actual
+    if diff.kind == "missing":
+        return f"{at} is missing (the contract has {e!r})"
+    if diff.kind == "unexpected":
+        return f"{at} is not in the contract"
+    if diff.kind == "length":
+        return f"{at} has {len(a)} entries, the contract's has {len(e)}"
+    if isinstance(e, np.ndarray) and isinstance(a, np.ndarray):
+        return (f"{at} is a {a.dtype} array of shape {a.shape} in the record, not the {e.dtype} array of shape "
+                f"{e.shape} the plan and the recorded responses give")
+    if isinstance(e, np.ndarray) or isinstance(a, np.ndarray):
+        return f"{at} is {canonical.show(a)} in the record, {canonical.show(e)} in the contract"
+    return f"{at} is {a!r} in the record, {e!r} in the contract"
 
 
 def _anchor_of(rec: CallRecord, load: CallRecord) -> dict[str, Any]:

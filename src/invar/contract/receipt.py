@@ -46,6 +46,7 @@ from invar.contract.admit import Step, admit
 from invar.contract.decide import Decision
 from invar.contract.model import Contract, read_contract
 from invar.errors import EvidenceError, InvarError
+from invar.evidence import first_difference
 from invar.owner_files import read_regular_file
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -382,31 +383,20 @@ class _Shape:
 def _first_difference(expected: Any, actual: Any, where: str) -> str | None:
     """The first place `actual` differs from `expected`, comparing keys, JSON types and values (1, 1.0 and true are
     three different things here)."""
-    if isinstance(expected, dict) and isinstance(actual, dict):
-        for k in sorted(set(expected) | set(actual)):
-            if k not in actual:
-                return f"{where}.{k} is missing from the receipt, {expected[k]!r} recomputed from the records"
-            if k not in expected:
-                return f"{where}.{k} is an unknown field (the records give no such field)"
-            found = _first_difference(expected[k], actual[k], f"{where}.{k}")
-            if found:
-                return found
+    diff = first_difference(expected, actual, where)
+    if diff is None:
         return None
-    if isinstance(expected, list) and isinstance(actual, list):
-        if len(expected) != len(actual):
-            return f"{where} holds {len(actual)} entries in the receipt, {len(expected)} recomputed from the records"
-        for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
-            found = _first_difference(e, a, f"{where}[{i}]")
-            if found:
-                return found
-        return None
-    if type(expected) is not type(actual):
-        return (f"{where} is a JSON {_type_name(actual)} ({canonical.show(actual, 60)}) in the receipt, a JSON "
-                f"{_type_name(expected)} ({canonical.show(expected, 60)}) recomputed from the records")
-    if expected != actual:
-        return (f"{where} is {canonical.show(actual, 100)} in the receipt, {canonical.show(expected, 100)} recomputed "
-                "from the records")
-    return None
+    at, e, a = diff.where, diff.expected, diff.actual
+    if diff.kind == "missing":
+        return f"{at} is missing from the receipt, {e!r} recomputed from the records"
+    if diff.kind == "unexpected":
+        return f"{at} is an unknown field (the records give no such field)"
+    if diff.kind == "length":
+        return f"{at} holds {len(a)} entries in the receipt, {len(e)} recomputed from the records"
+    if diff.kind == "type":
+        return (f"{at} is a JSON {_type_name(a)} ({canonical.show(a, 60)}) in the receipt, a JSON "
+                f"{_type_name(e)} ({canonical.show(e, 60)}) recomputed from the records")
+    return f"{at} is {canonical.show(a, 100)} in the receipt, {canonical.show(e, 100)} recomputed from the records"
 
 
 # --- verifying -----------------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from invar.engines import Transport, start_worker
 from invar.engines import launch_args as launch_args
 from invar.engines import parse_launch_settings as parse_launch_settings
 from invar.errors import EvidenceError, InvarError, ProtocolError
+from invar.evidence import first_difference
 from invar.formats.model_config import check_effective
 from invar.protocol import Identity, Role
 from invar.protocol.methods import LOAD_ADAPTER, LOAD_MODEL, Method, Wire
@@ -52,19 +53,14 @@ ADAPTER_NAME = "policy"
 
 
 def _difference(expected: Any, actual: Any, where: str) -> str | None:
-    if isinstance(expected, dict) and isinstance(actual, dict):
-        for key in sorted(set(expected) | set(actual), key=str):
-            if key not in actual:
-                return f"{where}.{key} is missing from the worker's identity (the contract has {expected[key]!r})"
-            if key not in expected:
-                return f"{where}.{key} = {actual[key]!r} in the worker's identity is not in the contract"
-            found = _difference(expected[key], actual[key], f"{where}.{key}")
-            if found:
-                return found
+    diff = first_difference(expected, actual, where)
+    if diff is None:
         return None
-    if expected != actual or type(expected) is not type(actual):
-        return f"{where} is {actual!r} in the worker's identity, {expected!r} in the contract"
-    return None
+    if diff.kind == "missing":
+        return f"{diff.where} is missing from the worker's identity (the contract has {diff.expected!r})"
+    if diff.kind == "unexpected":
+        return f"{diff.where} = {diff.actual!r} in the worker's identity is not in the contract"
+    return f"{diff.where} is {diff.actual!r} in the worker's identity, {diff.expected!r} in the contract"
 
 
 def check_identity(identity: Identity, engine_version: Mapping[str, str], settings: Mapping[str, Any],
