@@ -956,15 +956,18 @@ class KernelDisagreement(Closed):
 
     model_config = ConfigDict(extra="forbid", defer_build=True, serialize_by_alias=True)
 
-    layout: Literal["solo", "batched"]
-    """Which capture: every prompt alone (`solo`) or all in one left-padded batch (`batched`)."""
+    layout: Literal["solo", "batched", "in-place", "fresh", "replay"]
+    """Which inputs: a capture, every prompt alone (`solo`) or all in one left-padded batch (`batched`); or a reuse
+    probe, a random input's activation overwritten in place (`in-place`) or given afresh (`fresh`) beside the same
+    other tensors, or the captured calls replayed in order with the model's own weights (`replay`)."""
     index: int
-    """The input's position among the op's calls in that capture."""
+    """The input's position among the op's calls in that capture or probe."""
     shapes: list[list[int]]
     """The shapes of the op's tensor arguments."""
     fails: list[str]
-    """What it fails: each tolerance every random input passed, or `nonfinite` (NaN or infinity where the stock op is
-    finite and no random input did so)."""
+    """What it fails: each tolerance every random input passed (for `replay`: that the same input passed in its own
+    call), or `nonfinite` (NaN or infinity where the stock op is finite and no random input, or for `replay` the
+    same input in its own call, did so)."""
     allclose_1e_2: bool = Field(alias="allclose_0.01")
     """Allclose to the stock op at atol = rtol = 1e-2 on this input."""
     allclose_1e_4: bool = Field(alias="allclose_0.0001")
@@ -975,6 +978,26 @@ class KernelDisagreement(Closed):
     """The largest float32 distance in units in the last place on this input (-1 where the dtypes differ)."""
     nonfinite: bool
     """NaN or infinity where the stock op is finite, on this input."""
+
+
+class KernelReuse(Closed):
+    """The reuse probe: the kernel called again on the same tensor objects, which a test that builds new tensors for
+    every call never does, so a kernel that answers from an earlier call (a cache keyed by shapes or a data pointer,
+    a stale buffer) shows here."""
+
+    repeated: KernelVerdicts
+    """The random inputs called again: per input, its activations overwritten in place with fresh values, then
+    fresh activations of the same shape, twice each, the weight operands the same objects throughout; each result
+    against the stock op on the same values."""
+    replay: KernelVerdicts
+    """The model's captured calls (solo, then batched) replayed in the order the model made them, with the model's
+    own weight tensors where the call had one (their storage, so their data pointers) and copies of the
+    activations."""
+    weights_kept: int
+    """Replayed calls that had one of the model's weight tensors among their arguments."""
+    first_disagreement: KernelDisagreement | None
+    """The first call failing what a new call passes: a repeated random input failing what every random input
+    passed, or a replayed call failing what the same input passed in its own call; null when there is none."""
 
 
 class KernelCheckOutput(Closed):
@@ -988,12 +1011,16 @@ class KernelCheckOutput(Closed):
     """The model whose inputs the op was captured from."""
     prompts: int
     """Prompts of the population run alone and in one batch."""
+    steps: int
+    """Greedy decode steps after each prefill, through a KV cache, as the Hugging Face worker runs them."""
     random: KernelVerdicts
     """The op-level test: seeded random inputs of random shapes, `--trials` per declared dtype."""
     model: dict[Literal["solo", "batched"], KernelVerdicts]
     """The same comparison on the op's inputs captured from the model, per layout."""
     first_disagreement: KernelDisagreement | None
     """The first model input failing what every random input passed; null when there is none."""
+    reuse: KernelReuse
+    """The same tensors called again: a verdict of its own, beside the random and the model's inputs."""
 
 
 OUTPUTS["kernel-check"] = KernelCheckOutput

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 import torch
 
+from invar.formats.tokenizer import ModelTokenizer
 from invar.patches import patch_digest
+from invar.tasks.population import load_units
 from invar.workers.common import load_patches
 from invar.workers.kernel_check import check
 from invar.workers.kernel_host import FunctionKernel
@@ -88,29 +90,31 @@ def test_the_random_split_matmul_gives_other_bits_for_the_same_input() -> None:
 # -- the op-level check: what the random test accepts, what the model's inputs show ---------------------------------
 
 # name: (random allclose at 1e-2 on all, at 1e-4 on all, where the model's inputs first disagree: None or
-# (layout, what fails))
-VERDICTS: dict[str, tuple[bool, bool, tuple[str, str] | None]] = {
-    "softmax-fp32": (True, True, None),
-    "silu-fp32": (True, True, None),
-    "softmax-bf16": (True, False, ("batched", "0.01")),  # NaN on fully masked padded rows
-    "softmax-poly-exp": (True, False, None),  # its error is the same kind on the model's rows as on random ones
-    "matmul-cached": (True, True, None),  # the captured inputs are copies: new pointers, so the cache never hits
-    "matmul-tall-tail": (True, True, ("batched", "0.01")),  # 8 prompts of 9 tokens: 72 rows, 8 left zero
-    "matmul-random-split": (True, True, None),  # every result is a correct float32 product up to rounding
+# (layout, what fails), where the reuse probe first disagrees: None or the probe)
+VERDICTS: dict[str, tuple[bool, bool, tuple[str, str] | None, str | None]] = {
+    "softmax-fp32": (True, True, None, None),
+    "silu-fp32": (True, True, None, None),
+    "softmax-bf16": (True, False, ("batched", "0.01"), None),  # NaN on fully masked padded rows
+    "softmax-poly-exp": (True, False, None, None),  # its error is the same kind on the model's rows as on random ones
+    # the captured inputs are copies: new pointers, so the cache never hits; called again on the same weight, it does
+    "matmul-cached": (True, True, None, "in-place"),
+    "matmul-tall-tail": (True, True, ("batched", "0.01"), None),  # 8 prompts of 9 tokens: 72 rows, 8 left zero
+    "matmul-random-split": (True, True, None, None),  # every result is a correct float32 product up to rounding
 }
 
 
 @pytest.fixture(scope="module")
-def prompts() -> list[str]:
-    lines = (REPO / "data" / "arith-eval.jsonl").read_text().splitlines()[:8]
-    return [json.loads(line)["prompt"] for line in lines]
+def prompts() -> list[list[int]]:
+    """The first 8 units' token ids as `invar kernel check` sends them (the core's tokenizer)."""
+    vocab = ModelTokenizer.from_model_dir(MODEL)
+    return [vocab.unit_prompt(unit)[1] for unit in load_units(REPO / "data" / "arith-eval.jsonl")[:8]]
 
 
 @pytest.mark.engine
 @pytest.mark.parametrize("name", list(VERDICTS))
-def test_op_level_verdicts(name: str, prompts: list[str]) -> None:
-    random_all_1e2, random_all_1e4, caught = VERDICTS[name]
-    report: dict[str, Any] = check(_load(name), MODEL, prompts, trials=5)
+def test_op_level_verdicts(name: str, prompts: list[list[int]]) -> None:
+    random_all_1e2, random_all_1e4, caught, reused = VERDICTS[name]
+    report: dict[str, Any] = check(_load(name), MODEL, prompts, trials=5, steps=2, repeats=2)
     random = report["random"]
     assert random["inputs"] == 5
     assert (random["allclose"]["0.01"] == 5) is random_all_1e2
@@ -124,6 +128,8 @@ def test_op_level_verdicts(name: str, prompts: list[str]) -> None:
         assert first is not None
         assert first["layout"] == caught[0]
         assert caught[1] in first["fails"]
+    again = report["reuse"]["first_disagreement"]
+    assert (again and again["layout"]) == reused
 
 
 # -- end to end: a hack the random test accepts, caught by the proposed contract --------------------------------

@@ -1,21 +1,31 @@
 """`invar kernel check`'s torch side: a kernel against the stock op, on random inputs and on the model's own.
 
-    python -m invar.workers.kernel_check --kernel DIR --digest SHA256 --model DIR [--prompts N] [--trials N]
+    python -m invar.workers.kernel_check --kernel DIR --digest SHA256 --model DIR [--trials N] [--steps N]
+        [--repeats N] < PROMPT_IDS.json
 
-Prints one JSON object on stdout (read by `invar.cli.kernel`); a refused kernel is one line on stderr, exit 2.
+Reads the prompts' token ids (one JSON list of lists of ints) on stdin: the core renders and tokenizes them
+(`ModelTokenizer.unit_prompt`: a chat unit through the model's chat template), as `use run` sends them to an
+engine. Prints one JSON object on stdout (read by `invar.cli.kernel`); a refused kernel is one line on stderr, exit 2.
 
-Two comparisons, side by side, because they answer differently for the kernels that matter:
+Three comparisons, side by side, because they answer differently for the kernels that matter:
 
 - **op-level, KernelBench-style**: `--trials` seeded random inputs of random shapes, the kernel's result against the
   stock op's: `torch.allclose` at 1e-2 and at 1e-4 (atol = rtol), bit identity, and the largest distance in units
   in the last place (ULP) of float32.
 - **the model's inputs**: the op's inputs captured (the kernel's host routes the op to a recorder that answers with
-  the stock op) from one forward pass of the model over `--prompts` prompts of the shipped population under two batch
-  layouts, every prompt alone (`solo`) and all in one left-padded batch (`batched`), then the same comparison on
-  every captured input.
+  the stock op) while the model runs the prompts the way the Hugging Face worker does (left padded, positions from
+  the mask, a prefill then `--steps` greedy decode steps through a KV cache), under two batch layouts, every prompt
+  alone (`solo`) and all in one batch (`batched`); then the same comparison on every captured input, each on
+  copies of its own.
+- **reuse**: what a test that builds new tensors for every call cannot see, a kernel that remembers. The random
+  inputs called again on the same tensor objects (the weight operands kept, the activation overwritten in place
+  with fresh values, and fresh activations of the same shape), and the model's captured calls replayed in their
+  order with the model's own weight tensors (the storage the model ran with, so a cache keyed by a weight's data
+  pointer and the shapes answers as it would in the model). Each result against the stock op on the same values.
 
-The report names the first captured input where the two disagree: random inputs all allclose at a tolerance, the
-model's input not. This is a diagnostic beside the decision, never the decision: the contract decides.
+The report names the first captured input where the verdicts disagree (random inputs all allclose at a tolerance,
+the model's input not), and the first reuse call that fails what the same call passed without reuse. This is a
+diagnostic beside the decision, never the decision: the contract decides.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +41,19 @@ from typing import Any
 import torch
 
 from invar.protocol.server import exit_worker
-from invar.workers.common import PatchRefused, load_patches
+from invar.workers.common import PatchRefused, load_patches, response_end_ids
 from invar.workers.kernel_host import FunctionKernel, KernelRefused, _install_hf, stock_op
 
 TOLERANCES = (1e-2, 1e-4)
+CAPTURE_BYTES = 3 << 29
+"""Per layout, calls are kept until their tensors (weights included: the check copies them) reach 1.5 GiB. On the
+tiny model that is every call; on SmolLM2 (about 0.5 GiB of weights a forward) the first three forwards of the
+matrix products, many more of the other ops."""
+ACTIVATIONS: dict[str, tuple[int, ...]] = {
+    "softmax": (0,), "log_softmax": (0,), "rms_norm": (0,), "silu": (0,), "gelu": (0,), "matmul": (0,),
+    "linear": (0,), "attention": (0, 1, 2)}
+"""The positional arguments of each op that carry activations; the others (a weight, a bias, a shape, a dim) stay
+the same objects when the reuse probe calls the kernel again."""
 
 
 def max_ulp(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -75,6 +95,23 @@ class Verdicts:
         return {**out, "bit_identical": same, "max_ulp": ulp, "nonfinite": bad}
 
 
+@dataclass
+class Call:
+    """One captured call of the op: its arguments, each a copy except the model's own weights (kept as the tensors
+    the model passed, views of its parameters' storage), and which of them are those weights."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    weights: tuple[bool, ...]
+
+    def shapes(self) -> list[list[int]]:
+        return [list(a.shape) for a in self.args if isinstance(a, torch.Tensor)]
+
+    def copied(self) -> tuple[Any, ...]:
+        """The arguments with the weights copied too: a call of its own, as a unit test makes it."""
+        return tuple(a.clone() if w else a for a, w in zip(self.args, self.weights, strict=True))
+
+
 def _random_inputs(op: str, dtype: torch.dtype, trial: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """KernelBench's kind of input: seeded, random shape, standard normal values."""
     g = torch.Generator().manual_seed(1000 + trial)
@@ -109,74 +146,173 @@ def _compare(kernel: FunctionKernel, args: tuple[Any, ...], kwargs: dict[str, An
     return verdicts.add(mine, stock)
 
 
-def _capture(kernel: FunctionKernel, model_dir: Path, prompts: list[str]) -> dict[str, list[tuple[Any, Any]]]:
-    """The op's inputs in one forward pass per layout: every prompt alone, then all in one left-padded batch."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _copy(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def _run(model: Any, rows: list[list[int]], pad_id: int, steps: int) -> None:
+    """The Hugging Face worker's decoding loop (`HFWorker.run_batch`), greedy: the rows left padded into one batch,
+    positions from the mask, a prefill keeping the last position's logits, then `steps` steps through a KV cache."""
+    from transformers.cache_utils import DynamicCache
+
+    n, width = len(rows), max(len(r) for r in rows)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r)
+        mask[i, width - len(r):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+                logits_to_keep=1)
+    for _ in range(steps):
+        nxt = out.logits[:, -1, :].float().argmax(-1)
+        mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=1)
+        positions = positions[:, -1:] + 1
+        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, past_key_values=cache,
+                    use_cache=True, logits_to_keep=1)
+
+
+def _capture(kernel: FunctionKernel, model_dir: Path, prompts: list[list[int]],
+             steps: int) -> dict[str, list[Call]]:
+    """The op's calls while the model runs the prompts, every prompt alone, then all in one left-padded batch."""
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers leaves them unannotated
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
 
-    captured: dict[str, list[tuple[Any, Any]]] = {"solo": [], "batched": []}
+    captured: dict[str, list[Call]] = {"solo": [], "batched": []}
+    size = {"solo": 0, "batched": 0}
     layout = ["solo"]
     stock = stock_op(kernel.spec.op)
-
-    def record(*args: Any, **kwargs: Any) -> torch.Tensor:
-        if len(captured[layout[0]]) < 400:
-            keep = tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args)
-            captured[layout[0]].append((keep, dict(kwargs)))
-        return stock(*args, **kwargs)
-
     attn = "eager" if kernel.spec.op == "softmax" else "sdpa"
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation=attn)
     model.eval()  # type: ignore[no-untyped-call]
+    cfg = model.config
+    pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else min(response_end_ids(str(model_dir)))
+    # A weight reaches the op as itself or as a view of it (`weight.t()` in a linear layer): same storage.
+    storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def own(value: Any) -> bool:
+        return isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in storages
+
+    def record(*args: Any, **kwargs: Any) -> torch.Tensor:
+        size[layout[0]] += sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+        if size[layout[0]] <= CAPTURE_BYTES:
+            weights = tuple(own(a) for a in args)
+            captured[layout[0]].append(Call(tuple(a if w else _copy(a) for a, w in zip(args, weights, strict=True)),
+                                            {k: _copy(v) for k, v in kwargs.items()}, weights))
+        return stock(*args, **kwargs)
+
     real = kernel.function
     kernel.function = record
     undo = _install_hf(kernel)
     try:
         with torch.no_grad():
             for prompt in prompts:
-                model(**tokenizer([prompt], return_tensors="pt"))
+                _run(model, [prompt], pad_id, steps)
             layout[0] = "batched"
-            model(**tokenizer(prompts, return_tensors="pt", padding=True))
+            _run(model, prompts, pad_id, steps)
     finally:
         undo()
         kernel.function = real
     return captured
 
 
-def check(kernel: FunctionKernel, model_dir: Path, prompts: list[str], trials: int) -> dict[str, Any]:
+def _fails(passed: set[str], one: dict[str, Any], nonfinite_ok: bool) -> list[str]:
+    """What `one` (a comparison) fails of `passed` (tolerances), or `nonfinite` where that was not seen before."""
+    return [t for t in sorted(passed) if not one[f"allclose_{t}"]] or (
+        ["nonfinite"] if one["nonfinite"] and not nonfinite_ok else [])
+
+
+def _repeated(kernel: FunctionKernel, dtype: torch.dtype, trials: int,
+              repeats: int) -> Iterator[tuple[str, int, tuple[Any, ...], dict[str, Any]]]:
+    """The reuse probe on random inputs: per trial, the inputs, then `repeats` times the activations overwritten in
+    place with fresh values (the same tensor objects) and fresh activations of the same shape, the other arguments
+    the same objects throughout. Yields (probe, index, args, kwargs) just before each call is compared."""
+    acts = ACTIVATIONS[kernel.spec.op]
+    index = 0
+    for trial in range(trials):
+        g = torch.Generator().manual_seed(2000 + trial)
+        args, kwargs = _random_inputs(kernel.spec.op, dtype, trial)
+        yield "fresh", index, args, kwargs
+        index += 1
+        for _ in range(repeats):
+            for i in acts:
+                args[i].copy_(torch.randn(args[i].shape, generator=g).to(dtype))
+            yield "in-place", index, args, kwargs
+            index += 1
+            fresh = tuple(torch.randn(a.shape, generator=g).to(dtype) if i in acts else a for i, a in enumerate(args))
+            yield "fresh", index, fresh, kwargs
+            index += 1
+
+
+def check(kernel: FunctionKernel, model_dir: Path, prompts: list[list[int]], trials: int, steps: int,
+          repeats: int) -> dict[str, Any]:
     op = kernel.spec.op
+    dtypes = [{"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[d]
+              for d in kernel.spec.dtypes]
     random_v = Verdicts()
-    for dtype_name in kernel.spec.dtypes:
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype_name]
+    for dtype in dtypes:
         for trial in range(trials):
             args, kwargs = _random_inputs(op, dtype, trial)
             _compare(kernel, args, kwargs, random_v)
     passed = {t for t, n in random_v.allclose.items() if n == random_v.inputs}
-    captured = _capture(kernel, model_dir, prompts)
+    seen_nonfinite = random_v.nonfinite > 0
+
+    repeated_v = Verdicts()
+    reuse_first: dict[str, Any] | None = None
+    for dtype in dtypes:
+        for probe, index, args, kwargs in _repeated(kernel, dtype, trials, repeats):
+            one = _compare(kernel, args, kwargs, repeated_v)
+            disagree = _fails(passed, one, seen_nonfinite)
+            if reuse_first is None and disagree:
+                reuse_first = {"layout": probe, "index": index, "shapes": [list(a.shape) for a in args
+                                                                           if isinstance(a, torch.Tensor)],
+                               "fails": disagree, **one}
+
+    captured = _capture(kernel, model_dir, prompts, steps)
     model_v: dict[str, Verdicts] = {}
+    alone: dict[tuple[str, int], dict[str, Any]] = {}
     first: dict[str, Any] | None = None
+    # Every input's copies live until the last is compared, so no two calls share a data pointer: each is a call of
+    # its own, as a unit test makes it.
+    held: list[tuple[Any, ...]] = []
     for layout, calls in captured.items():
         model_v[layout] = Verdicts()
-        for index, (args, kwargs) in enumerate(calls):
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        for index, call in enumerate(calls):
+            tensors = [a for a in call.args if isinstance(a, torch.Tensor)]
             if not tensors or not kernel.takes(tensors[0]):
                 continue
-            one = _compare(kernel, args, kwargs, model_v[layout])
-            disagree = [t for t in sorted(passed) if not one[f"allclose_{t}"]] or (
-                ["nonfinite"] if one["nonfinite"] and random_v.nonfinite == 0 else [])
+            held.append(call.copied())
+            one = _compare(kernel, held[-1], call.kwargs, model_v[layout])
+            alone[(layout, index)] = one
+            disagree = _fails(passed, one, seen_nonfinite)
             if first is None and disagree:
-                first = {"layout": layout, "index": index, "shapes": [list(a.shape) for a in args
-                                                                      if isinstance(a, torch.Tensor)],
-                         "fails": disagree, **one}
+                first = {"layout": layout, "index": index, "shapes": call.shapes(), "fails": disagree, **one}
+    del held
+
+    # The replay: the same calls in the model's order, with the model's weights where the call had one. What the
+    # same input passed alone and fails here, the kernel got from an earlier call.
+    replay_v = Verdicts()
+    kept = 0
+    for layout, calls in captured.items():
+        for index, call in enumerate(calls):
+            if (layout, index) not in alone:
+                continue
+            kept += any(call.weights)
+            one = _compare(kernel, call.args, call.kwargs, replay_v)
+            before = alone[(layout, index)]
+            disagree = _fails({f"{t:g}" for t in TOLERANCES if before[f"allclose_{t:g}"]}, one, before["nonfinite"])
+            if reuse_first is None and disagree:
+                reuse_first = {"layout": "replay", "index": replay_v.inputs - 1, "shapes": call.shapes(),
+                               "fails": disagree, **one}
     return {"op": op, "dtypes": list(kernel.spec.dtypes), "model_dir": str(model_dir), "prompts": len(prompts),
-            "random": random_v.__dict__, "model": {k: v.__dict__ for k, v in model_v.items()},
-            "first_disagreement": first}
+            "steps": steps, "random": random_v.__dict__, "model": {k: v.__dict__ for k, v in model_v.items()},
+            "first_disagreement": first,
+            "reuse": {"repeated": repeated_v.__dict__, "replay": replay_v.__dict__, "weights_kept": kept,
+                      "first_disagreement": reuse_first}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,9 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel", required=True, help="the kernel's folder (kernel.py + kernel.toml)")
     parser.add_argument("--digest", required=True, help="the folder's digest (invar.patches.patch_digest)")
     parser.add_argument("--model", required=True, help="the model folder whose inputs the op is checked on")
-    parser.add_argument("--population", required=True, help="a population file (JSON lines with a prompt)")
-    parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=2, help="greedy decode steps after each prefill")
+    parser.add_argument("--repeats", type=int, default=2, help="reuse probe: calls again per random input")
     args = parser.parse_args(argv)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
@@ -203,9 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     except (PatchRefused, KernelRefused) as exc:
         print(f"invar.workers.kernel_check: {exc}", file=sys.stderr, flush=True)
         return 2
-    lines = Path(args.population).read_text(encoding="utf-8").splitlines()
-    prompts = [json.loads(line)["prompt"] for line in lines if line.strip()][: args.prompts]
-    print(json.dumps(check(kernel, Path(args.model), prompts, args.trials)), flush=True)
+    prompts = [[int(t) for t in row] for row in json.loads(sys.stdin.read())]
+    report = check(kernel, Path(args.model), prompts, args.trials, args.steps, args.repeats)
+    print(json.dumps(report), flush=True)
     return 0
 
 
