@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from invar.docstrings import describe
 from invar.printed import Closed
-from invar.stats.rows import PlanRow, SequentialPlanRow
+from invar.stats.rows import UsePlanOutput
 
 OUTPUT_SCHEMA_VERSION = "invar.outputs/1"
 """Names this set of output shapes; a change to any of them that can break a reader changes it."""
@@ -364,26 +364,6 @@ class UsePrepareOutput(Closed):
     plan_version: str
     sequential: dict[str, Any] | None
     """Sequential contracts (plan /4): the stopping rule's method, n_max and looks, as the plan states them."""
-
-
-class UsePlanOutput(Closed):
-    """`invar use plan --json`."""
-
-    contract: str
-    contract_method: str
-    epsilon: str
-    delta: str
-    rows: list[PlanRow]
-    sequential: SequentialPlanRow | None
-    contract_units: int | None = None
-    """The units the contract runs (at most, for a sequential contract)."""
-    contract_power: float | None = None
-    """The contract's own method's power at `contract_units` under the assumption; None for a sequential contract,
-    a method the assumption cannot plan, or n at least twice the planned n (far past the target)."""
-    underpowered: bool = False
-    """`contract_power` is below the target power: the contract's own n is too small for this assumption."""
-    plot: str | None = None
-    """The PNG `--plot` drew (power against n per method), if any."""
 
 
 class UsePackageOutput(Closed):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,7 +11,6 @@ if TYPE_CHECKING:
     from invar.contract.decide import Decision
     from invar.imported.decide import ImportedDecision, PreparedImport
     from invar.outputs import UseSummaryOutput
-    from invar.stats.planning import PlanRow
 
 
 def render_prepared(prepared: PreparedImport) -> str:
@@ -95,49 +93,6 @@ def headline(d: Decision | ImportedDecision, evidence: str) -> Headline:
 
 
 
-def plan_imported(contract: Path, stated: dict[str, float], power: float, methods: list[str] | None) -> PlanImported:
-    """`use plan` of an imported contract: each method's n under the stated assumption, and the contract's own
-    method's power at the number of items its exports pair (read from the contract, not the exports)."""
-    from invar.errors import ContractError, InvarError
-    from invar.imported.model import read_imported_contract
-    from invar.stats.bounds import StatisticsError
-    from invar.stats.planning import Assumed, plan_table, power_at
-
-    c, _ = read_imported_contract(contract)
-    req = c.requirement
-    if req.standard != "population" or req.delta is None or req.method is None:
-        raise ContractError(f"{contract}: a finite-domain contract decides exactly on its items; there is no sample "
-                            "size to plan")
-    low, high = (-1.0, 1.0) if c.source.loss_range is None else \
-        (c.source.loss_range[0] - c.source.loss_range[1], c.source.loss_range[1] - c.source.loss_range[0])
-    if (low, high) != (-1.0, 1.0) and "variance" not in stated:
-        raise InvarError(f"--assume worse=/better= describes 0/1 losses, but this contract's differences lie in "
-                         f"[{low:g}, {high:g}]; state --assume 'variance=... mean=...' of the difference")
-    items = c.exports["reference" if "reference" in c.exports else "table"].items
-    assumed = Assumed(stated.get("p_worse"), stated.get("p_better"), stated.get("variance"), stated.get("mean", 0.0),
-                      low, high)
-    rows = plan_table(assumed, float(req.epsilon), float(req.delta), power, methods=methods)
-    own: float | None = None
-    if not req.sequential:
-        try:
-            own = power_at(req.method, items, assumed, float(req.epsilon), float(req.delta), power=power)
-        except StatisticsError:
-            own = None
-    return PlanImported(req.method, str(req.epsilon), str(req.delta), rows, items, own)
-
-
-@dataclass(frozen=True)
-class PlanImported:
-    """What `use plan` prints for an imported contract."""
-
-    method: str
-    epsilon: str
-    delta: str
-    rows: list[PlanRow]
-    items: int
-    power: float | None
-
-
 def summary_imported_cmd(contract: Path, confidence: float, json_out: bool) -> None:
     """`use summary`: one line for a contract that is not imported, or a bad --confidence; else the summary."""
     import typer
@@ -162,5 +117,5 @@ def summary_imported_cmd(contract: Path, confidence: float, json_out: bool) -> N
         typer.echo(render_summary(summary))
 
 
-__all__ = ["PlanImported", "headline", "plan_imported", "render_imported", "render_prepared", "render_summary",
+__all__ = ["headline", "render_imported", "render_prepared", "render_summary",
            "summary_imported_cmd"]

@@ -27,12 +27,11 @@ from invar.errors import ContractError, InvarError
 if TYPE_CHECKING:
     from invar.cli.progress import Reporter
     from invar.contract.decide import Decision
-    from invar.contract.model import Contract
     from invar.contract.plan import PlannedCall
+    from invar.contract.sample_size import SampleSizePlan
     from invar.runner.use_run import Progress
     from invar.stats.diagnostics import PairedDiagnostics, RangeDiagnostics
     from invar.stats.planning import Assumed, PlanRow
-    from invar.stats.sequential import SequentialPlanRow
 
 app = typer.Typer(
     name="use",
@@ -172,86 +171,64 @@ def plan_cmd(
     quiet: QuietOpt = False,
 ) -> None:
     """The sample size each bound method needs to admit under stated assumptions, at a stated power."""
-    from invar import outputs
-    from invar.contract.model import loss_span
-    from invar.contract.prepare import declared_difference_range, load_for_planning, range_methods
-    from invar.parallel import forked
-    from invar.stats.planning import Assumed, plan_table, power_curves, render_plan
-    from invar.stats.sequential import render_sequential
-
-    stated = parse_assumptions(assume)
     from invar.imported import is_imported_contract
 
+    stated = parse_assumptions(assume)
     if is_imported_contract(contract):  # the items its exports pair stand for the units a run would have
-        from invar.cli.imported import plan_imported
+        from invar.imported.plan import plan_imported
 
-        got = plan_imported(contract, stated, power, method or None)
-        if json_out:
-            emit_model(outputs.UsePlanOutput(
-                contract=str(contract), contract_method=got.method, epsilon=got.epsilon, delta=got.delta,
-                rows=got.rows, sequential=None,
-                contract_units=got.items, contract_power=got.power,
-                underpowered=got.power is not None and got.power < power, plot=None))
-            return
-        typer.echo(render_plan(got.rows), nl=False)
-        typer.echo(f"the contract decides with {got.method} from {got.items:,} imported items"
-                   + ("" if got.power is None else f"; at that n it admits with probability {got.power:.4f} under "
-                      "this assumption"))
-        return
-    c, units, looks = load_for_planning(contract)  # the unit count without reading the population
-    req = c.requirement
-    if req.standard != "population" or req.delta is None:
-        raise ContractError(f"{contract}: a finite-domain contract decides exactly on its units; there is no "
-                            "sample size to plan")
-    low, high = declared_difference_range(c)
-    methods = method or None
-    if (low, high) != (-1.0, 1.0) and "variance" not in stated:
-        raise InvarError(f"--assume worse=/better= describes 0/1 losses, but this contract's differences lie in "
-                         f"[{low:g}, {high:g}]; state --assume 'variance=... mean=...' of the difference")
-    if methods is None and loss_span(c.scorer) is not None and "variance" not in stated:
-        methods = list(range_methods(False))  # the binary methods cannot decide this contract's losses
-    horizon = _sequential_horizon(c, stated, sequential_max)  # refused before any progress is shown
-    with forked(), _planning_progress(quiet) as planned:  # the methods, and the pieces of each, on every core
-        assumed = Assumed(stated.get("p_worse"), stated.get("p_better"), stated.get("variance"),
-                          stated.get("mean", 0.0), low, high)
-        planned.expect(assumed, methods)
-        rows = plan_table(assumed, float(req.epsilon), float(req.delta), power, methods=methods, done=planned.row)
-        own = _contract_power(c, units, looks, rows, stated, power, (low, high))
-        if plot is not None:
-            from invar.cli.plan_plot import draw_power
-
-            curves = power_curves(rows, assumed, extra=[units])
-            draw_power(curves, target=power, contract_n=units, contract_method=req.method,
-                       assumption=rows[0].assumption if rows else "", out=plot)
-        planned.simulating(horizon)
-        stops = _sequential_plan(c, looks, stated, horizon)
-    if json_out:
-        emit_model(outputs.UsePlanOutput(
-            contract=str(contract), contract_method=req.method, epsilon=str(req.epsilon), delta=str(req.delta),
-            rows=rows,
-            sequential=stops,
-            contract_units=units, contract_power=own, underpowered=own is not None and own < power,
-            plot=None if plot is None else str(plot)))
-        return
-    typer.echo(render_plan(rows), nl=False)
-    if stops is not None:
-        typer.echo(render_sequential(stops), nl=False)
-    if looks is not None:
-        typer.echo(f"the contract decides sequentially with {c.method_version}, looking after each of "
-                   f"{len(looks)} pairing calls, and runs at most {units:,} units")
+        plan = plan_imported(contract, stated, power, method or None)
     else:
-        typer.echo(f"the contract decides with {req.method} and runs {units:,} units")
+        from invar.contract.sample_size import plan_sample_size
+        from invar.parallel import forked
+
+        with forked(), _planning_progress(quiet) as planned:  # the methods, and the pieces of each, on every core
+            plan = plan_sample_size(contract, stated, power, method or None, sequential_max=sequential_max,
+                                    plot=plot, progress=planned)
+    got = plan.output
+    if plot is not None and plan.curves is not None:
+        from invar.cli.plan_plot import draw_power
+
+        draw_power(plan.curves, target=power, contract_n=got.contract_units or 0,
+                   contract_method=got.contract_method, assumption=got.rows[0].assumption if got.rows else "",
+                   out=plot)
+    if json_out:
+        emit_model(got)
+    else:
+        typer.echo(render_sample_size(plan, power), nl=False)
+
+
+def render_sample_size(plan: SampleSizePlan, power: float) -> str:
+    """`use plan`'s lines: the methods' table, the stopping plan, and what the contract's own n does."""
+    from invar.stats.planning import render_plan
+    from invar.stats.sequential import render_sequential
+
+    got, units = plan.output, plan.output.contract_units or 0
+    text = render_plan(got.rows)
+    if got.sequential is not None:
+        text += render_sequential(got.sequential)
+    own = got.contract_power
+    if plan.imported:
+        return text + (f"the contract decides with {got.contract_method} from {units:,} imported items"
+                       + ("" if own is None else f"; at that n it admits with probability {own:.4f} under this "
+                          "assumption") + "\n")
+    if plan.looks is not None:
+        text += (f"the contract decides sequentially with {plan.method_version}, looking after each of "
+                 f"{plan.looks} pairing calls, and runs at most {units:,} units\n")
+    else:
+        text += f"the contract decides with {got.contract_method} and runs {units:,} units\n"
     if own is not None:
-        needed = next((r.n for r in rows if r.method == req.method), None)
-        if own < power:
-            typer.echo(f"warning: the contract's n is underpowered for this assumption: at {units:,} units "
-                       f"{req.method} admits with probability {own:.4f}, below the target {power:g}"
-                       + ("" if needed is None else f"; it needs {needed:,} units"))
+        needed = next((r.n for r in got.rows if r.method == got.contract_method), None)
+        if got.underpowered:
+            text += (f"warning: the contract's n is underpowered for this assumption: at {units:,} units "
+                     f"{got.contract_method} admits with probability {own:.4f}, below the target {power:g}"
+                     + ("" if needed is None else f"; it needs {needed:,} units") + "\n")
         else:
-            typer.echo(f"at its {units:,} units {req.method} admits with probability {own:.4f} under this "
-                       "assumption")
-    if plot is not None:
-        typer.echo(f"power curves: {plot}")
+            text += (f"at its {units:,} units {got.contract_method} admits with probability {own:.4f} under this "
+                     "assumption\n")
+    if got.plot is not None:
+        text += f"power curves: {got.plot}\n"
+    return text
 
 
 PLAN_QUIET_S = 2.0
@@ -316,65 +293,6 @@ def _planning_progress(quiet: bool) -> Iterator[_PlanningProgress]:
             yield progress
         finally:
             progress.stop()
-
-
-def _contract_power(c: Contract, units: int, looks: tuple[int, ...] | None, rows: list[PlanRow],
-                    stated: dict[str, float], target: float, d_range: tuple[float, float]) -> float | None:
-    """The contract's own method's power at the contract's own n under the stated assumption. None for a sequential
-    contract (its stopping plan says how many it stops at), a method the assumption cannot plan, and an n at least
-    twice the method's planned n, far past the target (the exact methods' cost grows with n)."""
-    from invar.stats.bounds import StatisticsError
-    from invar.stats.planning import Assumed, power_at
-
-    req = c.requirement
-    if looks is not None or req.method is None or req.delta is None:
-        return None
-    planned = next((r.n for r in rows if r.method == req.method), None)
-    if planned is not None and units >= 2 * planned:
-        return None
-    try:
-        assumed = Assumed(stated.get("p_worse"), stated.get("p_better"), stated.get("variance"),
-                          stated.get("mean", 0.0), d_range[0], d_range[1])
-        return power_at(req.method, units, assumed, float(req.epsilon), float(req.delta), power=target)
-    except StatisticsError:
-        return None
-
-
-SEQUENTIAL_MAX = 1 << 24
-"""The largest `--sequential-max`: the bound on a contract's `requirement.max_n`."""
-
-
-def _sequential_horizon(c: Contract, stated: dict[str, float], n_max: int | None) -> int | None:
-    """The n_max a stopping-n plan is asked for (--sequential-max, or a contract's `requirement.max_n`), checked
-    before any planning starts, so a bad one is refused in one line; None when neither asks for one."""
-    from invar import canonical
-
-    horizon = n_max if n_max is not None else c.requirement.max_n
-    if horizon is None:
-        return None
-    if horizon > SEQUENTIAL_MAX:  # the simulation's counters are 64-bit: a larger n would overflow, not plan
-        raise InvarError(f"--sequential-max {canonical.show(horizon, 40)}: at most {SEQUENTIAL_MAX:,} units, the "
-                         "most a sequential contract's requirement.max_n may be; choose a smaller n")
-    if "p_worse" not in stated or "p_better" not in stated:
-        raise InvarError("--sequential-max plans 0/1 losses: state --assume 'worse=... better=...'")
-    return horizon
-
-
-def _sequential_plan(c: Contract, looks: tuple[int, ...] | None, stated: dict[str, float], horizon: int | None) \
-        -> SequentialPlanRow | None:
-    """The stopping-n plan at `horizon` (`_sequential_horizon`'s), looking after each batch of the pairing layout;
-    None when none is asked for."""
-    from invar.stats.sequential import sequential_plan
-
-    req = c.requirement
-    if horizon is None:
-        return None
-    assert req.delta is not None
-    method = req.method if req.sequential and req.method is not None else "paired-binary-sequence"
-    # A sequential contract looks after each pairing call (its plan's first look); else after each pairing batch.
-    look = c.layouts[c.pairing.layout].batch_size if looks is None else looks[0]
-    return sequential_plan(method, stated["p_worse"], stated["p_better"], float(req.epsilon), float(req.delta),
-                           int(horizon), batch=min(int(horizon), look), runs=1000)
 
 
 def diagnostics_line(g: PairedDiagnostics | RangeDiagnostics) -> str:

@@ -1,4 +1,4 @@
-"""The rows `use plan` prints: one bound method's planned sample size, and a sequential stopping plan.
+"""What `use plan` prints: one bound method's planned sample size, a sequential stopping plan, and the whole plan.
 
 The planning functions return these models and `use plan --json` prints them as they are (one spelling each).
 """
@@ -36,4 +36,24 @@ class SequentialPlanRow(Closed):
     basis: str
 
 
-__all__ = ["PlanRow", "SequentialPlanRow"]
+class UsePlanOutput(Closed):
+    """`invar use plan --json`."""
+
+    contract: str
+    contract_method: str
+    epsilon: str
+    delta: str
+    rows: list[PlanRow]
+    sequential: SequentialPlanRow | None
+    contract_units: int | None = None
+    """The units the contract runs (at most, for a sequential contract)."""
+    contract_power: float | None = None
+    """The contract's own method's power at `contract_units` under the assumption; None for a sequential contract,
+    a method the assumption cannot plan, or n at least twice the planned n (far past the target)."""
+    underpowered: bool = False
+    """`contract_power` is below the target power: the contract's own n is too small for this assumption."""
+    plot: str | None = None
+    """The PNG `--plot` drew (power against n per method), if any."""
+
+
+__all__ = ["PlanRow", "SequentialPlanRow", "UsePlanOutput"]
