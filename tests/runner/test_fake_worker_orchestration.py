@@ -7,6 +7,7 @@ store, so every claim here is about the core; what real engines answer is for th
 
 from __future__ import annotations
 
+import _thread
 import gc
 import os
 import re
@@ -209,6 +210,27 @@ def test_sigterm_stops_issuing_calls_keeps_the_answers_and_the_run_resumes_to_th
     resumed = use_run(ws.contract_path, run, transport=FakeTransport(SCRIPT))
     assert resumed.calls_reused == len(answered)
     assert _figures(run, ws.contract_path) == _figures(baseline, ws.contract_path)
+
+
+def test_ctrl_c_while_a_model_loads_stops_at_once(ws: Workspace, tmp_path: Path) -> None:
+    # A load has no answer worth the grace: the worker still loading is stopped at the signal, not after its load.
+    load_s = 60.0
+    transport = FakeTransport(Script(wrong=SCRIPT.wrong, load_seconds=lambda number: load_s if number == 2 else 0))
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 30
+        while sum(1 for _, method in transport.received if method == "load_model") < 2 and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(Stopped, match=r"^stopped issuing calls at Ctrl-C after 0 answered call") as stopped:
+        use_run(ws.contract_path, tmp_path / "run", transport=transport)
+    assert time.monotonic() - started < load_s / 2
+    assert stopped.value.status == 130
+    assert [method for _, method in transport.received] == ["load_model", "load_model"]
 
 
 def test_no_call_is_made_before_every_worker_shows_the_contracts_identity(tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ from invar.runner.engine import (
     Session,
     engine_session,
 )
-from invar.runner.pool import WorkerPool
+from invar.runner.pool import Start, WorkerPool
 from invar.stats.sequential import SequentialDecision
 
 if TYPE_CHECKING:
@@ -281,10 +281,7 @@ def use_run(
         counter = _Counter(reader.plan, done, progress)
         counter.report()
         launch = _Launch(specs, workers, call_timeout, placement[0] if placement else None, transport, calls_at_once)
-        try:
-            issued, nonfinite = _execute(reader, launch, work, store, counter, phase), work.nonfinite
-        except _NonFinite as exc:  # on record; the run is closed there and admission decides from that record
-            issued, nonfinite = exc.issued, exc.message
+        issued, nonfinite = _execute(reader, launch, work, store, counter, phase)
         if work.rule is not None and nonfinite is None:
             phase("deciding")
         stop = None if work.rule is None or nonfinite is not None else _record_stop(store, reader)
@@ -300,7 +297,6 @@ class _NonFinite(WorkerError):
     def __init__(self, error: WorkerError, message: str) -> None:
         super().__init__(error.method, error.error_type, message)
         self.message = message
-        self.issued = 0
 
 
 def _check_options(ray: str | None, transport: Transport | None, workers: int, calls_at_once: int | None) -> None:
@@ -511,14 +507,18 @@ class _Work:
 
 
 def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, counter: _Counter,
-             phase: Callable[[str], object] = lambda text: None) -> int:
+             phase: Callable[[str], object] = lambda text: None) -> tuple[int, str | None]:
     """Start `launch.workers` workers per package that has calls left and issue its calls over them, generate calls
     first, then (once every package has sampled) measurements; the first failure stops all. With a stopping rule
-    (plan /4) the generate calls go look by look from `work.first_look`, the rule evaluated after each."""
+    (plan /4) the generate calls go look by look from `work.first_look`, the rule evaluated after each.
+
+    Returns the calls answered this time and the candidate call answered with non-finite values that ended the
+    run, if one did (now, or in the records of a resumed run): on record, the run closes there and admission decides
+    from that record."""
     count = workers_per_package(work.todo, work.measure, launch.workers)
     slots = [(role, n) for role in ROLES for n in range(count[role])]
     if not slots:
-        return 0
+        return 0, work.nonfinite
     at_once = _calls_at_once(launch, count, phase)
     after_load = "generating" if any(work.todo.values()) else "measuring"
     pool = WorkerPool(len(slots), calls_at_once=at_once, checked=lambda: phase("loading the models"),
@@ -526,7 +526,7 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
     calls = _Calls(reader, work, counter, pool, len(slots), phase)
 
     def serve(role: Role, n: int) -> None:
-        with pool.lease(_starter(role, reader.contract.package(role), launch, store), _restarts(launch, role),
+        with pool.lease(_starter(role, reader.contract.package(role), launch, store, pool), _restarts(launch, role),
                         f"the {role} worker {n + 1}") as lease:
             calls.drive(role, lease)
 
@@ -534,9 +534,8 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
         pool.run([functools.partial(serve, role, n) for role, n in slots], name="use-run",
                  stopped=lambda how: f"stopped issuing calls at {how} after {calls.issued} answered call(s) this time")
     except _NonFinite as exc:  # the other calls under way were answered and recorded before the pool returned
-        exc.issued = calls.issued
-        raise
-    return calls.issued
+        return calls.issued, exc.message
+    return calls.issued, None
 
 
 def _calls_at_once(launch: _Launch, count: Mapping[Role, int], phase: Callable[[str], object]) -> int | None:
@@ -567,16 +566,16 @@ def _restarts(launch: _Launch, role: Role) -> int:
     return 0 if placed is None else placed.restarts
 
 
-def _starter(role: Role, package: Package, launch: _Launch, store: RunStore) -> Callable[
-        [Callable[[], object]], contextlib.AbstractContextManager[Session]]:
+def _starter(role: Role, package: Package, launch: _Launch, store: RunStore, pool: WorkerPool) -> Start:
     """How a package's worker starts, first or as a replacement: from its spec, its identity checked against the
-    contract's package before any call, its model the contract's."""
+    contract's package before any call, its model the contract's; stopped at once at a signal while it loads."""
     expect = (package.engine_version, package.expected_settings(), role)
 
     @contextlib.contextmanager
     def start(ready: Callable[[], object]) -> Iterator[Session]:
         with engine_session(launch.specs[role], store, expect=expect, adapter_in_load=True,
-                            call_timeout=launch.call_timeout, ready=ready, placement=_placed(launch, role)) as session:
+                            call_timeout=launch.call_timeout, ready=ready, placement=_placed(launch, role),
+                            watch=pool.starting) as session:
             if session.model_digest != package.model_digest:
                 raise EvidenceError(f"the {role} worker loaded model {session.model_digest[:16]}…, not the "
                                     "contract's")
