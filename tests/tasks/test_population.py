@@ -23,6 +23,7 @@ from invar.tasks.population import (
     check_context,
     freeze,
     kinds,
+    load_unit_table,
     load_units,
     parse_units,
     sample_units,
@@ -160,6 +161,9 @@ def test_each_bad_line_is_one_error_naming_file_and_line(tmp_path: Path, lines: 
     with pytest.raises(ContractError, match=f"{at(path)} line {line}\\b.*{message}") as info:
         load_units(path)
     assert "\n" not in str(info.value)
+    with pytest.raises(ContractError) as compact:  # the compact table refuses the same line the same way
+        load_unit_table(path)
+    assert str(compact.value) == str(info.value)
 
 
 def test_empty_file_and_missing_file(tmp_path: Path) -> None:
@@ -313,3 +317,43 @@ def test_round_trip_of_any_json_answer(answer: Any, meta: dict[str, Any],
     assert unit.to_json() == {k: v for k, v in line.items() if k != "meta" or v}
     assert unit.prompt == prompt
     hash(unit)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.lists(st.tuples(JSON, st.one_of(st.text(min_size=1), st.none()),
+                               st.one_of(st.none(), st.text(min_size=1)),
+                               st.dictionaries(st.text(max_size=3), JSON, max_size=2)), min_size=1, max_size=12))
+def test_the_compact_table_gives_the_units_parse_units_gives(rows: list[tuple[Any, str | None, str | None,
+                                                                              dict[str, Any]]]) -> None:
+    # Admission keeps a population as a `UnitTable`: every unit read from it is the one `parse_units` gives, field by
+    # field (types included), its line too, for prompts and messages, any answer, kinds and meta.
+    lines = []
+    for i, (answer, prompt, kind, meta) in enumerate(rows):
+        line: dict[str, Any] = {"id": f"u{i}-\u00e9\U0001f600", "answer": answer, "meta": meta}
+        if prompt is None:
+            line["messages"] = [{"role": "user", "content": f"q{i}"}]
+        else:
+            line["prompt"] = prompt
+        if kind is not None:
+            line["kind"] = kind
+        lines.append(json.dumps(line, ensure_ascii=i % 2 == 0).encode())
+    data = b"\n".join(lines) + b"\n"
+    units = parse_units(data, "t.jsonl")
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"invar-table-{os.getpid()}-{threading.get_ident()}.jsonl"
+    path.write_bytes(data)
+    try:
+        table = load_unit_table(path, hashlib.sha256(data).hexdigest())
+    finally:
+        path.unlink()
+    assert len(table) == len(units)
+    assert table == units
+    assert units == tuple(table)
+    for got, want in zip(table, units, strict=True):
+        assert (got.id, got.prompt, got.messages, got.kind, got.meta, got.line) == \
+            (want.id, want.prompt, want.messages, want.kind, want.meta, want.line)
+        assert type(got.answer) is type(want.answer)
+        assert got.answer == want.answer
+    assert table[-1] == units[-1]
+    assert table[1:3] == units[1:3]
+    assert table.ids() == [u.id for u in units]
+    assert table.chat_indices() == [i for i, u in enumerate(units) if u.messages is not None]

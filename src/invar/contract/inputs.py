@@ -21,7 +21,7 @@ from invar.contract.prepare import ROLES, method_version, model_folders, package
 from invar.errors import ContractError, EvidenceError
 from invar.formats.tokenizer import BASE_FILES, ModelTokenizer, from_kept, kept_files
 from invar.records.store import RunStore
-from invar.tasks.population import load_units
+from invar.tasks.population import load_unit_table
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def read_anchors(contract: Contract, sha: str, base: Path, store: RunStore, scra
     kept = store.meta("inputs").get("inputs") if _needs_kept(contract, base) else None
     check_patch_folders(contract, base, kept)
     inputs = resolve_inputs(contract, base, kept, scratch)
-    units = load_units(inputs.population, contract.population.sha256)
+    units = load_unit_table(inputs.population, contract.population.sha256)  # compact: built when read
     tokenizers = package_tokenizers(contract, inputs.tokenizers)
     encoders = prompt_encoders(tokenizers)
     if tokenizers["reference"].digest == tokenizers["candidate"].digest:

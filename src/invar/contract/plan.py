@@ -47,6 +47,7 @@ from invar.contract.model import Contract, Layout, Measurements
 from invar.errors import ContractError
 from invar.protocol.payloads import GenerateParams, GenerateRequest, ScoreItem, ScoreParams
 from invar.tasks.population import Unit as PopulationUnit
+from invar.tasks.population import UnitTable
 
 PLAN_VERSION_1 = "invar.plan/1"
 """One generate call per package and layout, carrying every unit."""
@@ -392,9 +393,12 @@ class PlannedUnits(Sequence[Unit]):
     __slots__ = ("_encoders", "_labels", "sources")
 
     def __init__(self, sources: Sequence[PopulationUnit], encoders: Mapping[Role, PromptEncoder]) -> None:
-        self.sources = tuple(sources)
+        # A population's compact table is kept as it is (its units are built when read), any other sequence as a tuple.
+        self.sources: Sequence[PopulationUnit] = sources if type(sources) is UnitTable else tuple(sources)
         self._encoders = encoders
-        self._labels = {i: encoders["reference"](u)[0] for i, u in enumerate(self.sources) if u.prompt is None}
+        chats = sources.chat_indices() if type(sources) is UnitTable else \
+            [i for i, u in enumerate(self.sources) if u.prompt is None]
+        self._labels = {i: encoders["reference"](self.sources[i])[0] for i in chats}
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -437,9 +441,14 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[P
             "load the file the contract names"
         )
     seed = contract.pairing.seed
-    chosen = _chosen_ids([p.id for p in population], contract.population.sample, seed)
+    table = population if type(population) is UnitTable else None
+    chosen = _chosen_ids(table.ids() if table is not None else [p.id for p in population],
+                         contract.population.sample, seed)
     units = PlannedUnits(population if chosen is None else [p for p in population if p.id in chosen], encoders)
-    seeds = array.array("q", (unit_seed(seed, p.id) for p in units.sources))  # 8 bytes a unit, not an int object
+    sources = units.sources
+    # 8 bytes a unit, not an int object
+    seeds = array.array("q", (unit_seed(seed, sources.unit_id(i)) for i in range(len(sources)))
+                        if type(sources) is UnitTable else (unit_seed(seed, p.id) for p in sources))
     sampling = contract.sampling
     source = Requests(units, seeds, sampling.temperature, sampling.top_p, sampling.max_tokens)
 
