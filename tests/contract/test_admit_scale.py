@@ -15,11 +15,11 @@ from invar.contract.admit import Step, admit
 from invar.contract.decide import Answer, Decision
 
 SIZES = (128, 768)
-PER_UNIT = 512
-"""Bytes of Python heap per unit admission may hold after reading the records: the population's parsed unit (the
-plan builds its own units from it when read), its seed, its index in each layout and its losses (about 0.38 KiB
-together, measured); a report's outputs are dropped as each record is scored, so nothing here grows with the
-responses."""
+PER_UNIT = 200
+"""Bytes of Python heap per unit admission may hold after reading the records: the population's unit in its compact
+table (its id, prompt and answer as slices of one string, its kind as an index; the unit is built when read), its
+seed, its index in each layout and its losses (about 145 bytes together, measured; 0.38 KiB before the table); a
+report's outputs are dropped as each record is scored, so nothing here grows with the responses."""
 
 
 def _admit_traced(ws: Workspace, run: Path) -> tuple[Decision, int]:
