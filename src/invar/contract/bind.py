@@ -231,9 +231,15 @@ def parse_outputs(result: Mapping[str, Any], requests: Sequence[Mapping[str, Any
 
 
 def _same_ids(a: Any, b: Any) -> bool:
-    """`np.array_equal(a, b)`, by the bytes where both are integer arrays of one dtype (a prompt's ids, decoded)."""
+    """`np.array_equal(a, b)`, by the bytes where both are integer arrays of one dtype, by the Python ints where one is
+    an integer vector and the other a list of ints (a prompt's ids, decoded)."""
     if type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == b.dtype and a.dtype.kind in "iu":
         return a.shape == b.shape and a.tobytes() == b.tobytes()
+    if type(a) is np.ndarray and type(b) is list and a.ndim == 1 and a.dtype.kind in "iu" and \
+            all(type(v) is int for v in b):
+        # the engine's ids (an integer vector) against the call's (a list of ints, as a record decodes them):
+        # equal exactly when the Python ints are, without converting the list to an array
+        return bool(a.tolist() == b)
     return bool(np.array_equal(a, b))
 
 
