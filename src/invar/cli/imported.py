@@ -1,15 +1,13 @@
-"""`use prepare` and `use admit` over imported evidence: what they print, and each decision's CI headline."""
+"""`use prepare` and `use summary` over imported evidence: what they print (a decision's lines are
+`invar.cli.decisions`'s)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from invar.cli.ci import Headline
-
 if TYPE_CHECKING:
-    from invar.contract.decide import Decision
-    from invar.imported.decide import ImportedDecision, PreparedImport
+    from invar.imported.decide import PreparedImport
     from invar.outputs import UseSummaryOutput
 
 
@@ -21,39 +19,6 @@ def render_prepared(prepared: PreparedImport) -> str:
              "are planned: the scores are the exporter's"]
     for role, pinned in c.exports.items():
         lines.append(f"  {role:<10} {pinned.items:>7} items  sha256 {pinned.sha256[:16]}…  {pinned.path}")
-    return "\n".join(lines)
-
-
-def render_imported(d: ImportedDecision) -> str:
-    """An imported decision as a few aligned lines, saying first that it was not recorded."""
-    from invar.cli.use import diagnostics_line
-    from invar.evidence import RangeTaskLoss
-
-    lines = [f"{d.answer.value}: {d.reason}",
-             f"contract   {d.contract_name} (sha256 {d.contract_sha256})",
-             f"evidence   imported from {d.source_format} exports ({d.metric or 'losses'}); not recorded: no call of "
-             "either side was made or checked by Invar",
-             f"decision   {d.decision_version}, standard {d.standard}, ε = {d.epsilon}"
-             + ("" if d.delta is None else f", δ = {d.delta}") + f", export order {d.order}"]
-    for e in d.exports:
-        lines.append(f"export     {e.role:<10} {e.items} items, sha256 {e.sha256} ({e.path})")
-    for p in d.premises:
-        lines.append(f"premise    [{p.reliance}, {'holds' if p.holds else 'NOT held'}] {p.statement} "
-                     f"(party {p.party}, basis {p.basis_sha256[:16]}…)")
-    t = d.task_loss
-    if isinstance(t, RangeTaskLoss):
-        lines.append(f"task loss  n = {t.n}, losses in [{t.loss_range[0]:g}, {t.loss_range[1]:g}]: worse {t.worse}, "
-                     f"better {t.better}, mean increase {float(t.mean_difference):.6g}")
-    else:
-        mean = t.mean_difference
-        lines.append(f"task loss  n = {t.n}: reference {t.reference_loss}, candidate {t.candidate_loss}, worse "
-                     f"{t.worse}, better {t.better}, mean increase {mean} = {float(mean):.6g}")
-    if d.bound is not None:
-        b = d.bound
-        lines.append(f"bound      {b.method} {b.version}, δ = {b.delta:.6g}: estimate {b.estimate:.6g}, "
-                     f"[{b.lower:.6g}, {b.upper:.6g}]")
-    if d.diagnostics is not None:
-        lines.append(diagnostics_line(d.diagnostics))
     return "\n".join(lines)
 
 
@@ -82,17 +47,6 @@ def render_summary(m: UseSummaryOutput) -> str:
     return "\n".join(lines)
 
 
-def headline(d: Decision | ImportedDecision, evidence: str) -> Headline:
-    """What the CI reports state of a recorded or an imported decision."""
-    b = d.bound
-    return Headline(name=d.contract_name, answer=d.answer.value, reason=d.reason, evidence=evidence,
-                    epsilon=d.epsilon, lower=None if b is None else b.lower, upper=None if b is None else b.upper,
-                    estimate=float(d.task_loss.mean_difference) if b is None else b.estimate, n=d.task_loss.n,
-                    method=None if b is None else b.method, contract_sha256=d.contract_sha256)
-
-
-
-
 def summary_imported_cmd(contract: Path, confidence: float, json_out: bool) -> None:
     """`use summary`: one line for a contract that is not imported, or a bad --confidence; else the summary."""
     import typer
@@ -117,5 +71,4 @@ def summary_imported_cmd(contract: Path, confidence: float, json_out: bool) -> N
         typer.echo(render_summary(summary))
 
 
-__all__ = ["headline", "render_imported", "render_prepared", "render_summary",
-           "summary_imported_cmd"]
+__all__ = ["render_prepared", "render_summary", "summary_imported_cmd"]
