@@ -467,11 +467,14 @@ def collect_evidence(
 
 
 def stream_evidence(
-    store: RunStore, contract: Contract, sha256: str, plan: ExecutionPlan, eos: Mapping[Role, frozenset[int]]
+    store: RunStore, contract: Contract, sha256: str, plan: ExecutionPlan, eos: Mapping[Role, frozenset[int]],
+    stream: CallStream | None = None,
 ) -> BoundEvidence:
-    """As `collect_evidence`, reading the store once as a stream (`RunStore.stream`) instead of holding every record:
-    the same checks, though a record the plan refuses may be named before a damaged record later in the store."""
-    stream = store.stream()
+    """As `collect_evidence`, reading the store once as a stream (`RunStore.stream`; `stream`, perhaps primed, when
+    given) instead of holding every record: the same checks, though a record the plan refuses may be named before a
+    damaged record later in the store."""
+    if stream is None:
+        stream = store.stream()
     bound = bind_records(stream, contract, plan, eos)
     if stream.verification is None or not stream.verification.closed:
         raise _incomplete(store)

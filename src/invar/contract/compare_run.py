@@ -56,9 +56,11 @@ def compare_use_run(run: Path, contract_path: Path | None, *, large_step: float 
     contract, sha = read_contract(contract_file)
     with RunStore.open(run) as store, tempfile.TemporaryDirectory(prefix="invar-compare-") as scratch:
         phase("reading the contract's inputs")
+        stream = store.stream()
+        stream.prime()  # the run's kept inputs verified and dropped before the plan is derived, as admission does
         reader = RunReader.of_run(contract, sha, contract_file.parent, store, Path(scratch))
         phase("reading the run's records under the contract")
-        bound = reader.bind_streamed(store)
+        bound = reader.bind_streamed(store, stream)
         if bound.nonfinite:
             first = bound.nonfinite[0]
             raise EvidenceError(f"{run}: the run closed at candidate call {first.key} (call id {first.call_id}), "

@@ -101,9 +101,10 @@ class RunReader:
         contract (`invar.contract.bind.collect_evidence`); the outputs are read again from `store` when asked."""
         return collect_evidence(store, self.contract, self.sha256, self.plan, self.eos)
 
-    def bind_streamed(self, store: RunStore) -> BoundEvidence:
-        """As `bind_complete`, reading the store once as a stream (`invar.contract.bind.stream_evidence`)."""
-        return stream_evidence(store, self.contract, self.sha256, self.plan, self.eos)
+    def bind_streamed(self, store: RunStore, stream: CallStream | None = None) -> BoundEvidence:
+        """As `bind_complete`, reading the store once as a stream (`invar.contract.bind.stream_evidence`; `stream`,
+        the store's, perhaps primed, when given)."""
+        return stream_evidence(store, self.contract, self.sha256, self.plan, self.eos, stream)
 
     def bind_partial(self, store: RunStore) -> BoundEvidence:
         """The records of a run still going (or stopped) bound as far as it got, one call at a time, outputs read again
