@@ -53,6 +53,7 @@ _MEMO_WIDTH = 16  # c-dependent values kept per (cell, count) for this many cons
 _MAX_OPEN_CELLS = 512  # a proof needing more cells at once is abandoned (safe side: not rejected)
 _MIN_CELL = 2.0**-46  # a cell narrower than this is not split; the proof fails (safe side)
 _SPLIT = 4
+_BATCH_CELLS = 256  # cells bounded at once (a few MB of temporaries: no page faults, and they stay in cache)
 
 
 def order_z(delta: float) -> float:
@@ -580,13 +581,21 @@ class Bounder:
         naming the row of each cell."""
         if a1.size == 0:
             return np.zeros(0)
+        if a1.size > _BATCH_CELLS:
+            # in slices, each cell's bound the same number (see `_row_sum`): the temporaries of thousands of cells
+            # at once are tens of MB each, and allocating them afresh (page faults) cost as much as the arithmetic
+            return np.concatenate([
+                self.bounds(c, a1[i : i + _BATCH_CELLS], a2[i : i + _BATCH_CELLS], alpha,
+                            None if owner is None else owner[i : i + _BATCH_CELLS])
+                for i in range(0, a1.size, _BATCH_CELLS)
+            ])
         if not self.remember:
             cells = _cells(self.n, a1, a2, self.delta0)
             return _bounds(cells, _thresholds(c, cells.k, owner), alpha, _direct(cells))
         slots = self._ensure(a1, a2)
         self._keep(slots)
         assert self.store is not None
-        cells = _trim(_subset(self.store, slots))
+        cells = _rows_used(self.store, slots)
         return _bounds(cells, _thresholds(c, cells.k, owner), alpha, self._source(self.memo_row[slots], cells))
 
     def _source(self, places: IntArray, cells: _Cells) -> _ValueSource:
@@ -686,6 +695,19 @@ def _pad(cells: _Cells, width: int) -> _Cells:
 def _subset(cells: _Cells, rows: IntArray) -> _Cells:
     """The rows of a batch of cells."""
     return _Cells(**{name: getattr(cells, name)[rows] for name in cells.__dataclass_fields__})
+
+
+def _rows_used(cells: _Cells, rows: IntArray) -> _Cells:
+    """`_trim(_subset(cells, rows))`, gathering only the count columns those rows use: the store is as wide as its
+    widest cell, and copying whole rows to drop most of their columns cost a third of a plan's proofs."""
+    mask = cells.mask[rows]
+    width = int(np.max(np.sum(mask, axis=1)))
+    fields = {}
+    for name in _Cells.__dataclass_fields__:
+        value = getattr(cells, name)
+        fields[name] = value[rows, :width] if name in _PER_COUNT else value[rows]
+    fields["mask"] = mask[:, :width]
+    return _Cells(**fields)
 
 
 # --- the test and its inversion --------------------------------------------------------------------------------------
