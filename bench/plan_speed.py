@@ -14,6 +14,9 @@ time with its minimum and maximum, and the median CPU time of the process and it
 plan uses forked worker processes where there are several cores, so wall < CPU there). The start-up row is the
 import of the command-line application alone (`python -c "import invar.cli.app"`), part of every command.
 
+`--prepare-src SRC` prepares the contract with another tree's `use prepare` (the plan reads only its ε, δ and
+method; a checkout whose worker code has moved since the pins were taken cannot prepare it).
+
 `--baseline OLD/src` also runs every command on another source tree (an older checkout's `src`, first on
 PYTHONPATH), right after the same command on this one, so that before and after see the same machine load; the
 table then shows both (and the script checks that both plan the same n, except for betting, a simulation).
@@ -52,16 +55,23 @@ CASES = {
 }
 
 
-def prepare(epsilon: str, folder: Path) -> Path:
-    """The example contract with this ε, prepared into `folder` (its relative data paths made absolute)."""
+def prepare(epsilon: str, folder: Path, source: Path | None = None) -> Path:
+    """The example contract with this ε, prepared into `folder` (its relative data paths made absolute) by the
+    `use prepare` of `source` (a checkout's `src`, first on PYTHONPATH), or of this tree."""
     text = CONTRACT.read_text()
     text = re.sub(r"(?m)^epsilon *=.*$", f'epsilon = "{epsilon}"', text)
     text = text.replace('"../', f'"{REPO}/')
-    source = folder / f"eps-{epsilon}" / "arith-fixed-block.toml"
-    source.parent.mkdir(parents=True, exist_ok=True)
-    source.write_text(text)
-    out = source.parent / "prepared"
-    subprocess.run([str(INVAR), "use", "prepare", str(source), "--out", str(out)], check=True, capture_output=True)
+    contract = folder / f"eps-{epsilon}" / "arith-fixed-block.toml"
+    contract.parent.mkdir(parents=True, exist_ok=True)
+    contract.write_text(text)
+    out = contract.parent / "prepared"
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(source), *filter(None, [env.get("PYTHONPATH")])])
+    done = subprocess.run([str(INVAR), "use", "prepare", str(contract), "--out", str(out)], capture_output=True,
+                          text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"use prepare failed: {done.stderr.strip()}")
     return out / "arith-fixed-block.contract.json"
 
 
@@ -94,6 +104,9 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods (default all five)")
     parser.add_argument("--baseline", type=Path, default=None, help="also time this source tree (e.g. OLD/src)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--prepare-src", type=Path, default=None,
+                        help="prepare the contract with this source tree's `use prepare` (a checkout whose worker "
+                             "digests match the contract's pins, while this one's are stale)")
     args = parser.parse_args()
     trees: dict[str, Path | None] = {"this": None}
     if args.baseline is not None:
@@ -109,7 +122,7 @@ def main() -> None:
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="plan-speed-") as scratch:
         for p_worse, p_better, epsilon in cases:
-            contract = prepare(epsilon, Path(scratch))
+            contract = prepare(epsilon, Path(scratch), args.prepare_src)
             commands = {m: ["--method", m] for m in methods}
             if len(methods) > 1:
                 commands["all"] = [arg for m in methods for arg in ("--method", m)]
