@@ -46,9 +46,9 @@ LAYERS = [
     "loop",
     "compare",
     "contract",
-    "outputs",  # the printed models the core does not return, and the table of every command's --json model
     "imported",  # decisions from exported scores: the contract's requirement, premises and decision rules
     "runner",
+    "outputs",  # the printed models the core does not return, and the table of every command's --json model
     "cli",
 ]
 """Lowest first: a unit may import only units before it."""

@@ -16,8 +16,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
+from invar.contract.outputs import DecisionContract
 from invar.docstrings import describe
+from invar.imported.outputs import ExportEvidenceOutput, UseSummaryOutput
 from invar.printed import Closed
+from invar.runner.outputs import EngineFields, InferOutput
 from invar.stats.rows import UsePlanOutput
 
 OUTPUT_SCHEMA_VERSION = "invar.outputs/1"
@@ -46,49 +49,6 @@ class VersionOutput(Closed):
 
 
 # --- engine commands: infer, evaluate, score -----------------------------------------------------------------------
-
-
-class EngineFields(Closed):
-    """What every engine command states about the implementation it ran (`EngineSpec.meta()`)."""
-
-    engine: str
-    model: str
-    model_digest: str
-    dtype: str
-    quantization: str
-    adapter: str | None
-    adapter_digest: str | None
-
-
-class InferOutputRow(Closed):
-    request_id: str
-    prompt: str
-    seed: int
-    messages: list[dict[str, str]] | None = None
-    """With `--chat`: the conversation the model's chat template rendered (the prompt is its user message)."""
-    prompt_ids: list[int] | None = None
-    """The token ids the model read (special tokens and the rendered chat template included), as the generate call
-    sent them; None only in output written before this field existed."""
-    tokens: list[int]
-    text: str
-    logprobs: list[float]
-    finish_reason: str | None
-    top_ids: list[list[int]] | None = None
-    """With `--top-logprobs K`: the K most likely token ids at each response position, most likely first."""
-    top_logprobs: list[list[float]] | None = None
-    """With `--top-logprobs K`: their log-probabilities."""
-
-
-class InferOutput(EngineFields):
-    """`invar infer --json`."""
-
-    run: str
-    patches: dict[str, str] | None = None
-    """Only when the worker ran with patches or kernels (`--patch`): reference → digest."""
-    chain_head: str
-    temperature: float
-    top_p: float
-    outputs: list[InferOutputRow]
 
 
 class KindAccuracy(Closed):
@@ -400,11 +360,6 @@ class UseRunOutput(Closed):
     sequential_stop: dict[str, Any] | None
     admit: str
     """The command that decides this run, anchored at its head."""
-
-
-class DecisionContract(Closed):
-    name: str
-    sha256: str
 
 
 class InvarianceOutput(Closed):
@@ -721,17 +676,6 @@ class UsePrepareImportedOutput(Closed):
     """By role: `reference` and `candidate`, or `table`."""
 
 
-class ExportEvidenceOutput(Closed):
-    """One export as the imported decision read it."""
-
-    role: Literal["reference", "candidate", "table"]
-    path: str
-    sha256: str
-    items: int
-    exporter: str
-    """Who computed the scores, as the file says."""
-
-
 class UseAdmitImportedOutput(Closed):
     """`invar use admit --contract C --json` of an imported contract (`ImportedDecision.to_json()`; exit 0 Admitted,
     10 Violated, 11 Unknown). No run, records or chain head: the scores are the exporter's word."""
@@ -756,55 +700,6 @@ class UseAdmitImportedOutput(Closed):
     bound: BoundOutput | None
     diagnostics: DiagnosticsOutput | RangeDiagnosticsOutput | None
     sequential: SequentialDecisionOutput | None
-
-
-class SideSummaryOutput(Closed):
-    """One side of an imported pair, as `invar evaluate` reports a policy."""
-
-    role: Literal["reference", "candidate"]
-    items: int
-    mean_loss: float
-    """The mean loss under the contract's mapping (exact sum, correctly rounded)."""
-    mean_score: float | None
-    """The mean score the exporter wrote; null for a table, which gives losses."""
-    correct: int | None
-    """0/1 losses: the items with loss 0; null for graded losses."""
-    interval: list[float]
-    """Accuracy's Clopper–Pearson interval (0/1 losses), or the mean loss's betting interval (graded)."""
-    interval_method: Literal["clopper-pearson", "betting"]
-
-
-class PairedSummaryOutput(Closed):
-    """The paired table of an imported pair."""
-
-    items: int
-    worse: int
-    """Items whose loss the candidate raised."""
-    better: int
-    """Items whose loss the candidate lowered."""
-    ties: int
-    both_right: int | None
-    """0/1 losses: ties with loss 0 on both sides."""
-    both_wrong: int | None
-    """0/1 losses: ties with loss 1 on both sides."""
-    mean_increase: float
-
-
-class UseSummaryOutput(Closed):
-    """`invar use summary CONTRACT --json`: an imported pair described (decides nothing; exit 0)."""
-
-    summary_version: str
-    evidence: Literal["imported"]
-    contract: DecisionContract
-    format: Literal["lm-eval", "inspect", "table"]
-    metric: str | None
-    loss: Literal["one-minus", "identity"]
-    loss_range: list[float] | None
-    confidence: float
-    sides: list[SideSummaryOutput]
-    """The reference, then the candidate."""
-    paired: PairedSummaryOutput
-    exports: list[ExportEvidenceOutput]
 
 
 class UseVerifyOutput(Closed):
@@ -901,7 +796,8 @@ OUTPUTS: dict[str, type[BaseModel]] = {
 """Each command's `--json` output (file stem under docs/schemas/ → its model)."""
 
 
-CORE_MODULES = ("invar.stats.rows",)
+CORE_MODULES = (
+    "invar.stats.rows", "invar.contract.outputs", "invar.imported.outputs", "invar.runner.outputs")
 """The core modules whose models a command prints as they are: the core returns them, and the tables here name
 them."""
 

@@ -2,11 +2,11 @@
 table, from the exports an imported contract pins.
 
 Decision: a summary describes the evidence and decides nothing, and is the output model `use summary` prints
-(`invar.outputs.UseSummaryOutput`), so its text and its --json are one spelling. Each side's accuracy (0/1 losses)
-carries the Clopper–Pearson interval `invar evaluate` reports, a graded side's mean loss the betting interval it
-reports; the paired table counts the items the candidate made worse, better and left alone. The exports are re-read
-and checked against the contract's digests first, exactly as `use admit` reads them, so a summary is never of other
-files than the decision's.
+(`invar.imported.outputs.UseSummaryOutput`), so its text and its --json are one spelling. Each side's accuracy
+(0/1 losses) carries the Clopper–Pearson interval `invar evaluate` reports, a graded side's mean loss the betting
+interval it reports; the paired table counts the items the candidate made worse, better and left alone. The exports
+are re-read and checked against the contract's digests first, exactly as `use admit` reads them, so a summary is
+never of other files than the decision's.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 
 from invar.imported.decide import read_pinned
-from invar.outputs import ExportEvidenceOutput, PairedSummaryOutput, SideSummaryOutput, UseSummaryOutput
+from invar.imported.outputs import ExportEvidenceOutput, PairedSummaryOutput, SideSummaryOutput, UseSummaryOutput
 from invar.stats.bounds import betting
 from invar.stats.intervals import clopper_pearson
 

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from invar.errors import EvidenceError
-from invar.outputs import InferOutput
 from invar.protocol.methods import GENERATE
 from invar.protocol.payloads import GenerateOutput, GenerateParams, GenerateRequest
 from invar.records import RunStore
 from invar.runner.engine import EngineSpec, engine_session, read_generate
 from invar.runner.options import check_context, model_context
+from invar.runner.outputs import InferOutput
 from invar.tasks import ModelTokenizer
 
 

@@ -1,0 +1,17 @@
+"""The parts of a use decision's printed form that recorded and imported decisions share.
+
+A decision names its contract the same way whichever evidence it rests on; `invar.imported.outputs` and the
+command outputs build on it.
+"""
+
+from __future__ import annotations
+
+from invar.printed import Closed
+
+
+class DecisionContract(Closed):
+    name: str
+    sha256: str
+
+
+__all__ = ["DecisionContract"]
