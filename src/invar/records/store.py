@@ -55,7 +55,7 @@ SYNCHRONOUS = "NORMAL"
 before it returns, but not synced; the log is synced at each checkpoint and at the closing record (FULL there).
 A process killed at any instant (SIGKILL, out of memory, Ctrl-C) keeps every committed record: the operating system
 holds them. An operating-system crash or power cut may lose the records after the last sync; the records left are
-a consistent prefix that verifies and resumes. FULL would sync every record (4–8 ms each on this disk, about 6 % of a
+a consistent prefix that verifies and resumes. FULL would sync every record (3.6–8 ms each on this disk, about 6 % of a
 tiny-model training cycle) to keep them through a power cut as well."""
 
 _SCHEMA = """
