@@ -1,6 +1,6 @@
 """Write the JSON Schema of every command's `--json` output to docs/schemas/<command>.schema.json.
 
-The schemas are generated from the typed models in `invar.outputs`; after changing a command's output, change its
+The schemas are generated from the typed models in `invar.cli.outputs`; after changing a command's output, change its
 model and run `.venv/bin/python scripts/schemas.py`. `--check` writes nothing and exits 1 naming each schema that
 is missing, stale, or no longer generated.
 """
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from invar.outputs import OUTPUT_SCHEMA_VERSION, OUTPUTS, documented
+from invar.cli.outputs import OUTPUT_SCHEMA_VERSION, OUTPUTS, documented
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "docs" / "schemas"
@@ -26,7 +26,7 @@ def schema(name: str) -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"urn:{OUTPUT_SCHEMA_VERSION.replace('/', ':')}:{name}",
-        "$comment": f"The output of `{command} --json`. Generated from invar.outputs by scripts/schemas.py; "
+        "$comment": f"The output of `{command} --json`. Generated from invar.cli.outputs by scripts/schemas.py; "
                     "do not edit by hand.",
         **body,
     }
@@ -47,7 +47,7 @@ def stale() -> list[str]:
             problems.append(f"{path.relative_to(ROOT)} is stale")
     for path in sorted(FOLDER.glob("*.schema.json")):
         if path.name.removesuffix(".schema.json") not in OUTPUTS:
-            problems.append(f"{path.relative_to(ROOT)} has no model in invar.outputs")
+            problems.append(f"{path.relative_to(ROOT)} has no model in invar.cli.outputs")
     return problems
 
 

@@ -48,8 +48,7 @@ LAYERS = [
     "contract",
     "imported",  # decisions from exported scores: the contract's requirement, premises and decision rules
     "runner",
-    "outputs",  # the printed models the core does not return, and the table of every command's --json model
-    "cli",
+    "cli",  # with cli/outputs.py: the printed models the core does not return, and the table of every --json model
 ]
 """Lowest first: a unit may import only units before it."""
 

@@ -1,5 +1,5 @@
 """Field docstrings read from a module's source when something shows them: the output schemas
-(`invar.outputs.documented`) and `invar train --help` (`invar.loop.config.field_help`).
+(`invar.cli.outputs.documented`) and `invar train --help` (`invar.loop.config.field_help`).
 
 Decision: the models keep their fields documented the way the rest of the code is (a string right under the
 field), but pydantic's `use_attribute_docstrings` reads the source of every class while its module is imported,

@@ -1,6 +1,6 @@
 """Every command's `--json` is its output model's own serialisation (`emit_model`), not a dict built beside the
 model: no command module writes through `emit_json`, and what each command prints is what its model in
-`invar.outputs` dumps (shown here with the engine's part scripted or served by the in-process fake worker;
+`invar.cli.outputs` dumps (shown here with the engine's part scripted or served by the in-process fake worker;
 `tests/cli/test_schemas.py` runs every command on a real engine and validates its output against the schema)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from runner.train_helpers import write_config
 from support.fake_worker import FakeTransport
 from typer.testing import CliRunner
 
-from invar import outputs
+from invar.cli import outputs
 from invar.cli.app import app
 from invar.loop import history as loop_history
 from invar.loop.config import read_config
@@ -43,7 +43,7 @@ COMMANDS = {
     ("keys.py", "new"), ("compare.py", "numerical"), ("compare.py", "histories"),
     ("imported.py", "summary_imported_cmd"), ("kernel.py", "check_cmd"),
 }
-"""Every command function with a `--json` (one per model in `invar.outputs.OUTPUTS`)."""
+"""Every command function with a `--json` (one per model in `invar.cli.outputs.OUTPUTS`)."""
 
 
 def _emitters() -> Iterator[tuple[tuple[str, str], str, ast.Call]]:

@@ -55,7 +55,7 @@ def test_the_engine_tables_names_are_the_runners_and_the_digests() -> None:
 # Not for the help of a command that runs an engine, inspects a run or compares runs.
 _NOT_FOR_HELP = ("numpy", "scipy", "msgpack", "rich", "cryptography", "invar.canonical", "invar.records",
                  "invar.transport", "invar.protocol", "invar.runner", "invar.contract", "invar.stats", "invar.tasks",
-                 "invar.outputs", "invar.compare", "invar.loop")
+                 "invar.cli.outputs", "invar.compare", "invar.loop")
 
 
 @pytest.mark.parametrize("args", [["evaluate", "--help"], ["infer", "--help"], ["inspect", "--help"],

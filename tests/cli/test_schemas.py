@@ -16,8 +16,8 @@ import jsonschema
 import pytest
 
 from invar import canonical
+from invar.cli.outputs import OUTPUTS
 from invar.engines import DEFAULT_MODEL
-from invar.outputs import OUTPUTS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belong to
 
@@ -153,7 +153,7 @@ def test_a_changed_model_makes_its_schema_stale(tmp_path: Path, monkeypatch: pyt
     (tmp_path / "use-admit.schema.json").write_text(json.dumps(edited), encoding="utf-8")
     (tmp_path / "gone.schema.json").write_text("{}", encoding="utf-8")
     assert script.stale() == [f"{tmp_path.name}/use-admit.schema.json is stale",
-                              f"{tmp_path.name}/gone.schema.json has no model in invar.outputs"]
+                              f"{tmp_path.name}/gone.schema.json has no model in invar.cli.outputs"]
     proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "schemas.py"), "--check"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

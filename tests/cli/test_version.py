@@ -104,7 +104,7 @@ def test_help_imports_no_command_module_and_no_heavy_library() -> None:
 # and msgpack (the arrays and the protocol's encoding), the statistics (scipy), receipts (cryptography), the tokenizer
 # and the progress display (rich), and other commands. pydantic itself stays (typer 0.29 builds every command's
 # parameters through it).
-_NOT_FOR_USE_HELP = ("numpy", "msgpack", "scipy", "cryptography", "tokenizers", "jinja2", "rich", "invar.outputs",
+_NOT_FOR_USE_HELP = ("numpy", "msgpack", "scipy", "cryptography", "tokenizers", "jinja2", "rich", "invar.cli.outputs",
                      "invar.contract", "invar.stats", "invar.tasks", "invar.evidence", "invar.runner.use_run",
                      "invar.runner.evaluate", "invar.cli.evaluate", "invar.cli.progress")
 

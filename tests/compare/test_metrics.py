@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy.special import log_softmax, rel_entr
 
+from invar.cli.outputs import GenerationSummary
 from invar.compare.metrics import (
     compare_capture,
     compare_sequences,
@@ -25,7 +26,6 @@ from invar.compare.metrics import (
     ulp_distance,
 )
 from invar.compare.numerical import NumericalComparison, UnitResult
-from invar.outputs import GenerationSummary
 
 
 def _capture(rng: np.random.Generator, v: int, scale: float = 4.0) -> np.ndarray:

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 import torch
 
-from invar.outputs import KernelCheckOutput
+from invar.cli.outputs import KernelCheckOutput
 from invar.tasks.population import load_units
 from invar.workers.kernel_check import max_ulp
 

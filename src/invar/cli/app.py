@@ -26,7 +26,7 @@ from invar.interrupts import Stopped, Terminated, interruption
 if TYPE_CHECKING:
     from typer import _click as click  # the click typer's commands are built on (its own copy, in typer ≥ 0.20)
 
-    from invar.outputs import VersionOutput
+    from invar.cli.outputs import VersionOutput
 
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "infer": ("invar.cli.infer", "infer",
@@ -176,10 +176,10 @@ the installed metadata, so `--version` never imports an engine."""
 
 def versions() -> VersionOutput:
     """The core's version, the versions of the decision arithmetic, and each engine's installed packages."""
+    from invar.cli.outputs import OUTPUT_SCHEMA_VERSION, EngineVersions, VersionOutput  # pydantic models: built on use
     from invar.contract import plan
     from invar.contract.decide import DECISION_VERSION
     from invar.loop.objective import OBJECTIVE_VERSION
-    from invar.outputs import OUTPUT_SCHEMA_VERSION, EngineVersions, VersionOutput  # pydantic models: built on use
     from invar.protocol.messages import PROTOCOL_VERSION
     from invar.records.store import SCHEMA_VERSION
     from invar.stats.bounds import VERSIONS

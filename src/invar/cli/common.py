@@ -83,7 +83,7 @@ def emit_json(obj: Any) -> None:
 
 
 def emit_model(output: BaseModel, *, exclude_none: bool = False, exclude_unset: bool = False) -> None:
-    """Print a command's `--json` as its model in `invar.outputs` serialises it: the model that generates the
+    """Print a command's `--json` as its model in `invar.cli.outputs` serialises it: the model that generates the
     command's published schema is the one that prints it, so the two cannot drift (a field the command sets but the
     model lacks, or one it leaves out, is an error before anything is printed).
 

@@ -227,7 +227,7 @@ def numerical(
             written = write_report(result, report)
             result.sources["report"] = [str(p) for p in written]
     if json_out:
-        from invar.outputs import CompareNumericalOutput  # the models cost a start that prints text nothing
+        from invar.cli.outputs import CompareNumericalOutput  # the models cost a start that prints text nothing
 
         emit_model(CompareNumericalOutput.model_validate({**result.to_json(), "decision": result.decision}),
                    exclude_unset=True)
@@ -251,7 +251,7 @@ def histories(
 
     result = compare_histories(run_a, run_b)
     if json_out:
-        from invar.outputs import CompareHistoriesOutput
+        from invar.cli.outputs import CompareHistoriesOutput
 
         emit_model(CompareHistoriesOutput.model_validate(result.to_json()), exclude_unset=True)
     else:

@@ -143,7 +143,7 @@ def evaluate(
     if rows is not None:  # not in the run's meta: the records already hold every response
         result["responses"] = rows
     if as_json:
-        from invar.outputs import EvaluateAnyOutput  # the models cost a start that prints text nothing
+        from invar.cli.outputs import EvaluateAnyOutput  # the models cost a start that prints text nothing
 
         # The evaluation as the run's meta keeps it, validated by the output's model and printed as it.
         emit_model(EvaluateAnyOutput.model_validate(result), exclude_unset=True)

@@ -34,7 +34,7 @@ def history(
     if plot is not None:
         draw(h, plot)
     if as_json:
-        from invar.outputs import HistoryCycle, InspectHistoryOutput  # the models cost a text-only start
+        from invar.cli.outputs import HistoryCycle, InspectHistoryOutput  # the models cost a text-only start
 
         emit_model(InspectHistoryOutput(
             run=str(h.run), chain_head=h.head, closed=h.closed, config=h.config.canonical(),

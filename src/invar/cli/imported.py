@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from invar.imported.decide import PreparedImport
-    from invar.outputs import UseSummaryOutput
+    from invar.imported.outputs import UseSummaryOutput
 
 
 def render_prepared(prepared: PreparedImport) -> str:

@@ -28,8 +28,8 @@ def records(run: RunDir, expect_head: ExpectHeadOpt = None, as_json: JsonOpt = F
     from rich.console import Console
     from rich.table import Table
 
+    from invar.cli.outputs import CallLogRow, InspectRecordsOutput
     from invar.cli.progress import reporting
-    from invar.outputs import CallLogRow, InspectRecordsOutput
     from invar.records import RunStore
 
     rows: list[CallLogRow] = []

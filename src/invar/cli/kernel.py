@@ -75,7 +75,7 @@ def check_cmd(
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     if json_out:
         from invar.cli.common import emit_model
-        from invar.outputs import KernelCheckOutput
+        from invar.cli.outputs import KernelCheckOutput
 
         # The model that generates docs/schemas/kernel-check.schema.json is the one that prints the report.
         emit_model(KernelCheckOutput.model_validate(report))

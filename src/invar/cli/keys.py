@@ -23,7 +23,7 @@ def new(
 
     key, pub, fp = new_key_pair(out, name)
     if as_json:
-        from invar.outputs import KeysNewOutput  # the models cost a start that prints text nothing
+        from invar.cli.outputs import KeysNewOutput  # the models cost a start that prints text nothing
 
         emit_model(KeysNewOutput(private_key=str(key), public_key=str(pub), key_sha256=fp))
         return

@@ -124,7 +124,7 @@ def score(
     meta, head, counts = done.meta, done.head, done.counts
     vocab = ModelTokenizer.from_model_dir(model)
     if as_json:
-        from invar.outputs import ScoreOutput  # the models cost a start that prints text nothing
+        from invar.cli.outputs import ScoreOutput  # the models cost a start that prints text nothing
 
         result = {"run": str(run_dir), "chain_head": head, **meta, **counts,
                   "items": [_json_item(out, vocab) for out in kept]}

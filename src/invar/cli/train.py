@@ -49,7 +49,7 @@ def train(
         outcome = run_training(config, run_dir, call_timeout=call_timeout, progress=_progress(shown), ray=ray)
     ck = outcome.checkpoint
     if json_out:
-        from invar.outputs import TrainCheckpoint, TrainOutput  # the models cost a start that prints text nothing
+        from invar.cli.outputs import TrainCheckpoint, TrainOutput  # the models cost a start that prints text nothing
 
         emit_model(TrainOutput(
             run=str(outcome.run), config=str(outcome.config), config_digest=outcome.config_digest,

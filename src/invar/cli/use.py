@@ -58,7 +58,7 @@ def prepare_cmd(
 
     A declaration with an [imported] table names two evaluation exports instead of packages (docs/ci.md): each
     export is read, paired and pinned by its digest."""
-    from invar import outputs
+    from invar.cli import outputs
     from invar.contract.prepare import prepare
     from invar.imported import is_imported_declaration
 
@@ -98,7 +98,7 @@ def prepare_cmd(
 
 def prepare_imported_cmd(declaration: Path, out: Path | None, json_out: bool) -> None:
     """`use prepare` of a declaration with [imported]: pin each export and print the contract's digest."""
-    from invar import outputs
+    from invar.cli import outputs
     from invar.cli.imported import render_prepared
     from invar.imported import prepare_imported
 
@@ -326,7 +326,7 @@ def package_cmd(
     folder's config.json: equal, premise (a field the package's settings make a premise) or refused (`use run`
     refuses it unless the package declares it in `known_premises`).
     """
-    from invar import outputs
+    from invar.cli import outputs
     from invar.engines import worker_digest
     from invar.patches import select
     from invar.runner.engine import EngineSpec, probe_effective, probe_identity, session_premises
@@ -416,7 +416,7 @@ def run_cmd(
 
     Ends with the run's chain head (keep it) and the command that decides the run.
     """
-    from invar import outputs
+    from invar.cli import outputs
     from invar.cli.progress import reporting
     from invar.runner.engine import default_run_dir
     from invar.runner.options import check_sampling
@@ -505,7 +505,7 @@ def admit_cmd(
     from the exports the contract pins, and says so."""
     import time
 
-    from invar import outputs
+    from invar.cli import outputs
     from invar.cli.ci import append_summary, write_junit
     from invar.cli.decisions import headline, render_decision
     from invar.cli.progress import admission_steps, reporting
@@ -557,7 +557,7 @@ def admit_imported_cmd(contract: Path, junit: Path | None, summary: Path | None,
     """`use admit` of an imported contract: decide from the exports it pins, report, exit with the answer's code."""
     import time
 
-    from invar import outputs
+    from invar.cli import outputs
     from invar.cli.ci import append_summary, write_junit
     from invar.cli.decisions import headline, render_imported
     from invar.contract.decide import EXIT_CODES
@@ -611,7 +611,7 @@ def verify_cmd(
     Needs --public-key (the issuer's key) or --trust-embedded-key. Exit 0 when every field matches and the signature
     is valid; 2, naming what is wrong, otherwise.
     """
-    from invar import outputs
+    from invar.cli import outputs
     from invar.cli.progress import admission_steps, reporting
     from invar.contract.receipt import verify_receipt
 

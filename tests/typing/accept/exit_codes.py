@@ -1,7 +1,7 @@
 """An answer maps to its exit status; an agent reads the typed --json output of `use admit`."""
 
+from invar.cli.outputs import UseAdmitOutput
 from invar.contract.decide import EXIT_CODES, Answer
-from invar.outputs import UseAdmitOutput
 
 
 def status(answer: Answer) -> int:

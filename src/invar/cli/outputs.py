@@ -1,11 +1,13 @@
-"""The shapes of every command's `--json` output, as typed models.
+"""The shapes of every command's `--json` output, as typed models: the table of them all, and those only the CLI
+builds.
 
 `scripts/schemas.py` turns each model into a JSON Schema under docs/schemas/ (`<command>.schema.json`), and the
-tests validate each command's real output against it. A model here is what a command prints: each command builds
-its model (or validates the core's own JSON into it, where a receipt or the records keep that JSON too) and prints
-the model's serialisation (`invar.cli.common.emit_model`), so a field the core renames without a change here is
-an error before anything is printed. Closed objects forbid fields they do not name; maps keyed by data (engines,
-packages, kinds) are open by nature.
+tests validate each command's real output against it. A model is what a command prints. Where the core returns it
+(the plan's rows, infer's output, use summary's), it lives in the core (`CORE_MODULES`) and the command prints it as
+it is; the rest live here: each command builds its model (or validates the core's own JSON into it, where a receipt
+or the records keep that JSON too) and prints the model's serialisation (`invar.cli.common.emit_model`), so a field
+the core renames without a change here is an error before anything is printed. Closed objects forbid fields they do
+not name; maps keyed by data (engines, packages, kinds) are open by nature.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from invar.contract.outputs import DecisionContract
 from invar.docstrings import describe
-from invar.imported.outputs import ExportEvidenceOutput, UseSummaryOutput
+from invar.imported.outputs import ExportEvidenceOutput
+from invar.imported.outputs import UseSummaryOutput as UseSummaryOutput  # in the table; the core returns it
 from invar.printed import Closed
-from invar.runner.outputs import EngineFields, InferOutput
-from invar.stats.rows import UsePlanOutput
+from invar.runner.outputs import EngineFields
+from invar.runner.outputs import InferOutput as InferOutput  # in the table; the core returns it
+from invar.stats.rows import UsePlanOutput as UsePlanOutput  # in the table; the core returns it
 
 OUTPUT_SCHEMA_VERSION = "invar.outputs/1"
 """Names this set of output shapes; a change to any of them that can break a reader changes it."""
