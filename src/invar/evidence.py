@@ -24,7 +24,7 @@ and admission (which checks each recorded one again), so that neither has to imp
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -324,6 +324,11 @@ class Difference:
     """The expected value at `where` (None where `unexpected`)."""
     actual: Any
     """The actual value at `where` (None where `missing`)."""
+
+    def said(self, words: Mapping[str, Callable[[Difference], str]]) -> str:
+        """This difference in a check's own words: `words[kind]`, or `words["other"]` for a kind the check does not
+        tell apart."""
+        return words.get(self.kind, words["other"])(self)
 
 
 def first_difference(expected: Any, actual: Any, where: str) -> Difference | None:

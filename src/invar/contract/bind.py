@@ -31,7 +31,7 @@ from invar.compare.runs import ScoredItem, check_score_output
 from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
 from invar.errors import EvidenceError
-from invar.evidence import check_patches_active, first_difference
+from invar.evidence import Difference, check_patches_active, first_difference
 from invar.protocol.payloads import GenerateResult
 from invar.records.store import CallRecord, CallStream, RunStore, Verification
 from invar.stats.sequential import SequentialDecision
@@ -91,21 +91,26 @@ class CallEvidence:
 def _first_difference(expected: Any, actual: Any, where: str) -> str | None:
     """The first place two decoded values differ (types included), as `where: what`; None if equal."""
     diff = first_difference(expected, actual, where)
-    if diff is None:
-        return None
-    at, e, a = diff.where, diff.expected, diff.actual
-    if diff.kind == "missing":
-        return f"{at} is missing (the contract has {e!r})"
-    if diff.kind == "unexpected":
-        return f"{at} is not in the contract"
-    if diff.kind == "length":
-        return f"{at} has {len(a)} entries, the contract's has {len(e)}"
+    return None if diff is None else diff.said(_RECORD_WORDS)
+
+
+def _other_value(d: Difference) -> str:
+    e, a = d.expected, d.actual
     if isinstance(e, np.ndarray) and isinstance(a, np.ndarray):
-        return (f"{at} is a {a.dtype} array of shape {a.shape} in the record, not the {e.dtype} array of shape "
+        return (f"{d.where} is a {a.dtype} array of shape {a.shape} in the record, not the {e.dtype} array of shape "
                 f"{e.shape} the plan and the recorded responses give")
     if isinstance(e, np.ndarray) or isinstance(a, np.ndarray):
-        return f"{at} is {canonical.show(a)} in the record, {canonical.show(e)} in the contract"
-    return f"{at} is {a!r} in the record, {e!r} in the contract"
+        return f"{d.where} is {canonical.show(a)} in the record, {canonical.show(e)} in the contract"
+    return f"{d.where} is {a!r} in the record, {e!r} in the contract"
+
+
+_RECORD_WORDS: dict[str, Callable[[Difference], str]] = {
+    "missing": lambda d: f"{d.where} is missing (the contract has {d.expected!r})",
+    "unexpected": lambda d: f"{d.where} is not in the contract",
+    "length": lambda d: f"{d.where} has {len(d.actual)} entries, the contract's has {len(d.expected)}",
+    "other": _other_value,
+}
+"""How admission says where a record differs from what the contract and the plan give."""
 
 
 def _anchor_of(rec: CallRecord, load: CallRecord) -> dict[str, Any]:

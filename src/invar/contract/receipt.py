@@ -46,7 +46,7 @@ from invar.contract.admit import Step, admit
 from invar.contract.decide import Decision
 from invar.contract.model import Contract, read_contract
 from invar.errors import EvidenceError, InvarError
-from invar.evidence import first_difference
+from invar.evidence import Difference, first_difference
 from invar.owner_files import read_regular_file
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -384,19 +384,21 @@ def _first_difference(expected: Any, actual: Any, where: str) -> str | None:
     """The first place `actual` differs from `expected`, comparing keys, JSON types and values (1, 1.0 and true are
     three different things here)."""
     diff = first_difference(expected, actual, where)
-    if diff is None:
-        return None
-    at, e, a = diff.where, diff.expected, diff.actual
-    if diff.kind == "missing":
-        return f"{at} is missing from the receipt, {e!r} recomputed from the records"
-    if diff.kind == "unexpected":
-        return f"{at} is an unknown field (the records give no such field)"
-    if diff.kind == "length":
-        return f"{at} holds {len(a)} entries in the receipt, {len(e)} recomputed from the records"
-    if diff.kind == "type":
-        return (f"{at} is a JSON {_type_name(a)} ({canonical.show(a, 60)}) in the receipt, a JSON "
-                f"{_type_name(e)} ({canonical.show(e, 60)}) recomputed from the records")
-    return f"{at} is {canonical.show(a, 100)} in the receipt, {canonical.show(e, 100)} recomputed from the records"
+    return None if diff is None else diff.said(_RECEIPT_WORDS)
+
+
+_RECEIPT_WORDS: dict[str, Callable[[Difference], str]] = {
+    "missing": lambda d: f"{d.where} is missing from the receipt, {d.expected!r} recomputed from the records",
+    "unexpected": lambda d: f"{d.where} is an unknown field (the records give no such field)",
+    "length": lambda d: f"{d.where} holds {len(d.actual)} entries in the receipt, {len(d.expected)} recomputed from "
+                        "the records",
+    "type": lambda d: (f"{d.where} is a JSON {_type_name(d.actual)} ({canonical.show(d.actual, 60)}) in the receipt, "
+                       f"a JSON {_type_name(d.expected)} ({canonical.show(d.expected, 60)}) recomputed from the "
+                       "records"),
+    "other": lambda d: (f"{d.where} is {canonical.show(d.actual, 100)} in the receipt, "
+                        f"{canonical.show(d.expected, 100)} recomputed from the records"),
+}
+"""How receipt verification says where a receipt differs from what the records give."""
 
 
 # --- verifying -----------------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from invar.engines import Transport, start_worker
 from invar.engines import launch_args as launch_args
 from invar.engines import parse_launch_settings as parse_launch_settings
 from invar.errors import EvidenceError, InvarError, ProtocolError
-from invar.evidence import first_difference
+from invar.evidence import Difference, first_difference
 from invar.formats.model_config import check_effective
 from invar.protocol import Identity, Role
 from invar.protocol.methods import LOAD_ADAPTER, LOAD_MODEL, Method, Wire
@@ -54,13 +54,15 @@ ADAPTER_NAME = "policy"
 
 def _difference(expected: Any, actual: Any, where: str) -> str | None:
     diff = first_difference(expected, actual, where)
-    if diff is None:
-        return None
-    if diff.kind == "missing":
-        return f"{diff.where} is missing from the worker's identity (the contract has {diff.expected!r})"
-    if diff.kind == "unexpected":
-        return f"{diff.where} = {diff.actual!r} in the worker's identity is not in the contract"
-    return f"{diff.where} is {diff.actual!r} in the worker's identity, {diff.expected!r} in the contract"
+    return None if diff is None else diff.said(_IDENTITY_WORDS)
+
+
+_IDENTITY_WORDS: dict[str, Callable[[Difference], str]] = {
+    "missing": lambda d: f"{d.where} is missing from the worker's identity (the contract has {d.expected!r})",
+    "unexpected": lambda d: f"{d.where} = {d.actual!r} in the worker's identity is not in the contract",
+    "other": lambda d: f"{d.where} is {d.actual!r} in the worker's identity, {d.expected!r} in the contract",
+}
+"""How a start says where a worker's identity differs from the package the contract names."""
 
 
 def check_identity(identity: Identity, engine_version: Mapping[str, str], settings: Mapping[str, Any],
