@@ -139,6 +139,22 @@ def test_a_nan_kernels_run_is_closed_at_the_call_and_decided_violated(tmp_path: 
     assert "already complete" in again.stdout
 
 
+@pytest.mark.parametrize("measurements", [{"capture_steps": [0, "last"], "max_kl": "0.0001"}])
+def test_a_run_closed_at_a_nan_call_under_measurements_is_decided(tmp_path: Path, measurements: dict[str, Any]) -> None:
+    """The contract `use init --candidate-patch` proposes has measurements: the plan's measurement calls after the
+    non-finite call were never made, and admission decides from the recorded error without them (a receipt binds
+    the measurement records made before it)."""
+    ws = make_workspace(tmp_path, units=32, reference={"engine_version": ENGINE_VERSION},
+                        candidate={"engine_version": ENGINE_VERSION, "patches": None},
+                        execution={"requests_per_call": 8}, measurements=measurements)
+    outcome = use_run(ws.contract_path, tmp_path / "run", transport=FakeTransport(_nan_on_the_candidates_second_call()))
+    assert outcome.nonfinite is not None
+    decision = admit(ws.contract_path, tmp_path / "run")
+    assert decision.answer.value == "Violated"
+    assert decision.nonfinite is not None
+    assert receipt_body(decision)["figures"]["nonfinite"] == decision.nonfinite.to_json()
+
+
 class NonFiniteOutput(RuntimeError):
     """Raised by the fake engine as the hf worker raises its own: the worker answers the call with this error type."""
 

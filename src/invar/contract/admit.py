@@ -232,7 +232,9 @@ def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str |
     return _Read(
         head=verification.head, records=verification.records, plan_version=plan.version,
         evidence=tuple(found[c.key] for c in plan.calls if c.key in found),
-        measurement_evidence=tuple(bound_evidence.measured[m.key] for m in plan.measurements), measured=measured,
+        # A run closed at a non-finite candidate call holds the measurement calls made before it, not the plan's all.
+        measurement_evidence=tuple(bound_evidence.measured[m.key] for m in plan.measurements
+                                   if nonfinite is None or m.key in bound_evidence.measured), measured=measured,
         ref_evidence=ref_evidence, cand_evidence=cand_evidence, ref_loss=ref_loss, cand_loss=cand_loss,
         stopped=stopped,
         invariance=invariance,
