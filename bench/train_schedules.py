@@ -135,7 +135,7 @@ def main() -> int:
                        first_differing_cycle=None if cmp.first_difference is None else cmp.first_difference.cycle,
                        knobs={k: list(v) for k, v in cmp.knobs.items()},
                        first_diff=None if cmp.first_difference is None or cmp.first_difference.diff is None
-                       else cmp.first_difference.diff.to_json())
+                       else cmp.first_difference.diff.model_dump())
         rows.append(row)
         print(json.dumps(row), flush=True)
     result: dict[str, Any] = {"config": str(args.config), "cycles": args.cycles, "runs": str(out), "schedules": rows}

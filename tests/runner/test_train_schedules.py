@@ -55,7 +55,7 @@ def compare(a: Path, b: Path, *, cli: bool = False) -> tuple[int, dict[str, Any]
     """`invar compare histories A B --json` (in this process unless `cli`: the command is run for one pair)."""
     if not cli:
         result = compare_histories(a, b)
-        return result.exit_code, json.loads(json.dumps(result.to_json()))
+        return result.exit_code, result.output().model_dump(mode="json")
     out = invar("compare", "histories", a, b, "--json")
     assert out.returncode in (0, 10), out.stderr
     return out.returncode, json.loads(out.stdout)

@@ -251,9 +251,7 @@ def histories(
 
     result = compare_histories(run_a, run_b)
     if json_out:
-        from invar.cli.outputs import CompareHistoriesOutput
-
-        emit_model(CompareHistoriesOutput.model_validate(result.to_json()), exclude_unset=True)
+        emit_model(result.output(), exclude_unset=True)
     else:
         typer.echo(render(result))
     raise typer.Exit(result.exit_code)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
+from invar.compare.outputs import CompareHistoriesOutput as CompareHistoriesOutput  # in the table; the core returns it
 from invar.contract.outputs import DecisionContract
 from invar.docstrings import describe
 from invar.imported.outputs import ExportEvidenceOutput
@@ -734,48 +735,6 @@ class KeysNewOutput(Closed):
     key_sha256: str
 
 
-class TensorDiffOutput(Closed):
-    """Where two checkpoints' tensors part: the first differing tensor and the totals over all of them."""
-
-    file: str
-    tensor: str
-    elements: int
-    size: int
-    max_abs_delta: float
-    tensors_differing: int
-    elements_differing: int
-
-
-class CycleHistoriesRow(Closed):
-    cycle: int
-    identical: bool
-    checkpoint_a: str
-    checkpoint_b: str
-    checkpoints_identical: bool
-    consumed_same: bool
-    responses_same: bool
-    diff: TensorDiffOutput | None
-
-
-class HistoriesRun(Closed):
-    run: str
-    closed: bool
-    chain_head: str
-    cycles: int
-
-
-class CompareHistoriesOutput(Closed):
-    """`invar compare histories --json` (exit 0 identical, 10 differ)."""
-
-    verdict: Literal["identical", "differ"]
-    runs: list[HistoriesRun]
-    schedule_knobs_differing: dict[str, list[Any]]
-    """Knob → [run A's value, run B's value], for the schedule knobs that differ."""
-    cycles_compared: int
-    first_differing_cycle: int | None
-    cycles: list[CycleHistoriesRow]
-
-
 OUTPUTS: dict[str, type[BaseModel]] = {
     "version": VersionOutput,
     "infer": InferOutput,
@@ -801,7 +760,8 @@ OUTPUTS: dict[str, type[BaseModel]] = {
 
 
 CORE_MODULES = (
-    "invar.stats.rows", "invar.contract.outputs", "invar.imported.outputs", "invar.runner.outputs")
+    "invar.stats.rows", "invar.compare.outputs", "invar.contract.outputs", "invar.imported.outputs",
+    "invar.runner.outputs")
 """The core modules whose models a command prints as they are: the core returns them, and the tables here name
 them."""
 

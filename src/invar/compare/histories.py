@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from invar import canonical
+from invar.compare.outputs import CompareHistoriesOutput, CycleHistoriesRow, HistoriesRun, TensorDiffOutput
 from invar.errors import EvidenceError, InvarError, RecordError
 from invar.formats.checkpoint import MLX_WEIGHTS, OPTIMIZER_WEIGHTS, PEFT_WEIGHTS, CheckpointError, read_safetensors
 from invar.loop.config import TrainConfig
@@ -83,42 +84,22 @@ class RunHistory:
 
 
 @dataclass(frozen=True)
-class TensorDiff:
-    """Where two checkpoints' tensors part: the first differing tensor and the totals over all of them."""
-
-    file: str
-    tensor: str
-    elements: int
-    """Elements of the first differing tensor whose bits differ."""
-    size: int
-    max_abs_delta: float
-    tensors_differing: int
-    elements_differing: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "tensor": self.tensor, "elements": self.elements, "size": self.size,
-                "max_abs_delta": self.max_abs_delta, "tensors_differing": self.tensors_differing,
-                "elements_differing": self.elements_differing}
-
-
-@dataclass(frozen=True)
 class CycleComparison:
     cycle: int
     digest_a: str
     digest_b: str
     consumed_same: bool
     responses_same: bool
-    diff: TensorDiff | None = None
+    diff: TensorDiffOutput | None = None
 
     @property
     def identical(self) -> bool:
         return self.digest_a == self.digest_b and self.consumed_same
 
-    def to_json(self) -> dict[str, Any]:
-        return {"cycle": self.cycle, "identical": self.identical, "checkpoint_a": self.digest_a,
-                "checkpoint_b": self.digest_b, "checkpoints_identical": self.digest_a == self.digest_b,
-                "consumed_same": self.consumed_same, "responses_same": self.responses_same,
-                "diff": None if self.diff is None else self.diff.to_json()}
+    def output(self) -> CycleHistoriesRow:
+        return CycleHistoriesRow(cycle=self.cycle, identical=self.identical, checkpoint_a=self.digest_a,
+                                 checkpoint_b=self.digest_b, checkpoints_identical=self.digest_a == self.digest_b,
+                                 consumed_same=self.consumed_same, responses_same=self.responses_same, diff=self.diff)
 
 
 @dataclass(frozen=True)
@@ -142,17 +123,18 @@ class HistoriesComparison:
     def exit_code(self) -> int:
         return EXIT_IDENTICAL if self.identical else EXIT_DIFFER
 
-    def to_json(self) -> dict[str, Any]:
+    def output(self) -> CompareHistoriesOutput:
+        """What `compare histories --json` prints."""
         first = self.first_difference
-        return {
-            "verdict": "identical" if self.identical else "differ",
-            "runs": [{"run": str(r.path), "closed": r.closed, "chain_head": r.head, "cycles": len(r.cycles)}
-                     for r in (self.a, self.b)],
-            "schedule_knobs_differing": {k: list(v) for k, v in self.knobs.items()},
-            "cycles_compared": len(self.cycles),
-            "first_differing_cycle": None if first is None else first.cycle,
-            "cycles": [c.to_json() for c in self.cycles],
-        }
+        return CompareHistoriesOutput(
+            verdict="identical" if self.identical else "differ",
+            runs=[HistoriesRun(run=str(r.path), closed=r.closed, chain_head=r.head, cycles=len(r.cycles))
+                  for r in (self.a, self.b)],
+            schedule_knobs_differing={k: list(v) for k, v in self.knobs.items()},
+            cycles_compared=len(self.cycles),
+            first_differing_cycle=None if first is None else first.cycle,
+            cycles=[c.output() for c in self.cycles],
+        )
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -259,7 +241,7 @@ def check_comparable(a: RunHistory, b: RunHistory) -> dict[str, tuple[Any, Any]]
     return {k: (a.config.get(k), b.config.get(k)) for k in differ}
 
 
-def _tensor_diff(folder_a: Path, folder_b: Path) -> TensorDiff | None:
+def _tensor_diff(folder_a: Path, folder_b: Path) -> TensorDiffOutput | None:
     first: tuple[str, str, int, int, float] | None = None
     tensors = elements = 0
     for name in _WEIGHT_FILES:
@@ -291,7 +273,8 @@ def _tensor_diff(folder_a: Path, folder_b: Path) -> TensorDiff | None:
                 first = (name, tensor, count, int(x.size), delta)
     if first is None:
         return None
-    return TensorDiff(first[0], first[1], first[2], first[3], first[4], tensors, elements)
+    return TensorDiffOutput(file=first[0], tensor=first[1], elements=first[2], size=first[3], max_abs_delta=first[4],
+                            tensors_differing=tensors, elements_differing=elements)
 
 
 def compare_histories(run_a: Path, run_b: Path) -> HistoriesComparison:
