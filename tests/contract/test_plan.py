@@ -168,15 +168,15 @@ def test_each_call_s_digest_is_the_canonical_digest_of_its_params(tmp_path: Path
     ws = make_workspace(tmp_path, units=12)
     units = [u.scored() for u in ws.plan.units]
     odd: dict[Role, PromptEncoder] = {"reference": lambda u: (f"{u.prompt} é ✓ \x00", [2**64 - 1, 0, 2**31]),
-                                      "candidate": lambda u: (u.prompt, [])}
+                                      "candidate": lambda u: (str(u.prompt), [])}
     plan = derive_plan(ws.contract, ws.sha256, units, odd)
     for call in plan.calls:
         assert call.params_digest == canonical.digest(call.params.to_wire())
-    for bad in ("\ud800", [2**64]):
-        wrong: dict[Role, PromptEncoder] = {
-            "reference": lambda u, bad=bad: (bad if isinstance(bad, str) else u.prompt,
-                                             bad if isinstance(bad, list) else [1]),
-            "candidate": lambda u: (u.prompt, [1])}
+    for text, ids in (("\ud800", [1]), ("x", [2**64])):
+        def refused(u: object, t: str = text, i: list[int] = ids) -> tuple[str, list[int]]:
+            return t, i
+
+        wrong: dict[Role, PromptEncoder] = {"reference": refused, "candidate": lambda u: (str(u.prompt), [1])}
         with pytest.raises(canonical.CanonicalError):
             derive_plan(ws.contract, ws.sha256, units, wrong)
 
