@@ -265,9 +265,8 @@ def table(results: dict[str, Any]) -> str:
         steps = r["steps_s"]
         rows.append(
             f"| `{name}` | {r['class']} | {op} | {model_in} | **{d['answer']}** | {short_reason(d['reason'])} | "
-            f"{inv['units_differing']} / {lost(inv)} / {inv['reference_units_differing']} / "
-            f"{inv['candidate_units_differing']} | "
-            f"{d['task_bound_only']} | {loss['reference_loss']} → {loss['candidate_loss']} "
+            f"{layout_counts(inv)} | "
+            f"{d['task_bound_only'] or '–'} | {loss['reference_loss']} → {loss['candidate_loss']} "
             f"({loss['worse']}/{loss['better']}) | {worst} | {r['new_folder_to_decision_s']:.0f} s "
             f"(run {steps.get('run', 0):.0f} s) |")
     return "\n".join(rows)
@@ -276,6 +275,15 @@ def table(results: dict[str, Any]) -> str:
 def stop_line(line: str) -> str:
     """The refusal without the `invar: error:` prefix and the resume advice."""
     return line.removeprefix("invar: error: ").split("; the forward")[0][:220]
+
+
+def layout_counts(inv: dict[str, Any]) -> str:
+    """gained / lost / reference varies / candidate varies; "not checked" where the run closed before the layouts
+    (a non-finite candidate call)."""
+    if inv.get("reference_units_differing") is None and not inv.get("units"):
+        return "not checked"
+    return (f"{inv['units_differing']} / {lost(inv)} / {inv['reference_units_differing']} / "
+            f"{inv['candidate_units_differing']}")
 
 
 def lost(inv: dict[str, Any]) -> int | str:
