@@ -22,6 +22,7 @@ from typing import Annotated, Any
 
 import typer
 
+from invar.cli.options import TopPOpt
 from invar.engines import DEFAULT_MODEL, Dtype, Engine, Quantization, parse_launch_settings, worker_digest
 from invar.errors import ContractError, InvarError, one_line
 from invar.home import HOME
@@ -268,7 +269,7 @@ def init_cmd(
                                        help="A setting of the scorer, its value as JSON (repeatable).")
     ] = None,
     temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature (0: greedy).")] = 1.0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].")] = 1.0,
+    top_p: TopPOpt = 1.0,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="The longest response, in tokens.")] = 5,
     standard: Annotated[
         str, typer.Option("--standard", help="population (a confidence bound) or finite-domain (exact on the "
