@@ -11,6 +11,7 @@ and names no run, records or chain head, so it can never be presented as a recor
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -33,6 +34,7 @@ from invar.errors import ContractError, EvidenceError
 from invar.evidence import RangeTaskLoss, TaskLoss, paired_range_task_loss, paired_task_loss, within_epsilon
 from invar.imported.exports import Export, Paired, pair, read_bytes, read_exports
 from invar.imported.model import ImportedContract, PinnedExport, read_import_declaration, read_imported_contract
+from invar.imported.outputs import ExportEvidenceOutput
 from invar.stats.bounds import Bound, StatisticsError, bound
 from invar.stats.diagnostics import PairedDiagnostics, RangeDiagnostics, paired_diagnostics, range_diagnostics
 from invar.stats.sequential import SequentialDecision, sequential_decision
@@ -98,21 +100,6 @@ def prepare_imported(declaration_path: str | os.PathLike[str],
 
 
 @dataclass(frozen=True)
-class ExportEvidence:
-    """One export as the decision read it."""
-
-    role: str
-    path: str
-    sha256: str
-    items: int
-    exporter: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"role": self.role, "path": self.path, "sha256": self.sha256, "items": self.items,
-                "exporter": self.exporter}
-
-
-@dataclass(frozen=True)
 class ImportedDecision:
     """An answer from imported evidence, with every number and premise it rests on."""
 
@@ -125,7 +112,7 @@ class ImportedDecision:
     delta: Decimal | None
     source_format: str
     metric: str | None
-    exports: tuple[ExportEvidence, ...]
+    exports: tuple[ExportEvidenceOutput, ...]
     premises: tuple[PremiseCheck, ...]
     task_loss: TaskLoss | RangeTaskLoss
     bound: Bound | None
@@ -150,7 +137,7 @@ class ImportedDecision:
             "format": self.source_format, "metric": self.metric, "order": self.order,
             "standard": self.standard, "epsilon": str(self.epsilon),
             "delta": None if self.delta is None else str(self.delta),
-            "exports": [e.to_json() for e in self.exports],
+            "exports": [e.model_dump() for e in self.exports],
             "premises": [p.to_json() for p in self.premises],
             "task_loss": self.task_loss.to_json(),
             "bound": None if b is None else {"method": b.method, "version": b.version, "n": b.n, "delta": b.delta,
@@ -202,6 +189,13 @@ class PinnedEvidence:
     exports: dict[str, Export]
     paired: Paired
 
+    def evidence(self, roles: Iterable[str]) -> tuple[ExportEvidenceOutput, ...]:
+        """Each export in `roles`' order as a decision or a summary states it (a table stands for both sides)."""
+        return tuple(ExportEvidenceOutput.model_validate({
+            "role": role, "path": str(self.files[role][0]), "sha256": self.files[role][2],
+            "items": len(self.exports.get(role, self.exports["reference"]).items),
+            "exporter": self.exports.get(role, self.exports["reference"]).exporter}) for role in roles)
+
 
 def read_pinned(contract_path: str | os.PathLike[str]) -> PinnedEvidence:
     """Read an imported contract and the exports it pins: each file re-read and checked against its digest, the
@@ -233,7 +227,7 @@ def admit_imported(contract_path: str | os.PathLike[str]) -> ImportedDecision:
                             f"{method_version(contract.requirement.method)}; decide with the Invar version the "
                             "contract names, or prepare a new contract")
     pinned = read_pinned(path)
-    sha, base, files, exports, paired = pinned.sha256, pinned.base, pinned.files, pinned.exports, pinned.paired
+    sha, base, exports, paired = pinned.sha256, pinned.base, pinned.exports, pinned.paired
     source = contract.source
     binary = source.loss_range is None
     req = contract.requirement
@@ -298,15 +292,13 @@ def admit_imported(contract_path: str | os.PathLike[str]) -> ImportedDecision:
     return ImportedDecision(
         answer=answer, reason=reason, contract_name=contract.name, contract_sha256=sha, standard=req.standard,
         epsilon=req.epsilon, delta=req.delta, source_format=source.format, metric=source.metric,
-        exports=tuple(ExportEvidence(role, str(files[role][0]), files[role][2], len(exports.get(role, exports[
-            "reference"]).items), exports.get(role, exports["reference"]).exporter) for role in contract.exports),
+        exports=pinned.evidence(contract.exports),
         premises=tuple(premises), task_loss=loss, bound=task_bound, diagnostics=diag, sequential=stopped,
         order=source.order)
 
 
 __all__ = [
     "IMPORTED_DECISION_VERSION",
-    "ExportEvidence",
     "ImportedDecision",
     "PreparedImport",
     "admit_imported",

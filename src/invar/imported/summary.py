@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 
 from invar.imported.decide import read_pinned
-from invar.imported.outputs import ExportEvidenceOutput, PairedSummaryOutput, SideSummaryOutput, UseSummaryOutput
+from invar.imported.outputs import PairedSummaryOutput, SideSummaryOutput, UseSummaryOutput
 from invar.stats.bounds import betting
 from invar.stats.intervals import clopper_pearson
 
@@ -63,12 +63,7 @@ def summarise_imported(contract_path: str | os.PathLike[str], confidence: float 
     both_right = sum(1 for r, k in pairs if r == k == 0.0) if binary else None
     both_wrong = sum(1 for r, k in pairs if r == k == 1.0) if binary else None
     increase = float(sum((Fraction(k) - Fraction(r) for r, k in pairs), Fraction(0)) / len(pairs))
-    exports = [ExportEvidenceOutput.model_validate({
-                   "role": role, "path": str(path), "sha256": sha,
-                   "items": len(pinned.exports.get(role, pinned.exports["reference"]).items),
-                   "exporter": pinned.exports.get(role, pinned.exports["reference"]).exporter})
-               for role in ("reference", "candidate", "table") if role in pinned.files
-               for path, _, sha in [pinned.files[role]]]
+    exports = list(pinned.evidence(role for role in ("reference", "candidate", "table") if role in pinned.files))
     return UseSummaryOutput.model_validate({
         "summary_version": SUMMARY_VERSION, "evidence": "imported",
         "contract": {"name": c.name, "sha256": pinned.sha256}, "format": src.format, "metric": src.metric,
