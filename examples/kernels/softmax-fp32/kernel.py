@@ -1,4 +1,5 @@
-"""A correct, batch-invariant softmax in float32: every row is reduced on its own."""
+"""A correct softmax in float32. Every row is reduced on its own, but `sum`'s rounding depends on the row's length,
+so a row lengthened by left padding can change bits: correct, batch-variant."""
 
 import torch
 
