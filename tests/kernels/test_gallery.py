@@ -39,7 +39,7 @@ def _load(name: str) -> FunctionKernel:
 
 
 def test_every_gallery_kernel_names_its_class() -> None:
-    classes = {"batch-invariant", "in bfloat16", "stale or cached output", "shape-specialised",
+    classes = {"batch-invariant", "batch-variant", "in bfloat16", "stale or cached output", "shape-specialised",
                "approximated transcendental", "nondeterministic reduction order"}
     for folder in sorted(EXAMPLES.iterdir()):
         description = tomllib.loads((folder / "kernel.toml").read_text())["description"]
