@@ -142,11 +142,18 @@ def op_verdicts(report: dict[str, Any]) -> dict[str, Any]:
         return {"inputs": v["inputs"], "allclose_1e-2": v["allclose"]["0.01"], "allclose_1e-4": v["allclose"]["0.0001"],
                 "bit_identical": v["bit_identical"], "max_ulp": v["max_ulp"], "nonfinite": v["nonfinite"]}
 
-    first = report.get("first_disagreement")
+    def where(first: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if first is None else \
+            {k: first[k] for k in ("layout", "index", "shapes", "fails", "nonfinite", "max_ulp")}
+
+    reuse = report["reuse"]
     return {"random": short(report["random"]), "solo": short(report["model"]["solo"]),
             "batched": short(report["model"]["batched"]),
-            "first_disagreement": None if first is None else
-            {k: first[k] for k in ("layout", "index", "shapes", "fails", "nonfinite", "max_ulp")}}
+            "first_disagreement": where(report.get("first_disagreement")),
+            # the reuse probe, a verdict of its own: the same tensor objects called again (repeated random inputs,
+            # and the model's calls replayed in order with its weights), which a new call never shows
+            "reuse": {"repeated": short(reuse["repeated"]), "replay": short(reuse["replay"]),
+                      "weights_kept": reuse["weights_kept"], "first_disagreement": where(reuse["first_disagreement"])}}
 
 
 def resolve(kernel: str) -> tuple[str, Path | None, str]:
@@ -205,15 +212,42 @@ def one_kernel(kernel: str, model: str, sample: int, epsilon: str | None, work: 
         out["compare_numerical"] = numerical_headline(json.loads(done.stdout)) if done.returncode == 0 else \
             {"error": last_line(done.stderr)}
     if folder is not None and (folder / "kernel.toml").is_file():
-        log(f"{name}: kernel check ...")
-        check_args = [a if not a.startswith(("models/", "data/")) else str(REPO / a)
-                      for a in CHECK_MODELS.get(model, ["--model", str(Path(model).resolve())])]
-        done, seconds = invar(["kernel", "check", f"./{name}", "--json", "--prompts", str(prompts), *check_args],
-                              home, timeout)
-        out["kernel_check_s"] = seconds
-        out["kernel_check"] = op_verdicts(json.loads(done.stdout)) if done.returncode == 0 else \
-            {"error": last_line(done.stderr)}
+        out.update(kernel_check(name, home, model, prompts, timeout))
     return out
+
+
+def kernel_check(name: str, home: Path, model: str, prompts: int, timeout: float) -> dict[str, Any]:
+    """`invar kernel check --json` on the copy `home/name`: its verdicts (random, the model's inputs, reuse) as the
+    gallery keeps them, its wall time, and the command that made them."""
+    log(f"{name}: kernel check ...")
+    check_args = [a if not a.startswith(("models/", "data/")) else str(REPO / a)
+                  for a in CHECK_MODELS.get(model, ["--model", str(Path(model).resolve())])]
+    args = ["kernel", "check", f"./{name}", "--json", "--prompts", str(prompts), *check_args]
+    done, seconds = invar(args, home, timeout)
+    return {"kernel_check_s": seconds,
+            "kernel_check_command": " ".join(["invar", *args]).replace(str(REPO) + "/", ""),
+            "kernel_check": op_verdicts(json.loads(done.stdout)) if done.returncode == 0 else
+            {"error": last_line(done.stderr)}}
+
+
+def check_only(kernels: list[str], model: str, prompts: int, work: Path, timeout: float,
+               results: dict[str, Any], out: Path) -> None:
+    """`--check-only`: `invar kernel check` again for the function kernels among `kernels`, its verdicts put into
+    the gallery's entries beside their decisions, which are not run again (the check is a diagnostic beside the
+    decision and does not change it)."""
+    for kernel in kernels:
+        name, folder, _ = resolve(kernel)
+        entry = results["kernels"].get(name)
+        if folder is None or not (folder / "kernel.toml").is_file() or entry is None:
+            log(f"{name}: no function kernel with a decision in the gallery; skipped")
+            continue
+        home = work / f"{name}-check"
+        if home.exists():
+            shutil.rmtree(home)
+        home.mkdir(parents=True)
+        shutil.copytree(folder, home / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        entry.update(kernel_check(name, home, model, prompts, timeout))
+        out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
 
 
 def base_of(declaration: Path, said: str) -> dict[str, Any]:
@@ -231,11 +265,13 @@ def frac(v: dict[str, Any], key: str) -> str:
 
 def table(results: dict[str, Any]) -> str:
     rows = ["| kernel | class | op-level: random allclose 1e-2, 1e-4 | model inputs (solo / batched) allclose 1e-2 "
-            "| proposed contract | reason | gained / lost / ref varies / cand varies | task bound only | "
+            "| reuse: repeated / replayed allclose 1e-2 | proposed contract | reason "
+            "| gained / lost / ref varies / cand varies | task bound only | "
             "loss ref → cand (worse/better) | max KL | new folder → decision |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results["kernels"].items():
         kc = r.get("kernel_check")
+        reuse = reuse_cell(kc)
         if kc is None:
             op, model_in = "– (a patch.py patch)", "–"
         elif "error" in kc:
@@ -249,7 +285,8 @@ def table(results: dict[str, Any]) -> str:
         d = r.get("decision")
         if d is None:
             stop = r.get("stopped", {})
-            rows.append(f"| `{name}` | {r['class']} | {op} | {model_in} | no decision | use {stop.get('step')} "
+            rows.append(f"| `{name}` | {r['class']} | {op} | {model_in} | {reuse} | no decision "
+                        f"| use {stop.get('step')} "
                         f"exit {stop.get('exit_code')}: {stop_line(stop.get('line', ''))} | – | – | – | – | "
                         f"{r['new_folder_to_decision_s']:.0f} s |")
             continue
@@ -264,12 +301,39 @@ def table(results: dict[str, Any]) -> str:
             worst = kl["worst"].split("= ")[1].split(" ")[0]
         steps = r["steps_s"]
         rows.append(
-            f"| `{name}` | {r['class']} | {op} | {model_in} | **{d['answer']}** | {short_reason(d['reason'])} | "
+            f"| `{name}` | {r['class']} | {op} | {model_in} | {reuse} | **{d['answer']}** "
+            f"| {short_reason(d['reason'])} | "
             f"{layout_counts(inv)} | "
             f"{d['task_bound_only'] or '–'} | {loss['reference_loss']} → {loss['candidate_loss']} "
             f"({loss['worse']}/{loss['better']}) | {worst} | {r['new_folder_to_decision_s']:.0f} s "
             f"(run {steps.get('run', 0):.0f} s) |")
     return "\n".join(rows)
+
+
+def reuse_cell(kc: dict[str, Any] | None) -> str:
+    """The kernel check's reuse verdict: repeated random calls and the model's replayed calls allclose at 1e-2 to
+    the stock op on the same values."""
+    if kc is None or "error" in kc:
+        return "–"
+    if "reuse" not in kc:
+        return "not run"
+    reuse = kc["reuse"]
+    return f"{frac(reuse['repeated'], 'allclose_1e-2')} / {frac(reuse['replay'], 'allclose_1e-2')}"
+
+
+def op_level_note(kc: dict[str, Any] | None) -> str:
+    """The op-level check in a few words for the PNG: which of its verdicts fail at 1e-2 (random inputs, the model's
+    inputs, reuse)."""
+    if kc is None:
+        return "patch.py: no kernel check"
+    if "error" in kc:
+        return "kernel check refused"
+    fails = [label for label, parts in (("random", [kc["random"]]), ("model", [kc["solo"], kc["batched"]]),
+                                        ("reuse", [kc["reuse"]["repeated"], kc["reuse"]["replay"]]
+                                         if "reuse" in kc else []))
+             if any(v["allclose_1e-2"] < v["inputs"] or v["nonfinite"] for v in parts)]
+    return "op-level 1e-2: " + ("all pass" if not fails else "fails " + ", ".join(fails)) + \
+        ("" if "reuse" in kc else " (reuse not run)")
 
 
 def stop_line(line: str) -> str:
@@ -312,15 +376,19 @@ def plot(results: dict[str, Any], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    names, times, colours = [], [], []
+    names, times, colours, notes = [], [], [], []
     palette = {"Admitted": "tab:green", "Violated": "tab:red", "Unknown": "tab:orange"}
     for name, r in results["kernels"].items():
         names.append(name)
         times.append(r["new_folder_to_decision_s"])
+        notes.append(op_level_note(r.get("kernel_check")))
         d = r.get("decision")
         colours.append(palette.get(d["answer"], "grey") if d else "grey")
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(names) + 1.2))
     ax.barh(names[::-1], times[::-1], color=colours[::-1])
+    for y, (t, note) in enumerate(zip(times[::-1], notes[::-1], strict=True)):
+        ax.text(t, y, f" {note}", va="center", fontsize=7)
+    ax.set_xlim(0, max(times, default=1) * 1.9)
     ax.set_xlabel("new kernel folder → decision (s): use init + prepare + run + admit")
     ax.set_title(f"kernel gallery on {results['model']}\n"
                  "green Admitted, red Violated, orange Unknown, grey no decision")
@@ -342,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per command")
     parser.add_argument("--table", type=Path, default=None,
                         help="print the table of a gallery JSON, draw its PNG beside it, and stop")
+    parser.add_argument("--check-only", action="store_true",
+                        help="run only invar kernel check for the function kernels and put its verdicts into the "
+                             "gallery JSON's entries, leaving their decisions as they are")
     args = parser.parse_args(argv)
     if args.table is not None:
         done = json.loads(args.table.read_text(encoding="utf-8"))
@@ -356,6 +427,15 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     kernels = args.kernel or list(GALLERY)
     previous: dict[str, Any] = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {}
+    if args.check_only:
+        if not previous.get("kernels"):
+            print(f"kernel_gallery: --check-only: {out} holds no gallery to add the kernel check to; run the gallery "
+                  "first, or name its JSON with --out", file=sys.stderr)
+            return 2
+        check_only(kernels, args.model, args.prompts, args.work.resolve(), args.timeout, previous, out)
+        plot(previous, out.with_suffix(".png"))
+        print(table(previous))
+        return 0
     results: dict[str, Any] = {
         "command": "python scripts/kernel_gallery.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": label, "sample": args.sample, "epsilon": args.epsilon or "use init's default",
