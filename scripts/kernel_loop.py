@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -56,11 +58,18 @@ correct kernel reaches within the 400 chats."""
 
 
 def _step(argv: list[str], cwd: Path) -> dict[str, Any]:
-    """Run one command of the loop: its exit status, wall time, and its --json output when it printed one."""
+    """Run one command of the loop: its exit status, wall time, CPU time (the command and the workers it started,
+    which it waits for) and the machine's load average before and after (the wall time on a shared machine is read
+    beside it), and its --json output when it printed one."""
+    load_before = os.getloadavg()[0]
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
     wall = time.perf_counter() - started
-    out: dict[str, Any] = {"command": " ".join(["invar", *argv[3:]]), "exit": done.returncode, "wall_s": round(wall, 1)}
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+    out: dict[str, Any] = {"command": " ".join(["invar", *argv[3:]]), "exit": done.returncode, "wall_s": round(wall, 1),
+                           "cpu_s": round(cpu, 1), "load_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)]}
     with contextlib.suppress(json.JSONDecodeError):  # a step that printed no JSON (refused) keeps its error line
         out["json"] = json.loads(done.stdout)
     if done.returncode not in (0, 10, 11):
@@ -99,19 +108,23 @@ def loop(name: str, source: Path, model: str, sample: int, work: Path) -> dict[s
         "look": None if stop is None else stop.get("look"),
         "n_max": sample,
         "folder_to_decision_s": round(total, 1),
+        "folder_to_decision_cpu_s": round(sum(s["cpu_s"] for s in steps.values()), 1),
+        "load_1min": [min(s["load_1min"][0] for s in steps.values()), max(max(s["load_1min"]) for s in steps.values())],
         "steps": {k: {key: v for key, v in s.items() if key != "json"} for k, s in steps.items()},
     }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| kernel | what it is | decision (exit) | units used of n_max | init, prepare, run, admit | folder to "
-             "decision |", "|---|---|---|---|---|---|"]
+             "decision | CPU | load average |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         times = ", ".join(f"{r['steps'][k]['wall_s']:.0f} s" if k in r["steps"] else "–"
                           for k in ("init", "prepare", "run", "admit"))
         used = "–" if r["units_used"] is None else f"{r['units_used']} of {r['n_max']}"
+        cpu, load = r.get("folder_to_decision_cpu_s"), r.get("load_1min")
         lines.append(f"| `{r['kernel']}` | {r['what']} | **{r['answer']}** ({r['exit']}) | {used} | {times} | "
-                     f"{r['folder_to_decision_s']:.0f} s |")
+                     f"{r['folder_to_decision_s']:.0f} s | {'–' if cpu is None else f'{cpu:.0f} s'} | "
+                     f"{'–' if load is None else f'{load[0]:.1f} to {load[1]:.1f}'} |")
     return "\n".join(lines)
 
 
