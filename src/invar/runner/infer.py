@@ -1,6 +1,9 @@
 """One inference call through an engine's worker, with every call and report kept in a run store: what `invar infer`
 runs.
 
+The worker runs on the command's `invar.runner.pool.WorkerPool`, as `evaluate`'s does: at a signal the call under way
+gets the pool's grace to answer and be recorded, and a worker still loading its model is stopped at once.
+
 The call speaks only the protocol (`load_model`, `load_adapter`, `generate`), so it runs any engine the same way,
 through `invar.runner.engine`. The text of each output is the core's own decoding of the reported token ids
 (`ModelTokenizer`, the model's own `tokenizer.json`), never text from the engine. Every prompt is tokenized and
@@ -16,11 +19,12 @@ from typing import Any
 
 from invar.errors import EvidenceError
 from invar.protocol.methods import GENERATE
-from invar.protocol.payloads import GenerateOutput, GenerateParams, GenerateRequest
+from invar.protocol.payloads import GenerateOutput, GenerateParams, GenerateRequest, GenerateResult
 from invar.records import RunStore
-from invar.runner.engine import EngineSpec, engine_session, read_generate
+from invar.runner.engine import EngineSpec, Lease, engine_session, read_generate
 from invar.runner.options import check_context, model_context
 from invar.runner.outputs import InferOutput
+from invar.runner.pool import WorkerPool
 from invar.tasks import ModelTokenizer
 
 
@@ -62,12 +66,21 @@ def infer(spec: EngineSpec, prompts: Sequence[str], messages: Sequence[list[dict
                              for i, (p, one) in enumerate(zip(prompts, ids, strict=True))],
                             [list(range(len(prompts)))])
     chat = any(m is not None for m in messages)
+    pool = WorkerPool(1)
+
+    def generate(lease: Lease) -> GenerateResult | None:
+        session = lease.session
+        assert session is not None
+        phase("generating")
+        answer = pool.ask(lease, GENERATE, GenerateParams(params.requests, params.layout, session.adapter, None))
+        return None if answer is None else read_generate(GENERATE.received(answer.result), params,
+                                                         session.model_digest)
+
     with RunStore.create(run_dir, meta={"command": "infer", **meta, **({"chat": True} if chat else {})}) as store:
-        with engine_session(spec, store, call_timeout=call_timeout, phase=phase) as session:
-            phase("generating")
-            report = session.client.call(GENERATE, GenerateParams(params.requests, params.layout, session.adapter,
-                                                                  None))
-            received = read_generate(report, params, session.model_digest)
+        received = pool.one(lambda ready: engine_session(spec, store, call_timeout=call_timeout, ready=ready,
+                                                         phase=phase, watch=pool.starting),
+                            generate, f"the {spec.engine.value} worker", lambda how: f"stopped at {how}", "infer")
+        assert received is not None  # the pool halts only by a failure or a signal, and both raise
         rows = [{"request_id": req.request_id, "prompt": req.prompt, "seed": req.seed,
                  **({} if conversation is None else {"messages": conversation}),
                  "prompt_ids": [int(t) for t in req.prompt_ids],
