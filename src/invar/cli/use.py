@@ -241,6 +241,7 @@ class _PlanningProgress:
         self._shown, self._lock = shown, threading.Lock()
         self._total, self._rows, self._showing = 0, 0, False
         self._simulating: str | None = None  # the sequential simulation's phase, once it has begun
+        self._runs, self._simulated = 0, 0  # its runs, and how many are done
         self._timer = threading.Timer(PLAN_QUIET_S, self._begin)
         self._timer.daemon = True
 
@@ -257,19 +258,26 @@ class _PlanningProgress:
         with self._lock:
             self._showing = True
             if self._simulating is not None:
-                self._shown.phase(self._simulating)
+                self._shown.phase(self._simulating, total=self._runs, unit="runs", done=self._simulated)
             else:
                 self._shown.phase("planning the sample size", total=self._total, unit="methods", done=self._rows)
 
-    def simulating(self, horizon: int | None) -> None:
-        """The stopping-n simulation of `--sequential-max` begins: a phase of its own (it counts nothing), so that a
-        long one is seen to be running."""
+    def simulating(self, horizon: int | None, runs: int = 0) -> None:
+        """The stopping-n simulation of `--sequential-max` begins: a phase of its own, counting its runs (at the
+        largest n_max each run takes seconds)."""
         if horizon is None:
             return
         with self._lock:
             self._simulating = f"simulating sequential admission up to {horizon:,} units"
+            self._runs, self._simulated = runs, 0
             if self._showing:
-                self._shown.phase(self._simulating)
+                self._shown.phase(self._simulating, total=runs, unit="runs")
+
+    def simulated(self, runs: int) -> None:
+        with self._lock:
+            self._simulated = runs
+            if self._showing:
+                self._shown.count(runs)
 
     def row(self, row: PlanRow) -> None:
         with self._lock:

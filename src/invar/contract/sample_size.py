@@ -8,7 +8,7 @@ shows progress and prints. An imported contract's plan (`invar.imported.plan`) r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -32,8 +32,11 @@ class PlanningProgress(Protocol):
     def row(self, row: PlanRow) -> None:
         """One method's row is ready."""
 
-    def simulating(self, horizon: int | None) -> None:
-        """The stopping-n simulation up to `horizon` units begins (None: none is asked for)."""
+    def simulating(self, horizon: int | None, runs: int = 0) -> None:
+        """The stopping-n simulation of `runs` runs up to `horizon` units begins (None: none is asked for)."""
+
+    def simulated(self, runs: int) -> None:
+        """The stopping-n simulation has finished this many of its runs."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class SampleSizePlan:
 
 SEQUENTIAL_MAX = 1 << 24
 """The largest `--sequential-max`: the bound on a contract's `requirement.max_n`."""
+
+SEQUENTIAL_RUNS = 1000
+"""The simulated runs of a stopping-n plan (`--sequential-max`)."""
 
 
 def assumed_for(stated: dict[str, float], low: float, high: float) -> Assumed:
@@ -88,8 +94,8 @@ def plan_sample_size(contract: Path, stated: dict[str, float], power: float, met
     own = _contract_power(c, units, looks, rows, assumed, power)
     curves = None if plot is None else power_curves(rows, assumed, extra=[units])
     if progress is not None:
-        progress.simulating(horizon)
-    stops = _sequential_plan(c, looks, stated, horizon)
+        progress.simulating(horizon, SEQUENTIAL_RUNS)
+    stops = _sequential_plan(c, looks, stated, horizon, None if progress is None else progress.simulated)
     return SampleSizePlan(
         UsePlanOutput(contract=str(contract), contract_method=req.method, epsilon=str(req.epsilon),
                       delta=str(req.delta), rows=rows, sequential=stops, contract_units=units, contract_power=own,
@@ -128,10 +134,10 @@ def _sequential_horizon(c: Contract, stated: dict[str, float], n_max: int | None
     return horizon
 
 
-def _sequential_plan(c: Contract, looks: tuple[int, ...] | None, stated: dict[str, float], horizon: int | None) \
-        -> SequentialPlanRow | None:
+def _sequential_plan(c: Contract, looks: tuple[int, ...] | None, stated: dict[str, float], horizon: int | None,
+                     done: Callable[[int], None] | None = None) -> SequentialPlanRow | None:
     """The stopping-n plan at `horizon` (`_sequential_horizon`'s), looking after each batch of the pairing layout;
-    None when none is asked for."""
+    None when none is asked for. `done` is told the runs simulated so far."""
     req = c.requirement
     if horizon is None:
         return None
@@ -140,7 +146,7 @@ def _sequential_plan(c: Contract, looks: tuple[int, ...] | None, stated: dict[st
     # A sequential contract looks after each pairing call (its plan's first look); else after each pairing batch.
     look = c.layouts[c.pairing.layout].batch_size if looks is None else looks[0]
     return sequential_plan(method, stated["p_worse"], stated["p_better"], float(req.epsilon), float(req.delta),
-                           int(horizon), batch=min(int(horizon), look), runs=1000)
+                           int(horizon), batch=min(int(horizon), look), runs=SEQUENTIAL_RUNS, done=done)
 
 
 __all__ = ["SEQUENTIAL_MAX", "PlanningProgress", "SampleSizePlan", "assumed_for", "plan_sample_size"]

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -347,11 +347,18 @@ def check_stop(recorded: int, decision: SequentialDecision) -> None:
 # --- planning: expected stopping n ---------------------------------------------------------------------------------
 
 
+CHUNK_UNITS = 4_000_000
+"""Simulated units per chunk of runs (each chunk draws its own random numbers, seeded by its first run: changing
+this changes the runs)."""
+
+
 def simulate_stops(
     method: str, p_worse: float, p_better: float, epsilon: float, delta: float, n_max: int, batch: int,
-    runs: int, seed: int,
+    runs: int, seed: int, done: Callable[[int], None] | None = None,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int8]]:
-    """(stopping n, answer: +1 Admitted, −1 Violated, 0 Unknown) of `runs` simulated runs of 0/1 losses.
+    """(stopping n, answer: +1 Admitted, −1 Violated, 0 Unknown) of `runs` simulated runs of 0/1 losses; `done`, if
+    given, is told the number of runs simulated so far after each chunk of runs (one run per chunk at the largest
+    n_max, where a run takes seconds).
 
     The rule is evaluated at every batch end by the crossing test at ε itself (capital at m = ε on each side), which
     is what the reported bounds decide up to their 2^-42 grid; a plan needs frequencies, not the last bits.
@@ -361,7 +368,7 @@ def simulate_stops(
     m = (epsilon + 1.0) / 2.0
     stops = np.full(runs, n_max, dtype=np.int64)
     answers = np.zeros(runs, dtype=np.int8)
-    chunk = max(1, min(runs, 4_000_000 // max(1, n_max)))
+    chunk = max(1, min(runs, CHUNK_UNITS // max(1, n_max)))
     ends = np.arange(batch, n_max + batch, batch)
     ends[-1] = n_max
     for start in range(0, runs, chunk):
@@ -390,15 +397,18 @@ def simulate_stops(
         stops[start : start + rows] = np.where(stopped, ends[np.minimum(look, ends.size - 1)], n_max)
         answer = np.where(up < low, 1, np.where(low < up, -1, 0))
         answers[start : start + rows] = np.where(stopped, answer, 0).astype(np.int8)
+        if done is not None:
+            done(start + rows)
     return stops, answers
 
 
 def sequential_plan(
     method: str, p_worse: float, p_better: float, epsilon: float, delta: float, n_max: int, batch: int = 100,
-    *, runs: int = 2000, seed: int = 0,
+    *, runs: int = 2000, seed: int = 0, done: Callable[[int], None] | None = None,
 ) -> SequentialPlanRow:
     """Expected and 90th-percentile stopping n, and the answer frequencies, by simulation under the assumption
-    (0/1 losses with the given p_worse, p_better; runs independent runs, seed fixed)."""
+    (0/1 losses with the given p_worse, p_better; runs independent runs, seed fixed). `done` is told the runs
+    simulated so far as they finish (`simulate_stops`); the figures do not depend on it."""
     name = _check_method(method)
     pw = bounds.check_real("p_worse", p_worse)
     pb = bounds.check_real("p_better", p_better)
@@ -409,7 +419,7 @@ def sequential_plan(
     horizon = bounds.check_count("n_max", n_max, 1)
     size = bounds.check_count("batch", batch, 1)
     count = bounds.check_count("runs", runs, 1)
-    stops, answers = simulate_stops(name, pw, pb, eps, dlt, horizon, size, count, int(seed))
+    stops, answers = simulate_stops(name, pw, pb, eps, dlt, horizon, size, count, int(seed), done)
     return SequentialPlanRow(
         method=name, version=SEQUENTIAL_VERSIONS[name], n_max=horizon, batch=size,
         admitted=float(np.mean(answers == 1)), violated=float(np.mean(answers == -1)),
