@@ -204,7 +204,8 @@ class WorkerPool:
         thread is done, is raised after whatever did start is on `stack`, so the caller's unwinding stops it: no
         worker outlives the command. The first failure in `managers` order is raised, never a start-up given up
         because of it. An interrupt (Ctrl-C) while waiting does the same: every thread is waited for, so nothing is
-        recorded into a closed store and no process is left running."""
+        recorded into a closed store and no process is left running; a worker still loading its model (kept by
+        `starting`) is stopped at once, as in `run`."""
         entered: list[tuple[contextlib.AbstractContextManager[Any], Any] | None] = [None] * len(managers)
         failed: list[BaseException | None] = [None] * len(managers)
         ended = [threading.Event() for _ in managers]
@@ -234,6 +235,7 @@ class WorkerPool:
                 except BaseException as exc:  # an interrupt: let every start-up end, then stop what started
                     interrupted = interrupted or exc
                     self.halt()
+                    self._stop_loading()  # a load has no answer worth the wait
         for got in entered:
             if got is not None:
                 stack.push(got[0])
@@ -296,16 +298,21 @@ class WorkerPool:
             if error is not None:
                 raise error
 
-    def _grace(self, exc: KeyboardInterrupt, threads: Sequence[threading.Thread], ended: Sequence[threading.Event],
-               stopped: Callable[[str], str]) -> None:
-        how, status = interruption(exc)
-        self.halt()
+    def _stop_loading(self) -> bool:
+        """Stop at once every worker still loading its model (kept by `starting`); whether there was one."""
         with self._lock:
             loading = list(self._starting)
         for client in loading:
             client.close(timeout=0.1)
+        return bool(loading)
+
+    def _grace(self, exc: KeyboardInterrupt, threads: Sequence[threading.Thread], ended: Sequence[threading.Event],
+               stopped: Callable[[str], str]) -> None:
+        how, status = interruption(exc)
+        self.halt()
+        loading = self._stop_loading()
         deadline = time.monotonic() + (TERMINATE_GRACE_S if isinstance(exc, Terminated) else INTERRUPT_GRACE_S)
-        forced = bool(loading)
+        forced = loading
         try:
             for t, end in zip(threads, ended, strict=True):  # one grace for all of them together
                 if not _wait(t, end, max(0.0, deadline - time.monotonic())):

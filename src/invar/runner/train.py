@@ -12,8 +12,9 @@ Decisions:
   at once through the command's `invar.runner.pool.WorkerPool`, so the start-up costs about the slowest one's; one
   that fails to start stops every other.
 - **A signal stops the run as it stops `use run`**: no cycle and no update starts after Ctrl-C or SIGTERM, the calls
-  under way get the pool's grace to answer and be recorded, then the workers still computing are stopped; the run
-  resumes from its last published cycle.
+  under way get the pool's grace to answer and be recorded, then the workers still computing are stopped; a worker
+  still loading its model (at the start, or a replacement) is stopped at once; the run resumes from its last
+  published cycle.
 - **Resume from the records.** A run directory that holds records is opened for writing (the writer lock refuses a
   second process), must have been made by this configuration (its digest), and continues after the last published
   cycle: the learner loads that checkpoint with its optimizer state, the engine loads it as the policy. Calls of an
@@ -389,21 +390,21 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
                                 settings=cfg.engines.get(inference_engine.value, {}))
     learner_spec = EngineSpec(learner_engine, p.model, Dtype(cfg.dtype), adapter=None if last is None else last.path,
                               settings=cfg.engines.get(learner_engine.value, {}))
-    start = _InferenceStart(inference_spec, store, call_timeout, placement)
-    restarts = 0 if placement is None else placement.restarts
     pool = WorkerPool(cfg.rollout.workers + 1)
+    start = _InferenceStart(inference_spec, store, call_timeout, placement, pool)
+    restarts = 0 if placement is None else placement.restarts
     with contextlib.ExitStack() as stack:
         if shared is not None:
             stack.callback(shared.close)  # after both roles' sessions have closed
         # The workers are independent processes: their start-up (spawn, imports, handshake, load_model) overlaps,
         # so it costs about the slowest one's, not the sum. A start-up another one's failure made moot ends after
-        # its handshake instead of loading the model.
+        # its handshake instead of loading the model; at a signal a worker still loading is stopped at once.
         *leases, learner = pool.start(stack, [
             *(Lease(pool.served(start), pool.ready, restarts, f"the inference worker {i + 1}")
               for i in range(cfg.rollout.workers)),
             pool.served(lambda ready: engine_session(
                 learner_spec, store, role=Role.LEARNER, adapter_in_load=True, resume_training=True,
-                call_timeout=call_timeout, ready=ready, placement=local))(pool.ready),
+                call_timeout=call_timeout, ready=ready, placement=local, watch=pool.starting))(pool.ready),
         ])
         for lease in leases:  # worker 1's identity is the one every other (and every replacement) must declare
             assert lease.session is not None
@@ -447,8 +448,8 @@ class _InferenceStart:
     replacement is checked before it is handed out."""
 
     def __init__(self, spec: EngineSpec, store: RunStore, call_timeout: float | None,
-                 placement: Transport | None) -> None:
-        self.spec, self.store, self.call_timeout, self.placement = spec, store, call_timeout, placement
+                 placement: Transport | None, pool: WorkerPool) -> None:
+        self.spec, self.store, self.call_timeout, self.placement, self.pool = spec, store, call_timeout, placement, pool
         self.first: dict[str, Any] | None = None
 
     def declare(self, session: Session) -> None:
@@ -466,7 +467,7 @@ class _InferenceStart:
     @contextlib.contextmanager
     def __call__(self, ready: Callable[[], object]) -> Iterator[Session]:
         with engine_session(self.spec, self.store, call_timeout=self.call_timeout, ready=ready,
-                            placement=self.placement) as session:
+                            placement=self.placement, watch=self.pool.starting) as session:
             if self.first is not None:  # a replacement
                 self.declare(session)
             yield session
