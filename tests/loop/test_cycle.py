@@ -3,6 +3,7 @@ learner's report, the objective with importance-weight handling, the gap and imp
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,15 @@ def test_cycle_prompts_are_a_seeded_sample_without_replacement() -> None:
             counts[int(p.id[1:])] += 1
     assert counts.min() > 5  # the mean is 20
     assert counts.max() < 40
+
+
+def test_cycle_prompts_keep_the_sorted_sha256_choice() -> None:
+    # The choice as first defined: every unit's sha256 key sorted with its index, the smallest `per_cycle` kept.
+    units = [*PROBLEMS, Unit("é-1", "x", None, "1", "add2"), Unit("p0x", "y", None, "2", "add2")]
+    for seed, cycle, k in ((0, 0, 1), (0, 3, 16), (5, 11, 64), (2, 1, len(units))):
+        keys = sorted((hashlib.sha256(f"invar-train/{seed}/prompts/{cycle}/{p.id}".encode()).digest(), i)
+                      for i, p in enumerate(units))
+        assert cyc.cycle_prompts(units, k, seed, cycle) == [units[i] for _, i in keys[:k]]
 
 
 def test_requests_put_a_prompts_group_together_and_layout_cuts_batches() -> None:

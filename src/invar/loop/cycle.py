@@ -21,6 +21,7 @@ Decisions:
 from __future__ import annotations
 
 import hashlib
+import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -75,9 +76,13 @@ def cycle_prompts(units: Sequence[_U], per_cycle: int, seed: int, cycle: int) ->
     """
     if not 1 <= per_cycle <= len(units):
         raise ValueError(f"per_cycle {per_cycle}: the prompts file holds {len(units)} units")
-    keys = sorted((hashlib.sha256(f"invar-train/{seed}/prompts/{cycle}/{p.id}".encode()).digest(), i)
-                  for i, p in enumerate(units))
-    return [units[i] for _, i in keys[:per_cycle]]
+    # The key is sha256 of the UTF-8 text "invar-train/{seed}/prompts/{cycle}/{id}"; it runs every cycle over the
+    # whole population, so the loop is kept to one hash call per unit, and a partial selection (ties by file order,
+    # as a stable sort's) replaces sorting all of them.
+    prefix = f"invar-train/{seed}/prompts/{cycle}/".encode()
+    sha256 = hashlib.sha256
+    keys = [sha256(prefix + p.id.encode()).digest() for p in units]
+    return [units[i] for i in heapq.nsmallest(per_cycle, range(len(keys)), key=keys.__getitem__)]
 
 
 def select_units(units: Sequence[Unit], kinds: Sequence[str] | None) -> list[Unit]:
