@@ -318,20 +318,24 @@ def reuse_cell(kc: dict[str, Any] | None) -> str:
     if "reuse" not in kc:
         return "not run"
     reuse = kc["reuse"]
-    return f"{frac(reuse['repeated'], 'allclose_1e-2')} / {frac(reuse['replay'], 'allclose_1e-2')}"
+    cell = f"{frac(reuse['repeated'], 'allclose_1e-2')} / {frac(reuse['replay'], 'allclose_1e-2')}"
+    if reuse["first_disagreement"] is not None:
+        return f"**{cell}**: answers from an earlier call"
+    whole = all(reuse[k]["allclose_1e-2"] == reuse[k]["inputs"] for k in ("repeated", "replay"))
+    return cell if whole else f"{cell} (what new calls fail)"
 
 
 def op_level_note(kc: dict[str, Any] | None) -> str:
     """The op-level check in a few words for the PNG: which of its verdicts fail at 1e-2 (random inputs, the model's
-    inputs, reuse)."""
+    inputs) and whether reuse fails what a new call passes."""
     if kc is None:
         return "patch.py: no kernel check"
     if "error" in kc:
         return "kernel check refused"
-    fails = [label for label, parts in (("random", [kc["random"]]), ("model", [kc["solo"], kc["batched"]]),
-                                        ("reuse", [kc["reuse"]["repeated"], kc["reuse"]["replay"]]
-                                         if "reuse" in kc else []))
+    fails = [label for label, parts in (("random", [kc["random"]]), ("model", [kc["solo"], kc["batched"]]))
              if any(v["allclose_1e-2"] < v["inputs"] or v["nonfinite"] for v in parts)]
+    if "reuse" in kc and kc["reuse"]["first_disagreement"] is not None:
+        fails.append("reuse")
     return "op-level 1e-2: " + ("all pass" if not fails else "fails " + ", ".join(fails)) + \
         ("" if "reuse" in kc else " (reuse not run)")
 
