@@ -1,12 +1,15 @@
-"""`train`'s start-up at a signal, on the in-process fake workers: Ctrl-C while the workers load their models stops
-them at once (a load has no answer worth the wait), keeps the records made so far, and the same command resumes to
-the uninterrupted run's checkpoint."""
+"""`train` at a signal, on the in-process fake workers: Ctrl-C while the workers load their models stops them at
+once (a load has no answer worth the wait), keeps the records made so far, and the same command resumes to the
+uninterrupted run's checkpoint; once the pool has halted no rollout is issued, not even the next cycles' (staleness
+K ≥ 1) started while the learner works."""
 
 from __future__ import annotations
 
 import _thread
+import contextlib
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,9 @@ from support.fake_worker import FakeTransport, Script
 from train_helpers import published, write_config
 
 from invar.records import RunStore
+from invar.runner import train as train_mod
+from invar.runner.engine import Lease, Session
+from invar.runner.pool import Halted, WorkerPool
 from invar.runner.train import train
 
 LOAD_S = 60.0
@@ -50,3 +56,20 @@ def test_ctrl_c_while_the_workers_load_stops_them_at_once_and_the_run_resumes(tm
     fresh = tmp_path / "fresh"
     train(config, fresh, transport=FakeTransport(SCRIPT))
     assert published(run) == published(fresh)
+
+
+def test_no_rollout_is_issued_once_the_pool_halted(tmp_path: Path) -> None:
+    p = train_mod.plan(write_config(tmp_path, "stale", "mlx", cycles=3, rollout={"staleness": 1}))
+
+    @contextlib.contextmanager
+    def never(ready: Callable[[], object]) -> Iterator[Session]:
+        raise AssertionError("no worker starts here")
+        yield  # pragma: no cover
+
+    pool = WorkerPool(1)
+    pool.halt()  # a signal came while the learner worked
+    with RunStore.create(tmp_path / "run", meta={"command": "train"}) as store:
+        rollouts = train_mod._Rollouts(p, [Lease(never, pool.ready, 0, "the inference worker 1")], store, pool)
+        with pytest.raises(Halted):
+            rollouts.ahead(0, [])  # cycle 1 samples the base model: its rollouts would start now
+        assert store.calls() == []

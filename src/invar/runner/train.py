@@ -415,7 +415,7 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
         if last is not None and learner.adapter_digest != last.digest:
             raise EvidenceError(f"the learner loaded adapter {str(learner.adapter_digest)[:16]}…, not the published "
                                 f"checkpoint {last.digest[:16]}…")
-        rollouts = _Rollouts(p, leases, store)
+        rollouts = _Rollouts(p, leases, store, pool)
 
         def cycles() -> None:
             for n in range(len(done), cfg.cycles):
@@ -506,10 +506,11 @@ class _Rollouts:
     same params after loading the policy that call samples; the requests are seeded, so the replacement answers
     what the lost worker would have. The lost calls stay on record unanswered."""
 
-    def __init__(self, p: Plan, leases: list[Lease], store: RunStore) -> None:
+    def __init__(self, p: Plan, leases: list[Lease], store: RunStore, pool: WorkerPool) -> None:
         self.p = p
         self.leases = leases
         self.store = store
+        self.pool = pool
         self.loaded: list[str | None] = [None] * len(leases)
         self.pending: dict[int, _Pending] = {}
 
@@ -518,7 +519,9 @@ class _Rollouts:
 
     def _submit(self, m: int, j: int) -> None:
         """Issue cycle m's call j to its worker's current session, its policy loaded first (`WorkerLost` if the
-        worker is gone)."""
+        worker is gone; `Halted` once the pool halted: no call after a signal, not even the next cycles' rollouts
+        started while the learner works)."""
+        self.pool.ready()
         pending = self.pending[m]
         i, policy = pending.workers[j], pending.policy
         lease = self.leases[i]
