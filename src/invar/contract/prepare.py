@@ -9,7 +9,6 @@ layouts cannot be told apart on its units is refused before anything runs.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,19 +29,20 @@ from invar.contract.model import (
     Premise,
     Requirement,
     Scorer,
-    declared_loss_range,
     read_contract,
     read_declaration,
 )
-from invar.contract.plan import ExecutionPlan, PromptEncoder, Role, call_groups, derive_plan
+from invar.contract.plan import ExecutionPlan, PromptEncoder, Role, derive_plan
+from invar.contract.plan_inputs import load_for_planning as load_for_planning  # `use plan`'s read, kept here too
+from invar.contract.plan_inputs import range_methods
 from invar.engines import worker_digest
 from invar.errors import ContractError, one_line
 from invar.formats.model_config import folder_config, read_config, show_value
 from invar.formats.model_config import same_value as same_config_value
 from invar.formats.tokenizer import ModelTokenizer, tokenizer_digest
 from invar.owner_files import field_error
-from invar.stats.bounds import BINARY_METHODS, METHODS, VERSIONS
-from invar.stats.sequential import BINARY_SEQUENTIAL_METHODS, SEQUENTIAL_METHODS, SEQUENTIAL_VERSIONS
+from invar.stats.bounds import BINARY_METHODS, VERSIONS
+from invar.stats.sequential import BINARY_SEQUENTIAL_METHODS, SEQUENTIAL_VERSIONS
 from invar.tasks.arithmetic import SCORER_NAME as ARITHMETIC
 from invar.tasks.population import Unit as PopulationUnit
 from invar.tasks.population import load_units
@@ -382,13 +382,6 @@ def _scorer(declared: Scorer, requirement: Requirement, units: Sequence[Populati
     return Scorer(name=name, settings=declared.settings, version=version, sha256=sha256)
 
 
-def range_methods(sequential: bool) -> tuple[str, ...]:
-    """The bound methods (fixed-n, or sequential) that take losses in any declared range, not only 0/1."""
-    if sequential:
-        return tuple(m for m in SEQUENTIAL_METHODS if m not in BINARY_SEQUENTIAL_METHODS)
-    return tuple(m for m in METHODS if m not in BINARY_METHODS)
-
-
 def check_method_fits(requirement: Requirement, scorer: ScorerImpl) -> None:
     """A scorer whose losses are not 0/1 is decided by a bounded-range method only: the binary methods count worse
     and better units, which says nothing about how much worse. `ContractError` naming `requirement.method`."""
@@ -410,16 +403,6 @@ def difference_range(scorer: ScorerImpl) -> tuple[float, float]:
         return -1.0, 1.0
     low, high = scorer.loss_range
     # Rounding is monotone, so every rounded difference of two losses in [a, b] lies within the rounded span.
-    return low - high, high - low
-
-
-def declared_difference_range(contract: Contract) -> tuple[float, float]:
-    """`difference_range` of the contract's scorer, read from its declared settings without loading its file (as
-    `use plan` reads a contract): [-1, 1] for 0/1 losses."""
-    declared = declared_loss_range(contract.scorer)
-    if declared is None:
-        return -1.0, 1.0
-    low, high = declared
     return low - high, high - low
 
 
@@ -475,21 +458,3 @@ def load_contract(path: str | os.PathLike[str]) -> tuple[Contract, str, Executio
     with _reading("model_dir", p.parent):
         encoders = prompt_encoders(package_tokenizers(contract, model_folders(contract, p.parent)))
     return contract, sha, derive_plan(contract, sha, units, encoders)
-
-
-def load_for_planning(path: str | os.PathLike[str]) -> tuple[Contract, int, tuple[int, ...] | None]:
-    """What `use plan` needs of a contract: the contract, the number of units a run uses and, for a sequential
-    contract, the units covered at the end of each look (`plan.sequential.boundaries`).
-
-    The same numbers as `load_contract`'s plan, without reading the population (most of that command's time): the
-    contract fixes the population's size and sample, and its digest seals them; the unit count and the looks depend
-    on those and on the layouts only, never on the problems themselves.
-    """
-    contract, _ = read_contract(Path(path))
-    population = contract.population
-    units = population.size if population.sample is None else population.sample
-    looks = None
-    if contract.requirement.sequential:  # a look after each pairing call, as `derive_plan` cuts them
-        groups = call_groups(contract, units, contract.pairing.layout)
-        looks = tuple(itertools.accumulate(sum(len(batch) for batch in group) for group in groups))
-    return contract, units, looks

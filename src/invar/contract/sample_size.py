@@ -15,7 +15,7 @@ from typing import Protocol
 
 from invar import canonical
 from invar.contract.model import Contract, loss_span
-from invar.contract.prepare import declared_difference_range, load_for_planning, range_methods
+from invar.contract.plan_inputs import declared_difference_range, load_for_planning, range_methods
 from invar.errors import ContractError, InvarError
 from invar.stats.bounds import StatisticsError
 from invar.stats.planning import Assumed, PowerCurve, plan_table, power_at, power_curves
