@@ -1,6 +1,7 @@
-"""`use init --candidate-patch` proposes a contract that judges the kernel, not the engine around it: invariance
-relative to a reference running the batch-invariant base (the candidate runs the base less the ops its kernel
-replaces), and `[measurements]` with teacher forcing and a `max_kl` bound; the reference runs the
+"""`use init --candidate-patch` proposes a contract that judges the kernel, not the engine around it: the task bound,
+`[measurements]` with teacher forcing and a `max_kl` bound, and `[determinism]` (the pairing layout run twice,
+relative to the stock reference), with no batch invariance; `--invariance` adds invariance relative to a reference
+running the batch-invariant base (the candidate runs the base less the ops its kernel replaces); the reference runs the
 attention the patched candidate runs. `use init` writes `[measurements]` on request for any candidate. The workers'
 identities are stood in for (the claim is about what the command writes; tests/cli/test_use_init.py runs it on the
 real engine), and each file is checked by `use prepare`'s checks as `use init` writes it."""
@@ -59,10 +60,30 @@ def _init(out: Path, *args: str) -> dict[str, Any]:
 BASE = {name: patch_digest(name) for name in BASE_NAMES.values()}
 
 
+DETERMINISM = {"required": True, "layout": "b16", "runs": 2, "relative_to": "reference"}
+
+
 def test_a_patched_candidate_gets_a_kernel_contract(tmp_path: Path, probes: list[tuple[Any, ...]]) -> None:
     decl = _init(tmp_path / "k.toml", "--candidate-patch", "split-k")
+    # The task bound, max_kl and determinism; batch invariance is not required, so there is no base.
+    assert decl["invariance"] == {"required": False}
+    assert decl["layouts"] == {"b16": {"batch_size": 16}}
+    assert decl["determinism"] == DETERMINISM
+    assert decl["measurements"] == {"teacher_forcing": True, "capture_steps": ["every:1"], "max_kl": KERNEL_MAX_KL}
+    assert "patches" not in decl["reference"]
+    assert decl["candidate"]["patches"] == {"split-k": patch_digest("split-k")}
+    assert "determinism" in decl["description"]
+    assert "--invariance" in decl["description"]
+    # The reference runs the attention the patched candidate runs: the kernel is the difference.
+    assert decl["reference"]["settings"]["attn_implementation"] == "eager"
+    assert [launch.get("attn_implementation") for launch, _ in probes] == [None, None, "eager"]
+
+
+def test_invariance_adds_batch_invariance_on_the_base(tmp_path: Path, probes: list[tuple[Any, ...]]) -> None:
+    decl = _init(tmp_path / "k.toml", "--candidate-patch", "split-k", "--invariance")
     assert decl["invariance"] == {"required": True, "relative_to": "reference",
                                   "layouts": ["b16", "b32-shuffled", "solo"]}
+    assert decl["determinism"] == DETERMINISM
     assert decl["measurements"] == {"teacher_forcing": True, "capture_steps": ["every:1"], "max_kl": KERNEL_MAX_KL}
     # The batch-invariant base: all of it on the reference; on the candidate all but the products split-k replaces.
     assert decl["reference"]["patches"] == BASE
@@ -82,7 +103,7 @@ def test_a_patched_candidate_gets_a_kernel_contract(tmp_path: Path, probes: list
 ])
 def test_the_base_leaves_out_the_ops_the_kernel_replaces(tmp_path: Path, probes: list[tuple[Any, ...]],
                                                          kernel: Path, left_out: set[str]) -> None:
-    decl = _init(tmp_path / "k.toml", "--candidate-patch", str(kernel))
+    decl = _init(tmp_path / "k.toml", "--candidate-patch", str(kernel), "--invariance")
     assert decl["reference"]["patches"] == BASE
     base = {k: v for k, v in decl["candidate"]["patches"].items() if k in BASE}
     assert base == {k: v for k, v in BASE.items() if k not in left_out}
@@ -90,7 +111,7 @@ def test_the_base_leaves_out_the_ops_the_kernel_replaces(tmp_path: Path, probes:
 
 
 def test_no_base_keeps_the_stock_reference(tmp_path: Path, probes: list[tuple[Any, ...]]) -> None:
-    decl = _init(tmp_path / "k.toml", "--candidate-patch", "split-k", "--no-base")
+    decl = _init(tmp_path / "k.toml", "--candidate-patch", "split-k", "--invariance", "--no-base")
     assert "patches" not in decl["reference"]
     assert decl["candidate"]["patches"] == {"split-k": patch_digest("split-k")}
     assert decl["reference"]["settings"]["attn_implementation"] == "eager"  # asked again with the candidate's
@@ -114,7 +135,7 @@ def test_where_the_base_cannot_route_one_line_says_why(tmp_path: Path, probes: l
                                          encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "k.toml"
-    result = CliRunner().invoke(app, ["use", "init", str(out), "--sample", "40", *args])
+    result = CliRunner().invoke(app, ["use", "init", str(out), "--sample", "40", "--invariance", *args])
     assert result.exit_code == 0, (result.output, result.exception)
     said = [line for line in result.output.splitlines() if line.startswith("no batch-invariant base: ")]
     assert len(said) == 1, result.output
@@ -129,14 +150,18 @@ def test_the_kernel_defaults_can_each_be_changed(tmp_path: Path, probes: list[tu
     assert decl["invariance"] == {"required": True, "layouts": ["b16", "b32-shuffled", "solo"]}
     assert decl["measurements"] == {"teacher_forcing": True, "capture_steps": [0, "last"]}
     assert decl["reference"]["settings"]["attn_implementation"] == "sdpa"  # chosen: kept
-    decl = _init(tmp_path / "n.toml", "--candidate-patch", "split-k", "--no-measurements")
+    decl = _init(tmp_path / "n.toml", "--candidate-patch", "split-k", "--no-measurements", "--invariance")
     assert "measurements" not in decl
     assert decl["invariance"]["relative_to"] == "reference"
+    decl = _init(tmp_path / "d.toml", "--candidate-patch", "split-k", "--no-determinism")
+    assert "determinism" not in decl
+    assert decl["invariance"] == {"required": False}
 
 
 def test_without_patches_nothing_changes_unless_asked(tmp_path: Path, probes: list[tuple[Any, ...]]) -> None:
     decl = _init(tmp_path / "q.toml", "--candidate-quantization", "nf4")
     assert "measurements" not in decl
+    assert "determinism" not in decl
     assert decl["invariance"] == {"required": True, "layouts": ["b16", "b32-shuffled", "solo"]}
     decl = _init(tmp_path / "m.toml", "--candidate-quantization", "nf4", "--measurements", "--max-kl", "0.01",
                  "--invariance-relative-to", "reference")
@@ -150,6 +175,7 @@ def test_without_patches_nothing_changes_unless_asked(tmp_path: Path, probes: li
     (["--max-kl", "0.01", "--no-measurements"], "--max-kl and --capture-step set [measurements]"),
     (["--measurements", "--sequential", "--no-invariance"], "--measurements covers batches"),
     (["--measurements", "--max-kl", "-1"], "measurements.max_kl"),
+    (["--determinism", "--sequential", "--no-invariance"], "--determinism runs every unit again"),
     (["--measurements", "--capture-step", "every:0"], "measurements.capture_steps"),
 ])
 def test_bad_kernel_options_are_one_line_and_nothing_is_written(tmp_path: Path, probes: list[tuple[Any, ...]],

@@ -386,6 +386,29 @@ class InvarianceOutput(Closed):
     """Relative to the reference: the ids of the units that gained layout dependence, in plan order."""
 
 
+class DeterminismOutput(Closed):
+    required: Literal[True]
+    layout: str
+    """The layout the candidate ran again."""
+    runs: int
+    """How many times it ran it, each later run in a worker started afresh."""
+    holds: bool
+    units: int
+    units_differing: int
+    """Units that break the requirement: their outputs differ between runs under the candidate (relative to the
+    reference: and not under the reference)."""
+    candidate_units_differing: int
+    """Units whose outputs differ between runs under the candidate, counted or not."""
+    relative_to: Literal["reference"] | None
+    """`reference` when the reference ran the layout again too and its varying units are not counted."""
+    reference_units_differing: int | None
+    """Relative to the reference: units whose outputs differ between the reference's runs (not counted)."""
+    first_difference: str | None
+    differing_units: list[str]
+    """The ids of the units counted against the candidate, in plan order."""
+    covers: str
+
+
 class PremiseOutput(Closed):
     statement: str
     party: str
@@ -654,6 +677,8 @@ class DecisionOutput(Closed):
     """Sequential contracts only."""
     nonfinite: NonFiniteCallOutput | None = None
     """Only when the run stopped at a candidate call answered with non-finite values: that call, which decides."""
+    determinism: DeterminismOutput | None = None
+    """Contracts that require determinism only (absent when the run stopped at a non-finite call)."""
 
 
 class UseAdmitOutput(DecisionOutput):

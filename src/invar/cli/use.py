@@ -79,7 +79,7 @@ def prepare_cmd(
     typer.echo(f"plan {plan.version}: {len(plan.units)} units, {len(plan.calls)} generate calls")
     groups: dict[str, list[PlannedCall]] = {}
     for c in plan.calls:
-        groups.setdefault(f"{c.package}/{c.layout}", []).append(c)
+        groups.setdefault(f"{c.package}/{c.layout}" + ("" if c.run == 1 else f"@{c.run}"), []).append(c)
     for name, calls in groups.items():
         typer.echo(f"  {name:<28} {len(calls):>5} call{'s' if len(calls) > 1 else ' '} "
                    f"{sum(len(c.batches) for c in calls):>6} batches  ({', '.join(calls[0].purposes)})")

@@ -54,7 +54,7 @@ _OPTION_OF = {
     "requirement.method": "--method", "requirement.max_n": "--sample", "pairing.seed": "--seed",
     "layouts": "--batch-size", "execution.requests_per_call": "--requests-per-call",
     "invariance.relative_to": "--invariance-relative-to", "measurements.max_kl": "--max-kl",
-    "measurements.capture_steps": "--capture-step", "measurements": "--measurements",
+    "measurements.capture_steps": "--capture-step", "measurements": "--measurements", "determinism": "--determinism",
     "reference.settings": "--setting", "candidate.settings": "--candidate-setting", "premises": "--party",
     "candidate": "--candidate-model, --candidate-engine, --candidate-setting, --candidate-patch, --candidate-dtype or "
                  "--candidate-quantization",
@@ -138,6 +138,8 @@ class _Choices:
     measurements: dict[str, Any] | None = None
     """The `[measurements]` section as the contract model reads it (teacher_forcing, capture_steps, max_kl), or
     None for none."""
+    determinism: bool = False
+    """Write `[determinism]`: the candidate runs the pairing layout twice, relative to the reference."""
 
 
 def _package(side: _Side, base: Path) -> dict[str, Any]:
@@ -170,6 +172,8 @@ def _declaration(c: _Choices, reference: _Side, candidate: _Side, base: Path) ->
         "sampling": {"temperature": c.temperature, "top_p": c.top_p, "max_tokens": c.max_tokens},
         "requirement": requirement, "pairing": {"seed": c.seed, "layout": pairing}, "layouts": layouts,
         "invariance": invariance, **({} if c.measurements is None else {"measurements": c.measurements}),
+        **({"determinism": {"required": True, "layout": pairing, "runs": 2, "relative_to": "reference"}}
+           if c.determinism else {}),
         "execution": {"requests_per_call": c.requests_per_call},
         "reference": _package(reference, base), "candidate": _package(candidate, base),
         "premises": [] if c.party is None else [{
@@ -296,7 +300,15 @@ def init_cmd(
     invariance: Annotated[
         bool | None, typer.Option("--invariance/--no-invariance",
                                   help="Require the candidate bit-identical alone, in batches of --batch-size and "
-                                       "in shuffled batches of twice that (default: yes; no when sequential).")
+                                       "in shuffled batches of twice that (default: yes; no when sequential, and no "
+                                       "for a kernel, which is judged by determinism: add --invariance where the use "
+                                       "needs batch invariance).")
+    ] = None,
+    determinism: Annotated[
+        bool | None, typer.Option("--determinism/--no-determinism",
+                                  help="Require the candidate to reproduce the pairing layout bit for bit when run "
+                                       "again in a fresh worker, relative to the reference (default: yes when only "
+                                       "the candidate runs patches, and not sequential).")
     ] = None,
     requests_per_call: Annotated[
         int, typer.Option("--requests-per-call", help="The most requests one worker call carries.")
@@ -365,6 +377,9 @@ def init_cmd(
         raise InvarError("--every-unit and --sample both say how many units to run; give one")
     if invariance_relative_to not in (None, "reference", "none"):
         raise InvarError(f"--invariance-relative-to {invariance_relative_to!r}: write reference or none")
+    if determinism and sequential:
+        raise InvarError("--determinism runs every unit again, which a sequential run may never reach: leave out "
+                         "--sequential or --determinism")
     if measurements and sequential:
         raise InvarError("--measurements covers batches a sequential run may never reach: leave out --sequential or "
                          "--measurements")
@@ -406,8 +421,10 @@ def init_cmd(
             method = "paired-binary-sequence" if loaded.binary else "betting-sequence"
         else:
             method = DEFAULT_BINARY_METHOD if loaded.binary else "maurer-pontil"
-    # A kernel contract (patches on the candidate alone) judges the kernel, not the engine around it: invariance
-    # relative to the stock reference, and the measurements that see a precision the task cannot.
+    # A kernel contract (patches on the candidate alone) judges the kernel, not the engine around it: the task bound,
+    # the measurements that see a precision the task cannot, and determinism (run to run, relative to the stock
+    # reference). Batch invariance is a property some uses need, not correctness: a correct kernel may reduce in an
+    # order that follows the batch's shape, so it is required only when asked for (--invariance).
     kernel = bool(sides[1].patches) and not sides[0].patches
     relative = invariance_relative_to == "reference" if invariance_relative_to is not None else kernel
     measured = measurements if measurements is not None else kernel and not sequential
@@ -424,16 +441,28 @@ def init_cmd(
         DEFAULT_SAMPLE if units > DEFAULT_SAMPLE else None
     if sequential and chosen is None:
         chosen = units  # max_n must state the units the plan runs
+    # Naming how invariance is judged (--invariance-relative-to) asks for it.
+    invariant = bool(invariance) if invariance is not None else \
+        not sequential and (not kernel or invariance_relative_to is not None)
+    determined = determinism if determinism is not None else kernel and not sequential
+    why = ""
+    if kernel and description is None:
+        why = (" Judged by the task bound, max_kl on teacher-forced captures" if measured else
+               " Judged by the task bound") + \
+            (" and determinism (the pairing layout run twice, bit-identical)" if determined else "") + \
+            ("; batch invariance is required too (--invariance)." if invariant else
+             "; batch invariance is not required, as a correct kernel may be batch variant (use init --invariance "
+             "adds it).")
     choices = _Choices(
         name=name if name is not None else out.stem.lower(),
         description=description if description is not None else
-        f"May {_describe(sides[1])} replace {_describe(sides[0])} for this use?",
+        f"May {_describe(sides[1])} replace {_describe(sides[0])} for this use?{why}",
         population=population, population_sha256=population_sha256, sample=chosen, scorer=scorer_name,
         scorer_sha256=scorer_sha256, scorer_settings=scorer_values, binary=loaded.binary, temperature=temperature,
         top_p=top_p, max_tokens=max_tokens, standard=standard, epsilon=epsilon, confidence=confidence,
         method=method, sequential=sequential, seed=seed, batch_size=batch_size,
-        invariance=bool(invariance) if invariance is not None else not sequential,
-        requests_per_call=requests_per_call, party=party, measurements=measure)
+        invariance=invariant, requests_per_call=requests_per_call, party=party, measurements=measure,
+        determinism=determined)
     choices.relative_invariance = relative and choices.invariance
     if relative and invariance_relative_to is not None and not choices.invariance:
         raise InvarError("--invariance-relative-to reference judges invariance, which is not required: leave out "
@@ -461,6 +490,12 @@ def init_cmd(
         raise InvarError(f"{out}: cannot write the declaration ({exc.strerror or exc}); choose another path") \
             from None
     typer.echo(f"wrote {out}: {choices.name}, {_describe(sides[1])} against {_describe(sides[0])}")
+    if kernel:
+        typer.echo("a kernel contract: " + ", ".join(
+            ["the task bound", *(["max_kl"] if measure is not None and "max_kl" in measure else []),
+             *(["determinism (the pairing layout run twice)"] if choices.determinism else []),
+             *(["batch invariance"] if choices.invariance else [])])
+                   + ("" if choices.invariance else "; batch invariance is not required (--invariance adds it)"))
     typer.echo(f"next: invar use prepare {out}")
 
 

@@ -25,7 +25,9 @@ from invar.compare.numerical import NumericalComparison
 from invar.contract.bind import CallEvidence, NonFiniteCall, check_stop_record
 from invar.contract.decide import (
     Decision,
+    Determinism,
     Invariance,
+    check_determinism,
     check_premises,
     conservative_delta,
     decide,
@@ -128,14 +130,15 @@ def admit(
             diag = range_diagnostics(d, d_low, d_high, conservative_delta(delta))
     max_kl = None if contract.measurements is None else contract.measurements.max_kl
     kl = None if max_kl is None or read.measured is None else kl_requirement(read.measured, max_kl)
-    answer, reason = decide(contract, read.invariance, premises, loss, task_bound, kl, stopped, read.nonfinite)
+    answer, reason = decide(contract, read.invariance, premises, loss, task_bound, kl, stopped, read.nonfinite,
+                            read.determinism)
     return Decision(
         answer=answer, reason=reason, contract_name=contract.name, contract_sha256=sha, run=str(run_path),
         standard=req.standard, epsilon=req.epsilon, delta=delta, invariance=read.invariance,
         premises=premises, task_loss=loss, bound=task_bound, diagnostics=diag,
         evidence=read.evidence, plan_version=read.plan_version, chain_head=read.head, records=read.records,
         measurements=read.measured, measurement_evidence=read.measurement_evidence, kl=kl, sequential=stopped,
-        nonfinite=read.nonfinite,
+        nonfinite=read.nonfinite, determinism=read.determinism,
     )
 
 
@@ -162,6 +165,9 @@ class _Read:
     base: Path
     nonfinite: NonFiniteCall | None = None
     """The candidate's first call answered with non-finite values (the run stopped there)."""
+    determinism: Determinism | None = None
+    """The determinism requirement as checked (a contract that requires it, on a run not stopped by non-finite
+    values)."""
 
 
 def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str | os.PathLike[str],
@@ -225,6 +231,13 @@ def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str |
                 if contract.invariance.required else (0, None)
             invariance = Invariance(contract.invariance.required, inv_layouts, differing == 0, len(plan.units),
                                     differing, first)
+        determinism = None
+        required = contract.determinism
+        if required is not None and required.required and nonfinite is None:
+            assert required.layout is not None
+            # Each run's outputs are read again from the store, one call at a time.
+            determinism = check_determinism(plan, found, required.layout, required.runs,
+                                            required.relative_to == "reference")
     ref_evidence = unit_evidence(plan, found, "reference", pairing)
     cand_evidence = unit_evidence(plan, found, "candidate", pairing)
     if stopped is not None or nonfinite is not None:  # the units reached; otherwise every planned unit, as planned
@@ -238,7 +251,7 @@ def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str |
         ref_evidence=ref_evidence, cand_evidence=cand_evidence, ref_loss=ref_loss, cand_loss=cand_loss,
         stopped=stopped,
         invariance=invariance,
-        scorer=scorer, base=reader.base, nonfinite=nonfinite)
+        scorer=scorer, base=reader.base, nonfinite=nonfinite, determinism=determinism)
 
 
 __all__ = [

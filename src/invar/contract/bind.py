@@ -402,7 +402,12 @@ def bind_records(
     as they bind and then dropped; the evidence reads them again through it when asked. `visit` is told each bound
     generate call with its outputs.
     """
-    by_params = {(c.package, c.params_digest): c for c in plan.calls}
+    # A later run of the determinism layout has its first run's params: a record binds the first call of its digest
+    # not yet answered, in plan order.
+    by_params: dict[tuple[Role, str], list[PlannedCall]] = {}
+    for c in plan.calls:
+        by_params.setdefault((c.package, c.params_digest), []).append(c)
+    workers: dict[str, str] = {}
     by_items = {(m.package, tuple(plan.units[i].unit_id for i in m.units)): m for m in plan.measurements}
     # Only measurements look responses up by unit: a plan without them keeps no per-unit index.
     pairing = _PairingIndex(plan) if plan.measurements else None
@@ -421,7 +426,8 @@ def bind_records(
             continue  # scoring outside a plan's measurements does not enter the decision
         role = _attribute(rec, last_load.get(rec.worker), contract)
         params = rec.call.params
-        planned = by_params.get((role, params_digest(params)))
+        runs = by_params.get((role, params_digest(params)))
+        planned = None if runs is None else next((c for c in runs if c.key not in found), runs[-1])
         if planned is None:
             nearest = _nearest_call(plan, role, params)
             diff = _first_difference(nearest.params.to_wire(), params, "params") or "params are encoded differently"
@@ -439,8 +445,14 @@ def bind_records(
         if planned.key in found:
             raise EvidenceError(f"{rec.name}: repeats planned call {planned.key}, already answered by record "
                                 f"{found[planned.key].record_seq}")
+        if planned.run > 1 and workers.get(planned.run_key(1)) == rec.worker:
+            raise EvidenceError(f"{rec.name}: answers planned call {planned.key}, a run again of "
+                                f"{planned.run_key(1)}, from the worker that answered that call (record "
+                                f"{found[planned.run_key(1)].record_seq}); determinism needs a worker started afresh "
+                                "for the later run")
         load = last_load[rec.worker]
         _check_loaded(rec, load, contract.package(role), role)
+        workers[planned.key] = rec.worker
         assert rec.report is not None
         outputs = parse_outputs(_result(rec), params["requests"], eos[role], rec.name)
         evidence = found[planned.key] = CallEvidence(

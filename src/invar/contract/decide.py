@@ -12,6 +12,9 @@ The decision, in order:
    tokens and log-probabilities for every unit. Any difference is a definite breach: Violated. Relative to the
    reference (`invariance.relative_to`), only the units the reference gives bit-identical outputs for across the
    layouts are covered, and a candidate that differs on any of them is Violated: it added layout dependence.
+1b. Determinism (if the contract requires it): the candidate's later runs of the determinism layout, each in a
+   fresh worker, give bit-identical tokens and log-probabilities to its first run for every unit (relative to the
+   reference, every unit the reference reproduces). Any difference is a definite breach: Violated.
 2. Premises: each has its declared reliance (a `checked` basis file still hashes to its digest). A premise that
    does not hold leaves the decision without a basis it declared: Unknown.
 3. The task loss. Population standard: the contract's bound on the mean paired difference (candidate loss minus
@@ -118,6 +121,68 @@ class RelativeInvariance:
                 "gained_units": list(self.gained_units)}
 
 
+@dataclass(frozen=True)
+class Determinism:
+    """Whether the candidate reproduced its outputs, bit for bit, when the determinism layout was run again."""
+
+    layout: str
+    runs: int
+    holds: bool
+    units: int
+    units_differing: int
+    """Units that break the requirement: whose outputs differ between two runs under the candidate (relative to the
+    reference: and not under the reference)."""
+    candidate_units_differing: int
+    """Units whose outputs differ between two runs under the candidate (counted against it or not)."""
+    reference_units_differing: int | None
+    """Relative to the reference: units whose outputs differ between the reference's runs, not counted against the
+    candidate. None when the requirement is not relative to the reference."""
+    first_difference: str | None
+    differing_units: tuple[str, ...]
+    """The ids, in plan order, of the units counted against the candidate."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"required": True, "layout": self.layout, "runs": self.runs, "holds": self.holds, "units": self.units,
+                "units_differing": self.units_differing,
+                "candidate_units_differing": self.candidate_units_differing,
+                "relative_to": None if self.reference_units_differing is None else "reference",
+                "reference_units_differing": self.reference_units_differing,
+                "first_difference": self.first_difference, "differing_units": list(self.differing_units),
+                "covers": "only the layout listed, run again in a worker started afresh; other layouts and later "
+                          "runs are not covered"}
+
+
+def check_determinism(plan: ExecutionPlan, found: Mapping[str, CallEvidence], layout: str, runs: int,
+                      relative: bool) -> Determinism:
+    """Each later run of `layout` against the first, unit by unit, bit for bit (tokens, log-probability bits, finish
+    reason), under the candidate and, `relative`, under the reference, whose varying units are then not counted."""
+
+    def varies(package: Role) -> np.ndarray:
+        first = _output_digests(plan, found, package, layout)
+        out = np.zeros(len(plan.units), dtype=bool)
+        for run in range(2, runs + 1):
+            out |= (_output_digests(plan, found, package, layout, run) != first).any(axis=1)
+        return out
+
+    candidate = varies("candidate")
+    reference = varies("reference") if relative else np.zeros(len(plan.units), dtype=bool)
+    counted = candidate & ~reference
+    first = None
+    if counted.any():
+        i = int(np.flatnonzero(counted)[0])
+        run = next(r for r in range(2, runs + 1)
+                   if _output_difference(_layout_output(plan, found, "candidate", layout, i),
+                                         _layout_output(plan, found, "candidate", layout, i, r)) is not None)
+        what = _output_difference(_layout_output(plan, found, "candidate", layout, i),
+                                  _layout_output(plan, found, "candidate", layout, i, run))
+        first = f"unit {plan.units[i].unit_id}: {what} between runs 1 and {run} of layout {layout}"
+        if relative:
+            first += "; the reference reproduces it"
+    return Determinism(layout, runs, not counted.any(), len(plan.units), int(counted.sum()), int(candidate.sum()),
+                       int(reference.sum()) if relative else None, first,
+                       tuple(plan.units[i].unit_id for i in np.flatnonzero(counted)))
+
+
 def check_invariance(runs: Mapping[str, Sequence[Output]]) -> tuple[int, str | None]:
     """Compare the candidate's outputs across layouts, unit by unit, bit for bit.
 
@@ -191,10 +256,11 @@ def relative_invariance(plan: ExecutionPlan, found: Mapping[str, CallEvidence], 
     return Invariance(True, tuple(names), not gained.any(), len(plan.units), int(gained.sum()), first, relative)
 
 
-def _output_digests(plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role, layout: str) -> np.ndarray:
+def _output_digests(plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role, layout: str,
+                    run: int = 1) -> np.ndarray:
     """uint8[units, 32]: per unit, sha256 of its output's token count, tokens, log-probability bits and finish."""
     out = np.zeros((len(plan.units), 32), dtype=np.uint8)
-    for c in plan.layout_calls(package, layout):
+    for c in plan.layout_calls(package, layout, run):
         for index, o in zip(c.units, found[c.key].outputs, strict=True):
             out[index] = output_digest(o)
     return out
@@ -210,8 +276,8 @@ def output_digest(o: Output) -> np.ndarray:
 
 
 def _layout_output(plan: ExecutionPlan, found: Mapping[str, CallEvidence], package: Role, layout: str,
-                   index: int) -> Output:
-    for c in plan.layout_calls(package, layout):
+                   index: int, run: int = 1) -> Output:
+    for c in plan.layout_calls(package, layout, run):
         if index in c.units:
             return found[c.key].outputs[c.units.index(index)]
     raise AssertionError("a plan's calls of one layout cover every unit")
@@ -376,6 +442,8 @@ class Decision:
     nonfinite: NonFiniteCall | None = None
     """The candidate's first generate call answered with non-finite values, when the run stopped at one: it decides
     Violated by itself, and the task loss covers only the units both packages answered before it."""
+    determinism: Determinism | None = None
+    """The determinism requirement as checked (only when the contract requires it and the run reached it)."""
 
     @property
     def exit_code(self) -> int:
@@ -411,6 +479,7 @@ class Decision:
                 "note": "measurements only; they decide nothing unless the contract sets max_kl"}}),
             **({} if self.sequential is None else {"sequential": sequential_json(self.sequential)}),
             **({} if self.nonfinite is None else {"nonfinite": self.nonfinite.to_json()}),
+            **({} if self.determinism is None else {"determinism": self.determinism.to_json()}),
         }
 
 
@@ -425,7 +494,7 @@ def sequential_json(decision: SequentialDecision) -> dict[str, Any]:
 def decide(
     contract: Contract, invariance: Invariance, premises: Sequence[PremiseCheck], loss: TaskLoss | RangeTaskLoss,
     task_bound: Bound | None, kl: KlRequirement | None = None, sequential: SequentialDecision | None = None,
-    nonfinite: NonFiniteCall | None = None,
+    nonfinite: NonFiniteCall | None = None, determinism: Determinism | None = None,
 ) -> tuple[Answer, str]:
     """The answer and its one-line reason, in the contract's order: a candidate call answered with non-finite values
     (the package computed NaN: no other figure is needed, nor complete), invariance, the measurements' `max_kl` (when
@@ -444,6 +513,13 @@ def decide(
     if invariance.required and not invariance.holds:
         return Answer.VIOLATED, (f"invariance: {invariance.units_differing} of {invariance.units} units differ "
                                  f"across layouts {', '.join(invariance.layouts)}; {invariance.first_difference}")
+    if determinism is not None and not determinism.holds:
+        excluded = "" if determinism.reference_units_differing is None else \
+            (f" ({determinism.reference_units_differing} differ between the reference's runs too and are not "
+             "counted)")
+        return Answer.VIOLATED, (f"determinism: {determinism.units_differing} of {determinism.units} units differ "
+                                 f"between {determinism.runs} runs of layout {determinism.layout} under the "
+                                 f"candidate{excluded}; {determinism.first_difference}")
     if kl is not None and kl.violated:
         return Answer.VIOLATED, (f"measurements: {kl.worst} exceeds max_kl = {kl.max_kl} nats by more than its "
                                  "numerical error bound")
@@ -551,9 +627,11 @@ __all__ = [
     "EXIT_CODES",
     "Answer",
     "Decision",
+    "Determinism",
     "Invariance",
     "PremiseCheck",
     "RelativeInvariance",
+    "check_determinism",
     "check_invariance",
     "check_premises",
     "conservative_delta",

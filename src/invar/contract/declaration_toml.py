@@ -133,6 +133,12 @@ def _layout_notes(name: str, pairing: str, values: Mapping[str, Any]) -> dict[st
     return {"batch_size": _Note(size), "order": _Note(f"in a seeded {values.get('order')} order")}
 
 
+_DETERMINISM = {"required": _Note("any bit of difference between two runs violates the contract"),
+                "layout": _Note("the layout run again: the pairing layout"),
+                "runs": _Note("how many runs of it; each later one in a fresh worker"),
+                "relative_to": _Note("the reference runs it again too; units it varies on are not counted")}
+
+
 def _invariance_notes(values: Mapping[str, Any]) -> dict[str, _Note]:
     if not values.get("required"):
         return {"required": _Note("the candidate runs only the pairing layout")}
@@ -202,6 +208,10 @@ def declaration_toml(declaration: Declaration, file_name: str,
         lines += _table(f"layouts.{layout}", values, _layout_notes(layout, declaration.pairing.layout, values))
     invariance = _set(declaration.invariance)
     lines += _table("invariance", invariance, _invariance_notes(invariance))
+    if declaration.determinism is not None:
+        lines += _table("determinism", _set(declaration.determinism), _DETERMINISM, (
+            "The candidate runs this layout again in a worker started afresh and must reproduce every unit's tokens",
+            "and log-probabilities bit for bit."))
     if declaration.measurements is not None:
         lines += _table("measurements", _set(declaration.measurements), _MEASUREMENTS, (
             "The candidate scores the reference's responses (teacher forcing) and both packages' whole-vocabulary",

@@ -290,6 +290,22 @@ class Invariance(_Model):
     reference does (the key is left out of the JSON, so contracts without it keep their bytes)."""
 
 
+class Determinism(_Model):
+    """Whether the candidate must give bit-identical tokens and log-probabilities when one layout is run again."""
+
+    required: bool
+    """If true, the candidate runs `layout` `runs` times, each later run in a worker started afresh after the first
+    run's calls (so no state the first run left in a process can answer the second), and any bit of difference on a
+    unit between two runs violates the contract. Other layouts are not covered."""
+    layout: Name | None = None
+    """The layout (a key of `layouts`) run again: one the candidate runs for the pairing or for invariance."""
+    runs: int = Field(default=2, ge=2, le=8)
+    """How many times the candidate runs `layout` (the first run is the layout's own calls)."""
+    relative_to: Literal["reference"] | None = None
+    """`reference`: the reference runs `layout` again too, and a unit whose reference outputs differ between its runs
+    is not counted against the candidate (the decision counts them). Omitted: every unit counts."""
+
+
 class Execution(_Model):
     """How the plan cuts each layout's requests into calls (plan `invar.plan/2`)."""
 
@@ -508,6 +524,7 @@ def _check_common(
     layouts: Mapping[str, Layout],
     reference: PackageDeclaration,
     candidate: PackageDeclaration,
+    determinism: Determinism | None = None,
 ) -> None:
     """Cross-field rules shared by a declaration and a contract; messages start with the field they name."""
     if requirement.standard == "population":
@@ -553,12 +570,39 @@ def _check_common(
     if invariance.relative_to is not None and not invariance.required:
         raise ValueError("invariance.relative_to: invariance is not required, so there is nothing to judge against the "
                          "reference; set invariance.required = true or remove relative_to")
+    if determinism is not None:
+        _check_determinism(determinism, requirement, pairing, invariance)
     used = {pairing.layout, *invariance.layouts}
     for name in layouts:
         if name not in used:
             raise ValueError(f"layouts.{name}: is used by neither pairing nor invariance; remove it")
     if reference.anchor() == candidate.anchor():
         raise ValueError("candidate: is identical to the reference package; a contract compares two packages")
+
+
+def _check_determinism(determinism: Determinism, requirement: Requirement, pairing: Pairing,
+                       invariance: Invariance) -> None:
+    """The determinism section's layout is one the candidate runs anyway (and, relative to the reference, one the
+    reference runs too), so its first run is that layout's own calls."""
+    if not determinism.required:
+        if determinism.layout is not None or determinism.relative_to is not None:
+            raise ValueError("determinism: determinism is not required, so no layout is run again; set required = true "
+                             "or remove layout and relative_to")
+        return
+    if requirement.sequential:
+        raise ValueError("requirement.sequential: a sequential run stops its pairing calls early, so it cannot run "
+                         "every unit again; remove the determinism section or sequential")
+    if determinism.layout is None:
+        raise ValueError(f"determinism.layout: name the layout run again, e.g. the pairing layout "
+                         f"{pairing.layout!r}")
+    candidate_runs = {pairing.layout, *invariance.layouts}
+    if determinism.layout not in candidate_runs:
+        raise ValueError(f"determinism.layout: {determinism.layout!r} is not a layout the candidate runs; name the "
+                         f"pairing layout {pairing.layout!r} or an invariance layout")
+    reference_runs = {pairing.layout, *(invariance.layouts if invariance.relative_to == "reference" else ())}
+    if determinism.relative_to == "reference" and determinism.layout not in reference_runs:
+        raise ValueError(f"determinism.layout: {determinism.layout!r} is not a layout the reference runs, which "
+                         f"relative_to = \"reference\" needs; name the pairing layout {pairing.layout!r}")
 
 
 def declared_loss_range(scorer: Scorer) -> tuple[float, float] | None:
@@ -668,6 +712,8 @@ class Declaration(_Model):
     """How the plan's calls are cut; the defaults suit most uses."""
     measurements: Measurements | None = None
     """Teacher forcing and captures the plan adds (plan `invar.plan/3`); omit for none."""
+    determinism: Determinism | None = None
+    """Which layout the candidate must give bit-identical outputs on when run again; omit for none."""
 
     @model_validator(mode="before")
     @classmethod
@@ -677,7 +723,8 @@ class Declaration(_Model):
     @model_validator(mode="after")
     def _consistent(self) -> Declaration:
         _check_epsilon(self.requirement, self.scorer)
-        _check_common(self.requirement, self.pairing, self.invariance, self.layouts, self.reference, self.candidate)
+        _check_common(self.requirement, self.pairing, self.invariance, self.layouts, self.reference, self.candidate,
+                      self.determinism)
         _check_sequential(self.requirement, self.measurements)
         return self
 
@@ -749,6 +796,9 @@ class Contract(_Model):
     measurements: Measurements | None = None
     """Teacher forcing and captures (plan `invar.plan/3`). Absent (the key is left out of the JSON, so contracts
     without it keep their bytes and digest), the plan has none."""
+    determinism: Determinism | None = None
+    """Which layout the candidate runs again, in a fresh worker, and must reproduce bit for bit. Absent (the key is
+    left out of the JSON, so contracts without it keep their bytes and digest), nothing is run again."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
                               strict=True)
@@ -756,7 +806,8 @@ class Contract(_Model):
     @model_validator(mode="after")
     def _consistent(self) -> Contract:
         _check_epsilon(self.requirement, self.scorer)
-        _check_common(self.requirement, self.pairing, self.invariance, self.layouts, self.reference, self.candidate)
+        _check_common(self.requirement, self.pairing, self.invariance, self.layouts, self.reference, self.candidate,
+                      self.determinism)
         if (self.requirement.standard == "population") != (self.method_version is not None):
             raise ValueError("method_version: present exactly when the standard is population; re-run use prepare")
         if self.measurements is not None and self.execution is None:
@@ -776,6 +827,10 @@ class Contract(_Model):
         data = self.model_dump(mode="json", by_alias=True)
         if data["measurements"] is None:
             del data["measurements"]  # contracts prepared before measurements existed keep their bytes
+        if data["determinism"] is None:
+            del data["determinism"]  # and before determinism
+        elif data["determinism"]["relative_to"] is None:
+            del data["determinism"]["relative_to"]
         if data["invariance"]["relative_to"] is None:  # and before invariance relative to the reference
             del data["invariance"]["relative_to"]
         for key in ("sequential", "max_n"):  # likewise for contracts prepared before sequential admission

@@ -17,6 +17,11 @@ Decisions:
   (one call serving both when the pairing layout is among them). With invariance relative to the reference
   (`invariance.relative_to`), the reference runs every invariance layout as well, its calls after the candidate's,
   so a contract without it keeps its plan call for call.
+- Determinism (`determinism`): the candidate's calls of the determinism layout are issued again, once per later
+  run, after every other generate call (and with `relative_to`, the reference's too). A run's calls have the first
+  run's params exactly, so a record binds the first call of that digest not yet answered, in plan order; a later
+  run's record must come from another worker than its first run's (`use run` starts a fresh one), so nothing a
+  process kept from the first run can answer the second.
 - Measurements (plan /3) are `score` calls whose structure the plan fixes and whose tokens are the recorded
   responses: for each measured batch of the pairing layout, one call per package holding exactly that batch's
   units in order, so a package whose numbers depend on the batch scores its own samples in the batch it sampled
@@ -68,7 +73,7 @@ of part 0, then part 1, and so on, and its batch boundaries are the cumulative u
 run issues look after look and stops at the first look where the rule stops (see `SequentialSection`)."""
 
 Role = Literal["reference", "candidate"]
-Purpose = Literal["pairing", "invariance"]
+Purpose = Literal["pairing", "invariance", "determinism"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,11 +181,19 @@ class PlannedCall:
     source: Requests = field(compare=False, repr=False)
     part: int | None = None
     """Which of the layout's calls this is (plan /2); None when one call carries the whole layout (plan /1)."""
+    run: int = 1
+    """Which run of its layout this call is: 1, or a later run of the determinism layout, with the same params."""
 
     @property
     def key(self) -> str:
-        """A readable name for the call, unique within the plan: `<package>/<layout>`, `#<part>` under plan /2."""
-        return f"{self.package}/{self.layout}" + ("" if self.part is None else f"#{self.part}")
+        """A readable name for the call, unique within the plan: `<package>/<layout>`, `@<run>` for a later run,
+        `#<part>` under plan /2."""
+        return self.run_key(self.run)
+
+    def run_key(self, run: int) -> str:
+        """The key of this call's counterpart in run `run` of its layout."""
+        return f"{self.package}/{self.layout}" + ("" if run == 1 else f"@{run}") + \
+            ("" if self.part is None else f"#{self.part}")
 
     @property
     def batches(self) -> list[list[int]]:
@@ -265,18 +278,19 @@ class ExecutionPlan:
 
     def look_calls(self, look: int) -> tuple[PlannedCall, ...]:
         """Plan /4: the calls of look `look` (0-based): part `look` of each package's pairing calls."""
-        return tuple(c for c in self.calls if c.layout == self.pairing_layout and c.part == look)
+        return tuple(c for c in self.calls if c.layout == self.pairing_layout and c.part == look and c.run == 1)
 
     def call(self, package: Role, layout: str) -> PlannedCall:
         """The first planned call of `package` under `layout`; KeyError if the plan has none."""
         for c in self.calls:
-            if c.package == package and c.layout == layout:
+            if c.package == package and c.layout == layout and c.run == 1:
                 return c
         raise KeyError(f"{package}/{layout}")
 
-    def layout_calls(self, package: Role, layout: str) -> tuple[PlannedCall, ...]:
-        """Every planned call of `package` under `layout`, in plan order; together they cover each unit once."""
-        return tuple(c for c in self.calls if c.package == package and c.layout == layout)
+    def layout_calls(self, package: Role, layout: str, run: int = 1) -> tuple[PlannedCall, ...]:
+        """Every planned call of `package` under `layout` in run `run` (the first: the layout's own calls), in plan
+        order; together they cover each unit once."""
+        return tuple(c for c in self.calls if c.package == package and c.layout == layout and c.run == run)
 
 
 def measurement_params(plan: ExecutionPlan, call: MeasurementCall, responses: Callable[[int], np.ndarray]) -> dict[
@@ -505,6 +519,15 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[P
         for name in invariant:
             if name != pairing:
                 calls += calls_of("reference", name, ("invariance",))
+    determinism = contract.determinism
+    if determinism is not None and determinism.required:
+        assert determinism.layout is not None  # the model's validators ensure it
+        again: tuple[Role, ...] = ("candidate", "reference") if determinism.relative_to == "reference" \
+            else ("candidate",)
+        for run in range(2, determinism.runs + 1):
+            for package in again:
+                calls += [replace(c, purposes=("determinism",), run=run)
+                          for c in calls_of(package, determinism.layout, ("determinism",))]
 
     candidate_batches: dict[str, str] = {}
     for name in dict.fromkeys(c.layout for c in calls if c.package == "candidate"):
@@ -574,7 +597,7 @@ def _sequential_section(contract: Contract, n: int, calls: Sequence[PlannedCall]
     if req.max_n != n:
         raise ContractError(f"requirement.max_n: {req.max_n} units, but the plan runs {n}; set population.sample (or "
                             f"max_n) so that the two agree")
-    parts = [c for c in calls if c.package == "reference" and c.layout == contract.pairing.layout]
+    parts = [c for c in calls if c.package == "reference" and c.layout == contract.pairing.layout and c.run == 1]
     order = tuple(i for c in parts for i in c.units)
     boundaries = tuple(itertools.accumulate(len(c.units) for c in parts))
     return SequentialSection(req.method, contract.method_version, n, order, boundaries)

@@ -136,6 +136,8 @@ class RunReader:
 
         def visit(planned: PlannedCall, evidence: CallEvidence, outputs: tuple[Output, ...]) -> None:
             role = planned.package
+            if planned.run > 1:
+                return  # a later run of the determinism layout: compared with the first run, not scored
             if planned.layout == plan.pairing_layout:
                 try:
                     part = task_losses([plan.units[i] for i in planned.units], outputs, self.tokenizers[role], scorer)

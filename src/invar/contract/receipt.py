@@ -115,6 +115,9 @@ def receipt_body(decision: Decision) -> dict[str, Any]:
         body["figures"]["sequential"] = {k: seq[k] for k in ("version", "answer", "look", "stop", "n_max")}
     if "nonfinite" in d:  # a run stopped at a non-finite candidate call only: the error record that decided it
         body["figures"]["nonfinite"] = d["nonfinite"]
+    if "determinism" in d:  # contracts that require determinism only: which units differed between runs
+        body["figures"]["determinism"] = {k: d["determinism"][k] for k in (
+            "layout", "runs", "holds", "units_differing", "reference_units_differing", "differing_units")}
     return body
 
 

@@ -281,13 +281,28 @@ def use_run(
         counter = _Counter(reader.plan, done, progress)
         counter.report()
         launch = _Launch(specs, workers, call_timeout, placement[0] if placement else None, transport, calls_at_once)
-        issued, nonfinite = _execute(reader, launch, work, store, counter, phase)
+        issued, nonfinite = 0, None
+        for part in _passes(work):
+            answered, nonfinite = _execute(reader, launch, part, store, counter, phase)
+            issued += answered
+            if nonfinite is not None:
+                break
         if work.rule is not None and nonfinite is None:
             phase("deciding")
         stop = None if work.rule is None or nonfinite is not None else _record_stop(store, reader)
         head = store.close_run()
     return RunOutcome(run_dir, contract_path, reader.sha256, head, total, len(done), issued,
                       time.perf_counter() - started, already_closed=False, stop=stop, nonfinite=nonfinite)
+
+
+def _passes(work: _Work) -> list[_Work]:
+    """The work in passes, each over workers started for it: every first-run call and the measurements, then each
+    later run of the determinism layout on its own, so no process of an earlier run answers a later one."""
+    runs = sorted({c.run for calls in work.todo.values() for c in calls} | {1})
+    first = dataclasses.replace(work, todo={role: [c for c in work.todo[role] if c.run == 1] for role in ROLES})
+    return [first] + [_Work({role: [c for c in work.todo[role] if c.run == run] for role in ROLES},
+                            {role: [] for role in ROLES}, work.tokens, None, 0, work.nonfinite)
+                      for run in runs[1:]]
 
 
 class _NonFinite(WorkerError):
@@ -355,7 +370,7 @@ def _work_left(reader: RunReader, resumed: RunStore | None) -> tuple[_Work, set[
                          f"{first.message}")
             return _Work({role: [] for role in ROLES}, {role: [] for role in ROLES}, tokens, None, 0, nonfinite), done
         for c in plan.calls if _needs_tokens(plan) else ():
-            if c.layout == plan.pairing_layout and c.key in bound.found:
+            if c.layout == plan.pairing_layout and c.run == 1 and c.key in bound.found:
                 for index, out in zip(c.units, bound.found[c.key].outputs, strict=True):
                     tokens[(c.package, index)] = np.array(out.tokens, copy=True)
         if plan.sequential is not None:
@@ -669,7 +684,7 @@ class _Calls:
             return
         result, where = asked
         outputs = parse_outputs(result, params["requests"], self.reader.eos[role], where)
-        if planned.layout == self.reader.plan.pairing_layout and self.keep_tokens:
+        if planned.layout == self.reader.plan.pairing_layout and planned.run == 1 and self.keep_tokens:
             with self.lock:
                 for index, out in zip(planned.units, outputs, strict=True):
                     self.work.tokens[(role, index)] = np.array(out.tokens, copy=True)
