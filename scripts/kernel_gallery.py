@@ -1,13 +1,16 @@
 """The gallery of agent-style kernels, decided end to end the way an agent walks the loop (docs/kernels.md).
 
     .venv/bin/python scripts/kernel_gallery.py [--model tiny|smollm2|DIR] [--sample N] [--kernel NAME_OR_DIR ...]
+        [--contract proposed|invariance]
 
 For every kernel, from a new folder of its own (a function kernel or a `patch.py` folder is copied there first, as an
 agent's fresh kernel would be; a shipped patch keeps its name):
 
 1. `invar use init k.toml --candidate-patch KERNEL --sample N --temperature 0`: the contract `use init` proposes for a
-   kernel (the batch-invariant base on both sides, less the ops the kernel replaces on the candidate's; invariance
-   relative to the reference, `max_kl` on teacher-forced captures, the task bound);
+   kernel (`--contract proposed`, the default: the task bound, `max_kl` on teacher-forced captures and determinism,
+   the pairing layout run twice relative to the stock reference); with `--contract invariance`, `use init
+   --invariance --no-determinism`: the batch-invariant base on both sides, less the ops the kernel replaces on the
+   candidate's, invariance relative to the reference, `max_kl`, the task bound (the gallery's earlier column);
 2. `invar use prepare k.toml`, 3. `invar use run k.contract.json --run run`, 4. `invar use admit run --json`,
 
 each step timed; then, from the same records, the decision under the task bound alone (the recorded bound put
@@ -16,7 +19,11 @@ invariance verdict (the candidate's own layout differences), `invar compare nume
 function kernel, `invar kernel check --json`'s op-level verdicts (random inputs and the model's captured inputs).
 
 Writes docs/kernels/gallery_<model>.json after every kernel (a stopped run keeps what it finished), prints a
-progress line per step on stderr and the markdown table on stdout at the end, and a PNG beside the JSON.
+progress line per step on stderr and the markdown table on stdout at the end, and a PNG beside the JSON. The two
+contracts are two columns of one JSON: a kernel's entry holds the invariance contract's decision (with the kernel
+check) at its top and the proposed contract's under `proposed`; a run of one contract keeps the other's entries as
+they were (the JSON's `columns` says which command made each). The kernel check is not run again for the proposed
+contract (its verdicts do not depend on the contract).
 """
 
 from __future__ import annotations
@@ -59,6 +66,21 @@ MODELS: dict[str, list[str]] = {
                 "--scorer", "numeric", "--max-tokens", "8"],
 }
 """`use init` options per model preset (the tiny model is `use init`'s default)."""
+
+CONTRACTS: dict[str, list[str]] = {
+    "proposed": [],
+    "invariance": ["--invariance", "--no-determinism"],
+}
+"""`use init` options per contract: what it proposes for a kernel, or the batch-invariant base with invariance."""
+
+CONTRACT_TEXT = {
+    "proposed": "as use init --candidate-patch proposes it (the stock reference; the task bound, measurements with "
+                "max_kl, determinism: the pairing layout run twice, each later run in a fresh worker, relative to the "
+                "reference; no batch invariance), --temperature 0",
+    "invariance": "use init --candidate-patch --invariance --no-determinism (the batch-invariant base on both sides, "
+                  "less the kernel's ops on the candidate's; invariance relative to the reference over its layouts, "
+                  "measurements with max_kl, the task bound), --temperature 0",
+}
 
 CHECK_MODELS: dict[str, list[str]] = {
     "tiny": [],
@@ -116,6 +138,9 @@ def summarise_decision(decision: dict[str, Any]) -> dict[str, Any]:
         "task_bound_only": task_bound_only(decision),
         "max_kl_requirement": {k: req.get(k) for k in ("max_kl", "captures", "holds", "violated", "worst")}
         if req else None,
+        "determinism": None if decision.get("determinism") is None else
+        {k: decision["determinism"][k] for k in ("layout", "runs", "holds", "units", "units_differing",
+                                                  "candidate_units_differing", "reference_units_differing")},
     }
 
 
@@ -170,9 +195,9 @@ def resolve(kernel: str) -> tuple[str, Path | None, str]:
 
 
 def one_kernel(kernel: str, model: str, sample: int, epsilon: str | None, work: Path, prompts: int,
-               timeout: float) -> dict[str, Any]:
+               timeout: float, contract: str = "invariance") -> dict[str, Any]:
     name, folder, klass = resolve(kernel)
-    home = work / name
+    home = work / (name if contract == "invariance" else f"{name}-{contract}")
     if home.exists():
         shutil.rmtree(home)
     home.mkdir(parents=True)
@@ -185,7 +210,7 @@ def one_kernel(kernel: str, model: str, sample: int, epsilon: str | None, work: 
     model_args = [a if not a.startswith(("models/", "data/")) else str(REPO / a) for a in MODELS[model]] \
         if model in MODELS else ["--model", str(Path(model).resolve())]
     init = ["use", "init", "k.toml", "--candidate-patch", reference, "--sample", str(sample), "--temperature", "0",
-            *model_args, *(["--epsilon", epsilon] if epsilon else [])]
+            *model_args, *(["--epsilon", epsilon] if epsilon else []), *CONTRACTS[contract]]
     steps: list[tuple[str, list[str]]] = [
         ("init", init), ("prepare", ["use", "prepare", "k.toml"]),
         ("run", ["use", "run", "k.contract.json", "--run", "run"]),
@@ -211,7 +236,7 @@ def one_kernel(kernel: str, model: str, sample: int, epsilon: str | None, work: 
         out["compare_numerical_s"] = seconds
         out["compare_numerical"] = numerical_headline(json.loads(done.stdout)) if done.returncode == 0 else \
             {"error": last_line(done.stderr)}
-    if folder is not None and (folder / "kernel.toml").is_file():
+    if contract == "invariance" and folder is not None and (folder / "kernel.toml").is_file():
         out.update(kernel_check(name, home, model, prompts, timeout))
     return out
 
@@ -263,12 +288,43 @@ def frac(v: dict[str, Any], key: str) -> str:
     return f"{v[key]}/{v['inputs']}"
 
 
+def proposed_cells(r: dict[str, Any]) -> str:
+    """The proposed contract's cells: answer, reason, determinism (candidate / reference units differing between
+    runs), loss, max KL, new folder → decision; "not run" where the entry has none."""
+    p = r.get("proposed")
+    if p is None:
+        return "not run | – | – | – | – | – | "
+    d = p.get("decision")
+    if d is None:
+        stop = p.get("stopped", {})
+        return (f"no decision | use {stop.get('step')} exit {stop.get('exit_code')}: "
+                f"{stop_line(stop.get('line', ''))} | – | – | – | {p['new_folder_to_decision_s']:.0f} s | ")
+    det = d.get("determinism")
+    runs = "not checked" if det is None else \
+        f"{det['candidate_units_differing']} / {det['reference_units_differing']}"
+    loss = d["task_loss"]
+    return (f"**{d['answer']}** | {short_reason(d['reason'])} | {runs} | {loss['reference_loss']} → "
+            f"{loss['candidate_loss']} ({loss['worse']}/{loss['better']}) | {max_kl(p, d)} | "
+            f"{p['new_folder_to_decision_s']:.0f} s (run {p['steps_s'].get('run', 0):.0f} s) | ")
+
+
+def max_kl(r: dict[str, Any], d: dict[str, Any]) -> str:
+    kl = d["max_kl_requirement"]
+    cn = r.get("compare_numerical", {})
+    if isinstance(cn, dict) and cn.get("kl_ref_cand_max") is not None:
+        return f"{cn['kl_ref_cand_max']:.2g}"
+    if kl and kl.get("worst"):
+        return str(kl["worst"].split("= ")[1].split(" ")[0])
+    return "–"
+
+
 def table(results: dict[str, Any]) -> str:
     rows = ["| kernel | class | op-level: random allclose 1e-2, 1e-4 | model inputs (solo / batched) allclose 1e-2 "
             "| reuse: repeated / replayed allclose 1e-2 | proposed contract | reason "
-            "| gained / lost / ref varies / cand varies | task bound only | "
+            "| differ between runs: cand / ref | loss ref → cand (worse/better) | max KL | new folder → decision "
+            "| invariance on the base | reason | gained / lost / ref varies / cand varies | task bound only | "
             "loss ref → cand (worse/better) | max KL | new folder → decision |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results["kernels"].items():
         kc = r.get("kernel_check")
         reuse = reuse_cell(kc)
@@ -285,23 +341,17 @@ def table(results: dict[str, Any]) -> str:
         d = r.get("decision")
         if d is None:
             stop = r.get("stopped", {})
-            rows.append(f"| `{name}` | {r['class']} | {op} | {model_in} | {reuse} | no decision "
+            rows.append(f"| `{name}` | {r['class']} | {op} | {model_in} | {reuse} | {proposed_cells(r)}no decision "
                         f"| use {stop.get('step')} "
                         f"exit {stop.get('exit_code')}: {stop_line(stop.get('line', ''))} | – | – | – | – | "
                         f"{r['new_folder_to_decision_s']:.0f} s |")
             continue
         inv = d["invariance"]
         loss = d["task_loss"]
-        kl = d["max_kl_requirement"]
-        worst = "–"
-        cn = r.get("compare_numerical", {})
-        if isinstance(cn, dict) and cn.get("kl_ref_cand_max") is not None:
-            worst = f"{cn['kl_ref_cand_max']:.2g}"
-        elif kl and kl.get("worst"):
-            worst = kl["worst"].split("= ")[1].split(" ")[0]
+        worst = max_kl(r, d)
         steps = r["steps_s"]
         rows.append(
-            f"| `{name}` | {r['class']} | {op} | {model_in} | {reuse} | **{d['answer']}** "
+            f"| `{name}` | {r['class']} | {op} | {model_in} | {reuse} | {proposed_cells(r)}**{d['answer']}** "
             f"| {short_reason(d['reason'])} | "
             f"{layout_counts(inv)} | "
             f"{d['task_bound_only'] or '–'} | {loss['reference_loss']} → {loss['candidate_loss']} "
@@ -365,6 +415,8 @@ def lost(inv: dict[str, Any]) -> int | str:
 def short_reason(reason: str) -> str:
     if reason.startswith("invariance relative to the reference: "):
         return reason.split(";")[0].removeprefix("invariance relative to the reference: ").split(" across")[0]
+    if reason.startswith("determinism: "):
+        return reason.removeprefix("determinism: ").split(" (")[0].split(";")[0]
     if reason.startswith("measurements: "):
         return "KL " + reason.split("= ")[1].split(" ")[0] + " > max_kl"
     if reason.startswith("upper bound "):
@@ -382,10 +434,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
         return
     names, times, colours, notes = [], [], [], []
     palette = {"Admitted": "tab:green", "Violated": "tab:red", "Unknown": "tab:orange"}
-    for name, r in results["kernels"].items():
+    for name, entry in results["kernels"].items():
+        r = entry.get("proposed", entry)  # the proposed contract's decision and time where it was run
         names.append(name)
         times.append(r["new_folder_to_decision_s"])
-        notes.append(op_level_note(r.get("kernel_check")))
+        notes.append(op_level_note(entry.get("kernel_check")))
         d = r.get("decision")
         colours.append(palette.get(d["answer"], "grey") if d else "grey")
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(names) + 1.2))
@@ -394,7 +447,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.text(t, y, f" {note}", va="center", fontsize=7)
     ax.set_xlim(0, max(times, default=1) * 1.9)
     ax.set_xlabel("new kernel folder → decision (s): use init + prepare + run + admit")
-    ax.set_title(f"kernel gallery on {results['model']}\n"
+    ax.set_title(f"kernel gallery on {results['model']} (the proposed contract where it was run)\n"
                  "green Admitted, red Violated, orange Unknown, grey no decision")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -414,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per command")
     parser.add_argument("--table", type=Path, default=None,
                         help="print the table of a gallery JSON, draw its PNG beside it, and stop")
+    parser.add_argument("--contract", choices=list(CONTRACTS), default="proposed",
+                        help="proposed: what use init proposes for a kernel (the task bound, max_kl, determinism); "
+                             "invariance: use init --invariance --no-determinism (the batch-invariant base)")
     parser.add_argument("--check-only", action="store_true",
                         help="run only invar kernel check for the function kernels and put its verdicts into the "
                              "gallery JSON's entries, leaving their decisions as they are")
@@ -440,19 +496,33 @@ def main(argv: list[str] | None = None) -> int:
         plot(previous, out.with_suffix(".png"))
         print(table(previous))
         return 0
+    command = "python scripts/kernel_gallery.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    kept = previous.get("sample") == args.sample
+    columns = dict(previous.get("columns", {})) if kept else {}
+    if kept and "invariance" not in columns and "command" in previous:  # a JSON from before the proposed column
+        columns["invariance"] = {"command": previous["command"], "contract": previous.get("contract")}
+    columns[args.contract] = {"command": command, "contract": CONTRACT_TEXT[args.contract]}
     results: dict[str, Any] = {
-        "command": "python scripts/kernel_gallery.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        # The top-level command and contract are the invariance column's, as before the proposed column existed.
+        "command": command if args.contract == "invariance" else previous.get("command", ""),
         "model": label, "sample": args.sample, "epsilon": args.epsilon or "use init's default",
-        "contract": "as use init --candidate-patch proposes it (the batch-invariant base on both sides, less the "
-                    "kernel's ops on the candidate's; invariance relative to the reference over its layouts, "
-                    "measurements with max_kl, the task bound), --temperature 0",
-        "kernels": dict(previous.get("kernels", {})) if previous.get("sample") == args.sample else {}}
+        "contract": CONTRACT_TEXT["invariance"] if args.contract == "invariance" or not kept else
+        previous.get("contract", CONTRACT_TEXT["invariance"]),
+        "columns": columns,
+        "kernels": dict(previous.get("kernels", {})) if kept else {}}
     started = time.monotonic()
     for i, kernel in enumerate(kernels, 1):
-        log(f"kernel {i}/{len(kernels)}: {kernel}")
+        log(f"kernel {i}/{len(kernels)}: {kernel} ({args.contract} contract)")
         name = resolve(kernel)[0]
-        results["kernels"][name] = one_kernel(kernel, args.model, args.sample, args.epsilon, args.work.resolve(),
-                                              args.prompts, args.timeout)
+        entry = one_kernel(kernel, args.model, args.sample, args.epsilon, args.work.resolve(), args.prompts,
+                           args.timeout, args.contract)
+        if args.contract == "invariance":
+            proposed = results["kernels"].get(name, {}).get("proposed")
+            results["kernels"][name] = {**entry, **({} if proposed is None else {"proposed": proposed})}
+        else:
+            entry.pop("class")
+            results["kernels"].setdefault(name, {"class": resolve(kernel)[2], "steps_s": {},
+                                                 "new_folder_to_decision_s": 0.0})["proposed"] = entry
         out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     order = [n for n in GALLERY if n in results["kernels"]] + [n for n in results["kernels"] if n not in GALLERY]
     results["kernels"] = {n: results["kernels"][n] for n in order}
