@@ -26,6 +26,7 @@ from safetensors.numpy import load_file, save_file
 from support.venv_path import with_venv_bin
 
 from invar import canonical
+from invar.compare.numerical import UnitResult
 from invar.contract.compare_run import compare_use_run
 from invar.engines import DEFAULT_MODEL
 from invar.runner.engine import Engine, probe_identity
@@ -123,8 +124,9 @@ def record(folder: Path, data: Path, engine: Engine, models: dict[str, Path], *,
     assert admitted.returncode in (0, 10, 11), admitted.stderr
     # Each unit's two losses as `compare numerical RUN --contract` recomputes them from the records (called in this
     # process: its --json cannot yet print a run in which no unit's responses share a prefix).
-    units = compare_use_run(run, contract).to_json()["units"]
-    per_unit = {u["unit_id"]: (u["reference_loss"], u["candidate_loss"]) for u in units}
+    units: list[UnitResult] = []
+    compare_use_run(run, contract, row=units.append)
+    per_unit = {u.unit_id: (u.reference_loss, u.candidate_loss) for u in units}
     return {"decision": json.loads(admitted.stdout), "exit": admitted.returncode, "losses": per_unit,
             "junit": folder / "junit.xml"}
 

@@ -8,17 +8,20 @@ from verified records alone; no engine runs. This module parses, prints and writ
 
 from __future__ import annotations
 
+import json
+import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from invar.cli.common import JsonOpt, QuietOpt, emit_model
+from invar.cli.common import JsonOpt, QuietOpt, emit_model, plain
 from invar.errors import InvarError
 
 # The comparison itself (numpy, the run store) is imported when a command runs: `compare --help` needs none of it.
 if TYPE_CHECKING:
-    from invar.compare.numerical import NumericalComparison
+    from invar.compare.numerical import Comparison, UnitResult
 
 DEFAULT_LARGE_STEP = 0.01
 """`invar.compare.numerical.DEFAULT_LARGE_STEP`, the default --large-step (checked equal in
@@ -61,7 +64,7 @@ def _llama_block(label: str, dist: dict[str, Any], scale: float = 1.0, unit: str
     return lines
 
 
-def render_comparison(result: NumericalComparison) -> str:
+def render_comparison(result: Comparison) -> str:
     """The comparison as text: the responses, the teacher forcing, the captures (llama.cpp's layout), the worst."""
     from invar.compare.report import headline
 
@@ -192,6 +195,8 @@ def numerical(
                                  (cand_scores, "--cand-scores", "score"), (ref_scores, "--ref-scores", "score")):
             if path is not None:
                 check_run_kind(path, what, kind)
+    rows: _RowSpill | None = None
+    result: Comparison
     with reporting(quiet) as shown:
         try:
             if len(runs) == 2:
@@ -216,8 +221,10 @@ def numerical(
                 }
                 result = compare(pairs, captures, context="reference", large_step=large_step, sources=sources)
             else:
+                rows = _RowSpill() if json_out else None
                 result = compare_use_run(runs[0], contract, large_step=large_step, phase=shown.phase,
-                                         progress=admission_steps(shown))
+                                         progress=admission_steps(shown),
+                                         row=(lambda u: None) if rows is None else rows.add)
         except InputError as exc:
             raise InvarError(str(exc)) from None
         if report is not None:
@@ -228,13 +235,63 @@ def numerical(
             result.sources["report"] = [str(p) for p in written]
     if json_out:
         from invar.cli.outputs import CompareNumericalOutput  # the models cost a start that prints text nothing
+        from invar.compare.numerical import NumericalComparison
 
-        emit_model(CompareNumericalOutput.model_validate({**result.to_json(), "decision": result.decision}),
-                   exclude_unset=True)
+        if isinstance(result, NumericalComparison):
+            emit_model(CompareNumericalOutput.model_validate({**result.to_json(), "decision": result.decision}),
+                       exclude_unset=True)
+            return
+        assert rows is not None
+        head = CompareNumericalOutput.model_validate({**result.to_json(), "units": [], "decision": result.decision})
+        rows.emit(head.model_dump(exclude_unset=True))
         return
     typer.echo(render_comparison(result))
     if report is not None:
         typer.echo(f"report     {report} (+ {len(result.sources['report']) - 1} PNGs beside it)")
+
+
+class _RowSpill:
+    """A use run's per-unit rows of `compare numerical --json`, each validated as the output's `UnitComparison` and
+    written as its JSON text to a temporary file as the unit is compared, then printed in place of the report's
+    `units`: the same bytes as the whole report printed at once, without holding every row."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        from invar.cli.outputs import UnitComparison
+
+        self._model = UnitComparison
+        # Open while the units stream past, closed by `emit` (or with the process): no one block holds both.
+        self._file = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115
+        self._count = 0
+
+    def add(self, unit: UnitResult) -> None:
+        row = self._model.model_validate(unit.to_json()).model_dump(exclude_unset=True)
+        # As `emit_json` writes an item of a list that is a value of the top map: two levels in.
+        text = json.dumps(plain(row), indent=2, sort_keys=True, allow_nan=False).replace("\n", "\n    ")
+        self._file.write(("    " if self._count == 0 else ",\n    ") + text)
+        self._count += 1
+
+    def emit(self, head: dict[str, Any]) -> None:
+        """Print `head` (the report less its rows) with the rows written so far as its `units`."""
+        import secrets
+
+        mark = f"units-{secrets.token_hex(16)}"
+        text = json.dumps(plain({**head, "units": mark}), indent=2, sort_keys=True, allow_nan=False) + "\n"
+        before, found, after = text.partition(json.dumps(mark))
+        assert found
+        assert json.dumps(mark) not in after
+        out = sys.stdout
+        out.write(before)
+        if self._count == 0:
+            out.write("[]")
+        else:
+            out.write("[\n")
+            self._file.seek(0)
+            shutil.copyfileobj(self._file, out)
+            out.write("\n  ]")
+        out.write(after)
+        self._file.close()
 
 
 @app.command("histories")

@@ -9,7 +9,7 @@ from the store, the reference's and the candidate's side by side (`record_captur
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -17,8 +17,24 @@ from typing import Any, Literal
 
 import numpy as np
 
-from invar.compare.numerical import Capture, NumericalComparison, Response, UnitPair, compare, zip_captures
+from invar.compare.metrics import CaptureComparison
+from invar.compare.numerical import (
+    Capture,
+    CaptureContext,
+    InputError,
+    NumericalComparison,
+    Response,
+    StreamedComparison,
+    UnitPair,
+    UnitResult,
+    compare,
+    compare_captures,
+    compare_unit,
+    zip_captures,
+)
+from invar.compare.outputs import KlRequirementOutput
 from invar.errors import EvidenceError
+from invar.evidence import EvidenceOutput
 from invar.records import RunStore
 
 Role = Literal["reference", "candidate"]
@@ -54,13 +70,14 @@ class MeasurementRecord:
     def name(self) -> str:
         return f"record {self.record_seq} (call {self.call_id}, score, {self.call_digest[:12]}…)"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"call": self.key, "record": self.record_seq, "call_id": self.call_id,
-                "call_digest": self.call_digest, "report_digest": self.report_digest}
+    def output(self) -> EvidenceOutput:
+        """What a decision prints of it, as of a generate call's."""
+        return EvidenceOutput(call=self.key, record=self.record_seq, call_id=self.call_id,
+                              call_digest=self.call_digest, report_digest=self.report_digest)
 
 
-def record_captures(store: RunStore, records: Sequence[MeasurementRecord], unit_ids: Sequence[str]) -> Iterator[
-        Capture]:
+def record_captures(store: RunStore, records: Sequence[MeasurementRecord],
+                    unit_ids: Sequence[str] | Mapping[int, str]) -> Iterator[Capture]:
     """Stream `store` and yield the captures of the items of `records` (all of one package), each a view of its
     record valid until the next; a record whose report is not the one bound before is refused."""
     wanted = {r.report_seq: r for r in records}
@@ -112,6 +129,48 @@ def measured_comparison(
                    sources=sources)
 
 
+PairAt = Callable[[int, "MeasuredItem | None", "MeasuredItem | None"], UnitPair]
+"""Unit `u`'s pair, given the candidate's and the reference's measured item of it (None where not measured)."""
+
+
+def streamed_comparison(
+    store: RunStore, n: int, pair_at: PairAt, unit_id_at: Callable[[int], str], records: Sequence[MeasurementRecord],
+    *, teacher_forcing: bool, large_step: float, sources: dict[str, Any],
+    row: Callable[[UnitResult], object] = lambda u: None,
+) -> StreamedComparison:
+    """`measured_comparison`'s numbers with its units streamed: each of the `n` units' pair is made when compared
+    (`pair_at`), its row handed to `row` and dropped; the captures (on the measured units only) are compared first,
+    streamed from `store`. The same aggregates, rows and order as `measured_comparison` of the same units."""
+    items: dict[tuple[Role, int], MeasuredItem] = {}
+    for r in records:
+        for it in r.items:
+            items[(r.package, it.unit)] = it
+
+    def pair(u: int) -> UnitPair:
+        cand_item, ref_item = items.get(("candidate", u)), items.get(("reference", u))
+        return pair_at(u, cand_item if teacher_forcing else None, ref_item)
+
+    context: CaptureContext = "reference" if teacher_forcing else "own"
+    compared: dict[str, tuple[CaptureComparison, ...]] = {}
+    if any(it.steps for it in items.values()):
+        measured = {u: unit_id_at(u) for _, u in items}
+        index = {uid: u for u, uid in measured.items()}
+        by_role: dict[Role, list[MeasurementRecord]] = {"reference": [], "candidate": []}
+        for r in records:
+            by_role[r.package].append(r)
+        for ref_cap, cand_cap in zip_captures(record_captures(store, by_role["reference"], measured),
+                                              record_captures(store, by_role["candidate"], measured)):
+            at = index.get(ref_cap.unit_id)
+            if at is None:
+                raise InputError(f"unit {ref_cap.unit_id}: captured, but not among the units compared")
+            compared[ref_cap.unit_id] = compare_captures(pair(at), ref_cap, cand_cap, context)
+    result = StreamedComparison(large_step, context if compared else None, sources, row)
+    for u in range(n):
+        p = pair(u)
+        result.add(compare_unit(p, compared.pop(p.unit_id, ()), large_step))
+    return result
+
+
 @dataclass(frozen=True)
 class KlRequirement:
     """Whether every capture's KL(reference ‖ candidate) is within the contract's `max_kl`."""
@@ -125,9 +184,10 @@ class KlRequirement:
     worst: str | None
     """The capture that decides, described."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {"max_kl": str(self.max_kl), "holds": self.holds, "violated": self.violated,
-                "captures": self.captures, "worst": self.worst}
+    def output(self) -> KlRequirementOutput:
+        """What a decision prints of it."""
+        return KlRequirementOutput(max_kl=str(self.max_kl), holds=self.holds, violated=self.violated,
+                                   captures=self.captures, worst=self.worst)
 
 
 def kl_requirement(result: NumericalComparison, max_kl: Decimal) -> KlRequirement:

@@ -10,8 +10,9 @@ Pure: the caller supplies the units and the capture streams (`invar.compare.runs
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -308,44 +309,7 @@ class NumericalComparison:
                 "per_step": per_step}
 
     def capture_summary(self) -> dict[str, Any] | None:
-        caps = self.captures
-        if not caps:
-            return None
-        n = len(caps)
-        kl_rc = [c.kl_ref_cand for c in caps]
-        kl_cr = [c.kl_cand_ref for c in caps]
-        bound_rc = float(np.mean([c.bound_ref_cand for c in caps]))
-        bound_cr = float(np.mean([c.bound_cand_ref for c in caps]))
-        same = sum(c.same_top for c in caps)
-        top, top_err = fraction_and_uncertainty(same, n)
-        dps = [c.delta_p for c in caps]
-        rms, rms_err = rms_and_uncertainty(dps)
-
-        def dist(values: list[float]) -> dict[str, Any]:
-            d = distribution(values)
-            assert d is not None
-            return d.to_json()
-
-        kl_rc_d = distribution(kl_rc)
-        kl_cr_d = distribution(kl_cr)
-        assert kl_rc_d is not None
-        assert kl_cr_d is not None
-        return {
-            "captures": n, "context": self.context,
-            "units": sum(1 for u in self.units if u.captures),
-            "identical": sum(c.identical for c in caps),
-            "indistinguishable_from_0": sum(c.indistinguishable for c in caps),
-            "kl_ref_cand": {**kl_rc_d.to_json(), "mean_bound": bound_rc,
-                            "max_bound": max(c.bound_ref_cand for c in caps),
-                            "mean_indistinguishable_from_0": abs(kl_rc_d.mean) <= bound_rc},
-            "kl_cand_ref": {**kl_cr_d.to_json(), "mean_bound": bound_cr,
-                            "max_bound": max(c.bound_cand_ref for c in caps),
-                            "mean_indistinguishable_from_0": abs(kl_cr_d.mean) <= bound_cr},
-            "same_top": {"count": same, "fraction": top, "stderr": top_err},
-            "delta_p": dist(dps),
-            "rms_delta_p": {"value": rms, "stderr": rms_err},
-            "by_step": _by_step(caps),
-        }
+        return _capture_summary(self.captures, self.context, sum(1 for u in self.units if u.captures))
 
     def reference_self_consistency(self) -> dict[str, Any] | None:
         checked = [u.reference_self_identical for u in self.units if u.reference_self_identical is not None]
@@ -375,6 +339,220 @@ class NumericalComparison:
             "worst": [u.to_json() for u in self.worst()],
             **({"units": [u.to_json() for u in self.units]} if per_unit else {}),
         }
+
+
+def _capture_summary(caps: list[CaptureComparison], context: CaptureContext | None,
+                     units: int) -> dict[str, Any] | None:
+    """The captures' aggregates (`units`: how many units have captures)."""
+    if not caps:
+        return None
+    n = len(caps)
+    kl_rc = [c.kl_ref_cand for c in caps]
+    kl_cr = [c.kl_cand_ref for c in caps]
+    bound_rc = float(np.mean([c.bound_ref_cand for c in caps]))
+    bound_cr = float(np.mean([c.bound_cand_ref for c in caps]))
+    same = sum(c.same_top for c in caps)
+    top, top_err = fraction_and_uncertainty(same, n)
+    dps = [c.delta_p for c in caps]
+    rms, rms_err = rms_and_uncertainty(dps)
+
+    def dist(values: list[float]) -> dict[str, Any]:
+        d = distribution(values)
+        assert d is not None
+        return d.to_json()
+
+    kl_rc_d = distribution(kl_rc)
+    kl_cr_d = distribution(kl_cr)
+    assert kl_rc_d is not None
+    assert kl_cr_d is not None
+    return {
+        "captures": n, "context": context,
+        "units": units,
+        "identical": sum(c.identical for c in caps),
+        "indistinguishable_from_0": sum(c.indistinguishable for c in caps),
+        "kl_ref_cand": {**kl_rc_d.to_json(), "mean_bound": bound_rc,
+                        "max_bound": max(c.bound_ref_cand for c in caps),
+                        "mean_indistinguishable_from_0": abs(kl_rc_d.mean) <= bound_rc},
+        "kl_cand_ref": {**kl_cr_d.to_json(), "mean_bound": bound_cr,
+                        "max_bound": max(c.bound_cand_ref for c in caps),
+                        "mean_indistinguishable_from_0": abs(kl_cr_d.mean) <= bound_cr},
+        "same_top": {"count": same, "fraction": top, "stderr": top_err},
+        "delta_p": dist(dps),
+        "rms_delta_p": {"value": rms, "stderr": rms_err},
+        "by_step": _by_step(caps),
+    }
+
+
+def _worst_key(u: UnitResult) -> tuple[float, float, float, float]:
+    fd = u.sequence.first_divergence
+    return (u.max_kl, u.teacher.max_abs if u.teacher is not None else 0.0,
+            -float(fd) if fd is not None else -float("inf"), u.sequence.max_abs_delta)
+
+
+class StreamedComparison:
+    """A comparison whose units stream past one at a time (`add`): each unit's row goes to `row` as it is compared
+    and only what the aggregates need is kept (per unit a few scalars and the teacher-forced deltas; the captures'
+    comparisons; the ten worst units so far). Its aggregates and `to_json(per_unit=False)` are exactly those of a
+    `NumericalComparison` of the same units in the same order, so a report of a million units is written without
+    holding a million rows."""
+
+    _PRUNE = 4096
+    """Worst-unit candidates held before they are cut back to the ten worst."""
+
+    def __init__(self, large_step: float, context: CaptureContext | None, sources: dict[str, Any] | None = None,
+                 row: Callable[[UnitResult], object] = lambda u: None) -> None:
+        self.large_step = large_step
+        self.context = context
+        self.sources: dict[str, Any] = dict(sources or {})
+        self.decision: dict[str, Any] | None = None
+        """As `NumericalComparison.decision`."""
+        self._row = row
+        self._n = self._identical = self._tokens_identical = self._logprobs_identical = self._shared = 0
+        self._first_divergence: Counter[int | None] = Counter()
+        self._max_ulp, self._max_abs, self._sum_delta = array("d"), array("d"), array("d")
+        self._scored = self._ref_loss = self._cand_loss = self._worse = self._better = 0
+        self._taught = self._taught_identical = 0
+        self._first_large: Counter[int | None] = Counter()
+        # Every teacher-forced delta in unit order (chunks joined as they fill) and each taught unit's step count.
+        self._deltas: list[np.ndarray] = []
+        self._pending: list[np.ndarray] = []
+        self._widths = array("q")
+        self._captures: list[CaptureComparison] = []
+        self._captured_units = 0
+        self._checked = self._self_identical = 0
+        self._worst: list[UnitResult] = []
+
+    def add(self, u: UnitResult) -> None:
+        """Take one compared unit (in the report's unit order), hand its row to `row`, keep its scalars."""
+        self._row(u)
+        s = u.sequence
+        self._n += 1
+        self._identical += s.identical
+        self._tokens_identical += s.tokens_identical
+        self._first_divergence[s.first_divergence] += 1
+        if s.shared > 0:
+            self._shared += 1
+            self._logprobs_identical += s.logprobs_identical
+            self._max_ulp.append(float(s.max_ulp))
+            self._max_abs.append(s.max_abs_delta)
+            self._sum_delta.append(s.sum_delta)
+        if u.reference_loss is not None and u.candidate_loss is not None:
+            r, c = u.reference_loss, u.candidate_loss
+            self._scored += 1
+            self._ref_loss += r
+            self._cand_loss += c
+            self._worse += c > r
+            self._better += c < r
+        if u.teacher is not None:
+            self._taught += 1
+            self._taught_identical += u.teacher.identical
+            self._first_large[u.teacher.first_large] += 1
+            self._pending.append(u.teacher.deltas)
+            self._widths.append(u.teacher.deltas.size)
+            if len(self._pending) >= self._PRUNE:
+                self._deltas.append(np.concatenate(self._pending))
+                self._pending = []
+        if u.captures:
+            self._captures.extend(u.captures)
+            self._captured_units += 1
+        if u.reference_self_identical is not None:
+            self._checked += 1
+            self._self_identical += u.reference_self_identical
+        if not u.sequence.identical or (u.captures and u.max_kl > 0):
+            self._worst.append(u)
+            if len(self._worst) >= self._PRUNE:
+                # A stable sort keeps the order of equal keys, and the kept come before later units: the same ten
+                # as sorting every candidate at the end.
+                self._worst = sorted(self._worst, key=_worst_key, reverse=True)[:10]
+
+    # -- the aggregates, as `NumericalComparison` computes them --------------------------------------------------
+
+    @property
+    def captures(self) -> list[CaptureComparison]:
+        return list(self._captures)
+
+    def generation(self) -> dict[str, Any]:
+        n = self._n
+
+        def dist(values: array[float]) -> dict[str, Any] | None:
+            d = distribution(np.frombuffer(values, dtype=np.float64) if len(values) else [])
+            return None if d is None else d.to_json()
+
+        return {
+            "units": n,
+            "identical": self._identical,
+            "fraction_identical": self._identical / n if n else 0.0,
+            "tokens_identical": self._tokens_identical,
+            "logprobs_identical_over_shared_prefix": self._logprobs_identical,
+            "with_shared_prefix": self._shared,
+            "first_divergence": _positions(self._first_divergence.elements()),
+            "max_ulp": dist(self._max_ulp),
+            "max_abs_delta": dist(self._max_abs),
+            "sum_delta": dist(self._sum_delta),
+        }
+
+    def task(self) -> dict[str, Any] | None:
+        if not self._scored:
+            return None
+        return {"units": self._scored, "reference_loss": self._ref_loss, "candidate_loss": self._cand_loss,
+                "worse": self._worse, "better": self._better}
+
+    def _every_delta(self) -> np.ndarray:
+        if self._pending:
+            self._deltas.append(np.concatenate(self._pending))
+            self._pending = []
+        if len(self._deltas) > 1:
+            self._deltas = [np.concatenate(self._deltas)]
+        return self._deltas[0] if self._deltas else np.zeros(0)
+
+    def teacher_forcing(self) -> dict[str, Any] | None:
+        if not self._taught:
+            return None
+        every = self._every_delta()
+        widths = np.frombuffer(self._widths, dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(widths)[:-1]])
+        per_step = []
+        for s in range(int(widths.max())):
+            col = np.ascontiguousarray(every[starts[widths > s] + s])  # step s of each unit that has it, in order
+            per_step.append({"step": s, "n": int(col.size), "mean": float(col.mean()),
+                             "mean_abs": float(np.abs(col).mean()), "max_abs": float(np.abs(col).max())})
+        d = distribution(every)
+        ad = distribution(np.abs(every))
+        return {"units": self._taught, "identical": self._taught_identical,
+                "large_step": self.large_step, "first_large_step": _positions(self._first_large.elements()),
+                "delta": None if d is None else d.to_json(), "abs_delta": None if ad is None else ad.to_json(),
+                "per_step": per_step}
+
+    def capture_summary(self) -> dict[str, Any] | None:
+        if not self._captures:
+            return None
+        return _capture_summary(self._captures, self.context, self._captured_units)
+
+    def reference_self_consistency(self) -> dict[str, Any] | None:
+        if not self._checked:
+            return None
+        return {"units": self._checked, "identical": self._self_identical}
+
+    def worst(self, count: int = 10) -> list[UnitResult]:
+        return sorted(self._worst, key=_worst_key, reverse=True)[:count]
+
+    def to_json(self, *, per_unit: bool = False) -> dict[str, Any]:
+        """The report less its per-unit rows (they went to `row`)."""
+        if per_unit:
+            raise ValueError("a streamed comparison's per-unit rows were handed to its row sink as they came")
+        return {
+            "sources": self.sources,
+            "generation": self.generation(),
+            "task": self.task(),
+            "teacher_forcing": self.teacher_forcing(),
+            "captures": self.capture_summary(),
+            "reference_self_consistency": self.reference_self_consistency(),
+            "worst": [u.to_json() for u in self.worst()],
+        }
+
+
+Comparison = NumericalComparison | StreamedComparison
+"""A comparison as the report and the CLI read it: every unit held, or its units streamed past."""
 
 
 def _by_step(caps: list[CaptureComparison]) -> list[dict[str, Any]]:
@@ -414,10 +592,12 @@ __all__ = [
     "DEFAULT_LARGE_STEP",
     "Capture",
     "CaptureContext",
+    "Comparison",
     "Distribution",
     "InputError",
     "NumericalComparison",
     "Response",
+    "StreamedComparison",
     "TeacherForcing",
     "UnitPair",
     "UnitResult",

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from invar.compare.numerical import NumericalComparison
+from invar.compare.numerical import Comparison
 from invar.errors import InvarError
 
 
@@ -44,7 +44,7 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _kl_chart(result: NumericalComparison) -> bytes | None:
+def _kl_chart(result: Comparison) -> bytes | None:
     caps = result.captures
     if not caps:
         return None
@@ -74,17 +74,17 @@ def _kl_chart(result: NumericalComparison) -> bytes | None:
     return _png(fig)
 
 
-def _divergence_chart(result: NumericalComparison) -> bytes:
+def _divergence_chart(result: Comparison) -> bytes:
     return _png(divergence_figure(result))
 
 
-def divergence_figure(result: NumericalComparison) -> Any:
+def divergence_figure(result: Comparison) -> Any:
     """The first-divergence chart as a matplotlib figure: a bar per position where units part and one for units
     whose tokens agree, on a log scale, each labelled with its count."""
     fig, ax = _figure()
-    positions = [u.sequence.first_divergence for u in result.units]
-    parted = sorted({p for p in positions if p is not None})
-    counts = [sum(p == i for p in positions) for i in parted] + [sum(p is None for p in positions)]
+    first = result.generation()["first_divergence"]  # the count of units at each position (its keys in order)
+    parted = [int(k) for k in first["positions"]]
+    counts = [*first["positions"].values(), first["none"]]
     labels = [str(i) for i in parted] + ["none"]
     # Log scale, each bar labelled with its count: a handful of units that part must not vanish beside the many
     # that agree.
@@ -96,11 +96,11 @@ def divergence_figure(result: NumericalComparison) -> Any:
     ax.set_xticks(range(len(labels)), labels)
     ax.set_xlabel("index of the first differing token (none: the token sequences agree)")
     ax.set_ylabel("units (log scale)")
-    ax.set_title(f"Where the sampled responses first part: {len(positions) - counts[-1]} of {len(positions)} units")
+    ax.set_title(f"Where the sampled responses first part: {sum(counts) - counts[-1]} of {sum(counts)} units")
     return fig
 
 
-def _teacher_chart(result: NumericalComparison) -> bytes | None:
+def _teacher_chart(result: Comparison) -> bytes | None:
     tf = result.teacher_forcing()
     if tf is None:
         return None
@@ -121,7 +121,7 @@ def _teacher_chart(result: NumericalComparison) -> bytes | None:
     return _png(fig)
 
 
-CHARTS: dict[str, Callable[[NumericalComparison], bytes | None]] = {
+CHARTS: dict[str, Callable[[Comparison], bytes | None]] = {
     "first-divergence": _divergence_chart, "teacher-forcing": _teacher_chart, "kl": _kl_chart,
 }
 """Chart name → how it is drawn (None when the comparison has no data for it), in the report's order."""
@@ -148,7 +148,7 @@ def _name(doc: dict[str, Any], role: str) -> str:
     return _words(side) if side is not None else role
 
 
-def headline(result: NumericalComparison) -> tuple[str, list[tuple[str, str]]]:
+def headline(result: Comparison) -> tuple[str, list[tuple[str, str]]]:
     """The report's title and its headline rows (label, text): what was compared, on how many units, how many are
     bit-identical and where they part, the task-loss change and, for a use run, the decision and its bound."""
     doc = result.to_json(per_unit=False)
@@ -220,7 +220,7 @@ def _cell(value: Any) -> str:
     return f"<td><code>{html.escape(_words(value))}</code></td>"
 
 
-def render_html(result: NumericalComparison, charts: dict[str, bytes]) -> str:
+def render_html(result: Comparison, charts: dict[str, bytes]) -> str:
     doc = result.to_json(per_unit=False)
     g = doc["generation"]
     title, rows = headline(result)
@@ -311,7 +311,7 @@ def render_html(result: NumericalComparison, charts: dict[str, bytes]) -> str:
     return "\n".join(p for p in parts if p) + "\n"
 
 
-def write_report(result: NumericalComparison, path: Path) -> list[Path]:
+def write_report(result: Comparison, path: Path) -> list[Path]:
     """Write the HTML report to `path` and each chart as `<stem>-<chart>.png` beside it; returns the files."""
     charts = {name: png for name, draw in CHARTS.items() if (png := draw(result)) is not None}
     written = [path]

@@ -4,7 +4,9 @@ The run is read as admission reads it, by the same reader (`invar.contract.readi
 anchors, every record verified and bound to the plan), but as a stream (`RunReader.bind_streamed`), and the
 captures of plan /3 measurements are read again side by side and dropped once compared: memory follows the number
 of units, not the captures' size. Every unit's pairing-layout responses are compared; teacher forcing and captures
-where the plan measured them.
+where the plan measured them. The units are compared one at a time (`invar.compare.measured.streamed_comparison`):
+each unit's row goes to the caller's sink as it is made and only the aggregates' scalars are kept, so the report of
+a million units is never held whole.
 
 Decision: this lives in `invar.contract`, not `invar.compare`. Reading a use run means reading it under its
 contract (anchors, plan, admission's binding of records), and the contract's own checks rest on `invar.compare`'s
@@ -13,18 +15,23 @@ computations; `compare` stays the layer below, computing from numbers it is give
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from invar.compare.numerical import DEFAULT_LARGE_STEP, NumericalComparison
+import numpy as np
+
+from invar.compare.measured import MeasuredItem, streamed_comparison
+from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, Response, StreamedComparison, UnitPair, UnitResult
 from invar.contract.admit import Step, admit
+from invar.contract.bind import BoundEvidence, layout_outputs
 from invar.contract.decide import Decision
 from invar.contract.model import read_contract
-from invar.contract.reading import RunReader
+from invar.contract.plan import Role
+from invar.contract.prepare import ROLES
+from invar.contract.reading import RunReader, _label
 from invar.errors import EvidenceError, InvarError
 from invar.records import RunStore
 from invar.records.store import is_run
@@ -47,9 +54,11 @@ def run_contract_path(run: Path) -> Path:
 
 def compare_use_run(run: Path, contract_path: Path | None, *, large_step: float = DEFAULT_LARGE_STEP,
                     phase: Callable[[str], object] = lambda text: None,
-                    progress: Callable[[Step], object] = lambda step: None) -> NumericalComparison:
+                    progress: Callable[[Step], object] = lambda step: None,
+                    row: Callable[[UnitResult], object] = lambda u: None) -> StreamedComparison:
     """Compare the reference and the candidate of a finished use run under its contract. `phase` is told each part
-    as it starts; `progress`, the phases of admission's decision for the headline (`admit`'s)."""
+    as it starts; `progress`, the phases of admission's decision for the headline (`admit`'s); `row`, each unit's
+    comparison in the plan's order, as it is made (the result keeps the aggregates only)."""
     if not is_run(run):
         raise InvarError(f"{run}: no run store here (expected records.sqlite); pass a run directory")
     contract_file = contract_path if contract_path is not None else run_contract_path(run)
@@ -69,19 +78,54 @@ def compare_use_run(run: Path, contract_path: Path | None, *, large_step: float 
         phase("scoring the responses")
         losses = reader.losses(bound.found)
         phase("comparing the numbers")
-        result = reader.measurements(store, bound, losses, large_step=large_step)
-        expected = {u.unit_id: None if u.source is None else _shown(thaw(u.source.answer))
-                    for u in reader.plan.units}
+        result = _compared(reader, store, bound, losses, large_step, row)
     result.sources["contract_file"] = str(contract_file)
-    # By unit id: a sequential run stopped early compares the units of the looks it reached only.
-    units = tuple(dataclasses.replace(u, expected=expected[u.unit_id]) for u in result.units)
     # The headline's decision is use admit's own, computed by the same function after the comparison is done
     # (so the two never hold their records at once); a run admission refuses is compared all the same.
     try:
         decision: dict[str, Any] = decision_summary(admit(contract_file, run, progress=progress))
     except InvarError as exc:
         decision = {"answer": None, "reason": f"not decided: {exc}", "bound": None}
-    return dataclasses.replace(result, units=units, decision=decision)
+    result.decision = decision
+    return result
+
+
+def _compared(reader: RunReader, store: RunStore, bound: BoundEvidence, losses: Mapping[Role, np.ndarray],
+              large_step: float, row: Callable[[UnitResult], object]) -> StreamedComparison:
+    """`RunReader.measurements`' comparison, its units streamed: each reached unit's pair made from the bound outputs
+    when it is compared (its texts decoded then), its row handed to `row`, its expected answer shown."""
+    plan, contract = reader.plan, reader.contract
+    used = reader.reached_units(bound.found, str(store.path))
+    outputs = {role: layout_outputs(plan, bound.found, role, plan.pairing_layout, units=used) for role in ROLES}
+    # The comparison counts 0/1 losses; losses in a wider range are summarised by the decision's task loss only.
+    binary = losses["reference"].dtype.kind == "i"
+
+    def pair_at(k: int, cand_item: MeasuredItem | None, ref_item: MeasuredItem | None) -> UnitPair:
+        unit = plan.units[used[k]]
+        ref, cand = outputs["reference"][k], outputs["candidate"][k]
+        return UnitPair(
+            unit.unit_id, unit.prompt, Response(ref.tokens, ref.logprobs, ref.finish_reason),
+            Response(cand.tokens, cand.logprobs, cand.finish_reason),
+            int(losses["reference"][used[k]]) if binary else None,
+            int(losses["candidate"][used[k]]) if binary else None,
+            reader.tokenizers["reference"].decode(ref.tokens.tolist()),
+            reader.tokenizers["candidate"].decode(cand.tokens.tolist()),
+            teacher_forced=None if cand_item is None else cand_item.logprobs,
+            reference_scored=None if ref_item is None else ref_item.logprobs,
+            expected=None if unit.source is None else _shown(thaw(unit.source.answer)))
+
+    sources = {"mode": "use run", "run": str(store.path), "contract": contract.name, "plan_version": plan.version,
+               "reference": {"label": f"{contract.name} reference ({_label(contract.reference)})"},
+               "candidate": {"label": f"{contract.name} candidate ({_label(contract.candidate)})"},
+               "measurements": None if plan.measure is None else plan.measure.model_dump(mode="json")}
+    try:
+        return streamed_comparison(
+            store, len(used), pair_at, lambda k: plan.units[used[k]].unit_id,
+            [bound.measured[m.key] for m in plan.measurements],
+            teacher_forcing=plan.measure is None or plan.measure.teacher_forcing, large_step=large_step,
+            sources=sources, row=row)
+    except InputError as exc:
+        raise EvidenceError(f"{store.path}: measurements: {exc}") from None
 
 
 def _shown(answer: Any) -> str:
