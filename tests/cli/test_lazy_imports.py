@@ -60,13 +60,10 @@ _NOT_FOR_HELP = ("numpy", "scipy", "msgpack", "rich", "cryptography", "invar.can
 
 @pytest.mark.parametrize("args", [["evaluate", "--help"], ["infer", "--help"], ["inspect", "--help"],
                                   ["inspect", "records", "--help"], ["compare", "--help"],
-                                  ["compare", "numerical", "--help"], ["keys", "new", "--help"], ["score", "--help"]])
+                                  ["compare", "numerical", "--help"], ["keys", "new", "--help"], ["score", "--help"],
+                                  ["train", "--help"]])
 def test_a_command_help_imports_neither_numpy_nor_the_store_nor_the_models(args: list[str]) -> None:
     assert _held_after(args, _NOT_FOR_HELP) == []
-
-
-def test_train_help_reads_the_configuration_not_the_training_loop() -> None:
-    assert _held_after(["train", "--help"], ("rich", "invar.runner", "invar.transport", "invar.loop.cycle")) == []
 
 
 def test_the_defaults_written_out_for_a_quick_start_are_the_modules() -> None:

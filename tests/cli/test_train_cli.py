@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from invar.cli.train_fields import FIELDS
 from invar.engines import DEFAULT_MODEL
 from invar.loop.config import field_help
 
@@ -48,6 +49,12 @@ def test_the_evaluation_population_is_never_trained_on(tmp_path: Path) -> None:
     assert out.stderr.count("\n") == 1
     assert "a prompt of the evaluation split; train on the training set" in out.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_helps_table_of_fields_is_the_configurations() -> None:
+    """`invar train --help` lists the fields from a table, so that its start imports no configuration model: the
+    table is `field_help()`'s rows (`python -m invar.cli.train_fields` rewrites it)."""
+    assert tuple(field_help()) == FIELDS
 
 
 def test_help_lists_every_configuration_field() -> None:

@@ -14,10 +14,10 @@ import typer
 
 from invar.cli.common import JsonOpt, QuietOpt, emit_model, resumable
 from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
-from invar.loop.config import field_help, read_config
+from invar.cli.train_fields import FIELDS
 
-# The training loop, the runner and the progress display are imported when the command runs; its help reads only
-# the configuration's fields.
+# The configuration, the training loop, the runner and the progress display are imported when the command runs; its
+# help reads only the configuration's fields, from their table (`invar.cli.train_fields`).
 if TYPE_CHECKING:
     from invar.cli.progress import Reporter
     from invar.runner.train import Progress
@@ -39,6 +39,7 @@ def train(
     quiet: QuietOpt = False,
 ) -> None:
     from invar.cli.progress import reporting
+    from invar.loop.config import read_config
     from invar.runner.engine import default_run_dir
     from invar.runner.options import check_sampling
     from invar.runner.train import train as run_training
@@ -76,7 +77,7 @@ def _help() -> str:
              "checkpoint, the core scores them and computes advantages, the learner takes one step, the core "
              "recomputes the objective and checks the checkpoint, then publishes it. Ends with the run's chain head.",
              "Configuration fields (TOML; paths relative to the file; docs/training.md explains each):"]
-    for name, default, doc in field_help():
+    for name, default, doc in FIELDS:
         lines.append(f"{name} = {default}: {doc}")
     return "\n\n".join(lines)
 
