@@ -1,6 +1,6 @@
-"""The kernel contract `use init --candidate-patch` proposes, decided end to end on the real Hugging Face worker and
-the shipped tiny model: the reference runs the batch-invariant base (stock HF alone varies across the layouts on
-some units), so the batch-variant `split-k` patch is Violated for the layout dependence it adds, while its
+"""The kernel contract `use init --candidate-patch --invariance` proposes, decided end to end on the real Hugging Face
+worker and the shipped tiny model: the reference runs the batch-invariant base (stock HF alone varies across the
+layouts on some units), so the batch-variant `split-k` patch is Violated for the layout dependence it adds, while its
 teacher-forced captures stay within `max_kl` (it is a correct float32 product); a padding-invariant softmax kernel on
 the base is Admitted."""
 
@@ -29,7 +29,7 @@ def _invar(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_split_k_is_violated_for_the_dependence_it_adds(tmp_path: Path) -> None:
     made = _invar("use", "init", "k.toml", "--candidate-patch", "split-k", "--sample", "24", "--temperature", "0",
-                  "--epsilon", "0.5", cwd=tmp_path)
+                  "--epsilon", "0.5", "--invariance", "--no-determinism", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     assert _invar("use", "prepare", "k.toml", cwd=tmp_path).returncode == 0
     ran = _invar("use", "run", "k.contract.json", "--run", "run", cwd=tmp_path)
@@ -52,7 +52,7 @@ def test_a_padding_invariant_softmax_kernel_on_the_base_is_admitted(tmp_path: Pa
     # both sides run eager attention (where the model's softmax is), so the packages differ in the kernel alone.
     shutil.copytree(REPO_ROOT / "patches" / "invariant-softmax", tmp_path / "my-softmax")
     made = _invar("use", "init", "k.toml", "--candidate-patch", "./my-softmax", "--sample", "16", "--temperature",
-                  "0", "--epsilon", "0.5", cwd=tmp_path)
+                  "0", "--epsilon", "0.5", "--invariance", "--no-determinism", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     decl = tomllib.loads((tmp_path / "k.toml").read_text(encoding="utf-8"))
     assert decl["candidate"]["settings"]["attn_implementation"] == "eager"
