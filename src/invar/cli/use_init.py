@@ -22,6 +22,7 @@ from typing import Annotated, Any
 
 import typer
 
+from invar.cli.groups import grouped
 from invar.cli.options import TopPOpt
 from invar.engines import DEFAULT_MODEL, Dtype, Engine, Quantization, parse_launch_settings, worker_digest
 from invar.errors import ContractError, InvarError, one_line
@@ -222,135 +223,174 @@ def _check(text: str, out: Path) -> None:
         derive_plan(contract, canonical.sha256(contract.canonical_json()), units, encoders)
 
 
-def init_cmd(
-    out: Annotated[Path, typer.Argument(metavar="OUT.toml", help="The declaration to write (TOML); never "
-                                                                 "overwritten without --force.")],
-    model: Annotated[Path, typer.Option("--model", help="The reference's model folder.")] = DEFAULT_MODEL,
+@dataclass(frozen=True)
+class PackageOptions:
+    """The two packages the declaration pins: each side's model folder, engine, launch settings, patches, dtype and
+    weight quantization (the candidate's default to the reference's)."""
+
+    model: Annotated[Path, typer.Option("--model", help="The reference's model folder.")] = DEFAULT_MODEL
     candidate_model: Annotated[
         Path | None, typer.Option("--candidate-model", help="The candidate's model folder (default: --model).")
-    ] = None,
-    engine: Annotated[Engine, typer.Option("--engine", help="The reference's engine.")] = Engine.HF,
+    ] = None
+    engine: Annotated[Engine, typer.Option("--engine", help="The reference's engine.")] = Engine.HF
     candidate_engine: Annotated[
         Engine | None, typer.Option("--candidate-engine", help="The candidate's engine (default: --engine).")
-    ] = None,
+    ] = None
     setting: Annotated[
         list[str] | None, typer.Option("--setting", metavar="NAME=VALUE", help="A launch setting of the reference's "
                                        "worker (repeatable; checked before it starts).")
-    ] = None,
+    ] = None
     candidate_setting: Annotated[
         list[str] | None, typer.Option("--candidate-setting", metavar="NAME=VALUE", help="A launch setting of the "
                                        "candidate's worker (repeatable; default: --setting when the engines are the "
                                        "same).")
-    ] = None,
+    ] = None
     patch: Annotated[
         list[str] | None, typer.Option("--patch", metavar="NAME|PATH", help="A patch or kernel the reference runs "
                                        "with: a name under INVAR_HOME's patches/, or a folder path.")
-    ] = None,
+    ] = None
     candidate_patch: Annotated[
         list[str] | None, typer.Option("--candidate-patch", metavar="NAME|PATH", help="A patch or kernel the "
                                        "candidate runs with (repeatable): a name under INVAR_HOME's patches/ (e.g. "
                                        "fixed-block), or a folder path (e.g. ./my-kernel).")
-    ] = None,
-    dtype: Annotated[Dtype, typer.Option("--dtype", help="The reference's dtype.")] = Dtype.FLOAT32,
+    ] = None
+    dtype: Annotated[Dtype, typer.Option("--dtype", help="The reference's dtype.")] = Dtype.FLOAT32
     candidate_dtype: Annotated[
         Dtype | None, typer.Option("--candidate-dtype", help="The candidate's dtype (default: --dtype).")
-    ] = None,
+    ] = None
     quantization: Annotated[
         Quantization, typer.Option("--quantization", help="The reference's weight quantization.")
-    ] = Quantization.NONE,
+    ] = Quantization.NONE
     candidate_quantization: Annotated[
         Quantization | None, typer.Option("--candidate-quantization", help="The candidate's weight quantization "
                                                                            "(default: --quantization), e.g. nf4.")
-    ] = None,
+    ] = None
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """The task: the population, its scorer, and how each response is sampled."""
+
     population: Annotated[
         Path, typer.Option("--population", help="The population file (JSON lines).")
-    ] = DEFAULT_POPULATION,
+    ] = DEFAULT_POPULATION
     scorer: Annotated[
         str, typer.Option("--scorer", help="A built-in scorer's name or path.py:function.")
-    ] = ARITHMETIC,
+    ] = ARITHMETIC
     scorer_setting: Annotated[
         list[str] | None, typer.Option("--scorer-setting", metavar="NAME=JSON",
                                        help="A setting of the scorer, its value as JSON (repeatable).")
-    ] = None,
-    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature (0: greedy).")] = 1.0,
-    top_p: TopPOpt = 1.0,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="The longest response, in tokens.")] = 5,
+    ] = None
+    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature (0: greedy).")] = 1.0
+    top_p: TopPOpt = 1.0
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="The longest response, in tokens.")] = 5
+
+
+@dataclass(frozen=True)
+class RequirementOptions:
+    """The requirement and how it is decided: the standard, ε and the confidence, the bound method, sequential or
+    fixed, and which units run."""
+
     standard: Annotated[
         str, typer.Option("--standard", help="population (a confidence bound) or finite-domain (exact on the "
                                              "declared units).")
-    ] = "population",
+    ] = "population"
     epsilon: Annotated[
         str, typer.Option("--epsilon", help="ε: the largest allowed rise of the mean task loss, a decimal.")
-    ] = "0.01",
-    confidence: Annotated[str, typer.Option("--confidence", help="1 − δ, a decimal.")] = "0.95",
+    ] = "0.01"
+    confidence: Annotated[str, typer.Option("--confidence", help="1 − δ, a decimal.")] = "0.95"
     method: Annotated[
         str | None, typer.Option("--method", help="The bound method (default: paired-binary-score for 0/1 losses, "
                                                   "maurer-pontil otherwise; sequential: the *-sequence one).")
-    ] = None,
+    ] = None
     sequential: Annotated[
         bool, typer.Option("--sequential", help="Decide sequentially: stop as soon as the bound decides.")
-    ] = False,
+    ] = False
     sample: Annotated[
         int | None, typer.Option("--sample", help=f"Run a seeded sample of this many units (default "
                                                   f"{DEFAULT_SAMPLE:,}, or every unit of a smaller population).")
-    ] = None,
-    every_unit: Annotated[bool, typer.Option("--every-unit", help="Run every unit of the population.")] = False,
-    seed: Annotated[int, typer.Option("--seed", help="The contract seed.")] = DEFAULT_SEED,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="The pairing layout's batch size.")] = 16,
+    ] = None
+    every_unit: Annotated[bool, typer.Option("--every-unit", help="Run every unit of the population.")] = False
+    seed: Annotated[int, typer.Option("--seed", help="The contract seed.")] = DEFAULT_SEED
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """The checks beside the task bound: the pairing layout, invariance, determinism and the measurements, and how
+    many requests a call carries."""
+
+    batch_size: Annotated[int, typer.Option("--batch-size", help="The pairing layout's batch size.")] = 16
     invariance: Annotated[
         bool | None, typer.Option("--invariance/--no-invariance",
                                   help="Require the candidate bit-identical alone, in batches of --batch-size and "
                                        "in shuffled batches of twice that (default: yes; no when sequential, and no "
                                        "for a kernel, which is judged by determinism: add --invariance where the use "
                                        "needs batch invariance).")
-    ] = None,
+    ] = None
     determinism: Annotated[
         bool | None, typer.Option("--determinism/--no-determinism",
                                   help="Require the candidate to reproduce the pairing layout bit for bit when run "
                                        "again in a fresh worker, relative to the reference (default: yes when only "
                                        "the candidate runs patches, and not sequential).")
-    ] = None,
+    ] = None
     requests_per_call: Annotated[
         int, typer.Option("--requests-per-call", help="The most requests one worker call carries.")
-    ] = 64,
+    ] = 64
     invariance_relative_to: Annotated[
         str | None, typer.Option("--invariance-relative-to", metavar="reference|none",
                                  help="reference: the candidate may add no layout dependence the reference lacks "
                                       "(the reference runs the layouts too); none: the candidate must be invariant "
                                       "on every unit (default: reference when only the candidate runs patches)")
-    ] = None,
+    ] = None
     use_base: Annotated[
         bool, typer.Option("--base/--no-base",
                            help="With patches on the candidate alone and invariance required: run the "
                                 "batch-invariant base (patches/invariant-*) on both sides, the candidate without the "
                                 "ops its kernel replaces, so invariance judges only the kernel (default: yes where "
                                 "the base can route; --no-base keeps the stock engine as the reference).")
-    ] = True,
+    ] = True
     measurements: Annotated[
         bool | None, typer.Option("--measurements/--no-measurements",
                                   help="Write [measurements]: teacher forcing and whole-vocabulary captures "
                                        "(default: yes when only the candidate runs patches, and not sequential).")
-    ] = None,
+    ] = None
     capture_step: Annotated[
         list[str] | None, typer.Option("--capture-step", metavar="STEP", help="A capture step of [measurements] "
                                        "(repeatable): a step number, last, or every:K (default: every:1).")
-    ] = None,
+    ] = None
     max_kl: Annotated[
         str | None, typer.Option("--max-kl", metavar="NATS", help="Require KL(reference ‖ candidate) at most this "
                                  f"at every capture (default with patches: {KERNEL_MAX_KL}; 'none' for no bound).")
-    ] = None,
-    name: Annotated[str | None, typer.Option("--name", help="The contract's name (default: the file's stem).")] = None,
-    description: Annotated[str | None, typer.Option("--description", help="The use, in your words.")] = None,
+    ] = None
+
+
+@dataclass(frozen=True)
+class WrittenOptions:
+    """What the file says of itself, and whether it may replace one."""
+
+    name: Annotated[str | None, typer.Option("--name", help="The contract's name (default: the file's stem).")] = None
+    description: Annotated[str | None, typer.Option("--description", help="The use, in your words.")] = None
     party: Annotated[
         str | None, typer.Option("--party", help="Who vouches that the population represents the use: writes "
                                                  "that premise.")
-    ] = None,
+    ] = None
     add_end_ids: Annotated[
         bool, typer.Option("--add-end-ids", help="Where a model folder's chat template ends a turn with a token its "
                                                  "generation_config.json does not list among the ids that end a "
                                                  "response, add it there (and say so) before the folder is pinned.")
-    ] = False,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    ] = False
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False
+
+
+@grouped
+def init_cmd(
+    out: Annotated[Path, typer.Argument(metavar="OUT.toml", help="The declaration to write (TOML); never "
+                                                                 "overwritten without --force.")],
+    packages: PackageOptions,
+    task: TaskOptions,
+    requirement: RequirementOptions,
+    checks: CheckOptions,
+    written: WrittenOptions,
 ) -> None:
     """Write a complete declaration: every digest filled in, each package's identity as its worker reports it.
 
@@ -360,27 +400,27 @@ def init_cmd(
     from invar import canonical
     from invar.runner.engine import probe_identity
 
-    if out.exists() and not force:
+    if out.exists() and not written.force:
         raise InvarError(f"{out} exists; choose another path, or add --force to overwrite it")
     if out.exists() and not out.is_file():
         raise InvarError(f"{out} is not a file; choose a path for the declaration")
     if not out.parent.is_dir():
         raise InvarError(f"{out.parent} is no folder; create it, or choose a path in an existing folder")
-    if standard not in ("population", "finite-domain"):
-        raise InvarError(f"--standard {standard!r}: write population or finite-domain")
-    if sequential and standard != "population":
+    if requirement.standard not in ("population", "finite-domain"):
+        raise InvarError(f"--standard {requirement.standard!r}: write population or finite-domain")
+    if requirement.sequential and requirement.standard != "population":
         raise InvarError("--sequential decides with a confidence bound: it needs --standard population")
-    if sequential and invariance:
+    if requirement.sequential and checks.invariance:
         raise InvarError("--sequential stops early and cannot cover every unit under other layouts: leave out "
                          "--invariance")
-    if every_unit and sample is not None:
+    if requirement.every_unit and requirement.sample is not None:
         raise InvarError("--every-unit and --sample both say how many units to run; give one")
-    if invariance_relative_to not in (None, "reference", "none"):
-        raise InvarError(f"--invariance-relative-to {invariance_relative_to!r}: write reference or none")
-    if determinism and sequential:
+    if checks.invariance_relative_to not in (None, "reference", "none"):
+        raise InvarError(f"--invariance-relative-to {checks.invariance_relative_to!r}: write reference or none")
+    if checks.determinism and requirement.sequential:
         raise InvarError("--determinism runs every unit again, which a sequential run may never reach: leave out "
                          "--sequential or --determinism")
-    if measurements and sequential:
+    if checks.measurements and requirement.sequential:
         raise InvarError("--measurements covers batches a sequential run may never reach: leave out --sequential or "
                          "--measurements")
     from invar.cli.evaluate import _settings as scorer_settings
@@ -388,36 +428,39 @@ def init_cmd(
     from invar.tasks.scorers import UserScorer, load_scorer
 
     base = out.parent
-    scorer_values = scorer_settings(scorer_setting or [])
-    c_engine = candidate_engine or engine
-    ref_launch = parse_launch_settings(engine.value, setting or [])
+    scorer_values = scorer_settings(task.scorer_setting or [])
+    c_engine = packages.candidate_engine or packages.engine
+    ref_launch = parse_launch_settings(packages.engine.value, packages.setting or [])
     # The candidate's launch defaults to the reference's on the same engine (a change of kernels keeps the threads).
-    same = candidate_setting is None and c_engine == engine
-    cand_launch = dict(ref_launch) if same else parse_launch_settings(c_engine.value, candidate_setting or [])
-    sides = [_Side("reference", engine, model, ref_launch, _patches("--patch", patch or [], engine, base), dtype,
-                   quantization),
-             _Side("candidate", c_engine, candidate_model or model, cand_launch,
-                   _patches("--candidate-patch", candidate_patch or [], c_engine, base), candidate_dtype or dtype,
-                   candidate_quantization or quantization)]
-    if add_end_ids:
+    same = packages.candidate_setting is None and c_engine == packages.engine
+    cand_launch = dict(ref_launch) if same else parse_launch_settings(c_engine.value, packages.candidate_setting or [])
+    sides = [_Side("reference", packages.engine, packages.model, ref_launch,
+                   _patches("--patch", packages.patch or [], packages.engine, base), packages.dtype,
+                   packages.quantization),
+             _Side("candidate", c_engine, packages.candidate_model or packages.model, cand_launch,
+                   _patches("--candidate-patch", packages.candidate_patch or [], c_engine, base),
+                   packages.candidate_dtype or packages.dtype,
+                   packages.candidate_quantization or packages.quantization)]
+    if written.add_end_ids:
         _add_end_ids(sides)
     for side, option in zip(sides, ("--model", "--candidate-model"), strict=True):
         side.model_digest, side.tokenizer_digest = _model(option, side.model)
         side.worker_digest = worker_digest(side.engine.value)
-    if not population.is_file():
-        raise InvarError(f"--population {population}: no such file; name the population (JSON lines)")
-    population_sha256 = canonical.file_sha256(population)
+    if not task.population.is_file():
+        raise InvarError(f"--population {task.population}: no such file; name the population (JSON lines)")
+    population_sha256 = canonical.file_sha256(task.population)
     # A user scorer's file is named relative to where `use init` runs, then written relative to the declaration.
     try:
-        loaded = load_scorer(scorer, scorer_values, Path.cwd())
+        loaded = load_scorer(task.scorer, scorer_values, Path.cwd())
     except ContractError as exc:
-        raise ContractError(f"--scorer {scorer}: {exc}") from None
-    scorer_name, scorer_sha256 = scorer, None
+        raise ContractError(f"--scorer {task.scorer}: {exc}") from None
+    scorer_name, scorer_sha256 = task.scorer, None
     if isinstance(loaded, UserScorer):
-        file_part, _, function = scorer.rpartition(":")
+        file_part, _, function = task.scorer.rpartition(":")
         scorer_name, scorer_sha256 = f"{_rel(Path(file_part), base)}:{function}", loaded.sha256
-    if method is None and standard == "population":
-        if sequential:
+    method = requirement.method
+    if method is None and requirement.standard == "population":
+        if requirement.sequential:
             method = "paired-binary-sequence" if loaded.binary else "betting-sequence"
         else:
             method = DEFAULT_BINARY_METHOD if loaded.binary else "maurer-pontil"
@@ -426,27 +469,27 @@ def init_cmd(
     # reference). Batch invariance is a property some uses need, not correctness: a correct kernel may reduce in an
     # order that follows the batch's shape, so it is required only when asked for (--invariance).
     kernel = bool(sides[1].patches) and not sides[0].patches
-    relative = invariance_relative_to == "reference" if invariance_relative_to is not None else kernel
-    measured = measurements if measurements is not None else kernel and not sequential
+    relative = checks.invariance_relative_to == "reference" if checks.invariance_relative_to is not None else kernel
+    measured = checks.measurements if checks.measurements is not None else kernel and not requirement.sequential
     measure = None
     if measured:
-        bound = max_kl if max_kl is not None else KERNEL_MAX_KL if kernel else None
-        steps = [int(step) if step.isdecimal() else step for step in capture_step or KERNEL_CAPTURE_STEPS]
+        bound = checks.max_kl if checks.max_kl is not None else KERNEL_MAX_KL if kernel else None
+        steps = [int(step) if step.isdecimal() else step for step in checks.capture_step or KERNEL_CAPTURE_STEPS]
         measure = {"teacher_forcing": True, "capture_steps": steps,
                    **({} if bound is None or bound == "none" else {"max_kl": bound})}
-    elif max_kl is not None or capture_step:
+    elif checks.max_kl is not None or checks.capture_step:
         raise InvarError("--max-kl and --capture-step set [measurements], which is not written: add --measurements")
-    units = sum(1 for line in population.read_bytes().splitlines() if line.strip())
-    chosen = None if every_unit else sample if sample is not None else \
+    units = sum(1 for line in task.population.read_bytes().splitlines() if line.strip())
+    chosen = None if requirement.every_unit else requirement.sample if requirement.sample is not None else \
         DEFAULT_SAMPLE if units > DEFAULT_SAMPLE else None
-    if sequential and chosen is None:
+    if requirement.sequential and chosen is None:
         chosen = units  # max_n must state the units the plan runs
     # Naming how invariance is judged (--invariance-relative-to) asks for it.
-    invariant = bool(invariance) if invariance is not None else \
-        not sequential and (not kernel or invariance_relative_to is not None)
-    determined = determinism if determinism is not None else kernel and not sequential
+    invariant = bool(checks.invariance) if checks.invariance is not None else \
+        not requirement.sequential and (not kernel or checks.invariance_relative_to is not None)
+    determined = checks.determinism if checks.determinism is not None else kernel and not requirement.sequential
     why = ""
-    if kernel and description is None:
+    if kernel and written.description is None:
         why = (" Judged by the task bound, max_kl on teacher-forced captures" if measured else
                " Judged by the task bound") + \
             (" and determinism (the pairing layout run twice, bit-identical)" if determined else "") + \
@@ -454,20 +497,21 @@ def init_cmd(
              "; batch invariance is not required, as a correct kernel may be batch variant (use init --invariance "
              "adds it).")
     choices = _Choices(
-        name=name if name is not None else out.stem.lower(),
-        description=description if description is not None else
+        name=written.name if written.name is not None else out.stem.lower(),
+        description=written.description if written.description is not None else
         f"May {_describe(sides[1])} replace {_describe(sides[0])} for this use?{why}",
-        population=population, population_sha256=population_sha256, sample=chosen, scorer=scorer_name,
-        scorer_sha256=scorer_sha256, scorer_settings=scorer_values, binary=loaded.binary, temperature=temperature,
-        top_p=top_p, max_tokens=max_tokens, standard=standard, epsilon=epsilon, confidence=confidence,
-        method=method, sequential=sequential, seed=seed, batch_size=batch_size,
-        invariance=invariant, requests_per_call=requests_per_call, party=party, measurements=measure,
+        population=task.population, population_sha256=population_sha256, sample=chosen, scorer=scorer_name,
+        scorer_sha256=scorer_sha256, scorer_settings=scorer_values, binary=loaded.binary, temperature=task.temperature,
+        top_p=task.top_p, max_tokens=task.max_tokens, standard=requirement.standard, epsilon=requirement.epsilon,
+        confidence=requirement.confidence, method=method, sequential=requirement.sequential, seed=requirement.seed,
+        batch_size=checks.batch_size,
+        invariance=invariant, requests_per_call=checks.requests_per_call, party=written.party, measurements=measure,
         determinism=determined)
     choices.relative_invariance = relative and choices.invariance
-    if relative and invariance_relative_to is not None and not choices.invariance:
+    if relative and checks.invariance_relative_to is not None and not choices.invariance:
         raise InvarError("--invariance-relative-to reference judges invariance, which is not required: leave out "
                          "--no-invariance or --invariance-relative-to")
-    if kernel and choices.invariance and use_base:
+    if kernel and choices.invariance and checks.use_base:
         _add_base(sides, base)
     for side in sides:  # everything but the identities first: a mistake costs no worker start
         side.engine_version, side.settings = {"invar": "0"}, dict(side.launch)
