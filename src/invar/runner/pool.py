@@ -227,6 +227,7 @@ class WorkerPool:
         except BaseException as exc:
             interrupted = exc
             self.halt()
+            self._stop_loading()
         for t, end in zip(threads, ended, strict=True):
             while True:
                 try:
