@@ -1,9 +1,10 @@
 """`compare numerical RUN [--contract C]`: a use run's numbers, from its records and its contract.
 
 The run is read as admission reads it, by the same reader (`invar.contract.reading.RunReader`: the contract's
-anchors, every record verified and bound to the plan), but as a stream (`RunReader.bind_streamed`), and the
-captures of plan /3 measurements are read again side by side and dropped once compared: memory follows the number
-of units, not the captures' size. Every unit's pairing-layout responses are compared; teacher forcing and captures
+anchors, every record verified, bound to the plan and scored in one pass, `RunReader.read_scored`); the pairing
+layout's responses are then read again call by call and kept compactly (`_Responses`), and the captures of plan /3
+measurements are read again side by side and dropped once compared: memory follows the number of units, not the
+captures' size. Every unit's pairing-layout responses are compared; teacher forcing and captures
 where the plan measured them. The units are compared one at a time (`invar.compare.measured.streamed_comparison`):
 each unit's row goes to the caller's sink as it is made and only the aggregates' scalars are kept, so the report of
 a million units is never held whole.
@@ -26,10 +27,10 @@ import numpy as np
 from invar.compare.measured import MeasuredItem, streamed_comparison
 from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, Response, StreamedComparison, UnitPair, UnitResult
 from invar.contract.admit import Step, admit
-from invar.contract.bind import BoundEvidence, layout_outputs
+from invar.contract.bind import BoundEvidence
 from invar.contract.decide import Decision
 from invar.contract.model import read_contract
-from invar.contract.plan import Role
+from invar.contract.plan import ExecutionPlan, Role
 from invar.contract.prepare import ROLES
 from invar.contract.reading import RunReader, _label
 from invar.errors import EvidenceError, InvarError
@@ -65,18 +66,18 @@ def compare_use_run(run: Path, contract_path: Path | None, *, large_step: float 
     contract, sha = read_contract(contract_file)
     with RunStore.open(run) as store, tempfile.TemporaryDirectory(prefix="invar-compare-") as scratch:
         phase("reading the contract's inputs")
-        stream = store.stream()
+        stream = store.stream(kept=True)  # kept: the outputs are read again by call, as admission reads them
         stream.prime()  # the run's kept inputs verified and dropped before the plan is derived, as admission does
         reader = RunReader.of_run(contract, sha, contract_file.parent, store, Path(scratch))
         phase("reading the run's records under the contract")
-        bound = reader.bind_streamed(store, stream)
+        # One pass, as admission's: each record verified, bound and its outputs scored, then dropped.
+        scored = reader.read_scored(store, stream=stream)
+        bound, losses = scored.bound, scored.losses
         if bound.nonfinite:
             first = bound.nonfinite[0]
             raise EvidenceError(f"{run}: the run closed at candidate call {first.key} (call id {first.call_id}), "
                                 "answered NonFiniteOutput: the candidate has no outputs there to compare, and the "
                                 f"calls after it were never made; use admit decides it (Violated) from that record")
-        phase("scoring the responses")
-        losses = reader.losses(bound.found)
         phase("comparing the numbers")
         result = _compared(reader, store, bound, losses, large_step, row)
     result.sources["contract_file"] = str(contract_file)
@@ -96,18 +97,18 @@ def _compared(reader: RunReader, store: RunStore, bound: BoundEvidence, losses: 
     when it is compared (its texts decoded then), its row handed to `row`, its expected answer shown."""
     plan, contract = reader.plan, reader.contract
     used = reader.reached_units(bound.found, str(store.path))
-    outputs = {role: layout_outputs(plan, bound.found, role, plan.pairing_layout, units=used) for role in ROLES}
+    outputs = {role: _Responses.of(plan, bound, role) for role in ROLES}
     # The comparison counts 0/1 losses; losses in a wider range are summarised by the decision's task loss only.
     binary = losses["reference"].dtype.kind == "i"
 
     def pair_at(k: int, cand_item: MeasuredItem | None, ref_item: MeasuredItem | None) -> UnitPair:
-        unit = plan.units[used[k]]
-        ref, cand = outputs["reference"][k], outputs["candidate"][k]
+        i = used[k]
+        unit = plan.units[i]
+        ref, cand = outputs["reference"][i], outputs["candidate"][i]
         return UnitPair(
-            unit.unit_id, unit.prompt, Response(ref.tokens, ref.logprobs, ref.finish_reason),
-            Response(cand.tokens, cand.logprobs, cand.finish_reason),
-            int(losses["reference"][used[k]]) if binary else None,
-            int(losses["candidate"][used[k]]) if binary else None,
+            unit.unit_id, unit.prompt, ref, cand,
+            int(losses["reference"][i]) if binary else None,
+            int(losses["candidate"][i]) if binary else None,
             reader.tokenizers["reference"].decode(ref.tokens.tolist()),
             reader.tokenizers["candidate"].decode(cand.tokens.tolist()),
             teacher_forced=None if cand_item is None else cand_item.logprobs,
@@ -126,6 +127,52 @@ def _compared(reader: RunReader, store: RunStore, bound: BoundEvidence, losses: 
             sources=sources, row=row)
     except InputError as exc:
         raise EvidenceError(f"{store.path}: measurements: {exc}") from None
+
+
+class _Responses:
+    """One package's pairing-layout responses, every planned unit's, kept compactly: the tokens (int32) and the
+    log-probabilities (float32) of all units end to end, each unit's start, length and finish reason. Read call by call
+    from the store (each record decoded again, then dropped); about 9 bytes a token and 13 a unit, where each output
+    held as decoded holds its report's bytes and three arrays."""
+
+    FINISH = ("stop", "length")
+
+    def __init__(self, tokens: np.ndarray, logprobs: np.ndarray, start: np.ndarray, length: np.ndarray,
+                 finish: np.ndarray) -> None:
+        self.tokens, self.logprobs, self.start, self.length, self.finish = tokens, logprobs, start, length, finish
+
+    @classmethod
+    def of(cls, plan: ExecutionPlan, bound: BoundEvidence, role: Role) -> _Responses:
+        """`role`'s responses under the pairing layout, from the calls `bound` holds (a sequential run's reached
+        looks: the units of calls never made are left empty and never read)."""
+        n = len(plan.units)
+        start, length = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int32)
+        finish = np.zeros(n, dtype=np.uint8)
+        tokens: list[np.ndarray] = []
+        logprobs: list[np.ndarray] = []
+        at = 0
+        for c in plan.layout_calls(role, plan.pairing_layout):
+            evidence = bound.found.get(c.key)
+            if evidence is None:
+                continue
+            outs = evidence.outputs
+            for index, o in zip(c.units, outs, strict=True):
+                start[index], length[index] = at, o.tokens.size
+                finish[index] = cls.FINISH.index(o.finish_reason)
+                at += o.tokens.size
+            tokens.append(np.concatenate([o.tokens for o in outs]) if outs else np.zeros(0, dtype=np.int32))
+            logprobs.append(np.concatenate([o.logprobs for o in outs]) if outs else np.zeros(0, dtype=np.float32))
+        joined = (np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.int32),
+                  np.concatenate(logprobs) if logprobs else np.zeros(0, dtype=np.float32))
+        # Outputs are int32 tokens and float32 log-probabilities (the protocol refuses others): joined, they keep
+        # their dtypes, so each unit's view has the bits its record holds.
+        assert joined[0].dtype == np.int32
+        assert joined[1].dtype == np.float32
+        return cls(*joined, start, length, finish)
+
+    def __getitem__(self, index: int) -> Response:
+        s, t = int(self.start[index]), int(self.length[index])
+        return Response(self.tokens[s:s + t], self.logprobs[s:s + t], self.FINISH[int(self.finish[index])])
 
 
 def _shown(answer: Any) -> str:
