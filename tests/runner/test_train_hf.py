@@ -1,8 +1,14 @@
 """`invar train` on the Hugging Face backend (HF generates, and learns through peft), on the shipped model: a short
-run whose objective the core recomputes and whose checkpoint chain verifies, and a run killed at random instants
+run whose objective the core recomputes and whose checkpoint chain verifies, a run stopped by SIGTERM and by Ctrl-C
 that resumes to the same checkpoints bit for bit (the HF worker's calls are deterministic on one CPU build), and the
 same configuration with both roles in one worker process (`rollout.layout = "shared"`) publishing the same
-checkpoints."""
+checkpoints.
+
+A run SIGKILLed at random instants (the CLI, then one of its workers) is resumed on MLX
+(test_train_mlx.py::test_a_killed_run_resumes_to_the_same_checkpoints) and on fake workers
+(test_train_fake_workers.py); what it adds on HF, a learner resumed from its training checkpoint taking the
+uninterrupted step bit for bit, is tests/workers/hf/test_hf_checkpoints.py's, and the resumed HF run publishing the
+uninterrupted run's checkpoints is the SIGTERM test's below."""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from train_helpers import check_finished, invar, kill_and_resume, published, stop_at_signal, write_config
+from train_helpers import check_finished, invar, published, stop_at_signal, write_config
 
 from invar.records import RunStore
 
@@ -57,15 +63,6 @@ def test_both_roles_in_one_process_publish_the_split_runs_checkpoints(finished: 
         placement = [v for k, v in store.meta().items() if k.startswith("placement shared ")]
     assert len(pids) == 1
     assert [p["pid"] for p in placement] == list(pids)
-
-
-@pytest.mark.slow
-def test_a_killed_run_resumes_to_the_same_checkpoints(config: Path, finished: tuple[Path, dict[str, object]],
-                                                      tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    killed = kill_and_resume(config, run, kills=2, window=(4.0, 16.0), seed=11)
-    print(f"measured: killed {killed}")
-    assert published(run) == published(finished[0])
 
 
 def test_sigterm_and_ctrl_c_stop_in_one_line_and_the_run_resumes_to_the_same_checkpoints(
