@@ -120,9 +120,9 @@ def test_an_existing_file_is_kept_unless_force_is_given(tmp_path: Path, monkeypa
     assert result.exit_code == 0, (result.output, result.exception)
     decl = tomllib.loads(out.read_text(encoding="utf-8"))
     assert decl["candidate"]["patches"]["fixed-block"] == canonical.tree_digest(REPO_ROOT / "patches" / "fixed-block")
-    # A patched candidate gets the kernel contract's invariance, relative to the stock reference (the default).
-    assert decl["invariance"] == {"required": True, "relative_to": "reference",
-                                  "layouts": ["b16", "b32-shuffled", "solo"]}
+    # A patched candidate gets the kernel contract: determinism relative to the stock reference, no batch invariance.
+    assert decl["invariance"] == {"required": False}
+    assert decl["determinism"] == {"required": True, "layout": "b16", "runs": 2, "relative_to": "reference"}
     assert decl["population"]["sample"] == 2000
     assert decl["requirement"]["method"] == "paired-binary-score"
     assert len(started) == 2  # one worker per distinct identity: the candidate's launch and patch differ

@@ -154,9 +154,9 @@ def test_the_cached_matmul_is_violated_end_to_end(tmp_path: Path) -> None:
     assert admitted.returncode == 10, admitted.stderr
     decision = json.loads(admitted.stdout)
     assert decision["answer"] == "Violated"
-    # The stale products add layout dependence (a cache hit depends on which shapes came before) ...
-    assert decision["reason"].startswith("invariance relative to the reference: ")
-    assert decision["invariance"]["gained_units"]
-    # ... and move the task and the distributions far beyond what the contract allows.
-    assert decision["task_loss"]["worse"] > decision["task_loss"]["better"]
+    # The stale products move the distributions far beyond max_kl (the first requirement that fails: a fresh worker
+    # fed the same calls hits its cache the same way, so determinism need not see it) ...
+    assert decision["reason"].startswith("measurements: "), decision["reason"]
     assert decision["measurements"]["requirement"]["violated"] is True
+    # ... and the task beyond what the contract allows.
+    assert decision["task_loss"]["worse"] > decision["task_loss"]["better"]
