@@ -34,8 +34,48 @@ import numpy as np
 import numpy.typing as npt
 
 from invar.errors import EvidenceError
+from invar.printed import Closed
 from invar.records.store import CallRecord
 from invar.stats.bounds import Bound, bound
+
+
+class TaskLossOutput(Closed):
+    n: int
+    reference_loss: int
+    candidate_loss: int
+    worse: int
+    better: int
+    mean_difference: str
+    """Exact, as a fraction (e.g. "3/200"): the number the decision compares with ε."""
+    mean_difference_float: float
+
+
+class RangeTaskLossOutput(Closed):
+    """The task loss of a scorer whose losses lie in a declared range (`binary = false`), not 0/1."""
+
+    n: int
+    loss_range: tuple[float, float]
+    """The scorer's declared [a, b]; each paired difference lies in [a − b, b − a]."""
+    reference_loss: str
+    """The reference's losses summed exactly, as a fraction (each float loss is one)."""
+    reference_loss_float: float
+    candidate_loss: str
+    candidate_loss_float: float
+    worse: int
+    better: int
+    mean_difference: str
+    """Exact, as a fraction: the number the decision compares with ε."""
+    mean_difference_float: float
+
+
+class EvidenceOutput(Closed):
+    """One planned call (generate or score) and the record that answered it."""
+
+    call: str
+    record: int
+    call_id: int
+    call_digest: str
+    report_digest: str
 
 
 @dataclass(frozen=True)
@@ -56,12 +96,12 @@ class TaskLoss:
         candidate call before any unit was paired, decided by that call, not by the losses)."""
         return Fraction(self.candidate_loss - self.reference_loss, self.n) if self.n else Fraction(0)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "n": self.n, "reference_loss": self.reference_loss, "candidate_loss": self.candidate_loss,
-            "worse": self.worse, "better": self.better,
-            "mean_difference": str(self.mean_difference), "mean_difference_float": float(self.mean_difference),
-        }
+    def output(self) -> TaskLossOutput:
+        """What a decision prints of it."""
+        return TaskLossOutput(
+            n=self.n, reference_loss=self.reference_loss, candidate_loss=self.candidate_loss, worse=self.worse,
+            better=self.better, mean_difference=str(self.mean_difference),
+            mean_difference_float=float(self.mean_difference))
 
 
 def paired_task_loss(reference: np.ndarray, candidate: np.ndarray) -> TaskLoss:
@@ -93,14 +133,13 @@ class RangeTaskLoss:
         """Mean of candidate loss minus reference loss, exactly (0 over no units, as `TaskLoss`'s)."""
         return (self.candidate_loss - self.reference_loss) / self.n if self.n else Fraction(0)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "n": self.n, "loss_range": list(self.loss_range),
-            "reference_loss": str(self.reference_loss), "reference_loss_float": float(self.reference_loss),
-            "candidate_loss": str(self.candidate_loss), "candidate_loss_float": float(self.candidate_loss),
-            "worse": self.worse, "better": self.better,
-            "mean_difference": str(self.mean_difference), "mean_difference_float": float(self.mean_difference),
-        }
+    def output(self) -> RangeTaskLossOutput:
+        """What a decision prints of it."""
+        return RangeTaskLossOutput(
+            n=self.n, loss_range=self.loss_range, reference_loss=str(self.reference_loss),
+            reference_loss_float=float(self.reference_loss), candidate_loss=str(self.candidate_loss),
+            candidate_loss_float=float(self.candidate_loss), worse=self.worse, better=self.better,
+            mean_difference=str(self.mean_difference), mean_difference_float=float(self.mean_difference))
 
 
 def paired_range_task_loss(reference: npt.NDArray[np.float64], candidate: npt.NDArray[np.float64],

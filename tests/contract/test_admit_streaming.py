@@ -61,7 +61,7 @@ def test_streamed_evidence_keeps_no_outputs_and_gives_the_same_numbers(ws: Works
         streamed = collect_evidence(store, ws.contract, ws.sha256, ws.plan, eos).found
         assert set(streamed) == set(held)
         assert all(e.kept is None for e in streamed.values())
-        assert [e.to_json() for e in streamed.values()] == [e.to_json() for e in held.values()]
+        assert [e.output() for e in streamed.values()] == [e.output() for e in held.values()]
         for key, e in streamed.items():
             for a, b in zip(e.outputs, held[key].outputs, strict=True):
                 assert a.tokens.tobytes() == b.tokens.tobytes()
@@ -104,7 +104,7 @@ def test_one_pass_reads_each_record_once_and_gives_what_binding_then_scoring_giv
         assert len(decoded) == seen  # the pass is the store's verification: no second one
         monkeypatch.setattr(canonical, "decode", real)
         again = reader.bind_complete(store).found
-        assert [e.to_json() for e in scored.bound.found.values()] == [e.to_json() for e in again.values()]
+        assert [e.output() for e in scored.bound.found.values()] == [e.output() for e in again.values()]
         for role, losses in reader.losses(again).items():
             assert losses.dtype == scored.losses[role].dtype
             assert np.array_equal(losses, scored.losses[role])

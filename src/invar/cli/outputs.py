@@ -19,8 +19,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from invar.compare.outputs import CompareHistoriesOutput as CompareHistoriesOutput  # in the table; the core returns it
+from invar.compare.outputs import KlRequirementOutput
 from invar.contract.outputs import DecisionContract
 from invar.docstrings import describe
+from invar.evidence import EvidenceOutput, RangeTaskLossOutput, TaskLossOutput
 from invar.imported.outputs import ExportEvidenceOutput
 from invar.imported.outputs import UseSummaryOutput as UseSummaryOutput  # in the table; the core returns it
 from invar.printed import Closed
@@ -418,35 +420,6 @@ class PremiseOutput(Closed):
     note: str
 
 
-class TaskLossOutput(Closed):
-    n: int
-    reference_loss: int
-    candidate_loss: int
-    worse: int
-    better: int
-    mean_difference: str
-    """Exact, as a fraction (e.g. "3/200"): the number the decision compares with ε."""
-    mean_difference_float: float
-
-
-class RangeTaskLossOutput(Closed):
-    """The task loss of a scorer whose losses lie in a declared range (`binary = false`), not 0/1."""
-
-    n: int
-    loss_range: tuple[float, float]
-    """The scorer's declared [a, b]; each paired difference lies in [a − b, b − a]."""
-    reference_loss: str
-    """The reference's losses summed exactly, as a fraction (each float loss is one)."""
-    reference_loss_float: float
-    candidate_loss: str
-    candidate_loss_float: float
-    worse: int
-    better: int
-    mean_difference: str
-    """Exact, as a fraction: the number the decision compares with ε."""
-    mean_difference_float: float
-
-
 class BoundOutput(Closed):
     method: str
     version: str
@@ -489,24 +462,6 @@ class RangeDiagnosticsOutput(Closed):
     paired_wald: WaldOutput
     hoeffding: HoeffdingOutput
     note: str
-
-
-class EvidenceOutput(Closed):
-    """One planned call (generate or score) and the record that answered it."""
-
-    call: str
-    record: int
-    call_id: int
-    call_digest: str
-    report_digest: str
-
-
-class KlRequirementOutput(Closed):
-    max_kl: str
-    holds: bool
-    violated: bool
-    captures: int
-    worst: str | None
 
 
 # --- numerical comparison ------------------------------------------------------------------------------------------
@@ -785,7 +740,7 @@ OUTPUTS: dict[str, type[BaseModel]] = {
 
 
 CORE_MODULES = (
-    "invar.stats.rows", "invar.compare.outputs", "invar.contract.outputs", "invar.imported.outputs",
+    "invar.stats.rows", "invar.evidence", "invar.compare.outputs", "invar.contract.outputs", "invar.imported.outputs",
     "invar.runner.outputs")
 """The core modules whose models a command prints as they are: the core returns them, and the tables here name
 them."""

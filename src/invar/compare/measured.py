@@ -32,7 +32,9 @@ from invar.compare.numerical import (
     compare_unit,
     zip_captures,
 )
+from invar.compare.outputs import KlRequirementOutput
 from invar.errors import EvidenceError
+from invar.evidence import EvidenceOutput
 from invar.records import RunStore
 
 Role = Literal["reference", "candidate"]
@@ -68,9 +70,10 @@ class MeasurementRecord:
     def name(self) -> str:
         return f"record {self.record_seq} (call {self.call_id}, score, {self.call_digest[:12]}…)"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"call": self.key, "record": self.record_seq, "call_id": self.call_id,
-                "call_digest": self.call_digest, "report_digest": self.report_digest}
+    def output(self) -> EvidenceOutput:
+        """What a decision prints of it, as of a generate call's."""
+        return EvidenceOutput(call=self.key, record=self.record_seq, call_id=self.call_id,
+                              call_digest=self.call_digest, report_digest=self.report_digest)
 
 
 def record_captures(store: RunStore, records: Sequence[MeasurementRecord],
@@ -181,9 +184,10 @@ class KlRequirement:
     worst: str | None
     """The capture that decides, described."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {"max_kl": str(self.max_kl), "holds": self.holds, "violated": self.violated,
-                "captures": self.captures, "worst": self.worst}
+    def output(self) -> KlRequirementOutput:
+        """What a decision prints of it."""
+        return KlRequirementOutput(max_kl=str(self.max_kl), holds=self.holds, violated=self.violated,
+                                   captures=self.captures, worst=self.worst)
 
 
 def kl_requirement(result: NumericalComparison, max_kl: Decimal) -> KlRequirement:

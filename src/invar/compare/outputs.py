@@ -1,4 +1,5 @@
-"""What `compare histories` prints: the core's comparison of two training runs is this model (one spelling).
+"""What `compare` prints that the core returns: the comparison of two training runs (one spelling), and a use
+run's `max_kl` requirement as admission checked it.
 
 `invar.compare.histories` builds it, and `compare histories --json` prints it as it is.
 """
@@ -8,6 +9,14 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from invar.printed import Closed
+
+
+class KlRequirementOutput(Closed):
+    max_kl: str
+    holds: bool
+    violated: bool
+    captures: int
+    worst: str | None
 
 
 class TensorDiffOutput(Closed):
@@ -52,4 +61,4 @@ class CompareHistoriesOutput(Closed):
     cycles: list[CycleHistoriesRow]
 
 
-__all__ = ["CompareHistoriesOutput", "CycleHistoriesRow", "HistoriesRun", "TensorDiffOutput"]
+__all__ = ["CompareHistoriesOutput", "CycleHistoriesRow", "HistoriesRun", "KlRequirementOutput", "TensorDiffOutput"]

@@ -31,7 +31,7 @@ from invar.compare.runs import ScoredItem, check_score_output
 from invar.contract.model import Contract, Package
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
 from invar.errors import EvidenceError
-from invar.evidence import Difference, check_patches_active, first_difference
+from invar.evidence import Difference, EvidenceOutput, check_patches_active, first_difference
 from invar.protocol.payloads import GenerateResult
 from invar.records.store import CallRecord, CallStream, RunStore, Verification
 from invar.stats.sequential import SequentialDecision
@@ -78,14 +78,10 @@ class CallEvidence:
         """How messages name the record, as the store does."""
         return f"record {self.record_seq} (call {self.call_id}, generate, {self.call_digest[:12]}…)"
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "call": self.key,
-            "record": self.record_seq,
-            "call_id": self.call_id,
-            "call_digest": self.call_digest,
-            "report_digest": self.report_digest,
-        }
+    def output(self) -> EvidenceOutput:
+        """What a decision prints of it."""
+        return EvidenceOutput(call=self.key, record=self.record_seq, call_id=self.call_id,
+                              call_digest=self.call_digest, report_digest=self.report_digest)
 
 
 def _first_difference(expected: Any, actual: Any, where: str) -> str | None:

@@ -466,16 +466,17 @@ class Decision:
             "delta": None if self.delta is None else str(self.delta),
             "invariance": self.invariance.to_json(),
             "premises": [p.to_json() for p in self.premises],
-            "task_loss": self.task_loss.to_json(),
+            "task_loss": self.task_loss.output().model_dump(mode="json"),
             "bound": None if b is None else {
                 "method": b.method, "version": b.version, "n": b.n, "delta": b.delta,
                 "estimate": b.estimate, "lower": b.lower, "upper": b.upper,
             },
             "diagnostics": None if self.diagnostics is None else diagnostics_json(self.diagnostics),
-            "evidence": [e.to_json() for e in self.evidence] + [m.to_json() for m in self.measurement_evidence],
+            "evidence": [e.output().model_dump(mode="json") for e in self.evidence]
+            + [m.output().model_dump(mode="json") for m in self.measurement_evidence],
             **({} if self.measurements is None else {"measurements": {
                 **self.measurements.to_json(per_unit=False),
-                "requirement": None if self.kl is None else self.kl.to_json(),
+                "requirement": None if self.kl is None else self.kl.output().model_dump(mode="json"),
                 "note": "measurements only; they decide nothing unless the contract sets max_kl"}}),
             **({} if self.sequential is None else {"sequential": sequential_json(self.sequential)}),
             **({} if self.nonfinite is None else {"nonfinite": self.nonfinite.to_json()}),

@@ -139,7 +139,7 @@ class ImportedDecision:
             "delta": None if self.delta is None else str(self.delta),
             "exports": [e.model_dump() for e in self.exports],
             "premises": [p.to_json() for p in self.premises],
-            "task_loss": self.task_loss.to_json(),
+            "task_loss": self.task_loss.output().model_dump(mode="json"),
             "bound": None if b is None else {"method": b.method, "version": b.version, "n": b.n, "delta": b.delta,
                                              "estimate": b.estimate, "lower": b.lower, "upper": b.upper},
             "diagnostics": None if self.diagnostics is None else diagnostics_json(self.diagnostics),
