@@ -39,6 +39,12 @@ identity, their methods one at a time. Decisions this worker embodies:
   matrix product rounds a row independently of how many rows it holds (the bundled BLAS; checked once per loaded
   model on a probe, `head_rows`, which falls back to the whole forward where a family's forward or the product
   differs). On a 262,144-token vocabulary the whole layer at every prompt position was most of a score's time.
+- **The output layer stored as the product reads it.** mlx-lm's output layer (a tied embedding's `as_linear`, or
+  `lm_head`) multiplies by its [V, H] weight transposed, which the bundled BLAS runs at about half the speed of the
+  same product on an [H, V] array (bench/vocab_ops.py: 3.0 against 5.5 GFLOP/s at 160 rows of a 262,144-token
+  layer). The inference role keeps one [H, V] copy of that weight (`head`) and its `logits_at` and decode steps
+  multiply by it: the same dot products in the same order, checked bit for bit by the load's probe with the rest
+  of `head_rows` (where the probe fails, the whole forward runs as mlx-lm wrote it). It costs V·H floats of memory.
 - **Adapters** are held as arrays and applied by putting mlx-lm's `LoRALinear` (y = W·x + scale·(x·a)·b) on
   the modules they adapt, so `generate` switches between policy and reference inside one call. Both formats
   load (mlx-lm's `adapters.safetensors`, or PEFT's `adapter_model.safetensors`, transposed on load); each
@@ -225,6 +231,9 @@ class Loaded:
     head_rows: bool = False
     """Whether `logits_at` gives this model's logits bit for bit (checked on a probe at load): then the output layer
     is taken at the used positions only; else the whole forward runs and is cut after."""
+    head: mx.array | None = None
+    """The output layer's weight as a contiguous [H, V] array (`output_head`), which `logits_at` multiplies by where
+    `head_rows` holds; None: the model's own layer (a learner, a quantized or biased layer)."""
     adapters: dict[str, Adapter] = field(default_factory=dict)
     loaded: Adapter | None = None
     """The adapter a null name selects: load_model's, or on the learner the one under training."""
@@ -274,7 +283,10 @@ class Engine:
             linears={f"model.layers.{i}.{path}": module for i, layer in enumerate(model.layers)
                      for path, module in layer.named_modules()
                      if isinstance(module, nn.Linear)},  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
-            head_rows=_rows_kept_exactly(model, int(config["vocab_size"])))
+            head=output_head(model) if self.role is Role.INFERENCE else None)
+        loaded.head_rows = _rows_kept_exactly(model, int(config["vocab_size"]), loaded.head)
+        if not loaded.head_rows:
+            loaded.head = None  # the whole forward serves this model: the copy would be memory for nothing
         adapter = None
         if req.adapter is not None:
             adapter = _read_adapter(req.adapter.path, req.adapter.digest, loaded, "load_model.adapter")
@@ -357,7 +369,7 @@ class Engine:
         where `head_rows` holds, else the whole forward cut after."""
         m = self.need("call")
         if m.head_rows:
-            return logits_at(m.model, ids, keep, cache)
+            return logits_at(m.model, ids, keep, cache, m.head)
         return cast(mx.array, m.model(ids, cache=cache)[:, keep, :])
 
     # -- inference ------------------------------------------------------------------------------------------
@@ -439,7 +451,7 @@ class Engine:
                     done[i] = True
             if all(done):
                 break
-            logits = m.model(mx.array(feed, dtype=mx.int32)[:, None], cache=cache)[:, -1, :]
+            logits = self.logits(mx.array(feed, dtype=mx.int32)[:, None], slice(-1, None), cache)[:, -1, :]
         return list(zip(tokens, logprobs, finish, strict=True))
 
     def teacher(self, prompt: list[int], tokens: np.ndarray, temperature: float) -> mx.array:
@@ -744,8 +756,10 @@ class _Kept:
     output layer, tied or not, and any soft-capping) is computed at those positions alone. Every other attribute
     (`embed_tokens` for a tied output layer) is the stack's own."""
 
-    def __init__(self, stack: Any, keep: slice) -> None:
+    def __init__(self, stack: Any, keep: slice, embed_tokens: _Head | None = None) -> None:
         self._stack, self._keep = stack, keep
+        if embed_tokens is not None:  # a tied output layer's product on the [H, V] copy (`_Head`)
+            self.embed_tokens = embed_tokens
 
     def __call__(self, *args: Any, **kwargs: Any) -> mx.array:
         return cast(mx.array, self._stack(*args, **kwargs)[:, self._keep, :])
@@ -754,29 +768,66 @@ class _Kept:
         return getattr(self._stack, name)
 
 
-class _Keeping:
-    """The model as its own forward sees it (`self`), with its decoder stack replaced by `_Kept`."""
+class _Head:
+    """An output layer (a tied `Embedding`, or `lm_head`) whose product is taken with its weight stored [H, V]:
+    x @ head, where the layer computes x @ weight.T. Every other attribute is the layer's own."""
 
-    def __init__(self, model: Any, keep: slice) -> None:
-        self._model, self.model = model, _Kept(model.model, keep)
+    def __init__(self, layer: Any, head: mx.array) -> None:
+        self._layer, self._head = layer, head
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return x @ self._head
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return x @ self._head
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._layer, name)
+
+
+def output_head(model: Any) -> mx.array | None:
+    """The output layer's weight as a contiguous [H, V] array: the tied embedding's, or `lm_head`'s where it is a
+    plain float layer without bias; None for any other (quantized, biased, or a forward mlx-lm lays out otherwise)."""
+    tied = "lm_head" not in model  # an mlx Module is a dict of its children and parameters
+    layer = model.model.embed_tokens if tied else model.lm_head
+    plain = nn.Embedding if tied else nn.Linear  # type: ignore[attr-defined]  # mlx.nn's stubs omit Linear
+    if type(layer) is not plain or "bias" in layer:
+        return None
+    head = mx.contiguous(layer.weight.T)
+    mx.eval(head)
+    return head
+
+
+class _Keeping:
+    """The model as its own forward sees it (`self`), with its decoder stack replaced by `_Kept` and, given a
+    `head`, its output layer by `_Head`."""
+
+    def __init__(self, model: Any, keep: slice, head: mx.array | None = None) -> None:
+        tied = head is not None and "lm_head" not in model
+        self._model = model
+        self.model = _Kept(model.model, keep, _Head(model.model.embed_tokens, head) if tied and head is not None
+                           else None)
+        if head is not None and not tied:
+            self.lm_head = _Head(model.lm_head, head)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
 
-def logits_at(model: Any, ids: mx.array, keep: slice, cache: Any = None) -> mx.array:
-    """The logits [B, kept, V] at positions `keep` of `ids` [B, L], by the model's own forward (`_Kept`)."""
-    return cast(mx.array, type(model).__call__(_Keeping(model, keep), ids, cache=cache))
+def logits_at(model: Any, ids: mx.array, keep: slice, cache: Any = None, head: mx.array | None = None) -> mx.array:
+    """The logits [B, kept, V] at positions `keep` of `ids` [B, L], by the model's own forward (`_Kept`), with the
+    output layer's product on `head` ([H, V], `output_head`) where given."""
+    return cast(mx.array, type(model).__call__(_Keeping(model, keep, head), ids, cache=cache))
 
 
-def _rows_kept_exactly(model: Any, vocab: int) -> bool:
-    """Whether `logits_at` gives the whole forward's bits on a probe of 8 positions (the last one alone, and the
-    last five): false for a family whose forward does not run its stack as `model` then an output layer, or
-    where the matrix product rounds a row differently with fewer rows."""
+def _rows_kept_exactly(model: Any, vocab: int, head: mx.array | None = None) -> bool:
+    """Whether `logits_at` (with `head`) gives the whole forward's bits on a probe of 8 positions (the last one
+    alone, and the last five): false for a family whose forward does not run its stack as `model` then an output
+    layer, or where the matrix product rounds a row differently with fewer rows or with the weight stored [H, V]."""
     ids = mx.array([[i % vocab for i in range(1, 9)]], dtype=mx.int32)
     try:
         whole = model(ids)
-        return all(bool(mx.array_equal(logits_at(model, ids, keep), whole[:, keep, :]).item())
+        return all(bool(mx.array_equal(logits_at(model, ids, keep, head=head), whole[:, keep, :]).item())
                    for keep in (slice(-1, None), slice(3, None)))
     except Exception:  # a forward of another shape (a multimodal wrapper, say): the whole forward serves it
         return False

@@ -38,16 +38,16 @@ def engines(load_params: dict[str, Any]) -> tuple[mlx_worker.Engine, mlx_worker.
 
 @pytest.fixture
 def rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Positions reaching the shipped model's (tied) output layer, per call, counted as the real layer runs."""
+    """Positions reaching the shipped model's (tied) output layer, per call, counted as the real layer runs: the
+    embedding's own product (the whole forward) or the worker's on its [H, V] copy (`_Head`)."""
     counted: list[int] = []
     embedding: Any = nn.Embedding  # type: ignore[attr-defined]  # mlx.nn's stubs omit its layers
-    as_linear = embedding.as_linear
+    for layer in (embedding, mlx_worker._Head):
+        def counting(self: Any, x: mx.array, as_linear: Any = layer.as_linear) -> mx.array:
+            counted.append(int(np.prod(x.shape[:-1])))
+            return cast(mx.array, as_linear(self, x))
 
-    def counting(self: Any, x: mx.array) -> mx.array:
-        counted.append(int(np.prod(x.shape[:-1])))
-        return cast(mx.array, as_linear(self, x))
-
-    monkeypatch.setattr(embedding, "as_linear", counting)
+        monkeypatch.setattr(layer, "as_linear", counting)
     return counted
 
 
@@ -71,6 +71,8 @@ def test_the_shipped_model_takes_the_output_layer_at_the_used_rows_only(
     kept, _ = engines
     assert kept.m is not None
     assert kept.m.head_rows
+    assert kept.m.head is not None  # the output layer's [H, V] copy is what multiplies
+    assert kept.m.head.shape == (128, kept.m.vocab_size)
     _generate(kept, 1.0)
     # The batch's prefill: one row per prompt (its last position), then one per prompt per step.
     assert rows[0] == len(PROMPTS)
