@@ -12,11 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 from contract_runs import CANDIDATE_IDENTITY, REFERENCE_IDENTITY, RunWriter, Workspace, make_workspace, unit_ids
+from support.fake_worker import ENGINE_VERSION, FakeTransport
 
 from invar.contract.admit import admit
 from invar.contract.decide import Answer
 from invar.contract.receipt import receipt_body
 from invar.errors import ContractError, EvidenceError
+from invar.records import RunStore
+from invar.runner.use_run import use_run
 
 N = 600  # enough units for the task bound to admit at ε = 0.05 when both packages answer alike
 
@@ -141,3 +144,22 @@ def test_bad_sections_are_one_line(tmp_path: Path, section: dict[str, Any], says
                        layouts=layouts)
     assert says in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_use_run_runs_each_later_run_in_fresh_workers(tmp_path: Path) -> None:
+    # The in-process fake worker (deterministic): use run issues the later runs after every other call, over workers
+    # started for them, and admission accepts the records as they are.
+    ws = make_workspace(tmp_path, units=24, reference={"engine_version": ENGINE_VERSION},
+                        candidate={"engine_version": ENGINE_VERSION, "patches": None},
+                        execution={"requests_per_call": 8}, determinism=DETERMINISM, **NO_INVARIANCE)
+    outcome = use_run(ws.contract_path, tmp_path / "run", transport=FakeTransport())
+    assert outcome.calls_issued == 12  # 3 calls per package and run
+    with RunStore.open(tmp_path / "run") as store:
+        calls = [(rec.worker, rec.call.params["requests"][0]["request_id"]) for rec in store.iter_calls()
+                 if rec.call.method == "generate"]
+    assert len({worker for worker, _ in calls[:6]} & {worker for worker, _ in calls[6:]}) == 0
+    d = admit(ws.contract_path, tmp_path / "run")
+    # Determinism holds, so the task bound decides (24 units cannot admit at ε = 0.05).
+    assert d.reason.startswith("the bound "), d.reason
+    assert d.determinism is not None
+    assert (d.determinism.holds, d.determinism.candidate_units_differing) == (True, 0)
