@@ -97,7 +97,7 @@ def test_binary_table_decides_with_the_core_bound(tmp_path: Path) -> None:
     assert d.bound is not None
     assert (d.bound.lower, d.bound.upper) == (expected.lower, expected.upper)
     assert (d.task_loss.worse, d.task_loss.better, d.task_loss.n) == (5, 3, 400)
-    assert d.to_json()["evidence"] == "imported"
+    assert d.output().evidence == "imported"
     assert d.premises[0].party == "the table's author"
 
 

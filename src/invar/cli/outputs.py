@@ -20,14 +20,15 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from invar.compare.outputs import CompareHistoriesOutput as CompareHistoriesOutput  # in the table; the core returns it
 from invar.compare.outputs import KlRequirementOutput
-from invar.contract.outputs import DecisionContract
+from invar.contract.outputs import DecisionContract, PremiseOutput
 from invar.docstrings import describe
 from invar.evidence import EvidenceOutput, RangeTaskLossOutput, TaskLossOutput
-from invar.imported.outputs import ExportEvidenceOutput
+from invar.imported.outputs import UseAdmitImportedOutput as UseAdmitImportedOutput  # in the table; the core returns it
 from invar.imported.outputs import UseSummaryOutput as UseSummaryOutput  # in the table; the core returns it
 from invar.printed import Closed
 from invar.runner.outputs import EngineFields
 from invar.runner.outputs import InferOutput as InferOutput  # in the table; the core returns it
+from invar.stats.rows import BoundOutput, DiagnosticsOutput, RangeDiagnosticsOutput, SequentialDecisionOutput
 from invar.stats.rows import UsePlanOutput as UsePlanOutput  # in the table; the core returns it
 
 OUTPUT_SCHEMA_VERSION = "invar.outputs/1"
@@ -411,59 +412,6 @@ class DeterminismOutput(Closed):
     covers: str
 
 
-class PremiseOutput(Closed):
-    statement: str
-    party: str
-    basis_sha256: str
-    reliance: str
-    holds: bool
-    note: str
-
-
-class BoundOutput(Closed):
-    method: str
-    version: str
-    n: int
-    delta: float
-    estimate: float
-    lower: float
-    upper: float
-
-
-class WaldOutput(Closed):
-    confidence: float
-    lower: float
-    upper: float
-
-
-class McNemarOutput(Closed):
-    worse: int
-    better: int
-    p: float
-
-
-class HoeffdingOutput(Closed):
-    version: str
-    delta: float
-    lower: float
-    upper: float
-
-
-class DiagnosticsOutput(Closed):
-    paired_wald: WaldOutput
-    mcnemar_exact_one_sided: McNemarOutput
-    hoeffding: HoeffdingOutput
-    note: str
-
-
-class RangeDiagnosticsOutput(Closed):
-    """Diagnostics for losses in a declared range: McNemar's test counts 0/1 losses, so it is left out."""
-
-    paired_wald: WaldOutput
-    hoeffding: HoeffdingOutput
-    note: str
-
-
 # --- numerical comparison ------------------------------------------------------------------------------------------
 # Summary statistics (min, mean, max, n, stderr, percentiles) stay open maps: their fields follow the numbers present.
 
@@ -586,24 +534,6 @@ class DecisionMeasurements(ComparisonBody):
     note: str
 
 
-class SequentialLook(Closed):
-    n: int
-    lower: float
-    upper: float
-
-
-class SequentialDecisionOutput(Closed):
-    method: str
-    version: str
-    answer: str
-    look: int
-    stop: int
-    n_max: int
-    delta: float
-    reason: str
-    looks: list[SequentialLook]
-
-
 class DecisionOutput(Closed):
     """A use decision (`Decision.to_json()`): what `use admit --json` prints, less the receipt's path."""
 
@@ -659,32 +589,6 @@ class UsePrepareImportedOutput(Closed):
     format: Literal["lm-eval", "inspect", "table"]
     exports: dict[str, PinnedExportOutput]
     """By role: `reference` and `candidate`, or `table`."""
-
-
-class UseAdmitImportedOutput(Closed):
-    """`invar use admit --contract C --json` of an imported contract (`ImportedDecision.to_json()`; exit 0 Admitted,
-    10 Violated, 11 Unknown). No run, records or chain head: the scores are the exporter's word."""
-
-    answer: Literal["Admitted", "Violated", "Unknown"]
-    exit_code: Literal[0, 10, 11]
-    reason: str
-    evidence: Literal["imported"]
-    """Always `imported`: never a recorded decision."""
-    decision_version: str
-    contract: DecisionContract
-    format: Literal["lm-eval", "inspect", "table"]
-    metric: str | None
-    order: Literal["unverified", "sampling"]
-    standard: Literal["population", "finite-domain"]
-    epsilon: str
-    delta: str | None
-    exports: list[ExportEvidenceOutput]
-    premises: list[PremiseOutput]
-    """The exporter's word on each export's scores first, then the contract's premises."""
-    task_loss: TaskLossOutput | RangeTaskLossOutput
-    bound: BoundOutput | None
-    diagnostics: DiagnosticsOutput | RangeDiagnosticsOutput | None
-    sequential: SequentialDecisionOutput | None
 
 
 class UseVerifyOutput(Closed):

@@ -565,7 +565,6 @@ def admit_imported_cmd(contract: Path, junit: Path | None, summary: Path | None,
     """`use admit` of an imported contract: decide from the exports it pins, report, exit with the answer's code."""
     import time
 
-    from invar.cli import outputs
     from invar.cli.ci import append_summary, write_junit
     from invar.cli.decisions import headline, render_imported
     from invar.contract.decide import EXIT_CODES
@@ -577,7 +576,7 @@ def admit_imported_cmd(contract: Path, junit: Path | None, summary: Path | None,
     if summary is not None:
         append_summary(summary, headline(imported, "imported"))
     if json_out:
-        emit_model(outputs.UseAdmitImportedOutput.model_validate(imported.to_json()))
+        emit_model(imported.output())
     else:
         typer.echo(render_imported(imported))
     raise typer.Exit(EXIT_CODES[imported.answer])

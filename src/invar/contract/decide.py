@@ -47,6 +47,7 @@ from invar.compare.measured import KlRequirement, MeasurementRecord
 from invar.compare.numerical import NumericalComparison
 from invar.contract.bind import CallEvidence, NonFiniteCall, Output
 from invar.contract.model import Contract
+from invar.contract.outputs import PremiseOutput
 from invar.contract.plan import ExecutionPlan, Role, Unit
 from invar.errors import EvidenceError
 from invar.evidence import RangeTaskLoss, TaskLoss, range_method, within_epsilon
@@ -372,9 +373,10 @@ class PremiseCheck:
     holds: bool
     note: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {"statement": self.statement, "party": self.party, "basis_sha256": self.basis_sha256,
-                "reliance": self.reliance, "holds": self.holds, "note": self.note}
+    def output(self) -> PremiseOutput:
+        """What a decision prints of it."""
+        return PremiseOutput(statement=self.statement, party=self.party, basis_sha256=self.basis_sha256,
+                             reliance=self.reliance, holds=self.holds, note=self.note)
 
 
 def check_premises(contract: Contract, contract_dir: Path) -> tuple[PremiseCheck, ...]:
@@ -465,31 +467,20 @@ class Decision:
             "epsilon": str(self.epsilon),
             "delta": None if self.delta is None else str(self.delta),
             "invariance": self.invariance.to_json(),
-            "premises": [p.to_json() for p in self.premises],
+            "premises": [p.output().model_dump(mode="json") for p in self.premises],
             "task_loss": self.task_loss.output().model_dump(mode="json"),
-            "bound": None if b is None else {
-                "method": b.method, "version": b.version, "n": b.n, "delta": b.delta,
-                "estimate": b.estimate, "lower": b.lower, "upper": b.upper,
-            },
-            "diagnostics": None if self.diagnostics is None else diagnostics_json(self.diagnostics),
+            "bound": None if b is None else b.output().model_dump(mode="json"),
+            "diagnostics": None if self.diagnostics is None else self.diagnostics.output().model_dump(mode="json"),
             "evidence": [e.output().model_dump(mode="json") for e in self.evidence]
             + [m.output().model_dump(mode="json") for m in self.measurement_evidence],
             **({} if self.measurements is None else {"measurements": {
                 **self.measurements.to_json(per_unit=False),
                 "requirement": None if self.kl is None else self.kl.output().model_dump(mode="json"),
                 "note": "measurements only; they decide nothing unless the contract sets max_kl"}}),
-            **({} if self.sequential is None else {"sequential": sequential_json(self.sequential)}),
+            **({} if self.sequential is None else {"sequential": self.sequential.output().model_dump(mode="json")}),
             **({} if self.nonfinite is None else {"nonfinite": self.nonfinite.to_json()}),
             **({} if self.determinism is None else {"determinism": self.determinism.to_json()}),
         }
-
-
-def sequential_json(decision: SequentialDecision) -> dict[str, Any]:
-    """The stopping rule's decision as JSON: which method version decided, at which look, and every look's bounds."""
-    return {"method": decision.method, "version": decision.version, "answer": decision.answer,
-            "look": len(decision.looks), "stop": decision.stop, "n_max": decision.n_max, "delta": decision.delta,
-            "reason": decision.reason,
-            "looks": [{"n": look.n, "lower": look.lower, "upper": look.upper} for look in decision.looks]}
 
 
 def decide(
@@ -568,23 +559,6 @@ def bound_answer(task_bound: Bound, epsilon: Decimal, delta: Decimal) -> tuple[A
                             "this evidence does not decide; more units may")
 
 
-def diagnostics_json(diag: PairedDiagnostics | RangeDiagnostics) -> dict[str, Any]:
-    """The diagnostics as JSON, labelled so no reader mistakes them for the decision."""
-    h = diag.hoeffding
-    if isinstance(diag, RangeDiagnostics):
-        return {
-            "paired_wald": {"confidence": diag.wald_confidence, "lower": diag.wald[0], "upper": diag.wald[1]},
-            "hoeffding": {"version": h.version, "delta": h.delta, "lower": h.lower, "upper": h.upper},
-            "note": "diagnostics only; the decision uses the contract's method",
-        }
-    return {
-        "paired_wald": {"confidence": diag.wald_confidence, "lower": diag.wald[0], "upper": diag.wald[1]},
-        "mcnemar_exact_one_sided": {"worse": diag.worse, "better": diag.better, "p": diag.mcnemar_p},
-        "hoeffding": {"version": h.version, "delta": h.delta, "lower": h.lower, "upper": h.upper},
-        "note": "diagnostics only; the decision uses the contract's method",
-    }
-
-
 def range_bound(method: str, d: np.ndarray, low: float, high: float, delta: float) -> Bound:
     """The contract's bounded-range method on differences in [low, high] (losses in a declared range)."""
     try:
@@ -637,13 +611,11 @@ __all__ = [
     "check_premises",
     "conservative_delta",
     "decide",
-    "diagnostics_json",
     "layout_invariance",
     "layout_losses",
     "output_digest",
     "range_bound",
     "relative_invariance",
-    "sequential_json",
     "sequential_rule",
     "sequential_stop",
     "task_losses",

@@ -14,4 +14,13 @@ class DecisionContract(Closed):
     sha256: str
 
 
-__all__ = ["DecisionContract"]
+class PremiseOutput(Closed):
+    statement: str
+    party: str
+    basis_sha256: str
+    reliance: str
+    holds: bool
+    note: str
+
+
+__all__ = ["DecisionContract", "PremiseOutput"]

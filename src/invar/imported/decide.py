@@ -15,26 +15,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from invar import canonical
-from invar.contract.decide import (
-    Answer,
-    PremiseCheck,
-    bound_answer,
-    conservative_delta,
-    diagnostics_json,
-    sequential_json,
-)
+from invar.contract.decide import Answer, PremiseCheck, bound_answer, conservative_delta
 from invar.contract.model import Premise
+from invar.contract.outputs import DecisionContract
 from invar.contract.prepare import method_version, output_folder, relative_path, write_contract
 from invar.errors import ContractError, EvidenceError
 from invar.evidence import RangeTaskLoss, TaskLoss, paired_range_task_loss, paired_task_loss, within_epsilon
 from invar.imported.exports import Export, Paired, pair, read_bytes, read_exports
 from invar.imported.model import ImportedContract, PinnedExport, read_import_declaration, read_imported_contract
-from invar.imported.outputs import ExportEvidenceOutput
+from invar.imported.outputs import ExportEvidenceOutput, UseAdmitImportedOutput
 from invar.stats.bounds import Bound, StatisticsError, bound
 from invar.stats.diagnostics import PairedDiagnostics, RangeDiagnostics, paired_diagnostics, range_diagnostics
 from invar.stats.sequential import SequentialDecision, sequential_decision
@@ -127,24 +120,19 @@ class ImportedDecision:
 
         return EXIT_CODES[self.answer]
 
-    def to_json(self) -> dict[str, Any]:
-        b = self.bound
-        return {
-            "answer": self.answer.value, "exit_code": self.exit_code, "reason": self.reason,
-            "evidence": "imported",
-            "decision_version": self.decision_version,
-            "contract": {"name": self.contract_name, "sha256": self.contract_sha256},
-            "format": self.source_format, "metric": self.metric, "order": self.order,
-            "standard": self.standard, "epsilon": str(self.epsilon),
-            "delta": None if self.delta is None else str(self.delta),
-            "exports": [e.model_dump() for e in self.exports],
-            "premises": [p.to_json() for p in self.premises],
-            "task_loss": self.task_loss.output().model_dump(mode="json"),
-            "bound": None if b is None else {"method": b.method, "version": b.version, "n": b.n, "delta": b.delta,
-                                             "estimate": b.estimate, "lower": b.lower, "upper": b.upper},
-            "diagnostics": None if self.diagnostics is None else diagnostics_json(self.diagnostics),
-            "sequential": None if self.sequential is None else sequential_json(self.sequential),
-        }
+    def output(self) -> UseAdmitImportedOutput:
+        """What `use admit --json` prints of it."""
+        return UseAdmitImportedOutput(
+            answer=self.answer.value, exit_code=self.exit_code, reason=self.reason,
+            evidence="imported", decision_version=self.decision_version,
+            contract=DecisionContract(name=self.contract_name, sha256=self.contract_sha256),
+            format=self.source_format, metric=self.metric, order=self.order,
+            standard=self.standard, epsilon=str(self.epsilon),
+            delta=None if self.delta is None else str(self.delta), exports=list(self.exports),
+            premises=[p.output() for p in self.premises], task_loss=self.task_loss.output(),
+            bound=None if self.bound is None else self.bound.output(),
+            diagnostics=None if self.diagnostics is None else self.diagnostics.output(),
+            sequential=None if self.sequential is None else self.sequential.output())
 
 
 def _premises(contract: ImportedContract, base: Path, exports: dict[str, Export]) -> list[PremiseCheck]:

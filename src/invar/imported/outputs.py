@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from invar.contract.outputs import DecisionContract
+from invar.contract.outputs import DecisionContract, PremiseOutput
+from invar.evidence import RangeTaskLossOutput, TaskLossOutput
 from invar.printed import Closed
+from invar.stats.rows import BoundOutput, DiagnosticsOutput, RangeDiagnosticsOutput, SequentialDecisionOutput
 
 
 class ExportEvidenceOutput(Closed):
@@ -71,4 +73,31 @@ class UseSummaryOutput(Closed):
     exports: list[ExportEvidenceOutput]
 
 
-__all__ = ["ExportEvidenceOutput", "PairedSummaryOutput", "SideSummaryOutput", "UseSummaryOutput"]
+class UseAdmitImportedOutput(Closed):
+    """`invar use admit --contract C --json` of an imported contract (`ImportedDecision.output()`; exit 0 Admitted,
+    10 Violated, 11 Unknown). No run, records or chain head: the scores are the exporter's word."""
+
+    answer: Literal["Admitted", "Violated", "Unknown"]
+    exit_code: Literal[0, 10, 11]
+    reason: str
+    evidence: Literal["imported"]
+    """Always `imported`: never a recorded decision."""
+    decision_version: str
+    contract: DecisionContract
+    format: Literal["lm-eval", "inspect", "table"]
+    metric: str | None
+    order: Literal["unverified", "sampling"]
+    standard: Literal["population", "finite-domain"]
+    epsilon: str
+    delta: str | None
+    exports: list[ExportEvidenceOutput]
+    premises: list[PremiseOutput]
+    """The exporter's word on each export's scores first, then the contract's premises."""
+    task_loss: TaskLossOutput | RangeTaskLossOutput
+    bound: BoundOutput | None
+    diagnostics: DiagnosticsOutput | RangeDiagnosticsOutput | None
+    sequential: SequentialDecisionOutput | None
+
+
+__all__ = ["ExportEvidenceOutput", "PairedSummaryOutput", "SideSummaryOutput", "UseAdmitImportedOutput",
+           "UseSummaryOutput"]

@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from invar.errors import InvarError
 from invar.stats import score, trinomial
+from invar.stats.rows import BoundOutput, HoeffdingOutput
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -87,6 +88,15 @@ class Bound:
     """Upper confidence bound on E[d], rounded toward +inf, ≤ b."""
     warnings: tuple[str, ...] = ()
     """What the caller must know to rely on the bound (betting on an order the plan did not fix)."""
+
+    def output(self) -> BoundOutput:
+        """What a decision prints of it (its warnings are the caller's to say)."""
+        return BoundOutput(method=self.method, version=self.version, n=self.n, delta=self.delta,
+                           estimate=self.estimate, lower=self.lower, upper=self.upper)
+
+    def hoeffding_output(self) -> HoeffdingOutput:
+        """What the diagnostics print of a Hoeffding bound."""
+        return HoeffdingOutput(version=self.version, delta=self.delta, lower=self.lower, upper=self.upper)
 
 
 # --- validation -------------------------------------------------------------------------------------------------

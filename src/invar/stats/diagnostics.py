@@ -30,6 +30,7 @@ from invar.stats.bounds import (
     hoeffding,
     mean_of,
 )
+from invar.stats.rows import DiagnosticsOutput, McNemarOutput, RangeDiagnosticsOutput, WaldOutput
 
 EXACT_MCNEMAR_LIMIT = 20_000
 """Up to this many discordant units the McNemar tail is summed in exact integer arithmetic; beyond, scipy's binomial
@@ -74,6 +75,10 @@ def mcnemar_exact_one_sided(worse: int, better: int) -> float:
     return float(Fraction(tail, 2**total))
 
 
+NOTE = "diagnostics only; the decision uses the contract's method"
+"""What the printed diagnostics say of themselves."""
+
+
 @dataclass(frozen=True)
 class PairedDiagnostics:
     """The diagnostics `invar use admit` prints beside the decision for 0/1 task losses."""
@@ -92,6 +97,13 @@ class PairedDiagnostics:
     """Exact one-sided McNemar p-value for "candidate worse"."""
     hoeffding: Bound
     """Hoeffding's bounds on d ∈ [-1, 1] at the contract's δ."""
+
+    def output(self) -> DiagnosticsOutput:
+        """What a decision prints of them, labelled so no reader mistakes them for the decision."""
+        return DiagnosticsOutput(
+            paired_wald=WaldOutput(confidence=self.wald_confidence, lower=self.wald[0], upper=self.wald[1]),
+            mcnemar_exact_one_sided=McNemarOutput(worse=self.worse, better=self.better, p=self.mcnemar_p),
+            hoeffding=self.hoeffding.hoeffding_output(), note=NOTE)
 
 
 def paired_diagnostics(worse: int, better: int, n: int, delta: float, confidence: float = 0.95) -> PairedDiagnostics:
@@ -122,6 +134,12 @@ class RangeDiagnostics:
     """Paired Wald interval for E[d]: mean ∓ z·s/√n, s the sample standard deviation of d (0 for one unit)."""
     hoeffding: Bound
     """Hoeffding's bounds on d in its range [a, b] at the contract's δ."""
+
+    def output(self) -> RangeDiagnosticsOutput:
+        """What a decision prints of them, as `PairedDiagnostics.output` (no McNemar test: not 0/1 losses)."""
+        return RangeDiagnosticsOutput(
+            paired_wald=WaldOutput(confidence=self.wald_confidence, lower=self.wald[0], upper=self.wald[1]),
+            hoeffding=self.hoeffding.hoeffding_output(), note=NOTE)
 
 
 def range_diagnostics(d: npt.ArrayLike, a: float, b: float, delta: float, confidence: float = 0.95

@@ -1,6 +1,9 @@
-"""What `use plan` prints: one bound method's planned sample size, a sequential stopping plan, and the whole plan.
+"""What the commands print of the statistics: one bound method's planned sample size, a sequential stopping plan and
+the whole plan (`use plan`); a bound, the diagnostics and a stopping rule's decision as a decision shows them.
 
-The planning functions return these models and `use plan --json` prints them as they are (one spelling each).
+The planning functions return these models and `use plan --json` prints them as they are; `Bound`,
+`PairedDiagnostics`, `RangeDiagnostics` and `SequentialDecision` give theirs (`output()`) to the decisions that
+print them (one spelling each).
 """
 
 from __future__ import annotations
@@ -56,4 +59,78 @@ class UsePlanOutput(Closed):
     """The PNG `--plot` drew (power against n per method), if any."""
 
 
-__all__ = ["PlanRow", "SequentialPlanRow", "UsePlanOutput"]
+class BoundOutput(Closed):
+    method: str
+    version: str
+    n: int
+    delta: float
+    estimate: float
+    lower: float
+    upper: float
+
+
+class WaldOutput(Closed):
+    confidence: float
+    lower: float
+    upper: float
+
+
+class McNemarOutput(Closed):
+    worse: int
+    better: int
+    p: float
+
+
+class HoeffdingOutput(Closed):
+    version: str
+    delta: float
+    lower: float
+    upper: float
+
+
+class DiagnosticsOutput(Closed):
+    paired_wald: WaldOutput
+    mcnemar_exact_one_sided: McNemarOutput
+    hoeffding: HoeffdingOutput
+    note: str
+
+
+class RangeDiagnosticsOutput(Closed):
+    """Diagnostics for losses in a declared range: McNemar's test counts 0/1 losses, so it is left out."""
+
+    paired_wald: WaldOutput
+    hoeffding: HoeffdingOutput
+    note: str
+
+
+class SequentialLook(Closed):
+    n: int
+    lower: float
+    upper: float
+
+
+class SequentialDecisionOutput(Closed):
+    method: str
+    version: str
+    answer: str
+    look: int
+    stop: int
+    n_max: int
+    delta: float
+    reason: str
+    looks: list[SequentialLook]
+
+
+__all__ = [
+    "BoundOutput",
+    "DiagnosticsOutput",
+    "HoeffdingOutput",
+    "McNemarOutput",
+    "PlanRow",
+    "RangeDiagnosticsOutput",
+    "SequentialDecisionOutput",
+    "SequentialLook",
+    "SequentialPlanRow",
+    "UsePlanOutput",
+    "WaldOutput",
+]

@@ -42,6 +42,7 @@ import numpy.typing as npt
 
 from invar.stats import bounds
 from invar.stats.bounds import StatisticsError
+from invar.stats.rows import SequentialDecisionOutput, SequentialLook
 from invar.stats.rows import SequentialPlanRow as SequentialPlanRow  # a stopping plan: what `use plan --json` prints
 
 FloatArray = npt.NDArray[np.float64]
@@ -99,6 +100,13 @@ class SequentialDecision:
     @property
     def final(self) -> Look:
         return self.looks[-1]
+
+    def output(self) -> SequentialDecisionOutput:
+        """What a decision prints of it: which method version decided, at which look, and every look's bounds."""
+        return SequentialDecisionOutput(
+            method=self.method, version=self.version, answer=self.answer, look=len(self.looks), stop=self.stop,
+            n_max=self.n_max, delta=self.delta, reason=self.reason,
+            looks=[SequentialLook(n=look.n, lower=look.lower, upper=look.upper) for look in self.looks])
 
 
 # --- validation -----------------------------------------------------------------------------------------------------
