@@ -38,17 +38,20 @@ from invar.transport import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_LANE = ("contract", "fuzz", "loop", "protocol", "records", "stats", "tasks", "typing", "models", "workers",
-              "runner/test_use_run.py", "runner/test_train_vllm_hf.py", "bench/test_commands.py",
-              "cli/test_doc_examples.py")
+              "runner/test_use_run.py", "runner/test_train_vllm_hf.py", "runner/test_sequential_run.py",
+              "bench/test_commands.py", "cli/test_doc_examples.py")
 """Paths under tests/ (folders, or files of a folder the lanes share) run in the first lane, chosen so that both
 lanes take about as long. `make test` of 2026-12-05 with the folders alone: this lane 1,498 s, the other 2,084 s;
 the real-engine `use run` tests (13, HF, killed and resumed runs) and the vLLM+HF training tests (two vLLM workers)
 moved here from tests/runner, about 300 s of that lane's by their `--durations` share. A fresh clone's CI that day,
 idle: this lane 1,412 s, the other 1,818 s; bench/test_commands.py (the `evaluate` and `use run` benchmarks against
 their plain scripts, 98 s by `--durations`) and cli/test_doc_examples.py (the documents' commands run as written,
-78 s) moved here, about 180 s: each lane about 1,600 s by the same durations. A folder's session fixtures stay in
-one lane: tests/runner's Ray cluster is asked for only by its Ray files, all in the other lane, and neither file
-moved asks for a session fixture of its folder."""
+78 s) moved here, about 180 s: each lane about 1,600 s by the same durations. On 2026-12-05 the HF training run
+SIGKILLed at random instants left the other lane (tests/runner/test_train_hf.py, 34 CPU-s, 82 s by an earlier
+`--durations` under load), and the sequential use run tests (tests/runner/test_sequential_run.py, 53 s by the same
+durations, none of its folder's fixtures) moved here, about half of what the other lane lost (docs/testing.md). A
+folder's session fixtures stay in one lane: tests/runner's Ray cluster is asked for only by its Ray files, all in the
+other lane, and no file moved asks for a session fixture of its folder."""
 
 FORKED = ("hf", "mlx", "vllm")
 """The engines whose workers the lanes fork from a server: HF and MLX, whose imports are most of a start, and vLLM,
