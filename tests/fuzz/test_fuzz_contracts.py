@@ -17,6 +17,7 @@ import os
 import random
 import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,8 +59,24 @@ class Workspace:
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
-    root = tmp_path_factory.mktemp("fuzz-contracts")
+def ws(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workspace]:
+    # Each example writes a file, and a prepared one writes a contract and deletes it: in memory where the machine
+    # has a tmpfs, since on the project's disk those writes and deletes were a quarter of the declarations' wall
+    # time at scale (docs/testing.md). Where the files live changes nothing the examples check.
+    shm = Path("/dev/shm")
+    in_memory = shm.is_dir() and os.access(shm, os.W_OK | os.X_OK)
+    root = Path(tempfile.mkdtemp(prefix="invar-fuzz-contracts-", dir=shm)) if in_memory \
+        else tmp_path_factory.mktemp("fuzz-contracts")
+    try:
+        yield _workspace(root)
+    finally:
+        if in_memory:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _workspace(root: Path) -> Workspace:
+    """The model folders, population and other files the examples may name, and the valid declaration and contract
+    over them that each example starts from."""
     model = _make_model(root / "model")
     other = _make_model(root / "other-model")
     (root / "other-model" / "extra.txt").write_text("changes the digest")
