@@ -18,6 +18,7 @@ from invar.protocol.methods import Method
 from invar.protocol.payloads import LoadAdapterParams, LoadAdapterResult
 from invar.runner import train as tr
 from invar.runner.engine import RESTARTS, Lease
+from invar.runner.pool import WorkerPool
 from invar.transport import WorkerLost
 
 
@@ -90,7 +91,7 @@ def _leases(slots: int, restarts: int, log: list[tuple[str, str, Any]],
 def _rollouts(tmp_path: Path, leases: list[Lease], **rollout: Any) -> tr._Rollouts:
     config = write_config(tmp_path, "stand-in", "mlx", cycles=4, rollout=rollout)
     _STORE.recorded.clear()
-    return tr._Rollouts(tr.plan(config), leases, _STORE)  # type: ignore[arg-type]
+    return tr._Rollouts(tr.plan(config), leases, _STORE, WorkerPool(1))  # type: ignore[arg-type]
 
 
 def _published(n: int) -> tr.Published:
@@ -196,7 +197,7 @@ def test_a_replacement_must_declare_the_first_workers_identity(monkeypatch: pyte
         yield _Session(Client())  # type: ignore[arg-type]
 
     monkeypatch.setattr(tr, "engine_session", session)
-    start = tr._InferenceStart(None, None, None, None)  # type: ignore[arg-type]
+    start = tr._InferenceStart(None, None, None, None, WorkerPool(1))  # type: ignore[arg-type]
     # The workers started together are declared once all have started, worker 1 first.
     with start(lambda: None) as one, start(lambda: None) as two:
         start.declare(one)
