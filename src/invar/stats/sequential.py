@@ -382,31 +382,105 @@ def simulate_stops(
     for start in range(0, runs, chunk):
         rows = min(chunk, runs - start)
         u = np.random.default_rng([seed, start]).random((rows, n_max))
-        d = np.where(u < p_worse, 1.0, np.where(u >= 1.0 - p_better, -1.0, 0.0))
+        stop, answer = _stops_in_segments(u, name, p_worse, p_better, m, delta, n_max, ends, scales, weights)
+        stops[start : start + rows] = stop
+        answers[start : start + rows] = answer
+        if done is not None:
+            done(start + rows)
+    return stops, answers
+
+
+SEGMENT_UNITS = 65_536
+"""Units per segment of the runs still undecided (rounded to whole looks): most runs stop long before n_max."""
+
+
+def _stops_in_segments(
+    u: FloatArray, name: str, p_worse: float, p_better: float, m: float, delta: float, n_max: int,
+    ends: npt.NDArray[np.int64], scales: Sequence[float], weights: Sequence[float],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int8]]:
+    """(stopping n, answer) of the runs whose uniforms are the rows of `u`, as one pass over all n_max units would
+    give them (`trinomial_bets`, `horizon_bets`, the mixture's running maximum at each look) bit for bit.
+
+    The units go in segments of whole looks, and a run leaves once either side has crossed at a look: its stop and
+    answer are then fixed (a side that crosses later cannot change which crossed first). Each running sum continues
+    from the value carried over as its first element, and numpy's accumulate adds in order, so every count, mean,
+    variance, bet and log-capital is that of the single pass."""
+    rows = u.shape[0]
+    stops = np.full(rows, n_max, dtype=np.int64)
+    answers = np.zeros(rows, dtype=np.int8)
+    threshold = -math.log(delta)
+    trinomial = name == "paired-binary-sequence"
+    live = np.arange(rows)
+    carried_w = np.zeros(rows)  # worse units so far (trinomial bets)
+    carried_b = np.zeros(rows)  # better units so far
+    carried_x = np.zeros(rows)  # Σ x so far (horizon bets)
+    carried_sq = np.zeros(rows)  # Σ (x − mu)² so far
+    carried_var = np.full(rows, 0.25)  # the variance estimate the next horizon bet uses
+    sides = ("upper", "lower")
+    carried_log = {(side, j): np.zeros(rows) for side in sides for j in range(len(scales))}  # Σ log terms so far
+    carried_max = {side: np.full(rows, -np.inf) for side in sides}  # the mixture's running maximum so far
+    per_segment = max(1, SEGMENT_UNITS // max(1, int(ends[0])))
+    for first_look in range(0, ends.size, per_segment):
+        looks = ends[first_look : first_look + per_segment]
+        lo = 0 if first_look == 0 else int(ends[first_look - 1])
+        hi = int(looks[-1])
+        seg = u[live, lo:hi]
+        d = np.where(seg < p_worse, 1.0, np.where(seg >= 1.0 - p_better, -1.0, 0.0))
         x = (d + 1.0) / 2.0
-        bets = trinomial_bets(d, delta, n_max) if name == "paired-binary-sequence" else horizon_bets(x, delta, n_max)
+        if trinomial:
+            worse = np.cumsum(np.concatenate([carried_w[:, None], d == 1.0], axis=1), axis=1)
+            better = np.cumsum(np.concatenate([carried_b[:, None], d == -1.0], axis=1), axis=1)
+            w_prev, b_prev = worse[:, :-1], better[:, :-1]
+            carried_w, carried_b = worse[:, -1], better[:, -1]
+            seen = np.arange(lo, hi, dtype=np.float64)  # units before t
+            total = seen + 2.0 * TRINOMIAL_PRIOR
+            share = (w_prev + b_prev + TRINOMIAL_PRIOR) / total
+            mean = (w_prev - b_prev) / total
+            variance = np.maximum(share - mean * mean, 1.0 / (seen + 2.0)) / 4.0
+            bets = np.sqrt(2.0 * threshold / (n_max * variance))
+        else:
+            steps = np.arange(lo + 1, hi + 1, dtype=np.float64)
+            sums = np.cumsum(np.concatenate([carried_x[:, None], x], axis=1), axis=1)[:, 1:]
+            carried_x = sums[:, -1]
+            mu = (0.5 + sums) / (steps + 1.0)
+            squares = np.cumsum(np.concatenate([carried_sq[:, None], (x - mu) ** 2], axis=1), axis=1)[:, 1:]
+            carried_sq = squares[:, -1]
+            var = (0.25 + squares) / (steps + 1.0)
+            previous = np.concatenate([carried_var[:, None], var[:, :-1]], axis=1)
+            carried_var = var[:, -1]
+            bets = np.sqrt(2.0 * -math.log(delta) / (n_max * previous))
         first = {}
-        for side in ("upper", "lower"):
+        for side in sides:
             logs = []
-            for scale, weight in zip(scales, weights, strict=True):
+            for j, (scale, weight) in enumerate(zip(scales, weights, strict=True)):
                 if side == "upper":
                     lam = np.minimum(scale * bets, bounds.BET_CAP / (1.0 - m))
                     terms = np.log1p(-lam * (x - m))
                 else:
                     lam = np.minimum(scale * bets, bounds.BET_CAP / m)
                     terms = np.log1p(lam * (x - m))
-                logs.append(math.log(weight) + np.cumsum(terms, axis=1))
+                summed = np.cumsum(np.concatenate([carried_log[side, j][:, None], terms], axis=1), axis=1)[:, 1:]
+                carried_log[side, j] = summed[:, -1]
+                logs.append(math.log(weight) + summed)
             mixture = logs[0] if len(logs) == 1 else np.logaddexp.reduce(np.stack(logs), axis=0)
-            running = np.maximum.accumulate(mixture, axis=1)[:, ends - 1] >= -math.log(delta)
-            first[side] = np.where(running.any(axis=1), np.argmax(running, axis=1), ends.size)
+            peak = np.maximum.accumulate(np.concatenate([carried_max[side][:, None], mixture], axis=1), axis=1)
+            carried_max[side] = peak[:, -1]
+            running = peak[:, 1:][:, looks - 1 - lo] >= -math.log(delta)
+            first[side] = np.where(running.any(axis=1), np.argmax(running, axis=1), looks.size)
         up, low = first["upper"], first["lower"]
         look = np.minimum(up, low)
-        stopped = look < ends.size
-        stops[start : start + rows] = np.where(stopped, ends[np.minimum(look, ends.size - 1)], n_max)
-        answer = np.where(up < low, 1, np.where(low < up, -1, 0))
-        answers[start : start + rows] = np.where(stopped, answer, 0).astype(np.int8)
-        if done is not None:
-            done(start + rows)
+        stopped = look < looks.size
+        where = live[stopped]
+        stops[where] = looks[look[stopped]]
+        answers[where] = np.where(up < low, 1, np.where(low < up, -1, 0))[stopped]
+        keep = ~stopped
+        live = live[keep]
+        if live.size == 0:
+            break
+        carried_w, carried_b, carried_x = carried_w[keep], carried_b[keep], carried_x[keep]
+        carried_sq, carried_var = carried_sq[keep], carried_var[keep]
+        carried_log = {key: value[keep] for key, value in carried_log.items()}
+        carried_max = {key: value[keep] for key, value in carried_max.items()}
     return stops, answers
 
 
