@@ -16,7 +16,8 @@ checkout's `--old-src`, e.g. `git archive HEAD src | tar -x -C /tmp/old`; `mlx-o
 - `generate`: every prompt decoded for 16 tokens at T = 1 (seeded), in batches of 8;
 - `score, no captures`: the response tokens' log-probabilities alone.
 Per phase: wall seconds, the worker's CPU seconds (its /proc/PID/stat user + system time) and its peak resident
-memory (VmHWM, reset before each phase through /proc/PID/clear_refs), in MiB. The MLX worker runs on the BLAS its
+memory (VmHWM, reset before each phase through /proc/PID/clear_refs), in MiB, and the sha256 of the call's outputs
+(equal digests: two drivers returned the same bits). The MLX worker runs on the BLAS its
 wheel bundles unless the driver says otherwise; HF on torch's CPU kernels, one thread (as every worker here).
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import sys
 import time
@@ -91,9 +93,16 @@ def units(count: int) -> list[tuple[list[int], list[int]]]:
 def _phase(pid: int, name: str, run: Callable[[], Any]) -> dict[str, Any]:
     Path(f"/proc/{pid}/clear_refs").write_text("5")
     cpu, began = cpu_s(pid), time.perf_counter()
-    run()
+    result = run()
     row = {"phase": name, "wall_s": round(time.perf_counter() - began, 2), "cpu_s": round(cpu_s(pid) - cpu, 2),
            "peak_mib": round(status_kib(pid, "VmHWM") / 1024, 1)}
+    if isinstance(result, dict) and "outputs" in result:  # what came back, to compare two drivers bit for bit
+        digest = hashlib.sha256()
+        for out in result["outputs"]:
+            for key in sorted(out):
+                value = out[key]
+                digest.update(key.encode() + (value.tobytes() if hasattr(value, "tobytes") else str(value).encode()))
+        row["outputs_sha256"] = digest.hexdigest()
     print(f"  {name}: {row['wall_s']} s wall, {row['cpu_s']} CPU-s, peak {row['peak_mib']} MiB", flush=True)
     return row
 
