@@ -44,6 +44,13 @@ def render_decision(decision: Decision) -> str:
                      "(other layouts are not covered)")
     else:
         lines.append("invariance not required by the contract")
+    det = d.determinism
+    if det is not None:
+        state = "holds" if det.holds else f"fails on {det.units_differing} units ({det.first_difference})"
+        lines.append(f"determinism {state}: {det.units} units, layout {det.layout} run {det.runs} times, each later "
+                     "run in a fresh worker" + ("" if det.reference_units_differing is None else
+                                                f"; {det.reference_units_differing} units the reference does not "
+                                                "reproduce are not counted"))
     for p in d.premises:
         lines.append(f"premise    [{p.reliance}, {'holds' if p.holds else 'NOT held'}] {p.statement} "
                      f"(party {p.party}, basis {p.basis_sha256[:16]}…)")
