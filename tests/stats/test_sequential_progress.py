@@ -92,3 +92,16 @@ def test_segments_stop_every_run_where_one_pass_does(segment: int, method: str, 
     assert np.array_equal(got[0], want[0])
     assert np.array_equal(got[1], want[1])
     assert set(got[1].tolist()) != {0}  # runs that stopped are compared, not only the undecided
+
+
+@pytest.mark.parametrize("method", ["paired-binary-sequence", "betting-sequence"])
+def test_a_run_alone_in_its_chunk_draws_its_uniforms_as_needed(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where each chunk holds one run (the largest n_max), its uniforms are drawn segment by segment, as far as the
+    run goes: the same stops and answers as the single pass drawing all n_max at once."""
+    monkeypatch.setattr(seq, "CHUNK_UNITS", 20_000)  # one run of 20,000 units per chunk
+    monkeypatch.setattr(seq, "SEGMENT_UNITS", 1000)
+    got = seq.simulate_stops(method, 0.01, 0.01, 0.005, DELTA, 20_000, 100, 12, 5)
+    want = _one_pass(method, 0.01, 0.01, 0.005, DELTA, 20_000, 100, 12, 5)
+    assert np.array_equal(got[0], want[0])
+    assert np.array_equal(got[1], want[1])
+    assert int(np.min(got[0])) < 20_000  # some runs stopped before n_max: their draws ended early

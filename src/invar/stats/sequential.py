@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
+from functools import partial
 from statistics import NormalDist
 
 import numpy as np
@@ -381,7 +382,9 @@ def simulate_stops(
     ends[-1] = n_max
     for start in range(0, runs, chunk):
         rows = min(chunk, runs - start)
-        u = np.random.default_rng([seed, start]).random((rows, n_max))
+        rng = np.random.default_rng([seed, start])
+        # one run: its uniforms drawn as its segments need them (the same stream, in order); else all at once
+        u = partial(_draw, rng) if rows == 1 else rng.random((rows, n_max))
         stop, answer = _stops_in_segments(u, name, p_worse, p_better, m, delta, n_max, ends, scales, weights)
         stops[start : start + rows] = stop
         answers[start : start + rows] = answer
@@ -390,22 +393,30 @@ def simulate_stops(
     return stops, answers
 
 
+def _draw(rng: np.random.Generator, lo: int, hi: int) -> FloatArray:
+    """One run's uniforms of units [lo, hi), the next ones of its stream (`rng.random((1, n))` in pieces)."""
+    drawn: FloatArray = rng.random((1, hi - lo))
+    return drawn
+
+
 SEGMENT_UNITS = 65_536
 """Units per segment of the runs still undecided (rounded to whole looks): most runs stop long before n_max."""
 
 
 def _stops_in_segments(
-    u: FloatArray, name: str, p_worse: float, p_better: float, m: float, delta: float, n_max: int,
-    ends: npt.NDArray[np.int64], scales: Sequence[float], weights: Sequence[float],
+    u: FloatArray | Callable[[int, int], FloatArray], name: str, p_worse: float, p_better: float, m: float,
+    delta: float, n_max: int, ends: npt.NDArray[np.int64], scales: Sequence[float], weights: Sequence[float],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int8]]:
     """(stopping n, answer) of the runs whose uniforms are the rows of `u`, as one pass over all n_max units would
-    give them (`trinomial_bets`, `horizon_bets`, the mixture's running maximum at each look) bit for bit.
+    give them (`trinomial_bets`, `horizon_bets`, the mixture's running maximum at each look) bit for bit. `u` may
+    instead draw one run's uniforms of units [lo, hi) when asked, segment after segment (so a run that stops early
+    draws only what it uses).
 
     The units go in segments of whole looks, and a run leaves once either side has crossed at a look: its stop and
     answer are then fixed (a side that crosses later cannot change which crossed first). Each running sum continues
     from the value carried over as its first element, and numpy's accumulate adds in order, so every count, mean,
     variance, bet and log-capital is that of the single pass."""
-    rows = u.shape[0]
+    rows = 1 if callable(u) else u.shape[0]
     stops = np.full(rows, n_max, dtype=np.int64)
     answers = np.zeros(rows, dtype=np.int8)
     threshold = -math.log(delta)
@@ -424,7 +435,7 @@ def _stops_in_segments(
         looks = ends[first_look : first_look + per_segment]
         lo = 0 if first_look == 0 else int(ends[first_look - 1])
         hi = int(looks[-1])
-        seg = u[live, lo:hi]
+        seg = u(lo, hi) if callable(u) else u[live, lo:hi]
         d = np.where(seg < p_worse, 1.0, np.where(seg >= 1.0 - p_better, -1.0, 0.0))
         x = (d + 1.0) / 2.0
         if trinomial:
