@@ -152,7 +152,7 @@ def test_a_run_closed_at_a_nan_call_under_measurements_is_decided(tmp_path: Path
     decision = admit(ws.contract_path, tmp_path / "run")
     assert decision.answer.value == "Violated"
     assert decision.nonfinite is not None
-    assert receipt_body(decision)["figures"]["nonfinite"] == decision.nonfinite.to_json()
+    assert receipt_body(decision)["figures"]["nonfinite"] == decision.nonfinite.output().model_dump()
 
 
 class NonFiniteOutput(RuntimeError):
@@ -197,7 +197,7 @@ def test_use_run_closes_at_the_candidates_nan_call_and_admission_decides_from_it
                                       f"{errors[0].seq}; 8 units from ")
     assert decision.bound is None
     assert decision.task_loss.n < 32
-    assert receipt_body(decision)["figures"]["nonfinite"] == decision.nonfinite.to_json()
+    assert receipt_body(decision)["figures"]["nonfinite"] == decision.nonfinite.output().model_dump()
     # Closed: a second use run has nothing to do, and decides the same.
     assert use_run(ws.contract_path, tmp_path / "run", transport=FakeTransport()).already_closed
     # compare numerical has no candidate outputs past the call: one line naming it, exit 2, no traceback.

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from invar.compare.outputs import CompareHistoriesOutput as CompareHistoriesOutput  # in the table; the core returns it
 from invar.compare.outputs import KlRequirementOutput
-from invar.contract.outputs import DecisionContract, PremiseOutput
+from invar.contract.outputs import DecisionContract, NonFiniteCallOutput, PremiseOutput
 from invar.docstrings import describe
 from invar.evidence import EvidenceOutput, RangeTaskLossOutput, TaskLossOutput
 from invar.imported.outputs import UseAdmitImportedOutput as UseAdmitImportedOutput  # in the table; the core returns it
@@ -749,23 +749,3 @@ class KernelCheckOutput(Closed):
 
 OUTPUTS["kernel-check"] = KernelCheckOutput
 
-
-class NonFiniteCallOutput(Closed):
-    """A candidate generate call its worker answered with `NonFiniteOutput`: the error record a decision rests on."""
-
-    call: str
-    """The planned call's key."""
-    first_unit: str
-    """The unit id of the call's first request."""
-    units: int
-    """The units the call carries."""
-    record: int
-    """The record's sequence number in the run."""
-    call_id: int
-    """The call's id, as the worker was sent it."""
-    call_digest: str
-    """The digest of the call as recorded (its params are the planned call's)."""
-    report_digest: str
-    """The digest of the error report the worker sent, as the run's chain binds it."""
-    error: str
-    """`NonFiniteOutput: ` and the worker's words."""

@@ -29,6 +29,7 @@ from invar import canonical
 from invar.compare.measured import MeasuredItem, MeasurementRecord
 from invar.compare.runs import ScoredItem, check_score_output
 from invar.contract.model import Contract, Package
+from invar.contract.outputs import NonFiniteCallOutput
 from invar.contract.plan import ExecutionPlan, MeasurementCall, PlannedCall, Role, measurement_params
 from invar.errors import EvidenceError
 from invar.evidence import Difference, EvidenceOutput, check_patches_active, first_difference
@@ -274,10 +275,11 @@ class NonFiniteCall:
     message: str
     """The worker's words (where in the batch, at which response step)."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {"call": self.key, "first_unit": self.first_unit, "units": self.units, "record": self.record_seq,
-                "call_id": self.call_id, "call_digest": self.call_digest, "report_digest": self.report_digest,
-                "error": f"{NON_FINITE}: {self.message}"}
+    def output(self) -> NonFiniteCallOutput:
+        """What a decision and its receipt print of it."""
+        return NonFiniteCallOutput(call=self.key, first_unit=self.first_unit, units=self.units, record=self.record_seq,
+                                   call_id=self.call_id, call_digest=self.call_digest,
+                                   report_digest=self.report_digest, error=f"{NON_FINITE}: {self.message}")
 
 
 @dataclass

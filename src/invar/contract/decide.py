@@ -478,7 +478,7 @@ class Decision:
                 "requirement": None if self.kl is None else self.kl.output().model_dump(mode="json"),
                 "note": "measurements only; they decide nothing unless the contract sets max_kl"}}),
             **({} if self.sequential is None else {"sequential": self.sequential.output().model_dump(mode="json")}),
-            **({} if self.nonfinite is None else {"nonfinite": self.nonfinite.to_json()}),
+            **({} if self.nonfinite is None else {"nonfinite": self.nonfinite.output().model_dump(mode="json")}),
             **({} if self.determinism is None else {"determinism": self.determinism.to_json()}),
         }
 

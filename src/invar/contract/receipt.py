@@ -45,6 +45,17 @@ from invar import canonical
 from invar.contract.admit import Step, admit
 from invar.contract.decide import Decision
 from invar.contract.model import Contract, read_contract
+from invar.contract.outputs import (
+    DecisionContract,
+    ReceiptBound,
+    ReceiptDeterminism,
+    ReceiptFigures,
+    ReceiptInvariance,
+    ReceiptMethod,
+    ReceiptPredicate,
+    ReceiptRun,
+    ReceiptSequential,
+)
 from invar.errors import EvidenceError, InvarError
 from invar.evidence import Difference, first_difference
 from invar.owner_files import read_regular_file
@@ -56,8 +67,8 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 """The in-toto Statement layer's `_type`."""
 
 PREDICATE_TYPE = "https://invar.dev/use-decision/v1"
-"""Names the predicate's layout (docs/records.md, "Decision receipts"); a predicate of another type is refused, and a
-change to the layout gets a new version."""
+"""Names the predicate's layout (`ReceiptPredicate`; docs/records.md, "Decision receipts"); a predicate of another
+type is refused, and a change to the layout gets a new version."""
 
 RECEIPT_SCHEMA = "invar.receipt/1"
 """The older receipt layout (a body and a signature over its canonical JSON): still verified, no longer written."""
@@ -81,44 +92,54 @@ def pae(payload_type: str, payload: bytes) -> bytes:
     return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
 
 
-def receipt_body(decision: Decision) -> dict[str, Any]:
-    """The `invar.receipt/1` body for a decision: everything `verify_receipt` recomputes and compares. Pure.
+def predicate(decision: Decision) -> ReceiptPredicate:
+    """The receipt's predicate for a decision: everything `verify_receipt` recomputes and compares. Pure.
 
-    The in-toto predicate is this body without its `schema` (the predicate type names the layout)."""
-    d = decision.to_json()
-    bound = d["bound"]
-    body: dict[str, Any] = {
-        "schema": RECEIPT_SCHEMA,
-        "contract": d["contract"],
-        "run": {"head": decision.chain_head, "records": decision.records},
-        "plan_version": d["plan_version"],
-        "decision_version": d["decision_version"],
-        "method": None if bound is None else {"name": bound["method"], "version": bound["version"]},
-        "answer": d["answer"],
-        "reason": d["reason"],
-        "figures": {
-            "standard": d["standard"],
-            "epsilon": d["epsilon"],
-            "delta": d["delta"],
-            "task_loss": d["task_loss"],
-            "bound": None if bound is None else {k: bound[k] for k in ("n", "delta", "estimate", "lower", "upper")},
-            "invariance": {k: d["invariance"][k] for k in ("required", "layouts", "holds", "units_differing")},
-            "premises_held": [p["holds"] for p in d["premises"]],
-        },
-        "evidence": canonical.digest([[e["call"], e["call_digest"], e["report_digest"]] for e in d["evidence"]]),
-    }
-    if "relative_to" in d["invariance"]:  # invariance relative to the reference only: which units gained dependence
-        body["figures"]["invariance"].update(
-            {k: d["invariance"][k] for k in ("relative_to", "reference_units_differing", "gained_units")})
-    if "sequential" in d:  # plan /4 only, so receipts of fixed-n decisions keep their bytes
-        seq = d["sequential"]
-        body["figures"]["sequential"] = {k: seq[k] for k in ("version", "answer", "look", "stop", "n_max")}
-    if "nonfinite" in d:  # a run stopped at a non-finite candidate call only: the error record that decided it
-        body["figures"]["nonfinite"] = d["nonfinite"]
-    if "determinism" in d:  # contracts that require determinism only: which units differed between runs
-        body["figures"]["determinism"] = {k: d["determinism"][k] for k in (
-            "layout", "runs", "holds", "units_differing", "reference_units_differing", "differing_units")}
-    return body
+    A part only some decisions have (invariance relative to the reference, a sequential stop, a non-finite call,
+    determinism) is set only when the decision has it, so the receipts of other decisions keep their bytes."""
+    b, inv = decision.bound, decision.invariance
+    invariance = ReceiptInvariance(required=inv.required, layouts=list(inv.layouts), holds=inv.holds,
+                                   units_differing=inv.units_differing)
+    if inv.relative is not None:  # which units gained layout dependence
+        invariance = ReceiptInvariance(
+            required=inv.required, layouts=list(inv.layouts), holds=inv.holds, units_differing=inv.units_differing,
+            relative_to="reference", reference_units_differing=inv.relative.reference_units_differing,
+            gained_units=list(inv.relative.gained_units))
+    optional: dict[str, Any] = {}
+    if (s := decision.sequential) is not None:
+        optional["sequential"] = ReceiptSequential(version=s.version, answer=s.answer, look=len(s.looks), stop=s.stop,
+                                                   n_max=s.n_max)
+    if decision.nonfinite is not None:  # the error record that decided
+        optional["nonfinite"] = decision.nonfinite.output()
+    if (t := decision.determinism) is not None:  # which units differed between runs
+        optional["determinism"] = ReceiptDeterminism(
+            layout=t.layout, runs=t.runs, holds=t.holds, units_differing=t.units_differing,
+            reference_units_differing=t.reference_units_differing, differing_units=list(t.differing_units))
+    calls = [[e.key, e.call_digest, e.report_digest] for e in decision.evidence]
+    calls += [[m.key, m.call_digest, m.report_digest] for m in decision.measurement_evidence]
+    return ReceiptPredicate(
+        contract=DecisionContract(name=decision.contract_name, sha256=decision.contract_sha256),
+        run=ReceiptRun(head=decision.chain_head, records=decision.records),
+        plan_version=decision.plan_version, decision_version=decision.decision_version,
+        method=None if b is None else ReceiptMethod(name=b.method, version=b.version),
+        answer=decision.answer.value, reason=decision.reason,
+        figures=ReceiptFigures(
+            standard=decision.standard, epsilon=str(decision.epsilon),
+            delta=None if decision.delta is None else str(decision.delta), task_loss=decision.task_loss.output(),
+            bound=None if b is None else ReceiptBound(n=b.n, delta=b.delta, estimate=b.estimate, lower=b.lower,
+                                                      upper=b.upper),
+            invariance=invariance, premises_held=[p.holds for p in decision.premises], **optional),
+        evidence=canonical.digest(calls))
+
+
+def predicate_json(decision: Decision) -> dict[str, Any]:
+    """The predicate as the receipt holds it (JSON values; the parts the decision lacks left out)."""
+    return predicate(decision).model_dump(mode="json", exclude_unset=True)
+
+
+def receipt_body(decision: Decision) -> dict[str, Any]:
+    """The `invar.receipt/1` body for a decision: the predicate and its `schema`. Pure."""
+    return {"schema": RECEIPT_SCHEMA, **predicate_json(decision)}
 
 
 def subjects(decision: Decision, contract: Contract) -> list[dict[str, Any]]:
@@ -141,10 +162,8 @@ def subjects(decision: Decision, contract: Contract) -> list[dict[str, Any]]:
 
 def statement(decision: Decision, contract: Contract) -> dict[str, Any]:
     """The in-toto Statement v1 of a decision under `contract` (the contract the decision names). Pure."""
-    predicate = receipt_body(decision)
-    del predicate["schema"]
     return {"_type": STATEMENT_TYPE, "subject": subjects(decision, contract), "predicateType": PREDICATE_TYPE,
-            "predicate": predicate}
+            "predicate": predicate_json(decision)}
 
 
 # --- keys ----------------------------------------------------------------------------------------------------------
