@@ -399,8 +399,9 @@ def _draw(rng: np.random.Generator, lo: int, hi: int) -> FloatArray:
     return drawn
 
 
-SEGMENT_UNITS = 65_536
-"""Units per segment of the runs still undecided (rounded to whole looks): most runs stop long before n_max."""
+SEGMENT_UNITS = 4096
+"""Units of the first segment of the runs still undecided (rounded to whole looks), each next segment twice the one
+before: most runs stop long before n_max, and the undecided ones go on in ever fewer, larger pieces."""
 
 
 def _stops_in_segments(
@@ -430,10 +431,11 @@ def _stops_in_segments(
     sides = ("upper", "lower")
     carried_log = {(side, j): np.zeros(rows) for side in sides for j in range(len(scales))}  # Σ log terms so far
     carried_max = {side: np.full(rows, -np.inf) for side in sides}  # the mixture's running maximum so far
-    per_segment = max(1, SEGMENT_UNITS // max(1, int(ends[0])))
-    for first_look in range(0, ends.size, per_segment):
+    first_look, per_segment = 0, max(1, SEGMENT_UNITS // max(1, int(ends[0])))
+    while first_look < ends.size:
         looks = ends[first_look : first_look + per_segment]
         lo = 0 if first_look == 0 else int(ends[first_look - 1])
+        first_look, per_segment = first_look + looks.size, 2 * per_segment
         hi = int(looks[-1])
         seg = u(lo, hi) if callable(u) else u[live, lo:hi]
         d = np.where(seg < p_worse, 1.0, np.where(seg >= 1.0 - p_better, -1.0, 0.0))
