@@ -85,7 +85,7 @@ def test_segments_stop_every_run_where_one_pass_does(segment: int, method: str, 
                                                     epsilon: float, n_max: int, batch: int,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The runs still undecided go on in segments of whole looks: every run's stop and answer are those of the
-    single pass over all n_max units (segments of one look, of several, of all)."""
+    single pass over all n_max units (first segments of one look, of ten, of all; each next one twice the last)."""
     monkeypatch.setattr(seq, "SEGMENT_UNITS", segment)
     got = seq.simulate_stops(method, p_worse, p_better, epsilon, DELTA, n_max, batch, 40, 3)
     want = _one_pass(method, p_worse, p_better, epsilon, DELTA, n_max, batch, 40, 3)
