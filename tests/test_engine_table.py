@@ -82,10 +82,9 @@ def test_a_worker_gets_its_own_engines_environment(monkeypatch: pytest.MonkeyPat
     for name in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_LOGGING_LEVEL", "HF_HUB_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
     vllm, hf = worker_env(None, "vllm"), worker_env(None, "hf")
-    assert vllm["VLLM_LOGGING_LEVEL"] == "WARNING"
+    assert vllm["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert vllm["HF_HUB_OFFLINE"] == "1"
-    assert "VLLM_CPU_KVCACHE_SPACE" not in vllm  # the vLLM worker sizes its KV cache itself
-    assert "VLLM_LOGGING_LEVEL" not in hf
+    assert "VLLM_CPU_KVCACHE_SPACE" not in hf
     assert hf["HF_HUB_OFFLINE"] == "1"
     # Without an engine (a script that starts any worker itself): every engine's, as before.
     assert worker_env()["VLLM_LOGGING_LEVEL"] == "WARNING"

@@ -169,11 +169,10 @@ ENGINE_TABLE: dict[str, EngineInfo] = {e.name: e for e in (
         "pipeline_parallel_size": LaunchSetting("--pipeline-parallel-size", int),
         "distributed_executor_backend": LaunchSetting("--distributed-executor-backend", str, _VLLM_BACKENDS),
         "enforce_eager": LaunchSetting("--no-enforce-eager", bool, flag_when=False, default=True)},
-        # vLLM's own logging kept to warnings; the worker sizes its CPU KV cache itself (VLLM_CPU_KVCACHE_SPACE in
-        # the caller's environment still sets it, in GiB).
-        env={"VLLM_LOGGING_LEVEL": "WARNING"}, host_cores=_vllm_cores,
+        # A small KV cache on the CPU (GiB), and vLLM's own logging kept to warnings.
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}, host_cores=_vllm_cores,
         reported=frozenset({"logprobs_mode", "prompt_logprobs", "enable_prefix_caching", "enable_lora",
-                            "lora_target_modules", "top_p", "env", "kv_cache"})),
+                            "lora_target_modules", "top_p", "env"})),
     EngineInfo("mlx", "invar.workers.mlx_worker", {
         "map_rope_parameters": LaunchSetting("--no-map-rope-parameters", bool, flag_when=False, default=True),
         "blas": LaunchSetting("--blas", str, ("bundled", "openblas"), default="bundled")},

@@ -33,10 +33,6 @@ Decisions this worker embodies:
   the CPU that budget is 16,384 prompt tokens unless `--max-num-batched-tokens` sets it (vLLM's 4,096 would refuse 64
   chat prompts of 100 tokens, and a seeded prompt prefilled in chunks fails in vLLM's CPU sampler).
   Prefix caching is off, so a request's numbers never depend on which prompts ran before it.
-- **The KV cache on the CPU is sized by the worker** (`cpu_kv_cache_blocks`): blocks for `max_num_seqs` sequences
-  of `max_model_len` tokens, so no request is ever preempted (and recomputed by a prefill whose numbers may differ),
-  at most 1 GiB; `VLLM_CPU_KVCACHE_SPACE` in the environment (GiB) still sets it instead. The tiny model's cache
-  is 50 MB rather than 1 GiB, with the same tokens and log-probabilities.
 - **Teacher-forced scoring** runs prompt + response as one prompt with `prompt_logprobs`, asking only for each
   position's own token (vLLM hands prompt log-probabilities back as one Python object per entry, so the whole
   vocabulary at every position of 32 chats on a 49,152-token vocabulary took over 15 GB). vLLM computes prompt
@@ -133,9 +129,6 @@ SAMPLING_EPS = 1e-5
 CPU_PREFILL_BUDGET = 16384
 """Prompt tokens one engine step prefills on the CPU unless `--max-num-batched-tokens` says otherwise (see
 `Settings.prefill_budget`): 64 prompts of 256 tokens."""
-CPU_KV_CACHE_CAP = 1 << 30
-"""The most the worker sizes vLLM's CPU KV cache to (bytes; vLLM's own sizing would take a share of host memory):
-1 GiB, the size it had before it was sized from the model and the scheduler's limits (`cpu_kv_cache_blocks`)."""
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The projections adapters may target. vLLM would also wrap lm_head, and with an lm_head LoRA layer in the engine
 its prompt log-probabilities fail (the layer's per-request indices meet one row per prompt token), so the engine is
@@ -304,8 +297,6 @@ class Settings:
                                "vocabulary at a capture step from one sampled step at T",
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "max_num_seqs": self.max_num_seqs,
-            **({"kv_cache": "max_num_seqs sequences of max_model_len tokens, at most 1 GiB"}
-               if self.device == "cpu" and not os.environ.get("VLLM_CPU_KVCACHE_SPACE") else {}),
             "enable_prefix_caching": False,
             "enable_lora": True,
             "max_lora_rank": self.max_lora_rank,
@@ -369,20 +360,13 @@ class Engine:
             kwargs["max_model_len"] = s.max_model_len
         if (budget := s.prefill_budget()) is not None:
             kwargs["max_num_batched_tokens"] = budget
-        kwargs.update(
+        llm = LLM(
             model=model_dir, tokenizer=model_dir, seed=s.seed, enforce_eager=s.enforce_eager,
             gpu_memory_utilization=s.gpu_memory_utilization, max_num_seqs=s.max_num_seqs,
             logprobs_mode=LOGPROBS_MODE, max_logprobs=-1, enable_prefix_caching=False,
             enable_lora=True, max_lora_rank=s.max_lora_rank, max_loras=s.max_loras,
-            lora_target_modules=list(ENGINE_LORA_MODULES), **s.parallel())
-        if s.device == "cpu" and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            # vLLM reads an explicit size from the environment (GiB) and would take a share of host memory
-            # otherwise; the worker sizes the cache itself (`cpu_kv_cache_blocks`).
-            from vllm.engine.arg_utils import EngineArgs
-
-            blocks, block_bytes = cpu_kv_cache_blocks(EngineArgs(**kwargs).create_engine_config())
-            kwargs.update(num_gpu_blocks_override=blocks, kv_cache_memory_bytes=blocks * block_bytes)
-        llm = LLM(**kwargs)
+            lora_target_modules=list(ENGINE_LORA_MODULES), **s.parallel(), **kwargs,
+        )
         config = llm.llm_engine.vllm_config
         try:
             # the reader runs where the model is: in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), or in the
@@ -632,27 +616,6 @@ class Engine:
         results = self._teacher_forced(seqs, adapter)
         outputs = [ScoreOutput(it.item_id, lps, vocab) for it, (lps, vocab) in zip(items, results, strict=True)]
         return ScoreResult(outputs, m.model_digest, None if adapter is None else adapter.digest)
-
-
-def cpu_kv_cache_blocks(config: Any) -> tuple[int, int]:
-    """The KV cache the worker gives vLLM on the CPU: (blocks, bytes per block) for an engine `config`.
-
-    Enough blocks for `max_num_seqs` sequences of `max_model_len` tokens each, so the scheduler never runs out of
-    cache and never preempts a request (a preempted request is recomputed by a prefill, whose numbers may differ
-    from the decode steps it replaces); at most `CPU_KV_CACHE_CAP` bytes, where vLLM would otherwise reserve a share
-    of host memory. Measured: the tiny model's cache is 50 MB where it was 1 GiB, and the same tokens and
-    log-probabilities come out (docs/cross_engine.md).
-    """
-    import torch
-
-    model, cache = config.model_config, config.cache_config
-    dtype = model.dtype if cache.cache_dtype == "auto" else getattr(torch, str(cache.cache_dtype))
-    per_token = (2 * model.get_num_layers(config.parallel_config) * model.get_num_kv_heads(config.parallel_config)
-                 * model.get_head_size() * torch.empty(0, dtype=dtype).element_size())
-    block_bytes = per_token * int(cache.block_size)
-    per_sequence = -(-int(model.max_model_len) // int(cache.block_size))
-    needed = int(config.scheduler_config.max_num_seqs) * per_sequence
-    return max(per_sequence, min(needed, CPU_KV_CACHE_CAP // block_bytes)), block_bytes
 
 
 def _logits_layer(model: Any) -> Any:
