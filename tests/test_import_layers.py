@@ -24,6 +24,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS = [
     "invar",  # the package's own __init__: the version, nothing else
     "errors",
+    "lazy",  # the package facades whose names are imported when first used (PEP 562)
     "interrupts",  # Ctrl-C and SIGTERM as the commands stop at them (out of errors, whose bytes the workers run)
     "canonical",
     "regular_files",  # bounded, non-blocking reads of whole files: the owner's files and a model folder's (tasks)

@@ -8,8 +8,9 @@ sequential rules with them.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from invar.lazy import facade
 
 if TYPE_CHECKING:
     from invar.stats.bounds import (
@@ -93,17 +94,7 @@ _EXPORTS: dict[str, str] = {
 """Each name of the facade and the module that defines it, imported when the name is first used."""
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = facade(__name__, _EXPORTS, globals())
 
 __all__ = [
     "BINARY_METHODS",
