@@ -489,8 +489,9 @@ def decide(
     nonfinite: NonFiniteCall | None = None, determinism: Determinism | None = None,
 ) -> tuple[Answer, str]:
     """The answer and its one-line reason, in the contract's order: a candidate call answered with non-finite values
-    (the package computed NaN: no other figure is needed, nor complete), invariance, the measurements' `max_kl` (when
-    the contract sets one), premises, task loss (a sequential contract's: the stopping rule's answer). Pure."""
+    (the package computed NaN: no other figure is needed, nor complete), invariance, determinism (when the contract
+    requires it), the measurements' `max_kl` (when the contract sets one), premises, task loss (a sequential
+    contract's: the stopping rule's answer). Pure."""
     if nonfinite is not None:
         return Answer.VIOLATED, (f"the candidate package produced non-finite values in candidate call {nonfinite.key} "
                                  f"(call id {nonfinite.call_id}, record {nonfinite.record_seq}; {nonfinite.units} "
