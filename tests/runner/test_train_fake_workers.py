@@ -9,8 +9,11 @@ core; what real learners compute is for the `engine` tests (test_train_schedules
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +229,58 @@ def test_a_shared_run_whose_process_is_lost_resumes_to_the_split_layouts_checkpo
     assert [ok for method, ok in _calls(run) if method == "learner_step"] == [True, False, True, True]
     # Each attempt's process on record, both roles in it.
     assert _placements(run) == [(p.pid, [p.pid, p.pid], ["inference", "learner"]) for p in made]
+
+
+def test_a_tampered_record_is_refused_at_resume_before_any_worker_starts(tmp_path: Path) -> None:
+    # The resumed run is verified in the one store opened for writing: an altered record is named in one line, no
+    # worker is started, no call issued, and the records stay as they were.
+    config = write_config(tmp_path, "whole", "mlx", cycles=2, **SCHEDULES["whole"])
+    run = tmp_path / "run"
+    with pytest.raises(WorkerLost):
+        train(config, run, transport=FakeTransport(SCRIPT, faults=[Fault("die", method="learner_step", calls=(2,),
+                                                                         where=_learner)]))
+    db = run / "records.sqlite"
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(db.read_bytes())
+    pos = data.find(b"learner_step")
+    assert pos >= 0
+    data[pos] ^= 0x01  # one bit of the first record that names the learner's method
+    db.write_bytes(bytes(data))
+    records = _record_count(db)
+    resumed = FakeTransport(SCRIPT)
+    with pytest.raises(train_mod.UnreadableRun) as refused:
+        train(config, run, transport=resumed)
+    assert re.fullmatch(r".*record \d+ \(\w+\): .*the record was altered; it cannot be resumed: restore its records, "
+                        r"or choose a new run directory", str(refused.value)), refused.value
+    assert "\n" not in str(refused.value)
+    assert resumed.started == []
+    assert _record_count(db) == records
+    assert db.read_bytes() == bytes(data)  # the altered record kept as it was found, for the owner to see
+
+
+def test_a_stopped_run_is_verified_once_when_it_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = write_config(tmp_path, "whole", "mlx", cycles=2, **SCHEDULES["whole"])
+    run = tmp_path / "run"
+    with pytest.raises(WorkerLost):
+        train(config, run, transport=FakeTransport(SCRIPT, faults=[Fault("die", method="learner_step", calls=(2,),
+                                                                         where=_learner)]))
+    verified: list[bool] = []  # whether each verification was of a store opened for writing
+    verify = RunStore.verify
+
+    def counted(store: RunStore, **kwargs: Any) -> Any:
+        verified.append(store._writable)
+        return verify(store, **kwargs)
+
+    monkeypatch.setattr(RunStore, "verify", counted)
+    resumed = train(config, run, transport=FakeTransport(SCRIPT))
+    assert (resumed.cycles, resumed.cycles_reused) == (2, 1)
+    assert verified == [True]  # was twice: read-only, then again in the store opened for writing
+    verified.clear()
+    assert train(config, run, transport=FakeTransport(SCRIPT)).already_closed
+    assert verified == [False]  # a closed run: only verified, never opened for writing
+
+
+def _record_count(db: Path) -> int:
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        return int(conn.execute("SELECT count(*) FROM log").fetchone()[0])

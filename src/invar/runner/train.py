@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -253,10 +253,10 @@ def published_cycles(store: RunStore, run_dir: Path) -> list[Published]:
     return out
 
 
-def _check_made_by(store: RunStore, run_dir: Path, p: Plan) -> None:
-    """An existing run must verify and be a training run of this configuration."""
+def _check_made_by(store: RunStore, run_dir: Path, p: Plan) -> str:
+    """An existing run must verify and be a training run of this configuration; its head, as verified."""
     try:
-        store.verify()
+        head = store.verify().head
         run = store.meta().get("run", {})
     except RecordError as exc:
         raise UnreadableRun(f"{exc}; it cannot be resumed: restore its records, or choose a new run directory") \
@@ -280,6 +280,7 @@ def _check_made_by(store: RunStore, run_dir: Path, p: Plan) -> None:
             raise ResumeRefused(f"{run_dir}: {what} changed since the run started ({_short(run.get(key))} → "
                                 f"{_short(now.get(key))}); restore it to resume the run, or choose a new run "
                                 "directory")
+    return head
 
 
 def _short(value: Any) -> str:
@@ -288,12 +289,40 @@ def _short(value: Any) -> str:
     return "none" if value is None else f"{str(value)[:16]}…"
 
 
-def _open(run_dir: Path, p: Plan) -> tuple[RunStore, list[Published]]:
-    """A new run, or an existing run of this configuration opened to continue."""
+@dataclass
+class _OpenRun:
+    """A run directory opened for this configuration, answered once (as `use run`'s `open_run`): `new` (created, its
+    inputs kept), `resumed` (a run of this configuration, verified and checked in the one store opened for writing)
+    or `closed` (only verified: nothing left to do)."""
+
+    state: Literal["new", "resumed", "closed"]
+    store: RunStore | None
+    """Open for writing (None when closed)."""
+    done: list[Published]
+    """The cycles the run published, in order."""
+    head: str | None = None
+    """A closed run's head."""
+
+
+def _open(run_dir: Path, p: Plan, *, before_writing: Callable[[], object] = lambda: None) -> _OpenRun:
+    """Open `run_dir` for the configuration: a closed run of it is only verified; otherwise `before_writing` runs
+    (joining a Ray cluster: before the run directory is touched) and the run is created, or opened for writing,
+    verified once and checked to be this configuration's, its last published checkpoint still its own."""
+    if is_run(run_dir):
+        try:
+            existing = RunStore.open(run_dir)
+        except RecordError as exc:
+            raise UnreadableRun(f"{exc}; it cannot be resumed: restore its records, or choose a new run "
+                                "directory") from None
+        with existing:
+            if existing.closed:  # read from the last record: nothing verified yet
+                head = _check_made_by(existing, run_dir, p)
+                return _OpenRun("closed", None, published_cycles(existing, run_dir), head)
+    before_writing()
     if not is_run(run_dir):
         store = RunStore.create(run_dir, meta=p.meta())
         store.put_meta("inputs", p.inputs())
-        return store, []
+        return _OpenRun("new", store, [])
     store = RunStore.open(run_dir, writable=True)
     try:
         _check_made_by(store, run_dir, p)
@@ -304,7 +333,7 @@ def _open(run_dir: Path, p: Plan) -> tuple[RunStore, list[Published]]:
     except BaseException:
         store.close()
         raise
-    return store, done
+    return _OpenRun("resumed", store, done)
 
 
 def _save_dir(run_dir: Path, n: int) -> Path:
@@ -345,33 +374,32 @@ def train(
                           "there")
     if cfg.rollout.layout == "shared" and transport is not None:
         raise InvarError("train: rollout.layout = \"shared\" starts its own worker process; give no transport")
-    if is_run(run_dir):
-        try:
-            existing = RunStore.open(run_dir)
-        except RecordError as exc:
-            raise UnreadableRun(f"{exc}; it cannot be resumed: restore its records, or choose a new run "
-                                "directory") from None
-        with existing:
-            _check_made_by(existing, run_dir, p)
-            if existing.closed:
-                done = published_cycles(existing, run_dir)
-                return TrainOutcome(run_dir, config_path, p.digest, existing.verify().head, len(done), len(done),
-                                    done[-1] if done else None, time.perf_counter() - started, already_closed=True)
-    placement = None
-    if ray is not None:
-        from invar.transport.ray_relay import RayPlacement, connect
-
-        connect(ray)
-        placement = RayPlacement(ray, restarts=RESTARTS)
-    store, done = _open(run_dir, p)
-    with store:
+    placement: list[Transport] = []
+    run = _open(run_dir, p, before_writing=lambda: placement.extend(_join(ray)))
+    done = run.done
+    if run.store is None:
+        assert run.head is not None
+        return TrainOutcome(run_dir, config_path, p.digest, run.head, len(done), len(done), done[-1] if done else None,
+                            time.perf_counter() - started, already_closed=True)
+    with run.store as store:
         reused = len(done)
         if reused < cfg.cycles:
-            done = _run_cycles(p, run_dir, store, done, call_timeout, progress, placement or transport, transport)
+            done = _run_cycles(p, run_dir, store, done, call_timeout, progress,
+                               placement[0] if placement else transport, transport)
         head = store.close_run()
     progress(Progress(len(done), cfg.cycles, "done"))
     return TrainOutcome(run_dir, config_path, p.digest, head, len(done), reused, done[-1] if done else None,
                         time.perf_counter() - started, already_closed=False)
+
+
+def _join(ray: str | None) -> list[Transport]:
+    """The Ray cluster at `ray` joined, as the placement of the inference workers (none without `ray`)."""
+    if ray is None:
+        return []
+    from invar.transport.ray_relay import RayPlacement, connect
+
+    connect(ray)
+    return [RayPlacement(ray, restarts=RESTARTS)]
 
 
 def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], call_timeout: float | None,
