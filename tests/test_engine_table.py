@@ -107,10 +107,11 @@ def test_setting_help_names_every_required_setting_from_the_table() -> None:
 
     required = {e.name: [n for n, s in e.settings.items() if s.required] for e in ENGINE_TABLE.values()}
     assert any(required.values()), "no engine requires a setting: the test would check nothing"
-    shown = " ".join(CliRunner().invoke(app, ["infer", "--help"], env={"COLUMNS": "400"}).output.split())
-    for engine, names in required.items():
-        if names:
-            assert f"for --engine {engine}: " + " and ".join(f"{n}=…" for n in names) in shown
+    for command in (["infer"], ["use", "package"]):  # one shared option: the same help wherever it is taken
+        shown = " ".join(CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "400"}).output.split())
+        for engine, names in required.items():
+            if names:
+                assert f"for the {engine} engine: " + " and ".join(f"{n}=…" for n in names) in shown, command
 
 
 @pytest.mark.parametrize("engine", sorted(e for e, info in ENGINE_TABLE.items() if info.reported))

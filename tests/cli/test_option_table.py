@@ -66,5 +66,31 @@ def test_every_flag_keeps_its_name_type_and_default() -> None:
         assert now[name] == rows, name
 
 
+SHARED: dict[str, set[str]] = {
+    "--json": set(), "--quiet": set(), "--call-timeout": set(), "--top-p": set(), "--adapter": set(),
+    "--expect-head": set(), "--max-tokens": set(), "--scorer": set(), "--scorer-setting": set(),
+    "--temperature": {"score"}, "--model": {"use package", "use init", "kernel check"},
+    "--engine": {"use init"}, "--dtype": {"use init"}, "--quantization": {"use init"}, "--setting": {"use init"},
+    "--patch": {"use init"}, "--run": {"train", "use run", "use verify"}, "--confidence": {"use init"},
+    "--population": {"kernel check"},
+}
+"""Each option alias of `invar.cli.options` and `invar.cli.common`, and the commands that give its flag a meaning of
+their own (the module's docstring says why)."""
+
+
+def test_a_shared_option_reads_the_same_in_every_command_that_takes_it() -> None:
+    helps: dict[str, dict[str, str]] = {}
+    for name, cmd in _commands(typer.main.get_command(app)).items():
+        for p in cmd.params:
+            for flag in p.opts:
+                if not getattr(p, "hidden", False):
+                    helps.setdefault(flag, {})[name] = p.help
+    for flag, own in SHARED.items():
+        taking = {name: text for name, text in helps[flag].items() if name not in own}
+        assert len(taking) >= 2, (flag, taking)
+        assert len(set(taking.values())) == 1, (flag, taking)
+        assert own <= set(helps[flag]), (flag, own)
+
+
 if __name__ == "__main__":
     FIXTURE.write_text(json.dumps(table(), indent=1, ensure_ascii=False) + "\n")

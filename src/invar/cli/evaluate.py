@@ -20,12 +20,17 @@ from invar.cli.options import (
     DEFAULT_MODEL,
     AdapterOpt,
     CallTimeoutOpt,
+    ConfidenceOpt,
     DtypeOpt,
     EngineOpt,
+    MaxTokensOpt,
     ModelOpt,
     PatchOpt,
+    PopulationOpt,
     QuantOpt,
     RunOpt,
+    ScorerOpt,
+    ScorerSettingOpt,
     SettingOpt,
     TemperatureOpt,
     TopPOpt,
@@ -56,24 +61,15 @@ def evaluate(
     = 0,
     temperature: TemperatureOpt = 1.0,
     top_p: TopPOpt = 1.0,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Most response tokens per problem.")]
-    = MAX_ANSWER_CHARS + 1,
+    max_tokens: MaxTokensOpt = MAX_ANSWER_CHARS + 1,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Requests per generate call (one batch).")] = 64,
-    confidence: Annotated[float, typer.Option("--confidence", help="Confidence of the accuracy interval.")] = 0.95,
-    population: Annotated[Path, typer.Option("--population", help="Population file (JSON lines).")]
-    = DEFAULT_POPULATION,
+    confidence: ConfidenceOpt = 0.95,
+    population: PopulationOpt = DEFAULT_POPULATION,
     population_sha256: Annotated[
         str | None, typer.Option("--population-sha256", help="Its expected sha256; default: from <file>.sha256.")
     ] = None,
-    scorer_name: Annotated[
-        str, typer.Option("--scorer", help="A built-in scorer (exact-match, numeric, regex, choice, contains, "
-                                           "arithmetic-exact) or path.py:function (relative to this folder).")
-    ] = ARITHMETIC,
-    scorer_setting: Annotated[
-        list[str] | None, typer.Option("--scorer-setting", metavar="NAME=JSON",
-                                       help="A scorer setting, its value as JSON (e.g. case_fold=true, "
-                                            "'options=[\"A\",\"B\"]'); repeatable.")
-    ] = None,
+    scorer_name: ScorerOpt = ARITHMETIC,
+    scorer_setting: ScorerSettingOpt = None,
     engine: EngineOpt = Engine.HF,
     setting: SettingOpt = None,
     model: ModelOpt = DEFAULT_MODEL,

@@ -1,4 +1,14 @@
-"""Option aliases shared by the commands that run an engine."""
+"""Option aliases shared by every command that takes the option: one flag, type, metavar and help text, right for
+each command that uses it (a default stays with the command's parameter, where it may differ: `--max-tokens`).
+
+Where a command gives a flag another meaning, it keeps its own option and no alias is forced on it: `score
+--temperature` (the temperature of items that state none, > 0) and `score --batch-size` (items per score call);
+`infer --seed` (request i uses seed + i) beside `evaluate --seed` (each problem's seed derives from it); `use
+package --model` (optional: prints the folder's digests) and `kernel check --model`, `--population`; `use init`'s
+`--model`, `--engine`, `--setting`, `--patch`, `--dtype` and `--quantization` (the reference's, beside each
+`--candidate-*`); `use init --confidence` (1 − δ as a decimal text); `train --run`, `use run --run` (resumed) and
+`use verify --run` (the run decided).
+"""
 
 from __future__ import annotations
 
@@ -12,12 +22,14 @@ from invar.errors import InvarError
 
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature, in [0, 10] (0: greedy).")]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].")]
+MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="Most response tokens per request.")]
 EngineOpt = Annotated[Engine, typer.Option("--engine", help="The engine whose worker runs the model.")]
 
 
 def _setting_help() -> str:
-    """--setting's help, from the engine table, so an engine's required settings are named where they are defined."""
-    required = [f"for --engine {e.name}: " + " and ".join(f"{n}=…" for n, s in e.settings.items() if s.required)
+    """--setting's help, from the engine table, so an engine's required settings are named where they are defined
+    (an engine as `use package` names it too, which takes it as an argument)."""
+    required = [f"for the {e.name} engine: " + " and ".join(f"{n}=…" for n, s in e.settings.items() if s.required)
                 for e in ENGINE_TABLE.values() if any(s.required for s in e.settings.values())]
     return ("A launch setting of the engine's worker, NAME=VALUE (e.g. threads=1" + "".join(f"; {r}" for r in required)
             + "), checked before it starts (repeatable); `invar use package ENGINE` prints an engine's settings.")
@@ -57,6 +69,17 @@ PatchOpt = Annotated[
 RunOpt = Annotated[
     Path | None, typer.Option("--run", help="Run directory for the records; default: a fresh runs/<command>-<time>.")
 ]
+PopulationOpt = Annotated[Path, typer.Option("--population", help="The population file (JSON lines).")]
+ScorerOpt = Annotated[
+    str, typer.Option("--scorer", help="A built-in scorer (exact-match, numeric, regex, choice, contains, "
+                                       "arithmetic-exact) or path.py:function (relative to this folder).")
+]
+ScorerSettingOpt = Annotated[
+    list[str] | None, typer.Option("--scorer-setting", metavar="NAME=JSON",
+                                   help="A scorer setting, its value as JSON (e.g. case_fold=true, "
+                                        "'options=[\"A\",\"B\"]'); repeatable.")
+]
+ConfidenceOpt = Annotated[float, typer.Option("--confidence", help="Confidence of each interval reported.")]
 CallTimeoutOpt = Annotated[
     float, typer.Option("--call-timeout", help="Seconds one worker call may take before the worker is stopped.")
 ]
@@ -66,11 +89,17 @@ __all__ = [
     "DEFAULT_MODEL",
     "AdapterOpt",
     "CallTimeoutOpt",
+    "ConfidenceOpt",
     "DtypeOpt",
     "EngineOpt",
+    "MaxTokensOpt",
     "ModelOpt",
+    "PatchOpt",
+    "PopulationOpt",
     "QuantOpt",
     "RunOpt",
+    "ScorerOpt",
+    "ScorerSettingOpt",
     "SettingOpt",
     "TemperatureOpt",
     "TopPOpt",

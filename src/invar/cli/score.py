@@ -21,6 +21,7 @@ from invar.cli.options import (
     DtypeOpt,
     EngineOpt,
     ModelOpt,
+    PatchOpt,
     QuantOpt,
     RunOpt,
     SettingOpt,
@@ -63,11 +64,7 @@ def score(
     dtype: DtypeOpt = Dtype.FLOAT32,
     quantization: QuantOpt = Quantization.NONE,
     adapter: AdapterOpt = None,
-    patch: Annotated[
-        list[str] | None, typer.Option("--patch", help="A patch or kernel the worker runs with (repeatable), as a "
-                                                       "contract's patched package: a name under INVAR_HOME's "
-                                                       "patches/, or a folder path.")
-    ] = None,
+    patch: PatchOpt = None,
     run: RunOpt = None,
     call_timeout: CallTimeoutOpt = DEFAULT_CALL_TIMEOUT,
     as_json: JsonOpt = False,

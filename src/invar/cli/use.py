@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from invar.cli.common import ExpectHeadOpt, JsonOpt, QuietOpt, emit_model, resumable
-from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt
+from invar.cli.options import DEFAULT_CALL_TIMEOUT, CallTimeoutOpt, ConfidenceOpt, PatchOpt, SettingOpt
 from invar.cli.use_init import init_cmd
 from invar.engines import Engine, parse_launch_settings
 from invar.errors import ContractError, InvarError
@@ -44,6 +44,7 @@ app.command("init")(init_cmd)  # first in the help: a declaration comes before e
 ContractOpt = Annotated[
     Path, typer.Option("--contract", help="The owner's contract file (<name>.contract.json): the anchors.")
 ]
+ContractArg = Annotated[Path, typer.Argument(help="The contract file (<name>.contract.json).")]
 
 
 @app.command("prepare")
@@ -147,7 +148,7 @@ def parse_assumptions(values: list[str]) -> dict[str, float]:
 
 @app.command("plan")
 def plan_cmd(
-    contract: Annotated[Path, typer.Argument(help="The contract file (<name>.contract.json).")],
+    contract: ContractArg,
     assume: Annotated[
         list[str],
         typer.Option("--assume", help="Assumed distribution of the paired differences: 'worse=0.01 better=0.01' "
@@ -311,14 +312,8 @@ def _toml_value(value: Any) -> str:
 @app.command("package")
 def package_cmd(
     engine: Annotated[Engine, typer.Argument(help="The engine: hf, vllm or mlx.")],
-    patch: Annotated[
-        list[str] | None, typer.Option("--patch", help="A patch or kernel to run with (repeatable): a name under "
-                                                       "INVAR_HOME's patches/, or a folder path (printed absolute).")
-    ] = None,
-    setting: Annotated[
-        list[str] | None, typer.Option("--setting", help="A launch setting of the engine's worker, NAME=VALUE (e.g. "
-                                                         "threads=1), checked before it starts (repeatable).")
-    ] = None,
+    patch: PatchOpt = None,
+    setting: SettingOpt = None,
     model: Annotated[
         Path | None, typer.Option("--model", help="A model folder: also print its model_dir and model_digest, and "
                                                   "the tokenizer digest the contract will fix.")
@@ -393,7 +388,7 @@ def _model_folder(model: Path) -> dict[str, str]:
 
 @app.command("run")
 def run_cmd(
-    contract: Annotated[Path, typer.Argument(help="The contract file (<name>.contract.json).")],
+    contract: ContractArg,
     run: Annotated[
         Path | None, typer.Option("--run", help="Run directory; an existing run of this contract is resumed. "
                                                 "Default: a fresh runs/use-<name>-<time>.")
@@ -586,7 +581,7 @@ def admit_imported_cmd(contract: Path, junit: Path | None, summary: Path | None,
 def summary_cmd(
     contract: Annotated[Path, typer.Argument(help="An imported contract (`use prepare` of a declaration with "
                                                   "[imported]).")],
-    confidence: Annotated[float, typer.Option("--confidence", help="Confidence of each side's interval.")] = 0.95,
+    confidence: ConfidenceOpt = 0.95,
     json_out: JsonOpt = False,
 ) -> None:
     """Summarise the two exports an imported contract pins, as `invar evaluate` reports a policy: each side's

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from invar.cli.groups import grouped
-from invar.cli.options import TopPOpt
+from invar.cli.options import MaxTokensOpt, PopulationOpt, ScorerOpt, ScorerSettingOpt, TemperatureOpt, TopPOpt
 from invar.engines import DEFAULT_MODEL, Dtype, Engine, Quantization, parse_launch_settings, worker_digest
 from invar.errors import ContractError, InvarError, one_line
 from invar.home import HOME
@@ -271,19 +271,12 @@ class PackageOptions:
 class TaskOptions:
     """The task: the population, its scorer, and how each response is sampled."""
 
-    population: Annotated[
-        Path, typer.Option("--population", help="The population file (JSON lines).")
-    ] = DEFAULT_POPULATION
-    scorer: Annotated[
-        str, typer.Option("--scorer", help="A built-in scorer's name or path.py:function.")
-    ] = ARITHMETIC
-    scorer_setting: Annotated[
-        list[str] | None, typer.Option("--scorer-setting", metavar="NAME=JSON",
-                                       help="A setting of the scorer, its value as JSON (repeatable).")
-    ] = None
-    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature (0: greedy).")] = 1.0
+    population: PopulationOpt = DEFAULT_POPULATION
+    scorer: ScorerOpt = ARITHMETIC
+    scorer_setting: ScorerSettingOpt = None
+    temperature: TemperatureOpt = 1.0
     top_p: TopPOpt = 1.0
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="The longest response, in tokens.")] = 5
+    max_tokens: MaxTokensOpt = 5
 
 
 @dataclass(frozen=True)
