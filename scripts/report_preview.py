@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from invar.compare.numerical import Capture, NumericalComparison, Response, UnitPair, compare
+from invar.compare.outputs import CompareDecision
 from invar.compare.report import CHARTS, headline, write_report
 from invar.stats.bounds import bound
 from invar.tasks.arithmetic import population
@@ -74,10 +75,8 @@ def example(units: int = 500, seed: int = 7) -> NumericalComparison:
     answer = "Admitted" if b.upper <= EPSILON else "Violated" if b.lower > EPSILON else "Unknown"
     reason = (f"the bound [{b.lower:.6g}, {b.upper:.6g}] contains ε = {EPSILON}: this evidence does not decide; more "
               "units may") if answer == "Unknown" else f"bound [{b.lower:.6g}, {b.upper:.6g}] against ε = {EPSILON}"
-    decision = {"answer": answer, "reason": reason, "standard": "population", "epsilon": str(EPSILON),
-                "delta": str(DELTA), "bound": {"method": b.method, "version": b.version, "n": b.n, "delta": b.delta,
-                                               "estimate": b.estimate, "lower": b.lower, "upper": b.upper},
-                "task_loss": None}
+    decision = CompareDecision(answer=answer, reason=reason, standard="population", epsilon=str(EPSILON),
+                               delta=str(DELTA), bound=b.output(), task_loss=None)
     return dataclasses.replace(result, decision=decision)
 
 

@@ -157,7 +157,9 @@ def test_teacher_forcing_is_the_candidates_score_minus_the_references_own(ws: Wo
     assert unit.teacher is not None
     assert unit.teacher.first_large == 0
     assert unit.teacher.deltas[0] == pytest.approx(-0.25, abs=1e-6)
-    assert d.measurements.teacher_forcing()["identical"] == UNITS - 1  # type: ignore[index]
+    taught = d.measurements.teacher_forcing()
+    assert taught is not None
+    assert taught.identical == UNITS - 1
 
 
 def test_a_missing_or_foreign_measurement_is_refused(ws: Workspace, tmp_path: Path) -> None:
@@ -216,5 +218,5 @@ def test_without_teacher_forcing_each_package_captures_along_its_own_responses(t
     assert d.measurements.teacher_forcing() is None  # the candidate scored only its own responses
     caps = d.measurements.capture_summary()
     assert caps is not None
-    assert caps["captures"] == 2 * UNITS  # every response has steps 0 and 1, and the responses agree
-    assert caps["identical"] == caps["captures"]
+    assert caps.captures == 2 * UNITS  # every response has steps 0 and 1, and the responses agree
+    assert caps.identical == caps.captures

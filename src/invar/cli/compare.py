@@ -68,7 +68,7 @@ def render_comparison(result: Comparison) -> str:
     """The comparison as text: the responses, the teacher forcing, the captures (llama.cpp's layout), the worst."""
     from invar.compare.report import headline
 
-    doc = result.to_json(per_unit=False)
+    doc = result.body().model_dump()
     g = doc["generation"]
     n = g["units"]
     title, rows = headline(result)
@@ -189,6 +189,7 @@ def numerical(
     from invar.cli.progress import admission_steps, reporting
     from invar.compare.runs import check_run_kind, pair_runs, read_generate_run, read_score_run
     from invar.contract.compare_run import compare_use_run
+    from invar.parallel import helper
 
     if len(runs) == 2:  # a path that is no such run is refused in one line, before any progress is shown
         for path, what, kind in ((runs[0], "REF_RUN", "generate"), (runs[1], "CAND_RUN", "generate"),
@@ -222,9 +223,10 @@ def numerical(
                 result = compare(pairs, captures, context="reference", large_step=large_step, sources=sources)
             else:
                 rows = _RowSpill() if json_out else None
-                result = compare_use_run(runs[0], contract, large_step=large_step, phase=shown.phase,
-                                         progress=admission_steps(shown),
-                                         row=(lambda u: None) if rows is None else rows.add)
+                with helper():  # the records checked on a second core, as by `use admit`
+                    result = compare_use_run(runs[0], contract, large_step=large_step, phase=shown.phase,
+                                             progress=admission_steps(shown),
+                                             row=(lambda u: None) if rows is None else rows.add)
         except InputError as exc:
             raise InvarError(str(exc)) from None
         if report is not None:
@@ -234,16 +236,13 @@ def numerical(
             written = write_report(result, report)
             result.sources["report"] = [str(p) for p in written]
     if json_out:
-        from invar.cli.outputs import CompareNumericalOutput  # the models cost a start that prints text nothing
         from invar.compare.numerical import NumericalComparison
 
         if isinstance(result, NumericalComparison):
-            emit_model(CompareNumericalOutput.model_validate({**result.to_json(), "decision": result.decision}),
-                       exclude_unset=True)
+            emit_model(result.output(), exclude_unset=True)
             return
         assert rows is not None
-        head = CompareNumericalOutput.model_validate({**result.to_json(), "units": [], "decision": result.decision})
-        rows.emit(head.model_dump(exclude_unset=True))
+        rows.emit(result.output().model_dump(exclude_unset=True))
         return
     typer.echo(render_comparison(result))
     if report is not None:
@@ -251,22 +250,19 @@ def numerical(
 
 
 class _RowSpill:
-    """A use run's per-unit rows of `compare numerical --json`, each validated as the output's `UnitComparison` and
+    """A use run's per-unit rows of `compare numerical --json`, each the unit's `UnitComparison` (`output()`),
     written as its JSON text to a temporary file as the unit is compared, then printed in place of the report's
     `units`: the same bytes as the whole report printed at once, without holding every row."""
 
     def __init__(self) -> None:
         import tempfile
 
-        from invar.cli.outputs import UnitComparison
-
-        self._model = UnitComparison
         # Open while the units stream past, closed by `emit` (or with the process): no one block holds both.
         self._file = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115
         self._count = 0
 
     def add(self, unit: UnitResult) -> None:
-        row = self._model.model_validate(unit.to_json()).model_dump(exclude_unset=True)
+        row = unit.output().model_dump(exclude_unset=True)
         # As `emit_json` writes an item of a list that is a value of the top map: two levels in.
         text = json.dumps(plain(row), indent=2, sort_keys=True, allow_nan=False).replace("\n", "\n    ")
         self._file.write(("    " if self._count == 0 else ",\n    ") + text)

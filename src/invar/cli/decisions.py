@@ -84,13 +84,14 @@ def render_decision(decision: Decision) -> str:
         caps = m.capture_summary()
         parts = []
         if tf is not None:
-            parts.append(f"teacher forcing on {tf['units']} units, {tf['identical']} bit-identical at every step, "
-                         f"max |Δ| {tf['abs_delta']['max']:.3g} nats")
+            largest = 0.0 if tf.abs_delta is None else tf.abs_delta.max
+            parts.append(f"teacher forcing on {tf.units} units, {tf.identical} bit-identical at every step, "
+                         f"max |Δ| {largest:.3g} nats")
         if caps is not None:
-            kl = caps["kl_ref_cand"]
-            parts.append(f"{caps['captures']} captures: KL(ref‖cand) mean {kl['mean']:.3g} ± {kl['stderr']:.2g}, max "
-                         f"{kl['max']:.3g} (numerical error ≤ {kl['mean_bound']:.2g} on average), same top "
-                         f"{100 * caps['same_top']['fraction']:.2f} %")
+            kl = caps.kl_ref_cand
+            parts.append(f"{caps.captures} captures: KL(ref‖cand) mean {kl.mean:.3g} ± {kl.stderr:.2g}, max "
+                         f"{kl.max:.3g} (numerical error ≤ {kl.mean_bound:.2g} on average), same top "
+                         f"{100 * caps.same_top.fraction:.2f} %")
         rule = "decides through max_kl" if d.kl is not None else "beside the decision, deciding nothing"
         lines.append(f"measure    {'; '.join(parts)} ({rule}; invar compare numerical for the rest)")
         if d.kl is not None:

@@ -19,7 +19,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from invar.compare.outputs import CompareHistoriesOutput as CompareHistoriesOutput  # in the table; the core returns it
-from invar.compare.outputs import KlRequirementOutput
+from invar.compare.outputs import CompareNumericalOutput as CompareNumericalOutput  # in the table; the core returns it
+from invar.compare.outputs import ComparisonBody, KlRequirementOutput
 from invar.contract.outputs import DecisionContract, NonFiniteCallOutput, PremiseOutput
 from invar.docstrings import describe
 from invar.evidence import EvidenceOutput, RangeTaskLossOutput, TaskLossOutput
@@ -410,123 +411,6 @@ class DeterminismOutput(Closed):
     differing_units: list[str]
     """The ids of the units counted against the candidate, in plan order."""
     covers: str
-
-
-# --- numerical comparison ------------------------------------------------------------------------------------------
-# Summary statistics (min, mean, max, n, stderr, percentiles) stay open maps: their fields follow the numbers present.
-
-
-class GenerationSummary(Closed):
-    units: int
-    identical: int
-    fraction_identical: float
-    tokens_identical: int
-    logprobs_identical_over_shared_prefix: int
-    """Units whose responses share a prefix of at least one token and whose log-probabilities over it have the same
-    float32 bits (a unit whose responses part at the first token compares nothing and is not counted)."""
-    with_shared_prefix: int | None = None
-    """Units whose responses share a prefix of at least one token: what the count above is out of (None only in
-    output written before this field existed)."""
-    first_divergence: dict[str, Any]
-    max_ulp: dict[str, Any] | None
-    """Per unit sharing a prefix, the largest ULP distance of its log-probabilities over that prefix; None where no
-    unit's responses share even their first token."""
-    max_abs_delta: dict[str, Any] | None
-    """The same units' largest |Δ log-probability| (nats); None where no unit shares a prefix."""
-    sum_delta: dict[str, Any] | None
-    """The same units' sum of Δ log-probability over the shared prefix (nats); None where no unit shares a prefix."""
-
-
-class TaskSummary(Closed):
-    units: int
-    reference_loss: int
-    candidate_loss: int
-    worse: int
-    better: int
-
-
-class TeacherForcingSummary(Closed):
-    units: int
-    identical: int
-    large_step: float
-    delta: dict[str, Any]
-    abs_delta: dict[str, Any]
-    first_large_step: dict[str, Any]
-    per_step: list[dict[str, Any]]
-
-
-class CaptureSummary(Closed):
-    units: int
-    captures: int
-    context: str
-    identical: int
-    indistinguishable_from_0: int
-    kl_ref_cand: dict[str, Any]
-    kl_cand_ref: dict[str, Any]
-    delta_p: dict[str, Any]
-    rms_delta_p: dict[str, Any]
-    same_top: dict[str, Any]
-    by_step: list[dict[str, Any]]
-
-
-class SelfConsistency(Closed):
-    units: int
-    identical: int
-
-
-class UnitComparison(Closed):
-    unit_id: str
-    prompt: str
-    expected: str | None = None
-    """The unit's expected answer as its scorer reads it (None when not known: a prompt that is not arithmetic)."""
-    reference_text: str | None
-    candidate_text: str | None
-    first_divergence: int | None
-    shared: int
-    tokens_identical: bool
-    logprobs_identical: bool
-    identical: bool
-    max_ulp: int
-    max_abs_delta: float
-    sum_delta: float
-    reference_loss: int | None
-    candidate_loss: int | None
-    teacher_forcing: dict[str, Any] | None
-    captures: list[dict[str, Any]]
-    reference_self_identical: bool | None
-
-
-class ComparisonBody(Closed):
-    sources: dict[str, Any]
-    """Which runs (or which use run and contract) were compared: open, as each mode names its own sources."""
-    generation: GenerationSummary
-    task: TaskSummary | None
-    teacher_forcing: TeacherForcingSummary | None
-    captures: CaptureSummary | None
-    reference_self_consistency: SelfConsistency | None
-    worst: list[UnitComparison]
-
-
-class CompareDecision(Closed):
-    """A use run's decision under its contract, as `use admit` computes it: the headline of the comparison."""
-
-    answer: str | None
-    """Admitted, Violated or Unknown; None when admission refuses the run (the reason says why)."""
-    reason: str
-    standard: str | None = None
-    epsilon: str | None = None
-    delta: str | None = None
-    bound: BoundOutput | None
-    task_loss: dict[str, Any] | None = None
-    """`use admit --json`'s task_loss."""
-
-
-class CompareNumericalOutput(ComparisonBody):
-    """`invar compare numerical --json`."""
-
-    units: list[UnitComparison]
-    decision: CompareDecision | None = None
-    """A use run's decision (None for REF_RUN CAND_RUN)."""
 
 
 class DecisionMeasurements(ComparisonBody):

@@ -30,9 +30,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+
+from invar.compare.outputs import CaptureComparisonOutput, DistributionOutput
 
 PERCENTILES: tuple[float, ...] = (0.999, 0.99, 0.95, 0.90, 0.5, 0.10, 0.05, 0.01, 0.001)
 """The fractions llama.cpp reports (99.9 % … 0.1 %), the median among them."""
@@ -94,12 +95,6 @@ class SequenceComparison:
     """Largest |candidate − reference| log-probability over the shared prefix, nats."""
     sum_delta: float
     """Σ (candidate − reference) log-probability over the shared prefix, nats (float64 sum)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"first_divergence": self.first_divergence, "shared": self.shared,
-                "tokens_identical": self.tokens_identical, "logprobs_identical": self.logprobs_identical,
-                "identical": self.identical, "max_ulp": self.max_ulp, "max_abs_delta": self.max_abs_delta,
-                "sum_delta": self.sum_delta}
 
 
 def compare_sequences(ref_tokens: np.ndarray, ref_logprobs: np.ndarray, cand_tokens: np.ndarray,
@@ -249,11 +244,13 @@ class CaptureComparison:
         """Both KLs are within their numerical error bound of 0."""
         return abs(self.kl_ref_cand) <= self.bound_ref_cand and abs(self.kl_cand_ref) <= self.bound_cand_ref
 
-    def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "kl_ref_cand": self.kl_ref_cand, "kl_cand_ref": self.kl_cand_ref,
-                "bound_ref_cand": self.bound_ref_cand, "bound_cand_ref": self.bound_cand_ref,
-                "indistinguishable_from_0": self.indistinguishable, "same_top": self.same_top,
-                "delta_p": self.delta_p, "identical": self.identical}
+    def output(self) -> CaptureComparisonOutput:
+        """What a unit's row prints of it."""
+        return CaptureComparisonOutput(
+            step=self.step, kl_ref_cand=self.kl_ref_cand, kl_cand_ref=self.kl_cand_ref,
+            bound_ref_cand=self.bound_ref_cand, bound_cand_ref=self.bound_cand_ref,
+            indistinguishable_from_0=self.indistinguishable, same_top=self.same_top, delta_p=self.delta_p,
+            identical=self.identical)
 
 
 def compare_capture(step: int, reference: np.ndarray, candidate: np.ndarray, token: int) -> CaptureComparison:
@@ -320,9 +317,10 @@ class Distribution:
     percentiles: dict[float, float]
     """fraction → value, for `PERCENTILES`."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {"n": self.n, "mean": self.mean, "stderr": self.stderr, "min": self.minimum, "max": self.maximum,
-                "percentiles": {f"{100 * f:g}": v for f, v in self.percentiles.items()}}
+    def output(self) -> DistributionOutput:
+        """What a comparison prints of it (percentiles keyed by percent: `50`, `99.9`)."""
+        return DistributionOutput(n=self.n, mean=self.mean, stderr=self.stderr, min=self.minimum, max=self.maximum,
+                                  percentiles={f"{100 * f:g}": v for f, v in self.percentiles.items()})
 
 
 def distribution(values: Sequence[float] | np.ndarray) -> Distribution | None:

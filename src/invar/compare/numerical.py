@@ -14,6 +14,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -29,6 +30,25 @@ from invar.compare.metrics import (
     fraction_and_uncertainty,
     rms_and_uncertainty,
     teacher_forced_deltas,
+)
+from invar.compare.outputs import (
+    CaptureStep,
+    CaptureSummary,
+    CompareDecision,
+    CompareNumericalOutput,
+    ComparisonBody,
+    DistributionOutput,
+    GenerationSummary,
+    KlDistributionOutput,
+    PositionsOutput,
+    RmsOutput,
+    SameTopOutput,
+    SelfConsistency,
+    StepDeltas,
+    TaskSummary,
+    TeacherForcingSummary,
+    UnitComparison,
+    UnitTeacherForcing,
 )
 
 DEFAULT_LARGE_STEP = 0.01
@@ -92,9 +112,11 @@ class TeacherForcing:
     def max_abs(self) -> float:
         return float(np.abs(self.deltas).max()) if self.deltas.size else 0.0
 
-    def to_json(self) -> dict[str, Any]:
-        return {"identical": self.identical, "first_large_step": self.first_large, "max_abs_delta": self.max_abs,
-                "sum_delta": float(self.deltas.sum()), "deltas": [float(x) for x in self.deltas]}
+    def output(self) -> UnitTeacherForcing:
+        """What a unit's row prints of it."""
+        return UnitTeacherForcing(identical=self.identical, first_large_step=self.first_large,
+                                  max_abs_delta=self.max_abs, sum_delta=float(self.deltas.sum()),
+                                  deltas=[float(x) for x in self.deltas])
 
 
 @dataclass(frozen=True)
@@ -122,14 +144,17 @@ class UnitResult:
     def max_kl(self) -> float:
         return max((c.kl_ref_cand for c in self.captures), default=0.0)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"unit_id": self.unit_id, "prompt": self.prompt, "expected": self.expected,
-                "reference_text": self.reference_text,
-                "candidate_text": self.candidate_text, **self.sequence.to_json(),
-                "reference_loss": self.reference_loss, "candidate_loss": self.candidate_loss,
-                "teacher_forcing": None if self.teacher is None else self.teacher.to_json(),
-                "captures": [c.to_json() for c in self.captures],
-                "reference_self_identical": self.reference_self_identical}
+    def output(self) -> UnitComparison:
+        """The unit's row of `compare numerical --json` (and of the worst units)."""
+        s = self.sequence
+        return UnitComparison(
+            unit_id=self.unit_id, prompt=self.prompt, expected=self.expected, reference_text=self.reference_text,
+            candidate_text=self.candidate_text, first_divergence=s.first_divergence, shared=s.shared,
+            tokens_identical=s.tokens_identical, logprobs_identical=s.logprobs_identical, identical=s.identical,
+            max_ulp=s.max_ulp, max_abs_delta=s.max_abs_delta, sum_delta=s.sum_delta,
+            reference_loss=self.reference_loss, candidate_loss=self.candidate_loss,
+            teacher_forcing=None if self.teacher is None else self.teacher.output(),
+            captures=[c.output() for c in self.captures], reference_self_identical=self.reference_self_identical)
 
 
 class InputError(ValueError):
@@ -234,24 +259,37 @@ def compare_unit(pair: UnitPair, captures: tuple[CaptureComparison, ...] = (),
                       pair.reference_loss, pair.candidate_loss, teacher, captures, self_identical, pair.expected)
 
 
-def _positions(values: Iterable[int | None]) -> dict[str, Any]:
+def _positions(values: Iterable[int | None]) -> PositionsOutput:
     counts = Counter(values)
     none = counts.pop(None, 0)
-    return {"none": none, "positions": {str(k): counts[k] for k in sorted(counts)}}  # type: ignore[type-var]
+    return PositionsOutput(none=none, positions={str(k): counts[k] for k in sorted(counts)})  # type: ignore[type-var]
+
+
+def _distribution(values: Iterable[float] | np.ndarray) -> DistributionOutput | None:
+    d = distribution(values if isinstance(values, np.ndarray) else list(values))
+    return None if d is None else d.output()
 
 
 @dataclass(frozen=True)
 class NumericalComparison:
-    """Every unit compared, and the aggregates."""
+    """Every unit compared, and the aggregates: those of a `StreamedComparison` fed every unit in order (one
+    computation of them), with every unit's row beside them."""
 
     units: tuple[UnitResult, ...]
     large_step: float
     context: CaptureContext | None
     sources: dict[str, Any] = field(default_factory=dict)
     """What was compared (runs, heads, packages), for the reader."""
-    decision: dict[str, Any] | None = None
+    decision: CompareDecision | None = None
     """A use run's decision under its contract (`use admit`'s answer, reason and bound), for the report's headline;
     None for two runs compared by their records alone."""
+
+    @cached_property
+    def _fed(self) -> StreamedComparison:
+        fed = StreamedComparison(self.large_step, self.context)
+        for u in self.units:
+            fed.add(u)
+        return fed
 
     # -- aggregates ----------------------------------------------------------------------------------------------
 
@@ -259,128 +297,65 @@ class NumericalComparison:
     def captures(self) -> list[CaptureComparison]:
         return [c for u in self.units for c in u.captures]
 
-    def generation(self) -> dict[str, Any]:
-        n = len(self.units)
-        seqs = [u.sequence for u in self.units]
-        shared = [s for s in seqs if s.shared > 0]
+    def generation(self) -> GenerationSummary:
+        return self._fed.generation()
 
-        def dist(values: list[float]) -> dict[str, Any] | None:
-            d = distribution(values)
-            return None if d is None else d.to_json()
+    def task(self) -> TaskSummary | None:
+        return self._fed.task()
 
-        return {
-            "units": n,
-            "identical": sum(s.identical for s in seqs),
-            "fraction_identical": sum(s.identical for s in seqs) / n if n else 0.0,
-            "tokens_identical": sum(s.tokens_identical for s in seqs),
-            "logprobs_identical_over_shared_prefix": sum(s.logprobs_identical for s in shared),
-            "with_shared_prefix": len(shared),
-            "first_divergence": _positions(s.first_divergence for s in seqs),
-            "max_ulp": dist([float(s.max_ulp) for s in shared]),
-            "max_abs_delta": dist([s.max_abs_delta for s in shared]),
-            "sum_delta": dist([s.sum_delta for s in shared]),
-        }
+    def teacher_forcing(self) -> TeacherForcingSummary | None:
+        return self._fed.teacher_forcing()
 
-    def task(self) -> dict[str, Any] | None:
-        losses = [(u.reference_loss, u.candidate_loss) for u in self.units]
-        scored = [(r, c) for r, c in losses if r is not None and c is not None]
-        if not scored:
-            return None
-        return {"units": len(scored), "reference_loss": sum(r for r, _ in scored),
-                "candidate_loss": sum(c for _, c in scored), "worse": sum(c > r for r, c in scored),
-                "better": sum(c < r for r, c in scored)}
+    def capture_summary(self) -> CaptureSummary | None:
+        return self._fed.capture_summary()
 
-    def teacher_forcing(self) -> dict[str, Any] | None:
-        taught = [u.teacher for u in self.units if u.teacher is not None]
-        if not taught:
-            return None
-        width = max(t.deltas.size for t in taught)
-        per_step = []
-        for s in range(width):
-            col = np.array([t.deltas[s] for t in taught if t.deltas.size > s])
-            per_step.append({"step": s, "n": int(col.size), "mean": float(col.mean()),
-                             "mean_abs": float(np.abs(col).mean()), "max_abs": float(np.abs(col).max())})
-        every = np.concatenate([t.deltas for t in taught])
-        d = distribution(every)
-        ad = distribution(np.abs(every))
-        return {"units": len(taught), "identical": sum(t.identical for t in taught),
-                "large_step": self.large_step, "first_large_step": _positions(t.first_large for t in taught),
-                "delta": None if d is None else d.to_json(), "abs_delta": None if ad is None else ad.to_json(),
-                "per_step": per_step}
-
-    def capture_summary(self) -> dict[str, Any] | None:
-        return _capture_summary(self.captures, self.context, sum(1 for u in self.units if u.captures))
-
-    def reference_self_consistency(self) -> dict[str, Any] | None:
-        checked = [u.reference_self_identical for u in self.units if u.reference_self_identical is not None]
-        if not checked:
-            return None
-        return {"units": len(checked), "identical": sum(checked)}
+    def reference_self_consistency(self) -> SelfConsistency | None:
+        return self._fed.reference_self_consistency()
 
     def worst(self, count: int = 10) -> list[UnitResult]:
         """The units that part most: largest KL(ref ‖ cand) at a capture, then largest teacher-forced |Δ|, then
         earliest first divergence, then largest |Δ| over the shared prefix."""
-        def key(u: UnitResult) -> tuple[float, float, float, float]:
-            fd = u.sequence.first_divergence
-            return (u.max_kl, u.teacher.max_abs if u.teacher is not None else 0.0,
-                    -float(fd) if fd is not None else -float("inf"), u.sequence.max_abs_delta)
+        return self._fed.worst(count)
 
-        return sorted((u for u in self.units if not u.sequence.identical or (u.captures and u.max_kl > 0)),
-                      key=key, reverse=True)[:count]
+    def body(self) -> ComparisonBody:
+        """The aggregates as printed: the report less its per-unit rows."""
+        return self._fed.body(self.sources)
 
-    def to_json(self, *, per_unit: bool = True) -> dict[str, Any]:
-        return {
-            "sources": self.sources,
-            "generation": self.generation(),
-            "task": self.task(),
-            "teacher_forcing": self.teacher_forcing(),
-            "captures": self.capture_summary(),
-            "reference_self_consistency": self.reference_self_consistency(),
-            "worst": [u.to_json() for u in self.worst()],
-            **({"units": [u.to_json() for u in self.units]} if per_unit else {}),
-        }
+    def output(self) -> CompareNumericalOutput:
+        """What `compare numerical --json` prints: the aggregates, every unit's row and the decision."""
+        return CompareNumericalOutput(**dict(self.body()), units=[u.output() for u in self.units],
+                                      decision=self.decision)
 
 
 def _capture_summary(caps: list[CaptureComparison], context: CaptureContext | None,
-                     units: int) -> dict[str, Any] | None:
+                     units: int) -> CaptureSummary | None:
     """The captures' aggregates (`units`: how many units have captures)."""
     if not caps:
         return None
     n = len(caps)
-    kl_rc = [c.kl_ref_cand for c in caps]
-    kl_cr = [c.kl_cand_ref for c in caps]
-    bound_rc = float(np.mean([c.bound_ref_cand for c in caps]))
-    bound_cr = float(np.mean([c.bound_cand_ref for c in caps]))
     same = sum(c.same_top for c in caps)
     top, top_err = fraction_and_uncertainty(same, n)
     dps = [c.delta_p for c in caps]
     rms, rms_err = rms_and_uncertainty(dps)
+    delta_p = _distribution(dps)
+    assert delta_p is not None
+    assert context is not None
+    return CaptureSummary(
+        captures=n, context=context, units=units, identical=sum(c.identical for c in caps),
+        indistinguishable_from_0=sum(c.indistinguishable for c in caps),
+        kl_ref_cand=_kl([c.kl_ref_cand for c in caps], [c.bound_ref_cand for c in caps]),
+        kl_cand_ref=_kl([c.kl_cand_ref for c in caps], [c.bound_cand_ref for c in caps]),
+        same_top=SameTopOutput(count=same, fraction=top, stderr=top_err), delta_p=delta_p,
+        rms_delta_p=RmsOutput(value=rms, stderr=rms_err), by_step=_by_step(caps))
 
-    def dist(values: list[float]) -> dict[str, Any]:
-        d = distribution(values)
-        assert d is not None
-        return d.to_json()
 
-    kl_rc_d = distribution(kl_rc)
-    kl_cr_d = distribution(kl_cr)
-    assert kl_rc_d is not None
-    assert kl_cr_d is not None
-    return {
-        "captures": n, "context": context,
-        "units": units,
-        "identical": sum(c.identical for c in caps),
-        "indistinguishable_from_0": sum(c.indistinguishable for c in caps),
-        "kl_ref_cand": {**kl_rc_d.to_json(), "mean_bound": bound_rc,
-                        "max_bound": max(c.bound_ref_cand for c in caps),
-                        "mean_indistinguishable_from_0": abs(kl_rc_d.mean) <= bound_rc},
-        "kl_cand_ref": {**kl_cr_d.to_json(), "mean_bound": bound_cr,
-                        "max_bound": max(c.bound_cand_ref for c in caps),
-                        "mean_indistinguishable_from_0": abs(kl_cr_d.mean) <= bound_cr},
-        "same_top": {"count": same, "fraction": top, "stderr": top_err},
-        "delta_p": dist(dps),
-        "rms_delta_p": {"value": rms, "stderr": rms_err},
-        "by_step": _by_step(caps),
-    }
+def _kl(values: list[float], bounds: list[float]) -> KlDistributionOutput:
+    """A KL divergence per capture, with the mean and largest of their numerical error bounds."""
+    d = distribution(values)
+    assert d is not None
+    mean_bound = float(np.mean(bounds))
+    return KlDistributionOutput(**dict(d.output()), mean_bound=mean_bound, max_bound=max(bounds),
+                                mean_indistinguishable_from_0=abs(d.mean) <= mean_bound)
 
 
 def _worst_key(u: UnitResult) -> tuple[float, float, float, float]:
@@ -392,8 +367,8 @@ def _worst_key(u: UnitResult) -> tuple[float, float, float, float]:
 class StreamedComparison:
     """A comparison whose units stream past one at a time (`add`): each unit's row goes to `row` as it is compared
     and only what the aggregates need is kept (per unit a few scalars and the teacher-forced deltas; the captures'
-    comparisons; the ten worst units so far). Its aggregates and `to_json(per_unit=False)` are exactly those of a
-    `NumericalComparison` of the same units in the same order, so a report of a million units is written without
+    comparisons; the ten worst units so far). A `NumericalComparison` is one fed every unit, so the aggregates and
+    `body()` of the two are the same computation on the same units, and a report of a million units is written without
     holding a million rows."""
 
     _PRUNE = 4096
@@ -404,7 +379,7 @@ class StreamedComparison:
         self.large_step = large_step
         self.context = context
         self.sources: dict[str, Any] = dict(sources or {})
-        self.decision: dict[str, Any] | None = None
+        self.decision: CompareDecision | None = None
         """As `NumericalComparison.decision`."""
         self._row = row
         self._n = self._identical = self._tokens_identical = self._logprobs_identical = self._shared = 0
@@ -471,31 +446,23 @@ class StreamedComparison:
     def captures(self) -> list[CaptureComparison]:
         return list(self._captures)
 
-    def generation(self) -> dict[str, Any]:
+    def generation(self) -> GenerationSummary:
         n = self._n
 
-        def dist(values: array[float]) -> dict[str, Any] | None:
-            d = distribution(np.frombuffer(values, dtype=np.float64) if len(values) else [])
-            return None if d is None else d.to_json()
+        def dist(values: array[float]) -> DistributionOutput | None:
+            return _distribution(np.frombuffer(values, dtype=np.float64) if len(values) else np.zeros(0))
 
-        return {
-            "units": n,
-            "identical": self._identical,
-            "fraction_identical": self._identical / n if n else 0.0,
-            "tokens_identical": self._tokens_identical,
-            "logprobs_identical_over_shared_prefix": self._logprobs_identical,
-            "with_shared_prefix": self._shared,
-            "first_divergence": _positions(self._first_divergence.elements()),
-            "max_ulp": dist(self._max_ulp),
-            "max_abs_delta": dist(self._max_abs),
-            "sum_delta": dist(self._sum_delta),
-        }
+        return GenerationSummary(
+            units=n, identical=self._identical, fraction_identical=self._identical / n if n else 0.0,
+            tokens_identical=self._tokens_identical, logprobs_identical_over_shared_prefix=self._logprobs_identical,
+            with_shared_prefix=self._shared, first_divergence=_positions(self._first_divergence.elements()),
+            max_ulp=dist(self._max_ulp), max_abs_delta=dist(self._max_abs), sum_delta=dist(self._sum_delta))
 
-    def task(self) -> dict[str, Any] | None:
+    def task(self) -> TaskSummary | None:
         if not self._scored:
             return None
-        return {"units": self._scored, "reference_loss": self._ref_loss, "candidate_loss": self._cand_loss,
-                "worse": self._worse, "better": self._better}
+        return TaskSummary(units=self._scored, reference_loss=self._ref_loss, candidate_loss=self._cand_loss,
+                           worse=self._worse, better=self._better)
 
     def _every_delta(self) -> np.ndarray:
         if self._pending:
@@ -505,7 +472,7 @@ class StreamedComparison:
             self._deltas = [np.concatenate(self._deltas)]
         return self._deltas[0] if self._deltas else np.zeros(0)
 
-    def teacher_forcing(self) -> dict[str, Any] | None:
+    def teacher_forcing(self) -> TeacherForcingSummary | None:
         if not self._taught:
             return None
         every = self._every_delta()
@@ -514,60 +481,54 @@ class StreamedComparison:
         per_step = []
         for s in range(int(widths.max())):
             col = np.ascontiguousarray(every[starts[widths > s] + s])  # step s of each unit that has it, in order
-            per_step.append({"step": s, "n": int(col.size), "mean": float(col.mean()),
-                             "mean_abs": float(np.abs(col).mean()), "max_abs": float(np.abs(col).max())})
-        d = distribution(every)
-        ad = distribution(np.abs(every))
-        return {"units": self._taught, "identical": self._taught_identical,
-                "large_step": self.large_step, "first_large_step": _positions(self._first_large.elements()),
-                "delta": None if d is None else d.to_json(), "abs_delta": None if ad is None else ad.to_json(),
-                "per_step": per_step}
+            per_step.append(StepDeltas(step=s, n=int(col.size), mean=float(col.mean()),
+                                       mean_abs=float(np.abs(col).mean()), max_abs=float(np.abs(col).max())))
+        return TeacherForcingSummary(
+            units=self._taught, identical=self._taught_identical, large_step=self.large_step,
+            first_large_step=_positions(self._first_large.elements()), delta=_distribution(every),
+            abs_delta=_distribution(np.abs(every)), per_step=per_step)
 
-    def capture_summary(self) -> dict[str, Any] | None:
+    def capture_summary(self) -> CaptureSummary | None:
         if not self._captures:
             return None
         return _capture_summary(self._captures, self.context, self._captured_units)
 
-    def reference_self_consistency(self) -> dict[str, Any] | None:
+    def reference_self_consistency(self) -> SelfConsistency | None:
         if not self._checked:
             return None
-        return {"units": self._checked, "identical": self._self_identical}
+        return SelfConsistency(units=self._checked, identical=self._self_identical)
 
     def worst(self, count: int = 10) -> list[UnitResult]:
         return sorted(self._worst, key=_worst_key, reverse=True)[:count]
 
-    def to_json(self, *, per_unit: bool = False) -> dict[str, Any]:
-        """The report less its per-unit rows (they went to `row`)."""
-        if per_unit:
-            raise ValueError("a streamed comparison's per-unit rows were handed to its row sink as they came")
-        return {
-            "sources": self.sources,
-            "generation": self.generation(),
-            "task": self.task(),
-            "teacher_forcing": self.teacher_forcing(),
-            "captures": self.capture_summary(),
-            "reference_self_consistency": self.reference_self_consistency(),
-            "worst": [u.to_json() for u in self.worst()],
-        }
+    def body(self, sources: dict[str, Any] | None = None) -> ComparisonBody:
+        """The aggregates as printed: the report less its per-unit rows (they went to `row`). `sources`: another
+        comparison's, where it is fed that one's units."""
+        return ComparisonBody(
+            sources=self.sources if sources is None else sources, generation=self.generation(), task=self.task(),
+            teacher_forcing=self.teacher_forcing(), captures=self.capture_summary(),
+            reference_self_consistency=self.reference_self_consistency(), worst=[u.output() for u in self.worst()])
+
+    def output(self) -> CompareNumericalOutput:
+        """What `compare numerical --json` prints, its `units` empty: the rows went to `row` as they came, and the
+        command prints them in their place."""
+        return CompareNumericalOutput(**dict(self.body()), units=[], decision=self.decision)
 
 
 Comparison = NumericalComparison | StreamedComparison
 """A comparison as the report and the CLI read it: every unit held, or its units streamed past."""
 
 
-def _by_step(caps: list[CaptureComparison]) -> list[dict[str, Any]]:
+def _by_step(caps: list[CaptureComparison]) -> list[CaptureStep]:
     steps: dict[int, list[CaptureComparison]] = {}
     for c in caps:
         steps.setdefault(c.step, []).append(c)
-    out = []
-    for s in sorted(steps):
-        group = steps[s]
-        out.append({"step": s, "n": len(group), "mean_kl_ref_cand": float(np.mean([c.kl_ref_cand for c in group])),
-                    "max_kl_ref_cand": max(c.kl_ref_cand for c in group),
-                    "mean_bound_ref_cand": float(np.mean([c.bound_ref_cand for c in group])),
-                    "indistinguishable_from_0": sum(c.indistinguishable for c in group),
-                    "same_top": sum(c.same_top for c in group)})
-    return out
+    return [CaptureStep(step=s, n=len(group), mean_kl_ref_cand=float(np.mean([c.kl_ref_cand for c in group])),
+                        max_kl_ref_cand=max(c.kl_ref_cand for c in group),
+                        mean_bound_ref_cand=float(np.mean([c.bound_ref_cand for c in group])),
+                        indistinguishable_from_0=sum(c.indistinguishable for c in group),
+                        same_top=sum(c.same_top for c in group))
+            for s, group in ((s, steps[s]) for s in sorted(steps))]
 
 
 def compare(pairs: Iterable[UnitPair], captures: Iterable[tuple[Capture, Capture]] | None = None, *,

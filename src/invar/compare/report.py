@@ -82,7 +82,7 @@ def divergence_figure(result: Comparison) -> Any:
     """The first-divergence chart as a matplotlib figure: a bar per position where units part and one for units
     whose tokens agree, on a log scale, each labelled with its count."""
     fig, ax = _figure()
-    first = result.generation()["first_divergence"]  # the count of units at each position (its keys in order)
+    first = result.generation().first_divergence.model_dump()  # the count of units at each position (its keys in order)
     parted = [int(k) for k in first["positions"]]
     counts = [*first["positions"].values(), first["none"]]
     labels = [str(i) for i in parted] + ["none"]
@@ -101,9 +101,10 @@ def divergence_figure(result: Comparison) -> Any:
 
 
 def _teacher_chart(result: Comparison) -> bytes | None:
-    tf = result.teacher_forcing()
-    if tf is None:
+    taught = result.teacher_forcing()
+    if taught is None:
         return None
+    tf = taught.model_dump()
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = _figure()
@@ -151,7 +152,7 @@ def _name(doc: dict[str, Any], role: str) -> str:
 def headline(result: Comparison) -> tuple[str, list[tuple[str, str]]]:
     """The report's title and its headline rows (label, text): what was compared, on how many units, how many are
     bit-identical and where they part, the task-loss change and, for a use run, the decision and its bound."""
-    doc = result.to_json(per_unit=False)
+    doc = result.body().model_dump()
     g, src = doc["generation"], doc["sources"]
     n = g["units"]
     title = f"{_name(doc, 'candidate')} against {_name(doc, 'reference')}"
@@ -163,7 +164,7 @@ def headline(result: Comparison) -> tuple[str, list[tuple[str, str]]]:
                           f"token sequences identical on {g['tokens_identical']}"),
             ("where they part", _parted(g["first_divergence"], n))]
     t = doc["task"]
-    d = result.decision
+    d = None if result.decision is None else result.decision.model_dump()
     if t is not None:
         change = t["candidate_loss"] - t["reference_loss"]
         rows.append(("task loss", f"reference {t['reference_loss']} → candidate {t['candidate_loss']} of "
@@ -221,7 +222,7 @@ def _cell(value: Any) -> str:
 
 
 def render_html(result: Comparison, charts: dict[str, bytes]) -> str:
-    doc = result.to_json(per_unit=False)
+    doc = result.body().model_dump()
     g = doc["generation"]
     title, rows = headline(result)
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',

@@ -474,7 +474,7 @@ class Decision:
             "evidence": [e.output().model_dump(mode="json") for e in self.evidence]
             + [m.output().model_dump(mode="json") for m in self.measurement_evidence],
             **({} if self.measurements is None else {"measurements": {
-                **self.measurements.to_json(per_unit=False),
+                **self.measurements.body().model_dump(),
                 "requirement": None if self.kl is None else self.kl.output().model_dump(mode="json"),
                 "note": "measurements only; they decide nothing unless the contract sets max_kl"}}),
             **({} if self.sequential is None else {"sequential": self.sequential.output().model_dump(mode="json")}),
