@@ -19,7 +19,7 @@ recorded re-encodes to exactly its bytes and keeps its digest. Maps and lists ne
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,17 +88,33 @@ def _pad(offset: int) -> int:
     return -offset % _ALIGN
 
 
+_PLAIN_DTYPES = {np.dtype(name): name for name in _ALLOWED_DTYPES}
+"""Each wire dtype by its numpy dtype (a dtype equal to one of these has that `.str`): looked up by the dtype itself,
+which is quicker than building its `.str` for every array."""
+_new_ext: Callable[[Any, tuple[int, bytes]], msgpack.ExtType] = tuple.__new__
+
+
 class _Encoder:
     def __init__(self) -> None:
         self.blobs: list[memoryview] = []
         self.offset = 0
+        self._pack_header: Callable[[Any], bytes] | None = None
+
+    def header(self, fields: list[Any]) -> bytes:
+        """`msgpack.packb(fields)` by one packer per encoding (made at its first array): a call or report holds
+        hundreds of arrays, and making a packer for each header cost more than packing it."""
+        if self._pack_header is None:
+            self._pack_header = msgpack.Packer(use_bin_type=True, strict_types=True).pack
+        return self._pack_header(fields)
 
     def array(self, dtype: str, shape: tuple[int, ...], raw: memoryview) -> msgpack.ExtType:
         pad = _pad(self.offset)
         if pad:
             self.blobs.append(memoryview(bytes(pad)))
             self.offset += pad
-        ext = msgpack.ExtType(ARRAY_EXT, msgpack.packb([dtype, list(shape), self.offset, raw.nbytes]))
+        # An ExtType built as the tuple it is (its checking constructor costs more than the payload; the code and
+        # the payload's type are right by construction).
+        ext = _new_ext(msgpack.ExtType, (ARRAY_EXT, self.header([dtype, list(shape), self.offset, raw.nbytes])))
         self.blobs.append(raw)
         self.offset += raw.nbytes
         return ext
@@ -109,6 +125,9 @@ class _Encoder:
         # Exact types first: they are all a decoded value holds, and decode re-encodes every document.
         if obj is None or t is str or t is float or t is bool or t is bytes:
             return obj
+        if t is np.ndarray and (name := _PLAIN_DTYPES.get(obj.dtype)) is not None and obj.flags.c_contiguous:
+            # A plain array of a wire dtype in C order (every array of a call or report): its bytes as they are.
+            return self.array(name, obj.shape, obj.reshape(-1).data.cast("B"))
         if t is int:
             if not _INT_MIN <= obj <= _INT_MAX:
                 raise CanonicalError(f"integer {show(obj)} does not fit in 64 bits")
@@ -120,9 +139,23 @@ class _Encoder:
                 if not isinstance(key, str):
                     raise CanonicalError(f"map key {show(key)} is not a string")
             # Sorted before the values are visited, so array bytes follow in the same (canonical) order. A str
-            # subclass (an enum member) is written as the plain string it is.
-            return {key if type(key) is str else str.__str__(key): self.normalize(obj[key], depth + 1)
-                    for key in sorted(obj)}
+            # subclass (an enum member) is written as the plain string it is. The values a message's maps mostly
+            # hold (plain scalars, plain arrays) are taken here, as `normalize` would take them, without a call
+            # each: a learner call is hundreds of such maps.
+            out = {}
+            normalize, array, plain = self.normalize, self.array, _PLAIN_DTYPES
+            for key in sorted(obj):
+                v = obj[key]
+                tv = type(v)
+                if v is None or tv is str or tv is float or tv is bool or tv is bytes \
+                        or (tv is int and _INT_MIN <= v <= _INT_MAX):
+                    pass
+                elif tv is np.ndarray and (name := plain.get(v.dtype)) is not None and v.flags.c_contiguous:
+                    v = array(name, v.shape, v.reshape(-1).data.cast("B"))
+                else:
+                    v = normalize(v, depth + 1)
+                out[key if type(key) is str else str.__str__(key)] = v
+            return out
         if t is list or t is tuple:
             if depth >= MAX_DEPTH:
                 raise CanonicalError(_TOO_DEEP)
