@@ -181,6 +181,13 @@ def test_a_wrong_loss_stops_the_run_naming_the_cycle_and_the_term() -> None:
     ({"loss": float("nan")}, "loss must be a finite number"),
     ({"adapter_tensors": None}, "cycle 2: learner_step.adapter_tensors: expected dict, got NoneType"),
     ({"proximal_logprobs": [np.zeros(3)] * 4}, "cycle 2: learner_step.proximal_logprobs[0]: expected a float32 vector"),
+    # Checked as one batch; the first sample at fault is the one named, whatever follows it.
+    ({"proximal_logprobs": [np.full(3, -1, np.float32), np.full(3, -1, np.float32), np.array([-1, 0.5, -1], np.float32),
+                            np.array([np.nan, -1, -1], np.float32)]},
+     "cycle 2: learner_step.proximal_logprobs[2]: log-probabilities must be finite and ≤ 0"),
+    ({"proximal_logprobs": [np.full(3, -1, np.float32), np.full(2, -1, np.float32), np.full(3, np.inf, np.float32),
+                            np.full(3, -1, np.float32)]},
+     "cycle 2: learner_step.proximal_logprobs[1]: expected float32 log-probabilities, one per token (3)"),
 ])
 def test_a_learner_report_for_another_update_is_refused(change: dict[str, Any], message: str) -> None:
     samples = _samples()

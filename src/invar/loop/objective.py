@@ -86,6 +86,61 @@ def loss_terms(
     if reference is not None and len(reference) != len(proximal):
         raise ValueError("reference must have one entry per sample")
     current = proximal if current is None else current
+    p32 = [np.asarray(x, dtype=np.float32) for x in proximal]
+    b32 = [np.asarray(x, dtype=np.float32) for x in behavior]
+    c32 = p32 if current is proximal else [np.asarray(x, dtype=np.float32) for x in current]
+    lengths = [x.shape for x in p32]
+    if any(len(shape) != 1 or shape[0] == 0 for shape in lengths) or [x.shape for x in b32] != lengths \
+            or [x.shape for x in c32] != lengths:
+        # Empty, multi-dimensional or unequal arrays: the per-sample loop, which names the sample at fault.
+        return _loss_terms_per_sample(p32, b32, advantages, settings, reference, c32)
+    # The whole batch at once: the same float32 operations on every token as one sample at a time, each sample's sum
+    # in float64 as numpy sums one array (pairwise, `np.add.reduceat` per segment), then the samples' sums added in
+    # order as Python floats: the same bits as `_loss_terms_per_sample` (tests/loop/test_objective.py).
+    sizes = [shape[0] for shape in lengths]
+    starts = np.cumsum([0, *sizes[:-1]])
+    p_all, b_all = np.concatenate(p32), np.concatenate(b32)
+    c_all = p_all if c32 is p32 else np.concatenate(c32)
+    a = np.repeat(np.asarray(advantages, dtype=np.float32), sizes)
+    lo = np.float32(1.0 - settings.clip_low)
+    hi = np.float32(1.0 + settings.clip_high)
+    w = handle_importance(np.exp(p_all - b_all), settings)
+    r = np.exp(c_all - p_all)
+    s = np.minimum(r * a, np.clip(r, lo, hi) * a)
+    policy_sum = _sum_in_order(np.add.reduceat((-(w * s)).astype(np.float64), starts))
+    w_sum = _sum_in_order(np.add.reduceat(w.astype(np.float64), starts))
+    kl_sum = 0.0
+    if reference is not None and settings.kl_coef != 0.0:
+        r32 = [np.asarray(x, dtype=np.float32) for x in reference]
+        if [x.shape for x in r32] != lengths:
+            return _loss_terms_per_sample(p32, b32, advantages, settings, reference, c32)
+        d = np.concatenate(r32) - c_all
+        kl_sum = _sum_in_order(np.add.reduceat(k3(d).astype(np.float64), starts))
+    n = int(p_all.shape[0])
+    policy = policy_sum / n
+    kl = kl_sum / n
+    return LossTerms(loss=policy + settings.kl_coef * kl, policy=policy, kl=kl,
+                     importance_weight_mean=w_sum / n, tokens=n)
+
+
+def _sum_in_order(values: np.ndarray) -> float:
+    """0.0 + v_0 + v_1 + … in float64, left to right, as a running Python float adds them."""
+    total = 0.0
+    for v in values.tolist():
+        total += v
+    return total
+
+
+def _loss_terms_per_sample(
+    proximal: Sequence[np.ndarray],
+    behavior: Sequence[np.ndarray],
+    advantages: np.ndarray,
+    settings: ObjectiveSettings,
+    reference: Sequence[np.ndarray] | None,
+    current: Sequence[np.ndarray],
+) -> LossTerms:
+    """`loss_terms` one sample at a time: the definition the batched form reproduces bit for bit, and the form that
+    names the sample whose arrays differ in length."""
     policy_sum = 0.0
     kl_sum = 0.0
     w_sum = 0.0
