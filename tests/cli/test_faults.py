@@ -1,16 +1,18 @@
 """Hostile and odd inputs that once escaped as a traceback, a hang or an unbounded read: each is one line on stderr
-and exit 2, at once, before any worker starts."""
+and exit 2, at once, before any worker starts.
+
+The command lines run through one process (tests/support/cli_batch.py: each as `python -m invar.cli` runs it, with
+its own exit status, stdout and stderr, bounded by SIGALRM, under a 4 GiB address-space cap), so the file pays the
+CLI's start-up once instead of once per case; each test reads its case's result and folder."""
 
 from __future__ import annotations
 
 import json
 import os
-import resource
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.cli_batch import Case, Ran, invar_batch
 
 from invar.errors import InvarError
 from invar.runner.use_run import MAX_WORKERS, use_run, workers_per_package
@@ -18,28 +20,21 @@ from invar.runner.use_run import MAX_WORKERS, use_run, workers_per_package
 BOUND_S = 60
 """What "at once" allows on a loaded machine; a hang or a read without end runs past it."""
 
+MEMORY = 4 << 30
+"""A read without end fails in seconds instead of taking the machine's memory (the bug this file guards)."""
 
-def _invar(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    def small() -> None:
-        # A read without end fails in seconds instead of taking the machine's memory (the bug this file guards).
-        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
-
-    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True,
-                          timeout=BOUND_S, cwd=cwd, preexec_fn=small)
+MODEL_COMMANDS = [["infer", "1+1="], ["evaluate", "--count", "2"], ["score", "--tokens", "t.jsonl"]]
+TOKENS = [2**63, 2**31, -1]
+KEY_NAMES = ["../escape", "", ".hidden", "a/b", "/abs", "x\ny", "..", "a" * 65]
+WORKERS = ["65", str(10**9), "0"]
 
 
-def _one_line(out: subprocess.CompletedProcess[str], message: str) -> None:
+def _one_line(out: Ran, message: str) -> None:
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
     assert message in out.stderr, out.stderr
-
-
-@pytest.fixture
-def fifo(tmp_path: Path) -> Path:
-    path = tmp_path / "fifo"
-    os.mkfifo(path)
-    return path
+    assert out.seconds < BOUND_S
 
 
 def _files_read(tmp_path: Path, odd: Path) -> list[tuple[list[str], str]]:
@@ -59,61 +54,121 @@ def _files_read(tmp_path: Path, odd: Path) -> list[tuple[list[str], str]]:
     ]
 
 
-@pytest.mark.parametrize("case", range(4))
-def test_a_device_for_a_file_is_refused_not_read_without_end(tmp_path: Path, case: int) -> None:
-    args, named = _files_read(tmp_path, Path("/dev/zero"))[case]
-    _one_line(_invar(*args), f"{named} is a character device, not a regular file")
-    assert not (tmp_path / "run").exists()
+Results = dict[str, tuple[Path, Ran]]
 
 
-@pytest.mark.parametrize("case", range(4))
-def test_a_fifo_for_a_file_is_refused_not_waited_on(tmp_path: Path, fifo: Path, case: int) -> None:
-    args, named = _files_read(tmp_path, fifo)[case]
-    _one_line(_invar(*args), f"{named} is a FIFO, not a regular file")
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory, root: Path) -> Results:
+    """Every command line of this file, each in a folder of its own (made here, as each test once made its own),
+    run once in the order written; by case, its folder and what its command did."""
+    base = tmp_path_factory.mktemp("faults")
+    cases: dict[str, tuple[Path, Case]] = {}
 
+    def add(key: str, args: list[str], cwd: bool = False, where: Path | None = None) -> Path:
+        folder = where or base / f"case{len(cases)}"
+        folder.mkdir(exist_ok=True)
+        cases[key] = (folder, Case(args, folder if cwd else None))
+        return folder
 
-def test_a_file_past_its_bound_is_refused_unread(tmp_path: Path) -> None:
-    big = tmp_path / "big.json"
+    for case in range(4):
+        folder = base / f"device{case}"
+        folder.mkdir()
+        add(f"device{case}", _files_read(folder, Path("/dev/zero"))[case][0], where=folder)
+        folder = base / f"fifo{case}"
+        folder.mkdir()
+        os.mkfifo(folder / "fifo")
+        add(f"fifo{case}", _files_read(folder, folder / "fifo")[case][0], where=folder)
+    folder = base / "big"
+    folder.mkdir()
+    big = folder / "big.json"
     with open(big, "wb") as f:
         f.truncate((1 << 20) + 1)  # sparse: costs no disk
-    _one_line(_invar("use", "verify", str(big), "--run", str(tmp_path / "run"), "--contract", str(big)),
-              f"receipt {big} holds 1,048,577 bytes, over the 1,048,576 a receipt may hold")
+    add("big", ["use", "verify", str(big), "--run", str(folder / "run"), "--contract", str(big)], where=folder)
+    for i, command in enumerate(MODEL_COMMANDS):
+        for kind in ("empty", "fifo"):
+            folder = base / f"model-{kind}{i}"
+            (folder / "model").mkdir(parents=True)
+            if kind == "fifo":
+                os.mkfifo(folder / "model" / "config.json")
+            (folder / "t.jsonl").write_text('{"item_id": "a", "prompt": "1+1=", "tokens": [5]}\n')
+            add(f"model-{kind}{i}", [*command, "--model", str(folder / "model"), "--run", str(folder / "run")],
+                cwd=True, where=folder)
+    for token in TOKENS:
+        folder = base / f"token{token}"
+        folder.mkdir()
+        (folder / "t.jsonl").write_text(json.dumps({"item_id": "a", "prompt": "1+1=", "tokens": [5, token]}) + "\n")
+        add(f"token{token}", ["score", "--tokens", str(folder / "t.jsonl"), "--run", str(folder / "run")],
+            where=folder)
+    folder = add("prepare", ["use", "prepare", str(root / "contracts" / "walkthrough.toml"), "--out",
+                             str(base / "sequential")])
+    add("sequential", ["use", "plan", str(base / "sequential" / "walkthrough.contract.json"), "--assume",
+                       "worse=0.01 better=0.01", "--sequential-max", str(10**30)])
+    odd = base / "two\nlines\r.json"
+    add("newline", ["use", "verify", str(odd), "--run", str(base / "newline-run"), "--contract", str(odd)])
+    for i, name in enumerate(KEY_NAMES):
+        folder = base / f"key{i}"
+        folder.mkdir()
+        add(f"key{i}", ["keys", "new", "--out", str(folder / "keys"), "--name", name], cwd=True, where=folder)
+    folder = base / "plain-key"
+    folder.mkdir()
+    add("plain-key", ["keys", "new", "--out", str(folder / "keys"), "--name", "Owner-2.test_a"], where=folder)
+    for workers in WORKERS:
+        folder = base / f"workers{workers}"
+        folder.mkdir()
+        add(f"workers{workers}", ["use", "run", str(folder / "c.contract.json"), "--run", str(folder / "run"),
+                                  "--workers", workers], where=folder)
+    folder = base / "vocabulary"
+    folder.mkdir()
+    # An int32 id the shipped model's 18-token vocabulary lacks.
+    (folder / "t.jsonl").write_text(json.dumps({"item_id": "a", "prompt": "1+1=", "tokens": [5, 18]}) + "\n")
+    add("vocabulary", ["score", "--tokens", str(folder / "t.jsonl"), "--run", str(folder / "run")], where=folder)
+
+    results = invar_batch([case for _, case in cases.values()], bound_s=BOUND_S, memory_bytes=MEMORY)
+    return {key: (folder, result) for (key, (folder, _)), result in zip(cases.items(), results, strict=True)}
 
 
-@pytest.mark.parametrize("command", [["infer", "1+1="], ["evaluate", "--count", "2"], ["score", "--tokens", "t.jsonl"]])
+@pytest.mark.parametrize("case", range(4))
+def test_a_device_for_a_file_is_refused_not_read_without_end(ran: Results, case: int) -> None:
+    folder, out = ran[f"device{case}"]
+    named = _files_read(folder, Path("/dev/zero"))[case][1]
+    _one_line(out, f"{named} is a character device, not a regular file")
+    assert not (folder / "run").exists()
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_a_fifo_for_a_file_is_refused_not_waited_on(ran: Results, case: int) -> None:
+    folder, out = ran[f"fifo{case}"]
+    named = _files_read(folder, folder / "fifo")[case][1]
+    _one_line(out, f"{named} is a FIFO, not a regular file")
+
+
+def test_a_file_past_its_bound_is_refused_unread(ran: Results) -> None:
+    folder, out = ran["big"]
+    _one_line(out, f"receipt {folder / 'big.json'} holds 1,048,577 bytes, over the 1,048,576 a receipt may hold")
+
+
+@pytest.mark.parametrize("command", range(len(MODEL_COMMANDS)))
 @pytest.mark.parametrize("folder", ["empty", "fifo"])
-def test_a_model_folder_that_cannot_be_digested_is_one_line(tmp_path: Path, command: list[str], folder: str) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    if folder == "fifo":
-        os.mkfifo(model / "config.json")
-    (tmp_path / "t.jsonl").write_text('{"item_id": "a", "prompt": "1+1=", "tokens": [5]}\n')
-    out = _invar(*command, "--model", str(model), "--run", str(tmp_path / "run"), cwd=tmp_path)
+def test_a_model_folder_that_cannot_be_digested_is_one_line(ran: Results, command: int, folder: str) -> None:
+    where, out = ran[f"model-{folder}{command}"]
     _one_line(out, "the folder is empty or missing; pass the folder" if folder == "empty" else
               "config.json: not a regular file (a pipe, device or socket)")
-    assert not (tmp_path / "run").exists()
+    assert not (where / "run").exists()
 
 
-@pytest.mark.parametrize("token", [2**63, 2**31, -1])
-def test_a_token_id_outside_int32_is_one_line(tmp_path: Path, token: int) -> None:
-    tokens = tmp_path / "t.jsonl"
-    tokens.write_text(json.dumps({"item_id": "a", "prompt": "1+1=", "tokens": [5, token]}) + "\n")
-    _one_line(_invar("score", "--tokens", str(tokens), "--run", str(tmp_path / "run")),
-              f"line 1: token id {token} is outside [0, 2^31 − 1]")
+@pytest.mark.parametrize("token", TOKENS)
+def test_a_token_id_outside_int32_is_one_line(ran: Results, token: int) -> None:
+    _one_line(ran[f"token{token}"][1], f"line 1: token id {token} is outside [0, 2^31 − 1]")
 
 
-def test_a_sequential_max_past_its_bound_is_one_line(tmp_path: Path, root: Path) -> None:
-    prepared = _invar("use", "prepare", str(root / "contracts" / "walkthrough.toml"), "--out", str(tmp_path))
+def test_a_sequential_max_past_its_bound_is_one_line(ran: Results) -> None:
+    prepared = ran["prepare"][1]
     assert prepared.returncode == 0, prepared.stderr
-    out = _invar("use", "plan", str(tmp_path / "walkthrough.contract.json"), "--assume", "worse=0.01 better=0.01",
-                 "--sequential-max", str(10**30))
-    _one_line(out, f"--sequential-max {10**30}: at most 16,777,216 units")
+    _one_line(ran["sequential"][1], f"--sequential-max {10**30}: at most 16,777,216 units")
 
 
-def test_a_path_with_a_newline_stays_one_line(tmp_path: Path) -> None:
-    odd = tmp_path / "two\nlines\r.json"
-    out = _invar("use", "verify", str(odd), "--run", str(tmp_path / "run"), "--contract", str(odd))
-    _one_line(out, "two\\nlines\\r.json does not exist")
+def test_a_path_with_a_newline_stays_one_line(ran: Results) -> None:
+    _one_line(ran["newline"][1], "two\\nlines\\r.json does not exist")
 
 
 def test_a_workers_error_text_with_newlines_stays_one_line(monkeypatch: pytest.MonkeyPatch,
@@ -132,26 +187,24 @@ def test_a_workers_error_text_with_newlines_stays_one_line(monkeypatch: pytest.M
     assert err == "invar: error: generate: MethodError: CUDA out of memory\\nTraceback (most recent call last):\\n  x\n"
 
 
-@pytest.mark.parametrize("name", ["../escape", "", ".hidden", "a/b", "/abs", "x\ny", "..", "a" * 65])
-def test_a_key_name_that_is_not_a_plain_file_name_is_refused(tmp_path: Path, name: str) -> None:
-    out = tmp_path / "keys"
-    _one_line(_invar("keys", "new", "--out", str(out), "--name", name, cwd=tmp_path),
-              "a key's name is a plain file name")
-    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written, inside --out or beside it
+@pytest.mark.parametrize("name", range(len(KEY_NAMES)), ids=KEY_NAMES)
+def test_a_key_name_that_is_not_a_plain_file_name_is_refused(ran: Results, name: int) -> None:
+    folder, out = ran[f"key{name}"]
+    _one_line(out, "a key's name is a plain file name")
+    assert sorted(p.name for p in folder.iterdir()) == []  # nothing written, inside --out or beside it
 
 
-def test_a_plain_key_name_is_written_inside_out(tmp_path: Path) -> None:
-    made = _invar("keys", "new", "--out", str(tmp_path / "keys"), "--name", "Owner-2.test_a")
+def test_a_plain_key_name_is_written_inside_out(ran: Results) -> None:
+    folder, made = ran["plain-key"]
     assert made.returncode == 0, made.stderr
-    assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == ["Owner-2.test_a.key", "Owner-2.test_a.pub"]
+    assert sorted(p.name for p in (folder / "keys").iterdir()) == ["Owner-2.test_a.key", "Owner-2.test_a.pub"]
 
 
-@pytest.mark.parametrize("workers", ["65", str(10**9), "0"])
-def test_workers_past_the_bound_are_one_line_and_start_nothing(tmp_path: Path, workers: str) -> None:
-    run = tmp_path / "run"
-    out = _invar("use", "run", str(tmp_path / "c.contract.json"), "--run", str(run), "--workers", workers)
+@pytest.mark.parametrize("workers", WORKERS)
+def test_workers_past_the_bound_are_one_line_and_start_nothing(ran: Results, workers: str) -> None:
+    folder, out = ran[f"workers{workers}"]
     _one_line(out, f"--workers {workers}: must be ≥ 1 and at most 64")
-    assert not run.exists()
+    assert not (folder / "run").exists()
 
 
 def test_no_package_starts_more_workers_than_it_has_calls_left(tmp_path: Path) -> None:
@@ -166,11 +219,9 @@ def test_no_package_starts_more_workers_than_it_has_calls_left(tmp_path: Path) -
     assert not (tmp_path / "run").exists()
 
 
-def test_a_token_id_outside_the_vocabulary_is_one_line_before_a_worker_starts(tmp_path: Path) -> None:
+def test_a_token_id_outside_the_vocabulary_is_one_line_before_a_worker_starts(ran: Results) -> None:
     # An int32 id the shipped model's 18-token vocabulary lacks: refused before the worker loads the model and
     # before the run is made (issue 51: only int32 was checked first, then a worker started).
-    tokens = tmp_path / "t.jsonl"
-    tokens.write_text(json.dumps({"item_id": "a", "prompt": "1+1=", "tokens": [5, 18]}) + "\n")
-    _one_line(_invar("score", "--tokens", str(tokens), "--run", str(tmp_path / "run")),
-              "item a: response token ids must be in [0, 18), the model's vocabulary")
-    assert not (tmp_path / "run").exists()
+    folder, out = ran["vocabulary"]
+    _one_line(out, "item a: response token ids must be in [0, 18), the model's vocabulary")
+    assert not (folder / "run").exists()

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli_batch import Case, Ran, invar_batch
 from typer.testing import CliRunner
 
 from invar.cli.app import app
@@ -22,7 +23,7 @@ def _invar(*args: str | Path) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
-def _one_line_error(out: subprocess.CompletedProcess[str]) -> str:
+def _one_line_error(out: subprocess.CompletedProcess[str] | Ran) -> str:
     assert out.returncode == 2, (out.stdout, out.stderr)
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
@@ -32,10 +33,7 @@ def _one_line_error(out: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-# -- 1. --setting is checked against the engine's declared launch settings -------------------------------------
-
-
-@pytest.mark.parametrize(("args", "names"), [
+BAD_SETTINGS = [
     (["hf", "--setting", "attn_implementaton=eager"], ["'attn_implementaton'", "device, threads, attn_implementation"]),
     (["hf", "--setting", "threads=abc"], ["threads takes an integer, not 'abc'"]),
     (["hf", "--setting", "attn_implementation=flash"], ["attn_implementation is one of sdpa, eager"]),
@@ -43,10 +41,38 @@ def _one_line_error(out: subprocess.CompletedProcess[str]) -> str:
     (["vllm", "--setting", "enforce_eager=maybe"], ["enforce_eager takes true or false"]),
     (["vllm", "--setting", "gpu_memory_utilization=nan"], ["gpu_memory_utilization takes a number"]),
     (["mlx", "--setting", "threads=1"], ["mlx has no launch setting 'threads'", "map_rope_parameters"]),
-])
-def test_use_package_refuses_a_bad_setting_in_one_line(args: list[str], names: list[str]) -> None:
-    line = _one_line_error(_invar("use", "package", *args))
-    for name in names:
+]
+
+
+@pytest.fixture(scope="module")
+def lines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
+    """The command lines below that start no worker, run through one process (tests/support/cli_batch.py: each as
+    `python -m invar.cli` runs it, its own exit status, stdout and stderr), so the file pays the CLI's start-up
+    once; by case, what its command did."""
+    base = tmp_path_factory.mktemp("honest")
+    from invar.records import RunStore
+
+    store = RunStore.create(base / "run", meta={"purpose": "not a command's run"})
+    store.close_run()
+    store.close()
+    cases: dict[str, list[str | Path]] = {f"setting{i}": ["use", "package", *args]
+                                          for i, (args, _) in enumerate(BAD_SETTINGS)}
+    cases |= {"json-first": ["--json", "use", "plan", "missing.contract.json"], "help": ["--help"],
+              "version": ["--version", "--json"],
+              "capture-steps": ["score", "--tokens", base / "items.jsonl", "--capture-steps", ""],
+              "score-help": ["score", "--help"], "no-command-score": ["score", "--from-run", base / "run"],
+              "no-command-compare": ["compare", "numerical", base / "run", base / "run"]}
+    ran = invar_batch([Case(args) for args in cases.values()], bound_s=120)
+    return dict(zip(cases, ran, strict=True))
+
+
+# -- 1. --setting is checked against the engine's declared launch settings -------------------------------------
+
+
+@pytest.mark.parametrize("case", range(len(BAD_SETTINGS)), ids=[" ".join(a) for a, _ in BAD_SETTINGS])
+def test_use_package_refuses_a_bad_setting_in_one_line(lines: dict[str, Ran], case: int) -> None:
+    line = _one_line_error(lines[f"setting{case}"])
+    for name in BAD_SETTINGS[case][1]:
         assert name in line, line
 
 
@@ -93,13 +119,13 @@ def test_the_help_example_setting_is_what_the_worker_runs() -> None:
 # -- 2. the top-level --json is read only with --version, and refused before a command ---------------------------
 
 
-def test_top_level_json_is_not_silently_ignored() -> None:
-    line = _one_line_error(_invar("--json", "use", "plan", "missing.contract.json"))
+def test_top_level_json_is_not_silently_ignored(lines: dict[str, Ran]) -> None:
+    line = _one_line_error(lines["json-first"])
     assert "put it after the command" in line, line
-    options = [line.split()[0] for line in _invar("--help").stdout.splitlines() if line.startswith("  --")]
+    options = [line.split()[0] for line in lines["help"].stdout.splitlines() if line.startswith("  --")]
     assert "--version" in options
     assert "--json" not in options  # not offered as a global flag
-    out = _invar("--version", "--json")
+    out = lines["version"]
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["invar"]
 
@@ -134,26 +160,20 @@ def test_inspect_records_json_gives_kept_files_as_digests_and_sizes(tmp_path: Pa
 # -- 4, 5. score's options and help; no "None" in a message -------------------------------------------------------
 
 
-def test_score_refuses_an_empty_capture_steps(tmp_path: Path) -> None:
-    line = _one_line_error(_invar("score", "--tokens", tmp_path / "items.jsonl", "--capture-steps", ""))
+def test_score_refuses_an_empty_capture_steps(lines: dict[str, Ran]) -> None:
+    line = _one_line_error(lines["capture-steps"])
     assert "--capture-steps '': name at least one step" in line, line  # was "0 captures of None tokens", exit 0
 
 
-def test_score_help_shows_the_token_list() -> None:
-    out = _invar("score", "--help")
+def test_score_help_shows_the_token_list(lines: dict[str, Ran]) -> None:
+    out = lines["score-help"]
     assert '"tokens": [ids]' in " ".join(out.stdout.replace("│", " ").split()), out.stdout  # was `"tokens": ,`
 
 
-def test_a_run_no_command_made_is_named_without_none(tmp_path: Path) -> None:
-    from invar.records import RunStore
-
-    store = RunStore.create(tmp_path / "run", meta={"purpose": "not a command's run"})
-    store.close_run()
-    store.close()
-    runs: list[list[str | Path]] = [["score", "--from-run", tmp_path / "run"],
-                                    ["compare", "numerical", tmp_path / "run", tmp_path / "run"]]
-    for args in runs:
-        line = _one_line_error(_invar(*args))
+def test_a_run_no_command_made_is_named_without_none(lines: dict[str, Ran]) -> None:
+    # The run (made by `lines`) is a RunStore no invar command made.
+    for key in ("no-command-score", "no-command-compare"):
+        line = _one_line_error(lines[key])
         assert "None" not in line, line
         assert "a run whose records name no invar command" in line, line
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from support.cli_batch import Case, Ran, invar_batch
 
 from invar import canonical
 from invar.engines import start_worker, worker_digest
@@ -17,12 +17,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belo
 ECHO = REPO_ROOT / "src" / "invar" / "workers" / "echo.py"
 
 
-def _invar(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=120,
-                          cwd=cwd)
-
-
-@pytest.mark.parametrize(("args", "message"), [
+SAMPLING = [
     (["--temperature", "nan"], "--temperature nan: must be a finite number in [0, 10]"),
     (["--temperature", "inf"], "--temperature inf: must be a finite number"),
     (["--temperature", "-1"], "--temperature -1.0: must be a finite number"),
@@ -33,30 +28,53 @@ def _invar(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[s
     (["--max-tokens", "0"], "--max-tokens 0: must be at least 1"),
     (["--max-tokens", "500"], "exceed the model's context of 128 tokens"),
     (["--call-timeout", "0"], "--call-timeout 0.0: must be a positive number of seconds"),
-])
-def test_sampling_options_are_refused_before_any_worker(tmp_path: Path, args: list[str], message: str) -> None:
-    started = time.monotonic()
-    out = _invar("infer", "1+1=", *args, "--run", str(tmp_path / "run"))
+]
+
+Refusals = dict[str, tuple[Path, Ran]]
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory: pytest.TempPathFactory) -> Refusals:
+    """The refused command lines below, each with a folder of its own, run through one process
+    (tests/support/cli_batch.py: each as `python -m invar.cli` runs it, its own exit status and stderr, timed), so
+    the file pays the CLI's start-up once; by case, its folder and what its command did."""
+    base = tmp_path_factory.mktemp("hostile")
+    cases: dict[str, tuple[Path, Case]] = {}
+    for i, (args, _) in enumerate(SAMPLING):
+        (base / f"sampling{i}").mkdir()
+        cases[f"sampling{i}"] = (base / f"sampling{i}", Case(["infer", "1+1=", *args, "--run",
+                                                                str(base / f"sampling{i}" / "run")]))
+    (base / "evaluate").mkdir()
+    cases["evaluate"] = (base / "evaluate", Case(["evaluate", "--count", "5", "--temperature", "nan", "--run",
+                                                  str(base / "evaluate" / "run")]))
+    (base / "file").write_text("x")
+    for key, run in (("file", base / "file"), ("component", base / "file" / "run")):
+        cases[key] = (base, Case(["infer", "1+1=", "--run", str(run)]))
+    ran = invar_batch([case for _, case in cases.values()], bound_s=120)
+    return {key: (folder, out) for (key, (folder, _)), out in zip(cases.items(), ran, strict=True)}
+
+
+@pytest.mark.parametrize("case", range(len(SAMPLING)), ids=[" ".join(args) for args, _ in SAMPLING])
+def test_sampling_options_are_refused_before_any_worker(refusals: Refusals, case: int) -> None:
+    folder, out = refusals[f"sampling{case}"]
     assert out.returncode == 2, out.stdout
-    assert message in out.stderr
+    assert SAMPLING[case][1] in out.stderr
     assert out.stderr.count("\n") == 1
     assert "Traceback" not in out.stderr
-    assert not (tmp_path / "run").exists()  # no run, so no worker and no record
-    assert time.monotonic() - started < 30  # no model was loaded first
+    assert not (folder / "run").exists()  # no run, so no worker and no record
+    assert out.seconds < 30  # no model was loaded first
 
 
-def test_evaluate_refuses_nan_temperature_too(tmp_path: Path) -> None:
-    out = _invar("evaluate", "--count", "5", "--temperature", "nan", "--run", str(tmp_path / "run"))
+def test_evaluate_refuses_nan_temperature_too(refusals: Refusals) -> None:
+    folder, out = refusals["evaluate"]
     assert out.returncode == 2
     assert "--temperature nan" in out.stderr
-    assert not (tmp_path / "run").exists()
+    assert not (folder / "run").exists()
 
 
-def test_run_directories_that_cannot_be_runs(tmp_path: Path) -> None:
-    (tmp_path / "file").write_text("x")
-    for run, message in ((tmp_path / "file", "is a file, not a folder"),
-                         (tmp_path / "file" / "run", "a path component is a file")):
-        out = _invar("infer", "1+1=", "--run", str(run))
+def test_run_directories_that_cannot_be_runs(refusals: Refusals) -> None:
+    for key, message in (("file", "is a file, not a folder"), ("component", "a path component is a file")):
+        out = refusals[key][1]
         assert out.returncode == 2
         assert message in out.stderr
         assert out.stderr.count("\n") == 1
