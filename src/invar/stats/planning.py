@@ -23,7 +23,8 @@ feasible and conservative where it is not, and each row says which:
 * trinomial, betting: the bound depends on the order of the units, so power is simulated: n is searched on runs
   with common random numbers (smooth in n; to 0.5 % of n, below the simulation's own resolution), checked on
   independent runs (n grows by 1 % until the independent estimate reaches the target), and the power reported is a
-  third, fresh independent estimate with its standard error, so no selection inflates it.
+  third, fresh independent estimate with its standard error, so no selection inflates it. The plans of common
+  inputs are read from a committed table of these simulations' results (`BETTING_TABLE`), the same numbers.
 * variance assumption (general [a, b], Hoeffding and Maurer–Pontil only): a lower bound on power from the
   Berry–Esseen inequality for the mean (C = 0.4748, E|X − μ|³ ≤ (b − a)σ²) and, for Maurer–Pontil, a Bernstein
   upper bound on the sample variance that fails with probability β = (1 − power)/20, charged to the power.
@@ -39,11 +40,15 @@ the caller asks for it (`invar use plan` does); the numbers do not depend on it.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from statistics import NormalDist
 from typing import TypeVar
 
@@ -716,6 +721,69 @@ class _BettingPlan:
     runs: int
 
 
+BETTING_TABLE = Path(__file__).with_name("betting_plans.json")
+"""The betting plans already simulated (`scripts/betting_table.py` writes it): each plan's inputs as its key, its
+n, power and runs as `_betting_plan` found them. A plan is a pure function of its inputs (seeded runs), so a plan
+read here is the simulation's to the bit; inputs not in it are simulated."""
+
+
+def betting_key(p_worse: float, p_better: float, epsilon: float, delta: float, target: float, n_max: int, reps: int,
+                seed: int) -> str:
+    """A betting plan's inputs as one string: every float as its `repr` (every bit)."""
+    return " ".join([repr(float(p_worse)), repr(float(p_better)), repr(float(epsilon)), repr(float(delta)),
+                     repr(float(target)), str(int(n_max)), str(int(reps)), str(int(seed))])
+
+
+def table_digest(plans: dict[str, list[object]]) -> str:
+    """The sha256 of the table's plans in canonical JSON: the table is used only where it matches."""
+    text = json.dumps(plans, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.cache
+def _betting_table() -> dict[str, tuple[int, float, int]]:
+    """The table's plans (key -> n, power, runs); empty where the file is missing or its digest does not match (then
+    every plan is simulated, the same numbers, slower; `tests/stats/test_betting_table.py` holds it matching)."""
+    try:
+        doc = json.loads(BETTING_TABLE.read_text())
+    except (OSError, ValueError):
+        return {}
+    plans = doc.get("plans") if isinstance(doc, dict) else None
+    if not isinstance(plans, dict) or doc.get("digest") != table_digest(plans):
+        return {}
+    return {key: (int(n), float(power), int(runs)) for key, (n, power, runs) in plans.items()}
+
+
+def simulation_digest() -> str:
+    """The sha256 of the source of everything a betting plan's numbers depend on (the search, the simulation, their
+    constants): the table records it, and a test holds it equal to the code's, so a change to the simulation cannot
+    leave the table behind."""
+    import inspect  # only the table's writer and its test ask
+
+    parts = [inspect.getsource(f) for f in (_betting_plan, _betting_hits, _betting_share, _betting_block, _search,
+                                              _probit, _normal_guess, bounds.check_count)]
+    parts.append(repr((START_FACTORS["betting"], _CHUNK, _BLOCK, DECISION_MARGIN, CHECK_RUNS_FACTOR, bounds.BET_CAP,
+                       np.__version__.split(".")[0])))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _betting_planned(
+    assumption: _Assumption, epsilon: float, delta: float, target: float, n_max: int, reps: int, seed: int
+) -> _BettingPlan:
+    """`_betting_plan` from 1 unit up: read from the table where its inputs are there, simulated otherwise."""
+    key = betting_key(float(assumption.p_worse or 0.0), float(assumption.p_better or 0.0), epsilon, delta, target,
+                      n_max, reps, seed)
+    known = _betting_table().get(key)
+    if known is None:
+        return _betting_plan(assumption, epsilon, delta, target, 1, n_max, reps, seed)
+    n, power, runs = known
+    return _BettingPlan(n, power, _standard_error(power, runs), runs)
+
+
+def _standard_error(power: float, runs: int) -> float:
+    return math.sqrt(max(power * (1.0 - power), 1.0 / runs) / runs)
+
+
 def _betting_plan(
     assumption: _Assumption, epsilon: float, delta: float, target: float, n_min: int, n_max: int, reps: int, seed: int
 ) -> _BettingPlan:
@@ -736,7 +804,7 @@ def _betting_plan(
             )
         n = min(n_max, n + max(1, n // 100))
     power = _betting_hits(n, assumption, epsilon, delta, runs, [seed, 2, n]) / runs
-    return _BettingPlan(n, power, math.sqrt(max(power * (1.0 - power), 1.0 / runs) / runs), runs)
+    return _BettingPlan(n, power, _standard_error(power, runs), runs)
 
 
 # --- conservative power under a variance assumption ---------------------------------------------------------------
@@ -963,7 +1031,7 @@ def plan_row(
             raise StatisticsError(
                 "betting needs a distribution, not only a variance; state p_worse and p_better for 0/1 losses"
             )
-        plan = _betting_plan(assumption, eps, dlt, target, 1, n_cap, runs, int(seed))
+        plan = _betting_planned(assumption, eps, dlt, target, n_cap, runs, int(seed))
         basis = (
             f"Monte Carlo: n searched on {runs} runs with common random numbers (seed {int(seed)}) and checked on "
             f"{plan.runs} independent runs; power estimated on {plan.runs} fresh runs, standard error "
