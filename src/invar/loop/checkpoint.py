@@ -107,8 +107,9 @@ def check_manifest(folder: str | Path, adapter: Adapter) -> int:
         if path.name not in allowed:
             raise CheckpointError(f"{root}: holds {path.name}, which is no part of a checkpoint; a checkpoint holds "
                                   f"only {sorted(allowed)}")
+    read = {}
     for name in present:
-        st = read_safetensors(root / name)
+        st = read[name] = read_safetensors(root / name)
         tensors = listed[name]
         if not isinstance(tensors, dict) or sorted(tensors) != sorted(st.tensors):
             raise CheckpointError(f"{root / name}: its tensors are not the ones the manifest lists")
@@ -123,7 +124,7 @@ def check_manifest(folder: str | Path, adapter: Adapter) -> int:
     if OPTIMIZER_WEIGHTS not in present:
         raise CheckpointError(f"{root}: holds no {OPTIMIZER_WEIGHTS}; a training checkpoint keeps the optimizer "
                               "state its next update continues from")
-    opt = read_safetensors(root / OPTIMIZER_WEIGHTS)
+    opt = read[OPTIMIZER_WEIGHTS]  # read once, above: the tree digest taken after these checks covers any change
     peft = adapter.formats.get("peft")
     if peft is None:
         raise CheckpointError(f"{root}: a training checkpoint holds the adapter in PEFT's format ({PEFT_WEIGHTS})")
