@@ -23,8 +23,10 @@ benchmark refuses to report otherwise. Repetitions alternate the drivers' order 
 repetition r through each driver is a pair. Reported: the median cycle time of each driver (over every cycle of every
 repetition) with min and max, the ratio of the medians, the median per-pair ratio and the ratio of the paired totals
 with 95 % bootstrap intervals, each phase's median (invar: generate, learner, publish as its run records them;
-direct: generate, learner), and the publish phase (Invar's alone) against the cycle. The bench lowers its niceness
-(`--nice`, root only) and sets the BLAS/OpenMP thread variables to 1 unless set; both drivers inherit them.
+direct: generate, learner), and the publish phase (Invar's alone) against the cycle. The bench keeps the niceness it
+was started with unless `--nice N` adds N to it (a negative N, a higher priority, needs root; before 2026-12-05 the
+default was −10, which raised a root bench above whatever else ran) and sets the BLAS/OpenMP thread variables to 1
+unless set; every driver inherits both.
 
 `--device cuda` (Hugging Face only) runs both drivers' engines on the GPU. A training configuration has no device
 setting (`invar train` starts its workers with their defaults: the CPU), so for cuda the bench runs `invar train`
@@ -354,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--drivers", default=",".join(DEFAULT_DRIVERS),
                         help="comma-separated, invar and direct first, of: " + ", ".join(DRIVERS))
-    parser.add_argument("--nice", type=int, default=-10, help="priority of the bench and its workers (root lowers it)")
+    parser.add_argument("--nice", type=int, default=0,
+                        help="added to the niceness of the bench and its drivers (a negative value needs root)")
     if argv is None and len(sys.argv) > 3 and sys.argv[1] == "--invar-train-on":
         return invar_train_on(sys.argv[2], sys.argv[3], sys.argv[4:])  # before parsing: the rest is invar's
     args = parser.parse_args(argv)
@@ -366,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_direct(args.direct, args.out, args.device, args.split)))
         return 0
     # Both drivers' processes inherit these: the same priority and the same threads, so neither is favoured.
-    with contextlib.suppress(PermissionError):
-        os.nice(args.nice)
+    if args.nice:
+        with contextlib.suppress(PermissionError):
+            os.nice(args.nice)
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(name, "1")
     load_at_start = os.getloadavg()
