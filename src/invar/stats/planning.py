@@ -346,6 +346,9 @@ class _ExactPlanner:
         delta0 = self.epsilon - DECISION_MARGIN
         refuted = math.inf  # the smallest W − B refuted so far
         top: list[int] = []
+        first = [(2 * min(hi, max(lo, anchors[k])) - k, upper)
+                 for k, lo, hi, upper in zip(ks.tolist(), w_lo.tolist(), w_hi.tolist(), uppers, strict=True)]
+        known = _proof_statuses(delta0, n, alpha, first)
         for k, lo, hi, upper in zip(ks.tolist(), w_lo.tolist(), w_hi.tolist(), uppers, strict=True):
 
             def proven(w: int, k: int = k, upper: float = upper) -> bool:
@@ -353,7 +356,7 @@ class _ExactPlanner:
                 t = 2 * w - k
                 if t >= refuted:
                     return False
-                status = trinomial.proof_status(delta0, t, n, upper, alpha)
+                status = known.get((t, upper)) or trinomial.proof_status(delta0, t, n, upper, alpha)
                 if status == "refuted":
                     refuted = t
                 return status == "proven"
@@ -409,6 +412,23 @@ def _verified(
     wanted = [m for m in (n, n - 1) if m >= n_min and m not in exact and not (m == n - 1 and shown_below)]
     exact.update(zip(wanted, map_calls([partial(power, m) for m in wanted]), strict=True))
     return exact[n] >= target and (n == n_min or shown_below or exact[n - 1] < target)
+
+
+def _proof_statuses(
+    delta0: float, n: int, alpha: float, cases: list[tuple[int, float]]
+) -> dict[tuple[int, float], str]:
+    """`trinomial.proof_status` of each (W − B, U_π) at n, the cases split over the cores (`map_calls`): the proofs
+    the exact power's scan makes first, one per count, computed ahead of it (each status is a pure function of its
+    arguments, so the scan reads the very statuses it would compute; a case its shortcuts skip costs time only)."""
+    unique = list(dict.fromkeys(cases))
+    shares = [unique[i :: cores()] for i in range(min(len(unique), cores()))]
+    results = map_calls([partial(_statuses_of, delta0, n, alpha, share) for share in shares])
+    return {case: status for share, got in zip(shares, results, strict=True)
+            for case, status in zip(share, got, strict=True)}
+
+
+def _statuses_of(delta0: float, n: int, alpha: float, cases: list[tuple[int, float]]) -> list[str]:
+    return [trinomial.proof_status(delta0, t, n, upper, alpha) for t, upper in cases]
 
 
 def _anchor_passes(
