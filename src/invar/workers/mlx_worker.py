@@ -80,6 +80,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata as distributions
 from pathlib import Path
@@ -231,9 +232,10 @@ class Loaded:
     head_rows: bool = False
     """Whether `logits_at` gives this model's logits bit for bit (checked on a probe at load): then the output layer
     is taken at the used positions only; else the whole forward runs and is cut after."""
-    head: mx.array | None = None
-    """The output layer's weight as a contiguous [H, V] array (`output_head`), which `logits_at` multiplies by where
-    `head_rows` holds; None: the model's own layer (a learner, a quantized or biased layer)."""
+    head: HeadProduct | None = None
+    """How `logits_at` takes the output layer's product where `head_rows` holds (`output_heads`: the tiled kernel or
+    the [H, V] copy, the first the probe passes); None: the model's own layer (a learner, a quantized or biased
+    layer)."""
     adapters: dict[str, Adapter] = field(default_factory=dict)
     loaded: Adapter | None = None
     """The adapter a null name selects: load_model's, or on the learner the one under training."""
@@ -241,11 +243,14 @@ class Loaded:
 
 
 class Engine:
-    def __init__(self, role: Role, *, map_rope: bool = True) -> None:
+    def __init__(self, role: Role, *, map_rope: bool = True, tiled: bool = True) -> None:
         self.role = role
         self.map_rope = map_rope
         """Map a config's `rope_parameters` onto what mlx-lm reads (`rope_overrides`); off only to show mlx-lm as
         it loads the folder."""
+        self.tiled = tiled
+        """Try the output layer's product by the worker's own kernel (`TiledHead`, the bundled BLAS's sums); off
+        where another BLAS computes MLX's products (`--blas openblas`), whose sums it does not reproduce."""
         self.m: Loaded | None = None
         self.trainee: Trainee | None = None
 
@@ -283,10 +288,18 @@ class Engine:
             linears={f"model.layers.{i}.{path}": module for i, layer in enumerate(model.layers)
                      for path, module in layer.named_modules()
                      if isinstance(module, nn.Linear)},  # type: ignore[attr-defined]  # mlx.nn's stubs omit it
-            head=output_head(model) if self.role is Role.INFERENCE else None)
-        loaded.head_rows = _rows_kept_exactly(model, int(config["vocab_size"]), loaded.head)
-        if not loaded.head_rows:
-            loaded.head = None  # the whole forward serves this model: the copy would be memory for nothing
+        )
+        # The first product whose rows are the whole forward's bits; where none is, the whole forward serves this
+        # model (a copy would be memory for nothing). A learner multiplies by the model's own layer (gradients).
+        heads = output_heads(model, tiled=self.tiled) if self.role is Role.INFERENCE else []
+        for make in heads:
+            head = make()
+            if _rows_kept_exactly(model, loaded.vocab_size, head):
+                loaded.head_rows, loaded.head = True, head
+                break
+            del head
+        else:  # with a product to try, none passing: the BLAS rounds a row by how many it holds (OpenBLAS)
+            loaded.head_rows = not heads and _rows_kept_exactly(model, loaded.vocab_size)
         adapter = None
         if req.adapter is not None:
             adapter = _read_adapter(req.adapter.path, req.adapter.digest, loaded, "load_model.adapter")
@@ -458,8 +471,12 @@ class Engine:
         """Teacher-forced log-probabilities [T, V] at `temperature`, for each step of `tokens` after `prompt`.
 
         prompt: token ids [P]; tokens: the response [T]; one forward over P + T − 1 positions, batch of 1."""
+        return _log_softmax(self.teacher_logits(prompt, tokens), temperature)
+
+    def teacher_logits(self, prompt: list[int], tokens: np.ndarray) -> mx.array:
+        """The logits [T, V] of `teacher`'s forward."""
         ids = mx.array([prompt + [int(t) for t in tokens[:-1]]], dtype=mx.int32)
-        return _log_softmax(self.logits(ids, slice(len(prompt) - 1, None))[0], temperature)
+        return self.logits(ids, slice(len(prompt) - 1, None))[0]
 
     def score(self, call: ScoreParams) -> ScoreResult:
         m = self.need("score")
@@ -472,10 +489,14 @@ class Engine:
         outputs = []
         for item, prompt in zip(call.items, prompts, strict=True):
             tokens = item.tokens
-            lp = self.teacher(prompt, tokens, item.temperature)
-            vocab = (np.array(lp[mx.array(list(item.vocab_steps), dtype=mx.int32)], dtype=np.float32)
+            # The whole [T, V] table is not built: the tokens' entries and the captured rows are each the scaled
+            # logit minus its row's logsumexp, as in `_log_softmax`, so the same bits.
+            scaled, norm = _normalizer(self.teacher_logits(prompt, tokens), item.temperature)
+            lps = _gather(scaled, tokens, norm[:, 0])
+            steps = mx.array(list(item.vocab_steps), dtype=mx.int32)
+            vocab = (np.array(scaled[steps] - norm[steps], dtype=np.float32)
                      if item.vocab_steps else np.zeros((0, m.vocab_size), dtype=np.float32))
-            outputs.append(ScoreOutput(item.item_id, _gather(lp, tokens), vocab))
+            outputs.append(ScoreOutput(item.item_id, lps, vocab))
         return ScoreResult(outputs, m.model_digest, None if adapter is None else adapter.digest)
 
     # -- the learner ----------------------------------------------------------------------------------------
@@ -769,40 +790,138 @@ class _Kept:
 
 
 class _Head:
-    """An output layer (a tied `Embedding`, or `lm_head`) whose product is taken with its weight stored [H, V]:
-    x @ head, where the layer computes x @ weight.T. Every other attribute is the layer's own."""
+    """An output layer (a tied `Embedding`, or `lm_head`) whose product is taken by `head` (`HeadProduct`) instead
+    of the layer's own x @ weight.T. Every other attribute is the layer's own."""
 
-    def __init__(self, layer: Any, head: mx.array) -> None:
+    def __init__(self, layer: Any, head: HeadProduct) -> None:
         self._layer, self._head = layer, head
 
     def __call__(self, x: mx.array) -> mx.array:
-        return x @ self._head
+        return self._head(x)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return x @ self._head
+        return self._head(x)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._layer, name)
 
 
-def output_head(model: Any) -> mx.array | None:
-    """The output layer's weight as a contiguous [H, V] array: the tied embedding's, or `lm_head`'s where it is a
-    plain float layer without bias; None for any other (quantized, biased, or a forward mlx-lm lays out otherwise)."""
+class StoredHead:
+    """The output layer's product on its weight stored as a contiguous [H, V] array: x @ head. The bundled BLAS
+    runs it at about twice the speed of the layer's x @ weight.T, with the same dot products in the same order."""
+
+    def __init__(self, weight: mx.array) -> None:
+        self.head = mx.contiguous(weight.T)
+        mx.eval(self.head)
+        self.shape: tuple[int, int] = (int(self.head.shape[0]), int(self.head.shape[1]))
+        """[H, V]."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return x @ self.head
+
+
+TILE = 64
+"""Vocabulary columns per tile of `TiledHead`'s weight: a tile's [H, 64] float32 (32 KiB at H = 128) stays in the
+core's first-level cache while each row is multiplied by it."""
+
+_tiled_kernel: Any = None
+
+
+def tiled_kernel() -> Any:
+    """`TiledHead`'s product, compiled by numba once per process: out[j, b·TILE + k] = Σ_l x[j, l] · tiles[b, l, k],
+    each sum taken as the bundled reference BLAS takes it (netlib's `sgemm`, scalar code without fused
+    multiply-adds): from 0, over l in order, each product rounded to float32 and then added with rounding. No
+    fast-math, so the compiler neither fuses nor reorders the two roundings; it vectorizes across k only, where the
+    sums are independent."""
+    global _tiled_kernel
+    if _tiled_kernel is None:
+        import numba  # type: ignore[import-untyped]  # no stubs
+
+        @numba.njit("void(float32[:, ::1], float32[:, :, ::1], float32[:, ::1])",  # type: ignore[untyped-decorator]
+                    fastmath=False, boundscheck=False, nogil=True, cache=False)
+        def product(x: np.ndarray, tiles: np.ndarray, out: np.ndarray) -> None:
+            rows, hidden = x.shape
+            acc = np.zeros(TILE, dtype=np.float32)
+            for b in range(tiles.shape[0]):
+                for j in range(rows):
+                    for k in range(TILE):
+                        acc[k] = 0.0
+                    for i in range(hidden):
+                        t = x[j, i]
+                        for k in range(TILE):
+                            acc[k] += t * tiles[b, i, k]
+                    for k in range(TILE):
+                        out[j, b * TILE + k] = acc[k]
+
+        _tiled_kernel = product
+    return _tiled_kernel
+
+
+class TiledHead:
+    """The output layer's product by the worker's own kernel (`tiled_kernel`) on its float32 weight stored in tiles
+    [V/TILE, H, TILE]: the reference BLAS's sums, bit for bit, at about four times its speed on this CPU
+    (bench/vocab_ops.py). Used only where the load's probe finds the whole forward's bits (`_rows_kept_exactly`):
+    with another BLAS (OpenBLAS) or on a GPU the probe fails and `StoredHead`, or the whole forward, serves."""
+
+    def __init__(self, weight: mx.array) -> None:
+        vocab, hidden = (int(n) for n in weight.shape)
+        tiles = -(-vocab // TILE)
+        rows = np.zeros((tiles * TILE, hidden), dtype=np.float32)  # the last tile padded with zero columns
+        rows[:vocab] = np.array(weight, dtype=np.float32)
+        self.tiles = np.ascontiguousarray(rows.reshape(tiles, TILE, hidden).transpose(0, 2, 1))
+        self.shape: tuple[int, int] = (hidden, vocab)
+        """[H, V]."""
+        self.product = tiled_kernel()
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if x.dtype != mx.float32:
+            raise TypeError(f"TiledHead multiplies float32 rows, not {x.dtype}")
+        hidden, vocab = self.shape
+        rows = np.ascontiguousarray(np.array(x, dtype=np.float32).reshape(-1, hidden))
+        out = np.empty((rows.shape[0], self.tiles.shape[0] * TILE), dtype=np.float32)
+        self.product(rows, self.tiles, out)
+        return mx.array(out[:, :vocab] if out.shape[1] != vocab else out).reshape(*x.shape[:-1], vocab)
+
+
+HeadProduct = StoredHead | TiledHead
+"""How the inference worker takes the output layer's product where the load's probe allows it."""
+
+
+def output_layer(model: Any) -> Any:
+    """The output layer the forward multiplies by: the tied embedding, or `lm_head` where it is a plain float layer
+    without bias; None for any other (quantized, biased, or a forward mlx-lm lays out otherwise)."""
     tied = "lm_head" not in model  # an mlx Module is a dict of its children and parameters
     layer = model.model.embed_tokens if tied else model.lm_head
     plain = nn.Embedding if tied else nn.Linear  # type: ignore[attr-defined]  # mlx.nn's stubs omit Linear
-    if type(layer) is not plain or "bias" in layer:
-        return None
-    head = mx.contiguous(layer.weight.T)
-    mx.eval(head)
-    return head
+    return layer if type(layer) is plain and "bias" not in layer else None
+
+
+def output_heads(model: Any, *, tiled: bool = True) -> list[Callable[[], HeadProduct]]:
+    """The products to try for the output layer, fastest first: the tiled kernel (given `tiled`, for float32 on the
+    CPU device with numba present), then the [H, V] copy; none for a layer `output_layer` refuses. Built one at a
+    time by the load, so a refused one is freed before the next is made."""
+    layer = output_layer(model)
+    if layer is None:
+        return []
+    made: list[Callable[[], HeadProduct]] = [lambda: StoredHead(layer.weight)]
+    if tiled and layer.weight.dtype == mx.float32 and mx.default_device() == mx.cpu and _have_numba():
+        made.insert(0, lambda: TiledHead(layer.weight))
+    return made
+
+
+def _have_numba() -> bool:
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 class _Keeping:
     """The model as its own forward sees it (`self`), with its decoder stack replaced by `_Kept` and, given a
     `head`, its output layer by `_Head`."""
 
-    def __init__(self, model: Any, keep: slice, head: mx.array | None = None) -> None:
+    def __init__(self, model: Any, keep: slice, head: HeadProduct | None = None) -> None:
         tied = head is not None and "lm_head" not in model
         self._model = model
         self.model = _Kept(model.model, keep, _Head(model.model.embed_tokens, head) if tied and head is not None
@@ -814,13 +933,14 @@ class _Keeping:
         return getattr(self._model, name)
 
 
-def logits_at(model: Any, ids: mx.array, keep: slice, cache: Any = None, head: mx.array | None = None) -> mx.array:
+def logits_at(model: Any, ids: mx.array, keep: slice, cache: Any = None,
+              head: HeadProduct | None = None) -> mx.array:
     """The logits [B, kept, V] at positions `keep` of `ids` [B, L], by the model's own forward (`_Kept`), with the
-    output layer's product on `head` ([H, V], `output_head`) where given."""
+    output layer's product taken by `head` (`output_heads`) where given."""
     return cast(mx.array, type(model).__call__(_Keeping(model, keep, head), ids, cache=cache))
 
 
-def _rows_kept_exactly(model: Any, vocab: int, head: mx.array | None = None) -> bool:
+def _rows_kept_exactly(model: Any, vocab: int, head: HeadProduct | None = None) -> bool:
     """Whether `logits_at` (with `head`) gives the whole forward's bits on a probe of 8 positions (the last one
     alone, and the last five): false for a family whose forward does not run its stack as `model` then an output
     layer, or where the matrix product rounds a row differently with fewer rows or with the weight stored [H, V]."""
@@ -835,14 +955,25 @@ def _rows_kept_exactly(model: Any, vocab: int, head: mx.array | None = None) -> 
 
 def _log_softmax(logits: mx.array, temperature: float) -> mx.array:
     """float32 log_softmax(logits / T) over the last axis (the vocabulary)."""
-    scaled = logits.astype(mx.float32) / temperature
-    return scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
+    scaled, norm = _normalizer(logits, temperature)
+    return scaled - norm
 
 
-def _gather(lp: mx.array, tokens: np.ndarray) -> np.ndarray:
-    """float32 [T]: the log-probabilities of `tokens` [T] in a [T, V] table."""
+def _normalizer(logits: mx.array, temperature: float) -> tuple[mx.array, mx.array]:
+    """float32 logits / T and their logsumexp over the last axis (kept): `_log_softmax` is the first minus the
+    second, so any entry of it is that entry's scaled logit minus its row's logsumexp, the same subtraction with the
+    same bits. (Dividing by T = 1 is exact, so it is skipped.)"""
+    scaled = logits.astype(mx.float32)
+    if temperature != 1.0:
+        scaled = scaled / temperature
+    return scaled, mx.logsumexp(scaled, axis=-1, keepdims=True)
+
+
+def _gather(lp: mx.array, tokens: np.ndarray, minus: mx.array | None = None) -> np.ndarray:
+    """float32 [T]: the entries of `tokens` [T] in a [T, V] table, less `minus` [T] where given."""
     idx = mx.array(np.asarray(tokens, dtype=np.int32))[:, None]
-    return np.array(mx.take_along_axis(lp, idx, axis=-1)[:, 0], dtype=np.float32)
+    picked = mx.take_along_axis(lp, idx, axis=-1)[:, 0]
+    return np.array(picked if minus is None else picked - minus, dtype=np.float32)
 
 
 _split = mx.vmap(mx.random.split)
@@ -992,7 +1123,7 @@ def main(argv: list[str] | None = None) -> int:
         settings.update({k: v for k, v in blas.items() if k != "openblas"})  # likewise
 
     def server_for(role: Role) -> Server:
-        engine = Engine(role, map_rope=args.map_rope)
+        engine = Engine(role, map_rope=args.map_rope, tiled=args.blas == "bundled")
         methods = {LOAD_MODEL.name: serves(LOAD_MODEL, engine.load_model),
                    LOAD_ADAPTER.name: serves(LOAD_ADAPTER, engine.load_adapter),
                    SCORE.name: serves(SCORE, engine.score)}
