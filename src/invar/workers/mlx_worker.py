@@ -39,12 +39,19 @@ identity, their methods one at a time. Decisions this worker embodies:
   matrix product rounds a row independently of how many rows it holds (the bundled BLAS; checked once per loaded
   model on a probe, `head_rows`, which falls back to the whole forward where a family's forward or the product
   differs). On a 262,144-token vocabulary the whole layer at every prompt position was most of a score's time.
-- **The output layer stored as the product reads it.** mlx-lm's output layer (a tied embedding's `as_linear`, or
-  `lm_head`) multiplies by its [V, H] weight transposed, which the bundled BLAS runs at about half the speed of the
-  same product on an [H, V] array (bench/vocab_ops.py: 3.0 against 5.5 GFLOP/s at 160 rows of a 262,144-token
-  layer). The inference role keeps one [H, V] copy of that weight (`head`) and its `logits_at` and decode steps
-  multiply by it: the same dot products in the same order, checked bit for bit by the load's probe with the rest
-  of `head_rows` (where the probe fails, the whole forward runs as mlx-lm wrote it). It costs V·H floats of memory.
+- **The output layer's product, the bundled BLAS's sums.** mlx-lm's output layer (a tied embedding's `as_linear`,
+  or `lm_head`) multiplies by its [V, H] weight transposed, which the bundled reference BLAS (scalar code, one
+  multiply and one add per step) runs at 3-6 GFLOP/s. The inference role keeps one copy of that weight (`head`)
+  and its `logits_at` and decode steps take the product on it: first choice `TiledHead`, the worker's own kernel
+  (numba; the weight in [V/64, H, 64] tiles that stay in the first-level cache), which forms each sum as that
+  BLAS does (from 0, over H in order, each product rounded, then added) but 8 columns at a time, about four
+  times faster; else `StoredHead`, a contiguous [H, V] copy that the BLAS runs at twice its transposed speed. The
+  load's probe (`head_rows`) takes the first whose rows are the whole forward's bit for bit; where none is (a
+  GPU, OpenBLAS, which the kernel is not even tried on), the whole forward runs as mlx-lm wrote it. It costs V·H
+  floats of memory.
+- **Only the log-probabilities that are read.** `score` takes each row's logsumexp over the vocabulary but forms
+  log-probabilities only at the response's tokens and the captured rows (`_normalizer`): each is the scaled logit
+  minus its row's logsumexp, the subtraction `log_softmax` would make there, so the same bits.
 - **Adapters** are held as arrays and applied by putting mlx-lm's `LoRALinear` (y = W·x + scale·(x·a)·b) on
   the modules they adapt, so `generate` switches between policy and reference inside one call. Both formats
   load (mlx-lm's `adapters.safetensors`, or PEFT's `adapter_model.safetensors`, transposed on load); each

@@ -119,3 +119,53 @@ def test_a_forward_of_another_shape_runs_whole(load_params: dict[str, Any]) -> N
     assert mlx_worker._rows_kept_exactly(engine.m.model, vocab)
     assert not mlx_worker._rows_kept_exactly(Wrapped(engine.m.model), vocab)
 
+
+
+def test_the_tiled_kernel_gives_the_bundled_blas_s_product_bit_for_bit(
+        engines: tuple[mlx_worker.Engine, mlx_worker.Engine]) -> None:
+    """`TiledHead` forms each sum as the reference BLAS does, so its rows are MLX's x @ weight.T bit for bit: on the
+    shipped model's output layer and on a random one whose vocabulary is no whole number of tiles, for any count of
+    rows."""
+    kept, _ = engines
+    assert kept.m is not None
+    assert isinstance(kept.m.head, mlx_worker.TiledHead)  # the kernel passed the load's probe
+    layer = mlx_worker.output_layer(kept.m.model)
+    rng = np.random.default_rng(3)
+    odd = mx.array(rng.standard_normal((1000, 48), dtype=np.float32))
+    for weight in (layer.weight, odd):
+        head = mlx_worker.TiledHead(weight)
+        for rows in (1, 5, 33):
+            x = mx.array(rng.standard_normal((1, rows, weight.shape[1]), dtype=np.float32))
+            ours, blas = head(x), x @ weight.T
+            assert ours.shape == blas.shape
+            assert np.array(ours).tobytes() == np.array(blas).tobytes()
+
+
+def test_the_stored_copy_serves_where_the_kernel_is_not_tried(
+        load_params: dict[str, Any], engines: tuple[mlx_worker.Engine, mlx_worker.Engine]) -> None:
+    """Without the kernel (as under `--blas openblas`) the [H, V] copy serves, with the same numbers."""
+    kept, _ = engines
+    stored = mlx_worker.Engine(Role.INFERENCE, tiled=False)
+    serves(LOAD_MODEL, stored.load_model)(load_params)
+    assert stored.m is not None
+    assert stored.m.head_rows
+    assert isinstance(stored.m.head, mlx_worker.StoredHead)
+    for a, b in zip(_generate(kept, 1.0), _generate(stored, 1.0), strict=True):
+        assert a["tokens"].tobytes() == b["tokens"].tobytes()
+        assert a["logprobs"].tobytes() == b["logprobs"].tobytes()
+    for a, b in zip(_score(kept), _score(stored), strict=True):
+        assert a["logprobs"].tobytes() == b["logprobs"].tobytes()
+        assert a["vocab_logprobs"].tobytes() == b["vocab_logprobs"].tobytes()
+
+
+def test_score_reads_the_whole_log_softmax_table_s_entries(
+        engines: tuple[mlx_worker.Engine, mlx_worker.Engine]) -> None:
+    """`score` forms log-probabilities only where they are read; they are the whole [T, V] log_softmax table's
+    entries, bit for bit (at T = 0.7, as `_score` asks)."""
+    kept, _ = engines
+    response = np.asarray(RESPONSE, dtype=np.int32)
+    for prompt, out in zip(PROMPTS, _score(kept), strict=True):
+        table = kept.teacher(prompt, response, 0.7)
+        assert out["logprobs"].tobytes() == mlx_worker._gather(table, response).tobytes()
+        rows = np.array(table, dtype=np.float32)[[0, len(RESPONSE) - 1]]
+        assert out["vocab_logprobs"].tobytes() == rows.tobytes()
