@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 invar("use", "run", contract, "--run", run, "--workers", str(n))
                 walls[n].append(time.perf_counter() - t0)
-                d = admit(contract, run).to_json()
+                d = admit(contract, run).output().model_dump(mode="json", exclude_unset=True)
                 figures.add(canonical.digest({k: d[k] for k in ("answer", "task_loss", "bound")}))
                 print(f"rep {rep + 1}/{args.reps}: --workers {n}: {walls[n][-1]:.1f} s", flush=True)
     if len(figures) != 1:

@@ -84,7 +84,7 @@ def local(contract: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _decision_bytes(run: Path, contract: Path) -> bytes:
     """The decision's canonical bytes, less what names the run's own records (their sequence numbers and digests)."""
-    doc = admit(contract, run).to_json()
+    doc = admit(contract, run).output().model_dump(mode="json", exclude_unset=True)
     return canonical.encode({k: doc[k] for k in ("answer", "reason", "task_loss", "bound", "invariance",
                                                            "diagnostics")})
 

@@ -62,7 +62,7 @@ def test_admitted(each_method: Workspace, tmp_path: Path) -> None:
     assert d.invariance.layouts == ("solo", "b4r")
     assert [e.key for e in d.evidence] == ["reference/solo#0", "candidate/solo#0", "candidate/b4r#0"]
     assert all(len(e.call_digest) == 64 and len(e.report_digest) == 64 for e in d.evidence)
-    out = d.to_json()
+    out = d.output().model_dump(mode="json", exclude_unset=True)
     assert out["answer"] == "Admitted"
     assert out["contract"]["sha256"] == ws.sha256
     assert out["bound"]["method"] == ws.contract.requirement.method
@@ -72,7 +72,8 @@ def test_admitted(each_method: Workspace, tmp_path: Path) -> None:
     assert out["premises"][0]["party"] == "data-team"
     assert out["premises"][0]["basis_sha256"] == "d" * 64
     assert set(out["diagnostics"]) >= {"paired_wald", "mcnemar_exact_one_sided", "hoeffding"}
-    assert admit(ws.contract_path, run).to_json() == out  # replayed from the same records: the same decision
+    again = admit(ws.contract_path, run).output().model_dump(mode="json", exclude_unset=True)
+    assert again == out  # replayed from the same records: the same decision
 
 
 def test_violated_when_the_lower_bound_exceeds_epsilon(each_method: Workspace, tmp_path: Path) -> None:
@@ -127,7 +128,7 @@ def test_finite_domain_decides_exactly_on_the_declared_units(tmp_path: Path) -> 
     assert d.bound is None
     assert d.delta is None
     assert "no claim beyond these units" in d.reason
-    assert d.to_json()["bound"] is None
+    assert d.output().model_dump(mode="json", exclude_unset=True)["bound"] is None
     over = RunWriter(ws, tmp_path / "r2").complete(candidate_wrong=unit_ids(ws, 2)).close()
     d2 = admit(ws.contract_path, over)
     assert d2.answer is Answer.VIOLATED

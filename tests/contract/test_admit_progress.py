@@ -55,7 +55,7 @@ def test_admission_tells_its_phases_in_order_and_decides_the_same(ws: Workspace,
         "scoring the losses", "deciding"]
     assert [(s.done, s.total) for s in steps[1:7]] == [(k, 5) for k in range(6)]
     assert all(s.done is None and s.total is None for s in steps[:1] + steps[7:])
-    assert told.to_json() == admit(ws.contract_path, run).to_json()
+    assert told.output() == admit(ws.contract_path, run).output()
 
 
 def test_use_admit_shows_its_phases_on_stderr_and_quiet_shows_none(run: Path, ws: Workspace,

@@ -75,14 +75,14 @@ def test_a_contract_without_it_keeps_its_bytes_and_plan(tmp_path: Path) -> None:
     assert b"determinism" not in ws.contract.canonical_json()
     assert [c.key for c in ws.plan.calls] == ["reference/solo#0", "candidate/solo#0"]
     d = admit(ws.contract_path, _run(ws, tmp_path / "run", {}))
-    assert "determinism" not in d.to_json()
+    assert "determinism" not in d.output().model_dump(mode="json", exclude_unset=True)
     assert "determinism" not in receipt_body(d)["figures"]
 
 
 def test_reproduced_outputs_are_admitted(determinism: Workspace, tmp_path: Path) -> None:
     d = admit(determinism.contract_path, _run(determinism, tmp_path / "run", {}))
     assert d.answer is Answer.ADMITTED, d.reason
-    out = d.to_json()["determinism"]
+    out = d.output().model_dump(mode="json", exclude_unset=True)["determinism"]
     assert (out["holds"], out["units"], out["units_differing"], out["reference_units_differing"]) == (True, N, 0, 0)
     assert receipt_body(d)["figures"]["determinism"]["holds"] is True
 
@@ -98,7 +98,7 @@ def test_outputs_that_change_between_runs_are_violated_naming_the_units(determin
                                "candidate (20 differ between the reference's runs too and are not counted); "
                                f"unit {changed[0]}: log-probabilities differ at position 0"), d.reason
     assert "between runs 1 and 2 of layout solo; the reference reproduces it" in d.reason
-    out = d.to_json()["determinism"]
+    out = d.output().model_dump(mode="json", exclude_unset=True)["determinism"]
     assert (out["units_differing"], out["candidate_units_differing"], out["differing_units"]) == (3, 8, changed)
     figures = receipt_body(d)["figures"]["determinism"]
     assert (figures["differing_units"], figures["reference_units_differing"]) == (changed, 20)

@@ -117,7 +117,7 @@ def test_measurements_are_reported_beside_the_decision_and_do_not_decide(ws: Wor
     assert d.plan_version == "invar.plan/3"
     assert d.kl is None
     assert len(d.measurement_evidence) == 2 * UNITS
-    out = d.to_json()
+    out = d.output().model_dump(mode="json", exclude_unset=True)
     m = out["measurements"]
     assert m["teacher_forcing"]["units"] == UNITS
     assert m["teacher_forcing"]["identical"] == UNITS
@@ -185,7 +185,7 @@ def test_compare_numerical_reads_a_use_run_with_its_contract(ws: Workspace, tmp_
     doc = json.loads(out.stdout)
     assert doc["generation"]["units"] == UNITS
     assert doc["teacher_forcing"]["identical"] == UNITS
-    full = admit(ws.contract_path, run).to_json()
+    full = admit(ws.contract_path, run).output().model_dump(mode="json", exclude_unset=True)
     decided = full["measurements"]
     assert doc["captures"] == decided["captures"]  # streamed or held, the same numbers
     # The headline's decision is admission's own.

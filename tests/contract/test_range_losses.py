@@ -392,4 +392,5 @@ def test_measurements_beside_a_range_decision_leave_the_task_to_the_decision(tmp
     assert decision.measurements.task() is None  # the comparison counts 0/1 losses; task_loss has these
     assert isinstance(decision.task_loss, RangeTaskLoss)
     schema = json.loads((REPO_ROOT / "docs" / "schemas" / "use-admit.schema.json").read_text(encoding="utf-8"))
-    jsonschema.Draft202012Validator(schema).validate({**decision.to_json(), "receipt": None})
+    printed = decision.output().model_dump(mode="json", exclude_unset=True)
+    jsonschema.Draft202012Validator(schema).validate({**printed, "receipt": None})

@@ -69,8 +69,9 @@ def test_a_contract_without_it_keeps_its_bytes_and_plan(tmp_path: Path) -> None:
     assert b"relative_to" not in ws.contract.canonical_json()
     assert [c.key for c in ws.plan.calls] == ["reference/solo#0", "candidate/solo#0", "candidate/b4r#0"]
     d = admit(ws.contract_path, _run(ws, tmp_path / "run", {}))
-    assert set(d.to_json()["invariance"]) == {"required", "layouts", "holds", "units", "units_differing",
-                                              "first_difference", "covers"}
+    printed = d.output().model_dump(mode="json", exclude_unset=True)
+    assert set(printed["invariance"]) == {"required", "layouts", "holds", "units", "units_differing",
+                                          "first_difference", "covers"}
     assert set(receipt_body(d)["figures"]["invariance"]) == {"required", "layouts", "holds", "units_differing"}
 
 
@@ -84,7 +85,7 @@ def test_dependence_the_reference_has_too_is_not_a_breach(relative: Workspace, t
     shared = unit_ids(relative, 40, 10)
     d = admit(relative.contract_path, _run(relative, tmp_path / "run", {"reference": shared, "candidate": shared}))
     assert d.answer is Answer.ADMITTED, d.reason
-    inv = d.to_json()["invariance"]
+    inv = d.output().model_dump(mode="json", exclude_unset=True)["invariance"]
     assert inv["holds"] is True
     assert (inv["units_differing"], inv["reference_units_differing"], inv["candidate_units_differing"]) == (0, 40, 40)
     assert inv["gained_units"] == []
@@ -101,7 +102,7 @@ def test_added_dependence_is_violated_naming_the_units(relative: Workspace, tmp_
                                "across layouts solo, b4r (40 vary under the reference too and are not covered); "
                                f"unit {gained[0]}: log-probabilities differ at position 0")
     assert "the reference gives identical outputs across layouts solo, b4r" in d.reason
-    inv = d.to_json()["invariance"]
+    inv = d.output().model_dump(mode="json", exclude_unset=True)["invariance"]
     assert (inv["holds"], inv["units_differing"], inv["candidate_units_differing"]) == (False, 3, 8)
     assert inv["gained_units"] == gained
     # The receipt states which units gained dependence.

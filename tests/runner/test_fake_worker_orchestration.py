@@ -128,7 +128,7 @@ def test_admission_releases_the_plan_and_its_units_before_it_decides(ws: Workspa
 
     decision = admit(ws.contract_path, baseline, progress=progress)
     assert alive_when_deciding == [False, False]
-    assert decision.to_json() == admit(ws.contract_path, baseline).to_json()
+    assert decision.output() == admit(ws.contract_path, baseline).output()
 
 
 def test_each_call_runs_its_planned_batch_schedule(ws: Workspace, tmp_path: Path) -> None:
@@ -147,13 +147,13 @@ def test_a_batch_dependent_candidate_fails_the_invariance_layouts(tmp_path: Path
     ws = _workspace(tmp_path)
     script = Script(batch_dependent=_candidate)
     use_run(ws.contract_path, tmp_path / "run", transport=FakeTransport(script))
-    d = admit(ws.contract_path, tmp_path / "run").to_json()
+    d = admit(ws.contract_path, tmp_path / "run").output().model_dump(mode="json", exclude_unset=True)
     assert d["answer"] != "Admitted"
     assert "b4r" in str(d["invariance"])
     # The same contract with an engine whose samples do not depend on their batch passes them.
     use_run(ws.contract_path, tmp_path / "steady", transport=FakeTransport())
     steady = admit(ws.contract_path, tmp_path / "steady")
-    assert steady.to_json()["invariance"] != d["invariance"]
+    assert steady.output().model_dump(mode="json", exclude_unset=True)["invariance"] != d["invariance"]
 
 
 @pytest.mark.parametrize("fault", ["die", "error", "hang"])

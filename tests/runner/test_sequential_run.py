@@ -113,7 +113,8 @@ def test_an_identical_candidate_stops_admitted_before_n_max_and_a_killed_run_res
         decision.reason
     assert decision.bound is not None
     assert decision.bound.upper <= 0.2 < 0.295
-    assert decision.to_json()["sequential"]["version"] == "paired-binary-sequence/1"
+    assert decision.sequential is not None
+    assert decision.sequential.output().version == "paired-binary-sequence/1"
     receipt = tmp_path / "receipt.json"
     write_receipt(receipt, make_receipt(decision, contract=contract))
     assert verify_receipt(receipt, run, contract, trust_embedded_key=True).decision.answer is Answer.ADMITTED

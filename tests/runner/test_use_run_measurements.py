@@ -52,7 +52,7 @@ def baseline(contract: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _figures(run: Path, contract: Path) -> dict[str, Any]:
-    d = admit(contract, run).to_json()
+    d = admit(contract, run).output().model_dump(mode="json", exclude_unset=True)
     d["measurements"].pop("sources")  # names the run's folder
     return {k: d[k] for k in ("answer", "reason", "task_loss", "invariance", "measurements")}
 
@@ -66,7 +66,7 @@ def test_measurements_follow_the_sampling_and_are_decided_beside_it(contract: Pa
     assert methods.index("score") > max(i for i, m in enumerate(methods) if m == "generate")
     d = admit(contract, baseline)
     assert d.plan_version == "invar.plan/3"
-    m = d.to_json()["measurements"]
+    m = d.output().model_dump(mode="json", exclude_unset=True)["measurements"]
     assert m["teacher_forcing"]["units"] == UNITS
     assert m["reference_self_consistency"] == {"units": UNITS, "identical": UNITS}  # HF scores its own samples exactly
     assert m["teacher_forcing"]["identical"] == 0  # NF4 weights move every step
@@ -107,5 +107,6 @@ def test_compare_numerical_reads_the_use_run(contract: Path, baseline: Path, tmp
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["generation"]["units"] == UNITS
-    assert doc["captures"] == admit(contract, baseline).to_json()["measurements"]["captures"]
+    decided = admit(contract, baseline).output().model_dump(mode="json", exclude_unset=True)
+    assert doc["captures"] == decided["measurements"]["captures"]
     assert report.is_file()

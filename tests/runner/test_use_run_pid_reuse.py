@@ -42,5 +42,4 @@ def test_workers_with_the_pids_of_the_first_attempt_keep_the_resumed_run_readabl
         assert len(pids) > len(set(pids))
     # Admission reads every record: the resumed run decides as an uninterrupted one does.
     use_run(ws.contract_path, tmp_path / "whole", transport=FakeTransport())
-    assert admit(ws.contract_path, run).to_json()["answer"] == admit(ws.contract_path, tmp_path / "whole").to_json()[
-        "answer"]
+    assert admit(ws.contract_path, run).answer == admit(ws.contract_path, tmp_path / "whole").answer

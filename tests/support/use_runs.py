@@ -27,5 +27,5 @@ def outputs_by_call(run: Path, contract: Path) -> dict[str, str]:
 
 def decision_figures(run: Path, contract: Path) -> dict[str, Any]:
     """The decision's answer, reason, task loss, bound, invariance and diagnostics."""
-    d = admit(contract, run).to_json()
+    d = admit(contract, run).output().model_dump(mode="json", exclude_unset=True)
     return {k: d[k] for k in ("answer", "reason", "task_loss", "bound", "invariance", "diagnostics")}

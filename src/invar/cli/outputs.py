@@ -20,16 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from invar.compare.outputs import CompareHistoriesOutput as CompareHistoriesOutput  # in the table; the core returns it
 from invar.compare.outputs import CompareNumericalOutput as CompareNumericalOutput  # in the table; the core returns it
-from invar.compare.outputs import ComparisonBody, KlRequirementOutput
-from invar.contract.outputs import DecisionContract, NonFiniteCallOutput, PremiseOutput
+from invar.contract.outputs import DecisionOutput
 from invar.docstrings import describe
-from invar.evidence import EvidenceOutput, RangeTaskLossOutput, TaskLossOutput
 from invar.imported.outputs import UseAdmitImportedOutput as UseAdmitImportedOutput  # in the table; the core returns it
 from invar.imported.outputs import UseSummaryOutput as UseSummaryOutput  # in the table; the core returns it
 from invar.printed import Closed
 from invar.runner.outputs import EngineFields
 from invar.runner.outputs import InferOutput as InferOutput  # in the table; the core returns it
-from invar.stats.rows import BoundOutput, DiagnosticsOutput, RangeDiagnosticsOutput, SequentialDecisionOutput
 from invar.stats.rows import UsePlanOutput as UsePlanOutput  # in the table; the core returns it
 
 OUTPUT_SCHEMA_VERSION = "invar.outputs/1"
@@ -369,85 +366,6 @@ class UseRunOutput(Closed):
     sequential_stop: dict[str, Any] | None
     admit: str
     """The command that decides this run, anchored at its head."""
-
-
-class InvarianceOutput(Closed):
-    required: bool
-    layouts: list[str]
-    holds: bool
-    units: int
-    units_differing: int
-    """Units that break the requirement (relative to the reference: that gained layout dependence)."""
-    first_difference: str | None
-    covers: str
-    relative_to: Literal["reference"] | None = None
-    """Present when the contract judges invariance relative to the reference (`invariance.relative_to`)."""
-    reference_units_differing: int | None = None
-    """Relative to the reference: units the reference itself varies on across the layouts (not covered)."""
-    candidate_units_differing: int | None = None
-    """Relative to the reference: units the candidate varies on across the layouts, gained or not."""
-    gained_units: list[str] | None = None
-    """Relative to the reference: the ids of the units that gained layout dependence, in plan order."""
-
-
-class DeterminismOutput(Closed):
-    required: Literal[True]
-    layout: str
-    """The layout the candidate ran again."""
-    runs: int
-    """How many times it ran it, each later run in a worker started afresh."""
-    holds: bool
-    units: int
-    units_differing: int
-    """Units that break the requirement: their outputs differ between runs under the candidate (relative to the
-    reference: and not under the reference)."""
-    candidate_units_differing: int
-    """Units whose outputs differ between runs under the candidate, counted or not."""
-    relative_to: Literal["reference"] | None
-    """`reference` when the reference ran the layout again too and its varying units are not counted."""
-    reference_units_differing: int | None
-    """Relative to the reference: units whose outputs differ between the reference's runs (not counted)."""
-    first_difference: str | None
-    differing_units: list[str]
-    """The ids of the units counted against the candidate, in plan order."""
-    covers: str
-
-
-class DecisionMeasurements(ComparisonBody):
-    requirement: KlRequirementOutput | None
-    note: str
-
-
-class DecisionOutput(Closed):
-    """A use decision (`Decision.to_json()`): what `use admit --json` prints, less the receipt's path."""
-
-    answer: Literal["Admitted", "Violated", "Unknown"]
-    exit_code: Literal[0, 10, 11]
-    reason: str
-    decision_version: str
-    plan_version: str
-    contract: DecisionContract
-    run: str
-    chain_head: str
-    records: int
-    standard: Literal["population", "finite-domain"]
-    epsilon: str
-    delta: str | None
-    invariance: InvarianceOutput
-    premises: list[PremiseOutput]
-    task_loss: TaskLossOutput | RangeTaskLossOutput
-    """0/1 losses, or (with `loss_range`) losses in the scorer's declared range."""
-    bound: BoundOutput | None
-    diagnostics: DiagnosticsOutput | RangeDiagnosticsOutput | None
-    evidence: list[EvidenceOutput]
-    measurements: DecisionMeasurements | None = None
-    """Plan /3 contracts only."""
-    sequential: SequentialDecisionOutput | None = None
-    """Sequential contracts only."""
-    nonfinite: NonFiniteCallOutput | None = None
-    """Only when the run stopped at a candidate call answered with non-finite values: that call, which decides."""
-    determinism: DeterminismOutput | None = None
-    """Contracts that require determinism only (absent when the run stopped at a non-finite call)."""
 
 
 class UseAdmitOutput(DecisionOutput):

@@ -543,10 +543,11 @@ def admit_cmd(
     if summary is not None:
         append_summary(summary, headline(decision, "recorded"))
     if json_out:
-        # The decision's own JSON (what a receipt states), validated by the output's model and printed as it; the
-        # parts a decision does not have (measurements, sequential) stay absent.
-        emit_model(outputs.UseAdmitOutput.model_validate(
-            {**decision.to_json(), "receipt": None if receipt is None else str(receipt)}), exclude_unset=True)
+        # The decision's own model and the receipt's path; the parts a decision does not have (measurements,
+        # sequential) are not set, and stay absent.
+        printed = decision.output()
+        emit_model(outputs.UseAdmitOutput(**{name: getattr(printed, name) for name in printed.model_fields_set},
+                                          receipt=None if receipt is None else str(receipt)), exclude_unset=True)
     else:
         typer.echo(render_decision(decision))
         if receipt is not None:

@@ -47,7 +47,14 @@ from invar.compare.measured import KlRequirement, MeasurementRecord
 from invar.compare.numerical import NumericalComparison
 from invar.contract.bind import CallEvidence, NonFiniteCall, Output
 from invar.contract.model import Contract
-from invar.contract.outputs import PremiseOutput
+from invar.contract.outputs import (
+    DecisionContract,
+    DecisionMeasurements,
+    DecisionOutput,
+    DeterminismOutput,
+    InvarianceOutput,
+    PremiseOutput,
+)
 from invar.contract.plan import ExecutionPlan, Role, Unit
 from invar.errors import EvidenceError
 from invar.evidence import RangeTaskLoss, TaskLoss, range_method, within_epsilon
@@ -90,18 +97,21 @@ class Invariance:
     relative: RelativeInvariance | None = None
     """Invariance relative to the reference (`invariance.relative_to = "reference"`); None otherwise."""
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "required": self.required, "layouts": list(self.layouts), "holds": self.holds, "units": self.units,
-            "units_differing": self.units_differing, "first_difference": self.first_difference,
-            "covers": "only the layouts listed; the reference is not required to be invariant",
-        }
-        if self.relative is not None:  # only then, so decisions of other contracts keep their bytes
-            out["covers"] = ("only the layouts listed, and only the units the reference is invariant on; "
-                             "units_differing counts those that gained layout dependence under the candidate")
-            out["relative_to"] = "reference"
-            out.update(self.relative.to_json())
-        return out
+    def output(self) -> InvarianceOutput:
+        """What a decision prints of it; the relative counts only when relative to the reference, so decisions of
+        other contracts keep their bytes."""
+        shared = {"required": self.required, "layouts": list(self.layouts), "holds": self.holds,
+                  "units": self.units, "units_differing": self.units_differing,
+                  "first_difference": self.first_difference}
+        r = self.relative
+        if r is None:
+            return InvarianceOutput(
+                **shared, covers="only the layouts listed; the reference is not required to be invariant")
+        return InvarianceOutput(
+            **shared, covers=("only the layouts listed, and only the units the reference is invariant on; "
+                              "units_differing counts those that gained layout dependence under the candidate"),
+            relative_to="reference", reference_units_differing=r.reference_units_differing,
+            candidate_units_differing=r.candidate_units_differing, gained_units=list(r.gained_units))
 
 
 @dataclass(frozen=True)
@@ -115,11 +125,6 @@ class RelativeInvariance:
     gained_units: tuple[str, ...]
     """The unit ids, in plan order, whose outputs are bit-identical across the layouts under the reference and
     differ under the candidate: the layout dependence the candidate added."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"reference_units_differing": self.reference_units_differing,
-                "candidate_units_differing": self.candidate_units_differing,
-                "gained_units": list(self.gained_units)}
 
 
 @dataclass(frozen=True)
@@ -142,15 +147,16 @@ class Determinism:
     differing_units: tuple[str, ...]
     """The ids, in plan order, of the units counted against the candidate."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {"required": True, "layout": self.layout, "runs": self.runs, "holds": self.holds, "units": self.units,
-                "units_differing": self.units_differing,
-                "candidate_units_differing": self.candidate_units_differing,
-                "relative_to": None if self.reference_units_differing is None else "reference",
-                "reference_units_differing": self.reference_units_differing,
-                "first_difference": self.first_difference, "differing_units": list(self.differing_units),
-                "covers": "only the layout listed, run again in a worker started afresh; other layouts and later "
-                          "runs are not covered"}
+    def output(self) -> DeterminismOutput:
+        """What a decision prints of it."""
+        return DeterminismOutput(
+            required=True, layout=self.layout, runs=self.runs, holds=self.holds, units=self.units,
+            units_differing=self.units_differing, candidate_units_differing=self.candidate_units_differing,
+            relative_to=None if self.reference_units_differing is None else "reference",
+            reference_units_differing=self.reference_units_differing, first_difference=self.first_difference,
+            differing_units=list(self.differing_units),
+            covers="only the layout listed, run again in a worker started afresh; other layouts and later runs are "
+                   "not covered")
 
 
 def check_determinism(plan: ExecutionPlan, found: Mapping[str, CallEvidence], layout: str, runs: int,
@@ -451,36 +457,31 @@ class Decision:
     def exit_code(self) -> int:
         return EXIT_CODES[self.answer]
 
-    def to_json(self) -> dict[str, Any]:
-        b = self.bound
-        return {
-            "answer": self.answer.value,
-            "exit_code": self.exit_code,
-            "reason": self.reason,
-            "decision_version": self.decision_version,
-            "plan_version": self.plan_version,
-            "contract": {"name": self.contract_name, "sha256": self.contract_sha256},
-            "run": self.run,
-            "chain_head": self.chain_head,
-            "records": self.records,
-            "standard": self.standard,
-            "epsilon": str(self.epsilon),
-            "delta": None if self.delta is None else str(self.delta),
-            "invariance": self.invariance.to_json(),
-            "premises": [p.output().model_dump(mode="json") for p in self.premises],
-            "task_loss": self.task_loss.output().model_dump(mode="json"),
-            "bound": None if b is None else b.output().model_dump(mode="json"),
-            "diagnostics": None if self.diagnostics is None else self.diagnostics.output().model_dump(mode="json"),
-            "evidence": [e.output().model_dump(mode="json") for e in self.evidence]
-            + [m.output().model_dump(mode="json") for m in self.measurement_evidence],
-            **({} if self.measurements is None else {"measurements": {
-                **self.measurements.body().model_dump(),
-                "requirement": None if self.kl is None else self.kl.output().model_dump(mode="json"),
-                "note": "measurements only; they decide nothing unless the contract sets max_kl"}}),
-            **({} if self.sequential is None else {"sequential": self.sequential.output().model_dump(mode="json")}),
-            **({} if self.nonfinite is None else {"nonfinite": self.nonfinite.output().model_dump(mode="json")}),
-            **({} if self.determinism is None else {"determinism": self.determinism.to_json()}),
-        }
+    def output(self) -> DecisionOutput:
+        """What `use admit --json` prints of it (less the receipt's path); the parts a decision does not have
+        (measurements, sequential, nonfinite, determinism) are left unset, so they stay absent."""
+        optional: dict[str, Any] = {}
+        if self.measurements is not None:
+            optional["measurements"] = DecisionMeasurements(
+                **dict(self.measurements.body()), requirement=None if self.kl is None else self.kl.output(),
+                note="measurements only; they decide nothing unless the contract sets max_kl")
+        if self.sequential is not None:
+            optional["sequential"] = self.sequential.output()
+        if self.nonfinite is not None:
+            optional["nonfinite"] = self.nonfinite.output()
+        if self.determinism is not None:
+            optional["determinism"] = self.determinism.output()
+        return DecisionOutput(
+            answer=self.answer.value, exit_code=self.exit_code, reason=self.reason,
+            decision_version=self.decision_version, plan_version=self.plan_version,
+            contract=DecisionContract(name=self.contract_name, sha256=self.contract_sha256), run=self.run,
+            chain_head=self.chain_head, records=self.records, standard=self.standard, epsilon=str(self.epsilon),
+            delta=None if self.delta is None else str(self.delta), invariance=self.invariance.output(),
+            premises=[p.output() for p in self.premises], task_loss=self.task_loss.output(),
+            bound=None if self.bound is None else self.bound.output(),
+            diagnostics=None if self.diagnostics is None else self.diagnostics.output(),
+            evidence=[e.output() for e in self.evidence] + [m.output() for m in self.measurement_evidence],
+            **optional)
 
 
 def decide(
