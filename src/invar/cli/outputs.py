@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from invar.compare.outputs import CompareHistoriesOutput as CompareHistoriesOutput  # in the table; the core returns it
 from invar.compare.outputs import CompareNumericalOutput as CompareNumericalOutput  # in the table; the core returns it
-from invar.contract.outputs import DecisionOutput
+from invar.contract.outputs import DecisionOutput, SequentialSectionOutput
 from invar.docstrings import describe
 from invar.imported.outputs import UseAdmitImportedOutput as UseAdmitImportedOutput  # in the table; the core returns it
 from invar.imported.outputs import UseSummaryOutput as UseSummaryOutput  # in the table; the core returns it
@@ -328,7 +328,7 @@ class UsePrepareOutput(Closed):
     calls: list[PreparedCall]
     measurements: int
     plan_version: str
-    sequential: dict[str, Any] | None
+    sequential: SequentialSectionOutput | None
     """Sequential contracts (plan /4): the stopping rule's method, n_max and looks, as the plan states them."""
 
 

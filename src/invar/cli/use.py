@@ -74,7 +74,7 @@ def prepare_cmd(
             calls=[outputs.PreparedCall(call=c.key, purposes=list(c.purposes), batches=len(c.batches))
                    for c in plan.calls],
             measurements=len(plan.measurements), plan_version=plan.version,
-            sequential=None if plan.sequential is None else plan.sequential.to_json()))
+            sequential=None if plan.sequential is None else plan.sequential.output()))
         return
     typer.echo(f"{prepared.sha256}  {prepared.path}")
     typer.echo(f"plan {plan.version}: {len(plan.units)} units, {len(plan.calls)} generate calls")

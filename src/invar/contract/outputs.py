@@ -38,6 +38,21 @@ class PremiseOutput(Closed):
     """How that was found."""
 
 
+class SequentialSectionOutput(Closed):
+    """A sequential contract's stopping rule as its plan fixes it (plan /4), before any data exists."""
+
+    method: str
+    """The stopping rule's method."""
+    version: str
+    """The method's version the contract fixes."""
+    n_max: int
+    """The most units the rule reads."""
+    looks: int
+    """How many looks it takes."""
+    boundaries: list[int]
+    """Cumulative units at the end of each look, increasing, the last equal to `n_max`."""
+
+
 # --- the signed receipt ---------------------------------------------------------------------------------------------
 # The predicate of the in-toto statement `use admit --receipt` signs (predicate type https://invar.dev/use-decision/v1):
 # `invar.contract.receipt` builds it from the decision and writes it as canonical JSON, and scripts/schemas.py writes
@@ -284,4 +299,5 @@ __all__ = [
     "ReceiptPredicate",
     "ReceiptRun",
     "ReceiptSequential",
+    "SequentialSectionOutput",
 ]

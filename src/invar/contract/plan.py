@@ -41,7 +41,7 @@ import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import msgpack
 import numpy as np
@@ -53,6 +53,9 @@ from invar.errors import ContractError
 from invar.protocol.payloads import GenerateParams, GenerateRequest, ScoreItem, ScoreParams
 from invar.tasks.population import Unit as PopulationUnit
 from invar.tasks.population import UnitTable
+
+if TYPE_CHECKING:
+    from invar.contract.outputs import SequentialSectionOutput
 
 PLAN_VERSION_1 = "invar.plan/1"
 """One generate call per package and layout, carrying every unit."""
@@ -248,9 +251,12 @@ class SequentialSection:
         """The unit indices the first `looks` looks cover, in the rule's order."""
         return self.order[: self.boundaries[looks - 1]] if looks else ()
 
-    def to_json(self) -> dict[str, Any]:
-        return {"method": self.method, "version": self.version, "n_max": self.n_max,
-                "looks": len(self.boundaries), "boundaries": list(self.boundaries)}
+    def output(self) -> SequentialSectionOutput:
+        """What `use prepare --json` prints of it."""
+        from invar.contract.outputs import SequentialSectionOutput  # the printed models: not on the plan's path
+
+        return SequentialSectionOutput(method=self.method, version=self.version, n_max=self.n_max,
+                                       looks=len(self.boundaries), boundaries=list(self.boundaries))
 
 
 @dataclass(frozen=True)
