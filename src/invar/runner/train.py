@@ -257,7 +257,18 @@ def _check_made_by(store: RunStore, run_dir: Path, p: Plan) -> str:
     """An existing run must verify and be a training run of this configuration; its head, as verified."""
     try:
         head = store.verify().head
-        run = store.meta().get("run", {})
+    except RecordError as exc:
+        raise UnreadableRun(f"{exc}; it cannot be resumed: restore its records, or choose a new run directory") \
+            from None
+    _check_run_of(store, run_dir, p)
+    return head
+
+
+def _check_run_of(store: RunStore, run_dir: Path, p: Plan) -> None:
+    """An existing run must be a training run of this configuration, on the same inputs (its metadata as recorded:
+    verified where it matters, by `_check_made_by`)."""
+    try:
+        run = store.meta("run").get("run", {})
     except RecordError as exc:
         raise UnreadableRun(f"{exc}; it cannot be resumed: restore its records, or choose a new run directory") \
             from None
@@ -280,7 +291,6 @@ def _check_made_by(store: RunStore, run_dir: Path, p: Plan) -> str:
             raise ResumeRefused(f"{run_dir}: {what} changed since the run started ({_short(run.get(key))} → "
                                 f"{_short(now.get(key))}); restore it to resume the run, or choose a new run "
                                 "directory")
-    return head
 
 
 def _short(value: Any) -> str:
@@ -318,6 +328,9 @@ def _open(run_dir: Path, p: Plan, *, before_writing: Callable[[], object] = lamb
             if existing.closed:  # read from the last record: nothing verified yet
                 head = _check_made_by(existing, run_dir, p)
                 return _OpenRun("closed", None, published_cycles(existing, run_dir), head)
+            # A run of another configuration, or whose inputs changed, is refused before the writer lock is taken:
+            # its folder stays byte for byte as it was. Its records are verified once, below, for writing.
+            _check_run_of(existing, run_dir, p)
     before_writing()
     if not is_run(run_dir):
         store = RunStore.create(run_dir, meta=p.meta())
