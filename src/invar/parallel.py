@@ -5,6 +5,10 @@ exact power evaluations, the blocks of a simulation), and it runs them in order 
 stay pure functions with no process of their own. A command that wants the cores (`invar use plan`) runs its work
 inside `forked()`, and then `map_calls` runs the pieces in forked processes, one per core. The results are the same
 numbers either way, in the same order: each piece is a pure function of its arguments.
+
+A command may also opt in to one helper process of a reader's own (`helper()`): `use admit`, `use verify` and
+`compare numerical RUN` let the run store check its records' bytes in a second process while this one binds and
+scores them (`invar.records.store`); what they print is the same either way.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import TypeVar, cast
 T = TypeVar("T")
 
 _ENABLED = [False]  # set by `forked()`; a forked worker inherits it
+_HELPER = [False]  # set by `helper()`
 _PENDING: list[Callable[[], object]] = []  # the calls the next pool's workers run (they see them by fork)
 _CALLS: list[Callable[[], object]] = []  # in a worker: the calls its pool was started for
 _DEPTH = [0]  # 0: the main process; 1: a worker; 2: a worker's worker
@@ -41,6 +46,26 @@ def forked() -> Iterator[None]:
         yield
     finally:
         _ENABLED[0] = before
+
+
+@contextlib.contextmanager
+def helper() -> Iterator[None]:
+    """Within this block, a reader may fork one helper process of its own where there are several cores
+    (`helper_allowed`): the run store's checking process, which `use admit` and `use verify` opt in to. Nothing
+    else forks (`map_calls` still runs in this process)."""
+    before = _HELPER[0]
+    _HELPER[0] = True
+    try:
+        yield
+    finally:
+        _HELPER[0] = before
+
+
+def helper_allowed() -> bool:
+    """Whether the running command opted in to a helper process (`helper()`) or to the cores (`forked()`), and this
+    process may fork one: the main process, on a machine with several cores, where fork exists."""
+    return (_HELPER[0] or _ENABLED[0]) and _DEPTH[0] == 0 and cores() >= 2 and hasattr(os, "fork") and \
+        not multiprocessing.current_process().daemon
 
 
 def _run_pending(index: int) -> object:

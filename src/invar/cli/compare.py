@@ -189,6 +189,7 @@ def numerical(
     from invar.cli.progress import admission_steps, reporting
     from invar.compare.runs import check_run_kind, pair_runs, read_generate_run, read_score_run
     from invar.contract.compare_run import compare_use_run
+    from invar.parallel import helper
 
     if len(runs) == 2:  # a path that is no such run is refused in one line, before any progress is shown
         for path, what, kind in ((runs[0], "REF_RUN", "generate"), (runs[1], "CAND_RUN", "generate"),
@@ -222,9 +223,10 @@ def numerical(
                 result = compare(pairs, captures, context="reference", large_step=large_step, sources=sources)
             else:
                 rows = _RowSpill() if json_out else None
-                result = compare_use_run(runs[0], contract, large_step=large_step, phase=shown.phase,
-                                         progress=admission_steps(shown),
-                                         row=(lambda u: None) if rows is None else rows.add)
+                with helper():  # the records checked on a second core, as by `use admit`
+                    result = compare_use_run(runs[0], contract, large_step=large_step, phase=shown.phase,
+                                             progress=admission_steps(shown),
+                                             row=(lambda u: None) if rows is None else rows.add)
         except InputError as exc:
             raise InvarError(str(exc)) from None
         if report is not None:

@@ -533,7 +533,10 @@ def admit_cmd(
     if key is not None and receipt is None:
         raise InvarError("--key signs a receipt; add --receipt PATH for the receipt to write")
     private = load_private_key(key) if key is not None else None  # a bad key fails before the long part
-    with reporting(quiet) as shown:
+    from invar.parallel import helper
+
+    # The run's records are checked in a second process on a second core while this one binds and scores them.
+    with reporting(quiet) as shown, helper():
         decision = admit(contract, run, expect_head=expect_head, progress=admission_steps(shown))
         if receipt is not None:
             shown.phase("writing the receipt")
@@ -617,8 +620,9 @@ def verify_cmd(
     from invar.cli import outputs
     from invar.cli.progress import admission_steps, reporting
     from invar.contract.receipt import verify_receipt
+    from invar.parallel import helper
 
-    with reporting(quiet) as shown:
+    with reporting(quiet) as shown, helper():  # the records checked on a second core, as by `use admit`
         check = verify_receipt(receipt, run, contract, public_key, trust_embedded_key=trust_embedded_key,
                                progress=admission_steps(shown))
     d = check.decision

@@ -25,11 +25,14 @@ makes it afresh.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import hashlib
 import itertools
 import os
 import shutil
+import signal
 import sqlite3
 import stat
 import tempfile
@@ -40,7 +43,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from invar import __version__, canonical
+import msgpack
+import numpy as np
+
+from invar import __version__, canonical, parallel
 from invar.errors import ProtocolError, RecordError
 from invar.protocol.messages import Call, Identity, Kind, Report
 from invar.records.digests import CallDigest, ReportDigest
@@ -157,6 +163,8 @@ class RunStore:
         self._report_of: dict[int, int] = {}
         self._counts = {"call": 0, "report": 0}
         self._call_seqs: dict[str, int] = {}
+        self._source: tuple[str, bool] | None = None
+        """How a store opened read-only was connected to (`_connect`'s arguments): a checking process opens it so."""
         if row:
             for kind, count in conn.execute("SELECT kind, count(*) FROM log GROUP BY kind"):
                 if kind in self._counts:
@@ -262,10 +270,15 @@ class RunStore:
             if os.access(root, os.W_OK) and os.access(db, os.W_OK):
                 # Not ?mode=ro: a WAL left by a killed writer must be replayed, which needs the -shm file.
                 conn = cls._connect(db)
+                source: tuple[str, bool] = (str(db), False)
             else:
                 conn, scratch = cls._open_on_read_only_media(db)
+                source = (str(scratch / DB_NAME), False) if scratch is not None else \
+                    (f"{db.resolve().as_uri()}?immutable=1", True)
             conn.execute("PRAGMA query_only=ON")
-            return cls(root, conn, writable=False, scratch=scratch)
+            store = cls(root, conn, writable=False, scratch=scratch)
+            store._source = source
+            return store
         except sqlite3.DatabaseError as exc:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -548,6 +561,17 @@ class RunStore:
                       report_of: dict[int, int] | None = None) -> Iterator[CallRecord]:
         """The walk behind `stream`: fills `v` as it goes (and `digests`, `report_of` for `iter_calls`, when given);
         see `stream`."""
+        checker = _Checker.start(self._source) if self._source is not None and parallel.helper_allowed() else None
+        try:
+            yield from self._walk_checked(v, digests, report_of, checker)
+        finally:
+            if checker is not None:
+                checker.stop()
+
+    def _walk_checked(self, v: Verification, digests: dict[int, str] | None, report_of: dict[int, int] | None,
+                      checker: _Checker | None) -> Iterator[CallRecord]:
+        """`_walk_records`, each body decoded strictly here or, where `checker`'s process decoded the very same
+        bytes strictly, read as the value they hold (`_decode_checked`)."""
         prev = GENESIS
         workers: dict[str, Identity] = {}
         pending: dict[tuple[str, int], CallRecord] = {}
@@ -567,7 +591,8 @@ class RunStore:
             if _chain(prev, seq, kind, worker, digest, at_ns) != chain:
                 raise RecordError(f"{where}: the chain does not match: the record or one before it was altered")
             chain_before, prev = prev, chain
-            message = _canonical_body(where, body)
+            checked = checker is not None and checker.decoded(seq, digest)
+            message = _decode_checked(body) if checked else _canonical_body(where, body)
             done: CallRecord | None = None
             try:
                 if kind == "meta":
@@ -683,6 +708,127 @@ def _canonical_body(where: str, body: bytes) -> Any:
         return canonical.decode(body)
     except canonical.CanonicalError as exc:
         raise RecordError(f"{where}: undecodable ({exc})") from None
+
+
+def _decode_checked(body: bytes) -> Any:
+    """The value of a record's body that `canonical.decode` accepted (in the checking process, the same sha256): the
+    same value, read without checking its form again. Arrays are read-only views of `body`, as `decode` gives them."""
+    view = memoryview(body)
+    doc_end = _DOC_START + int.from_bytes(view[:_DOC_START], "big")
+    blobs = doc_end if doc_end == len(view) else doc_end + -doc_end % _ALIGN
+    wire, unpack, frombuffer = _WIRE_DTYPES, msgpack.unpackb, np.frombuffer
+
+    def array(_code: int, payload: bytes) -> Any:
+        dtype, shape, offset, nbytes = unpack(payload, raw=False)
+        dt = wire[dtype]
+        arr = frombuffer(view, dtype=dt, count=nbytes // dt.itemsize, offset=blobs + offset)
+        if len(shape) != 1:
+            arr = arr.reshape(shape)
+        return canonical.BFloat16Array(arr) if dtype == "bfloat16" else arr
+
+    return msgpack.unpackb(view[_DOC_START:doc_end], raw=False, strict_map_key=True, ext_hook=array, timestamp=3)
+
+
+_DOC_START, _ALIGN, _WIRE_DTYPES = 4, 16, canonical._WIRE_DTYPES  # the layout `canonical.encode` writes
+_ENTRY = 40
+_CHECKED_UP_TO = 8 << 20
+"""The largest body the checking process decodes: a larger one (a run's kept inputs, which hold its population) is
+decoded by the walk itself, before the plan is derived (`CallStream.prime`), so that its decoding (several times its
+size) is held by neither process beside the other's."""
+"""A checked record as the checking process tells it: its seq (8 bytes, big-endian), then its sha256 (32 bytes)."""
+
+
+class _Checker:
+    """A forked process that reads a store's records in order and decodes each strictly (`canonical.decode`), ahead
+    of the walk: the walk then reads a body that process accepted, with the same sha256, as the value it holds,
+    without checking its form a second time, and checks every other body itself (so a refusal is the walk's own,
+    word for word, in its place). It runs while the walk reads, binds and scores, on another core."""
+
+    def __init__(self, pid: int, fd: int) -> None:
+        self._pid, self._fd = pid, fd
+        self._buffer = b""
+        self._done: dict[int, bytes] = {}
+        self._last = 0  # the last seq the process told
+        self._ended = False
+
+    @classmethod
+    def start(cls, source: tuple[str, bool]) -> _Checker | None:
+        """The process reading the store connected to as `source`, or None where it cannot start."""
+        try:
+            read, write = os.pipe()
+        except OSError:
+            return None
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(read)
+            os.close(write)
+            return None
+        if pid == 0:  # the checking process: it ends here, whatever happens, without running this one's exit
+            code = 1
+            try:
+                os.close(read)
+                _check_records(source, write)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        return cls(pid, read)
+
+    def decoded(self, seq: int, digest: str) -> bool:
+        """Whether the process decoded record `seq` strictly, from bytes of sha256 `digest`: waits for it to get
+        there (it tells each record in order)."""
+        while self._last < seq and not self._ended:
+            try:
+                chunk = os.read(self._fd, 1 << 16)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._ended = True
+                break
+            data = self._buffer + chunk
+            whole = len(data) - len(data) % _ENTRY
+            for i in range(0, whole, _ENTRY):
+                told = int.from_bytes(data[i:i + 8], "big")
+                self._done[told] = data[i + 8:i + _ENTRY]
+                self._last = told
+            self._buffer = data[whole:]
+        got = self._done.pop(seq, None)
+        return got is not None and got.hex() == digest
+
+    def stop(self) -> None:
+        """End the process (done or not) and reap it."""
+        os.close(self._fd)  # a process still writing gets a broken pipe and ends
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self._pid, 0)
+
+
+def _check_records(source: tuple[str, bool], fd: int) -> None:
+    """In the checking process: each record of the store at `source`, in order, decoded strictly; the seq and sha256
+    of each one `canonical.decode` accepts written to `fd` (a record it refuses, or one over `_CHECKED_UP_TO` bytes,
+    is left out: the walk checks it)."""
+    conn = sqlite3.connect(source[0], isolation_level=None, uri=source[1])
+    out = bytearray()
+    for seq, body in conn.execute("SELECT seq, body FROM log ORDER BY seq"):
+        if not isinstance(body, bytes) or len(body) > _CHECKED_UP_TO:
+            continue
+        try:
+            canonical.decode(body)
+        except canonical.CanonicalError:
+            continue
+        out += seq.to_bytes(8, "big") + hashlib.sha256(body).digest()
+        if len(out) >= 16 * _ENTRY or len(body) >= 1 << 16:  # told often: the walk waits for each record's word
+            _write_all(fd, out)
+            out.clear()
+    _write_all(fd, out)
+
+
+def _write_all(fd: int, data: bytearray) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _meta_name(body: bytes) -> str | None:
