@@ -2,7 +2,7 @@
 
 The run is read as admission reads it, by the same reader (`invar.contract.reading.RunReader`: the contract's
 anchors, every record verified, bound to the plan and scored in one pass, `RunReader.read_scored`); the pairing
-layout's responses are then read again call by call and kept compactly (`_Responses`), and the captures of plan /3
+layout's responses are kept compactly as that pass binds them (`_Kept`, `_Responses`), and the captures of plan /3
 measurements are read again side by side and dropped once compared: memory follows the number of units, not the
 captures' size. Every unit's pairing-layout responses are compared; teacher forcing and captures
 where the plan measured them. The units are compared one at a time (`invar.compare.measured.streamed_comparison`):
@@ -28,10 +28,10 @@ from invar.compare.measured import MeasuredItem, streamed_comparison
 from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, Response, StreamedComparison, UnitPair, UnitResult
 from invar.compare.outputs import CompareDecision
 from invar.contract.admit import Step, admit
-from invar.contract.bind import BoundEvidence
+from invar.contract.bind import BoundEvidence, CallEvidence, Output
 from invar.contract.decide import Decision
 from invar.contract.model import read_contract
-from invar.contract.plan import ExecutionPlan, Role
+from invar.contract.plan import ExecutionPlan, PlannedCall, Role
 from invar.contract.prepare import ROLES
 from invar.contract.reading import RunReader, _label
 from invar.errors import EvidenceError, InvarError
@@ -71,8 +71,10 @@ def compare_use_run(run: Path, contract_path: Path | None, *, large_step: float 
         stream.prime()  # the run's kept inputs verified and dropped before the plan is derived, as admission does
         reader = RunReader.of_run(contract, sha, contract_file.parent, store, Path(scratch))
         phase("reading the run's records under the contract")
-        # One pass, as admission's: each record verified, bound and its outputs scored, then dropped.
-        scored = reader.read_scored(store, stream=stream)
+        # One pass, as admission's: each record verified, bound and its outputs scored, the pairing layout's kept
+        # compactly, then dropped.
+        kept = _Kept(reader.plan)
+        scored = reader.read_scored(store, stream=stream, keep=kept.visit)
         bound, losses = scored.bound, scored.losses
         if bound.nonfinite:
             first = bound.nonfinite[0]
@@ -80,7 +82,7 @@ def compare_use_run(run: Path, contract_path: Path | None, *, large_step: float 
                                 "answered NonFiniteOutput: the candidate has no outputs there to compare, and the "
                                 f"calls after it were never made; use admit decides it (Violated) from that record")
         phase("comparing the numbers")
-        result = _compared(reader, store, bound, losses, large_step, row)
+        result = _compared(reader, store, bound, losses, large_step, row, kept)
     result.sources["contract_file"] = str(contract_file)
     # The headline's decision is use admit's own, computed by the same function after the comparison is done
     # (so the two never hold their records at once); a run admission refuses is compared all the same.
@@ -93,12 +95,13 @@ def compare_use_run(run: Path, contract_path: Path | None, *, large_step: float 
 
 
 def _compared(reader: RunReader, store: RunStore, bound: BoundEvidence, losses: Mapping[Role, np.ndarray],
-              large_step: float, row: Callable[[UnitResult], object]) -> StreamedComparison:
+              large_step: float, row: Callable[[UnitResult], object], kept: _Kept) -> StreamedComparison:
     """`RunReader.measurements`' comparison, its units streamed: each reached unit's pair made from the bound outputs
-    when it is compared (its texts decoded then), its row handed to `row`, its expected answer shown."""
+    (`kept` as the pass bound them) when it is compared (its texts decoded then), its row handed to `row`, its
+    expected answer shown."""
     plan, contract = reader.plan, reader.contract
     used = reader.reached_units(bound.found, str(store.path))
-    outputs = {role: _Responses.of(plan, bound, role) for role in ROLES}
+    outputs = {role: kept.responses(bound, role) for role in ROLES}
     # The comparison counts 0/1 losses; losses in a wider range are summarised by the decision's task loss only.
     binary = losses["reference"].dtype.kind == "i"
 
@@ -130,22 +133,29 @@ def _compared(reader: RunReader, store: RunStore, bound: BoundEvidence, losses: 
         raise EvidenceError(f"{store.path}: measurements: {exc}") from None
 
 
-class _Responses:
-    """One package's pairing-layout responses, every planned unit's, kept compactly: the tokens (int32) and the
-    log-probabilities (float32) of all units end to end, each unit's start, length and finish reason. Read call by call
-    from the store (each record decoded again, then dropped); about 9 bytes a token and 13 a unit, where each output
-    held as decoded holds its report's bytes and three arrays."""
+class _Kept:
+    """Each pairing-layout call's outputs as the one pass binds them (`RunReader.read_scored`'s `keep`), kept
+    compactly: the call's tokens and log-probabilities end to end, each output's length and finish reason. The records
+    are then not decoded a second time to gather the responses (`responses`)."""
 
-    FINISH = ("stop", "length")
+    def __init__(self, plan: ExecutionPlan) -> None:
+        self._plan = plan
+        self._calls: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
 
-    def __init__(self, tokens: np.ndarray, logprobs: np.ndarray, start: np.ndarray, length: np.ndarray,
-                 finish: np.ndarray) -> None:
-        self.tokens, self.logprobs, self.start, self.length, self.finish = tokens, logprobs, start, length, finish
+    def visit(self, planned: PlannedCall, evidence: CallEvidence, outputs: tuple[Output, ...]) -> None:
+        if planned.layout != self._plan.pairing_layout or planned.run != 1:
+            return
+        self._calls[planned.key] = (
+            np.concatenate([o.tokens for o in outputs]) if outputs else np.zeros(0, dtype=np.int32),
+            np.concatenate([o.logprobs for o in outputs]) if outputs else np.zeros(0, dtype=np.float32),
+            np.array([o.tokens.size for o in outputs], dtype=np.int32),
+            np.array([_Responses.FINISH.index(o.finish_reason) for o in outputs], dtype=np.uint8))
 
-    @classmethod
-    def of(cls, plan: ExecutionPlan, bound: BoundEvidence, role: Role) -> _Responses:
-        """`role`'s responses under the pairing layout, from the calls `bound` holds (a sequential run's reached
-        looks: the units of calls never made are left empty and never read)."""
+    def responses(self, bound: BoundEvidence, role: Role) -> _Responses:
+        """`role`'s responses under the pairing layout, of the calls `bound` holds (a sequential run's reached looks:
+        the units of calls never made are left empty and never read), in the plan's order; the calls' pieces are
+        dropped as they are joined."""
+        plan = self._plan
         n = len(plan.units)
         start, length = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int32)
         finish = np.zeros(n, dtype=np.uint8)
@@ -153,23 +163,34 @@ class _Responses:
         logprobs: list[np.ndarray] = []
         at = 0
         for c in plan.layout_calls(role, plan.pairing_layout):
-            evidence = bound.found.get(c.key)
-            if evidence is None:
+            if c.key not in bound.found:
                 continue
-            outs = evidence.outputs
-            for index, o in zip(c.units, outs, strict=True):
-                start[index], length[index] = at, o.tokens.size
-                finish[index] = cls.FINISH.index(o.finish_reason)
-                at += o.tokens.size
-            tokens.append(np.concatenate([o.tokens for o in outs]) if outs else np.zeros(0, dtype=np.int32))
-            logprobs.append(np.concatenate([o.logprobs for o in outs]) if outs else np.zeros(0, dtype=np.float32))
+            toks, lps, lengths, finished = self._calls.pop(c.key)
+            units = list(c.units)
+            length[units], finish[units] = lengths, finished
+            start[units] = at + np.concatenate([[0], np.cumsum(lengths[:-1], dtype=np.int64)]) if units else 0
+            at += toks.size
+            tokens.append(toks)
+            logprobs.append(lps)
         joined = (np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.int32),
                   np.concatenate(logprobs) if logprobs else np.zeros(0, dtype=np.float32))
         # Outputs are int32 tokens and float32 log-probabilities (the protocol refuses others): joined, they keep
         # their dtypes, so each unit's view has the bits its record holds.
         assert joined[0].dtype == np.int32
         assert joined[1].dtype == np.float32
-        return cls(*joined, start, length, finish)
+        return _Responses(*joined, start, length, finish)
+
+
+class _Responses:
+    """One package's pairing-layout responses, every planned unit's, kept compactly: the tokens (int32) and the
+    log-probabilities (float32) of all units end to end, each unit's start, length and finish reason (`_Kept`); about
+    9 bytes a token and 13 a unit, where each output held as decoded holds its report's bytes and three arrays."""
+
+    FINISH = ("stop", "length")
+
+    def __init__(self, tokens: np.ndarray, logprobs: np.ndarray, start: np.ndarray, length: np.ndarray,
+                 finish: np.ndarray) -> None:
+        self.tokens, self.logprobs, self.start, self.length, self.finish = tokens, logprobs, start, length, finish
 
     def __getitem__(self, index: int) -> Response:
         s, t = int(self.start[index]), int(self.length[index])

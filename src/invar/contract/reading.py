@@ -30,6 +30,7 @@ from invar.contract.bind import (
     CallEvidence,
     Output,
     OutputReader,
+    Visit,
     bind_in_one_pass,
     bind_records,
     collect_evidence,
@@ -113,13 +114,14 @@ class RunReader:
 
     def read_scored(self, store: RunStore, invariance: Sequence[str] = (),
                     progress: Callable[[int, int], object] | None = None, expect_head: str | None = None,
-                    stream: CallStream | None = None) -> Scored:
+                    stream: CallStream | None = None, keep: Visit | None = None) -> Scored:
         """`bind_complete`, each record read and decoded once (`invar.contract.bind.bind_in_one_pass`): as each
         generate call binds, its pairing-layout outputs are scored into the losses and, for the candidate's calls
         under the `invariance` layouts, each output kept as its digest (`invar.contract.decide.output_digest`); then
         the outputs are dropped (`expect_head`: the head the run must have). The same evidence, losses and refusals
         (a loss the scorer refuses is raised as `losses` raises it: the first in the plan's order, after everything
-        binding refuses). `stream`: the store's pass to read (`RunStore.stream(kept=True)`, perhaps primed)."""
+        binding refuses). `stream`: the store's pass to read (`RunStore.stream(kept=True)`, perhaps primed). `keep` is
+        told each bound generate call with its outputs too, once they are scored (what a caller keeps of them)."""
         plan = self.plan
         try:
             scorer = self.scorer
@@ -137,6 +139,8 @@ class RunReader:
         def visit(planned: PlannedCall, evidence: CallEvidence, outputs: tuple[Output, ...]) -> None:
             role = planned.package
             if planned.run > 1:
+                if keep is not None:
+                    keep(planned, evidence, outputs)
                 return  # a later run of the determinism layout: compared with the first run, not scored
             if planned.layout == plan.pairing_layout:
                 try:
@@ -149,6 +153,8 @@ class RunReader:
                 table = digests[planned.layout]
                 for index, o in zip(planned.units, outputs, strict=True):
                     table[index] = output_digest(o)
+            if keep is not None:
+                keep(planned, evidence, outputs)
 
         bound, verification = bind_in_one_pass(store, self.contract, self.sha256, plan, self.eos, visit, progress,
                                                expect_head, stream)
