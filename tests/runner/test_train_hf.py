@@ -1,8 +1,8 @@
 """`invar train` on the Hugging Face backend (HF generates, and learns through peft), on the shipped model: a short
-run whose objective the core recomputes and whose checkpoint chain verifies, a run stopped by SIGTERM and by Ctrl-C
-that resumes to the same checkpoints bit for bit (the HF worker's calls are deterministic on one CPU build), and the
-same configuration with both roles in one worker process (`rollout.layout = "shared"`) publishing the same
-checkpoints.
+run whose objective the core recomputes and whose checkpoint chain verifies, and the same configuration with both
+roles in one worker process (`rollout.layout = "shared"`), stopped by SIGTERM and by Ctrl-C, resuming to the split
+run's checkpoints bit for bit (the HF worker's calls are deterministic on one CPU build): one run shows the stops,
+the resume and the shared layout, which each took a run of their own before.
 
 A run SIGKILLed at random instants (the CLI, then one of its workers) is resumed on MLX
 (test_train_mlx.py::test_a_killed_run_resumes_to_the_same_checkpoints) and on fake workers
@@ -47,30 +47,30 @@ def test_a_short_run_publishes_a_verified_chain(finished: tuple[Path, dict[str, 
     assert first.gap.max < 1e-4
 
 
-def test_both_roles_in_one_process_publish_the_split_runs_checkpoints(finished: tuple[Path, dict[str, object]],
-                                                                    tmp_path: Path) -> None:
+def test_sigterm_and_ctrl_c_stop_in_one_line_and_a_shared_run_resumes_to_the_split_runs_checkpoints(
+        finished: tuple[Path, dict[str, object]], tmp_path: Path) -> None:
+    # The same configuration with both roles in one worker process: a scheduler's SIGTERM after the first cycle, a
+    # Ctrl-C (SIGINT) after the second, then the run to its end. One run shows the stops, the resume, and the shared
+    # layout publishing the split run's checkpoints.
     config = write_config(tmp_path, "hf-small-shared", "hf", rollout={"layout": "shared"})
-    run = tmp_path / "run"
-    out = invar("train", config, "--run", run, "--json")
-    assert out.returncode == 0, out.stderr
-    compared = invar("compare", "histories", finished[0], run, "--json")
-    assert compared.returncode == 0, compared.stdout + compared.stderr
-    doc = json.loads(compared.stdout)
-    assert doc["schedule_knobs_differing"] == {"rollout.layout": ["split", "shared"]}
-    assert [c["responses_same"] for c in doc["cycles"]] == [True, True, True]
-    with RunStore.open(run) as store:
-        pids = {ident.pid for ident in store.workers().values()}
-        placement = [v for k, v in store.meta().items() if k.startswith("placement shared ")]
-    assert len(pids) == 1
-    assert [p["pid"] for p in placement] == list(pids)
-
-
-def test_sigterm_and_ctrl_c_stop_in_one_line_and_the_run_resumes_to_the_same_checkpoints(
-        config: Path, finished: tuple[Path, dict[str, object]], tmp_path: Path) -> None:
-    # A scheduler's SIGTERM after the first cycle, a Ctrl-C (SIGINT) after the second, then the run to its end.
     run = tmp_path / "run"
     stop_at_signal(config, run, signal.SIGTERM, after_cycles=1)
     stop_at_signal(config, run, signal.SIGINT, after_cycles=2)
     out = invar("train", config, "--run", run, "--json")
     assert out.returncode == 0, out.stderr
     assert published(run) == published(finished[0])
+    compared = invar("compare", "histories", finished[0], run, "--json")
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    doc = json.loads(compared.stdout)
+    assert doc["schedule_knobs_differing"] == {"rollout.layout": ["split", "shared"]}
+    assert [c["responses_same"] for c in doc["cycles"]] == [True, True, True]
+    with RunStore.open(run) as store:
+        workers = store.workers()
+        placement = [v for k, v in store.meta().items() if k.startswith("placement shared ")]
+    # Each of the three invocations started one process, whose two channels answered as its two workers; no
+    # worker of the run ran anywhere else.
+    assert len(placement) == 3
+    for p in placement:
+        assert {role: (workers[key].role.value, workers[key].pid) for role, key in p["workers"].items()} == {
+            "inference": ("inference", p["pid"]), "learner": ("learner", p["pid"])}
+    assert set(workers) == {key for p in placement for key in p["workers"].values()}
