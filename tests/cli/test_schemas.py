@@ -9,11 +9,13 @@ import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+from support.cli_batch import InvarSession
 
 from invar import canonical
 from invar.cli.outputs import OUTPUTS
@@ -46,14 +48,20 @@ def _toml(value: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    """Each command's real --json output (some commands twice, in their other modes), by schema name."""
-    out = tmp_path_factory.mktemp("schemas")
+def outputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, list[dict[str, Any]]]]:
+    """Each command's real --json output (some commands twice, in their other modes), by schema name: every command
+    run for real, one after another in one process (tests/support/cli_batch.py: each as `python -m invar.cli` runs
+    it, its own exit status and stdout; its engine workers started as a user's command starts them), so the file
+    pays the CLI's start-up once instead of once per command."""
+    with InvarSession(bound_s=600) as session:
+        yield _outputs(tmp_path_factory.mktemp("schemas"), session)
+
+
+def _outputs(out: Path, session: InvarSession) -> dict[str, list[dict[str, Any]]]:
     got: dict[str, list[dict[str, Any]]] = {}
 
     def invar(name: str, *args: str | Path, codes: tuple[int, ...] = (0,)) -> dict[str, Any]:
-        proc = subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
-                              timeout=600)
+        proc = session.run(*args)
         assert proc.returncode in codes, f"{name}: {proc.stderr[-2000:]}"
         doc: dict[str, Any] = json.loads(proc.stdout)
         got.setdefault(name, []).append(doc)

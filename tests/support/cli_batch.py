@@ -8,7 +8,9 @@ case here is bounded by SIGALRM, so a hang or a read without end fails that case
 from __future__ import annotations
 
 import json
+import os
 import resource
+import select
 import subprocess
 import sys
 import tempfile
@@ -23,8 +25,9 @@ from pathlib import Path
 import invar.cli
 from invar.cli.app import main
 
-spec_path, results_path = Path(sys.argv[1]), Path(sys.argv[2])  # before sys.argv becomes each case's
-spec = json.loads(spec_path.read_text(encoding="utf-8"))
+requests, responses = (os.fdopen(int(fd), mode) for fd, mode in ((sys.argv[1], "r"), (sys.argv[2], "w")))
+for f in (requests, responses):
+    os.set_inheritable(f.fileno(), False)  # not the workers' a command starts
 # What click reads to name the program (`python -m invar.cli`), as under -m.
 sys.modules["__main__"].__package__ = "invar.cli"
 program = str(Path(invar.cli.__file__).parent / "__main__.py")
@@ -38,8 +41,8 @@ def past_bound(signum, frame):
     raise PastBound()
 
 
-results = []
-for case in spec["cases"]:
+for line in requests:
+    case = json.loads(line)
     os.chdir(case["cwd"])
     sys.argv = [program, *case["args"]]
     out = os.open(case["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -48,7 +51,7 @@ for case in spec["cases"]:
     sys.stdout.flush(); sys.stderr.flush()
     os.dup2(out, 1); os.dup2(err, 2)
     signal.signal(signal.SIGALRM, past_bound)
-    signal.alarm(spec["bound_s"])
+    signal.alarm(case["bound_s"])
     started = time.monotonic()
     try:
         main()
@@ -60,7 +63,7 @@ for case in spec["cases"]:
             print(exc.code, file=sys.stderr)
             code = 1
     except PastBound:
-        print(f"ran past {spec['bound_s']} s", file=sys.stderr)
+        print(f"ran past {case['bound_s']} s", file=sys.stderr)
         code = -14
     except BaseException:
         traceback.print_exc()
@@ -72,8 +75,8 @@ for case in spec["cases"]:
         os.dup2(saved[0], 1); os.dup2(saved[1], 2)
         for fd in (out, err, *saved):
             os.close(fd)
-    results.append({"returncode": code, "seconds": seconds})
-results_path.write_text(json.dumps(results), encoding="utf-8")
+    responses.write(json.dumps({"returncode": code, "seconds": seconds}) + "\n")
+    responses.flush()
 '''
 
 
@@ -96,26 +99,67 @@ class Ran:
     seconds: float = field(default=0.0)
 
 
-def invar_batch(cases: Sequence[Case], *, bound_s: int, memory_bytes: int | None = None,
-                timeout: float | None = None) -> list[Ran]:
+class InvarSession:
+    """One process that runs `invar` command lines one after another, each when asked (`run`), so that a later
+    command line may use what an earlier one printed. Use it as a context manager: leaving it ends the process."""
+
+    def __init__(self, *, bound_s: int, memory_bytes: int | None = None) -> None:
+        self.bound_s = bound_s
+        self._scratch = tempfile.TemporaryDirectory(prefix="invar-session-")
+        self.folder = Path(self._scratch.name)
+        self._n = 0
+        requests_r, self._requests = os.pipe()
+        self._responses, responses_w = os.pipe()
+
+        def limit() -> None:
+            if memory_bytes is not None:
+                resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+
+        with (self.folder / "session.log").open("wb") as log:
+            self._proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(requests_r), str(responses_w)],
+                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                          pass_fds=(requests_r, responses_w), preexec_fn=limit)
+        os.close(requests_r)
+        os.close(responses_w)
+        self._reader = os.fdopen(self._responses, "r")
+
+    def run(self, *args: str | Path, cwd: Path | None = None) -> Ran:
+        """`invar ARGS` in `cwd` (the caller's when None), in this process; what it did."""
+        out, err = self.folder / f"{self._n}.out", self.folder / f"{self._n}.err"
+        self._n += 1
+        words = [str(a) for a in args]
+        request = {"args": words, "cwd": str(cwd or Path.cwd()), "out": str(out), "err": str(err),
+                   "bound_s": self.bound_s}
+        os.write(self._requests, (json.dumps(request) + "\n").encode())
+        # The case's own SIGALRM bound ends a slow command; this one ends a process that stopped answering.
+        ready, _, _ = select.select([self._reader], [], [], self.bound_s + 60)
+        line = self._reader.readline() if ready else ""
+        if not line:
+            self._proc.kill()
+            log = (self.folder / "session.log").read_text(encoding="utf-8", errors="replace")
+            raise AssertionError(f"invar {' '.join(words)}: the session process stopped answering:\n{log[-4000:]}")
+        result = json.loads(line)
+        return Ran(args=words, returncode=result["returncode"],
+                   stdout=out.read_text(encoding="utf-8", errors="replace"),
+                   stderr=err.read_text(encoding="utf-8", errors="replace"), seconds=result["seconds"])
+
+    def __enter__(self) -> InvarSession:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        os.close(self._requests)
+        try:
+            self._proc.wait(timeout=60)
+        finally:
+            if self._proc.poll() is None:
+                self._proc.kill()
+                self._proc.wait()
+            self._reader.close()
+            self._scratch.cleanup()
+
+
+def invar_batch(cases: Sequence[Case], *, bound_s: int, memory_bytes: int | None = None) -> list[Ran]:
     """Run `cases` in order through one process; each may take at most `bound_s` seconds (past it, returncode -14
     and "ran past" on stderr); `memory_bytes` caps the process's address space (RLIMIT_AS)."""
-    def limit() -> None:
-        if memory_bytes is not None:
-            resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-
-    with tempfile.TemporaryDirectory(prefix="invar-batch-") as scratch:
-        folder = Path(scratch)
-        spec = {"bound_s": bound_s, "cases": [
-            {"args": [str(a) for a in case.args], "cwd": str(case.cwd or Path.cwd()),
-             "out": str(folder / f"{i}.out"), "err": str(folder / f"{i}.err")} for i, case in enumerate(cases)]}
-        (folder / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
-        proc = subprocess.run([sys.executable, "-c", _CHILD, str(folder / "spec.json"), str(folder / "results.json")],
-                              capture_output=True, text=True, preexec_fn=limit,
-                              timeout=timeout if timeout is not None else bound_s * (len(cases) + 1))
-        assert proc.returncode == 0, f"the batch itself failed:\n{proc.stderr[-4000:]}"
-        results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
-        return [Ran(args=[str(a) for a in case.args], returncode=r["returncode"],
-                    stdout=(folder / f"{i}.out").read_text(encoding="utf-8", errors="replace"),
-                    stderr=(folder / f"{i}.err").read_text(encoding="utf-8", errors="replace"), seconds=r["seconds"])
-                for i, (case, r) in enumerate(zip(cases, results, strict=True))]
+    with InvarSession(bound_s=bound_s, memory_bytes=memory_bytes) as session:
+        return [session.run(*case.args, cwd=case.cwd) for case in cases]
