@@ -12,15 +12,13 @@ import json
 import shlex
 import shutil
 import subprocess
-import sys
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import typer.core
 import typer.main
+from support.cli_batch import Case, invar_batch
 from support.doc_examples import (
     ROOT,
     SHORT_CIRCUITS,
@@ -215,21 +213,25 @@ def _echo_run(run: Path) -> str:
     return head
 
 
-def _run(words: tuple[str, ...], cwd: Path) -> Ran:
+def _args(words: tuple[str, ...], cwd: Path) -> list[str]:
+    """The command line of a documented example as run in `cwd`: an `inspect records` example gets an echo run at
+    the path it names (RUN and HEAD filled in)."""
     args = list(words)
     if command_path("invar " + " ".join(words)) == ("inspect", "records"):
         run = "runs/echo" if "RUN" in args else args[2]
         head = _echo_run(cwd / run)
         args = [{"RUN": run, "HEAD": head}.get(a, a) for a in args]
-    started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "invar.cli", *args], cwd=cwd, capture_output=True, text=True,
-                         timeout=300)
-    return words, out, time.perf_counter() - started
+    return args
 
 
-def _in_parallel(jobs: list[Callable[[], list[Ran]]]) -> list[list[Ran]]:
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return list(pool.map(lambda job: job(), jobs))
+def _run(examples: list[tuple[tuple[str, ...], Path]]) -> list[Ran]:
+    """Each example run in its folder, in order, through one process (tests/support/cli_batch.py: each as
+    `python -m invar.cli` runs it, with its own exit status, stdout and stderr), so the examples pay the CLI's
+    start-up once instead of once each."""
+    cases = [Case(_args(words, cwd), cwd) for words, cwd in examples]
+    done = invar_batch(cases, bound_s=300)
+    return [(words, subprocess.CompletedProcess(out.args, out.returncode, out.stdout, out.stderr), out.seconds)
+            for (words, _), out in zip(examples, done, strict=True)]
 
 
 @pytest.mark.slow
@@ -243,22 +245,15 @@ def test_the_examples_that_start_no_worker_run_as_written(tmp_path: Path) -> Non
     for words in runnable:
         if command_path("invar " + " ".join(words)) == ("use", "prepare") and "--help" not in words:
             by_declaration.setdefault(words[2], []).append(words)
-
-    def prepare(group: list[tuple[str, ...]]) -> Callable[[], list[Ran]]:
-        return lambda: [_run(words, prepared) for words in group]
-
-    results = [r for group in _in_parallel([prepare(g) for g in by_declaration.values()]) for r in group]
+    results = _run([(words, prepared) for group in by_declaration.values() for words in group])
     first = {words for group in by_declaration.values() for words in group}
     rest = [words for words in runnable if words not in first]
-
-    def elsewhere(words: tuple[str, ...], n: int) -> Callable[[], list[Ran]]:
-        def job() -> list[Ran]:
-            folder = tmp_path / f"run-{n}"
-            shutil.copytree(prepared, folder, symlinks=True)
-            return [_run(words, folder)]
-        return job
-
-    results += [r for one in _in_parallel([elsewhere(w, n) for n, w in enumerate(rest)]) for r in one]
+    elsewhere = []
+    for n, words in enumerate(rest):
+        folder = tmp_path / f"run-{n}"
+        shutil.copytree(prepared, folder, symlinks=True)
+        elsewhere.append((words, folder))
+    results += _run(elsewhere)
     failed = []
     for words, out, seconds in results:
         shown = ", ".join(c.where for c in runnable[words])
