@@ -9,13 +9,14 @@ two checkouts: a change that claims to keep each output's bytes is shown to.
 llama.cpp), decided by the same commands.
 
 `make` writes, with the contract tests' run writer (tests/contract/contract_runs.py) and a fixed key pair, one closed
-run per kind of decision: Violated on a population bound, plan /3 measurements decided by `max_kl`, invariance
-relative to the reference, a sequential run stopped at a look, and a scorer of losses in a declared range; and an
-imported contract over a table of exported losses. A scenario whose folder exists is kept (`make` again adds only
-what is new). `run` runs, for each run, `use admit --json` (with a signed receipt), `use verify --json`, `use plan
---json`, `compare numerical --json` and `inspect records --json`, and for the imported contract `use admit --json`
-and `use summary --json`, each in a process of its own importing SRC, and keeps each one's stdout, exit status and
-receipt under OUT. The runs are made once, so their records (and chain heads) are the same for both checkouts.
+run per kind of decision: Violated on a population bound, plan /3 measurements decided by `max_kl`, invariance relative
+to the reference, a sequential run stopped at a look, a scorer of losses in a declared range, and determinism relative
+to the reference broken on three units; and an imported contract over a table of exported losses. A scenario whose
+folder exists is kept (`make` again adds only what is new). `run` runs, for each run, `use admit --json` (with a signed
+receipt), `use verify --json`, `use plan --json`, `compare numerical --json` and `inspect records --json`, and for the
+imported contract `use admit --json` and `use summary --json`, each in a process of its own importing SRC, and keeps
+each one's stdout, exit status and receipt under OUT. The runs are made once, so their records (and chain heads) are the
+same for both checkouts.
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-SCENARIOS = ("violated", "measured", "relative", "sequential", "range")
+SCENARIOS = ("violated", "measured", "relative", "sequential", "range", "determinism")
 
 
 def make(folder: Path) -> None:
     """Write each scenario's contract and closed run under `folder`, and one key pair."""
     sys.path[:0] = [str(REPO / "tests" / "contract"), str(REPO / "tests")]  # the tests' run writers
+    import test_determinism as determinism  # type: ignore[import-not-found]
     import test_measurements as measured  # type: ignore[import-not-found]
     import test_range_losses as ranged  # type: ignore[import-not-found]
     import test_relative_invariance as relative  # type: ignore[import-not-found]
@@ -68,6 +70,12 @@ def make(folder: Path) -> None:
     if "range" in fresh:
         ws = ranged._workspace(folder / "range")
         ranged._run(ws, folder / "range" / "run", ranged._offsets(ws, 1, 2), ranged._offsets(ws, 2, 3))
+    if "determinism" in fresh:  # three units the candidate does not reproduce, twenty the reference does not either
+        ws = make_workspace(folder / "determinism", units=determinism.N, determinism=determinism.DETERMINISM,
+                            **determinism.NO_INVARIANCE)
+        ref_varies = unit_ids(ws, 20, 10)
+        determinism._run(ws, folder / "determinism" / "run",
+                         {"reference": ref_varies, "candidate": [*ref_varies[:5], *unit_ids(ws, 3, 200)]})
     if "imported" in fresh:  # exported scores: a table of 600 items, 30 lost by the candidate only, 4 won
         (folder / "imported").mkdir()
         ref, cand = imports._binary(600, 30, 4)
