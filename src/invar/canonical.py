@@ -88,6 +88,8 @@ def _pad(offset: int) -> int:
     return -offset % _ALIGN
 
 
+_ZEROS = memoryview(bytes(_ALIGN))
+_JUST_INT = {int}
 _PLAIN_DTYPES = {np.dtype(name): name for name in _ALLOWED_DTYPES}
 """Each wire dtype by its numpy dtype (a dtype equal to one of these has that `.str`): looked up by the dtype itself,
 which is quicker than building its `.str` for every array."""
@@ -110,7 +112,7 @@ class _Encoder:
     def array(self, dtype: str, shape: tuple[int, ...], raw: memoryview) -> msgpack.ExtType:
         pad = _pad(self.offset)
         if pad:
-            self.blobs.append(memoryview(bytes(pad)))
+            self.blobs.append(_ZEROS[:pad])
             self.offset += pad
         # An ExtType built as the tuple it is (its checking constructor costs more than the payload; the code and
         # the payload's type are right by construction).
@@ -132,6 +134,13 @@ class _Encoder:
             if not _INT_MIN <= obj <= _INT_MAX:
                 raise CanonicalError(f"integer {show(obj)} does not fit in 64 bits")
             return obj
+        if t is list or t is tuple:  # before the Mapping check, whose isinstance on an ABC costs more
+            if depth >= MAX_DEPTH:
+                raise CanonicalError(_TOO_DEEP)
+            # A list of plain ints (a prompt's token ids) checked at once rather than one call per item.
+            if obj and set(map(type, obj)) == _JUST_INT and min(obj) >= _INT_MIN and max(obj) <= _INT_MAX:
+                return obj if t is list else list(obj)
+            return [self.normalize(v, depth + 1) for v in obj]
         if t is dict or isinstance(obj, Mapping):
             if depth >= MAX_DEPTH:
                 raise CanonicalError(_TOO_DEEP)
@@ -156,13 +165,6 @@ class _Encoder:
                     v = normalize(v, depth + 1)
                 out[key if type(key) is str else str.__str__(key)] = v
             return out
-        if t is list or t is tuple:
-            if depth >= MAX_DEPTH:
-                raise CanonicalError(_TOO_DEEP)
-            # A list of plain ints (a prompt's token ids) checked at once rather than one call per item.
-            if obj and all(type(v) is int for v in obj) and min(obj) >= _INT_MIN and max(obj) <= _INT_MAX:
-                return list(obj)
-            return [self.normalize(v, depth + 1) for v in obj]
         if isinstance(obj, np.ndarray):
             a = np.asarray(obj, order="C")  # not ascontiguousarray, which turns a 0-d array into shape (1,)
             dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
