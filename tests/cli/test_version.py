@@ -7,10 +7,13 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
 
+import pytest
 import typer.main
+from support.cli_batch import InvarSession
 
 from invar import __version__
 from invar.cli.app import EXAMPLES, app
@@ -22,9 +25,18 @@ def _invar(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=120)
 
 
-def test_version_names_the_core_the_arithmetic_and_the_engines() -> None:
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    """The command lines of this file that are not about start-up, run one after another in one process
+    (tests/support/cli_batch.py: each as `python -m invar.cli` runs it, its own exit status, stdout and stderr), so
+    the file pays the CLI's start-up once for them."""
+    with InvarSession(bound_s=120) as session:
+        yield session
+
+
+def test_version_names_the_core_the_arithmetic_and_the_engines(cli: InvarSession) -> None:
     started = time.perf_counter()
-    out = _invar("--version")
+    out = _invar("--version")  # a process of its own: the start-up is what is measured
     print(f"measured: invar --version in {time.perf_counter() - started:.2f} s")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
@@ -34,14 +46,14 @@ def test_version_names_the_core_the_arithmetic_and_the_engines() -> None:
     for version in VERSIONS.values():
         assert version in out.stdout
     assert any(line.startswith("engine   hf: torch ") for line in lines), out.stdout
-    doc = json.loads(_invar("--version", "--json").stdout)
+    doc = json.loads(cli.run("--version", "--json").stdout)
     assert doc["invar"] == __version__
     assert doc["decision"] == DECISION_VERSION
     assert doc["methods"]["paired-binary-exact"] == VERSIONS["paired-binary-exact"]
     assert doc["engines"]["hf"]["packages"]["torch"] == metadata.version("torch")
     assert doc["engines"]["mlx"]["installed"] is True
-    assert json.loads(_invar("version", "--json").stdout) == doc
-    assert _invar("version").stdout.strip() == __version__
+    assert json.loads(cli.run("version", "--json").stdout) == doc
+    assert cli.run("version").stdout.strip() == __version__
 
 
 def test_versions_are_read_without_importing_an_engine() -> None:
@@ -53,8 +65,8 @@ def test_versions_are_read_without_importing_an_engine() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_help_offers_completion_and_version() -> None:
-    out = _invar("--help")
+def test_help_offers_completion_and_version(cli: InvarSession) -> None:
+    out = cli.run("--help")
     assert out.returncode == 0, out.stderr
     assert "Usage:" in out.stdout
     assert "--install-completion" in out.stdout
@@ -74,7 +86,7 @@ def _leaves(group: Any, prefix: str = "") -> dict[str, Any]:
     return found
 
 
-def test_every_command_help_ends_with_examples_of_itself() -> None:
+def test_every_command_help_ends_with_examples_of_itself(cli: InvarSession) -> None:
     leaves = _leaves(typer.main.get_command(app))
     assert sorted(leaves) == sorted(EXAMPLES), "every command has examples, and every example a command"
     for name, cmd in leaves.items():
@@ -82,7 +94,7 @@ def test_every_command_help_ends_with_examples_of_itself() -> None:
         assert cmd.epilog.startswith("Examples:"), name
         assert all(line.startswith(f"invar {name}") or line.startswith("invar --version")
                    for line in EXAMPLES[name]), name
-    out = _invar("use", "admit", "--help")
+    out = cli.run("use", "admit", "--help")
     assert "Examples:" in out.stdout
     assert "invar use admit" in out.stdout.split("Examples:")[1]
 
@@ -129,11 +141,11 @@ def test_use_init_names_the_shipped_scorer_as_the_task_does() -> None:
     assert ARITHMETIC == SCORER_NAME
 
 
-def test_a_mistake_in_the_command_line_is_one_line() -> None:
+def test_a_mistake_in_the_command_line_is_one_line(cli: InvarSession) -> None:
     for args, message in ((["infer", "--nosuch"], "No such option: --nosuch"),
                           (["use", "admit"], "Missing option '--contract'"),  # an imported contract needs no run
                           (["nosuch"], "No such command 'nosuch'")):
-        out = _invar(*args)
+        out = cli.run(*args)
         assert out.returncode == 2, (args, out.stdout)
         assert out.stderr.startswith("invar: error: "), out.stderr
         assert out.stderr.count("\n") == 1, out.stderr
