@@ -43,7 +43,7 @@ identity, their methods one at a time. Decisions this worker embodies:
   or `lm_head`) multiplies by its [V, H] weight transposed, which the bundled reference BLAS (scalar code, one
   multiply and one add per step) runs at 3-6 GFLOP/s. The inference role keeps one copy of that weight (`head`)
   and its `logits_at` and decode steps take the product on it: first choice `TiledHead`, the worker's own kernel
-  (numba; the weight in [V/64, H, 64] tiles that stay in the first-level cache), which forms each sum as that
+  (numba; the weight in [V/64, H, 64] tiles that every row reads in turn, from cache), which forms each sum as that
   BLAS does (from 0, over H in order, each product rounded, then added) but 8 columns at a time, about four
   times faster; else `StoredHead`, a contiguous [H, V] copy that the BLAS runs at twice its transposed speed. The
   load's probe (`head_rows`) takes the first whose rows are the whole forward's bit for bit; where none is (a
@@ -828,8 +828,8 @@ class StoredHead:
 
 
 TILE = 64
-"""Vocabulary columns per tile of `TiledHead`'s weight: a tile's [H, 64] float32 (32 KiB at H = 128) stays in the
-core's first-level cache while each row is multiplied by it."""
+"""Vocabulary columns per tile of `TiledHead`'s weight: a tile's [H, 64] float32 (32 KiB at H = 128, a first-level
+data cache here) is read by every row in turn, from cache."""
 
 _tiled_kernel: Any = None
 
