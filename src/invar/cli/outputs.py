@@ -1,13 +1,14 @@
 """The shapes of every command's `--json` output, as typed models: the table of them all, and those only the CLI
 builds.
 
-`scripts/schemas.py` turns each model into a JSON Schema under docs/schemas/ (`<command>.schema.json`), and the
-tests validate each command's real output against it. A model is what a command prints. Where the core returns it
-(the plan's rows, infer's output, use summary's), it lives in the core (`CORE_MODULES`) and the command prints it as
-it is; the rest live here: each command builds its model (or validates the core's own JSON into it, where a receipt
-or the records keep that JSON too) and prints the model's serialisation (`invar.cli.common.emit_model`), so a field
-the core renames without a change here is an error before anything is printed. Closed objects forbid fields they do
-not name; maps keyed by data (engines, packages, kinds) are open by nature.
+`scripts/schemas.py` turns each model into a JSON Schema under docs/schemas/ (`<command>.schema.json`), and the tests
+validate each command's real output against it. A model is what a command prints. Where the core returns it (the
+plan's rows, infer's output, a decision, a numerical comparison, use summary's), it lives in the core
+(`CORE_MODULES`) and the command prints it as it is; the rest live here: each command builds its model (or validates
+the core's own JSON into it, where a receipt or the records keep that JSON too) and prints the model's serialisation
+(`invar.cli.common.emit_model`), so a field the core renames without a change here is an error before anything is
+printed. Closed objects forbid fields they do not name; maps keyed by data (engines, packages, kinds) are open by
+nature.
 """
 
 from __future__ import annotations
