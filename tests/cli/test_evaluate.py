@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from support.cli_batch import InvarSession
 
 from invar.engines import DEFAULT_MODEL
 from invar.errors import ContractError
@@ -20,8 +20,13 @@ from invar.stats.intervals import clopper_pearson
 from invar.tasks import ModelTokenizer, Problem, score
 
 
-def _invar(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=900)
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    """This file's command lines, run one after another in one process (tests/support/cli_batch.py: each as
+    `python -m invar.cli` runs it, its own exit status, stdout and stderr, its engine workers started as a user's
+    command starts them), so the file pays the CLI's start-up once instead of once per command."""
+    with InvarSession(bound_s=900) as session:
+        yield session
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +107,9 @@ def _recount(run: Path, model: Path) -> int:
 
 
 @pytest.mark.engine
-def test_evaluate_a_sample_and_recompute_it_from_the_records(tmp_path: Path, model: Path) -> None:
+def test_evaluate_a_sample_and_recompute_it_from_the_records(cli: InvarSession, tmp_path: Path, model: Path) -> None:
     run = tmp_path / "run"
-    out = _invar("evaluate", "--count", "96", "--sample-seed", "3", "--batch-size", "32", "--model", str(model),
+    out = cli.run("evaluate", "--count", "96", "--sample-seed", "3", "--batch-size", "32", "--model", str(model),
                  "--run", str(run), "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
@@ -121,9 +126,9 @@ def test_evaluate_a_sample_and_recompute_it_from_the_records(tmp_path: Path, mod
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_evaluate_2000_problems(tmp_path: Path, model: Path) -> None:
+def test_evaluate_2000_problems(cli: InvarSession, tmp_path: Path, model: Path) -> None:
     run = tmp_path / "run"
-    out = _invar("evaluate", "--count", "2000", "--model", str(model), "--run", str(run))
+    out = cli.run("evaluate", "--count", "2000", "--model", str(model), "--run", str(run))
     assert out.returncode == 0, out.stderr
     print("\n" + out.stdout)
     assert out.stdout.startswith("accuracy ")
@@ -134,10 +139,11 @@ def test_evaluate_2000_problems(tmp_path: Path, model: Path) -> None:
 
 
 @pytest.mark.engine
-def test_evaluate_responses_lists_each_units_response_score_and_answer(tmp_path: Path, model: Path) -> None:
+def test_evaluate_responses_lists_each_units_response_score_and_answer(cli: InvarSession, tmp_path: Path,
+                                                                       model: Path) -> None:
     # A population that scores badly is read here, unit by unit, not by opening the run's database.
     run = tmp_path / "run"
-    out = _invar("evaluate", "--count", "6", "--sample-seed", "1", "--model", str(model), "--run", str(run),
+    out = cli.run("evaluate", "--count", "6", "--sample-seed", "1", "--model", str(model), "--run", str(run),
                  "--json", "--responses")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
@@ -157,7 +163,7 @@ def test_evaluate_responses_lists_each_units_response_score_and_answer(tmp_path:
         assert r["tokens"] == o["tokens"].tolist()
         assert r["response"] == vocab.decode(o["tokens"])
         assert r["loss"] == score(r["prompt"], r["response"])
-    text = _invar("evaluate", "--count", "6", "--sample-seed", "1", "--model", str(model), "--run",
+    text = cli.run("evaluate", "--count", "6", "--sample-seed", "1", "--model", str(model), "--run",
                   str(tmp_path / "again"), "--responses")
     assert text.returncode == 0, text.stderr
     for r in rows:

@@ -5,21 +5,25 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.cli_batch import InvarSession
 
 from invar.engines import DEFAULT_MODEL
 from invar.records import RunStore
 from invar.tasks import ModelTokenizer
 
 
-def _invar(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=300,
-                          cwd=cwd)
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    """This file's command lines, run one after another in one process (tests/support/cli_batch.py: each as
+    `python -m invar.cli` runs it, its own exit status, stdout and stderr, its engine workers started as a user's
+    command starts them), so the file pays the CLI's start-up once instead of once per command."""
+    with InvarSession(bound_s=300) as session:
+        yield session
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +35,10 @@ def model() -> Path:
 
 
 @pytest.mark.engine
-def test_infer_prints_tokens_text_logprobs_and_keeps_the_records(tmp_path: Path, model: Path) -> None:
+def test_infer_prints_tokens_text_logprobs_and_keeps_the_records(cli: InvarSession, tmp_path: Path,
+                                                                 model: Path) -> None:
     args = ["infer", "37+58=", "123+456=", "--seed", "5", "--max-tokens", "6", "--model", str(model)]
-    out = _invar(*args, "--json", "--run", str(tmp_path / "run"))
+    out = cli.run(*args, "--json", "--run", str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     vocab = ModelTokenizer.from_model_dir(model)
@@ -62,15 +67,16 @@ def test_infer_prints_tokens_text_logprobs_and_keeps_the_records(tmp_path: Path,
         assert np.array_equal(np.asarray(r["logprobs"], dtype=np.float32), o["logprobs"])
 
     # The same call again, printed for people: the same tokens (the engine is deterministic for a seed).
-    text = _invar(*args, "--run", str(tmp_path / "again"))
+    text = cli.run(*args, "--run", str(tmp_path / "again"))
     assert text.returncode == 0, text.stderr
     printed = [json.loads(m) for m in re.findall(r"tokens:\s+(\[[^\]]*\])", text.stdout)]
     assert printed == [r["tokens"] for r in rows]
     assert f"37+58={rows[0]['text']}" in text.stdout
 
 
-def test_a_prompt_outside_the_vocabulary_is_one_line_before_any_worker(tmp_path: Path, model: Path) -> None:
-    out = _invar("infer", "12+x=", "--model", str(model), "--run", str(tmp_path / "run"))
+def test_a_prompt_outside_the_vocabulary_is_one_line_before_any_worker(cli: InvarSession, tmp_path: Path,
+                                                                       model: Path) -> None:
+    out = cli.run("infer", "12+x=", "--model", str(model), "--run", str(tmp_path / "run"))
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0, out.stderr
     assert "character 'x' at position 3 of '12+x=' is not in the model's vocabulary" in out.stderr
@@ -78,8 +84,8 @@ def test_a_prompt_outside_the_vocabulary_is_one_line_before_any_worker(tmp_path:
     assert not (tmp_path / "run").exists()  # refused by the core before a run or a worker was started
 
 
-def test_a_missing_model_folder_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
-    out = _invar("infer", "1+1=", "--model", str(tmp_path / "nowhere"), "--run", str(tmp_path / "run"))
+def test_a_missing_model_folder_is_one_line_and_starts_nothing(cli: InvarSession, tmp_path: Path) -> None:
+    out = cli.run("infer", "1+1=", "--model", str(tmp_path / "nowhere"), "--run", str(tmp_path / "run"))
     assert out.returncode == 2
     assert out.stderr.strip() == f"invar: error: --model {tmp_path / 'nowhere'}: no such folder; pass the folder " \
                                  "that holds the model"
@@ -87,9 +93,10 @@ def test_a_missing_model_folder_is_one_line_and_starts_nothing(tmp_path: Path) -
 
 
 @pytest.mark.engine
-def test_infer_shows_the_prompt_ids_the_model_read_as_the_records_hold_them(tmp_path: Path, model: Path) -> None:
+def test_infer_shows_the_prompt_ids_the_model_read_as_the_records_hold_them(cli: InvarSession, tmp_path: Path,
+                                                                            model: Path) -> None:
     # A tokenizer that drops (or doubles) a BOS is only visible in the ids: --json and the text both show them.
-    out = _invar("infer", "37+58=", "--max-tokens", "2", "--model", str(model), "--json", "--run",
+    out = cli.run("infer", "37+58=", "--max-tokens", "2", "--model", str(model), "--json", "--run",
                  str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout)["outputs"][0]
@@ -97,6 +104,6 @@ def test_infer_shows_the_prompt_ids_the_model_read_as_the_records_hold_them(tmp_
     with RunStore.open(tmp_path / "run") as store:
         sent = store.calls()[1].call.params["requests"][0]["prompt_ids"]
     assert row["prompt_ids"] == [int(t) for t in sent]
-    text = _invar("infer", "37+58=", "--max-tokens", "2", "--model", str(model), "--run", str(tmp_path / "again"))
+    text = cli.run("infer", "37+58=", "--max-tokens", "2", "--model", str(model), "--run", str(tmp_path / "again"))
     assert text.returncode == 0, text.stderr
     assert f"prompt ids: {row['prompt_ids']}" in text.stdout

@@ -7,12 +7,12 @@ adds the missing turn end when asked."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cli_batch import InvarSession
 from support.model_copies import SMOLLM2, tokenizer_copy
 
 from invar import canonical
@@ -21,19 +21,23 @@ from invar.records import RunStore
 from invar.tasks import ModelTokenizer
 
 
-def _invar(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=600, cwd=cwd)
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    """This file's command lines, run one after another in one process (tests/support/cli_batch.py: each as
+    `python -m invar.cli` runs it, its own exit status, stdout and stderr, its engine workers started as a user's
+    command starts them), so the file pays the CLI's start-up once instead of once per command."""
+    with InvarSession(bound_s=600) as session:
+        yield session
 
 
 @pytest.mark.engine
-def test_score_tokens_adds_the_bos_once_to_a_prompt_that_spells_it(tmp_path: Path) -> None:
+def test_score_tokens_adds_the_bos_once_to_a_prompt_that_spells_it(cli: InvarSession, tmp_path: Path) -> None:
     vocab = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
     answer = vocab.encode("95")
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps({"item_id": name, "prompt": prompt, "tokens": answer}) + "\n"
                              for name, prompt in (("plain", "37+58="), ("spelled", "<s>37+58="))))
-    out = _invar("score", "--tokens", items, "--model", DEFAULT_MODEL, "--run", tmp_path / "run", "--json")
+    out = cli.run("score", "--tokens", items, "--model", DEFAULT_MODEL, "--run", tmp_path / "run", "--json")
     assert out.returncode == 0, out.stderr
     with RunStore.open(tmp_path / "run") as store:
         (call,) = [c for c in store.calls() if c.call.method == "score"]
@@ -53,7 +57,8 @@ def _chat_population(where: Path) -> Path:
 
 @pytest.mark.engine
 @pytest.mark.usefixtures("smollm2_build")
-def test_use_init_adds_the_turn_end_a_conversion_left_out_and_prepare_refuses_a_bos_gap(tmp_path: Path) -> None:
+def test_use_init_adds_the_turn_end_a_conversion_left_out_and_prepare_refuses_a_bos_gap(cli: InvarSession,
+                                                                                        tmp_path: Path) -> None:
     """SmolLM2's tokenizer files as a user's GGUF conversion leaves them: generation_config.json ends a response at
     <|endoftext|> only, while the chat template ends each turn with <|im_end|>. `use init` refuses the folder naming
     the fix, then with --add-end-ids writes it and says so; `use prepare` then accepts it, and refuses it again once
@@ -64,7 +69,7 @@ def test_use_init_adds_the_turn_end_a_conversion_left_out_and_prepare_refuses_a_
     decl = tmp_path / "use.toml"
     args = ("use", "init", decl, "--model", folder, "--population", population, "--scorer", "exact-match",
             "--every-unit", "--no-invariance", "--max-tokens", "4", "--candidate-dtype", "bfloat16")
-    refused = _invar(*args, cwd=tmp_path)
+    refused = cli.run(*args, cwd=tmp_path)
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.strip().count("\n") == 0, refused.stderr
     assert ("ends a turn with '<|im_end|>' (id 2), but the ids that end a response (generation_config.json) are [0]"
@@ -73,11 +78,11 @@ def test_use_init_adds_the_turn_end_a_conversion_left_out_and_prepare_refuses_a_
         refused.stderr
     assert not decl.exists()
 
-    fixed = _invar(*args, "--add-end-ids", cwd=tmp_path)
+    fixed = cli.run(*args, "--add-end-ids", cwd=tmp_path)
     assert fixed.returncode == 0, fixed.stderr
     assert f"wrote eos_token_id [0, 2] to {folder / 'generation_config.json'}" in fixed.stdout
     assert json.loads((folder / "generation_config.json").read_text()) == {"bos_token_id": 1, "eos_token_id": [0, 2]}
-    prepared = _invar("use", "prepare", decl, "--json", cwd=tmp_path)
+    prepared = cli.run("use", "prepare", decl, "--json", cwd=tmp_path)
     assert prepared.returncode == 0, prepared.stderr
 
     # The same folder, its metadata now asking for a BOS its tokenizer never adds: refused at prepare, the fix named.
@@ -86,12 +91,12 @@ def test_use_init_adds_the_turn_end_a_conversion_left_out_and_prepare_refuses_a_
     text = decl.read_text(encoding="utf-8")
     old = tomllib.loads(text)["reference"]["model_digest"]
     decl.write_text(text.replace(old, canonical.tree_digest(folder)), encoding="utf-8")
-    bos = _invar("use", "prepare", decl, "--out", tmp_path / "again", cwd=tmp_path)
+    bos = cli.run("use", "prepare", decl, "--out", tmp_path / "again", cwd=tmp_path)
     assert bos.returncode == 2, bos.stderr
     assert bos.stderr.strip().count("\n") == 0, bos.stderr
     assert "reference.model_dir: " in bos.stderr
     assert "tokenizer_config.json add_bos_token asks for a BOS, but tokenizer.json adds none to a prompt" in bos.stderr
     assert "add '<|im_start|>' to tokenizer.json's post_processor" in bos.stderr
-    again = _invar(*args, "--force", cwd=tmp_path)  # and at init, before any worker starts
+    again = cli.run(*args, "--force", cwd=tmp_path)  # and at init, before any worker starts
     assert again.returncode == 2
     assert "asks for a BOS, but tokenizer.json adds none" in again.stderr

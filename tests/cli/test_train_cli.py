@@ -3,11 +3,11 @@ run directory made. Its help lists every configuration field."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cli_batch import InvarSession
 
 from invar.cli.train_fields import FIELDS
 from invar.engines import DEFAULT_MODEL
@@ -16,9 +16,13 @@ from invar.loop.config import field_help
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belong to
 
 
-def _invar(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=120)
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    """This file's command lines, run one after another in one process (tests/support/cli_batch.py: each as
+    `python -m invar.cli` runs it, its own exit status, stdout and stderr, its engine workers started as a user's
+    command starts them), so the file pays the CLI's start-up once instead of once per command."""
+    with InvarSession(bound_s=120) as session:
+        yield session
 
 
 def _config(folder: Path, extra: str) -> Path:
@@ -33,18 +37,18 @@ def _config(folder: Path, extra: str) -> Path:
     ("[rollout]\ngroup_size = 1", "rollout.group_size: input should be greater than or equal to 2; got 1"),
     ("[objective]\nclip_low = 1.5", "objective.clip_low: input should be less than 1; got 1.5"),
 ])
-def test_a_bad_config_is_one_line_and_no_run(tmp_path: Path, extra: str, message: str) -> None:
-    out = _invar("train", _config(tmp_path, extra), "--run", tmp_path / "run")
+def test_a_bad_config_is_one_line_and_no_run(cli: InvarSession, tmp_path: Path, extra: str, message: str) -> None:
+    out = cli.run("train", _config(tmp_path, extra), "--run", tmp_path / "run")
     assert out.returncode == 2
     assert out.stderr == f"invar: error: {tmp_path / 'c.toml'}: {message}\n"
     assert not (tmp_path / "run").exists()
 
 
-def test_the_evaluation_population_is_never_trained_on(tmp_path: Path) -> None:
+def test_the_evaluation_population_is_never_trained_on(cli: InvarSession, tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text(f'name = "c"\nbackend = "mlx"\nmodel = "{DEFAULT_MODEL}"\n'
                     f'[prompts]\npath = "{REPO_ROOT / "data" / "arith-eval.jsonl"}"\n', encoding="utf-8")
-    out = _invar("train", path, "--run", tmp_path / "run")
+    out = cli.run("train", path, "--run", tmp_path / "run")
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1
     assert "a prompt of the evaluation split; train on the training set" in out.stderr
@@ -57,8 +61,8 @@ def test_the_helps_table_of_fields_is_the_configurations() -> None:
     assert tuple(field_help()) == FIELDS
 
 
-def test_help_lists_every_configuration_field() -> None:
-    out = _invar("train", "--help")
+def test_help_lists_every_configuration_field(cli: InvarSession) -> None:
+    out = cli.run("train", "--help")
     assert out.returncode == 0
     text = " ".join(out.stdout.split())
     for name, _, _ in field_help():

@@ -4,11 +4,11 @@ and a folder the core cannot read refused before any worker starts."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cli_batch import InvarSession
 
 from invar import canonical
 from invar.engines import DEFAULT_MODEL
@@ -16,14 +16,18 @@ from invar.formats.model_config import FIELDS
 from invar.tasks import ModelTokenizer
 
 
-def _invar(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    """This file's command lines, run one after another in one process (tests/support/cli_batch.py: each as
+    `python -m invar.cli` runs it, its own exit status, stdout and stderr, its engine workers started as a user's
+    command starts them), so the file pays the CLI's start-up once instead of once per command."""
+    with InvarSession(bound_s=300) as session:
+        yield session
 
 
 @pytest.mark.engine
-def test_a_package_states_the_model_and_tokenizer_digests() -> None:
-    out = _invar("use", "package", "hf", "--model", DEFAULT_MODEL, "--json")
+def test_a_package_states_the_model_and_tokenizer_digests(cli: InvarSession) -> None:
+    out = cli.run("use", "package", "hf", "--model", DEFAULT_MODEL, "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["model_dir"] == str(DEFAULT_MODEL)
@@ -34,12 +38,13 @@ def test_a_package_states_the_model_and_tokenizer_digests() -> None:
 
 
 @pytest.mark.parametrize("what", ["empty", "no-tokenizer"])
-def test_a_folder_the_core_cannot_read_is_one_line_before_any_worker(tmp_path: Path, what: str) -> None:
+def test_a_folder_the_core_cannot_read_is_one_line_before_any_worker(cli: InvarSession, tmp_path: Path,
+                                                                     what: str) -> None:
     folder = tmp_path / what
     folder.mkdir()
     if what == "no-tokenizer":
         (folder / "config.json").write_text((DEFAULT_MODEL / "config.json").read_text())
-    out = _invar("use", "package", "hf", "--model", folder)
+    out = cli.run("use", "package", "hf", "--model", folder)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0, out.stderr
     assert "Traceback" not in out.stderr
@@ -47,10 +52,11 @@ def test_a_folder_the_core_cannot_read_is_one_line_before_any_worker(tmp_path: P
 
 
 @pytest.mark.engine
-def test_the_effective_configuration_is_printed_field_by_field_beside_the_folders(tmp_path: Path) -> None:
+def test_the_effective_configuration_is_printed_field_by_field_beside_the_folders(cli: InvarSession,
+                                                                                  tmp_path: Path) -> None:
     """The hf worker loads the model and the effective configuration it reports is printed beside the folder's
     config.json, field by field: every field of the shipped model equal (θ read back from float32 frequencies)."""
-    out = _invar("use", "package", "hf", "--model", DEFAULT_MODEL)
+    out = cli.run("use", "package", "hf", "--model", DEFAULT_MODEL)
     assert out.returncode == 0, out.stderr
     rows = [line.split() for line in out.stdout.splitlines() if line.startswith("#   ")]
     fields = [row[1] for row in rows]
