@@ -110,7 +110,7 @@ def _recount(run: Path, model: Path) -> int:
 def test_evaluate_a_sample_and_recompute_it_from_the_records(cli: InvarSession, tmp_path: Path, model: Path) -> None:
     run = tmp_path / "run"
     out = cli.run("evaluate", "--count", "96", "--sample-seed", "3", "--batch-size", "32", "--model", str(model),
-                 "--run", str(run), "--json")
+                  "--run", str(run), "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["problems"] == 96
@@ -144,7 +144,7 @@ def test_evaluate_responses_lists_each_units_response_score_and_answer(cli: Inva
     # A population that scores badly is read here, unit by unit, not by opening the run's database.
     run = tmp_path / "run"
     out = cli.run("evaluate", "--count", "6", "--sample-seed", "1", "--model", str(model), "--run", str(run),
-                 "--json", "--responses")
+                  "--json", "--responses")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     rows = doc["responses"]
@@ -164,7 +164,7 @@ def test_evaluate_responses_lists_each_units_response_score_and_answer(cli: Inva
         assert r["response"] == vocab.decode(o["tokens"])
         assert r["loss"] == score(r["prompt"], r["response"])
     text = cli.run("evaluate", "--count", "6", "--sample-seed", "1", "--model", str(model), "--run",
-                  str(tmp_path / "again"), "--responses")
+                   str(tmp_path / "again"), "--responses")
     assert text.returncode == 0, text.stderr
     for r in rows:
         assert (f"[{r['unit_id']}] loss {r['loss']:g}  expected {json.dumps(r['answer'])}  answered "

@@ -97,7 +97,7 @@ def test_infer_shows_the_prompt_ids_the_model_read_as_the_records_hold_them(cli:
                                                                             model: Path) -> None:
     # A tokenizer that drops (or doubles) a BOS is only visible in the ids: --json and the text both show them.
     out = cli.run("infer", "37+58=", "--max-tokens", "2", "--model", str(model), "--json", "--run",
-                 str(tmp_path / "run"))
+                  str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout)["outputs"][0]
     assert row["prompt_ids"] == ModelTokenizer.from_model_dir(model).prompt_ids(prompt="37+58=")

@@ -8,10 +8,8 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
-import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 import jsonschema
 import numpy as np
 import pytest
+from support.cli_batch import InvarSession
 from support.cli_runs import package_lines, toml_value
 
 from invar import canonical
@@ -53,9 +52,13 @@ def _partial_credit(response: str, answer: str) -> float:
     return 1.0 if found is None else min(1.0, abs(int(found.group()) - int(answer)) / 10)
 
 
-def _invar(*args: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    """This file's command lines, run one after another in one process (tests/support/cli_batch.py: each as
+    `python -m invar.cli` runs it, its own exit status, stdout and stderr, its engine workers started as a user's
+    command starts them), so the file pays the CLI's start-up once instead of once per command."""
+    with InvarSession(bound_s=600) as session:
+        yield session
 
 
 def _validate(name: str, doc: Any) -> None:
@@ -98,7 +101,7 @@ def _delta(text: str) -> float:
     return math.nextafter(x, 0.0) if Fraction(x) > Fraction(text) else x
 
 
-def test_a_partial_credit_scorer_through_prepare_run_admit_and_verify(tmp_path: Path) -> None:
+def test_a_partial_credit_scorer_through_prepare_run_admit_and_verify(cli: InvarSession, tmp_path: Path) -> None:
     (tmp_path / "partial.py").write_text(SCORER)
     common = package_lines("hf", DEFAULT_MODEL)
     sha = POPULATION.with_suffix(".sha256").read_text().split()[0]
@@ -137,14 +140,14 @@ party = "the test"
 basis_sha256 = "{sha}"
 reliance = "vouched"
 ''')
-    prepared = _invar("use", "prepare", tmp_path / "decl.toml", "--json")
+    prepared = cli.run("use", "prepare", tmp_path / "decl.toml", "--json")
     assert prepared.returncode == 0, prepared.stderr
     contract = Path(json.loads(prepared.stdout)["contract"])
-    ran = _invar("use", "run", contract, "--run", tmp_path / "run", "--json")
+    ran = cli.run("use", "run", contract, "--run", tmp_path / "run", "--json")
     assert ran.returncode == 0, ran.stderr
     head = json.loads(ran.stdout)["chain_head"]
-    admitted = _invar("use", "admit", tmp_path / "run", "--contract", contract, "--expect-head", head,
-                      "--receipt", tmp_path / "receipt.json", "--json")
+    admitted = cli.run("use", "admit", tmp_path / "run", "--contract", contract, "--expect-head", head,
+                       "--receipt", tmp_path / "receipt.json", "--json")
     assert admitted.returncode in (0, 10, 11), admitted.stderr
     doc = json.loads(admitted.stdout)
     _validate("use-admit", doc)
@@ -177,14 +180,14 @@ reliance = "vouched"
     hoeffding = bounds.hoeffding(cand - ref, -1.0, 1.0, _delta("0.05"))
     assert doc["diagnostics"]["hoeffding"]["upper"] == hoeffding.upper
 
-    verified = _invar("use", "verify", tmp_path / "receipt.json", "--run", tmp_path / "run", "--contract", contract,
-                      "--trust-embedded-key", "--json")  # unsigned: nothing else to trust
+    verified = cli.run("use", "verify", tmp_path / "receipt.json", "--run", tmp_path / "run", "--contract", contract,
+                       "--trust-embedded-key", "--json")  # unsigned: nothing else to trust
     assert verified.returncode == 0, verified.stderr
     assert json.loads(verified.stdout)["answer"] == answer
 
     # The scorer file is pinned: a changed one is refused in one line, and the records stay as they were.
     (tmp_path / "partial.py").write_text(SCORER.replace("/ 10", "/ 5"))
-    refused = _invar("use", "admit", tmp_path / "run", "--contract", contract, "--quiet")
+    refused = cli.run("use", "admit", tmp_path / "run", "--contract", contract, "--quiet")
     assert refused.returncode == 2
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert canonical.file_sha256(tmp_path / "partial.py") in refused.stderr
@@ -192,10 +195,10 @@ reliance = "vouched"
         assert store.verify().head == head
 
 
-def test_evaluate_reports_the_mean_loss_with_a_betting_interval(tmp_path: Path) -> None:
+def test_evaluate_reports_the_mean_loss_with_a_betting_interval(cli: InvarSession, tmp_path: Path) -> None:
     (tmp_path / "partial.py").write_text(SCORER)
-    out = _invar("evaluate", "--count", "12", "--scorer", f"{tmp_path / 'partial.py'}:loss", "--scorer-setting",
-                 "loss_range=[0, 1]", "--run", tmp_path / "eval", "--json")
+    out = cli.run("evaluate", "--count", "12", "--scorer", f"{tmp_path / 'partial.py'}:loss", "--scorer-setting",
+                  "loss_range=[0, 1]", "--run", tmp_path / "eval", "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     _validate("evaluate", doc)
@@ -212,14 +215,15 @@ def test_evaluate_reports_the_mean_loss_with_a_betting_interval(tmp_path: Path) 
     assert (doc["interval_method"], doc["interval_version"], doc["loss_range"]) == ("betting", "betting/1", [0, 1])
     assert sum(row["problems"] for row in doc["by_kind"].values()) == 12
     assert interval.lower <= doc["mean_loss"] <= interval.upper
-    text = _invar("evaluate", "--count", "12", "--scorer", f"{tmp_path / 'partial.py'}:loss", "--scorer-setting",
-                  "loss_range=[0, 1]", "--run", tmp_path / "eval2")
+    text = cli.run("evaluate", "--count", "12", "--scorer", f"{tmp_path / 'partial.py'}:loss", "--scorer-setting",
+                   "loss_range=[0, 1]", "--run", tmp_path / "eval2")
     assert text.returncode == 0, text.stderr
     assert text.stdout.startswith(f"mean loss {doc['mean_loss']:.4f} over 12 problems (losses in [0, 1]), 95% "
                                   f"betting interval [{interval.lower:.4f}, {interval.upper:.4f}]")
 
 
-def test_a_raising_scorer_stops_a_sequential_run_in_one_line_and_keeps_its_records(tmp_path: Path) -> None:
+def test_a_raising_scorer_stops_a_sequential_run_in_one_line_and_keeps_its_records(cli: InvarSession,
+                                                                                   tmp_path: Path) -> None:
     """A sequential contract scores during `use run` (the rule looks after each look): a scorer that raises stops
     the run with one line naming the unit, exit 2, and every record so far stays on file."""
     data = tomllib.loads((REPO_ROOT / "contracts" / "arith-fixed-block.toml").read_text(encoding="utf-8"))
@@ -237,14 +241,14 @@ def test_a_raising_scorer_stops_a_sequential_run_in_one_line_and_keeps_its_recor
                            "method": "betting-sequence", "sequential": True, "max_n": 16}
     (tmp_path / "partial.py").write_text("def loss(unit, response, params):\n    raise ValueError('no grade')\n")
     (tmp_path / "decl.toml").write_text(_toml(data))
-    prepared = _invar("use", "prepare", tmp_path / "decl.toml", "--json")
+    prepared = cli.run("use", "prepare", tmp_path / "decl.toml", "--json")
     assert prepared.returncode == 0, prepared.stderr
     contract = Path(json.loads(prepared.stdout)["contract"])
     _, _, plan = load_contract(contract)
     assert plan.sequential is not None
     first = plan.units[plan.sequential.look_units(1)[0]].unit_id
 
-    ran = _invar("use", "run", contract, "--run", tmp_path / "run", "--quiet")  # no phase before the error
+    ran = cli.run("use", "run", contract, "--run", tmp_path / "run", "--quiet")  # no phase before the error
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert "Traceback" not in ran.stderr
     [line] = ran.stderr.strip().splitlines()
