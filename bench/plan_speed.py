@@ -4,7 +4,7 @@ Run from the repository root:
 
     .venv/bin/python bench/plan_speed.py [--reps 5] [--cases seed,grid] [--baseline OLD/src] [--json plan_speed.json]
 
-For each case (an assumption p_worse, p_better and a contract's ε; δ = 0.05, power 0.8) the script prepares the
+For each case (an assumption p_worse, p_better, a contract's ε and δ, and a power) the script prepares the
 example contract `contracts/arith-fixed-block.toml` with that ε (in a temporary folder, data paths made absolute),
 then runs `invar use plan CONTRACT --assume "worse=.. better=.." --json` as a fresh process, once per method
 (`--method M`) and once for all methods, `--reps` times each, interleaved (method after method, repetition after
@@ -22,7 +22,9 @@ PYTHONPATH), right after the same command on this one, so that before and after 
 table then shows both (and the script checks that both plan the same n, except for betting, a simulation).
 
 Cases: `seed` is p_worse = p_better = 0.01 at ε = 0.005 (the figures docs/statistics.md reports); `grid` adds three
-rows of its ratio table (0.002/0.002 at ε = 0.005, 0.02/0.02 at ε = 0.01, 0.05/0.05 at ε = 0.02).
+rows of its ratio table (0.002/0.002 at ε = 0.005, 0.02/0.02 at ε = 0.01, 0.05/0.05 at ε = 0.02); `eps` is
+0.01/0.01 at ε = 0.05, 0.01, 0.005 and 0.002; `vary` is the seed case at δ = 0.01 and power 0.9. δ = 0.05 and power
+0.8 unless the case says otherwise (δ through the contract's `confidence`, the power through `--power`).
 """
 
 from __future__ import annotations
@@ -49,19 +51,24 @@ CONTRACT = REPO / "contracts" / "arith-fixed-block.toml"
 PYTHON = REPO / ".venv" / "bin" / "python"
 INVAR = REPO / ".venv" / "bin" / "invar"
 METHODS = ("hoeffding", "maurer-pontil", "betting", "paired-binary-exact", "paired-binary-score")
-CASES = {
-    "seed": [(0.01, 0.01, "0.005")],
-    "grid": [(0.002, 0.002, "0.005"), (0.02, 0.02, "0.01"), (0.05, 0.05, "0.02")],
+# (p_worse, p_better, ε, confidence 1 − δ, power)
+CASES: dict[str, list[tuple[float, float, str, str, float]]] = {
+    "seed": [(0.01, 0.01, "0.005", "0.95", 0.8)],
+    "grid": [(0.002, 0.002, "0.005", "0.95", 0.8), (0.02, 0.02, "0.01", "0.95", 0.8),
+             (0.05, 0.05, "0.02", "0.95", 0.8)],
+    "eps": [(0.01, 0.01, eps, "0.95", 0.8) for eps in ("0.05", "0.01", "0.005", "0.002")],
+    "vary": [(0.01, 0.01, "0.005", "0.99", 0.9)],
 }
 
 
-def prepare(epsilon: str, folder: Path, source: Path | None = None) -> Path:
-    """The example contract with this ε, prepared into `folder` (its relative data paths made absolute) by the
-    `use prepare` of `source` (a checkout's `src`, first on PYTHONPATH), or of this tree."""
+def prepare(epsilon: str, folder: Path, source: Path | None = None, confidence: str = "0.95") -> Path:
+    """The example contract with this ε and confidence, prepared into `folder` (its relative data paths made
+    absolute) by the `use prepare` of `source` (a checkout's `src`, first on PYTHONPATH), or of this tree."""
     text = CONTRACT.read_text()
     text = re.sub(r"(?m)^epsilon *=.*$", f'epsilon = "{epsilon}"', text)
+    text = re.sub(r"(?m)^confidence *=.*$", f'confidence = "{confidence}"', text)
     text = text.replace('"../', f'"{REPO}/')
-    contract = folder / f"eps-{epsilon}" / "arith-fixed-block.toml"
+    contract = folder / f"eps-{epsilon}-conf-{confidence}" / "arith-fixed-block.toml"
     contract.parent.mkdir(parents=True, exist_ok=True)
     contract.write_text(text)
     out = contract.parent / "prepared"
@@ -121,8 +128,8 @@ def main() -> None:
     print(f"start-up (import invar.cli.app): median {start_wall:.2f} s wall")
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="plan-speed-") as scratch:
-        for p_worse, p_better, epsilon in cases:
-            contract = prepare(epsilon, Path(scratch), args.prepare_src)
+        for p_worse, p_better, epsilon, confidence, power in cases:
+            contract = prepare(epsilon, Path(scratch), args.prepare_src, confidence)
             commands = {m: ["--method", m] for m in methods}
             if len(methods) > 1:
                 commands["all"] = [arg for m in methods for arg in ("--method", m)]
@@ -135,7 +142,7 @@ def main() -> None:
                     for tree, source in trees.items():
                         base = [str(INVAR), "use", "plan", str(contract), "--assume"]
                         assume = f"worse={p_worse} better={p_better}"
-                        wall, cpu, out = timed([*base, assume, *extra, "--json"], source)
+                        wall, cpu, out = timed([*base, assume, "--power", str(power), *extra, "--json"], source)
                         got = planned(out)
                         if ns.setdefault((name, tree), got) != got:
                             raise SystemExit(f"{name}: the planned n changed between repetitions: {got}")
@@ -152,6 +159,8 @@ def main() -> None:
                             "p_worse": p_worse,
                             "p_better": p_better,
                             "epsilon": float(epsilon),
+                            "delta": round(1.0 - float(confidence), 12),
+                            "power": power,
                             "command": name,
                             "tree": tree,
                             "n": ns[key],
@@ -164,13 +173,15 @@ def main() -> None:
                     )
     results["rows"] = rows
     results["load_after"] = os.getloadavg()
-    print("| p_worse | p_better | eps | command | tree | n | wall median s | wall min-max s | cpu median s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| p_worse | p_better | eps | delta | power | command | tree | n | wall median s | wall min-max s | "
+          "cpu median s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         n = row["n"]
         shown = ", ".join(f"{v:,}" for v in n.values()) if isinstance(n, dict) else str(n)
         print(
-            f"| {row['p_worse']:g} | {row['p_better']:g} | {row['epsilon']:g} | {row['command']} | {row['tree']} | "
+            f"| {row['p_worse']:g} | {row['p_better']:g} | {row['epsilon']:g} | {row['delta']:g} | {row['power']:g} | "
+            f"{row['command']} | {row['tree']} | "
             f"{shown} | {row['wall_median']:.2f} | {row['wall_min']:.2f}-{row['wall_max']:.2f} | "
             f"{row['cpu_median']:.2f} |"
         )
