@@ -5,6 +5,7 @@ ends."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +157,21 @@ def test_a_body_over_the_checking_size_is_decoded_by_the_walk_itself(tmp_path: P
         checked, _ = _read(tmp_path / "run")
     assert _same(checked, plain)
     assert len(counted) == sum(size > limit for size in sizes) > 0
+
+
+def test_a_checking_process_that_falls_silent_is_not_waited_for(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    _run(tmp_path / "run", calls=5)
+    plain, plain_v = _read(tmp_path / "run")
+    monkeypatch.setattr(store_module, "_QUIET_S", 0.2)
+    monkeypatch.setattr(store_module, "_check_records", lambda source, fd: time.sleep(60))  # it never tells
+    counted = _strict_decodes(monkeypatch)
+    before = _children()
+    started = time.monotonic()
+    with helper():
+        checked, checked_v = _read(tmp_path / "run")
+    assert time.monotonic() - started < 30  # not the process's 60 s: it was killed once the walk was done
+    assert _same(checked, plain)
+    assert checked_v == plain_v
+    assert len(counted) == plain_v.records  # the walk checked every body itself
+    assert _children() == before

@@ -31,6 +31,7 @@ import fcntl
 import hashlib
 import itertools
 import os
+import select
 import shutil
 import signal
 import sqlite3
@@ -731,6 +732,8 @@ def _decode_checked(body: bytes) -> Any:
 
 _DOC_START, _ALIGN, _WIRE_DTYPES = 4, 16, canonical._WIRE_DTYPES  # the layout `canonical.encode` writes
 _ENTRY = 40
+_QUIET_S = 30.0
+"""How long the walk waits for the checking process to tell the next record before it checks every record itself."""
 _CHECKED_UP_TO = 8 << 20
 """The largest body the checking process decodes: a larger one (a run's kept inputs, which hold its population) is
 decoded by the walk itself, before the plan is derived (`CallStream.prime`), so that its decoding (several times its
@@ -780,7 +783,10 @@ class _Checker:
         there (it tells each record in order)."""
         while self._last < seq and not self._ended:
             try:
-                chunk = os.read(self._fd, 1 << 16)
+                # A process silent for _QUIET_S (stopped, or starved on a busy machine) is not waited for: the walk
+                # checks the rest itself.
+                ready, _, _ = select.select([self._fd], [], [], _QUIET_S)
+                chunk = os.read(self._fd, 1 << 16) if ready else b""
             except OSError:
                 chunk = b""
             if not chunk:
