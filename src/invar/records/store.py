@@ -717,12 +717,13 @@ def _decode_checked(body: bytes) -> Any:
     view = memoryview(body)
     doc_end = _DOC_START + int.from_bytes(view[:_DOC_START], "big")
     blobs = doc_end if doc_end == len(view) else doc_end + -doc_end % _ALIGN
-    wire, unpack, frombuffer = _WIRE_DTYPES, msgpack.unpackb, np.frombuffer
+    wire, unpack = _WIRE_DTYPES, msgpack.unpackb
+    raw = np.frombuffer(view, dtype=np.uint8)  # each array a slice of it, viewed as its dtype (cheaper than a buffer)
 
     def array(_code: int, payload: bytes) -> Any:
         dtype, shape, offset, nbytes = unpack(payload, raw=False)
-        dt = wire[dtype]
-        arr = frombuffer(view, dtype=dt, count=nbytes // dt.itemsize, offset=blobs + offset)
+        start = blobs + offset
+        arr = raw[start:start + nbytes].view(wire[dtype])
         if len(shape) != 1:
             arr = arr.reshape(shape)
         return canonical.BFloat16Array(arr) if dtype == "bfloat16" else arr
