@@ -733,13 +733,13 @@ def _decode_checked(body: bytes) -> Any:
 
 _DOC_START, _ALIGN, _WIRE_DTYPES = 4, 16, canonical._WIRE_DTYPES  # the layout `canonical.encode` writes
 _ENTRY = 40
+"""A checked record as the checking process tells it: its seq (8 bytes, big-endian), then its sha256 (32 bytes)."""
 _QUIET_S = 30.0
 """How long the walk waits for the checking process to tell the next record before it checks every record itself."""
 _CHECKED_UP_TO = 8 << 20
 """The largest body the checking process decodes: a larger one (a run's kept inputs, which hold its population) is
 decoded by the walk itself, before the plan is derived (`CallStream.prime`), so that its decoding (several times its
 size) is held by neither process beside the other's."""
-"""A checked record as the checking process tells it: its seq (8 bytes, big-endian), then its sha256 (32 bytes)."""
 
 
 class _Checker:
