@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 from support.cli_batch import InvarSession
 
-from invar.engines import DEFAULT_MODEL
 from invar.errors import ContractError
 from invar.records import RunStore
 from invar.runner.evaluate import request_seed, sample_indices, summarize, summarize_range
@@ -19,22 +16,7 @@ from invar.stats.bounds import betting
 from invar.stats.intervals import clopper_pearson
 from invar.tasks import ModelTokenizer, Problem, score
 
-
-@pytest.fixture(scope="module")
-def cli() -> Iterator[InvarSession]:
-    """This file's command lines, run one after another in one process (tests/support/cli_batch.py: each as
-    `python -m invar.cli` runs it, its own exit status, stdout and stderr, its engine workers started as a user's
-    command starts them), so the file pays the CLI's start-up once instead of once per command."""
-    with InvarSession(bound_s=900) as session:
-        yield session
-
-
-@pytest.fixture(scope="module")
-def model() -> Path:
-    path = Path(os.environ.get("INVAR_TEST_MODEL", str(DEFAULT_MODEL)))
-    if not (path / "config.json").is_file():
-        pytest.fail(f"{path} holds no model: build it with scripts/train_model.py")
-    return path
+CLI_BOUND_S = 900  # seconds a command may take in the module's session (tests/cli/conftest.py)
 
 
 def test_clopper_pearson_matches_closed_forms() -> None:

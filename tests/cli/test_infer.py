@@ -3,35 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from support.cli_batch import InvarSession
 
-from invar.engines import DEFAULT_MODEL
 from invar.records import RunStore
 from invar.tasks import ModelTokenizer
 
-
-@pytest.fixture(scope="module")
-def cli() -> Iterator[InvarSession]:
-    """This file's command lines, run one after another in one process (tests/support/cli_batch.py: each as
-    `python -m invar.cli` runs it, its own exit status, stdout and stderr, its engine workers started as a user's
-    command starts them), so the file pays the CLI's start-up once instead of once per command."""
-    with InvarSession(bound_s=300) as session:
-        yield session
-
-
-@pytest.fixture(scope="module")
-def model() -> Path:
-    path = Path(os.environ.get("INVAR_TEST_MODEL", str(DEFAULT_MODEL)))
-    if not (path / "config.json").is_file():
-        pytest.fail(f"{path} holds no model: build it with scripts/train_model.py")
-    return path
+CLI_BOUND_S = 300  # seconds a command may take in the module's session (tests/cli/conftest.py)
 
 
 @pytest.mark.engine

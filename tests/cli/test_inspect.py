@@ -8,23 +8,12 @@ import re
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from support.cli_batch import InvarSession
 
 from invar.engines import start_worker
 from invar.records import RunStore
-
-
-@pytest.fixture(scope="module")
-def cli() -> Iterator[InvarSession]:
-    """The command lines of this file, run one after another in one process (tests/support/cli_batch.py: each as
-    `python -m invar.cli` runs it, its own exit status, stdout and stderr), so the file pays the CLI's start-up
-    once instead of once per command."""
-    with InvarSession(bound_s=120) as session:
-        yield session
 
 
 def _run_with_echo(run: Path) -> None:

@@ -9,7 +9,7 @@ import json
 import math
 import re
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO_ROOT / "docs" / "schemas"
 POPULATION = REPO_ROOT / "data" / "arith-eval.jsonl"
 UNITS = 20
+CLI_BOUND_S = 600  # seconds a command may take in the module's session (tests/cli/conftest.py)
 
 SCORER = '''import re
 
@@ -50,15 +51,6 @@ def _partial_credit(response: str, answer: str) -> float:
     """The rule of SCORER, written again here so the test does not trust the file it checks."""
     found = re.search(r"-?[0-9]+", response)
     return 1.0 if found is None else min(1.0, abs(int(found.group()) - int(answer)) / 10)
-
-
-@pytest.fixture(scope="module")
-def cli() -> Iterator[InvarSession]:
-    """This file's command lines, run one after another in one process (tests/support/cli_batch.py: each as
-    `python -m invar.cli` runs it, its own exit status, stdout and stderr, its engine workers started as a user's
-    command starts them), so the file pays the CLI's start-up once instead of once per command."""
-    with InvarSession(bound_s=600) as session:
-        yield session
 
 
 def _validate(name: str, doc: Any) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,7 @@ from invar.engines import DEFAULT_MODEL
 from invar.records import RunStore
 from invar.tasks import ModelTokenizer
 
-
-@pytest.fixture(scope="module")
-def cli() -> Iterator[InvarSession]:
-    """This file's command lines, run one after another in one process (tests/support/cli_batch.py: each as
-    `python -m invar.cli` runs it, its own exit status, stdout and stderr, its engine workers started as a user's
-    command starts them), so the file pays the CLI's start-up once instead of once per command."""
-    with InvarSession(bound_s=600) as session:
-        yield session
+CLI_BOUND_S = 600  # seconds a command may take in the module's session (tests/cli/conftest.py)
 
 
 @pytest.mark.engine

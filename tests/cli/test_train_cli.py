@@ -3,7 +3,6 @@ run directory made. Its help lists every configuration field."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,15 +13,6 @@ from invar.engines import DEFAULT_MODEL
 from invar.loop.config import field_help
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belong to
-
-
-@pytest.fixture(scope="module")
-def cli() -> Iterator[InvarSession]:
-    """This file's command lines, run one after another in one process (tests/support/cli_batch.py: each as
-    `python -m invar.cli` runs it, its own exit status, stdout and stderr, its engine workers started as a user's
-    command starts them), so the file pays the CLI's start-up once instead of once per command."""
-    with InvarSession(bound_s=120) as session:
-        yield session
 
 
 def _config(folder: Path, extra: str) -> Path:

@@ -4,7 +4,6 @@ and a folder the core cannot read refused before any worker starts."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,7 @@ from invar.engines import DEFAULT_MODEL
 from invar.formats.model_config import FIELDS
 from invar.tasks import ModelTokenizer
 
-
-@pytest.fixture(scope="module")
-def cli() -> Iterator[InvarSession]:
-    """This file's command lines, run one after another in one process (tests/support/cli_batch.py: each as
-    `python -m invar.cli` runs it, its own exit status, stdout and stderr, its engine workers started as a user's
-    command starts them), so the file pays the CLI's start-up once instead of once per command."""
-    with InvarSession(bound_s=300) as session:
-        yield session
+CLI_BOUND_S = 300  # seconds a command may take in the module's session (tests/cli/conftest.py)
 
 
 @pytest.mark.engine

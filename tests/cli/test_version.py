@@ -7,11 +7,9 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
 
-import pytest
 import typer.main
 from support.cli_batch import InvarSession
 
@@ -23,15 +21,6 @@ from invar.stats.bounds import VERSIONS
 
 def _invar(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def cli() -> Iterator[InvarSession]:
-    """The command lines of this file that are not about start-up, run one after another in one process
-    (tests/support/cli_batch.py: each as `python -m invar.cli` runs it, its own exit status, stdout and stderr), so
-    the file pays the CLI's start-up once for them."""
-    with InvarSession(bound_s=120) as session:
-        yield session
 
 
 def test_version_names_the_core_the_arithmetic_and_the_engines(cli: InvarSession) -> None:
