@@ -25,7 +25,6 @@ from invar.compare.numerical import NumericalComparison
 from invar.contract.bind import CallEvidence, NonFiniteCall, check_stop_record
 from invar.contract.decide import (
     Decision,
-    Determinism,
     Invariance,
     check_determinism,
     check_premises,
@@ -38,6 +37,7 @@ from invar.contract.decide import (
 )
 from invar.contract.inputs import check_method_version
 from invar.contract.model import Contract, read_contract
+from invar.contract.outputs import DeterminismOutput
 from invar.contract.prepare import difference_range
 from invar.contract.reading import RunReader
 from invar.errors import InvarError
@@ -165,7 +165,7 @@ class _Read:
     base: Path
     nonfinite: NonFiniteCall | None = None
     """The candidate's first call answered with non-finite values (the run stopped there)."""
-    determinism: Determinism | None = None
+    determinism: DeterminismOutput | None = None
     """The determinism requirement as checked (a contract that requires it, on a run not stopped by non-finite
     values)."""
 

@@ -127,42 +127,16 @@ class RelativeInvariance:
     differ under the candidate: the layout dependence the candidate added."""
 
 
-@dataclass(frozen=True)
-class Determinism:
-    """Whether the candidate reproduced its outputs, bit for bit, when the determinism layout was run again."""
-
-    layout: str
-    runs: int
-    holds: bool
-    units: int
-    units_differing: int
-    """Units that break the requirement: whose outputs differ between two runs under the candidate (relative to the
-    reference: and not under the reference)."""
-    candidate_units_differing: int
-    """Units whose outputs differ between two runs under the candidate (counted against it or not)."""
-    reference_units_differing: int | None
-    """Relative to the reference: units whose outputs differ between the reference's runs, not counted against the
-    candidate. None when the requirement is not relative to the reference."""
-    first_difference: str | None
-    differing_units: tuple[str, ...]
-    """The ids, in plan order, of the units counted against the candidate."""
-
-    def output(self) -> DeterminismOutput:
-        """What a decision prints of it."""
-        return DeterminismOutput(
-            required=True, layout=self.layout, runs=self.runs, holds=self.holds, units=self.units,
-            units_differing=self.units_differing, candidate_units_differing=self.candidate_units_differing,
-            relative_to=None if self.reference_units_differing is None else "reference",
-            reference_units_differing=self.reference_units_differing, first_difference=self.first_difference,
-            differing_units=list(self.differing_units),
-            covers="only the layout listed, run again in a worker started afresh; other layouts and later runs are "
-                   "not covered")
+_DETERMINISM_COVERS = ("only the layout listed, run again in a worker started afresh; other layouts and later runs are "
+                      "not covered")
+"""What the determinism requirement covers, as a decision prints it."""
 
 
 def check_determinism(plan: ExecutionPlan, found: Mapping[str, CallEvidence], layout: str, runs: int,
-                      relative: bool) -> Determinism:
+                      relative: bool) -> DeterminismOutput:
     """Each later run of `layout` against the first, unit by unit, bit for bit (tokens, log-probability bits, finish
-    reason), under the candidate and, `relative`, under the reference, whose varying units are then not counted."""
+    reason), under the candidate and, `relative`, under the reference, whose varying units are then not counted.
+    The check is its printed form: the decision reads the same fields it prints."""
 
     def varies(package: Role) -> np.ndarray:
         first = _output_digests(plan, found, package, layout)
@@ -185,9 +159,12 @@ def check_determinism(plan: ExecutionPlan, found: Mapping[str, CallEvidence], la
         first = f"unit {plan.units[i].unit_id}: {what} between runs 1 and {run} of layout {layout}"
         if relative:
             first += "; the reference reproduces it"
-    return Determinism(layout, runs, not counted.any(), len(plan.units), int(counted.sum()), int(candidate.sum()),
-                       int(reference.sum()) if relative else None, first,
-                       tuple(plan.units[i].unit_id for i in np.flatnonzero(counted)))
+    return DeterminismOutput(
+        required=True, layout=layout, runs=runs, holds=not counted.any(), units=len(plan.units),
+        units_differing=int(counted.sum()), candidate_units_differing=int(candidate.sum()),
+        relative_to="reference" if relative else None,
+        reference_units_differing=int(reference.sum()) if relative else None, first_difference=first,
+        differing_units=[plan.units[i].unit_id for i in np.flatnonzero(counted)], covers=_DETERMINISM_COVERS)
 
 
 def check_invariance(runs: Mapping[str, Sequence[Output]]) -> tuple[int, str | None]:
@@ -450,7 +427,7 @@ class Decision:
     nonfinite: NonFiniteCall | None = None
     """The candidate's first generate call answered with non-finite values, when the run stopped at one: it decides
     Violated by itself, and the task loss covers only the units both packages answered before it."""
-    determinism: Determinism | None = None
+    determinism: DeterminismOutput | None = None
     """The determinism requirement as checked (only when the contract requires it and the run reached it)."""
 
     @property
@@ -470,7 +447,7 @@ class Decision:
         if self.nonfinite is not None:
             optional["nonfinite"] = self.nonfinite.output()
         if self.determinism is not None:
-            optional["determinism"] = self.determinism.output()
+            optional["determinism"] = self.determinism
         return DecisionOutput(
             answer=self.answer.value, exit_code=self.exit_code, reason=self.reason,
             decision_version=self.decision_version, plan_version=self.plan_version,
@@ -487,7 +464,7 @@ class Decision:
 def decide(
     contract: Contract, invariance: Invariance, premises: Sequence[PremiseCheck], loss: TaskLoss | RangeTaskLoss,
     task_bound: Bound | None, kl: KlRequirement | None = None, sequential: SequentialDecision | None = None,
-    nonfinite: NonFiniteCall | None = None, determinism: Determinism | None = None,
+    nonfinite: NonFiniteCall | None = None, determinism: DeterminismOutput | None = None,
 ) -> tuple[Answer, str]:
     """The answer and its one-line reason, in the contract's order: a candidate call answered with non-finite values
     (the package computed NaN: no other figure is needed, nor complete), invariance, determinism (when the contract
@@ -604,7 +581,6 @@ __all__ = [
     "EXIT_CODES",
     "Answer",
     "Decision",
-    "Determinism",
     "Invariance",
     "PremiseCheck",
     "RelativeInvariance",

@@ -195,6 +195,7 @@ class InvarianceOutput(Closed):
     """Relative to the reference: the ids of the units that gained layout dependence, in plan order."""
 
 
+# `decide.check_determinism` returns this model itself: the decision reads the fields it prints, spelled once.
 class DeterminismOutput(Closed):
     """The determinism requirement as checked: the candidate's later runs of one layout against its first."""
 
