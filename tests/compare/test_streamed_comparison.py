@@ -86,3 +86,41 @@ def test_streamed_aggregates_equal_the_held_comparison(n: int, prune: int, monke
                    reverse=True)[:10]
     assert [u.unit_id for u in streamed.worst()] == [u.unit_id for u in every]
     assert streamed.output().units == []  # the rows went to the sink as they came
+
+
+def _every_worst(units: list[UnitResult], count: int) -> list[str]:
+    """The `count` worst of one sort of every candidate: what `worst(count)` must return."""
+    key = numerical._worst_key
+    return [u.unit_id for u in sorted((u for u in units if not u.sequence.identical or (u.captures and u.max_kl > 0)),
+                                      key=key, reverse=True)[:count]]
+
+
+def test_worst_honours_count_past_the_cut() -> None:
+    # More worst-unit candidates than the streamed comparison holds before it cuts them back (4,096, as shipped).
+    pairs = _pairs(5600, seed=7)
+    caps = _captures(pairs, seed=2)
+    held = compare(pairs, iter(caps), context="reference", large_step=0.005)
+    candidates = _every_worst(held.units, len(held.units))
+    assert len(candidates) > StreamedComparison._PRUNE
+    for count in (0, 1, 10, 11, 500, len(candidates), len(candidates) + 5):
+        assert [u.unit_id for u in held.worst(count)] == _every_worst(held.units, count)
+    assert len(held.worst(500)) == 500
+    streamed = StreamedComparison(0.005, "reference", keep_worst=500)
+    for u in held.units:
+        streamed.add(u)
+    assert [u.unit_id for u in streamed.worst(500)] == _every_worst(held.units, 500)
+    assert [u.unit_id for u in streamed.worst(10)] == _every_worst(held.units, 10)
+    assert streamed.body() == held.body()  # the printed ten: the same whatever it keeps
+
+
+def test_a_streamed_comparison_refuses_a_count_it_did_not_keep() -> None:
+    streamed = StreamedComparison(0.005, None)
+    for u in compare(_pairs(40, seed=3), large_step=0.005).units:
+        streamed.add(u)
+    assert len(streamed.worst(10)) == 10
+    with pytest.raises(ValueError, match="keeps its 10 worst units, not 11"):
+        streamed.worst(11)
+    with pytest.raises(ValueError, match="negative"):
+        streamed.worst(-1)
+    with pytest.raises(ValueError, match="not -1"):
+        StreamedComparison(0.005, None, keep_worst=-1)

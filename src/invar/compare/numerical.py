@@ -313,9 +313,9 @@ class NumericalComparison:
         return self._fed.reference_self_consistency()
 
     def worst(self, count: int = 10) -> list[UnitResult]:
-        """The units that part most: largest KL(ref ‖ cand) at a capture, then largest teacher-forced |Δ|, then
-        earliest first divergence, then largest |Δ| over the shared prefix."""
-        return self._fed.worst(count)
+        """The `count` units that part most: largest KL(ref ‖ cand) at a capture, then largest teacher-forced |Δ|,
+        then earliest first divergence, then largest |Δ| over the shared prefix. Every unit is held, so any count."""
+        return _worst_of(self.units, count)
 
     def body(self) -> ComparisonBody:
         """The aggregates as printed: the report less its per-unit rows."""
@@ -364,18 +364,32 @@ def _worst_key(u: UnitResult) -> tuple[float, float, float, float]:
             -float(fd) if fd is not None else -float("inf"), u.sequence.max_abs_delta)
 
 
+def _may_be_worst(u: UnitResult) -> bool:
+    """Whether a unit is a worst-unit candidate: it parts from the reference, or a capture's KL is above 0."""
+    return not u.sequence.identical or bool(u.captures and u.max_kl > 0)
+
+
+def _worst_of(units: Iterable[UnitResult], count: int) -> list[UnitResult]:
+    """The `count` worst candidates of `units`, worst first (a stable sort: equal keys keep the units' order)."""
+    if count < 0:
+        raise ValueError(f"worst units: count {count} is negative")
+    return sorted((u for u in units if _may_be_worst(u)), key=_worst_key, reverse=True)[:count]
+
+
 class StreamedComparison:
     """A comparison whose units stream past one at a time (`add`): each unit's row goes to `row` as it is compared
     and only what the aggregates need is kept (per unit a few scalars and the teacher-forced deltas; the captures'
-    comparisons; the ten worst units so far). A `NumericalComparison` is one fed every unit, so the aggregates and
-    `body()` of the two are the same computation on the same units, and a report of a million units is written without
-    holding a million rows."""
+    comparisons; the `keep_worst` worst units so far, ten unless asked). A `NumericalComparison` is one fed every
+    unit, so the aggregates and `body()` of the two are the same computation on the same units, and a report of a
+    million units is written without holding a million rows."""
 
     _PRUNE = 4096
-    """Worst-unit candidates held before they are cut back to the ten worst."""
+    """Worst-unit candidates held before they are cut back to the `keep_worst` worst (at least twice that many)."""
 
     def __init__(self, large_step: float, context: CaptureContext | None, sources: dict[str, Any] | None = None,
-                 row: Callable[[UnitResult], object] = lambda u: None) -> None:
+                 row: Callable[[UnitResult], object] = lambda u: None, keep_worst: int = 10) -> None:
+        if keep_worst < 0:
+            raise ValueError(f"a streamed comparison keeps a number of worst units, not {keep_worst}")
         self.large_step = large_step
         self.context = context
         self.sources: dict[str, Any] = dict(sources or {})
@@ -396,6 +410,8 @@ class StreamedComparison:
         self._captured_units = 0
         self._checked = self._self_identical = 0
         self._worst: list[UnitResult] = []
+        self._keep_worst = keep_worst
+        self._cut_at = max(self._PRUNE, 2 * keep_worst)
 
     def add(self, u: UnitResult) -> None:
         """Take one compared unit (in the report's unit order), hand its row to `row`, keep its scalars."""
@@ -433,12 +449,12 @@ class StreamedComparison:
         if u.reference_self_identical is not None:
             self._checked += 1
             self._self_identical += u.reference_self_identical
-        if not u.sequence.identical or (u.captures and u.max_kl > 0):
+        if _may_be_worst(u):
             self._worst.append(u)
-            if len(self._worst) >= self._PRUNE:
-                # A stable sort keeps the order of equal keys, and the kept come before later units: the same ten
+            if len(self._worst) >= self._cut_at:
+                # A stable sort keeps the order of equal keys, and the kept come before later units: the same ones
                 # as sorting every candidate at the end.
-                self._worst = sorted(self._worst, key=_worst_key, reverse=True)[:10]
+                self._worst = _worst_of(self._worst, self._keep_worst)
 
     # -- the aggregates, as `NumericalComparison` computes them --------------------------------------------------
 
@@ -499,7 +515,12 @@ class StreamedComparison:
         return SelfConsistency(units=self._checked, identical=self._self_identical)
 
     def worst(self, count: int = 10) -> list[UnitResult]:
-        return sorted(self._worst, key=_worst_key, reverse=True)[:count]
+        """The `count` worst units of those streamed past, as `NumericalComparison.worst`; refused beyond the
+        `keep_worst` the comparison keeps (the others were let go as they came)."""
+        if count > self._keep_worst:
+            raise ValueError(f"a streamed comparison keeps its {self._keep_worst} worst units, not {count}: build "
+                             f"it with keep_worst={count} to ask for {count}")
+        return _worst_of(self._worst, count)
 
     def body(self, sources: dict[str, Any] | None = None) -> ComparisonBody:
         """The aggregates as printed: the report less its per-unit rows (they went to `row`). `sources`: another
