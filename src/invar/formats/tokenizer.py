@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tokenizers import Encoding, Tokenizer
+from tokenizers.processors import ByteLevel, TemplateProcessing
 
 from invar import canonical
 from invar.errors import ContractError, EvidenceError
@@ -144,6 +145,9 @@ class ModelTokenizer:
     """Hex sha256 binding every input the core takes from the folder (see `tokenizer_files`)."""
     _tokenizer: Tokenizer = field(repr=False, compare=False)
     _unk_id: int | None = field(repr=False, compare=False)
+    _frame: tuple[list[int], list[int]] | None = field(default=None, repr=False, compare=False)
+    """The ids the post-processor puts before and after every text's own ids, where they are the same for every text
+    (`_fixed_frame`): `text_ids` then adds them without running the post-processor per text."""
 
     @property
     def eos_token_id(self) -> int:
@@ -226,6 +230,7 @@ class ModelTokenizer:
             digest=_digest(root, eos_ids, own_eos_id),
             _tokenizer=tokenizer,
             _unk_id=unk_id,
+            _frame=_fixed_frame(tokenizer),
         )
 
     def encode(self, text: str, add_special_tokens: bool = False, *, add_bos: bool | None = None) -> list[int]:
@@ -257,22 +262,29 @@ class ModelTokenizer:
     def _checked(self, text: str) -> Encoding:
         """The text's own encoding (no special tokens added), once the refusal rule of `encode` has passed."""
         encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        unk = self._unk_id
         covered = bytearray(len(text))
-        for token_id, (start, end) in zip(encoding.ids, encoding.offsets, strict=True):
-            if token_id == self._unk_id and token_id not in self._declared_text_ids(text, start, end):
-                position = start if start < len(text) else 0
-                piece = text[start:end] or text[position:position + 1]
-                what = f"character {piece!r}" if len(piece) == 1 else repr(piece)
-                raise ContractError(
-                    f"{what} at position {position} of {text!r} is not in the model's vocabulary "
-                    f"({self.path / 'tokenizer.json'} encodes it as the unknown token): use only text the tokenizer "
-                    "knows")
-            covered[start:end] = b"\x01" * (end - start)
-        for position, char in enumerate(text):
-            if not covered[position] and not char.isspace():
-                raise ContractError(
-                    f"character {char!r} at position {position} of {text!r} is not in the model's vocabulary "
-                    f"({self.path / 'tokenizer.json'} drops it): use only characters the tokenizer knows")
+        if unk is not None and unk in encoding.ids:
+            for token_id, (start, end) in zip(encoding.ids, encoding.offsets, strict=True):
+                if token_id == unk and token_id not in self._declared_text_ids(text, start, end):
+                    position = start if start < len(text) else 0
+                    piece = text[start:end] or text[position:position + 1]
+                    what = f"character {piece!r}" if len(piece) == 1 else repr(piece)
+                    raise ContractError(
+                        f"{what} at position {position} of {text!r} is not in the model's vocabulary "
+                        f"({self.path / 'tokenizer.json'} encodes it as the unknown token): use only text the "
+                        "tokenizer knows")
+                covered[start:end] = b"\x01" * (end - start)
+        else:
+            for start, end in encoding.offsets:
+                covered[start:end] = b"\x01" * (end - start)
+        # Most texts are covered whole: the characters are looked at one by one only where one is not.
+        if covered.count(0):
+            for position, char in enumerate(text):
+                if not covered[position] and not char.isspace():
+                    raise ContractError(
+                        f"character {char!r} at position {position} of {text!r} is not in the model's vocabulary "
+                        f"({self.path / 'tokenizer.json'} drops it): use only characters the tokenizer knows")
         return encoding
 
     def _declared_text_ids(self, text: str, start: int, end: int) -> frozenset[int]:
@@ -354,18 +366,56 @@ class ModelTokenizer:
         one that ends with an EOS the post-processor appends gets no second EOS: special tokens are never added
         twice. Raises `ContractError` as `encode` does."""
         encoding = self._checked(text)
-        bare = list(encoding.ids)
-        full = list(self._tokenizer.post_process(encoding, None, True).ids)
-        # The post-processor wraps the text's own ids: full = head + bare + tail.
-        start = next((k for k in range(len(full) - len(bare) + 1) if full[k:k + len(bare)] == bare), None)
-        if start is None:  # a post-processor that rewrites the text's ids: nothing to compare, keep what it made
-            return full
-        head, tail = full[:start], full[start + len(bare):]
+        bare = encoding.ids
+        frame = self._frame
+        if frame is not None and not (bare and bare[0] in frame[0]):
+            # The fixed frame is where the search below finds the text's ids, unless they begin with one of the
+            # head's ids (then the search may find them earlier, and runs).
+            head, tail = frame
+        else:
+            full = self._tokenizer.post_process(encoding, None, True).ids
+            split = _split(full, bare)
+            if split is None:  # a post-processor that rewrites the text's ids: nothing to compare, keep what it made
+                return full
+            head, tail = split
         if head and bare[:len(head)] == head:
             head = []
         if tail and bare[len(bare) - len(tail):] == tail:
             tail = []
         return head + bare + tail
+
+
+def _split(full: list[int], bare: list[int]) -> tuple[list[int], list[int]] | None:
+    """(head, tail) with `full == head + bare + tail`, at the first place `bare` occurs in `full`; None if nowhere."""
+    start = next((k for k in range(len(full) - len(bare) + 1) if full[k:k + len(bare)] == bare), None)
+    return None if start is None else (full[:start], full[start + len(bare):])
+
+
+_FRAME_PROBES = ("a", "0", "1 2", "x y z", "\u00e9")
+"""Texts whose post-processed ids show a post-processor's frame: any texts will do that encode to some ids."""
+
+
+def _fixed_frame(tokenizer: Tokenizer) -> tuple[list[int], list[int]] | None:
+    """The (head, tail) ids a one-sequence post-processor wraps every text in, where they do not depend on the text:
+    no post-processor, a `TemplateProcessing` (special tokens around `$A`) or a `ByteLevel` one (it trims offsets, not
+    ids), seen the same around every probe's ids. None for any other post-processor (it may rewrite the text's ids),
+    which `text_ids` then runs per text."""
+    processor = tokenizer.post_processor
+    if processor is not None and not isinstance(processor, TemplateProcessing | ByteLevel):
+        return None
+    frames = set()
+    for probe in _FRAME_PROBES:
+        encoding = tokenizer.encode(probe, add_special_tokens=False)
+        if not encoding.ids:
+            continue
+        split = _split(tokenizer.post_process(encoding, None, True).ids, encoding.ids)
+        if split is None:
+            return None
+        frames.add((tuple(split[0]), tuple(split[1])))
+    if len(frames) != 1:
+        return None
+    head, tail = frames.pop()
+    return list(head), list(tail)
 
 
 def _model_unk_id(tokenizer: Tokenizer) -> int | None:
