@@ -141,7 +141,11 @@ def score(prompt: str, response: str) -> int:
     `response` is the generated text after the prompt, already cut at the end-of-sequence token (see the module
     docstring for the exact format). Pure; raises `ContractError` only for a prompt that is not a problem.
     """
-    expected = answer_of(prompt)
+    return answer_loss(answer_of(prompt), response)
+
+
+def answer_loss(expected: int, response: str) -> int:
+    """`score` given the prompt's value `expected` (`answer_of`): 0 if `response` is exactly its canonical decimal."""
     if _CANONICAL_INT.fullmatch(response) is None or response == "-0":
         return 1
     return 0 if int(response) == expected else 1

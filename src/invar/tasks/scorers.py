@@ -417,21 +417,23 @@ class ArithmeticExact(_Builtin):
     name = arithmetic.SCORER_NAME
     SETTINGS = _NoSettings
 
-    def _expected(self, unit: ScoredUnit) -> str:
+    def _expected(self, unit: ScoredUnit) -> int:
         prompt = unit.prompt
         if prompt is None:
             raise self._refuse(unit, "has messages, but arithmetic-exact scores prompt units; give a prompt")
         try:
-            expected = str(arithmetic.answer_of(prompt))
+            value = arithmetic.answer_of(prompt)
         except ContractError as exc:
             raise self._refuse(unit, str(exc)) from None
+        expected = str(value)
         if unit.answer != expected:
             raise self._refuse(unit, f"answer {show(unit.answer)} is not the canonical answer {expected} to "
                                      f"{prompt!r}")
-        return prompt
+        return value
 
-    def _right(self, expected: str, response: str) -> bool:
-        return arithmetic.score(expected, response) == 0
+    def _right(self, expected: int, response: str) -> bool:
+        # `arithmetic.score(prompt, response) == 0`, the prompt's value computed once, above
+        return arithmetic.answer_loss(expected, response) == 0
 
 
 BUILTIN_SCORERS: Mapping[str, Callable[[Mapping[str, Any]], Scorer]] = {
