@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from contract_runs import RunWriter, Workspace, make_workspace, unit_ids
+from support.cli_batch import InvarSession
 
 from invar.contract.admit import Step, admit
 
@@ -34,9 +34,12 @@ def run(ws: Workspace, tmp_path_factory: pytest.TempPathFactory) -> Path:
         candidate_wrong=unit_ids(ws, 20)).close()
 
 
-def _invar(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    """The module's command lines run one after another in one process, each as `python -m invar.cli` runs it
+    (tests/support/cli_batch.py): the CLI's start-up once."""
+    with InvarSession(bound_s=300) as session:
+        yield session
 
 
 def _phases(stderr: str) -> list[str]:
@@ -58,10 +61,10 @@ def test_admission_tells_its_phases_in_order_and_decides_the_same(ws: Workspace,
     assert told.output() == admit(ws.contract_path, run).output()
 
 
-def test_use_admit_shows_its_phases_on_stderr_and_quiet_shows_none(run: Path, ws: Workspace,
+def test_use_admit_shows_its_phases_on_stderr_and_quiet_shows_none(cli: InvarSession, run: Path, ws: Workspace,
                                                                    tmp_path: Path) -> None:
-    shown = _invar("use", "admit", run, "--contract", ws.contract_path, "--json")
-    quiet = _invar("use", "admit", run, "--contract", ws.contract_path, "--json", "--quiet")
+    shown = cli.run("use", "admit", run, "--contract", ws.contract_path, "--json")
+    quiet = cli.run("use", "admit", run, "--contract", ws.contract_path, "--json", "--quiet")
     # Unknown: 20 of 60 units worse, too few units for the bound to place the change on either side of ε.
     assert shown.returncode == quiet.returncode == 11, shown.stderr
     assert _phases(shown.stderr) == PHASES
@@ -69,36 +72,37 @@ def test_use_admit_shows_its_phases_on_stderr_and_quiet_shows_none(run: Path, ws
     assert shown.stdout == quiet.stdout
     assert json.loads(shown.stdout)["answer"] == "Unknown"  # one document
 
-    text = _invar("use", "admit", run, "--contract", ws.contract_path, "--receipt", tmp_path / "receipt.json")
+    text = cli.run("use", "admit", run, "--contract", ws.contract_path, "--receipt", tmp_path / "receipt.json")
     assert text.returncode == 11
     assert _phases(text.stderr) == [*PHASES, "writing the receipt"]
     assert text.stdout.startswith("Unknown: ")
     assert (tmp_path / "receipt.json").is_file()
 
 
-def test_a_refusal_is_the_last_line_after_the_phases_and_the_only_line_when_quiet(ws: Workspace,
-                                                                                 tmp_path: Path) -> None:
+def test_a_refusal_is_the_last_line_after_the_phases_and_the_only_line_when_quiet(
+        cli: InvarSession, ws: Workspace, tmp_path: Path) -> None:
     writer = RunWriter(ws, tmp_path / "run")
     writer.worker("reference")
     refused = writer.close()  # the reference's load_model alone: no planned call is on record
-    out = _invar("use", "admit", refused, "--contract", ws.contract_path)
+    out = cli.run("use", "admit", refused, "--contract", ws.contract_path)
     assert out.returncode == 2
     *phases, error = out.stderr.splitlines()
     assert _phases("\n".join(phases)) == ["reading the contract's inputs", "verifying the records 0/1 calls",
                                           "verifying the records 1/1 calls"]
     assert error.startswith("invar: error: ")
     assert "planned call reference/solo" in error
-    quiet = _invar("use", "admit", refused, "--contract", ws.contract_path, "--quiet")
+    quiet = cli.run("use", "admit", refused, "--contract", ws.contract_path, "--quiet")
     assert quiet.returncode == 2
     assert quiet.stderr == error + "\n"
 
 
-def test_use_verify_shows_the_recomputation_and_quiet_shows_none(run: Path, ws: Workspace, tmp_path: Path) -> None:
+def test_use_verify_shows_the_recomputation_and_quiet_shows_none(cli: InvarSession, run: Path, ws: Workspace,
+                                                                 tmp_path: Path) -> None:
     receipt = tmp_path / "receipt.json"
-    assert _invar("use", "admit", run, "--contract", ws.contract_path, "--receipt", receipt,
-                  "--quiet").returncode == 11
+    assert cli.run("use", "admit", run, "--contract", ws.contract_path, "--receipt", receipt,
+                   "--quiet").returncode == 11
     args = ("use", "verify", receipt, "--run", run, "--contract", ws.contract_path, "--trust-embedded-key", "--json")
-    shown, quiet = _invar(*args), _invar(*args, "--quiet")
+    shown, quiet = cli.run(*args), cli.run(*args, "--quiet")
     assert shown.returncode == quiet.returncode == 0, shown.stderr
     assert _phases(shown.stderr) == PHASES
     assert quiet.stderr == ""
@@ -106,10 +110,10 @@ def test_use_verify_shows_the_recomputation_and_quiet_shows_none(run: Path, ws: 
     assert json.loads(shown.stdout)["verified"] is True
 
 
-def test_compare_numerical_of_a_use_run_shows_its_parts_then_admissions(run: Path, ws: Workspace,
-                                                                      tmp_path: Path) -> None:
+def test_compare_numerical_of_a_use_run_shows_its_parts_then_admissions(cli: InvarSession, run: Path,
+                                                                      ws: Workspace, tmp_path: Path) -> None:
     args = ("compare", "numerical", run, "--contract", ws.contract_path, "--json")
-    shown, quiet = _invar(*args), _invar(*args, "--quiet")
+    shown, quiet = cli.run(*args), cli.run(*args, "--quiet")
     assert shown.returncode == quiet.returncode == 0, shown.stderr
     # The records are verified, bound and scored in one pass (as admission's), so scoring is no phase of its own.
     assert _phases(shown.stderr) == ["reading the contract's inputs", "reading the run's records under the contract",

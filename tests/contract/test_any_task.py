@@ -6,13 +6,13 @@ that fails) as one line with exit 2, the run's records untouched."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from contract_runs import RunWriter, Workspace, make_workspace, unit_ids
+from support.cli_batch import InvarSession, Ran
 
 from invar import canonical
 from invar.contract.admit import admit
@@ -28,12 +28,15 @@ def loss(unit, response, params):
 USER = {"name": "scorer.py:loss", "settings": {"loss_range": [0, 1], "binary": True}}
 
 
-def _invar(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    """The module's command lines run one after another in one process, each as `python -m invar.cli` runs it
+    (tests/support/cli_batch.py): the CLI's start-up once."""
+    with InvarSession(bound_s=120) as session:
+        yield session
 
 
-def _one_line_refusal(out: subprocess.CompletedProcess[str]) -> str:
+def _one_line_refusal(out: Ran) -> str:
     assert out.returncode == 2, out.stdout + out.stderr
     assert "Traceback" not in out.stderr
     assert out.stderr.strip().count("\n") == 0, out.stderr
@@ -64,7 +67,7 @@ def test_each_built_in_scorer_decides_from_the_records(tmp_path: Path, name: str
     assert (d.task_loss.n, d.task_loss.worse, d.task_loss.better) == (30, 2, 2)
 
 
-def test_a_user_scorer_is_pinned_and_a_changed_file_is_refused(tmp_path: Path) -> None:
+def test_a_user_scorer_is_pinned_and_a_changed_file_is_refused(cli: InvarSession, tmp_path: Path) -> None:
     ws = _user_workspace(tmp_path / "owner")
     contract = json.loads(ws.contract_path.read_text())
     assert contract["scorer"]["name"] == "scorer.py:loss"
@@ -76,7 +79,7 @@ def test_a_user_scorer_is_pinned_and_a_changed_file_is_refused(tmp_path: Path) -
         head = store.verify().head
 
     (tmp_path / "owner" / "scorer.py").write_text(USER_SCORER.replace("0 if", "1 if"))
-    message = _one_line_refusal(_invar("use", "admit", run, "--contract", ws.contract_path, "--quiet"))
+    message = _one_line_refusal(cli.run("use", "admit", run, "--contract", ws.contract_path, "--quiet"))
     assert "scorer" in message
     assert contract["scorer"]["sha256"] in message
     with RunStore.open(run) as store:
@@ -104,43 +107,43 @@ def test_a_user_scorer_that_raises_names_the_unit(tmp_path: Path) -> None:
         admit(again.path, run)
 
 
-def test_a_changed_tokenizer_is_refused_at_admission(tmp_path: Path) -> None:
+def test_a_changed_tokenizer_is_refused_at_admission(cli: InvarSession, tmp_path: Path) -> None:
     ws = make_workspace(tmp_path, units=30)
     run = RunWriter(ws, tmp_path / "run").complete().close()
     config = tmp_path / "model" / "tokenizer_config.json"
     config.write_text(config.read_text().replace("}", ', "model_max_length": 64}'))
-    message = _one_line_refusal(_invar("use", "admit", run, "--contract", ws.contract_path, "--quiet"))
+    message = _one_line_refusal(cli.run("use", "admit", run, "--contract", ws.contract_path, "--quiet"))
     assert "the tokenizer files in" in message
     assert "are not the ones the contract names" in message
 
 
-def test_a_folder_without_a_tokenizer_is_refused_at_prepare(tmp_path: Path) -> None:
+def test_a_folder_without_a_tokenizer_is_refused_at_prepare(cli: InvarSession, tmp_path: Path) -> None:
     ws = make_workspace(tmp_path, units=30)
     (tmp_path / "model" / "tokenizer.json").unlink()
     text = (tmp_path / "decl.toml").read_text()
     (tmp_path / "decl.toml").write_text(text.replace(ws.contract.reference.model_digest,
                                                      canonical.tree_digest(tmp_path / "model")))
-    message = _one_line_refusal(_invar("use", "prepare", tmp_path / "decl.toml", "--out", tmp_path / "again"))
+    message = _one_line_refusal(cli.run("use", "prepare", tmp_path / "decl.toml", "--out", tmp_path / "again"))
     assert "tokenizer.json does not exist" in message
 
 
-def test_a_population_with_a_repeated_id_is_refused_naming_the_lines(tmp_path: Path) -> None:
+def test_a_population_with_a_repeated_id_is_refused_naming_the_lines(cli: InvarSession, tmp_path: Path) -> None:
     ws = make_workspace(tmp_path, units=30)
     lines = (tmp_path / "population.jsonl").read_text().splitlines()
     data = ("\n".join([*lines, lines[3]]) + "\n").encode()
     (tmp_path / "population.jsonl").write_bytes(data)
     text = (tmp_path / "decl.toml").read_text().replace(ws.contract.population.sha256, canonical.sha256(data))
     (tmp_path / "decl.toml").write_text(text)
-    message = _one_line_refusal(_invar("use", "prepare", tmp_path / "decl.toml", "--out", tmp_path / "again"))
+    message = _one_line_refusal(cli.run("use", "prepare", tmp_path / "decl.toml", "--out", tmp_path / "again"))
     assert "line 31" in message
     assert "line 4" in message
 
 
-def test_an_unknown_scorer_is_one_line(tmp_path: Path) -> None:
+def test_an_unknown_scorer_is_one_line(cli: InvarSession, tmp_path: Path) -> None:
     make_workspace(tmp_path, units=30)
     text = (tmp_path / "decl.toml").read_text().replace('"arithmetic-exact"', '"bleu"')
     (tmp_path / "decl.toml").write_text(text)
-    message = _one_line_refusal(_invar("use", "prepare", tmp_path / "decl.toml", "--out", tmp_path / "again"))
+    message = _one_line_refusal(cli.run("use", "prepare", tmp_path / "decl.toml", "--out", tmp_path / "again"))
     assert message.startswith("invar: error: scorer: scorer 'bleu' is unknown")
 
 
@@ -175,8 +178,8 @@ def test_chat_units_are_rendered_by_each_packages_template_and_sent_as_ids(tmp_p
     assert req["prompt_ids"] == ws.vocab.encode(req["prompt"], add_special_tokens=False)
 
 
-def test_a_template_that_fails_to_render_is_one_line(tmp_path: Path) -> None:
+def test_a_template_that_fails_to_render_is_one_line(cli: InvarSession, tmp_path: Path) -> None:
     _chat_workspace(tmp_path, "{{ raise_exception('this model takes no system message') }}")
-    message = _one_line_refusal(_invar("use", "prepare", tmp_path / "decl.toml", "--out", tmp_path / "again"))
+    message = _one_line_refusal(cli.run("use", "prepare", tmp_path / "decl.toml", "--out", tmp_path / "again"))
     assert "this model takes no system message" in message
     assert not (tmp_path / "again" / "arith-test.contract.json").exists()

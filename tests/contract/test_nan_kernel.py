@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from contract.contract_runs import make_workspace
+from support.cli_batch import InvarSession
 from support.fake_worker import ENGINE_VERSION, FakeTransport, FakeWorker, Script
 
 from invar.contract.admit import admit
@@ -39,8 +40,6 @@ model_dir = _shared.model_dir
 model_digest = _shared.model_digest
 problems = _shared.problems
 __all__ = ["nan_worker"]  # the shared fixture, used here
-
-REPO_ROOT = _TESTS.parent
 
 
 @pytest.mark.engine
@@ -83,23 +82,25 @@ def test_use_runs_line_names_the_package_and_its_patches() -> None:
     assert other == "reference call reference/solo#0: the package (hf) failed: out of memory"
 
 
-def _invar(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
-    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=900,
-                          cwd=cwd, env=env)
+@pytest.fixture
+def cli() -> Iterator[InvarSession]:
+    """The command lines run one after another in one process, each as `python -m invar.cli` runs it
+    (tests/support/cli_batch.py), their workers started as a user's command starts them: the CLI's start-up once."""
+    with InvarSession(bound_s=900) as session:
+        yield session
 
 
 @pytest.mark.engine
-def test_a_nan_kernels_run_is_closed_at_the_call_and_decided_violated(tmp_path: Path) -> None:
+def test_a_nan_kernels_run_is_closed_at_the_call_and_decided_violated(cli: InvarSession, tmp_path: Path) -> None:
     """The whole loop on the real worker: init, prepare, run (closed at the first non-finite candidate call, exit 0),
     admit (Violated, exit 10, the call named and bound), a receipt that verify recomputes, a resume with nothing to
     do."""
     outside(NAN_MATMUL, tmp_path)
-    made = _invar("use", "init", "k.toml", "--candidate-patch", "./nan-matmul", "--sample", "32", "--temperature",
-                  "0", "--requests-per-call", "16", "--no-invariance", "--no-measurements", cwd=tmp_path)
+    made = cli.run("use", "init", "k.toml", "--candidate-patch", "./nan-matmul", "--sample", "32", "--temperature",
+                   "0", "--requests-per-call", "16", "--no-invariance", "--no-measurements", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
-    assert _invar("use", "prepare", "k.toml", cwd=tmp_path).returncode == 0
-    ran = _invar("use", "run", "k.contract.json", "--run", "run", cwd=tmp_path)
+    assert cli.run("use", "prepare", "k.toml", cwd=tmp_path).returncode == 0
+    ran = cli.run("use", "run", "k.contract.json", "--run", "run", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     assert "stopped: candidate call candidate/b16#0" in ran.stdout
     assert "answered NonFiniteOutput" in ran.stdout
@@ -112,8 +113,8 @@ def test_a_nan_kernels_run_is_closed_at_the_call_and_decided_violated(tmp_path: 
     assert error.report.report.error is not None
     assert error.report.report.error.type == "NonFiniteOutput"
 
-    admitted = _invar("use", "admit", "run", "--contract", "k.contract.json", "--json", "--receipt", "receipt.json",
-                      cwd=tmp_path)
+    admitted = cli.run("use", "admit", "run", "--contract", "k.contract.json", "--json", "--receipt", "receipt.json",
+                       cwd=tmp_path)
     assert admitted.returncode == 10, admitted.stderr
     decision = json.loads(admitted.stdout)
     assert decision["answer"] == "Violated"
@@ -127,14 +128,14 @@ def test_a_nan_kernels_run_is_closed_at_the_call_and_decided_violated(tmp_path: 
     assert decision["bound"] is None  # the recorded error decides; no bound over the units paired before it
     assert decision["task_loss"]["n"] < 32
 
-    verified = _invar("use", "verify", "receipt.json", "--run", "run", "--contract", "k.contract.json",
-                      "--trust-embedded-key", "--json", cwd=tmp_path)
+    verified = cli.run("use", "verify", "receipt.json", "--run", "run", "--contract", "k.contract.json",
+                       "--trust-embedded-key", "--json", cwd=tmp_path)
     assert verified.returncode == 0, verified.stderr
     envelope = json.loads((tmp_path / "receipt.json").read_text())
     predicate = json.loads(base64.b64decode(envelope["payload"]))["predicate"]
     assert predicate["answer"] == "Violated"
     assert predicate["figures"]["nonfinite"] == nonfinite  # the receipt binds the error record
-    again = _invar("use", "run", "k.contract.json", "--run", "run", cwd=tmp_path)
+    again = cli.run("use", "run", "k.contract.json", "--run", "run", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert "already complete" in again.stdout
 

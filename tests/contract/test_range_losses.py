@@ -10,8 +10,7 @@ import base64
 import json
 import math
 import re
-import subprocess
-import sys
+from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import numpy as np
 import pytest
 from contract_runs import RunWriter, Workspace, make_workspace
 from scipy import stats
+from support.cli_batch import InvarSession
 from typer.testing import CliRunner
 
 from invar.cli import use
@@ -56,9 +56,12 @@ UNITS = 40
 RUNNER = CliRunner()
 
 
-def _invar(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=120)
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    """The module's command lines run one after another in one process, each as `python -m invar.cli` runs it
+    (tests/support/cli_batch.py): the CLI's start-up once."""
+    with InvarSession(bound_s=120) as session:
+        yield session
 
 
 def _workspace(root: Path, scorer: dict[str, Any] | None = None, units: int = UNITS, **changes: Any) -> Workspace:
@@ -116,11 +119,12 @@ def test_a_range_scorer_is_prepared_with_a_bounded_range_method(tmp_path: Path, 
 
 
 @pytest.mark.parametrize("method", ["paired-binary-exact", "paired-binary-score"])
-def test_a_binary_method_with_a_range_scorer_is_one_line_at_prepare(tmp_path: Path, method: str) -> None:
+def test_a_binary_method_with_a_range_scorer_is_one_line_at_prepare(cli: InvarSession, tmp_path: Path,
+                                                                    method: str) -> None:
     with pytest.raises(ContractError):
         _workspace(tmp_path / "api", requirement={"method": method})
     (tmp_path / "cli").mkdir()
-    out = _invar("use", "prepare", tmp_path / "api" / "decl.toml", "--out", tmp_path / "cli")
+    out = cli.run("use", "prepare", tmp_path / "api" / "decl.toml", "--out", tmp_path / "cli")
     assert out.returncode == 2, out.stdout + out.stderr
     assert "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
@@ -188,14 +192,14 @@ def test_admission_decides_on_float_losses_bound_to_the_records(tmp_path: Path, 
     assert decision.diagnostics.hoeffding.upper == bounds.hoeffding(c - r, -1.0, 1.0, _delta("0.05")).upper
 
 
-def test_every_answer_is_reached_and_the_json_validates(tmp_path: Path) -> None:
+def test_every_answer_is_reached_and_the_json_validates(cli: InvarSession, tmp_path: Path) -> None:
     ws = _workspace(tmp_path, requirement={"method": "betting", "epsilon": 0.1}, units=60)
     same = _offsets(ws, 3, 2)
     worse = {k: v + (8 if v >= 0 else -8) for k, v in same.items()}  # every candidate loss 0.8 above or capped
     schema = json.loads((REPO_ROOT / "docs" / "schemas" / "use-admit.schema.json").read_text(encoding="utf-8"))
     for name, cand, answer, code in [("same", same, "Admitted", 0), ("worse", worse, "Violated", 10)]:
         run = _run(ws, tmp_path / name, same, cand)
-        out = _invar("use", "admit", run, "--contract", ws.contract_path, "--json")
+        out = cli.run("use", "admit", run, "--contract", ws.contract_path, "--json")
         assert out.returncode == code, out.stderr
         doc = json.loads(out.stdout)
         jsonschema.Draft202012Validator(schema).validate(doc)
@@ -206,7 +210,7 @@ def test_every_answer_is_reached_and_the_json_validates(tmp_path: Path) -> None:
             (Fraction(task["candidate_loss"]) - Fraction(task["reference_loss"])) / 60
         assert task["mean_difference_float"] == float(Fraction(task["mean_difference"]))
         assert "mcnemar_exact_one_sided" not in doc["diagnostics"]
-        text = _invar("use", "admit", run, "--contract", ws.contract_path)
+        text = cli.run("use", "admit", run, "--contract", ws.contract_path)
         assert text.returncode == code
         assert "task loss  n = 60, losses in [0, 1]: reference " in text.stdout
         assert "bound      betting betting/1" in text.stdout
@@ -290,7 +294,7 @@ def test_a_sequential_range_contract_stops_where_the_rule_says(tmp_path: Path) -
     ("return 1.5", r"returned 1\.5, outside its declared loss_range \[0\.0, 1\.0\]"),
     ("raise ValueError('no number')", r"raised ValueError: no number; fix the scorer"),
 ])
-def test_a_scorer_out_of_range_or_raising_is_one_line_naming_the_unit(tmp_path: Path, body: str,
+def test_a_scorer_out_of_range_or_raising_is_one_line_naming_the_unit(cli: InvarSession, tmp_path: Path, body: str,
                                                                        message: str) -> None:
     ws = _workspace(tmp_path, requirement={"method": "betting"}, units=12)
     (tmp_path / "partial.py").write_text(f"def loss(unit, response, params):\n    {body}\n")
@@ -303,7 +307,7 @@ def test_a_scorer_out_of_range_or_raising_is_one_line_naming_the_unit(tmp_path: 
     run = _run(broken, tmp_path / "run", zero, zero)
     with RunStore.open(run) as store:
         head = store.verify().head
-    out = _invar("use", "admit", run, "--contract", again.path, "--quiet")
+    out = cli.run("use", "admit", run, "--contract", again.path, "--quiet")
     assert out.returncode == 2, out.stdout + out.stderr
     assert "Traceback" not in out.stderr
     [line] = out.stderr.strip().splitlines()

@@ -11,11 +11,12 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from contract_runs import RunWriter, Workspace, make_workspace, unit_ids
+from support.cli_batch import InvarSession
 from support.disks import fill
 
 from invar import canonical
@@ -34,9 +35,12 @@ from invar.errors import EvidenceError, InvarError, RecordError
 from invar.records.store import GENESIS, _chain
 
 
-def _invar(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=300,
-                          cwd=cwd)
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    """The module's command lines run one after another in one process, each as `python -m invar.cli` runs it
+    (tests/support/cli_batch.py): the CLI's start-up once."""
+    with InvarSession(bound_s=300) as session:
+        yield session
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +53,13 @@ def _violated_run(ws: Workspace, path: Path) -> Path:
     return RunWriter(ws, path, keep_inputs=True).complete(candidate_wrong=unit_ids(ws, 120)).close()
 
 
-def test_signed_receipt_verifies_from_a_fresh_folder(ws: Workspace, tmp_path: Path) -> None:
+def test_signed_receipt_verifies_from_a_fresh_folder(cli: InvarSession, ws: Workspace, tmp_path: Path) -> None:
     run = _violated_run(ws, tmp_path / "run")
     keys = tmp_path / "keys"
-    made = _invar("keys", "new", "--out", str(keys), "--name", "owner", "--json")
+    made = cli.run("keys", "new", "--out", str(keys), "--name", "owner", "--json")
     assert made.returncode == 0, made.stderr
-    out = _invar("use", "admit", str(run), "--contract", str(ws.contract_path), "--receipt",
-                 str(tmp_path / "receipt.json"), "--key", str(keys / "owner.key"), "--json")
+    out = cli.run("use", "admit", str(run), "--contract", str(ws.contract_path), "--receipt",
+                  str(tmp_path / "receipt.json"), "--key", str(keys / "owner.key"), "--json")
     assert out.returncode == 10, out.stderr  # Violated
     assert json.loads(out.stdout)["answer"] == "Violated"
     # A fresh folder with only the run, the contract, the receipt and the public key.
@@ -65,24 +69,24 @@ def test_signed_receipt_verifies_from_a_fresh_folder(ws: Workspace, tmp_path: Pa
     shutil.copy(ws.contract_path, fresh / "c.contract.json")
     shutil.copy(tmp_path / "receipt.json", fresh / "receipt.json")
     shutil.copy(keys / "owner.pub", fresh / "owner.pub")
-    ok = _invar("use", "verify", "receipt.json", "--run", "run", "--contract", "c.contract.json",
-                "--public-key", "owner.pub", "--json", cwd=fresh)
+    ok = cli.run("use", "verify", "receipt.json", "--run", "run", "--contract", "c.contract.json",
+                 "--public-key", "owner.pub", "--json", cwd=fresh)
     assert ok.returncode == 0, ok.stderr
     doc = json.loads(ok.stdout)
     assert (doc["verified"], doc["answer"], doc["signed"], doc["key_checked"]) == (True, "Violated", True, True)
     assert (doc["format"], doc["trust"], doc["warning"]) == (PREDICATE_TYPE, "public-key", None)
     # Without --public-key, verify refuses unless told to trust the key the receipt carries, and then says so.
-    bare = _invar("use", "verify", "receipt.json", "--run", "run", "--contract", "c.contract.json", cwd=fresh)
+    bare = cli.run("use", "verify", "receipt.json", "--run", "run", "--contract", "c.contract.json", cwd=fresh)
     assert bare.returncode == 2, bare.stderr
     assert bare.stderr.count("\n") == 1, bare.stderr
     assert "pass --public-key with the issuer's .pub file to check who signed it, or --trust-embedded-key" in \
         bare.stderr
-    trusting = _invar("use", "verify", "receipt.json", "--run", "run", "--contract", "c.contract.json",
-                      "--trust-embedded-key", cwd=fresh)
+    trusting = cli.run("use", "verify", "receipt.json", "--run", "run", "--contract", "c.contract.json",
+                       "--trust-embedded-key", cwd=fresh)
     assert trusting.returncode == 0, trusting.stderr
     assert "anyone could have signed it" in trusting.stdout
-    as_json = _invar("use", "verify", "receipt.json", "--run", "run", "--contract", "c.contract.json",
-                     "--trust-embedded-key", "--json", cwd=fresh)
+    as_json = cli.run("use", "verify", "receipt.json", "--run", "run", "--contract", "c.contract.json",
+                      "--trust-embedded-key", "--json", cwd=fresh)
     doc = json.loads(as_json.stdout)
     assert (doc["key_checked"], doc["trust"]) == (False, "embedded-key")
     assert "anyone could have signed it" in doc["warning"]
@@ -177,22 +181,22 @@ def test_an_incomplete_run_is_refused_by_admit(ws: Workspace, tmp_path: Path) ->
 
 
 def test_a_full_disk_while_the_receipt_is_written_leaves_no_receipt_and_a_second_try_succeeds(
-        ws: Workspace, tmp_path: Path, mount_tmpfs: Callable[[str], Path]) -> None:
+        cli: InvarSession, ws: Workspace, tmp_path: Path, mount_tmpfs: Callable[[str], Path]) -> None:
     run = _violated_run(ws, tmp_path / "run")
     disk = mount_tmpfs("64k")
     receipt = disk / "receipt.json"
     filler = fill(disk)
     args = ("use", "admit", str(run), "--contract", str(ws.contract_path), "--receipt", str(receipt), "--quiet")
-    full = _invar(*args)
+    full = cli.run(*args)
     assert full.returncode == 2, full.stderr
     assert full.stderr.count("\n") == 1
     assert f"{receipt}: cannot write the receipt (No space left on device)" in full.stderr
     assert sorted(p.name for p in disk.iterdir()) == ["filler"]  # no cut receipt, no temporary file
     filler.unlink()
-    again = _invar(*args)
+    again = cli.run(*args)
     assert again.returncode == 10, again.stderr
-    ok = _invar("use", "verify", str(receipt), "--run", str(run), "--contract", str(ws.contract_path),
-                "--trust-embedded-key")
+    ok = cli.run("use", "verify", str(receipt), "--run", str(run), "--contract", str(ws.contract_path),
+                 "--trust-embedded-key")
     assert ok.returncode == 0, ok.stderr
     assert "signature: none: the receipt is not signed: anyone could have written it" in ok.stdout
 

@@ -11,11 +11,12 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.cli_batch import InvarSession
 
 from invar import canonical
 from invar.errors import RecordError
@@ -249,11 +250,15 @@ def test_full_disk_is_one_line_and_keeps_what_was_written(tmpfs: Path) -> None:
         assert s.verify().calls == written > 0
 
 
-def _invar(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=60)
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    """The module's command lines run one after another in one process, each as `python -m invar.cli` runs it
+    (tests/support/cli_batch.py): the CLI's start-up once."""
+    with InvarSession(bound_s=60) as session:
+        yield session
 
 
-def test_crafted_store_corpus_is_refused_by_the_cli_naming_the_record(tmp_path: Path) -> None:
+def test_crafted_store_corpus_is_refused_by_the_cli_naming_the_record(cli: InvarSession, tmp_path: Path) -> None:
     """The corpus of crafted stores: malformed bodies, a cut tail, re-chained forgeries; `inspect records` refuses
     each with one line naming the record (or, for what only an anchor catches, the head)."""
     for i, (kind, body) in enumerate(MALFORMED):
@@ -262,7 +267,7 @@ def test_crafted_store_corpus_is_refused_by_the_cli_naming_the_record(tmp_path: 
         key = store.record_worker(IDENT.to_wire())
         store._append(kind, body, key if kind in ("call", "report") else None)
         store.close()
-        out = _invar("inspect", "records", str(run), "--quiet")
+        out = cli.run("inspect", "records", str(run), "--quiet")
         assert out.returncode == 2, (kind, body, out.stdout)
         assert f"record 3 ({kind})" in out.stderr
         assert out.stderr.count("\n") == 1
@@ -279,9 +284,9 @@ def test_crafted_store_corpus_is_refused_by_the_cli_naming_the_record(tmp_path: 
     cut_head = _closed_run(cut)
     _rechain(cut / "records.sqlite", 0, None, drop_from=9)
     for run, anchor in ((forged, head), (cut, cut_head)):
-        assert _invar("inspect", "records", str(run)).returncode == 0  # the chain alone cannot tell
-        out = _invar("inspect", "records", str(run), "--expect-head", anchor, "--quiet")
+        assert cli.run("inspect", "records", str(run)).returncode == 0  # the chain alone cannot tell
+        out = cli.run("inspect", "records", str(run), "--expect-head", anchor, "--quiet")
         assert out.returncode == 2
         assert "re-chained, cut or extended" in out.stderr
         assert out.stderr.count("\n") == 1
-    assert "INCOMPLETE" in _invar("inspect", "records", str(cut)).stdout
+    assert "INCOMPLETE" in cli.run("inspect", "records", str(cut)).stdout
