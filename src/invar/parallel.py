@@ -6,9 +6,10 @@ stay pure functions with no process of their own. A command that wants the cores
 inside `forked()`, and then `map_calls` runs the pieces in forked processes, one per core. The results are the same
 numbers either way, in the same order: each piece is a pure function of its arguments.
 
-A command may also opt in to one helper process of a reader's own (`helper()`): `use admit`, `use verify` and
+A command may also opt in to helper processes of a reader's own (`helper()`): `use admit`, `use verify` and
 `compare numerical RUN` let the run store check its records' bytes in a second process while this one binds and
-scores them (`invar.records.store`); what they print is the same either way.
+scores them (`invar.records.store`), and derive a plan's call digests half here, half in a forked process
+(`in_halves`); what they print is the same either way.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import pickle
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import TypeVar, cast
 
 T = TypeVar("T")
+Item = TypeVar("Item")
 
 _ENABLED = [False]  # set by `forked()`; a forked worker inherits it
 _HELPER = [False]  # set by `helper()`
@@ -50,9 +53,9 @@ def forked() -> Iterator[None]:
 
 @contextlib.contextmanager
 def helper() -> Iterator[None]:
-    """Within this block, a reader may fork one helper process of its own where there are several cores
-    (`helper_allowed`): the run store's checking process, which `use admit` and `use verify` opt in to. Nothing
-    else forks (`map_calls` still runs in this process)."""
+    """Within this block, a reader may fork helper processes of its own where there are several cores
+    (`helper_allowed`): the run store's checking process and `in_halves`' second half, which `use admit` and `use
+    verify` opt in to. Nothing else forks (`map_calls` still runs in this process)."""
     before = _HELPER[0]
     _HELPER[0] = True
     try:
@@ -66,6 +69,56 @@ def helper_allowed() -> bool:
     process may fork one: the main process, on a machine with several cores, where fork exists."""
     return (_HELPER[0] or _ENABLED[0]) and _DEPTH[0] == 0 and cores() >= 2 and hasattr(os, "fork") and \
         not multiprocessing.current_process().daemon
+
+
+def in_halves(compute: Callable[[Sequence[Item]], list[T]], items: Sequence[Item]) -> list[T]:
+    """`compute(items)`, a pure function computed item by item: where `helper_allowed`, the second half of `items` in
+    a forked process while this one computes the first, else all here. A second half the process does not give back
+    whole (it raised, died or was killed) is computed here again, so an exception is raised here, at the same item,
+    as if all were computed here. The results travel back pickled."""
+    half = len(items) // 2
+    if half < 1 or not helper_allowed():
+        return compute(items)
+    try:
+        read, write = os.pipe()
+    except OSError:
+        return compute(items)
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read)
+        os.close(write)
+        return compute(items)
+    if pid == 0:  # the helper: it ends here, whatever happens, without running this process's exit
+        code = 1
+        try:
+            os.close(read)
+            _DEPTH[0] = 1
+            out = memoryview(pickle.dumps(compute(items[half:]), protocol=pickle.HIGHEST_PROTOCOL))
+            while out:
+                out = out[os.write(write, out):]
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    try:
+        first = compute(items[:half])
+        with os.fdopen(read, "rb") as pipe:
+            read = -1
+            data = pipe.read()  # the helper may wait on this read to finish writing: it is made after this half
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+    finally:
+        if read >= 0:
+            os.close(read)
+        if pid:  # this half raised: the helper's work is not wanted
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+    second = pickle.loads(data) if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and data else None
+    if not isinstance(second, list) or len(second) != len(items) - half:
+        second = compute(items[half:])
+    return first + second
 
 
 def _run_pending(index: int) -> object:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 import msgpack
 import numpy as np
 
-from invar import canonical
+from invar import canonical, parallel
 from invar.compare.steps import resolve_steps
 from invar.contract.model import Contract, Layout, Measurements
 from invar.errors import ContractError
@@ -498,17 +498,17 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[P
 
     # The packages' requests differ only by their encoders: where both packages are given the same encoder (the same
     # tokenizer files), a call's params are the same for both and are derived and digested once.
-    digests: dict[tuple[int, str, int], str] = {}
+    needed: dict[tuple[int, str, int], PlannedCall] = {}  # in the order the calls are planned
+
+    def digest_key(call: PlannedCall) -> tuple[int, str, int]:
+        return id(encoders[call.package]), call.layout, 0 if call.part is None else call.part
 
     def calls_of(package: Role, layout: str, purposes: tuple[Purpose, ...]) -> list[PlannedCall]:
         out: list[PlannedCall] = []
         for part, (shape, order) in enumerate(layout_cut(layout)):
             call = PlannedCall(package, layout, purposes, shape, order, "", source, None if per_call is None else part)
-            key = (id(encoders[package]), layout, part)
-            if key not in digests:
-                # The params exist only while their digest is taken: each unit is encoded here once per call.
-                digests[key] = _params_digest(call, encoders[package])
-            out.append(replace(call, params_digest=digests[key]))
+            needed.setdefault(digest_key(call), call)
+            out.append(call)
         return out
 
     pairing = contract.pairing.layout
@@ -534,6 +534,16 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[P
             for package in again:
                 calls += [replace(c, purposes=("determinism",), run=run)
                           for c in calls_of(package, determinism.layout, ("determinism",))]
+
+    def digested(keys: Sequence[tuple[int, str, int]]) -> list[str]:
+        # The params exist only while their digest is taken: each unit is encoded here once per call.
+        return [_params_digest(needed[key], encoders[needed[key].package]) for key in keys]
+
+    # The calls' digests, in plan order, half of them in a helper process where the command allows one (`use admit`
+    # derives the plan of every run it decides); a unit the tokenizer refuses is refused here, the first in plan order.
+    keys = list(needed)
+    digests = dict(zip(keys, parallel.in_halves(digested, keys), strict=True))
+    calls = [replace(c, params_digest=digests[digest_key(c)]) for c in calls]
 
     candidate_batches: dict[str, str] = {}
     for name in dict.fromkeys(c.layout for c in calls if c.package == "candidate"):
