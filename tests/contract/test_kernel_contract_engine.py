@@ -7,34 +7,35 @@ the base is Admitted."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cli_batch import InvarSession
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.engine
 
 
-def _invar(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
-    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=900,
-                          cwd=cwd, env=env)
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    """The module's command lines run one after another in one process, each as `python -m invar.cli` runs it
+    (tests/support/cli_batch.py), their workers started as a user's command starts them: the CLI's start-up once."""
+    with InvarSession(bound_s=900) as session:
+        yield session
 
 
-def test_split_k_is_violated_for_the_dependence_it_adds(tmp_path: Path) -> None:
-    made = _invar("use", "init", "k.toml", "--candidate-patch", "split-k", "--sample", "24", "--temperature", "0",
-                  "--epsilon", "0.5", "--invariance", "--no-determinism", cwd=tmp_path)
+def test_split_k_is_violated_for_the_dependence_it_adds(cli: InvarSession, tmp_path: Path) -> None:
+    made = cli.run("use", "init", "k.toml", "--candidate-patch", "split-k", "--sample", "24", "--temperature", "0",
+                   "--epsilon", "0.5", "--invariance", "--no-determinism", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
-    assert _invar("use", "prepare", "k.toml", cwd=tmp_path).returncode == 0
-    ran = _invar("use", "run", "k.contract.json", "--run", "run", cwd=tmp_path)
+    assert cli.run("use", "prepare", "k.toml", cwd=tmp_path).returncode == 0
+    ran = cli.run("use", "run", "k.contract.json", "--run", "run", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
-    admitted = _invar("use", "admit", "run", "--contract", "k.contract.json", "--json", cwd=tmp_path)
+    admitted = cli.run("use", "admit", "run", "--contract", "k.contract.json", "--json", cwd=tmp_path)
     decision = json.loads(admitted.stdout)
     assert admitted.returncode == 10, admitted.stderr
     assert decision["answer"] == "Violated"
@@ -47,12 +48,12 @@ def test_split_k_is_violated_for_the_dependence_it_adds(tmp_path: Path) -> None:
     assert decision["measurements"]["requirement"]["holds"] is True
 
 
-def test_a_padding_invariant_softmax_kernel_on_the_base_is_admitted(tmp_path: Path) -> None:
+def test_a_padding_invariant_softmax_kernel_on_the_base_is_admitted(cli: InvarSession, tmp_path: Path) -> None:
     # fixed-block's softmax as an agent's kernel folder: the candidate runs the base less its softmax, plus the kernel;
     # both sides run eager attention (where the model's softmax is), so the packages differ in the kernel alone.
     shutil.copytree(REPO_ROOT / "patches" / "invariant-softmax", tmp_path / "my-softmax")
-    made = _invar("use", "init", "k.toml", "--candidate-patch", "./my-softmax", "--sample", "16", "--temperature",
-                  "0", "--epsilon", "0.5", "--invariance", "--no-determinism", cwd=tmp_path)
+    made = cli.run("use", "init", "k.toml", "--candidate-patch", "./my-softmax", "--sample", "16", "--temperature",
+                   "0", "--epsilon", "0.5", "--invariance", "--no-determinism", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     decl = tomllib.loads((tmp_path / "k.toml").read_text(encoding="utf-8"))
     assert decl["candidate"]["settings"]["attn_implementation"] == "eager"
@@ -60,10 +61,10 @@ def test_a_padding_invariant_softmax_kernel_on_the_base_is_admitted(tmp_path: Pa
     assert "invariant-softmax" in decl["reference"]["patches"]
     assert sorted(decl["candidate"]["patches"]) == ["./my-softmax", "invariant-log-softmax", "invariant-matmul",
                                                     "invariant-rms-norm"]
-    assert _invar("use", "prepare", "k.toml", cwd=tmp_path).returncode == 0
-    ran = _invar("use", "run", "k.contract.json", "--run", "run", cwd=tmp_path)
+    assert cli.run("use", "prepare", "k.toml", cwd=tmp_path).returncode == 0
+    ran = cli.run("use", "run", "k.contract.json", "--run", "run", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
-    admitted = _invar("use", "admit", "run", "--contract", "k.contract.json", "--json", cwd=tmp_path)
+    admitted = cli.run("use", "admit", "run", "--contract", "k.contract.json", "--json", cwd=tmp_path)
     decision = json.loads(admitted.stdout)
     assert admitted.returncode == 0, (decision["reason"], admitted.stderr)
     assert decision["answer"] == "Admitted"
