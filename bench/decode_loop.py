@@ -44,6 +44,7 @@ from invar import canonical  # noqa: E402
 
 sys.path.append(str(REPO / "bench"))  # last, as bench/train_overhead.py: bench/workers.py must not shadow workers
 from overhead import LARGE_SHAPE, build_large, handler, make_calls  # noqa: E402
+from report import write_json  # noqa: E402
 
 MODELS = {"tiny": REPO / "models" / "tiny-arith",
           # built by scripts/build_smollm2.py; digest only (--sizes smollm2), with the tiny model's prompt ids
@@ -268,9 +269,7 @@ def run_time(engine_name: str, sizes: list[str], cache: Path, reps: int, old_src
             d.close()
         results["sizes"][size] = entry
     results["load_at_end"] = os.getloadavg()
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(out, results)
     return 0
 
 

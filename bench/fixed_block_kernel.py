@@ -13,13 +13,13 @@ The torch operations run on torch's threads (all cores by default); the kernel r
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from report import write_json
 
 from invar.patches import patch_digest
 from invar.workers.common import load_patches
@@ -83,8 +83,7 @@ def main() -> None:
               f"(median), {row['speedup_median']:.1f}x, bit-identical {same}", flush=True)
     doc = {"implementation": fb.implementation(), "torch_threads": torch.get_num_threads(), "reps": args.reps,
            "torch": torch.__version__, "cases": rows}
-    if args.json is not None:
-        args.json.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    write_json(args.json, doc)
     if not all(r["bit_identical"] for r in rows):
         raise SystemExit("the kernel and the torch operations gave different bits")
 

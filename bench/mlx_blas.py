@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from report import write_json
 
 from invar import canonical
 from invar.engines import start_worker
@@ -133,8 +134,7 @@ def main() -> int:
                   f"generate vs score bit-identical {row['generate_vs_score_bit_identical']}; "
                   f"generate of the batch {row['generate_batch_s']} s", flush=True)
     result["loadavg_end"] = os.getloadavg()
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     return 0
 
 

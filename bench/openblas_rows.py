@@ -17,13 +17,14 @@ Reported: per BLAS, per N and per partition, the count of rows equal to the whol
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from report import header, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 PARTITIONS = ("alone", "group of 4", "group of 8", "group of 16", "suffix", "prefix")
@@ -91,14 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         results[blas] = json.loads(proc.stdout.strip().splitlines()[-1])
         for n, counts in results[blas].items():
             print(f"{blas:<9} N={n:<4} " + ", ".join(f"{k}: {v}/{n}" for k, v in counts.items()), flush=True)
-    doc = {"command": "bench/openblas_rows.py " + " ".join(sys.argv[1:] if argv is None else argv),
-           "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    doc = {**header("openblas_rows.py", argv),
            "vocab": args.vocab, "hidden": args.hidden, "openblas_library": library.name,
            "rows_equal_to_the_whole_product": results}
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"JSON {args.json}")
+    write_json(args.json, doc, indent=1)
     return 0
 
 

@@ -76,6 +76,7 @@ for path in (REPO / "src", REPO):  # run from a checkout without installing the 
         sys.path.insert(0, str(path))
 
 import numpy as np  # noqa: E402
+from report import write_json  # noqa: E402
 
 from invar import canonical  # noqa: E402
 from invar.engines import DEFAULT_MODEL, worker_env  # noqa: E402
@@ -753,9 +754,8 @@ def main(argv: list[str] | None = None) -> int:
                                        args.device, deadline, args.settle)
                 rest = (VLLM_SETTLE_S if engine == "vllm" else 0.0) if args.settle is None else args.settle
                 entry["engines"][engine] = {"requests": count, **ran, "settle_s": rest, "layouts": layouts}
-                if args.json:  # kept as it goes: a long run stopped part-way still leaves its figures
-                    args.json.parent.mkdir(parents=True, exist_ok=True)
-                    args.json.write_text(json.dumps(results, indent=2) + "\n")
+                # Kept as it goes: a long run stopped part-way still leaves its figures.
+                write_json(args.json, results, say=False)
     results["load_at_end"] = os.getloadavg()
     print()
     print(f"{'size':6} {'engine':6} {'layout':12} {'measure':5} {'pairs':>5} {'direct s/call':>13} "
@@ -769,9 +769,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{p['direct_median_call_s']:13.4f} {p['median_ratio']:.4f} ({mr[0]:.4f}-{mr[1]:.4f}) "
                           f"{p['total_ratio']:.4f} ({tr[0]:.4f}-{tr[1]:.4f}) {p['mean_diff_ms'] * 1e3:7.0f} "
                           f"({d[0] * 1e3:.0f}-{d[1] * 1e3:.0f})")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.json, results)
     if args.plot:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         plot(results, args.plot)

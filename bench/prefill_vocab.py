@@ -24,7 +24,6 @@ wheel bundles unless the driver says otherwise; HF on torch's CPU kernels, one t
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import sys
@@ -40,6 +39,7 @@ if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
 
 from procfs import cpu_s, status_kib  # noqa: E402
+from report import header, write_json  # noqa: E402
 
 from invar import canonical  # noqa: E402
 from invar.engines import start_worker  # noqa: E402
@@ -144,15 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     model = build(args.cache)
     work = units(args.units)
     results = [drive(d, model, work, args.old_src) for d in drivers]
-    doc = {"command": "bench/prefill_vocab.py " + " ".join(sys.argv[1:] if argv is None else argv),
-           "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    doc = {**header("prefill_vocab.py", argv),
            "model": {"vocab_size": VOCAB, **SHAPE, "family": "gemma3_text, tied output layer, random weights"},
            "units": len(work), "prompt_tokens": sum(len(p) for p, _ in work), "response_tokens": RESPONSE,
            "results": results}
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"JSON {args.json}")
+    write_json(args.json, doc, indent=1)
     return 0
 
 

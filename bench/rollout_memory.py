@@ -21,7 +21,6 @@ what either path holds on the same call, where the worker itself would take only
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -34,6 +33,7 @@ if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
 
 from procfs import cpu_s, status_kib  # noqa: E402
+from report import header, write_json  # noqa: E402
 
 from invar import canonical  # noqa: E402
 from invar.engines import launch_args, parse_launch_settings, start_worker  # noqa: E402
@@ -122,13 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = [measure(args.engine, worker_args, args.model, prompts, None)]
         if args.old_src is not None:
             rows.append(measure(args.engine, worker_args, args.model, prompts, args.old_src))
-    doc = {"command": "bench/rollout_memory.py " + " ".join(sys.argv[1:] if argv is None else argv),
-           "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "engine": args.engine,
+    doc = {**header("rollout_memory.py", argv), "engine": args.engine,
            "settings": args.setting, "model": str(args.model), "chats": len(prompts),
            "prompt_tokens": [len(p) for p in prompts], "vocabulary": vocab.size, "workers": rows}
-    if args.json is not None:
-        args.json.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"JSON {args.json}")
+    write_json(args.json, doc, indent=1)
     return 0
 
 

@@ -47,6 +47,7 @@ for path in (REPO / "src", REPO, REPO / "tests"):  # run from a checkout without
         sys.path.insert(0, str(path))
 
 from declarations import hf_package, write_declaration  # noqa: E402
+from report import write_json  # noqa: E402
 
 from invar import canonical  # noqa: E402
 from invar.engines import DEFAULT_MODEL, worker_digest  # noqa: E402
@@ -214,9 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"store: {size / 2**20:.1f} MiB for {args.units} units × 2 packages ({calls} generate calls, "
           f"{records} records), of which {inputs / 2**20:.2f} MiB the run's inputs: {per_unit:.0f} bytes per unit "
           "per package")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     return 0
 
 

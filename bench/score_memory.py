@@ -19,9 +19,7 @@ two runs can be compared bit for bit.
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -32,6 +30,7 @@ if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
 
 from procfs import status_kib  # noqa: E402
+from report import header, write_json  # noqa: E402
 
 from invar import canonical  # noqa: E402
 from invar.engines import start_worker  # noqa: E402
@@ -125,14 +124,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(_phase(pid, f"score T={scored_t:g}", lambda s=scored_t, k=plain: score(s, kept=k), plain))
             rows.append(_phase(pid, f"score T={scored_t:g}, captures at the first and last step",
                                lambda s=scored_t, k=captured: score(s, captures=True, kept=k), captured))
-    doc = {"command": "bench/score_memory.py " + " ".join(sys.argv[1:] if argv is None else argv),
-           "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "engine": args.engine,
+    doc = {**header("score_memory.py", argv), "engine": args.engine,
            "model": str(MODEL.relative_to(REPO)), "env": env, "worker_args": args.worker_arg,
            "chats": len(chosen), "max_tokens": MAX_TOKENS,
            "vocabulary": vocab.size, "phases": rows, "wall_s": round(time.perf_counter() - started, 1)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"JSON {args.out}")
+    write_json(args.out, doc)
     return 0
 
 

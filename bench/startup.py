@@ -45,7 +45,6 @@ is measured.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import shutil
@@ -57,6 +56,8 @@ import textwrap
 import time
 from pathlib import Path
 from typing import Any
+
+from report import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "src") not in sys.path:  # run from a checkout without installing the package
@@ -412,9 +413,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| `invar {shown}` | {row['cpu']['before']['median']:.2f} | {row['cpu']['after']['median']:.2f} "
                   f"| {row['cpu']['ratio']['median']:.2f} | {row['wall']['before']['median']:.2f} "
                   f"| {row['wall']['after']['median']:.2f} |")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    write_json(args.json, result, indent=1, sort_keys=True)
     return 0
 
 

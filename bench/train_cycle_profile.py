@@ -38,6 +38,7 @@ for path in (REPO / "src", REPO):  # run from a checkout without installing the 
 sys.path.append(str(REPO / "bench"))
 
 from overhead import tree_cpu_s  # noqa: E402
+from report import write_json  # noqa: E402
 from train_overhead import write_config  # noqa: E402
 
 TOP = 25
@@ -125,9 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{spec}: first cycle {got['cycles'][0]}; median of {len(later)} later cycles not profiled: "
                   + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in summary.items()), flush=True)
     result["load_at_end"] = os.getloadavg()
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     return 0
 
 

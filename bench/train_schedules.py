@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from report import write_json
 
 from invar.compare.histories import compare_histories
 from invar.loop.config import resolve
@@ -146,9 +147,7 @@ def main() -> int:
         print(f"fixed-order reduction on {engine}: median learner step {cost['median_s']['fixed-order']:.3f} s vs "
               f"plain {cost['median_s']['plain']:.3f} s over {cost['samples']} samples: ratio {cost['ratio']:.2f} "
               f"(median of paired ratios {cost['paired_ratio_median']:.2f})", flush=True)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_json(args.json, result)
     return 0
 
 

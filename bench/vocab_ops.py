@@ -28,7 +28,6 @@ operation: the best of `--reps` CPU times of the process (user + system; the mac
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -36,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from report import header, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -164,14 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         table.append(row)
         print(f"{op:<18}{m:>12.3f}{t:>12.3f}{row['mlx_over_torch'] or 0:>11.2f}"
               f"{row.get('mlx_gflops') or 0:>13.2f}{row.get('torch_gflops') or 0:>15.2f}")
-    doc = {"command": "bench/vocab_ops.py " + " ".join(sys.argv[1:] if argv is None else argv),
-           "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    doc = {**header("vocab_ops.py", argv),
            "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2),
            "vocab": args.vocab, "hidden": args.hidden, "reps": args.reps, "operations": table}
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"JSON {args.json}")
+    write_json(args.json, doc)
     return 0
 
 

@@ -13,7 +13,6 @@ and a check that every run's decision figures are identical (they must be: the r
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ for path in (REPO / "src", REPO):  # run from a checkout without installing the 
 
 import numpy as np  # noqa: E402
 from declarations import hf_package, write_declaration  # noqa: E402
+from report import write_json  # noqa: E402
 
 from invar import canonical  # noqa: E402
 from invar.contract.admit import admit  # noqa: E402
@@ -80,9 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in counts:
         row = result["workers"][str(n)]
         print(f"{n:8d} {row['median_s']:9.1f} {row['speedup']:9.2f}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     return 0
 
 
