@@ -1,13 +1,12 @@
 """`invar compare numerical REF_RUN CAND_RUN`: figures known in advance from runs written with chosen numbers, and
-every refusal one line with exit 2."""
+every refusal one line with exit 2. The commands run in one process (`cli`), none starts an engine worker."""
 
 from __future__ import annotations
 
 import json
 import re
 import sqlite3
-import subprocess
-import sys
+from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -17,20 +16,25 @@ import numpy as np
 import pytest
 from compare_builders import Scored, capture, generate_run, score_run, units
 from scipy.special import rel_entr
+from support.cli_batch import InvarSession, Ran
 
 
-def _invar(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    """The module's command lines, run one after another in one process (tests/support/cli_batch.py: each as
+    `python -m invar.cli` runs it, its own exit status, stdout and stderr), so the module pays the CLI's start-up
+    once instead of once per command."""
+    with InvarSession(bound_s=300) as session:
+        yield session
 
 
-def _json(*args: str | Path) -> dict[str, Any]:
-    out = _invar("compare", "numerical", *args, "--json")
+def _json(cli: InvarSession, *args: str | Path) -> dict[str, Any]:
+    out = cli.run("compare", "numerical", *args, "--json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
-def _one_line_refusal(out: subprocess.CompletedProcess[str], *phrases: str) -> None:
+def _one_line_refusal(out: Ran, *phrases: str) -> None:
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
     assert "Traceback" not in out.stderr
@@ -67,8 +71,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def test_a_run_against_an_identical_one_is_identical_everywhere_with_kl_zero(runs: dict[str, Path]) -> None:
-    doc = _json(runs["ref"], runs["same"], "--cand-scores", runs["self_scores"], "--ref-scores", runs["ref_scores"])
+def test_a_run_against_an_identical_one_is_identical_everywhere_with_kl_zero(cli: InvarSession,
+                                                                             runs: dict[str, Path]) -> None:
+    doc = _json(cli, runs["ref"], runs["same"], "--cand-scores", runs["self_scores"], "--ref-scores",
+                runs["ref_scores"])
     g = doc["generation"]
     assert (g["units"], g["identical"], g["fraction_identical"]) == (8, 8, 1.0)
     assert g["first_divergence"] == {"none": 8, "positions": {}}
@@ -82,8 +88,8 @@ def test_a_run_against_an_identical_one_is_identical_everywhere_with_kl_zero(run
     assert doc["reference_self_consistency"] == {"units": 8, "identical": 8}
 
 
-def test_a_candidate_that_differs_is_located_and_measured(runs: dict[str, Path]) -> None:
-    doc = _json(runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"], "--ref-scores",
+def test_a_candidate_that_differs_is_located_and_measured(cli: InvarSession, runs: dict[str, Path]) -> None:
+    doc = _json(cli, runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"], "--ref-scores",
                 runs["ref_scores"])
     by_id = {u["unit_id"]: u for u in doc["units"]}
     ids = list(by_id)
@@ -113,10 +119,10 @@ def test_a_candidate_that_differs_is_located_and_measured(runs: dict[str, Path])
     assert doc["worst"][0]["unit_id"] == ids[3]  # the largest KL first
 
 
-def test_the_report_is_self_contained_html_with_pngs(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_the_report_is_self_contained_html_with_pngs(cli: InvarSession, runs: dict[str, Path], tmp_path: Path) -> None:
     report = tmp_path / "out.html"
-    out = _invar("compare", "numerical", runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"],
-                 "--ref-scores", runs["ref_scores"], "--report", report)
+    out = cli.run("compare", "numerical", runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"],
+                  "--ref-scores", runs["ref_scores"], "--report", report)
     assert out.returncode == 0, out.stderr
     html = report.read_text(encoding="utf-8")
     assert html.startswith("<!DOCTYPE html>")
@@ -154,11 +160,11 @@ class _Outline(HTMLParser):
         self.text.append(data)
 
 
-def test_the_report_leads_with_a_headline_then_where_how_far_worst_and_tables(runs: dict[str, Path],
+def test_the_report_leads_with_a_headline_then_where_how_far_worst_and_tables(cli: InvarSession, runs: dict[str, Path],
                                                                               tmp_path: Path) -> None:
     report = tmp_path / "out.html"
-    out = _invar("compare", "numerical", runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"],
-                 "--ref-scores", runs["ref_scores"], "--report", report)
+    out = cli.run("compare", "numerical", runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"],
+                  "--ref-scores", runs["ref_scores"], "--report", report)
     assert out.returncode == 0, out.stderr
     outline = _Outline()
     outline.feed(report.read_text(encoding="utf-8"))
@@ -183,12 +189,12 @@ def test_the_report_leads_with_a_headline_then_where_how_far_worst_and_tables(ru
     assert text.index("max ULP per unit 99.9 %") > text.index("Units that part most")
 
 
-def test_the_report_renders_in_headless_chromium(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_the_report_renders_in_headless_chromium(cli: InvarSession, runs: dict[str, Path], tmp_path: Path) -> None:
     """The report as a reader's browser draws it: the page is screenshotted, and the picture holds the headline's
     text near its top and the charts' colours below; skipped, naming why, where no Chromium can be had."""
     report = tmp_path / "out.html"
-    out = _invar("compare", "numerical", runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"],
-                 "--ref-scores", runs["ref_scores"], "--report", report)
+    out = cli.run("compare", "numerical", runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"],
+                  "--ref-scores", runs["ref_scores"], "--report", report)
     assert out.returncode == 0, out.stderr
     pixels = headless.screenshot(report, tmp_path / "screenshot.png", width=1100, height=2400)
     assert pixels.shape == (2400, 1100, 3)
@@ -213,9 +219,9 @@ def test_the_first_divergence_chart_counts_every_bar_on_a_log_scale(runs: dict[s
     assert [t.get_text() for t in ax.texts] == ["1", "7"]  # each bar's count written on it
 
 
-def test_the_text_output_labels_units_and_shows_kl_per_capture_step(runs: dict[str, Path]) -> None:
-    out = _invar("compare", "numerical", runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"],
-                 "--ref-scores", runs["ref_scores"])
+def test_the_text_output_labels_units_and_shows_kl_per_capture_step(cli: InvarSession, runs: dict[str, Path]) -> None:
+    out = cli.run("compare", "numerical", runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"],
+                  "--ref-scores", runs["ref_scores"])
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == f"compare numerical: {runs['cand']} (hf float32 none) against {runs['ref']} (hf float32 none)"
@@ -224,7 +230,8 @@ def test_the_text_output_labels_units_and_shows_kl_per_capture_step(runs: dict[s
     ulp = next(line for line in lines if line.startswith("max ULP per unit"))
     assert "ULP;" in ulp
     assert "nats" not in ulp  # a count of float32 steps, not a size in nats
-    doc = _json(runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"], "--ref-scores", runs["ref_scores"])
+    doc = _json(cli, runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"], "--ref-scores",
+                runs["ref_scores"])
     at = lines.index("KL(ref‖cand) per capture step:")
     for line, row in zip(lines[at + 1:at + 3], doc["captures"]["by_step"], strict=True):
         assert line.split()[:8] == ["step", str(row["step"]), "n", str(row["n"]), "mean",
@@ -234,27 +241,28 @@ def test_the_text_output_labels_units_and_shows_kl_per_capture_step(runs: dict[s
     assert doc["decision"] is None  # two runs: no contract, no decision
 
 
-def test_a_unit_whose_first_token_differs_has_no_shared_prefix_not_a_delta_of_0(tmp_path: Path) -> None:
+def test_a_unit_whose_first_token_differs_has_no_shared_prefix_not_a_delta_of_0(cli: InvarSession,
+                                                                                tmp_path: Path) -> None:
     ref_units = units(4)
     first = ref_units[1].text[0]
     cand_units = units(4, {1: str((int(first) + 1) % 10)})
     ref, cand = generate_run(tmp_path / "ref", ref_units), generate_run(tmp_path / "cand", cand_units)
-    doc = _json(ref, cand)
+    doc = _json(cli, ref, cand)
     row = next(u for u in doc["units"] if u["unit_id"] == ref_units[1].unit_id)
     assert (row["first_divergence"], row["shared"], row["expected"]) == (0, 0, ref_units[1].text)
-    out = _invar("compare", "numerical", ref, cand)
+    out = cli.run("compare", "numerical", ref, cand)
     assert out.returncode == 0, out.stderr
     line = next(line for line in out.stdout.splitlines() if line.startswith(ref_units[1].unit_id))
     assert "first divergence at token 0, no shared prefix" in line
     assert "max |Δ|" not in line
 
 
-def test_comparing_two_runs_shows_each_part_on_stderr_and_quiet_shows_none(runs: dict[str, Path],
+def test_comparing_two_runs_shows_each_part_on_stderr_and_quiet_shows_none(cli: InvarSession, runs: dict[str, Path],
                                                                            tmp_path: Path) -> None:
     args = ("compare", "numerical", runs["ref"], runs["cand"], "--cand-scores", runs["cand_scores"], "--json",
             "--report", tmp_path / "r.html")
-    shown = _invar(*args)
-    quiet = _invar(*args[:-1], tmp_path / "q.html", "--quiet")
+    shown = cli.run(*args)
+    quiet = cli.run(*args[:-1], tmp_path / "q.html", "--quiet")
     assert shown.returncode == quiet.returncode == 0, shown.stderr
     lines = [re.fullmatch(r"invar: (.+)… \d+\.\d s", line) for line in shown.stderr.splitlines()]
     assert all(lines), shown.stderr
@@ -267,16 +275,18 @@ def test_comparing_two_runs_shows_each_part_on_stderr_and_quiet_shows_none(runs:
     assert first == second
 
 
-def test_runs_with_other_requests_or_seeds_are_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_runs_with_other_requests_or_seeds_are_one_line(cli: InvarSession,
+                                                        runs: dict[str, Path], tmp_path: Path) -> None:
     other = units(8)
     other[6].seed += 1
-    out = _invar("compare", "numerical", "--quiet", runs["ref"], generate_run(tmp_path / "seeds", other))
+    out = cli.run("compare", "numerical", "--quiet", runs["ref"], generate_run(tmp_path / "seeds", other))
     _one_line_refusal(out, "different requests", "seed")
-    out = _invar("compare", "numerical", "--quiet", runs["ref"], generate_run(tmp_path / "fewer", units(6)))
+    out = cli.run("compare", "numerical", "--quiet", runs["ref"], generate_run(tmp_path / "fewer", units(6)))
     _one_line_refusal(out, "different requests", "in REF_RUN only")
 
 
-def test_a_run_whose_records_fail_verification_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_a_run_whose_records_fail_verification_is_one_line(cli: InvarSession,
+                                                           runs: dict[str, Path], tmp_path: Path) -> None:
     bad = generate_run(tmp_path / "bad", units(8))
     conn = sqlite3.connect(bad / "records.sqlite")
     conn.execute("DROP TRIGGER log_no_update")
@@ -285,33 +295,34 @@ def test_a_run_whose_records_fail_verification_is_one_line(runs: dict[str, Path]
     conn.commit()
     conn.close()
     # The message names the run that failed (the candidate here), not only the record (issue 27).
-    _one_line_refusal(_invar("compare", "numerical", "--quiet", runs["ref"], bad), f"CAND_RUN {bad}: record {seq}",
+    _one_line_refusal(cli.run("compare", "numerical", "--quiet", runs["ref"], bad), f"CAND_RUN {bad}: record {seq}",
                       "altered")
-    _one_line_refusal(_invar("compare", "numerical", "--quiet", bad, runs["ref"]), f"REF_RUN {bad}: record {seq}",
+    _one_line_refusal(cli.run("compare", "numerical", "--quiet", bad, runs["ref"]), f"REF_RUN {bad}: record {seq}",
                       "altered")
 
 
-def test_a_capture_of_another_vocabulary_size_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_a_capture_of_another_vocabulary_size_is_one_line(cli: InvarSession,
+                                                          runs: dict[str, Path], tmp_path: Path) -> None:
     ref_units = units(8)
     wide = [Scored(u, u.lp(), [0], np.zeros((1, 30), np.float32) - np.log(np.float32(30))) for u in ref_units]
     scores = score_run(tmp_path / "wide", wide, runs["ref"])
-    out = _invar("compare", "numerical", "--quiet", runs["ref"], runs["same"], "--cand-scores", scores, "--ref-scores",
-                 runs["ref_scores"])
+    out = cli.run("compare", "numerical", "--quiet", runs["ref"], runs["same"], "--cand-scores", scores, "--ref-scores",
+                  runs["ref_scores"])
     _one_line_refusal(out, "vocabulary of 18 tokens", "30")
 
 
-def test_a_step_beyond_a_responses_end_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_a_step_beyond_a_responses_end_is_one_line(cli: InvarSession, runs: dict[str, Path], tmp_path: Path) -> None:
     ref_units = units(8)
     far = [Scored(u, u.lp(), [9], capture(i, 1)) for i, u in enumerate(ref_units)]
     scores = score_run(tmp_path / "far", far, runs["ref"])
-    out = _invar("compare", "numerical", "--quiet", runs["ref"], runs["same"], "--cand-scores", scores)
+    out = cli.run("compare", "numerical", "--quiet", runs["ref"], runs["same"], "--cand-scores", scores)
     _one_line_refusal(out, "step 9 is beyond the response's end")
     # invar score refuses such a step before any worker starts.
-    out = _invar("score", "--from-run", runs["ref"], "--capture-steps", "0,9", "--run", tmp_path / "never")
+    out = cli.run("score", "--from-run", runs["ref"], "--capture-steps", "0,9", "--run", tmp_path / "never")
     _one_line_refusal(out, "step 9 is beyond the response's end")
     assert not (tmp_path / "never").exists()
 
 
-def test_scores_of_other_tokens_than_the_references_are_one_line(runs: dict[str, Path]) -> None:
-    out = _invar("compare", "numerical", "--quiet", runs["cand"], runs["ref"], "--cand-scores", runs["cand_scores"])
+def test_scores_of_other_tokens_than_the_references_are_one_line(cli: InvarSession, runs: dict[str, Path]) -> None:
+    out = cli.run("compare", "numerical", "--quiet", runs["cand"], runs["ref"], "--cand-scores", runs["cand_scores"])
     _one_line_refusal(out, "other tokens than REF_RUN's response")
