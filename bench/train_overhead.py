@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/train_overhead.py [--config configs/arith-mlx.toml] [--cycles 3] [--reps 3]
                                              [--model DIR] [--per-cycle N] [--json OUT] [--device cpu|cuda]
+                                             [--drivers invar,direct,...] [--baseline SRC]
 
 Both drivers run the same cycles of the same configuration (cycles, model and prompts per cycle overridable):
 
@@ -13,6 +14,9 @@ Both drivers run the same cycles of the same configuration (cycles, model and pr
 - **shared-full** (with `--drivers ...,shared-full`): the shared layout with the run store syncing every record to
   the disk (SQLite `synchronous=FULL`, as the store did before 2026-12-05) instead of only the closing record
   (`invar.records.store.SYNCHRONOUS`): what the records' syncs cost a cycle, measured beside the shipped store.
+- **shared-base** (with `--drivers ...,shared-base --baseline SRC`): the shared layout run from another checkout's
+  `src` (the tree before a change, e.g. /tmp/base/src), launched through that checkout's copy of this file as
+  `shared` is, its workers importing that checkout's core: the tree before and after a change, side by side.
 - **direct**: one Python process imports the worker engine classes (`workers.<engine>_worker.Engine`, an inference
   and a learner instance) and runs each cycle's calls with the same params: load the last checkpoint as the policy,
   generate, the core's rewards and advantages (a runner must compute them too), one learner step that saves the
@@ -74,11 +78,12 @@ sys.path.append(str(REPO / "bench"))  # last: the direct runner runs with -P; be
 from overhead import handler, tree_cpu_s  # noqa: E402
 
 DIRECT_BACKENDS = ("mlx", "hf")
-DRIVERS = ("invar", "direct", "split", "shared", "shared-full")
+DRIVERS = ("invar", "direct", "split", "shared", "shared-full", "shared-base")
 """split: the direct runner with its learner engine in a second process, Invar's process layout without Invar;
 shared: `invar train` with both roles in one worker process (`rollout.layout = "shared"`); shared-full: the same with
-every record synced to the disk."""
-SYNCHRONOUS = {"shared": "NORMAL", "shared-full": "FULL"}
+every record synced to the disk; shared-base: the shared layout run from another checkout (`--baseline`, the tree
+before a change), launched as `shared` is."""
+SYNCHRONOUS = {"shared": "NORMAL", "shared-full": "FULL", "shared-base": "NORMAL"}
 """The run store's `synchronous` setting of the drivers that set it (both launched the same way, through this
 file, so that only the setting differs between them)."""
 DEFAULT_DRIVERS = ("invar", "direct", "split")
@@ -250,15 +255,18 @@ def _direct_cycles(p: tr.Plan, out: Path, device: str, learner: Callable[[str, d
     return {"cycle_s": seconds, "cycle_cpu_s": cpu, "phases_s": phases, "digests": digests}
 
 
-def run_invar(config: Path, run: Path, device: str = "cpu", synchronous: str | None = None) -> dict[str, Any]:
+def run_invar(config: Path, run: Path, device: str = "cpu", synchronous: str | None = None,
+              tree: Path = REPO) -> dict[str, Any]:
     """`invar train` in its own process (`synchronous`: the run store's setting, None for the store's own, launched
-    as the command itself); its process tree's CPU time is sampled every 20 ms while it runs."""
+    as the command itself); its process tree's CPU time is sampled every 20 ms while it runs. `tree`: the checkout
+    whose `src` it runs (through that checkout's copy of this file, which puts its `src` first on the path; the
+    workers import the core the command imports)."""
     samples: list[tuple[int, float]] = []
     log = run.with_name(run.name + ".log")
     command = [str(config), "--run", str(run), "--json"]
     launch = ([sys.executable, "-m", "invar.cli", "train"] if device == "cpu" and synchronous is None else
-              [sys.executable, str(Path(__file__).resolve()), "--invar-train-on", device, synchronous or "-",
-               "train"])
+              [sys.executable, str(tree / "bench" / Path(__file__).name), "--invar-train-on", device,
+               synchronous or "-", "train"])
     t0 = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen([*launch, *command], stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
@@ -356,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--drivers", default=",".join(DEFAULT_DRIVERS),
                         help="comma-separated, invar and direct first, of: " + ", ".join(DRIVERS))
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="with the shared-base driver: the src folder of the checkout it runs (e.g. /tmp/base/src)")
     parser.add_argument("--nice", type=int, default=0,
                         help="added to the niceness of the bench and its drivers (a negative value needs root)")
     if argv is None and len(sys.argv) > 3 and sys.argv[1] == "--invar-train-on":
@@ -363,8 +373,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     drivers = args.drivers.split(",")
     if drivers[:2] != ["invar", "direct"] or not set(drivers) <= set(DRIVERS) or len(set(drivers)) != len(drivers):
-        parser.error(f"--drivers {args.drivers}: give invar,direct, optionally followed by split, shared and "
-                     "shared-full")
+        parser.error(f"--drivers {args.drivers}: give invar,direct, optionally followed by split, shared, "
+                     "shared-full and shared-base")
+    if ("shared-base" in drivers) != (args.baseline is not None):
+        parser.error("the shared-base driver and --baseline SRC go together")
+    base_tree = REPO if args.baseline is None else args.baseline.resolve().parent
     if args.direct is not None:
         print(json.dumps(run_direct(args.direct, args.out, args.device, args.split)))
         return 0
@@ -380,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         config = write_config(args.config, folder / "config.toml", args.cycles, args.model, args.per_cycle)
         shared = write_config(args.config, folder / "config-shared.toml", args.cycles, args.model, args.per_cycle,
                               layout="shared")
-        configs = {"invar": config, "shared": shared, "shared-full": shared}
+        configs = {"invar": config, "shared": shared, "shared-full": shared, "shared-base": shared}
         backend = tomllib.loads(config.read_text())["backend"]
         if backend not in DIRECT_BACKENDS:
             parser.error(f"the direct runner drives {', '.join(DIRECT_BACKENDS)}; the config's backend is {backend}")
@@ -392,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             order = drivers[rep % len(drivers):] + drivers[:rep % len(drivers)]
             for driver in order:
                 where = folder / f"{driver}-{rep}"
-                got = (run_invar(configs[driver], where, args.device, SYNCHRONOUS.get(driver)) if driver in configs else
+                got = (run_invar(configs[driver], where, args.device, SYNCHRONOUS.get(driver),
+                                 base_tree if driver == "shared-base" else REPO) if driver in configs else
                        direct_subprocess(config, where, args.device, split=driver == "split"))
                 runs[driver].append(got)
                 print(f"rep {rep + 1}/{args.reps} {driver}: cycles " +
@@ -406,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                               "cycles": args.cycles,
                               "reps": args.reps, "model": str(args.model or "config's"),
                               "per_cycle": args.per_cycle, "same_checkpoints": True, "cpus": os.cpu_count(),
-                              "niceness": os.nice(0), "load_at_start": load_at_start, "load_at_end": os.getloadavg()}
+                              "niceness": os.nice(0), "load_at_start": load_at_start, "load_at_end": os.getloadavg(),
+                              **({"baseline": str(args.baseline)} if args.baseline is not None else {})}
     for driver, rs in runs.items():
         xs = [s for r in rs for s in r["cycle_s"]]
         phases = {k: [ph[k] for r in rs for ph in r["phases_s"]] for k in rs[0]["phases_s"][0]}
@@ -435,6 +450,11 @@ def main(argv: list[str] | None = None) -> int:
         pairs |= {"invar_over_split": ("invar", "split"), "split_over_direct": ("split", "direct")}
     if "shared" in runs:
         pairs |= {"shared_over_direct": ("shared", "direct"), "shared_over_invar": ("shared", "invar")}
+    # With shared-base: the shared layout of the tree before a change, against the direct runner and the tree after.
+    if "shared-base" in runs:
+        pairs |= {"shared_base_over_direct": ("shared-base", "direct")}
+        if "shared" in runs:
+            pairs |= {"shared_over_shared_base": ("shared", "shared-base")}
     # With shared-full: what syncing every record costs (shared-full/shared) and where that layout stood.
     if "shared-full" in runs:
         pairs |= {"shared_full_over_direct": ("shared-full", "direct")}
@@ -445,6 +465,11 @@ def main(argv: list[str] | None = None) -> int:
                                           np.array([s for r in runs[den] for s in r["cycle_s"]]))
         result["paired_cpu_" + name] = paired(np.array([s for r in runs[num] for s in r["cycle_cpu_s"]]),
                                               np.array([s for r in runs[den] for s in r["cycle_cpu_s"]]))
+        if args.cycles >= 3:
+            # The second cycle of each repetition: the one a long run repeats (the first carries the start-up, the
+            # last the shared process's exit, which can take CPU out of its window).
+            result["paired_cpu_second_" + name] = paired(np.array([r["cycle_cpu_s"][1] for r in runs[num]]),
+                                                         np.array([r["cycle_cpu_s"][1] for r in runs[den]]))
         q = result["paired_" + name]
         print(f"{num}/{den}: total ratio {q['total_ratio']:.4f} ({q['total_ratio_ci95'][0]:.4f}-"
               f"{q['total_ratio_ci95'][1]:.4f}), CPU {result['paired_cpu_' + name]['total_ratio']:.4f}; phases "
@@ -452,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     outside = [s for r in runs["invar"] for s in r["core_outside_calls_s"]]
     result["core_outside_calls_s"] = {"median": float(np.median(outside)), "min": min(outside), "max": max(outside),
                                       "share_of_invar_cycle": float(np.median(np.array(outside) / inv))}
-    for name in ("shared", "shared-full"):
+    for name in ("shared", "shared-full", "shared-base"):
         if name in runs:
             out_shared = [s for r in runs[name] for s in r["core_outside_calls_s"]]
             result[name]["core_outside_calls_s"] = {"median": float(np.median(out_shared)), "min": min(out_shared),

@@ -45,3 +45,13 @@ def test_drivers_must_start_with_invar_and_direct() -> None:
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2
     assert "--drivers split,invar: give invar,direct" in proc.stderr
+
+
+def test_the_tree_before_a_change_needs_its_src() -> None:
+    # shared-base runs another checkout's src; without --baseline there is nothing to run (and --baseline alone names
+    # a tree no driver runs).
+    for extra in (["--drivers", "invar,direct,shared-base"], ["--baseline", "/tmp/base/src"]):
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "train_overhead.py"), *extra],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert proc.returncode == 2
+        assert "the shared-base driver and --baseline SRC go together" in proc.stderr
