@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.cli_batch import InvarSession
 
 from invar.cli import progress
 from invar.cli.progress import Reporter
@@ -18,11 +17,7 @@ from invar.cli.train import _progress as train_progress
 from invar.runner.train import Progress as TrainProgress
 
 LINE = re.compile(r"invar: (?P<phase>.+)… (?P<elapsed>\d+\.\d) s")
-
-
-def _invar(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=600)
+CLI_BOUND_S = 600  # seconds a command may take in the module's session (tests/cli/conftest.py)
 
 
 def phases(stderr: str) -> list[str]:
@@ -74,26 +69,27 @@ def test_train_shows_the_cycle_and_its_phase_with_the_last_reward(capsys: pytest
 
 
 @pytest.mark.engine
-def test_evaluate_infer_and_score_show_their_phases_on_stderr_and_quiet_shows_none(tmp_path: Path) -> None:
+def test_evaluate_infer_and_score_show_their_phases_on_stderr_and_quiet_shows_none(cli: InvarSession,
+                                                                                   tmp_path: Path) -> None:
     run = tmp_path / "evaluate"
-    out = _invar("evaluate", "--count", "8", "--engine", "hf", "--run", run, "--json")
+    out = cli.run("evaluate", "--count", "8", "--engine", "hf", "--run", run, "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["problems"] == 8
     assert phases(out.stderr) == ["starting the hf worker", "loading the model", "generating 0/8 units",
                                   "generating 8/8 units"]
 
-    quiet = _invar("evaluate", "--count", "8", "--engine", "hf", "--run", tmp_path / "quiet", "--json", "--quiet")
+    quiet = cli.run("evaluate", "--count", "8", "--engine", "hf", "--run", tmp_path / "quiet", "--json", "--quiet")
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stderr == ""
     assert json.loads(quiet.stdout)["accuracy"] == json.loads(out.stdout)["accuracy"]
 
-    scored = _invar("score", "--from-run", run, "--run", tmp_path / "score", "--json")
+    scored = cli.run("score", "--from-run", run, "--run", tmp_path / "score", "--json")
     assert scored.returncode == 0, scored.stderr
     assert json.loads(scored.stdout)["items"]
     assert phases(scored.stderr) == ["starting the hf worker", "loading the model", "scoring 0/8 items",
                                      "scoring 8/8 items"]
 
-    inferred = _invar("infer", "12+7=", "--run", tmp_path / "infer", "--quiet")
+    inferred = cli.run("infer", "12+7=", "--run", tmp_path / "infer", "--quiet")
     assert inferred.returncode == 0, inferred.stderr
     assert inferred.stderr == ""
     assert inferred.stdout.startswith("hf on ")
