@@ -16,7 +16,8 @@ and the suite starts some 170 such workers). The lanes share one fork server per
 (`invar.transport.forkserver`, named to every command by `INVAR_FORKSERVER`): it imports the engine once and forks
 each worker from it, with the core's modules read afresh from the files; a worker whose environment a fresh process
 would see differently starts as a fresh process, as without the server. At the end the servers' counts are printed:
-how many workers each forked and why any were refused.
+how many workers each forked, why any were refused, and the test files that asked for most (each fork's log line
+names its test, `forkserver.FORKED_FOR`).
 
 The second lane prints as it goes; the first lane's output follows it, whole. The exit status is the first non-zero
 of the two (pytest's own codes), so a failure in either fails the suite. Extra arguments go to both sessions.
@@ -60,6 +61,10 @@ fresh, 2026-12-04). Two `--durations` runs of the same suite that day: 2,096 s w
 2,205 s and 3,837 CPU-s without."""
 
 
+TOP_FILES = 8
+"""How many test files each fork server's count is broken down by at the end (those that asked for most workers)."""
+
+
 def start_fork_servers(folder: Path) -> list[tuple[str, subprocess.Popen[bytes], Path]]:
     folder.mkdir()
     servers = []
@@ -85,6 +90,15 @@ def stop_fork_servers(servers: list[tuple[str, subprocess.Popen[bytes], Path]]) 
         print(f"test lanes: the {engine} fork server {last.split(': ', 1)[-1]}", flush=True)
         for why, n in reasons.most_common():
             print(f"  {n} × {why}", flush=True)
+        for path, n in forked_per_file(lines).most_common(TOP_FILES):
+            print(f"  {n} forked for {path}", flush=True)
+
+
+def forked_per_file(log_lines: list[str]) -> Counter[str]:
+    """The workers a fork server's log says it forked, per test file that asked (`forkserver.FORKED_FOR`)."""
+    marker = " for "
+    return Counter(line.partition(marker)[2].partition("::")[0] for line in log_lines
+                   if line.startswith("forkserver: forked ") and marker in line)
 
 
 def _collected(folder: Path) -> list[Path]:

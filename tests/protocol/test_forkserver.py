@@ -5,6 +5,7 @@ started them; a request a fresh process would see differently is refused and sta
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import shutil
 import signal
@@ -92,6 +93,21 @@ def test_a_forked_worker_answers_as_a_fresh_one(echo_server: subprocess.Popen[by
     assert mine.settings == theirs.settings
     assert forked.process.returncode == 0
     assert "1 workers forked, 0 refused" in _stop(echo_server)
+
+
+def test_the_log_names_the_test_each_worker_was_forked_for(echo_server: subprocess.Popen[bytes]) -> None:
+    with start_worker("echo") as forked:
+        pid = forked.identity.pid
+    log = _stop(echo_server)
+    asker = os.environ[forkserver.FORKED_FOR]  # this test's id, as pytest names it
+    assert asker.startswith("tests/protocol/test_forkserver.py::test_the_log_names_the_test")
+    assert f"forkserver: forked {pid} for {asker}\n" in log
+    spec = importlib.util.spec_from_file_location("test_lanes", SRC.parent / "scripts" / "test_lanes.py")
+    assert spec is not None
+    assert spec.loader is not None
+    lanes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lanes)
+    assert lanes.forked_per_file(log.splitlines()) == {"tests/protocol/test_forkserver.py": 1}
 
 
 def test_a_forked_worker_is_killed_and_reports_it(echo_server: subprocess.Popen[bytes]) -> None:

@@ -26,7 +26,8 @@ it: the core starts the worker as a local subprocess (`spawn_local`), as without
 Decision: **the server process is single-threaded** (a selector over its socket, its connections and a SIGCHLD
 wake-up), since a fork copies only the thread that calls it. The engines are imported, never run, before a fork, so
 no thread pool is started that a child would inherit half of (the only other threads are the BLAS libraries' idle
-servers that numpy, scipy and OpenCV load, which OpenBLAS restarts after a fork). Each worker's connection stays
+servers that numpy, scipy and OpenCV load, which OpenBLAS restarts after a fork, and the background thread of the
+jemalloc that pyarrow bundles, whose fork handlers hold its locks across the fork). Each worker's connection stays
 open while it runs: the server sends the exit status when it reaps the child, kills the child's session when asked
 (`kill`) and when the connection drops (the core that started it is gone, as a local worker dies with its parent). A
 server that stops kills its children too: each watches its parent (`invar.protocol.server._die_with_parent`).
@@ -98,10 +99,18 @@ KMP_DUPLICATE_LIB_OK, at import). A runtime loaded in the server read the server
 reads the request's, as a fresh process would. So a difference is refused only where such a runtime is loaded in the
 server (`_kmp_runtime_loaded`): torch and the engines here load GNU's libgomp, which reads none of them."""
 
-STARTUP_IMPORTS: dict[str, tuple[str, ...]] = {"invar.workers.vllm_worker": ("vllm",)}
+STARTUP_IMPORTS: dict[str, tuple[str, ...]] = {
+    "invar.workers.vllm_worker": ("vllm", "vllm.entrypoints.llm", "vllm.lora.request")}
 """Engines a worker imports inside its start rather than at module level, on every path that reaches its handshake:
 the server preloads them too. vLLM's worker imports `vllm` in `main`, after checking its arguments and setting
-`VLLM_ENABLE_V1_MULTIPROCESSING` for a patch; vLLM reads that name when it builds an engine, not at import."""
+`VLLM_ENABLE_V1_MULTIPROCESSING` for a patch (vLLM reads that name when it builds an engine, not at import), then
+the engine's entry point `vllm.entrypoints.llm` and its LoRA requests, before it applies any patch. `import vllm`
+alone loads little (its names resolve lazily): the entry point is about 5 of a forked worker's 11 CPU-s from the
+fork to its first generate on the tiny model (docs/testing.md, "Forked worker starts")."""
+
+FORKED_FOR = "PYTEST_CURRENT_TEST"
+"""The name in a request's environment that says which test asked for the worker (pytest sets it in its process, and
+a command a test runs inherits it): the server's log line for each fork names it (`forked PID for TEST`)."""
 
 _MESSAGE_LIMIT = 1 << 20
 _REQUEST_TIMEOUT_S = 10.0
@@ -495,6 +504,9 @@ def serve(folder: Path, module: str) -> int:
                     continue
                 children[pid] = conn
                 sel.register(conn, selectors.EVENT_READ, pid)
+                # The test that asked, where a test runner names it: a suite counts its worker starts per test file.
+                asker = request["env"].get(FORKED_FOR)
+                print(f"forkserver: forked {pid}" + (f" for {asker}" if asker else ""), file=sys.stderr, flush=True)
             else:  # a worker's connection: `k` asks for the kill; its end means the core that started it is gone
                 peer, owner = key.fileobj, key.data
                 assert isinstance(peer, socket.socket)

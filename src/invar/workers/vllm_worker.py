@@ -732,6 +732,13 @@ def main(argv: list[str] | None = None) -> int:
                         pipeline_parallel_size=args.pipeline_parallel_size,
                         distributed_executor_backend=args.distributed_executor_backend,
                         max_num_batched_tokens=args.max_num_batched_tokens)
+    # The engine's entry point (its config, engine, sampler and LoRA modules: about 5 CPU-s, half of a start on the
+    # tiny model) is imported here, before any patch applies, not when the first model loads: a fork server imports
+    # it once for all its workers (invar.transport.forkserver.STARTUP_IMPORTS), and a patch then finds the same
+    # modules loaded in a forked worker as in a fresh one.
+    import vllm.entrypoints.llm
+    import vllm.lora.request
+
     try:
         patches.apply("vllm")  # before the engine (and its model) is built
     except PatchRefused as exc:
