@@ -318,7 +318,7 @@ class _ExactPlanner:
             def passes(w: int, k: int = k, upper: float = upper) -> bool:
                 if (k, w) in known:
                     return known[(k, w)]
-                return delta0 > -1.0 and trinomial.anchor_tail(delta0, 2 * w - k, n, upper) <= alpha
+                return delta0 > -1.0 and not trinomial.anchor_above(delta0, 2 * w - k, n, upper, alpha)
 
             if k in near:
                 guess = near[k]
@@ -356,7 +356,7 @@ class _ExactPlanner:
                 t = 2 * w - k
                 if t >= refuted:
                     return False
-                status = known.get((t, upper)) or trinomial.proof_status(delta0, t, n, upper, alpha)
+                status = known.get((t, upper)) or trinomial.proof_status(delta0, t, n, upper, alpha, fast=True)
                 if status == "refuted":
                     refuted = t
                 return status == "proven"
@@ -389,7 +389,7 @@ class _ExactPlanner:
         tops = []
         for k, lo, hi, upper in zip(ks.tolist(), w_lo.tolist(), w_hi.tolist(), uppers, strict=True):
             top = min(hi, max(lo, anchors[k]))
-            if top < hi and delta0 > -1.0 and trinomial.anchor_tail(delta0, 2 * (top + 1) - k, n, upper) <= alpha:
+            if top < hi and delta0 > -1.0 and not trinomial.anchor_above(delta0, 2 * (top + 1) - k, n, upper, alpha):
                 return False  # a proof above a_k might succeed: only the proofs can tell
             tops.append(top)
         return self._sum(n, ks, w_lo, w_hi, tops) < target - 1e-12
@@ -428,7 +428,7 @@ def _proof_statuses(
 
 
 def _statuses_of(delta0: float, n: int, alpha: float, cases: list[tuple[int, float]]) -> list[str]:
-    return [trinomial.proof_status(delta0, t, n, upper, alpha) for t, upper in cases]
+    return [trinomial.proof_status(delta0, t, n, upper, alpha, fast=True) for t, upper in cases]
 
 
 def _anchor_passes(
@@ -461,9 +461,9 @@ def _anchor_passes(
             pi = np.concatenate([pi, edge_pi])
             q = np.concatenate([q, np.zeros(edge_pi.size)])
             keys = [key for key, _, edge in points if not edge] + [key for key, _, edge in points if edge]
-            tails = trinomial.tails(t, n, pi, q)
-            for key, value in zip(keys, tails.tolist(), strict=True):
-                result[key] = value <= alpha
+            above, _ = trinomial.tails_above(t, n, pi, q, alpha)
+            for key, exceeds in zip(keys, above.tolist(), strict=True):
+                result[key] = not exceeds
     return result
 
 
