@@ -1,6 +1,6 @@
-"""The betting plans `use plan` reads from src/invar/stats/betting_plans.json are the simulation's: the table was
-written by this code (its simulation digest), it is read only where its digest matches, its entries are what the
-simulation plans again (the cheapest here, a sample across its sizes under `slow`, every one by
+"""The betting plans `use plan` reads from the generated module `invar.stats.betting_plans` are the simulation's: the
+table was written by this code (its simulation digest), it is read only where its digest matches, its entries are what
+the simulation plans again (the cheapest here, a sample across its sizes under `slow`, every one by
 `scripts/betting_table.py --check`), and inputs outside it are simulated."""
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from invar.stats import planning
+from invar.stats import betting_plans, planning
 from invar.stats.planning import Assumed, Search, plan_row
 
-DOC = json.loads(planning.BETTING_TABLE.read_text())
-PLANS: dict[str, list[float]] = DOC["plans"]
+PLANS = betting_plans.PLANS
 BY_N = sorted(PLANS, key=lambda key: PLANS[key][0])
 CHEAPEST = BY_N[:4]
 SPREAD = BY_N[4::6]  # a sample across the table's sizes (scripts/betting_table.py --check simulates every entry)
@@ -41,14 +40,17 @@ def _simulated(key: str) -> planning._BettingPlan:
 
 
 def test_the_table_is_read_and_its_digest_matches(fresh_table: None) -> None:
-    assert DOC["digest"] == planning.table_digest(PLANS)
+    assert planning.table_digest(PLANS) == betting_plans.DIGEST
+    # The digest is that of the plans as JSON: the same whether they are tuples or lists.
+    assert planning.table_digest({key: list(plan) for key, plan in PLANS.items()}) == betting_plans.DIGEST
     table = planning._betting_table()
     assert len(table) == len(PLANS) >= 30
     assert all(table[key] == (n, power, runs) for key, (n, power, runs) in PLANS.items())
+    assert all(type(n) is int and type(power) is float and type(runs) is int for n, power, runs in table.values())
 
 
 def test_the_table_was_simulated_by_this_code() -> None:
-    assert DOC["simulation"] == planning.simulation_digest(), (
+    assert planning.simulation_digest() == betting_plans.SIMULATION, (
         "the betting simulation changed since the table was written: run scripts/betting_table.py")
 
 
@@ -60,12 +62,12 @@ def test_the_table_holds_every_fixture_betting_row() -> None:
             continue
         key = planning.betting_key(row["p_worse"], row["p_better"], row["epsilon"], row["delta"], row["power"],
                                    search.n_max, search.reps, search.seed)
-        assert PLANS[key][:2] == [row["n"], float(row["achieved"])]
+        assert PLANS[key][:2] == (row["n"], float(row["achieved"]))
 
 
 def _check(key: str) -> None:
     simulated = _simulated(key)
-    assert PLANS[key] == [simulated.n, simulated.power, simulated.runs]
+    assert PLANS[key] == (simulated.n, simulated.power, simulated.runs)
     pw, pb, eps, dlt, power, *_ = _inputs(key)
     read = planning._betting_planned(planning._assumption(pw, pb, None, 0.0, -1.0, 1.0), eps, dlt, power,
                                      Search().n_max, Search().reps, Search().seed)
@@ -92,17 +94,16 @@ def test_inputs_outside_the_table_are_simulated() -> None:
     assert (row.n, row.power) == (simulated.n, simulated.power)
 
 
-def test_a_table_whose_digest_does_not_match_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_a_table_whose_digest_does_not_match_is_not_read(monkeypatch: pytest.MonkeyPatch,
                                                           fresh_table: None) -> None:
     key = CHEAPEST[0]
-    changed = {**PLANS, key: [PLANS[key][0] + 1, *PLANS[key][1:]]}
-    path = tmp_path / "betting_plans.json"
-    path.write_text(json.dumps({**DOC, "plans": changed}))
-    monkeypatch.setattr(planning, "BETTING_TABLE", path)
+    n, power_found, runs = PLANS[key]
+    monkeypatch.setattr(betting_plans, "PLANS", {**PLANS, key: (n + 1, power_found, runs)})  # edited by hand
     assert planning._betting_table() == {}
     pw, pb, eps, dlt, power, *_ = _inputs(key)
     row = plan_row("betting", Assumed(pw, pb), eps, dlt, power)
-    assert row.n == PLANS[key][0]  # simulated: the true figure, not the altered one
+    assert row.n == n  # simulated: the true figure, not the altered one
     planning._betting_table.cache_clear()
-    path.write_text("not json")
+    monkeypatch.setattr(betting_plans, "PLANS", PLANS)
+    monkeypatch.setattr(betting_plans, "DIGEST", "0" * 64)  # the plans as written, another digest
     assert planning._betting_table() == {}

@@ -24,7 +24,8 @@ feasible and conservative where it is not, and each row says which:
   with common random numbers (smooth in n; to 0.5 % of n, below the simulation's own resolution), checked on
   independent runs (n grows by 1 % until the independent estimate reaches the target), and the power reported is a
   third, fresh independent estimate with its standard error, so no selection inflates it. The plans of common
-  inputs are read from a committed table of these simulations' results (`BETTING_TABLE`), the same numbers.
+  inputs are read from a generated table of these simulations' results (`invar.stats.betting_plans`), the same
+  numbers.
 * variance assumption (general [a, b], Hoeffding and Maurer–Pontil only): a lower bound on power from the
   Berry–Esseen inequality for the mean (C = 0.4748, E|X − μ|³ ≤ (b − a)σ²) and, for Maurer–Pontil, a Bernstein
   upper bound on the sample variance that fails with probability β = (1 − power)/20, charged to the power.
@@ -45,10 +46,9 @@ import hashlib
 import json
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from statistics import NormalDist
 from typing import TypeVar
 
@@ -741,12 +741,6 @@ class _BettingPlan:
     runs: int
 
 
-BETTING_TABLE = Path(__file__).with_name("betting_plans.json")
-"""The betting plans already simulated (`scripts/betting_table.py` writes it): each plan's inputs as its key, its
-n, power and runs as `_betting_plan` found them. A plan is a pure function of its inputs (seeded runs), so a plan
-read here is the simulation's to the bit; inputs not in it are simulated."""
-
-
 def betting_key(p_worse: float, p_better: float, epsilon: float, delta: float, target: float, n_max: int, reps: int,
                 seed: int) -> str:
     """A betting plan's inputs as one string: every float as its `repr` (every bit)."""
@@ -754,7 +748,7 @@ def betting_key(p_worse: float, p_better: float, epsilon: float, delta: float, t
                      repr(float(target)), str(int(n_max)), str(int(reps)), str(int(seed))])
 
 
-def table_digest(plans: dict[str, list[object]]) -> str:
+def table_digest(plans: Mapping[str, Sequence[object]]) -> str:
     """The sha256 of the table's plans in canonical JSON: the table is used only where it matches."""
     text = json.dumps(plans, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
@@ -762,16 +756,16 @@ def table_digest(plans: dict[str, list[object]]) -> str:
 
 @functools.cache
 def _betting_table() -> dict[str, tuple[int, float, int]]:
-    """The table's plans (key -> n, power, runs); empty where the file is missing or its digest does not match (then
-    every plan is simulated, the same numbers, slower; `tests/stats/test_betting_table.py` holds it matching)."""
-    try:
-        doc = json.loads(BETTING_TABLE.read_text())
-    except (OSError, ValueError):
+    """The betting plans already simulated (`invar.stats.betting_plans`, which `scripts/betting_table.py` generates):
+    each plan's inputs as its key, its n, power and runs as `_betting_plan` found them. A plan is a pure function of
+    its inputs (seeded runs), so a plan read here is the simulation's to the bit; inputs not in it are simulated.
+    Empty where the table's digest does not match its plans (then every plan is simulated, the same numbers, slower;
+    `tests/stats/test_betting_table.py` holds it matching)."""
+    from invar.stats import betting_plans  # only a betting plan reads it
+
+    if table_digest(betting_plans.PLANS) != betting_plans.DIGEST:
         return {}
-    plans = doc.get("plans") if isinstance(doc, dict) else None
-    if not isinstance(plans, dict) or doc.get("digest") != table_digest(plans):
-        return {}
-    return {key: (int(n), float(power), int(runs)) for key, (n, power, runs) in plans.items()}
+    return dict(betting_plans.PLANS)
 
 
 def simulation_digest() -> str:
