@@ -5,14 +5,12 @@ or any worker starts (issue 27)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from support.cli_batch import InvarSession
 from typer.testing import CliRunner
 
 from invar import canonical
@@ -21,22 +19,19 @@ from invar.engines import DEFAULT_MODEL, worker_digest
 from invar.errors import InvarError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+CLI_BOUND_S = 300  # seconds a command may take in the module's session (tests/cli/conftest.py)
 
 
-def _invar(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
-    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, cwd=cwd, env=env)
 
 
 @pytest.mark.engine
-def test_a_new_declaration_goes_through_prepare_run_and_admit_with_no_edit(tmp_path: Path) -> None:
+def test_a_new_declaration_goes_through_prepare_run_and_admit_with_no_edit(cli: InvarSession, tmp_path: Path) -> None:
     """On the shipped model: init (the candidate on NF4 weights, 16 units, no invariance layouts), then prepare, run
     and admit, each on the file as init wrote it, from the declaration's own folder."""
     where = tmp_path / "owner" / "uses"
     where.mkdir(parents=True)
-    made = _invar("use", "init", where / "nf4.toml", "--candidate-quantization", "nf4", "--sample", "16",
-                  "--no-invariance", "--epsilon", "0.5", "--party", "the test", cwd=tmp_path)
+    made = cli.run("use", "init", where / "nf4.toml", "--candidate-quantization", "nf4", "--sample", "16",
+                   "--no-invariance", "--epsilon", "0.5", "--party", "the test", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     text = (where / "nf4.toml").read_text(encoding="utf-8")
     decl = tomllib.loads(text)
@@ -54,12 +49,12 @@ def test_a_new_declaration_goes_through_prepare_run_and_admit_with_no_edit(tmp_p
     assert decl["reference"]["quantization"] == "none"
     assert decl["premises"][0]["party"] == "the test"
     assert "# ε: the largest allowed rise of the mean task loss" in text  # each field says what it decides
-    prepared = _invar("use", "prepare", "nf4.toml", "--json", cwd=where)
+    prepared = cli.run("use", "prepare", "nf4.toml", "--json", cwd=where)
     assert prepared.returncode == 0, prepared.stderr
     assert json.loads(prepared.stdout)["units"] == 16
-    ran = _invar("use", "run", "nf4.contract.json", "--run", "run", cwd=where)
+    ran = cli.run("use", "run", "nf4.contract.json", "--run", "run", cwd=where)
     assert ran.returncode == 0, ran.stderr
-    admitted = _invar("use", "admit", "run", "--contract", "nf4.contract.json", "--json", cwd=where)
+    admitted = cli.run("use", "admit", "run", "--contract", "nf4.contract.json", "--json", cwd=where)
     assert json.loads(admitted.stdout)["answer"] in ("Admitted", "Violated", "Unknown"), admitted.stderr
     assert admitted.returncode in (0, 10, 11)
     assert json.loads(admitted.stdout)["task_loss"]["n"] == 16
