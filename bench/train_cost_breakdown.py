@@ -48,6 +48,8 @@ for path in (REPO / "src", REPO):  # run from a checkout without installing the 
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+from report import write_json  # noqa: E402
+
 TOTALS: defaultdict[str, float] = defaultdict(float)
 COUNTS: defaultdict[str, int] = defaultdict(int)
 _LOCAL = threading.local()
@@ -386,10 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             print(f"{row['method']:13s} {row['message']:30s} {row['bytes']:7d} B  encode {row['encode_ms']:6.3f} ms  "
                   f"decode {row['decode_ms']:6.3f} ms")
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({"run": str(args.codec), "load": os.getloadavg(), "messages": rows},
-                                            indent=2) + "\n")
+        write_json(args.json, {"run": str(args.codec), "load": os.getloadavg(), "messages": rows})
         return 0
     if args.direct_one is not None:
         print(json.dumps(direct_run(Path(args.direct_one[0]), Path(args.direct_one[1]))))
@@ -444,9 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {k:18s} {v * 1e3:7.2f} ms")
     print(f"invar (core + worker) less direct: "
           f"{(med['core_process'] + med['worker_process'] - med['direct_process']) * 1e3:.1f} ms a cycle")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     return 0
 
 

@@ -76,6 +76,7 @@ from invar.runner.engine import ADAPTER_NAME  # noqa: E402
 
 sys.path.append(str(REPO / "bench"))  # last: the direct runner runs with -P; bench/workers.py must not shadow workers
 from overhead import handler, tree_cpu_s  # noqa: E402
+from report import write_json  # noqa: E402
 
 DIRECT_BACKENDS = ("mlx", "hf")
 DRIVERS = ("invar", "direct", "split", "shared", "shared-full", "shared-base")
@@ -494,9 +495,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['paired_cpu']['total_ratio_ci95'][1]:.4f}); publish phase "
           f"{result['publish_s']['median']:.3f} s; phases invar {result['invar']['median_phase_s']}, direct "
           f"{result['direct']['median_phase_s']}; checkpoints identical")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     return 0
 
 
