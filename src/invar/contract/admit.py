@@ -190,13 +190,12 @@ def _read_run(contract: Contract, sha: str, contract_file: Path, run_path: str |
         # One pass: each record verified, decoded, bound and its outputs scored (then dropped) as it is read.
         scored = reader.read_scored(store, inv_layouts if contract.invariance.required else (),
                                     lambda done, total: progress(Step("verifying the records", done, total)),
-                                    expect_head, stream)
+                                    expect_head, stream, scoring=lambda: progress(Step("scoring the losses")))
         verification = scored.verification
         bound_evidence = scored.bound
         found = bound_evidence.found
         pairing = contract.pairing.layout
         scorer = reader.scorer
-        progress(Step("scoring the losses"))
         losses = scored.losses
         ref_loss, cand_loss = losses["reference"], losses["candidate"]
         if plan.measurements:

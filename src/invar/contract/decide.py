@@ -289,10 +289,17 @@ def task_losses(
 ) -> np.ndarray:
     """Task loss per unit, recomputed from the response tokens by the contract's scorer: int64[n], each 0 or 1, for
     a binary scorer; float64[n], each in the scorer's declared range, for any other."""
+    return token_losses(units, [o.tokens for o in outputs], vocabulary, scorer)
+
+
+def token_losses(
+    units: Sequence[Unit], responses: Sequence[np.ndarray], vocabulary: ModelTokenizer, scorer: Scorer
+) -> np.ndarray:
+    """`task_losses` of the responses' tokens (int[T] each), one per unit."""
     if not scorer.binary:
-        return np.array([unit_range_loss(u, o.tokens, vocabulary, scorer)
-                         for u, o in zip(units, outputs, strict=True)], dtype=np.float64)
-    return np.array([unit_loss(u, o.tokens, vocabulary, scorer) for u, o in zip(units, outputs, strict=True)],
+        return np.array([unit_range_loss(u, t, vocabulary, scorer) for u, t in zip(units, responses, strict=True)],
+                        dtype=np.float64)
+    return np.array([unit_loss(u, t, vocabulary, scorer) for u, t in zip(units, responses, strict=True)],
                     dtype=np.int64)
 
 
@@ -597,6 +604,7 @@ __all__ = [
     "sequential_rule",
     "sequential_stop",
     "task_losses",
+    "token_losses",
     "unit_evidence",
     "unit_loss",
     "unit_range_loss",

@@ -466,9 +466,11 @@ def derive_plan(contract: Contract, contract_sha256: str, population: Sequence[P
                          contract.population.sample, seed)
     units = PlannedUnits(population if chosen is None else [p for p in population if p.id in chosen], encoders)
     sources = units.sources
-    # 8 bytes a unit, not an int object
-    seeds = array.array("q", (unit_seed(seed, sources.unit_id(i)) for i in range(len(sources)))
-                        if type(sources) is UnitTable else (unit_seed(seed, p.id) for p in sources))
+    # 8 bytes a unit, not an int object; a table's half of them in a helper process where the command allows one
+    table_ids = sources.unit_id if type(sources) is UnitTable else None
+    seeds = array.array("q", parallel.in_halves(lambda part: [unit_seed(seed, table_ids(i)) for i in part],
+                                                range(len(sources)))
+                        if table_ids is not None else (unit_seed(seed, p.id) for p in sources))
     sampling = contract.sampling
     source = Requests(units, seeds, sampling.temperature, sampling.top_p, sampling.max_tokens)
 

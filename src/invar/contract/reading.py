@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from invar import parallel
 from invar.compare.measured import measured_comparison
 from invar.compare.numerical import DEFAULT_LARGE_STEP, InputError, NumericalComparison, Response
 from invar.contract.bind import (
@@ -43,7 +44,7 @@ from invar.contract.decide import (
     output_digest,
     sequential_rule,
     sequential_stop,
-    task_losses,
+    token_losses,
     unit_loss,
     unit_range_loss,
 )
@@ -114,14 +115,17 @@ class RunReader:
 
     def read_scored(self, store: RunStore, invariance: Sequence[str] = (),
                     progress: Callable[[int, int], object] | None = None, expect_head: str | None = None,
-                    stream: CallStream | None = None, keep: Visit | None = None) -> Scored:
+                    stream: CallStream | None = None, keep: Visit | None = None,
+                    scoring: Callable[[], object] | None = None) -> Scored:
         """`bind_complete`, each record read and decoded once (`invar.contract.bind.bind_in_one_pass`): as each
-        generate call binds, its pairing-layout outputs are scored into the losses and, for the candidate's calls
-        under the `invariance` layouts, each output kept as its digest (`invar.contract.decide.output_digest`); then
-        the outputs are dropped (`expect_head`: the head the run must have). The same evidence, losses and refusals
-        (a loss the scorer refuses is raised as `losses` raises it: the first in the plan's order, after everything
-        binding refuses). `stream`: the store's pass to read (`RunStore.stream(kept=True)`, perhaps primed). `keep` is
-        told each bound generate call with its outputs too, once they are scored (what a caller keeps of them)."""
+        generate call binds, its pairing-layout responses are kept (their tokens, compactly) and, for the candidate's
+        calls under the `invariance` layouts, each output kept as its digest (`invar.contract.decide.output_digest`);
+        then the outputs are dropped (`expect_head`: the head the run must have), and once the pass ends the kept
+        responses are scored into the losses. The same evidence, losses and refusals (a loss the scorer refuses is
+        raised as `losses` raises it: the first in the plan's order, after everything binding refuses). `stream`: the
+        store's pass to read (`RunStore.stream(kept=True)`, perhaps primed). `keep` is told each bound generate call
+        with its outputs too, as it binds (what a caller keeps of them); `scoring`, when the pass is done and the
+        scoring starts."""
         plan = self.plan
         try:
             scorer = self.scorer
@@ -135,6 +139,9 @@ class RunReader:
         rank = {c.key: (r, i) for r, role in enumerate(ROLES)
                 for i, c in enumerate(plan.layout_calls(role, plan.pairing_layout))}
         refused: dict[tuple[int, int], EvidenceError] = {}
+        # The pairing calls' responses, kept compactly (each call's tokens in one array) and scored once the pass ends:
+        # half of them in a helper process where the command allows one, since the checking process is done by then.
+        responses: list[_Responses] = []
 
         def visit(planned: PlannedCall, evidence: CallEvidence, outputs: tuple[Output, ...]) -> None:
             role = planned.package
@@ -143,12 +150,9 @@ class RunReader:
                     keep(planned, evidence, outputs)
                 return  # a later run of the determinism layout: compared with the first run, not scored
             if planned.layout == plan.pairing_layout:
-                try:
-                    part = task_losses([plan.units[i] for i in planned.units], outputs, self.tokenizers[role], scorer)
-                except EvidenceError as exc:
-                    refused[rank[planned.key]] = EvidenceError(f"{evidence.name}: {exc}")
-                else:
-                    losses[role][list(planned.units)] = part
+                lengths = np.fromiter((o.tokens.size for o in outputs), dtype=np.int32, count=len(outputs))
+                tokens = _narrow(np.concatenate([o.tokens for o in outputs]))
+                responses.append(_Responses(planned, evidence.name, tokens, np.cumsum(lengths, dtype=np.int32)[:-1]))
             if role == "candidate" and planned.layout in digests:
                 table = digests[planned.layout]
                 for index, o in zip(planned.units, outputs, strict=True):
@@ -158,6 +162,24 @@ class RunReader:
 
         bound, verification = bind_in_one_pass(store, self.contract, self.sha256, plan, self.eos, visit, progress,
                                                expect_head, stream)
+
+        def scored(part: Sequence[_Responses]) -> list[np.ndarray | str]:
+            out: list[np.ndarray | str] = []
+            for r in part:
+                try:
+                    out.append(token_losses([plan.units[i] for i in r.planned.units], np.split(r.tokens, r.starts),
+                                            self.tokenizers[r.planned.package], scorer))
+                except EvidenceError as exc:
+                    out.append(f"{r.name}: {exc}")
+            return out
+
+        if scoring is not None:
+            scoring()
+        for r, part in zip(responses, parallel.in_halves(scored, responses), strict=True):
+            if isinstance(part, str):
+                refused[rank[r.planned.key]] = EvidenceError(part)
+            else:
+                losses[r.planned.package][list(r.planned.units)] = part
         if refused:
             raise refused[min(refused)]
         return Scored(bound, losses, digests, verification)
@@ -226,6 +248,30 @@ class RunReader:
                 texts=texts, losses=shown, large_step=large_step, sources=sources)
         except InputError as exc:
             raise EvidenceError(f"{store.path}: measurements: {exc}") from None
+
+
+def _narrow(tokens: np.ndarray) -> np.ndarray:
+    """`tokens` (int[T]) in the narrowest unsigned type that holds every one of them exactly (a run's responses are
+    held until scored: a small vocabulary's in a byte each), else as they are (an id out of any vocabulary included,
+    which scoring refuses)."""
+    if tokens.size and tokens.min() >= 0:
+        top = int(tokens.max())
+        if top < 1 << 8:
+            return tokens.astype(np.uint8)
+        if top < 1 << 16:
+            return tokens.astype(np.uint16)
+    return tokens
+
+
+@dataclass(frozen=True)
+class _Responses:
+    """A bound pairing call's responses, to be scored: every output's tokens in one array, split at `starts`."""
+
+    planned: PlannedCall
+    name: str
+    """The record's name, for a refusal."""
+    tokens: np.ndarray
+    starts: np.ndarray
 
 
 @dataclass(frozen=True)
