@@ -19,8 +19,9 @@ after it on the same run, so both see the same machine load): `use admit RUN --c
 `use verify R --run RUN --contract C --trust-embedded-key --json`, `compare numerical RUN --contract C --json`, and
 `use plan C --assume "worse=0.01 better=0.01" --json` (the contract's own n is the size: the plan also computes the
 power the contract's n reaches). Reported per command and size: wall seconds, CPU seconds (user + system of the
-process), peak resident memory (`ru_maxrss` of the process), and the sha256 of its stdout (admission's `--json` and
-the compare report are the same bytes before and after, or the script says so). Per command and tree, the growth is
+process and the helper processes it forks), its own CPU seconds (the process alone: with a free second core, its
+critical path), peak resident memory (`ru_maxrss` of the process), and the sha256 of its stdout (admission's `--json`
+and the compare report are the same bytes before and after, or the script says so). Per command and tree, the growth is
 the least-squares slope of log(CPU s) on log(units) over the sizes ≥ 10^4 (1.0 is linear).
 """
 
@@ -43,11 +44,22 @@ for path in (REPO / "src", REPO / "bench", REPO / "tests"):  # run from a checko
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from run_memory import FAKE_RUN, MEASURED, fake_package  # noqa: E402
+from run_memory import FAKE_RUN, fake_package  # noqa: E402
 
 from invar.records import RunStore  # noqa: E402
 
 SEED = 11
+
+# `invar ARGS` printing its peak RSS (as bench/run_memory.py's MEASURED) and its own CPU: the process alone, without the
+# helper processes it forks and reaps (counted in `cpu_s`), so the command's critical path on a free second core.
+MEASURED = ("import resource, runpy, sys\n"
+            "sys.argv = ['invar'] + sys.argv[1:]\n"
+            "try:\n"
+            "    runpy.run_module('invar.cli', run_name='__main__')\n"
+            "finally:\n"
+            "    usage = resource.getrusage(resource.RUSAGE_SELF)\n"
+            "    print(f'peak-rss-kib {usage.ru_maxrss}', file=sys.stderr)\n"
+            "    print(f'self-cpu-s {usage.ru_utime + usage.ru_stime}', file=sys.stderr)\n")
 
 
 def _toml(value: Any) -> str:
@@ -99,7 +111,13 @@ def timed(args: list[str], src: Path, script: str = MEASURED, ok: tuple[int, ...
     return {"wall_s": round(wall, 2),
             "cpu_s": round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 2),
             "peak_rss_mib": round(int(rss.split()[1]) / 1024, 1), "exit": out.returncode,
-            "stdout_sha256": hashlib.sha256(out.stdout.encode()).hexdigest()}
+            "stdout_sha256": hashlib.sha256(out.stdout.encode()).hexdigest(), **_own_cpu(out.stderr)}
+
+
+def _own_cpu(stderr: str) -> dict[str, float]:
+    """`self_cpu_s`, the command's own process's CPU (user + system), where its script printed it."""
+    lines = [line for line in stderr.splitlines() if line.startswith("self-cpu-s ")]
+    return {"self_cpu_s": round(float(lines[-1].split()[1]), 2)} if lines else {}
 
 
 def make_run(folder: Path, units: int, maker: Path) -> tuple[Path, Path]:
@@ -180,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"units": units, "command": command, "tree": name, "load": os.getloadavg()[0], **got[name]}
                 result["rows"].append(row)
                 print(f"{units:>8} {command:<8} {name:<8} {row['wall_s']:>7} s wall {row['cpu_s']:>7} s CPU "
-                      f"{row['peak_rss_mib']:>7} MiB", flush=True)
+                      f"({row.get('self_cpu_s', '-')} s its own) {row['peak_rss_mib']:>7} MiB", flush=True)
                 if args.json:  # written after every row: a bench stopped part-way keeps what it measured
                     _write(args.json, result, commands, trees)
             if command in ("admit", "compare") and len(got) == 2 and \
