@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -229,21 +230,27 @@ def handler(engine: Any, method: str) -> Handler:
     return serves(METHODS[method], getattr(engine, method), read=read)
 
 
+@functools.cache
+def torch_as_the_worker() -> None:
+    """Once per process: torch set up as the HF worker's `main` sets it up (deterministic cuBLAS needs its workspace
+    fixed before the first product; interop threads can be set only once)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+
+
 def _direct_engine(engine: str, device: str) -> Any:
     """The worker's engine class, set up as the worker's `main` sets it up, in this process."""
     if engine == "hf":
-        # As the worker: deterministic cuBLAS needs its workspace fixed before the first CUDA matrix product.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        import torch
-        from transformers.utils import logging as hf_logging
-
+        torch_as_the_worker()
         from invar.workers import hf_worker
 
-        torch.use_deterministic_algorithms(True)
-        torch.set_num_threads(1)
-        torch.set_num_interop_threads(1)
-        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-        hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
         return hf_worker.Engine(Role.INFERENCE, device)
     if engine == "mlx":
         from invar.workers import mlx_worker

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import multiprocessing
 import os
@@ -75,7 +74,7 @@ from invar.runner import train as tr  # noqa: E402
 from invar.runner.engine import ADAPTER_NAME  # noqa: E402
 
 sys.path.append(str(REPO / "bench"))  # last: the direct runner runs with -P; bench/workers.py must not shadow workers
-from overhead import handler, tree_cpu_s  # noqa: E402
+from overhead import handler, torch_as_the_worker, tree_cpu_s  # noqa: E402
 from report import write_json  # noqa: E402
 
 DIRECT_BACKENDS = ("mlx", "hf")
@@ -119,25 +118,10 @@ def _engine(backend: str, role: str, device: str) -> Any:
         from invar.workers import mlx_worker
 
         return mlx_worker.Engine(Role(role))
-    _torch_as_the_worker()
+    torch_as_the_worker()
     from invar.workers import hf_worker
 
     return hf_worker.Engine(Role(role), device)
-
-
-@functools.cache
-def _torch_as_the_worker() -> None:
-    """Once per process: torch set up as the worker's `main` sets it up (deterministic cuBLAS needs its workspace
-    fixed before the first product; interop threads can be set only once)."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
 
 
 def _serve_learner(conn: Any, backend: str, device: str) -> None:
