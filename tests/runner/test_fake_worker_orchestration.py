@@ -185,6 +185,23 @@ def test_a_run_stopped_mid_plan_resumes_to_the_uninterrupted_records_and_decisio
     assert _outputs_by_call(run, ws.contract_path) == _outputs_by_call(baseline, ws.contract_path)
 
 
+def test_a_resumed_run_keeps_the_inputs_its_first_attempt_did_not(ws: Workspace, baseline: Path,
+                                                                   tmp_path: Path) -> None:
+    """A run created but stopped before its inputs were kept (the first write after the store's creation failed)
+    gains them on resume: it records exactly the meta an uninterrupted run does."""
+    run = tmp_path / "run"
+    with RunStore.open(baseline) as done:
+        kept = done.meta()
+    RunStore.create(run, meta=kept["run"]).close()  # what `use run` writes before it keeps the inputs
+    assert "inputs" not in kept["run"]
+    use_run(ws.contract_path, run, transport=FakeTransport(SCRIPT))
+    with RunStore.open(run) as store:
+        meta = store.meta()
+    assert meta["inputs"] == kept["inputs"]
+    assert set(meta) == set(kept)
+    assert _figures(run, ws.contract_path) == _figures(baseline, ws.contract_path)
+
+
 def test_sigterm_stops_issuing_calls_keeps_the_answers_and_the_run_resumes_to_the_same_decision(
         ws: Workspace, baseline: Path, tmp_path: Path) -> None:
     # The command line's handler turns SIGTERM into `Terminated` in the main thread, as at a scheduler's stop.

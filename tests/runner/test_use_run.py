@@ -4,6 +4,7 @@ to the same decision and the same outputs, and every refusal one line before any
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
@@ -13,10 +14,12 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli_batch import InvarSession
 from support.use_runs import decision_figures as _decision_figures
 from support.use_runs import outputs_by_call as _outputs_by_call
 from train_helpers import live_workers, local_workers_env, worker_pids
@@ -45,10 +48,16 @@ def _toml(value: Any) -> str:
         "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
 
 
+@functools.cache
+def _hf_identity() -> Any:
+    """The HF worker's identity, probed once for the module (an HF worker start): every declaration here names it."""
+    return probe_identity(Engine.HF)
+
+
 def write_declaration(folder: Path, name: str, *, units: int = 24, per_call: int = 4,
                       candidate: dict[str, Any] | None = None) -> Path:
     """A small HF contract: FP32 reference, NF4 candidate, layouts solo and b4, identities probed from the worker."""
-    ident = probe_identity(Engine.HF)
+    ident = _hf_identity()
     package = {"engine": "hf", "engine_version": ident.engine_version, "settings": ident.settings,
                "model_dir": str(DEFAULT_MODEL), "model_digest": canonical.tree_digest(DEFAULT_MODEL),
                "dtype": "float32"}
@@ -71,6 +80,15 @@ def write_declaration(folder: Path, name: str, *, units: int = 24, per_call: int
     decl = folder / f"{name}.toml"
     decl.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return decl
+
+
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    """The refusals' command lines run one after another in one process, each as `python -m invar.cli` runs it
+    (tests/support/cli_batch.py): the CLI's start-up once. Kills, signals, limits and a second process writing the
+    same run keep processes of their own."""
+    with InvarSession(bound_s=600) as session:
+        yield session
 
 
 @pytest.fixture(scope="module")
@@ -203,43 +221,17 @@ def test_ctrl_c_stops_issuing_calls_says_what_it_kept_and_the_run_resumes(contra
     assert _outputs_by_call(run, contract) == _outputs_by_call(baseline, contract)
 
 
-def test_a_resumed_run_keeps_the_inputs_its_first_attempt_did_not(contract: Path, baseline: Path,
+# A run created but stopped before its inputs were kept gains them on resume: on fake workers
+# (test_fake_worker_orchestration.py), the store's meta being the core's alone.
+
+
+def test_a_run_of_another_contract_is_refused_without_a_resume_hint(cli: InvarSession, contract: Path,
                                                                    tmp_path: Path) -> None:
-    """A run created but stopped before its inputs were kept (the first write after the store's creation failed)
-    gains them on resume: it records exactly the meta an uninterrupted run does."""
-    run = tmp_path / "run"
-    with RunStore.open(baseline) as done:
-        kept = done.meta()
-    RunStore.create(run, meta=kept["run"]).close()  # what `use run` writes before it keeps the inputs
-    resumed = _invar("use", "run", str(contract), "--run", str(run), "--json")
-    assert resumed.returncode == 0, resumed.stderr
-    with RunStore.open(run) as store:
-        meta = store.meta()
-    assert meta["inputs"] == kept["inputs"]
-    assert set(meta) == set(kept)
-    assert _decision_figures(run, contract) == _decision_figures(baseline, contract)
-
-
-def test_a_second_use_run_on_one_directory_is_refused(contract: Path, tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, "-m", "invar.cli", "use", "run", str(contract), "--run", str(run)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    while not (run / "records.sqlite").exists() and first.poll() is None:
-        time.sleep(0.05)
-    second = _invar("use", "run", str(contract), "--run", str(run))
-    assert second.returncode == 2
-    assert "another invar process is writing this run" in second.stderr
-    assert first.wait(300) == 0
-    with RunStore.open(run) as store:
-        assert store.verify().closed
-
-
-def test_a_run_of_another_contract_is_refused_without_a_resume_hint(contract: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     with RunStore.create(run, meta={"command": "use run", "contract_sha256": "f" * 64,
                                     "contract": "other.contract.json"}) as store:
         store.close_run()
-    out = _invar("use", "run", str(contract), "--run", str(run))
+    out = cli.run("use", "run", str(contract), "--run", str(run))
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1, out.stderr
     assert "the run was made under contract ffffffffffffffff…" in out.stderr
@@ -247,10 +239,10 @@ def test_a_run_of_another_contract_is_refused_without_a_resume_hint(contract: Pa
     assert "resume with:" not in out.stderr  # running this command again cannot help: no hint that says it would
 
 
-def test_a_worker_that_is_not_the_package_is_refused_before_any_call(tmp_path: Path) -> None:
+def test_a_worker_that_is_not_the_package_is_refused_before_any_call(cli: InvarSession, tmp_path: Path) -> None:
     decl = write_declaration(tmp_path, "foreign", candidate={"engine_version": {"torch": "0.0.1"}})
-    assert _invar("use", "prepare", str(decl)).returncode == 0
-    out = _invar("use", "run", str(tmp_path / "foreign.contract.json"), "--run", str(tmp_path / "run"), "--quiet")
+    assert cli.run("use", "prepare", str(decl)).returncode == 0
+    out = cli.run("use", "run", str(tmp_path / "foreign.contract.json"), "--run", str(tmp_path / "run"), "--quiet")
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1, out.stderr  # --quiet: the error line alone, no phase before it
     assert "the candidate worker is not the package the contract names: candidate.engine_version" in out.stderr
@@ -259,8 +251,8 @@ def test_a_worker_that_is_not_the_package_is_refused_before_any_call(tmp_path: P
         assert len(store.workers()) >= 1  # the refused identity is on record
 
 
-def test_bad_inputs_are_one_line(contract: Path, tmp_path: Path) -> None:
-    missing = _invar("use", "run", str(tmp_path / "none.contract.json"), "--run", str(tmp_path / "r1"))
+def test_bad_inputs_are_one_line(cli: InvarSession, contract: Path, tmp_path: Path) -> None:
+    missing = cli.run("use", "run", str(tmp_path / "none.contract.json"), "--run", str(tmp_path / "r1"))
     assert missing.returncode == 2
     assert "cannot read the contract" in missing.stderr
     # A contract changed after use prepare wrote it (still canonical: ε raised from 0.5 to 0.6).
@@ -268,17 +260,17 @@ def test_bad_inputs_are_one_line(contract: Path, tmp_path: Path) -> None:
     tampered.write_bytes(contract.read_bytes().replace(b'"0.5"', b'"0.6"'))
     tampered.with_name("t.contract.json.sha256").write_text(
         contract.with_name(contract.name + ".sha256").read_text().replace(contract.name, tampered.name))
-    out = _invar("use", "run", str(tampered), "--run", str(tmp_path / "r2"))
+    out = cli.run("use", "run", str(tampered), "--run", str(tmp_path / "r2"))
     assert out.returncode == 2
     assert "the contract was changed after use prepare wrote it" in out.stderr
     assert not (tmp_path / "r2").exists()
     hand_edited = contract.with_name("h.contract.json")
     hand_edited.write_bytes(contract.read_bytes().replace(b",", b", ", 1))
-    out = _invar("use", "run", str(hand_edited), "--run", str(tmp_path / "r3"))
+    out = cli.run("use", "run", str(hand_edited), "--run", str(tmp_path / "r3"))
     assert out.returncode == 2
     assert "not in canonical form" in out.stderr
     (tmp_path / "afile").write_text("x")
-    out = _invar("use", "run", str(contract), "--run", str(tmp_path / "afile"))
+    out = cli.run("use", "run", str(contract), "--run", str(tmp_path / "afile"))
     assert out.returncode == 2
     assert "is a file, not a folder" in out.stderr
     for r in (missing, out):
@@ -286,21 +278,21 @@ def test_bad_inputs_are_one_line(contract: Path, tmp_path: Path) -> None:
         assert r.stderr.count("\n") == 1
 
 
-def test_a_patch_whose_files_differ_is_refused_before_any_worker(tmp_path: Path) -> None:
+def test_a_patch_whose_files_differ_is_refused_before_any_worker(cli: InvarSession, tmp_path: Path) -> None:
     """A patch folder of the user's own: a declaration naming another digest is refused by `use prepare`; prepared
     with its digest and then edited, it is refused by `use run` in one line, before any worker or record."""
     folder = tmp_path / "my-fixed-block"
     shutil.copytree(HOME / "patches" / "fixed-block", folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     wrong = write_declaration(tmp_path, "wrong", candidate={"patches": {"./my-fixed-block": "0" * 64}})
-    refused = _invar("use", "prepare", str(wrong))
+    refused = cli.run("use", "prepare", str(wrong))
     assert refused.returncode == 2
     assert f"the patch folder {folder} has digest {patch_digest(folder)}, but {'0' * 64} was declared" in refused.stderr
     assert refused.stderr.count("\n") == 1
     decl = write_declaration(tmp_path, "patched", candidate={"patches": {"./my-fixed-block": patch_digest(folder)}})
-    assert _invar("use", "prepare", str(decl)).returncode == 0
+    assert cli.run("use", "prepare", str(decl)).returncode == 0
     with (folder / "README.md").open("a", encoding="utf-8") as readme:
         readme.write("An edit after use prepare.\n")
-    out = _invar("use", "run", str(tmp_path / "patched.contract.json"), "--run", str(tmp_path / "run"))
+    out = cli.run("use", "run", str(tmp_path / "patched.contract.json"), "--run", str(tmp_path / "run"))
     assert out.returncode == 2
     assert f"the patch folder {folder} has digest" in out.stderr
     assert "its files changed after use prepare" in out.stderr
@@ -336,12 +328,23 @@ def test_a_store_that_cannot_grow_is_one_line_and_the_run_resumes(contract: Path
     assert _decision_figures(run, contract) == _decision_figures(baseline, contract)
 
 
-def test_two_workers_per_package_give_the_records_and_decision_of_one(contract: Path, baseline: Path,
-                                                                     tmp_path: Path) -> None:
+def test_two_workers_per_package_give_the_records_and_decision_of_one_and_a_second_use_run_is_refused(
+        contract: Path, baseline: Path, tmp_path: Path) -> None:
+    """One run with two workers per package; while it writes its directory, a second `use run` on it is refused and
+    the first goes on undisturbed."""
     run = tmp_path / "run"
-    out = _invar("use", "run", str(contract), "--run", str(run), "--workers", "2", "--json")
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["calls_issued"] == 18
+    first = subprocess.Popen([sys.executable, "-m", "invar.cli", "use", "run", str(contract), "--run", str(run),
+                              "--workers", "2", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not (run / "records.sqlite").exists() and first.poll() is None:
+        time.sleep(0.05)
+    second = _invar("use", "run", str(contract), "--run", str(run))
+    assert second.returncode == 2
+    assert "another invar process is writing this run" in second.stderr
+    stdout, stderr = first.communicate(timeout=600)
+    assert first.returncode == 0, stderr
+    assert json.loads(stdout)["calls_issued"] == 18
+    with RunStore.open(run) as store:
+        assert store.verify().closed
     assert _decision_figures(run, contract) == _decision_figures(baseline, contract)
     assert _outputs_by_call(run, contract) == _outputs_by_call(baseline, contract)
     with RunStore.open(run) as store:
@@ -351,10 +354,10 @@ def test_two_workers_per_package_give_the_records_and_decision_of_one(contract: 
     assert len(answered_by) == 4  # and every one of them answered planned calls
 
 
-def test_workers_below_one_is_one_line_and_starts_nothing(contract: Path, tmp_path: Path) -> None:
+def test_workers_below_one_is_one_line_and_starts_nothing(cli: InvarSession, contract: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     for bad in ("0", "-3"):
-        out = _invar("use", "run", str(contract), "--run", str(run), "--workers", bad)
+        out = cli.run("use", "run", str(contract), "--run", str(run), "--workers", bad)
         assert out.returncode == 2
         assert "Traceback" not in out.stderr
         assert f"--workers {bad}: must be ≥ 1" in out.stderr
