@@ -103,7 +103,9 @@ def test_fast_proofs_are_the_proofs(n: int, epsilon: float, delta: float) -> Non
     statuses = []
     for t, upper in _threshold_cases(n, epsilon, delta):
         fast = trinomial.proof_status(delta0, t, n, upper, alpha, fast=True)
-        assert fast == _reference_status(delta0, t, n, upper, alpha), (t, upper)
+        reference = _reference_status(delta0, t, n, upper, alpha)
+        assert fast == reference, (t, upper)
+        assert trinomial.proof_status(delta0, t, n, upper, alpha) == reference, (t, upper)  # the bounds' own path
         assert trinomial.anchor_above(delta0, t, n, upper, alpha) == (anchor_tail(delta0, t, n, upper) > alpha)
         statuses.append(fast)
     assert "proven" in statuses  # both outcomes were compared
