@@ -40,7 +40,7 @@ from invar.transport import forkserver
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_LANE = ("contract", "fuzz", "loop", "protocol", "records", "stats", "tasks", "typing", "models", "workers",
               "runner/test_use_run.py", "runner/test_train_vllm_hf.py", "runner/test_sequential_run.py",
-              "bench/test_commands.py", "cli/test_doc_examples.py")
+              "bench/test_commands.py", "cli/test_doc_examples.py", "architectures")
 """Paths under tests/ (folders, or files of a folder the lanes share) run in the first lane, chosen so that both
 lanes take about as long. `make test` of 2026-12-05 with the folders alone: this lane 1,498 s, the other 2,084 s;
 the real-engine `use run` tests (13, HF, killed and resumed runs) and the vLLM+HF training tests (two vLLM workers)
@@ -52,7 +52,10 @@ SIGKILLed at random instants left the other lane (tests/runner/test_train_hf.py,
 `--durations` under load), and the sequential use run tests (tests/runner/test_sequential_run.py, 53 s by the same
 durations, none of its folder's fixtures) moved here, about half of what the other lane lost (docs/testing.md). A
 folder's session fixtures stay in one lane: tests/runner's Ray cluster is asked for only by its Ray files, all in the
-other lane, and no file moved asks for a session fixture of its folder."""
+other lane, and no file moved asks for a session fixture of its folder. On 2026-12-05 (night) the first lane lost about
+75 CPU-s of command lines run in one process and one real-engine `use run` fewer, the second about 20 (docs/testing.md),
+where it was already the longer by 121 s at the last clean run: tests/architectures (174 s in the loaded `--durations`
+run of docs/testing.md, its session fixtures its own conftest's) moved here."""
 
 FORKED = ("hf", "mlx", "vllm")
 """The engines whose workers the lanes fork from a server: HF and MLX, whose imports are most of a start, and vLLM,
