@@ -18,6 +18,9 @@ import contextlib
 import multiprocessing
 import os
 import pickle
+import select
+import signal
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import TypeVar, cast
@@ -71,11 +74,16 @@ def helper_allowed() -> bool:
         not multiprocessing.current_process().daemon
 
 
+_PATIENCE_S = 60.0
+"""How long `in_halves` waits for its helper beyond twice the time its own half took."""
+
+
 def in_halves(compute: Callable[[Sequence[Item]], list[T]], items: Sequence[Item]) -> list[T]:
     """`compute(items)`, a pure function computed item by item: where `helper_allowed`, the second half of `items` in
     a forked process while this one computes the first, else all here. A second half the process does not give back
-    whole (it raised, died or was killed) is computed here again, so an exception is raised here, at the same item,
-    as if all were computed here. The results travel back pickled."""
+    whole (it raised, died, was killed, or stayed silent far longer than this process's half took) is computed here
+    again, so an exception is raised here, at the same item, as if all were computed here. The results travel back
+    pickled."""
     half = len(items) // 2
     if half < 1 or not helper_allowed():
         return compute(items)
@@ -101,19 +109,30 @@ def in_halves(compute: Callable[[Sequence[Item]], list[T]], items: Sequence[Item
         finally:
             os._exit(code)
     os.close(write)
+    data = bytearray()
+    status = 1 << 8  # an exit status of 1: what a helper not reaped here counts as
     try:
+        start = time.monotonic()
         first = compute(items[:half])
-        with os.fdopen(read, "rb") as pipe:
-            read = -1
-            data = pipe.read()  # the helper may wait on this read to finish writing: it is made after this half
-        _, status = os.waitpid(pid, 0)
-        pid = 0
+        # A helper silent for twice as long as this half took, and _PATIENCE_S more (stopped, or starved on a busy
+        # machine), is not waited for: its half is computed here.
+        patience = _PATIENCE_S + 2 * (time.monotonic() - start)
+        ended = False
+        with contextlib.suppress(OSError):
+            while select.select([read], [], [], patience)[0]:
+                chunk = os.read(read, 1 << 20)
+                if not chunk:
+                    ended = True
+                    break
+                data += chunk
+        if ended:
+            _, status = os.waitpid(pid, 0)
+            pid = 0
     finally:
-        if read >= 0:
-            os.close(read)
-        if pid:  # this half raised: the helper's work is not wanted
+        os.close(read)
+        if pid:  # this half raised, or the helper was not waited for: its work is not wanted
             with contextlib.suppress(OSError):
-                os.kill(pid, 9)
+                os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
     second = pickle.loads(data) if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and data else None
     if not isinstance(second, list) or len(second) != len(items) - half:

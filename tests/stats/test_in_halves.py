@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -91,3 +92,20 @@ def test_a_helper_that_dies_is_made_up_for_here() -> None:
 
     with parallel.helper():
         assert parallel.in_halves(die_in_helper, list(range(9))) == [i * 2 for i in range(9)]
+
+
+def test_a_helper_that_hangs_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    parent = os.getpid()
+
+    def hang_in_helper(items: Sequence[int]) -> list[int]:
+        if os.getpid() != parent:
+            time.sleep(3600)  # stopped, say, or starved
+        return [i + 1 for i in items]
+
+    monkeypatch.setattr(parallel, "_PATIENCE_S", 0.5)
+    before = _children()
+    start = time.monotonic()
+    with parallel.helper():
+        assert parallel.in_halves(hang_in_helper, list(range(9))) == [i + 1 for i in range(9)]
+    assert time.monotonic() - start < 30
+    assert _children() == before  # killed and reaped
