@@ -77,7 +77,6 @@ for path in (REPO / "src", REPO):  # run from a checkout without installing the 
         sys.path.insert(0, str(path))
 
 import numpy as np  # noqa: E402
-from report import write_json  # noqa: E402
 
 from invar import canonical  # noqa: E402
 from invar.engines import DEFAULT_MODEL, worker_env  # noqa: E402
@@ -88,6 +87,9 @@ from invar.records import RunStore  # noqa: E402
 from invar.runner.engine import Engine, EngineSpec, engine_session  # noqa: E402
 from invar.runner.evaluate import population_digest, request_seed, sample_indices  # noqa: E402
 from invar.tasks import ModelTokenizer, load_population  # noqa: E402
+
+sys.path.append(str(REPO / "bench"))  # last: the direct driver runs this file with -P, so bench/ is not first there
+from report import write_json  # noqa: E402
 
 POPULATION = REPO / "data" / "arith-eval.jsonl"
 SEED = 20261130
