@@ -8,8 +8,9 @@ numbers either way, in the same order: each piece is a pure function of its argu
 
 A command may also opt in to helper processes of a reader's own (`helper()`): `use admit`, `use verify` and
 `compare numerical RUN` let the run store check its records' bytes in a second process while this one binds and
-scores them (`invar.records.store`), and derive a plan's call digests half here, half in a forked process
-(`in_halves`); what they print is the same either way.
+scores them (`invar.records.store`), and do three pieces of their work half here, half in a forked process
+(`in_halves`): the plan's call digests, its units' sampling seeds, and the scoring of the responses once the pass
+ends; what they print is the same either way.
 """
 
 from __future__ import annotations
