@@ -35,9 +35,9 @@ Decisions this worker embodies:
   autograd on; those values, taken with the weights the update starts from, are the proximal log-probabilities.
   A batch whose float32 logits would pass `LOGITS_BUDGET` (64 MiB; a real vocabulary, not the shipped model's) is
   scored with memory bounded: each decoder layer keeps only its input and recomputes its activations in backward,
-  and the output projection and log-softmax run on the response positions only, in chunks recomputed in backward:
-  the same operations on the same rows, measured bit-identical to the model's own forward on this project's CPU
-  (`Engine._bounded_logprobs`, docs/training.md).
+  and the output projection and log-softmax run on the response positions only, in chunks recomputed in backward,
+  each projected as at least `HEAD_ROWS` rows: the same operations on the same rows, measured bit-identical to the
+  model's own forward on AMD and Intel CPUs with AVX-512 (`Engine._bounded_logprobs`, docs/training.md).
   The objective is `invar.loop.objective`'s, computed per token in float32 (importance weight exp(proximal −
   behavior), exactly 1 where they are equal, then truncated or masked at the cap when asked); the reported terms sum
   those float32 values in float64 as the core does. One AdamW step on the adapter's float32 parameters follows. The
@@ -145,6 +145,13 @@ LOGITS_BUDGET = 1 << 26
 logits (rows × width × vocabulary) pass it is scored with memory bounded (`Engine._bounded_logprobs`): decoder
 layers recomputed in backward, the output projection on the response positions only, in chunks of this size. The
 shipped model's batches stay far below it (its vocabulary has 18 tokens) and take the model's own forward."""
+HEAD_ROWS = 16
+"""Fewest rows the bounded path's output projection multiplies at once (a shorter chunk is padded with zero rows and
+the padding's logits dropped). MKL's float32 matrix product takes another code path for a product of few rows and
+rounds its rows differently from the same rows inside a larger product: measured with one thread, below 4 rows on an
+AMD EPYC (AVX-512), below 6 (width 128, the shipped model) and below 16 (width 576, vocabulary 49,152) on an Intel
+Xeon with AVX-512 and AMX; from 16 rows on, every chunk measured gave the whole product's bits on both, forward and
+backward (docs/training.md)."""
 
 
 # -- LoRA -----------------------------------------------------------------------------------------------------------
@@ -805,7 +812,7 @@ class Engine:
         so one chunk's logits are alive at a time. Every row is computed by the same operations as in the model's
         own forward; whether the CPU's matrix product rounds a chunk's rows as it rounds them inside the whole
         batch's product is measured, not promised (bit-identical on the shipped model and on SmolLM2-135M at the
-        default budget: docs/training.md)."""
+        default budget once every chunk is projected as at least `HEAD_ROWS` rows: docs/training.md)."""
         m = self.loaded("learner_step")
         decoder = m.model.get_decoder()
         with _recomputed_layers(decoder):
@@ -816,12 +823,10 @@ class Engine:
         targets = torch.as_tensor(np.concatenate([np.asarray(t, dtype=np.int64) for _, t in rows]),
                                   device=self.device)
         head = m.model.get_output_embeddings()
-        # Equal chunks (sizes differ by at most one), so no chunk is a short tail: the CPU matrix product rounds
-        # some rows of a product over 1-3 rows differently from the same rows inside a larger one (measured: chunks
-        # of 4 or more give the full forward's bits on the shipped model; on SmolLM2-135M the default chunks of
-        # about 300 positions do, chunks of 4 do not).
+        # Equal chunks (sizes differ by at most one), so no chunk is a short tail; each is projected as at least
+        # HEAD_ROWS rows, where the CPU matrix product rounds a row as it does inside the whole batch's product.
         n = len(targets)
-        chunks = -(-n // max(4, budget // (4 * m.vocab_size)))
+        chunks = -(-n // max(HEAD_ROWS, budget // (4 * m.vocab_size)))
         bounds = [n * c // chunks for c in range(chunks + 1)]
         parts = [torch.utils.checkpoint.checkpoint(_sampled_logprobs, head, states[a:b], targets[a:b], temperature,
                                                    use_reentrant=False)
@@ -857,8 +862,11 @@ def _recomputed_layers(decoder: Any) -> Iterator[None]:
 
 
 def _sampled_logprobs(head: Any, states: Any, targets: Any, temperature: float) -> Any:
-    """log_softmax(head(states) / T) at each target, float32 [positions]: the learner's per-row formula."""
-    lp = torch.log_softmax(head(states).float() / temperature, dim=-1)
+    """log_softmax(head(states) / T) at each target, float32 [positions]: the learner's per-row formula, the
+    projection taken over at least `HEAD_ROWS` rows (zero rows appended, their logits dropped before the softmax)."""
+    short = HEAD_ROWS - states.shape[0]
+    rows = torch.cat([states, states.new_zeros(short, states.shape[-1])]) if short > 0 else states
+    lp = torch.log_softmax(head(rows)[: states.shape[0]].float() / temperature, dim=-1)
     return lp.gather(-1, targets[:, None])[:, 0]
 
 
