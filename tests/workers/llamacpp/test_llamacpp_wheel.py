@@ -57,3 +57,34 @@ def test_the_key_follows_the_build_options_and_the_pinned_source(
     assert other["cmake_args"][-1] == "-DGGML_NATIVE=OFF"
     assert wheel_script.wheel_folder(other) != wheel_script.wheel_folder(parts)
     assert wheel_script.wheel_folder({**parts, "cpu_flags": "sse2"}) != wheel_script.wheel_folder(parts)
+
+
+def test_an_x86_64_v3_cpu_gets_the_fixed_instruction_set_whatever_else_it_has(
+    wheel_script: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One wheel for every x86-64 CPU with AVX2, FMA, F16C and BMI2: AVX-512 and AMX off, and the CPU's other flags
+    not in the key; a CPU without them, or GGML_NATIVE=ON in CMAKE_ARGS, builds natively, keyed on the CPU's flags."""
+    sdist = wheel_script.pinned_sdist()
+    monkeypatch.setattr(wheel_script.platform, "machine", lambda: "x86_64")
+    v3 = "sse4_2 avx avx2 fma f16c bmi2"
+    monkeypatch.setattr(wheel_script, "cpu_flags", lambda: v3)
+    parts = wheel_script.build_parts(sdist)
+    assert parts["cmake_args"][2:] == list(wheel_script.X86_64_V3)
+    assert "-DGGML_NATIVE=OFF" in parts["cmake_args"]
+    assert "-DGGML_AVX512=OFF" in parts["cmake_args"]
+    assert parts["cpu_flags"] is None
+    monkeypatch.setattr(wheel_script, "cpu_flags", lambda: v3 + " avx512f avx512bw amx_tile amx_int8 avx_vnni")
+    assert wheel_script.build_parts(sdist) == parts  # the same wheel on an AVX-512 and AMX machine
+
+    monkeypatch.setattr(wheel_script, "cpu_flags", lambda: "sse4_2 avx")  # no AVX2: llama.cpp's native default
+    older = wheel_script.build_parts(sdist)
+    assert older["cmake_args"] == parts["cmake_args"][:2]
+    assert older["cpu_flags"] == "sse4_2 avx"
+
+    monkeypatch.setattr(wheel_script, "cpu_flags", lambda: v3)
+    monkeypatch.setenv("CMAKE_ARGS", "-DGGML_NATIVE=ON")  # asked for natively: the CPU's flags key it again
+    asked = wheel_script.build_parts(sdist)
+    assert asked["cmake_args"][-1] == "-DGGML_NATIVE=ON"
+    assert asked["cpu_flags"] == v3
+    assert wheel_script.native(asked["cmake_args"])
+    assert not wheel_script.native(parts["cmake_args"])
