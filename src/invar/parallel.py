@@ -79,6 +79,41 @@ _PATIENCE_S = 60.0
 """How long `in_halves` waits for its helper beyond twice the time its own half took."""
 
 
+def fork_writer(body: Callable[[int], None]) -> tuple[int, int] | None:
+    """A forked helper process running `body` on the write end of a new pipe: its pid and the read end, or None where
+    no pipe or process could be made. The helper ends when `body` returns (exit status 0) or raises (1), without
+    running this process's exit handlers, and forks no helper of its own."""
+    try:
+        read, write = os.pipe()
+    except OSError:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read)
+        os.close(write)
+        return None
+    if pid == 0:  # the helper: it ends here, whatever happens
+        code = 1
+        try:
+            os.close(read)
+            _DEPTH[0] = 1
+            body(write)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    return pid, read
+
+
+def kill_and_reap(pid: int) -> None:
+    """End a helper process, done or not, and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
 def in_halves(compute: Callable[[Sequence[Item]], list[T]], items: Sequence[Item]) -> list[T]:
     """`compute(items)`, a pure function computed item by item: where `helper_allowed`, the second half of `items` in
     a forked process while this one computes the first, else all here. A second half the process does not give back
@@ -88,28 +123,16 @@ def in_halves(compute: Callable[[Sequence[Item]], list[T]], items: Sequence[Item
     half = len(items) // 2
     if half < 1 or not helper_allowed():
         return compute(items)
-    try:
-        read, write = os.pipe()
-    except OSError:
+
+    def second_half(write: int) -> None:
+        out = memoryview(pickle.dumps(compute(items[half:]), protocol=pickle.HIGHEST_PROTOCOL))
+        while out:
+            out = out[os.write(write, out):]
+
+    started = fork_writer(second_half)
+    if started is None:
         return compute(items)
-    try:
-        pid = os.fork()
-    except OSError:
-        os.close(read)
-        os.close(write)
-        return compute(items)
-    if pid == 0:  # the helper: it ends here, whatever happens, without running this process's exit
-        code = 1
-        try:
-            os.close(read)
-            _DEPTH[0] = 1
-            out = memoryview(pickle.dumps(compute(items[half:]), protocol=pickle.HIGHEST_PROTOCOL))
-            while out:
-                out = out[os.write(write, out):]
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write)
+    pid, read = started
     data = bytearray()
     status = 1 << 8  # an exit status of 1: what a helper not reaped here counts as
     try:
@@ -132,9 +155,7 @@ def in_halves(compute: Callable[[Sequence[Item]], list[T]], items: Sequence[Item
     finally:
         os.close(read)
         if pid:  # this half raised, or the helper was not waited for: its work is not wanted
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
+            kill_and_reap(pid)
     second = pickle.loads(data) if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and data else None
     if not isinstance(second, list) or len(second) != len(items) - half:
         second = compute(items[half:])

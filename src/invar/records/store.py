@@ -25,15 +25,14 @@ makes it afresh.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import itertools
 import os
 import select
 import shutil
-import signal
 import sqlite3
 import stat
 import tempfile
@@ -758,26 +757,8 @@ class _Checker:
     @classmethod
     def start(cls, source: tuple[str, bool]) -> _Checker | None:
         """The process reading the store connected to as `source`, or None where it cannot start."""
-        try:
-            read, write = os.pipe()
-        except OSError:
-            return None
-        try:
-            pid = os.fork()
-        except OSError:
-            os.close(read)
-            os.close(write)
-            return None
-        if pid == 0:  # the checking process: it ends here, whatever happens, without running this one's exit
-            code = 1
-            try:
-                os.close(read)
-                _check_records(source, write)
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(write)
-        return cls(pid, read)
+        started = parallel.fork_writer(functools.partial(_check_records, source))
+        return None if started is None else cls(*started)
 
     def decoded(self, seq: int, digest: str) -> bool:
         """Whether the process decoded record `seq` strictly, from bytes of sha256 `digest`: waits for it to get
@@ -806,10 +787,7 @@ class _Checker:
     def stop(self) -> None:
         """End the process (done or not) and reap it."""
         os.close(self._fd)  # a process still writing gets a broken pipe and ends
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self._pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self._pid, 0)
+        parallel.kill_and_reap(self._pid)
 
 
 def _check_records(source: tuple[str, bool], fd: int) -> None:
