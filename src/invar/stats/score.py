@@ -508,6 +508,8 @@ class Bounder:
     memo: FloatArray = field(default_factory=lambda: np.zeros((_KINDS, 0, 1, _MEMO_WIDTH)))
     memo_c0: IntArray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int64))
     memo_used: int = 0
+    known: dict[tuple[int, float, bytes], float] = field(default_factory=dict)  # cell bounds computed, by
+    # (slot, α, the thresholds at the cell's counts)
 
     def _ensure(self, a1: FloatArray, a2: FloatArray) -> IntArray:
         slots = np.empty(a1.size, dtype=np.int64)
@@ -546,12 +548,21 @@ class Bounder:
             self.seen, self.memo_row = seen, memo_row
             if self.memo_used and wide > self.memo.shape[2]:
                 self._grow_memo(self.memo.shape[1], wide)
-        add = _pad(cells, self.store.k.shape[1])
+        # written in place, padded as `_pad` pads (counts repeated, the rest zero), without a padded copy first
+        width = cells.k.shape[1]
         for name in _Cells.__dataclass_fields__:
-            getattr(self.store, name)[used:rows] = getattr(add, name)
+            value, into = getattr(cells, name), getattr(self.store, name)
+            if name in _PER_COUNT:
+                into[used:rows, :width] = value
+                into[used:rows, width:] = value[:, -1:] if name == "k" else 0
+            else:
+                into[used:rows] = value
 
     def _grow_memo(self, rows: int, width: int) -> None:
-        memo = np.full((_KINDS, rows, width, _MEMO_WIDTH), np.nan)
+        # Not filled: a window's values are set to NaN ("not computed") when `_source` places it, so only the
+        # windows a plan uses are ever written (filling the whole memo with NaN took a fifth of a plan's proofs,
+        # most of it page faults). An unplaced window (memo_c0 _FRESH) is never read as a value.
+        memo = np.empty((_KINDS, rows, width, _MEMO_WIDTH))
         c0 = np.full((rows, width), _FRESH, dtype=np.int64)
         memo[:, : self.memo_used, : self.memo.shape[2]] = self.memo[:, : self.memo_used]
         c0[: self.memo_used, : self.memo_c0.shape[1]] = self.memo_c0[: self.memo_used]
@@ -595,8 +606,28 @@ class Bounder:
         slots = self._ensure(a1, a2)
         self._keep(slots)
         assert self.store is not None
-        cells = _rows_used(self.store, slots)
-        return _bounds(cells, _thresholds(c, cells.k, owner), alpha, self._source(self.memo_row[slots], cells))
+        # A cell's bound is a function of the cell, α and the thresholds at the counts it sums (`_bounds`: the same
+        # number in any batch), so one asked about again with the same thresholds is read, not computed: a third
+        # of a plan's cell bounds are such repeats (the same cell, an outcome whose extreme set there is the same).
+        summed = np.sum(self.store.mask[slots], axis=1)  # each cell's counts are a prefix of its row
+        ck = _thresholds(c, self.store.k[slots, : int(np.max(summed))], owner)
+        result = np.empty(a1.size)
+        todo: dict[tuple[int, float, bytes], list[int]] = {}
+        for i, (slot, used) in enumerate(zip(slots.tolist(), summed.tolist(), strict=True)):
+            key = (slot, alpha, ck[i, :used].tobytes())
+            known = self.known.get(key)
+            if known is None:
+                todo.setdefault(key, []).append(i)
+            else:
+                result[i] = known
+        if todo:
+            rows = np.array([where[0] for where in todo.values()])
+            cells = _rows_used(self.store, slots[rows])
+            fresh = _bounds(cells, ck[rows, : cells.k.shape[1]], alpha, self._source(self.memo_row[slots[rows]], cells))
+            for (key, where), value in zip(todo.items(), fresh.tolist(), strict=True):
+                self.known[key] = value
+                result[where] = value
+        return result
 
     def _source(self, places: IntArray, cells: _Cells) -> _ValueSource:
         fresh_source = _direct(cells)
@@ -605,42 +636,62 @@ class Bounder:
             kept = places[rows] >= 0
             if not kept.any():
                 return fresh_source(rows, ck, kinds)
-            out = [np.zeros(ck.shape) for _ in kinds]
-            if (~kept).any():
+            every = bool(kept.all())
+            out = [] if every else [np.zeros(ck.shape) for _ in kinds]
+            if not every:
                 for i, value in enumerate(fresh_source(rows[~kept], ck[~kept], kinds)):
                     out[i][~kept] = value
-            r_kept = rows[kept]
-            ck_kept = ck[kept]
+            r_kept = rows if every else rows[kept]
+            ck_kept = ck if every else ck[kept]
             s = places[r_kept]
             used = ck.shape[1]  # the batch may be narrower than the memo
-            if np.any(self.memo_c0[s, :used] == _FRESH):
+            c0 = self.memo_c0[s, :used]
+            if np.any(c0 == _FRESH):
                 # one window per (cell, count), placed by the first row that meets it (a cell may recur in a batch)
                 unique, first = np.unique(s, return_index=True)
                 known = self.memo_c0[unique, :used]
-                self.memo_c0[unique, :used] = np.where(known == _FRESH, ck_kept[first] - _MEMO_WIDTH // 2, known)
-            col = ck_kept - self.memo_c0[s, :used]
+                fresh = known == _FRESH
+                self.memo_c0[unique, :used] = np.where(fresh, ck_kept[first] - _MEMO_WIDTH // 2, known)
+                rr, cc = np.nonzero(fresh)
+                self.memo[:, unique[rr], cc] = np.nan  # the new windows: nothing computed yet
+                c0 = self.memo_c0[s, :used]
+            col = ck_kept - c0
             inside = (col >= 0) & (col < _MEMO_WIDTH)
             position = s[:, None] * self.memo.shape[2] + np.arange(used)[None, :]
-            flat = position * _MEMO_WIDTH + np.clip(col, 0, _MEMO_WIDTH - 1)
+            np.clip(col, 0, _MEMO_WIDTH - 1, out=col)
+            flat = position * _MEMO_WIDTH + col
             mask = cells.mask[r_kept]
+            # A summed count outside its window is computed and not kept; one inside reads the memo (NaN: not yet
+            # computed, then computed once and kept). What is read where a count is not summed is never used (the
+            # memo is not filled beforehand: it may be anything there).
+            kept_here = mask & inside
+            loose_rows, loose_cols = np.nonzero(mask & ~inside)
+            distinct = np.unique(s).size == s.size  # each (cell, count, threshold) at one place of the batch
             for i, kind in enumerate(kinds):
                 table = self.memo[kind].reshape(-1)
-                got = np.where(inside, table[flat], np.nan)
-                need = np.isnan(got) & mask
-                if need.any():
+                got = table[flat]
+                stored = np.isnan(got)
+                stored &= kept_here
+                if stored.any():
                     # each (cell, count, threshold) once, however many outcomes share it; stored, then read back
-                    stored = need & inside
-                    if stored.any():
+                    if distinct:
+                        spots = flat[stored]
+                        rr, cc = np.nonzero(stored)
+                    else:
                         spots, first = np.unique(flat[stored], return_index=True)
                         rr, cc = np.nonzero(stored)
                         rr, cc = rr[first], cc[first]
-                        table[spots] = _values_at(cells, r_kept[rr], cc, ck_kept[rr, cc], kind)
-                        got = np.where(inside, table[flat], np.nan)
-                    loose = need & ~inside  # outside the window: computed, not kept
-                    if loose.any():
-                        rr, cc = np.nonzero(loose)
-                        got[rr, cc] = _values_at(cells, r_kept[rr], cc, ck_kept[rr, cc], kind)
-                out[i][kept] = np.where(mask, got, 0.0)
+                    table[spots] = _values_at(cells, r_kept[rr], cc, ck_kept[rr, cc], kind)
+                    got[stored] = table[flat[stored]]
+                if loose_rows.size:
+                    got[loose_rows, loose_cols] = _values_at(
+                        cells, r_kept[loose_rows], loose_cols, ck_kept[loose_rows, loose_cols], kind
+                    )
+                result = np.where(mask, got, 0.0)
+                if every:
+                    out.append(result)
+                else:
+                    out[i][kept] = result
             return out
 
         return values
