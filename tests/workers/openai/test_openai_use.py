@@ -5,6 +5,10 @@ shipped model, with requests one at a time and 16 in flight as invariance layout
 The endpoint going away mid-run is a proxy in front of the real server that stops listening (the client sees
 exactly what a killed server gives it: connection refused) and comes back on the same address: the run fails in
 one line keeping its records, and the same command resumes it to the same decision.
+
+The command lines run one after another in one process (`cli`, tests/support/cli_batch.py), each as `python -m
+invar.cli` runs it, its workers started as a user's command starts them: what is killed here is the server, never the
+command, so no claim needs a process of its own.
 """
 
 from __future__ import annotations
@@ -13,8 +17,6 @@ import contextlib
 import http.server
 import json
 import socket
-import subprocess
-import sys
 import threading
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -23,6 +25,7 @@ from typing import Any
 
 import pytest
 from openai_server import SERVED, VllmServer, restart_server, stop_server
+from support.cli_batch import InvarSession
 
 from invar import canonical
 from invar.contract.admit import admit
@@ -37,8 +40,10 @@ UNITS = 32
 pytestmark = pytest.mark.engine
 
 
-def _invar(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *args], capture_output=True, text=True, timeout=900)
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    with InvarSession(bound_s=900) as session:
+        yield session
 
 
 def _toml(value: Any) -> str:
@@ -47,11 +52,19 @@ def _toml(value: Any) -> str:
     return json.dumps(value)
 
 
-def package(engine: str, *settings: str) -> dict[str, Any]:
+_PACKAGES: dict[tuple[str, ...], dict[str, Any]] = {}
+"""`use package`'s answers by its arguments: each worker's identity is probed once per module (the two declarations
+name the same packages), not once per declaration."""
+
+
+def package(cli: InvarSession, engine: str, *settings: str) -> dict[str, Any]:
     """What `invar use package` says the package must state, plus the model it runs."""
-    out = _invar("use", "package", engine, *(a for s in settings for a in ("--setting", s)), "--json")
-    assert out.returncode == 0, out.stderr
-    pkg = json.loads(out.stdout)
+    args = ("use", "package", engine, *(a for s in settings for a in ("--setting", s)), "--json")
+    if args not in _PACKAGES:
+        out = cli.run(*args)
+        assert out.returncode == 0, out.stderr
+        _PACKAGES[args] = json.loads(out.stdout)
+    pkg = _PACKAGES[args]
     return {**{k: pkg[k] for k in ("engine", "engine_version", "settings", "worker_digest")},
             "model_dir": str(DEFAULT_MODEL), "model_digest": canonical.tree_digest(DEFAULT_MODEL),
             "dtype": "float32"}
@@ -60,10 +73,10 @@ def package(engine: str, *settings: str) -> dict[str, Any]:
 INVARIANCE = ("one-at-a-time", "in-flight-16", "in-flight-16-shuffled")
 
 
-def write_declaration(folder: Path, url: str, *, invariance: tuple[str, ...] = INVARIANCE, per_call: int = 16,
-                      name: str = "served-vllm") -> Path:
-    reference = package("vllm")
-    candidate = package("openai", f"base_url={url}", f"served_model={SERVED}", "retries=0")
+def write_declaration(cli: InvarSession, folder: Path, url: str, *, invariance: tuple[str, ...] = INVARIANCE,
+                      per_call: int = 16, name: str = "served-vllm") -> Path:
+    reference = package(cli, "vllm")
+    candidate = package(cli, "openai", f"base_url={url}", f"served_model={SERVED}", "retries=0")
     layouts = {"one-at-a-time": ["batch_size = 1"], "in-flight-16": ["batch_size = 16"],
                "in-flight-16-shuffled": ["batch_size = 16", 'order = "shuffled"']}
     lines = [
@@ -183,19 +196,20 @@ def gate(vllm_server: VllmServer) -> Iterator[Gate]:
 
 
 @pytest.fixture(scope="module")
-def contract(gate: Gate, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def contract(cli: InvarSession, gate: Gate, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("served")
-    out = _invar("use", "prepare", str(write_declaration(folder, gate.url)))
+    out = cli.run("use", "prepare", str(write_declaration(cli, folder, gate.url)))
     assert out.returncode == 0, out.stderr
     return folder / "served-vllm.contract.json"
 
 
-def test_the_endpoint_is_admitted_for_the_use_and_the_decision_recomputes(contract: Path, tmp_path: Path) -> None:
+def test_the_endpoint_is_admitted_for_the_use_and_the_decision_recomputes(cli: InvarSession, contract: Path,
+                                                                           tmp_path: Path) -> None:
     run = tmp_path / "run"
-    out = _invar("use", "run", str(contract), "--run", str(run), "--json")
+    out = cli.run("use", "run", str(contract), "--run", str(run), "--json")
     assert out.returncode == 0, out.stderr
     head = json.loads(out.stdout)["chain_head"]
-    out = _invar("use", "admit", str(run), "--contract", str(contract), "--expect-head", head, "--json")
+    out = cli.run("use", "admit", str(run), "--contract", str(contract), "--expect-head", head, "--json")
     assert out.returncode == 0, out.stdout + out.stderr
     doc = json.loads(out.stdout)
     assert doc["answer"] == "Admitted"
@@ -228,13 +242,13 @@ def _generate_records(run: Path, engine: str | None = None) -> int:
 
 
 def test_an_endpoint_that_goes_away_mid_run_loses_nothing_and_the_run_resumes(
-        contract: Path, gate: Gate, tmp_path: Path) -> None:
+        cli: InvarSession, contract: Path, gate: Gate, tmp_path: Path) -> None:
     run = tmp_path / "run"
     # The gate closes five requests into the candidate's third call: two of its six calls answered, the third lost
     # mid-flight.
     gate.budget = connections_before(2, 16) + 5
     try:
-        out = _invar("use", "run", str(contract), "--run", str(run), "--quiet")  # no phase before the error
+        out = cli.run("use", "run", str(contract), "--run", str(run), "--quiet")  # no phase before the error
     finally:
         if gate.listener is None:
             gate.open()
@@ -250,12 +264,12 @@ def test_an_endpoint_that_goes_away_mid_run_loses_nothing_and_the_run_resumes(
     assert kept >= 2
     with urllib.request.urlopen(gate.url + "/v1/models", timeout=10) as resp:
         assert resp.status == 200  # back
-    out = _invar("use", "run", str(contract), "--run", str(run), "--json")
+    out = cli.run("use", "run", str(contract), "--run", str(run), "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["calls_reused"] >= kept  # every answered call kept, none sent again
     assert doc["calls_issued"] + doc["calls_reused"] == doc["calls_total"]
-    out = _invar("use", "admit", str(run), "--contract", str(contract), "--json")
+    out = cli.run("use", "admit", str(run), "--contract", str(contract), "--json")
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout)["answer"] == "Admitted"
 
@@ -291,9 +305,9 @@ class _Relabelled(http.server.BaseHTTPRequestHandler):
 
 
 def test_a_killed_server_restarted_resumes_the_run_and_a_changed_server_is_refused(
-        vllm_server: VllmServer, gate: Gate, tmp_path: Path) -> None:
-    decl = write_declaration(tmp_path, gate.url, invariance=(), name="served-kill")
-    out = _invar("use", "prepare", str(decl))
+        cli: InvarSession, vllm_server: VllmServer, gate: Gate, tmp_path: Path) -> None:
+    decl = write_declaration(cli, tmp_path, gate.url, invariance=(), name="served-kill")
+    out = cli.run("use", "prepare", str(decl))
     assert out.returncode == 0, out.stderr
     contract = tmp_path / "served-kill.contract.json"
     run = tmp_path / "run"
@@ -304,7 +318,7 @@ def test_a_killed_server_restarted_resumes_the_run_and_a_changed_server_is_refus
     gate.on_close = lambda: stop_server(vllm_server)
     relabelled: http.server.ThreadingHTTPServer | None = None
     try:
-        out = _invar("use", "run", str(contract), "--run", str(run), "--quiet")
+        out = cli.run("use", "run", str(contract), "--run", str(run), "--quiet")
         err = out.stderr
         assert vllm_server.process.poll() is not None, err  # really killed
         assert out.returncode == 2, err
@@ -323,7 +337,7 @@ def test_a_killed_server_restarted_resumes_the_run_and_a_changed_server_is_refus
         threading.Thread(target=relabelled.serve_forever, daemon=True).start()
         gate.upstream_port = relabelled.server_address[1]
         gate.open()
-        out = _invar("use", "run", str(contract), "--run", str(run), "--quiet")
+        out = cli.run("use", "run", str(contract), "--run", str(run), "--quiet")
         err = out.stderr
         assert out.returncode == 2, err
         assert err.startswith("invar: error: "), err
@@ -333,7 +347,7 @@ def test_a_killed_server_restarted_resumes_the_run_and_a_changed_server_is_refus
 
         # The restarted server as it was: the same command resumes the run and completes it.
         gate.upstream_port = server_port
-        out = _invar("use", "run", str(contract), "--run", str(run), "--json")
+        out = cli.run("use", "run", str(contract), "--run", str(run), "--json")
         assert out.returncode == 0, out.stderr
         doc = json.loads(out.stdout)
         assert doc["calls_reused"] == kept_all  # every answered call kept, none sent again
@@ -348,7 +362,7 @@ def test_a_killed_server_restarted_resumes_the_run_and_a_changed_server_is_refus
             gate.open()
         if relabelled is not None:
             relabelled.shutdown()
-    out = _invar("use", "admit", str(run), "--contract", str(contract), "--json")
+    out = cli.run("use", "admit", str(run), "--contract", str(contract), "--json")
     assert out.returncode == 0, out.stdout + out.stderr
     doc = json.loads(out.stdout)
     assert doc["answer"] == "Admitted"
@@ -357,11 +371,11 @@ def test_a_killed_server_restarted_resumes_the_run_and_a_changed_server_is_refus
 
 
 def test_infer_records_the_top_k_it_asked_and_an_engine_without_them_refuses(
-        vllm_server: VllmServer, tmp_path: Path) -> None:
+        cli: InvarSession, vllm_server: VllmServer, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    out = _invar("infer", "37+58=", "--engine", "openai", "--setting", f"base_url={vllm_server.url}",
-                 "--setting", f"served_model={SERVED}", "--max-tokens", "4", "--top-logprobs", "2", "--run", str(run),
-                 "--json")
+    out = cli.run("infer", "37+58=", "--engine", "openai", "--setting", f"base_url={vllm_server.url}",
+                  "--setting", f"served_model={SERVED}", "--max-tokens", "4", "--top-logprobs", "2", "--run",
+                  str(run), "--json")
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout)["outputs"][0]
     assert len(row["top_ids"]) == len(row["tokens"])
@@ -374,7 +388,7 @@ def test_infer_records_the_top_k_it_asked_and_an_engine_without_them_refuses(
         recorded = call.report.report.result["outputs"][0]
         assert recorded["top_ids"].tolist() == row["top_ids"]
         assert recorded["top_logprobs"].astype(float).tolist() == row["top_logprobs"]
-    out = _invar("infer", "37+58=", "--engine", "hf", "--top-logprobs", "2", "--run", str(tmp_path / "hf"), "--quiet")
+    out = cli.run("infer", "37+58=", "--engine", "hf", "--top-logprobs", "2", "--run", str(tmp_path / "hf"), "--quiet")
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
     assert "does not report top-k log-probabilities" in out.stderr
