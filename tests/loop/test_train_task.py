@@ -1,17 +1,18 @@
 """Training on any task, without an engine: the rewards of every scorer, the recorded configuration of the default
-task, and the refusals `invar train` makes before any worker starts (one line, exit 2, nothing recorded lost)."""
+task, and the refusals `invar train` makes before any worker starts (one line, exit 2, nothing recorded lost), their
+command lines run one after another in one process (`cli`, tests/support/cli_batch.py): the CLI's start-up once."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.cli_batch import InvarSession
 
 from invar.engines import DEFAULT_MODEL
 from invar.loop import cycle as cyc
@@ -26,9 +27,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout these tests belo
 TOKENIZER = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
 
 
-def _invar(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invar.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=120)
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    with InvarSession(bound_s=120) as session:
+        yield session
 
 
 def _sample(response: str) -> cyc.Sample:
@@ -117,10 +119,11 @@ ROWS: list[dict[str, object]] = [{"id": f"u{i}", "prompt": f"{i}+1=", "answer": 
      "", "has no chat template"),
     (ROWS, 'name = "choice"\nsettings = { options = ["A", "B"] }', "", "is not one of the options A, B"),
 ])
-def test_a_task_that_cannot_train_is_one_line_and_no_run(tmp_path: Path, rows: list[dict[str, object]], scorer: str,
-                                                        extra: str, message: str) -> None:
+def test_a_task_that_cannot_train_is_one_line_and_no_run(cli: InvarSession, tmp_path: Path,
+                                                        rows: list[dict[str, object]], scorer: str, extra: str,
+                                                        message: str) -> None:
     config = _task(tmp_path, rows, scorer, extra)
-    out = _invar("train", config, "--run", tmp_path / "run")
+    out = cli.run("train", config, "--run", tmp_path / "run")
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
     assert out.stderr.startswith("invar: error: "), out.stderr
@@ -128,7 +131,7 @@ def test_a_task_that_cannot_train_is_one_line_and_no_run(tmp_path: Path, rows: l
     assert not (tmp_path / "run").exists()
 
 
-def test_a_changed_model_folder_is_refused_at_resume_and_the_run_is_kept(tmp_path: Path) -> None:
+def test_a_changed_model_folder_is_refused_at_resume_and_the_run_is_kept(cli: InvarSession, tmp_path: Path) -> None:
     config = _task(tmp_path, ROWS, 'name = "exact-match"')
     run = tmp_path / "run"
     # a run of this configuration stopped before its first publication (the records a kill leaves)
@@ -139,7 +142,7 @@ def test_a_changed_model_folder_is_refused_at_resume_and_the_run_is_kept(tmp_pat
     before = sorted((f.name, f.read_bytes()) for f in run.iterdir() if f.is_file())
     card = tmp_path / "model" / "MODEL_CARD.md"
     card.write_text(card.read_text(encoding="utf-8") + "\nedited\n", encoding="utf-8")
-    out = _invar("train", config, "--run", run)
+    out = cli.run("train", config, "--run", run)
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
     assert "the model folder changed since the run started" in out.stderr
