@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import html
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ import numpy as np
 import pytest
 from contract_runs import RunWriter, Workspace, make_workspace
 from scipy.special import log_softmax
+from support.cli_batch import Case, invar_batch
 
 from invar.contract.admit import admit
 from invar.contract.decide import Answer
@@ -179,8 +178,12 @@ def test_a_missing_or_foreign_measurement_is_refused(ws: Workspace, tmp_path: Pa
 
 def test_compare_numerical_reads_a_use_run_with_its_contract(ws: Workspace, tmp_path: Path) -> None:
     run = write_run(ws, tmp_path / "run", candidate_capture=lambda i, rows: _capture(1000 + i, rows, ws.vocab.size))
-    out = subprocess.run([sys.executable, "-m", "invar.cli", "compare", "numerical", str(run), "--contract",
-                          str(ws.contract_path), "--json"], capture_output=True, text=True, timeout=300)
+    # The three command lines in one process (tests/support/cli_batch.py), each as `python -m invar.cli` runs it.
+    out, text, wrong = invar_batch([
+        Case(["compare", "numerical", run, "--contract", ws.contract_path, "--json"]),
+        Case(["compare", "numerical", run, "--contract", ws.contract_path, "--report", tmp_path / "r.html"]),
+        Case(["compare", "numerical", run]),
+    ], bound_s=300)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["generation"]["units"] == UNITS
@@ -194,15 +197,10 @@ def test_compare_numerical_reads_a_use_run_with_its_contract(ws: Workspace, tmp_
     assert doc["worst"][0]["expected"] == str(answer_of(doc["worst"][0]["prompt"]))
     schema = Path(__file__).resolve().parents[2] / "docs" / "schemas" / "compare-numerical.schema.json"
     jsonschema.Draft202012Validator(json.loads(schema.read_text(encoding="utf-8"))).validate(doc)
-    text = subprocess.run([sys.executable, "-m", "invar.cli", "compare", "numerical", str(run), "--contract",
-                           str(ws.contract_path), "--report", str(tmp_path / "r.html")],
-                          capture_output=True, text=True, timeout=300)
     assert text.returncode == 0, text.stderr
     assert f"decision                   {full['answer']}: {full['reason']}" in text.stdout.splitlines()[:8]
     page = (tmp_path / "r.html").read_text(encoding="utf-8")
     assert page.index(f"{full['answer']}: {html.escape(full['reason'])}") < page.index("Where they part")
-    wrong = subprocess.run([sys.executable, "-m", "invar.cli", "compare", "numerical", str(run)],
-                           capture_output=True, text=True, timeout=300)
     assert wrong.returncode == 2
     assert "not a use run" in wrong.stderr
 

@@ -5,13 +5,13 @@ refusing runs that went on past the stop, stopped before it, or left a look inco
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from contract_runs import RunWriter, Workspace, declaration, make_model, make_workspace, toml_text
+from support.cli_batch import InvarSession
 
 from invar import canonical
 from invar.contract.admit import admit
@@ -183,22 +183,30 @@ def test_an_incomplete_look_is_refused(ws: Workspace, tmp_path: Path) -> None:
         admit(ws.contract_path, run)
 
 
-def test_use_admit_refuses_a_run_past_the_stop_with_one_line_and_exit_2(ws: Workspace, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def cli() -> Iterator[InvarSession]:
+    """The module's command lines run one after another in one process, each as `python -m invar.cli` runs it
+    (tests/support/cli_batch.py): the CLI's start-up once."""
+    with InvarSession(bound_s=300) as session:
+        yield session
+
+
+def test_use_admit_refuses_a_run_past_the_stop_with_one_line_and_exit_2(cli: InvarSession, ws: Workspace,
+                                                                         tmp_path: Path) -> None:
     run = _run(ws, tmp_path / "run", 3)
-    done = subprocess.run([sys.executable, "-m", "invar.cli", "use", "admit", str(run), "--contract",
-                           str(ws.contract_path), "--quiet"], capture_output=True, text=True, timeout=120)
+    done = cli.run("use", "admit", run, "--contract", ws.contract_path, "--quiet")
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert "stopping rule stops at 32" in lines[0]
 
 
-def test_compare_numerical_reads_a_run_stopped_early_by_the_looks_it_reached(ws: Workspace, tmp_path: Path) -> None:
+def test_compare_numerical_reads_a_run_stopped_early_by_the_looks_it_reached(cli: InvarSession, ws: Workspace,
+                                                                             tmp_path: Path) -> None:
     # It used to fail with a KeyError on the first call of a look the run never reached.
     assert ws.plan.sequential is not None
     run = _run(ws, tmp_path / "run", 2)
-    out = subprocess.run([sys.executable, "-m", "invar.cli", "compare", "numerical", str(run), "--contract",
-                          str(ws.contract_path), "--json"], capture_output=True, text=True, timeout=300)
+    out = cli.run("compare", "numerical", run, "--contract", ws.contract_path, "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     reached = [ws.plan.units[i].unit_id for i in ws.plan.sequential.look_units(2)]
