@@ -259,7 +259,8 @@ def test_an_endpoint_that_goes_away_mid_run_loses_nothing_and_the_run_resumes(
     # What the lost request met depends on when it connected: after the relay stopped listening (refused), or in its
     # backlog as it closed (reset, or closed before an answer). Each names the server going away, and nothing else.
     assert any(f"(last: {why}" in err for why in GONE), err
-    assert "resume" in err
+    # the CLI's own hint, not the worker's words (which also say a use run resumes)
+    assert err.rstrip("\n").endswith(f"; resume with: invar use run {contract} --run {run}"), err
     kept = _generate_records(run)
     assert kept >= 2
     with urllib.request.urlopen(gate.url + "/v1/models", timeout=10) as resp:
@@ -324,7 +325,7 @@ def test_a_killed_server_restarted_resumes_the_run_and_a_changed_server_is_refus
         assert out.returncode == 2, err
         assert err.startswith("invar: error: "), err
         assert err.count("\n") == 1, err
-        assert "resume" in err
+        assert err.rstrip("\n").endswith(f"; resume with: invar use run {contract} --run {run}"), err
         kept = _generate_records(run, "openai")
         assert kept == 1  # the answered call, none of the lost one
         kept_all = _generate_records(run)
