@@ -1,13 +1,15 @@
-"""paired-binary-score's cell bounds and exact power as `score.Bounder` computes them now (a cell's bound asked
-again with the same thresholds read back, memo windows NaN-filled when placed, read in one gather per kind, cells
-written into the store in place) against the Bounder as it was written before (`_ReferenceBounder`: every bound
-computed, the whole memo NaN-filled when allocated; kept here verbatim), to the bit: the bounds of batches with
-recurring cells, distinct and not, at two levels α, over many calls, and the planner's exact and top powers and
-thresholds on a grid of assumptions, ε, δ and n."""
+"""paired-binary-score's cell bounds, thresholds and exact power as `score` computes them now against the code they
+replace, to the bit: `Bounder` (a cell's bound asked again with the same thresholds read back, memo windows of 4
+thresholds NaN-filled when placed, read in one gather per kind, cells written into the store in place) against the
+Bounder as written before (`_ReferenceBounder`: every bound computed, windows of 16, the whole memo NaN-filled when
+allocated; kept here verbatim) on batches with recurring cells, distinct and not, at two levels α, over many calls,
+and in the planner's exact and top powers and thresholds on a grid of assumptions, ε, δ and n; and
+`Ordering.thresholds_many` against `Ordering.thresholds` one t at a time."""
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -16,7 +18,6 @@ from invar.stats import planning, score
 from invar.stats.score import (
     _FRESH,
     _KINDS,
-    _MEMO_WIDTH,
     FloatArray,
     IntArray,
     _blank,
@@ -28,9 +29,14 @@ from invar.stats.score import (
     _ValueSource,
 )
 
+_WIDTH_BEFORE = 16
 
+
+@dataclass
 class _ReferenceBounder(score.Bounder):
-    """`score.Bounder` with its memo as written before (verbatim)."""
+    """`score.Bounder` with its memo as written before (verbatim, its window 16 thresholds wide)."""
+
+    memo: FloatArray = field(default_factory=lambda: np.zeros((_KINDS, 0, 1, _WIDTH_BEFORE)))
 
     def _append(self, cells: _Cells) -> None:
         """Add cells to the store, growing its rows (and count axis) geometrically (amortised constant cost)."""
@@ -60,7 +66,7 @@ class _ReferenceBounder(score.Bounder):
 
 
     def _grow_memo(self, rows: int, width: int) -> None:
-        memo = np.full((_KINDS, rows, width, _MEMO_WIDTH), np.nan)
+        memo = np.full((_KINDS, rows, width, _WIDTH_BEFORE), np.nan)
         c0 = np.full((rows, width), _FRESH, dtype=np.int64)
         memo[:, : self.memo_used, : self.memo.shape[2]] = self.memo[:, : self.memo_used]
         c0[: self.memo_used, : self.memo_c0.shape[1]] = self.memo_c0[: self.memo_used]
@@ -86,11 +92,11 @@ class _ReferenceBounder(score.Bounder):
                 # one window per (cell, count), placed by the first row that meets it (a cell may recur in a batch)
                 unique, first = np.unique(s, return_index=True)
                 known = self.memo_c0[unique, :used]
-                self.memo_c0[unique, :used] = np.where(known == _FRESH, ck_kept[first] - _MEMO_WIDTH // 2, known)
+                self.memo_c0[unique, :used] = np.where(known == _FRESH, ck_kept[first] - _WIDTH_BEFORE // 2, known)
             col = ck_kept - self.memo_c0[s, :used]
-            inside = (col >= 0) & (col < _MEMO_WIDTH)
+            inside = (col >= 0) & (col < _WIDTH_BEFORE)
             position = s[:, None] * self.memo.shape[2] + np.arange(used)[None, :]
-            flat = position * _MEMO_WIDTH + np.clip(col, 0, _MEMO_WIDTH - 1)
+            flat = position * _WIDTH_BEFORE + np.clip(col, 0, _WIDTH_BEFORE - 1)
             mask = cells.mask[r_kept]
             for i, kind in enumerate(kinds):
                 table = self.memo[kind].reshape(-1)
@@ -181,3 +187,23 @@ def test_exact_power_is_the_reference_memos(case: tuple[float, float, float, flo
     before = _planned(case)
     assert now == before
     assert 0.0 < float.fromhex(now[1]) < 1.0
+
+
+@pytest.mark.parametrize(("n", "delta"), [(1357, 0.05), (10660, 0.01), (300, 0.1)])
+def test_thresholds_many_are_thresholds_one_by_one(n: int, delta: float) -> None:
+    """Every threshold vector `Ordering.thresholds_many` gives is `thresholds`' for that t alone, on a fresh ordering
+    of its own: at statistics the table holds (ties), between them, above every stored one, and below the floor
+    (where it asks `thresholds` itself)."""
+    z = score.order_z(delta)
+    k = int(0.02 * n)
+    reach = int(score.k_ranges(n, np.array([0.05]), np.array([0.05]))[1][0])
+    ordering = score.Ordering(n, z)
+    ordering.prepare(0.0, reach)
+    stats = [ordering.statistic(w, k - w) for w in range(k // 3, k)]
+    groups = [stats, [np.nextafter(t, 1.0) for t in stats[::3]], [t + 1e-4 for t in stats[::5]], [0.5, stats[0]],
+              [-0.05, *stats[:4]]]
+    for ts in groups:
+        many = ordering.thresholds_many(np.array(ts), reach)
+        alone = np.stack([score.Ordering(n, z).thresholds(t, reach) for t in ts])
+        assert np.array_equal(many, alone), ts
+    assert len({tuple(row) for row in many}) > 1  # the rows differ: the test is not vacuous

@@ -585,8 +585,7 @@ class _ScorePlanner:
             # (the same values: S is a fixed function, stored once computed)
             ordering.cover(np.array(chosen, dtype=np.int64), np.array(pending, dtype=np.int64))
             regions = np.array([statistic(w, k) for w, k in zip(chosen, pending, strict=True)])
-            ordering.prepare(float(np.max(regions)), reach)
-            matrix = np.stack([ordering.thresholds(float(t), reach) for t in regions])
+            matrix = ordering.thresholds_many(regions, reach)
             at = np.array([uppers[k - k_lo] for k in pending])
             if top_only:
                 bottom = np.minimum(at, max(0.0, delta0))
