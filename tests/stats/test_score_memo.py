@@ -18,18 +18,43 @@ from invar.stats import planning, score
 from invar.stats.score import (
     _FRESH,
     _KINDS,
+    _PER_COUNT,
     FloatArray,
     IntArray,
-    _blank,
     _Cells,
     _direct,
-    _pad,
     _subset,
     _values_at,
     _ValueSource,
 )
 
 _WIDTH_BEFORE = 16
+# `_blank` and `_pad` below are score's helpers as they were (the reference's store growth uses them)
+
+
+def _blank(cells: _Cells, rows: int) -> _Cells:
+    """Storage for `rows` cells shaped like `cells` (contents unspecified until filled)."""
+    return _Cells(
+        **{
+            name: np.zeros((rows, *getattr(cells, name).shape[1:]), dtype=getattr(cells, name).dtype)
+            for name in _Cells.__dataclass_fields__
+        }
+    )
+
+
+def _pad(cells: _Cells, width: int) -> _Cells:
+    """`cells` with its count axis padded to `width` (masked out, counts repeated)."""
+    extra = width - cells.k.shape[1]
+    if extra == 0:
+        return cells
+    fields = {}
+    for name in _Cells.__dataclass_fields__:
+        value = getattr(cells, name)
+        if name in _PER_COUNT:
+            fill = value[:, -1:] if name == "k" else np.zeros((value.shape[0], 1), dtype=value.dtype)
+            value = np.concatenate([value, np.repeat(fill, extra, axis=1)], axis=1)
+        fields[name] = value
+    return _Cells(**fields)
 
 
 @dataclass

@@ -553,11 +553,22 @@ class Bounder:
             old_width = 0 if self.store is None else self.store.k.shape[1]
             capacity = max(rows, 2 * old_rows, 16)
             wide = old_width if cells.k.shape[1] <= old_width else max(cells.k.shape[1], old_width + old_width // 4)
-            grown = _pad(_blank(cells, capacity), wide)
+            # zeros at the new width, the kept rows copied in and padded as `_pad` pads them (counts repeated, the
+            # rest zero), without padded copies first
+            grown = _Cells(**{
+                name: np.zeros((capacity, wide) if name in _PER_COUNT else (capacity, *value.shape[1:]),
+                               dtype=value.dtype)
+                for name, value in ((name, getattr(cells, name)) for name in _Cells.__dataclass_fields__)
+            })
             if self.store is not None and used:
-                old = _pad(_subset(self.store, np.arange(used)), wide)
                 for name in _Cells.__dataclass_fields__:
-                    getattr(grown, name)[:used] = getattr(old, name)
+                    value, into = getattr(self.store, name)[:used], getattr(grown, name)
+                    if name in _PER_COUNT:
+                        into[:used, :old_width] = value
+                        if name == "k":
+                            into[:used, old_width:] = value[:, -1:]
+                    else:
+                        into[:used] = value
             self.store = grown
             seen = np.zeros(capacity, dtype=np.int64)
             seen[:used] = self.seen[:used]
@@ -733,31 +744,6 @@ def _trim(cells: _Cells) -> _Cells:
     for name in _Cells.__dataclass_fields__:
         value = getattr(cells, name)
         fields[name] = value[:, :width] if name in _PER_COUNT else value
-    return _Cells(**fields)
-
-
-def _blank(cells: _Cells, rows: int) -> _Cells:
-    """Storage for `rows` cells shaped like `cells` (contents unspecified until filled)."""
-    return _Cells(
-        **{
-            name: np.zeros((rows, *getattr(cells, name).shape[1:]), dtype=getattr(cells, name).dtype)
-            for name in _Cells.__dataclass_fields__
-        }
-    )
-
-
-def _pad(cells: _Cells, width: int) -> _Cells:
-    """`cells` with its count axis padded to `width` (masked out, counts repeated)."""
-    extra = width - cells.k.shape[1]
-    if extra == 0:
-        return cells
-    fields = {}
-    for name in _Cells.__dataclass_fields__:
-        value = getattr(cells, name)
-        if name in _PER_COUNT:
-            fill = value[:, -1:] if name == "k" else np.zeros((value.shape[0], 1), dtype=value.dtype)
-            value = np.concatenate([value, np.repeat(fill, extra, axis=1)], axis=1)
-        fields[name] = value
     return _Cells(**fields)
 
 
