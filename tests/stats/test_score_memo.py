@@ -23,13 +23,17 @@ from invar.stats.score import (
     IntArray,
     _Cells,
     _direct,
-    _subset,
     _values_at,
     _ValueSource,
 )
 
 _WIDTH_BEFORE = 16
-# `_blank` and `_pad` below are score's helpers as they were (the reference's store growth uses them)
+# `_blank`, `_pad` and `_subset` below are score's helpers as they were (the reference's store growth uses them)
+
+
+def _subset(cells: _Cells, rows: IntArray) -> _Cells:
+    """The rows of a batch of cells."""
+    return _Cells(**{name: getattr(cells, name)[rows] for name in cells.__dataclass_fields__})
 
 
 def _blank(cells: _Cells, rows: int) -> _Cells:

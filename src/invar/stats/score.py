@@ -553,22 +553,15 @@ class Bounder:
             old_width = 0 if self.store is None else self.store.k.shape[1]
             capacity = max(rows, 2 * old_rows, 16)
             wide = old_width if cells.k.shape[1] <= old_width else max(cells.k.shape[1], old_width + old_width // 4)
-            # zeros at the new width, the kept rows copied in and padded as `_pad` pads them (counts repeated, the
-            # rest zero), without padded copies first
+            # zeros at the new width, the kept rows written in (`_put`), without padded copies first
             grown = _Cells(**{
                 name: np.zeros((capacity, wide) if name in _PER_COUNT else (capacity, *value.shape[1:]),
                                dtype=value.dtype)
                 for name, value in ((name, getattr(cells, name)) for name in _Cells.__dataclass_fields__)
             })
             if self.store is not None and used:
-                for name in _Cells.__dataclass_fields__:
-                    value, into = getattr(self.store, name)[:used], getattr(grown, name)
-                    if name in _PER_COUNT:
-                        into[:used, :old_width] = value
-                        if name == "k":
-                            into[:used, old_width:] = value[:, -1:]
-                    else:
-                        into[:used] = value
+                _put(grown, 0, _Cells(**{name: getattr(self.store, name)[:used]
+                                         for name in _Cells.__dataclass_fields__}))
             self.store = grown
             seen = np.zeros(capacity, dtype=np.int64)
             seen[:used] = self.seen[:used]
@@ -577,15 +570,7 @@ class Bounder:
             self.seen, self.memo_row = seen, memo_row
             if self.memo_used and wide > self.memo.shape[2]:
                 self._grow_memo(self.memo.shape[1], wide)
-        # written in place, padded as `_pad` pads (counts repeated, the rest zero), without a padded copy first
-        width = cells.k.shape[1]
-        for name in _Cells.__dataclass_fields__:
-            value, into = getattr(cells, name), getattr(self.store, name)
-            if name in _PER_COUNT:
-                into[used:rows, :width] = value
-                into[used:rows, width:] = value[:, -1:] if name == "k" else 0
-            else:
-                into[used:rows] = value
+        _put(self.store, used, cells)
 
     def _grow_memo(self, rows: int, width: int) -> None:
         # Not filled: a window's values are set to NaN ("not computed") when `_source` places it, so only the
@@ -735,26 +720,23 @@ def _thresholds(c: IntArray, k: IntArray, owner: IntArray | None) -> IntArray:
     return result
 
 
-def _trim(cells: _Cells) -> _Cells:
-    """`cells` without the padding columns none of its rows uses (each row's counts are a prefix)."""
-    width = int(np.max(np.sum(cells.mask, axis=1)))
-    if width == cells.k.shape[1]:
-        return cells
-    fields = {}
+def _put(into: _Cells, start: int, cells: _Cells) -> None:
+    """Write `cells` into the rows of `into` from `start`, in place, their count axis padded to `into`'s width as the
+    store keeps it: the last count repeated, the mask and every other per-count value zero (masked out)."""
+    rows = slice(start, start + cells.a1.size)
+    width = cells.k.shape[1]
     for name in _Cells.__dataclass_fields__:
-        value = getattr(cells, name)
-        fields[name] = value[:, :width] if name in _PER_COUNT else value
-    return _Cells(**fields)
-
-
-def _subset(cells: _Cells, rows: IntArray) -> _Cells:
-    """The rows of a batch of cells."""
-    return _Cells(**{name: getattr(cells, name)[rows] for name in cells.__dataclass_fields__})
+        value, target = getattr(cells, name), getattr(into, name)
+        if name in _PER_COUNT:
+            target[rows, :width] = value
+            target[rows, width:] = value[:, -1:] if name == "k" else 0
+        else:
+            target[rows] = value
 
 
 def _rows_used(cells: _Cells, rows: IntArray) -> _Cells:
-    """`_trim(_subset(cells, rows))`, gathering only the count columns those rows use: the store is as wide as its
-    widest cell, and copying whole rows to drop most of their columns cost a third of a plan's proofs."""
+    """The cells at `rows`, with only the count columns those rows use (each row's counts are a prefix): the store is
+    as wide as its widest cell, and copying whole rows to drop most of their columns cost a third of a plan's proofs."""
     mask = cells.mask[rows]
     width = int(np.max(np.sum(mask, axis=1)))
     fields = {}
