@@ -37,13 +37,18 @@ UNITS = 24
 EPSILON = "0.35"
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false", "INSPECT_DISPLAY": "none"}
+HARNESS = {**OFFLINE, "OMP_NUM_THREADS": "1"}
+"""What the harnesses' Hugging Face runs (lm-eval's `hf`, Inspect's `hf/`) compute under: torch on one thread, as
+Invar's HF worker (`--threads 1`). With torch's default of a thread per core, the harness's threads wait on one
+another whenever the machine's other core is busy: the SmolLM2 test took 100 s alone and 375 s beside the other
+test lane. Invar's own commands keep `OFFLINE`, whose environment the lanes' fork server forks workers for."""
 
 pytestmark = pytest.mark.engine
 
 
-def _run(*args: str | Path, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env=OFFLINE)
+def _run(*args: str | Path, cwd: Path | None = None, timeout: float = 600,
+         env: dict[str, str] = OFFLINE) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
 def _invar(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -189,7 +194,7 @@ def test_the_documented_workflow_decides_as_the_recorded_run(shared: dict[str, P
     workflow = yaml.safe_load(files[".github/workflows/admit.yml"])
     (job,) = workflow["jobs"].values()
     summary = repo / "step-summary.md"
-    env = {**OFFLINE, **job["env"], "REFERENCE_MODEL": str(shared["reference"]),
+    env = {**HARNESS, **job["env"], "REFERENCE_MODEL": str(shared["reference"]),
            "CANDIDATE_MODEL": str(shared["candidate"]), "GITHUB_STEP_SUMMARY": str(summary),
            "PATH": with_venv_bin()}
     statuses = {}
@@ -258,7 +263,7 @@ def test_inspect_logs_decide_as_the_recorded_run(shared: dict[str, Path], record
     (folder / "run_inspect.py").write_text(INSPECT_RUN, encoding="utf-8")
     # the reference as an .eval archive, the candidate as a .json log: both of Inspect's formats
     out = _run(sys.executable, "run_inspect.py", shared["data"], shared["reference"], folder / "reference", "eval",
-               shared["candidate"], folder / "candidate", "json", cwd=folder)
+               shared["candidate"], folder / "candidate", "json", cwd=folder, env=HARNESS)
     assert out.returncode == 0, out.stderr[-2000:]
     (reference,) = (folder / "reference").glob("*.eval")
     (candidate,) = (folder / "candidate").glob("*.json")
@@ -402,7 +407,7 @@ def test_smollm2_lm_eval_and_inspect_decide_as_the_recorded_run(smol: dict[str, 
     runs = [["--model", "hf", "--model_args", f"pretrained={smol[role]},dtype=float32", "--tasks", "invar_smol",
              "--include_path", str(smol["tasks"]), "--device", "cpu", "--batch_size", "1", "--apply_chat_template",
              "--log_samples", "--output_path", str(folder / "lm-eval" / role)] for role in ("reference", "candidate")]
-    out = _run(sys.executable, "-c", LM_EVAL_RUNS, json.dumps(runs), timeout=600 * len(runs))
+    out = _run(sys.executable, "-c", LM_EVAL_RUNS, json.dumps(runs), timeout=600 * len(runs), env=HARNESS)
     assert out.returncode == 0, out.stderr[-3000:]
     samples = {}
     for role in ("reference", "candidate"):
@@ -427,7 +432,7 @@ def test_smollm2_lm_eval_and_inspect_decide_as_the_recorded_run(smol: dict[str, 
     inspect.mkdir()
     (inspect / "smol_task.py").write_text(SMOL_INSPECT_TASK, encoding="utf-8")
     out = _run(sys.executable, "-c", SMOL_INSPECT_RUN, smol["inspect_data"], smol["reference"], inspect / "reference",
-               smol["candidate"], inspect / "candidate", cwd=inspect)
+               smol["candidate"], inspect / "candidate", cwd=inspect, env=HARNESS)
     assert out.returncode == 0, out.stderr[-3000:]
     (ref_log,) = (inspect / "reference").glob("*.eval")
     (cand_log,) = (inspect / "candidate").glob("*.eval")
