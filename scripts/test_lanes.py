@@ -42,27 +42,11 @@ FIRST_LANE = ("contract", "fuzz", "loop", "protocol", "records", "stats", "tasks
               "runner/test_use_run.py", "runner/test_train_vllm_hf.py", "runner/test_sequential_run.py",
               "runner/test_train_mlx.py", "runner/test_train_schedules.py", "bench/test_commands.py",
               "cli/test_doc_examples.py", "architectures")
-"""Paths under tests/ (folders, or files of a folder the lanes share) run in the first lane, chosen so that both lanes
-take about as long. `make test` of 2026-12-05 with the folders alone: this lane 1,498 s, the other 2,084 s; the
-real-engine `use run` tests (13, HF, killed and resumed runs) and the vLLM+HF training tests (two vLLM workers) moved
-here from tests/runner, about 300 s of that lane's by their `--durations` share. A fresh clone's CI that day, idle:
-this lane 1,412 s, the other 1,818 s; bench/test_commands.py (the `evaluate` and `use run` benchmarks against their
-plain scripts, 98 s by `--durations`) and cli/test_doc_examples.py (the documents' commands run as written, 78 s)
-moved here, about 180 s: each lane about 1,600 s by the same durations. On 2026-12-05 the HF training run SIGKILLed
-at random instants left the other lane (tests/runner/test_train_hf.py, 34 CPU-s, 82 s by an earlier `--durations`
-under load), and the sequential use run tests (tests/runner/test_sequential_run.py, 53 s by the same durations, none
-of its folder's fixtures) moved here, about half of what the other lane lost (docs/testing.md). A folder's session
-fixtures stay in one lane: tests/runner's Ray cluster is asked for only by its Ray files, all in the other lane, and
-no file moved asks for a session fixture of its folder. On 2026-12-05 (night) the first lane lost about 75 CPU-s of
-command lines run in one process and one real-engine `use run` fewer, the second about 20 (docs/testing.md), where it
-was already the longer by 121 s at the last clean run: tests/architectures (174 s in the loaded `--durations` run of
-docs/testing.md, its session fixtures its own conftest's) moved here. On 2026-12-06 (a `--durations` run of the whole
-suite on the idle machine: this lane 1,319 s, the other 1,714 s) the harnesses' runs in
-tests/imported/test_real_exports.py went to one thread (its SmolLM2 test had taken 375 s of the other lane, and 100 s
-alone), and the MLX training tests and the training schedules (tests/runner/test_train_mlx.py and
-test_train_schedules.py, 57 and 33 s in that run, no session fixture of their folder) moved here. A third lane for
-the Ray tests, which mostly wait, was tried and dropped: beside the two lanes their nodes and workers starved (13
-tests in 1,765 s, 460 s alone) and the suite took 2,124 s instead of 1,722, with 3,119 CPU-s instead of 2,484."""
+"""Paths under tests/ (folders, or files of a folder the lanes share) run in the first lane, chosen by a whole-suite
+`--durations` run (`scripts/lane_durations.py`) so that both lanes take about as long. A folder's session fixtures
+stay in one lane: every file moved here from a folder the lanes share asks for none of its folder's session fixtures
+(tests/runner's Ray cluster is asked for only by its Ray files, all in the other lane). Which files moved when, and the
+durations behind each move, are in docs/testing.md ("How the lanes were chosen")."""
 
 FORKED = ("hf", "mlx", "vllm")
 """The engines whose workers the lanes fork from a server: HF and MLX, whose imports are most of a start, and vLLM,
