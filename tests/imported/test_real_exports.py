@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ pytestmark = pytest.mark.engine
 
 
 def _run(*args: str | Path, cwd: Path | None = None, timeout: float = 600,
-         env: dict[str, str] = OFFLINE) -> subprocess.CompletedProcess[str]:
+         env: Mapping[str, str] = OFFLINE) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
