@@ -42,7 +42,8 @@ HARNESS = {**OFFLINE, "OMP_NUM_THREADS": "1"}
 """What the harnesses' Hugging Face runs (lm-eval's `hf`, Inspect's `hf/`) compute under: torch on one thread, as
 Invar's HF worker (`--threads 1`). With torch's default of a thread per core, the harness's threads wait on one
 another whenever the machine's other core is busy: the SmolLM2 test took 100 s alone and 375 s beside the other
-test lane. Invar's own commands keep `OFFLINE`, whose environment the lanes' fork server forks workers for."""
+test lane. Invar's commands that start workers keep `OFFLINE`, whose environment the lanes' fork server forks
+workers for (the documented workflow's `invar` steps, run under this, decide imported exports and start none)."""
 
 pytestmark = pytest.mark.engine
 
