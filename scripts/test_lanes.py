@@ -3,9 +3,9 @@
     python scripts/test_lanes.py [PYTEST ARGS...]
 
 The first lane holds the paths of `FIRST_LANE`: the tests that compute in their own process alone (statistics,
-fuzzing, contracts, records, the protocol's frames, the loop's arithmetic), the engine workers' own tests and the
-real model's, and two files of the runners' tests; the second lane holds the rest (the other runners' tests, the
-command line, comparisons, benchmarks, patches, the cluster). The two take about as long. A test that starts an
+contracts, records, the protocol's frames, the loop's arithmetic), the engine workers' own tests and the real
+model's, and some of the runners' tests; the second lane holds the rest (the other runners' tests, the command line,
+fuzzing, comparisons, benchmarks, patches, the cluster). The two take about as long. A test that starts an
 engine spends much of its wall time on one core (a worker's imports, its start-up, the model load, Python between
 calls), so the other lane uses the other core instead of waiting. Session fixtures are defined per folder
 (tests/workers/conftest.py, tests/models/conftest.py, ...), and the tests that ask for one are in one lane, so every
@@ -38,10 +38,9 @@ from invar import engines
 from invar.transport import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
-FIRST_LANE = ("contract", "fuzz", "loop", "protocol", "records", "stats", "tasks", "typing", "models", "workers",
+FIRST_LANE = ("contract", "loop", "protocol", "records", "stats", "tasks", "typing", "models", "workers",
               "runner/test_use_run.py", "runner/test_train_vllm_hf.py", "runner/test_sequential_run.py",
-              "runner/test_train_mlx.py", "runner/test_train_schedules.py", "bench/test_commands.py",
-              "cli/test_doc_examples.py", "architectures")
+              "runner/test_train_mlx.py", "bench/test_commands.py", "cli/test_doc_examples.py", "architectures")
 """Paths under tests/ (folders, or files of a folder the lanes share) run in the first lane, chosen by a whole-suite
 `--durations` run (`scripts/lane_durations.py`) so that both lanes take about as long. A folder's session fixtures
 stay in one lane: every file moved here from a folder the lanes share asks for none of its folder's session fixtures
