@@ -9,7 +9,7 @@ SHELL := /bin/bash
 # This machine's pip configuration names local indexes that may be absent; their warnings are noise.
 QUIET_PIP := grep -v 'is ignored: it is neither a file nor a directory' || true
 
-.PHONY: install walkthrough test lint typecheck typecheck-beside pytest quick bench browser
+.PHONY: install walkthrough test lint typecheck pytest quick bench browser
 
 install: $(STAMP)
 
@@ -35,8 +35,10 @@ walkthrough: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench scripts
 
+# NICE: a command mypy runs under (`make test` gives it the lowest priority).
+NICE ?=
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy
+	$(NICE) $(VENV)/bin/mypy
 
 # The report's browser test (tests/compare/headless.py) screenshots it in a headless Chromium. Where none is
 # installed and apt-get can run (as root), Debian's chromium is installed (about 40 s); anywhere else that test skips,
@@ -56,10 +58,7 @@ pytest: $(STAMP) browser
 # mypy runs beside the two lanes at the lowest priority, on the core time they leave idle (engine starts, Ray's
 # waits), instead of about 50 s before them; a failure of either fails `make test` once both have finished.
 test: lint
-	$(MAKE) --no-print-directory -j2 pytest typecheck-beside
-
-typecheck-beside: $(STAMP)
-	nice -n 19 $(VENV)/bin/mypy
+	$(MAKE) --no-print-directory -j2 pytest typecheck NICE="nice -n 19"
 
 # The fast loop: no long simulations, no engines.
 quick: $(STAMP)
