@@ -152,7 +152,9 @@ class NetnsCluster:
     def start_ray(self, node: str) -> None:
         n = self.nodes[node]
         ray = str(Path(sys.executable).with_name("ray"))
-        common = ["--node-ip-address", n.ip, "--disable-usage-stats", "--object-store-memory", str(OBJECT_STORE_BYTES)]
+        # No log monitor (as tests/runner/ray_cluster.py): Invar's driver reads no worker output through Ray.
+        common = ["--node-ip-address", n.ip, "--disable-usage-stats", "--object-store-memory", str(OBJECT_STORE_BYTES),
+                  "--include-log-monitor=false"]
         if node == "head":
             cmd = [ray, "start", "--head", "--port", str(PORT), "--num-cpus", "0", "--include-dashboard=false",
                    "--temp-dir", str(self.temp), *common]

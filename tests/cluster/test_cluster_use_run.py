@@ -121,10 +121,11 @@ def test_workers_are_placed_on_the_worker_nodes_and_decide_like_local_ones(clust
 
 def _fault_mid_call(cluster: NetnsCluster, contract: Path, run: Path, node: str,
                     fault: Callable[[], None]) -> tuple[subprocess.Popen[str], tuple[str, str]]:
-    """Start a run on the cluster and apply `fault` once a worker on `node` holds a generate call that is on record
-    unanswered (after at least one answered call); the running command and that call's (worker, digest)."""
-    proc = cluster.popen_invar("use", "run", str(contract), "--run", str(run), "--ray", cluster.address,
-                               "--workers", "2", "--json")
+    """Start a run on the cluster, one worker per package (Ray spreads the two over the worker nodes), and apply
+    `fault` once a worker on `node` holds a generate call that is on record unanswered (after at least one answered
+    call); the running command and that call's (worker, digest). With one worker a package, the package whose worker
+    the fault takes has none left until a replacement is placed."""
+    proc = cluster.popen_invar("use", "run", str(contract), "--run", str(run), "--ray", cluster.address, "--json")
     ip = cluster.nodes[node].ip
     deadline = time.monotonic() + 900  # starting four HF workers took over 300 s on 2 cores at load 30
     while time.monotonic() < deadline and proc.poll() is None:
@@ -179,10 +180,10 @@ def test_a_node_killed_mid_run_is_replaced_by_the_others(cluster: NetnsCluster, 
         _finished(proc)
         _same_as_local(run, contract, local)
         _lost_call_reissued(run, lost, lost_ip)
-        # The node's workers were replaced on the node left; every process of the lost node is gone.
+        # The node's worker was replaced on the node left; every process of the lost node is gone.
         placed = placements(run)
-        assert len(placed) > 4
-        assert any(p["node_ip"] != lost_ip for p in placed[4:])
+        assert len(placed) > 2
+        assert any(p["node_ip"] != lost_ip for p in placed[2:])
         assert {p["worker_pid"] for p in placed if p["node_ip"] == lost_ip} <= set(killed)
         assert cluster.pids("w1") == []
     finally:
@@ -201,7 +202,7 @@ def test_a_node_cut_off_mid_call_is_replaced_and_rejoins(cluster: NetnsCluster, 
         try:
             # The link comes back while the run goes on, once the node's workers have been replaced elsewhere.
             deadline = time.monotonic() + 300
-            while len(placements(run)) <= 4 and proc.poll() is None and time.monotonic() < deadline:
+            while len(placements(run)) <= 2 and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
         finally:
             cluster.restore("w2")
@@ -210,7 +211,7 @@ def test_a_node_cut_off_mid_call_is_replaced_and_rejoins(cluster: NetnsCluster, 
             _same_as_local(run, contract, local)
             _lost_call_reissued(run, lost, lost_ip)
             placed = placements(run)
-            replaced = len(placed) > 4
+            replaced = len(placed) > 2
             # The head declared the cut-off node dead: once the link is back its raylet ends itself, and the node's
             # workers with it; the node then comes back under the same address with a new node id.
             before = {p["node_id"] for p in placed if p["node_ip"] == lost_ip}
@@ -261,7 +262,7 @@ def test_the_heads_invar_killed_resumes_from_another_shell(cluster: NetnsCluster
     while time.monotonic() < deadline and any(pid in cluster.pids(n.name) for n in cluster.workers for pid in first):
         time.sleep(0.5)
     assert not any(pid in cluster.pids(n.name) for n in cluster.workers for pid in first)
-    out = cluster.invar("use", "run", str(contract), "--run", str(run), "--ray", cluster.address, "--workers", "2",
+    out = cluster.invar("use", "run", str(contract), "--run", str(run), "--ray", cluster.address,
                         "--json")  # a new process in the head's namespace: another shell on the head
     assert out.returncode == 0, out.stderr
     _same_as_local(run, contract, local)

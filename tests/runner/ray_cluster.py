@@ -67,9 +67,11 @@ def local_cluster(temp: Path) -> Iterator[str]:
     address = f"127.0.0.1:{port}"
     env = {**os.environ, **LOOPBACK_ENV}
     ray_cli = Path(sys.executable).with_name("ray")
+    # No log monitor: Invar's driver reads no worker output through Ray (`log_to_driver=False`; a relay moves its
+    # worker's stderr itself), and the monitor polls the node's log files for as long as the session lasts.
     cmd = [str(ray_cli), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
-           "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", str(temp),
-           "--ray-client-server-port", str(free_port())]
+           "--include-dashboard=false", "--include-log-monitor=false", "--disable-usage-stats", "--temp-dir",
+           str(temp), "--ray-client-server-port", str(free_port())]
     try:
         started = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
         assert started.returncode == 0, f"ray start failed:\n{started.stderr[-3000:]}"
