@@ -50,12 +50,12 @@ def test_a_short_run_publishes_a_verified_chain(finished: tuple[Path, dict[str, 
 def test_sigterm_and_ctrl_c_stop_in_one_line_and_a_shared_run_resumes_to_the_split_runs_checkpoints(
         finished: tuple[Path, dict[str, object]], tmp_path: Path) -> None:
     # The same configuration with both roles in one worker process: a scheduler's SIGTERM after the first cycle, a
-    # Ctrl-C (SIGINT) after the second, then the run to its end. One run shows the stops, the resume, and the shared
-    # layout publishing the split run's checkpoints.
+    # Ctrl-C (SIGINT) at the resumed run's first rollouts (its second cycle under way), then the run to its end. One
+    # run shows the stops, the resume, and the shared layout publishing the split run's checkpoints.
     config = write_config(tmp_path, "hf-small-shared", "hf", rollout={"layout": "shared"})
     run = tmp_path / "run"
     stop_at_signal(config, run, signal.SIGTERM, after_cycles=1)
-    stop_at_signal(config, run, signal.SIGINT, after_cycles=2)
+    stop_at_signal(config, run, signal.SIGINT, after_cycles=1, once_started=True)
     out = invar("train", config, "--run", run, "--json")
     assert out.returncode == 0, out.stderr
     assert published(run) == published(finished[0])

@@ -96,6 +96,16 @@ def _no_worker_outlives(run: Path, how: str) -> None:
             raise AssertionError(f"worker {pid} outlived its {how} parent")
 
 
+def _called_since(run: Path, pids: set[int]) -> bool:
+    """Whether a generate call to a worker outside `pids` (a later start's) is on record."""
+    try:
+        with RunStore.open(run) as store:
+            new = {key for key, ident in store.workers().items() if ident.pid not in pids}
+            return any(c.worker in new and c.call.method == "generate" for c in store.calls())
+    except Exception:  # mid-write
+        return False
+
+
 def _published_now(run: Path) -> int:
     try:
         return len(published(run))
@@ -103,19 +113,29 @@ def _published_now(run: Path) -> int:
         return 0
 
 
-def stop_at_signal(config: Path, run: Path, sig: signal.Signals, after_cycles: int) -> str:
-    """Start (or resume) `invar train`, send it `sig` once `after_cycles` cycles are published, and check it stops
-    as a user is told: the signal's exit status, one line naming the signal and how to resume, no traceback, no
-    worker left behind. Returns that line."""
+def stop_at_signal(config: Path, run: Path, sig: signal.Signals, after_cycles: int, *,
+                   once_started: bool = False) -> str:
+    """Start (or resume) `invar train`, send it `sig` once `after_cycles` cycles are published (and, with
+    `once_started`, once a generate call to one of this start's own workers is on record: its first cycle under
+    way), and check it stops as a user is told: the signal's exit status, one line naming the signal and how to
+    resume, no traceback, no worker left behind. Returns that line. The signal must land before the run's last
+    cycle ends: a resumed run stopped at its first rollouts has that cycle's update ahead of it, where one stopped at
+    the second-to-last cycle's publication may already be finishing (seen once on a loaded machine: the command
+    ended as the signal was sent)."""
+    before = set(worker_pids(run))
     proc = subprocess.Popen([sys.executable, "-m", "invar.cli", "train", str(config), "--run", str(run)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
-    while _published_now(run) < after_cycles and proc.poll() is None and time.monotonic() < deadline:
+
+    def waiting() -> bool:
+        return _published_now(run) < after_cycles or (once_started and not _called_since(run, before))
+
+    while waiting() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before the signal"
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + sig, stderr[-2000:]
+    assert proc.returncode == 128 + sig, (proc.returncode, stderr[-2000:])
     assert "Traceback" not in stderr, stderr
     lines = [line for line in stderr.splitlines() if line.startswith(("invar: error", "invar: interrupted"))]
     assert len(lines) == 1, stderr[-2000:]
