@@ -3,8 +3,8 @@
     python scripts/test_lanes.py [PYTEST ARGS...]
 
 The first lane holds the paths of `FIRST_LANE`: the tests that compute in their own process alone (statistics,
-contracts, records, the protocol's frames, the loop's arithmetic), the engine workers' own tests and the real
-model's, and some of the runners' tests; the second lane holds the rest (the other runners' tests, the command line,
+contracts, records), the engine workers' own tests and the real model's, and some of the runners' tests; the second
+lane holds the rest (the protocol's frames, the loop's arithmetic, the other runners' tests, the command line,
 fuzzing, comparisons, benchmarks, patches, the cluster). The two take about as long. A test that starts an
 engine spends much of its wall time on one core (a worker's imports, its start-up, the model load, Python between
 calls), so the other lane uses the other core instead of waiting. Session fixtures are defined per folder
@@ -38,7 +38,7 @@ from invar import engines
 from invar.transport import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
-FIRST_LANE = ("contract", "loop", "protocol", "records", "stats", "tasks", "typing", "models", "workers",
+FIRST_LANE = ("contract", "records", "stats", "tasks", "typing", "models", "workers",
               "runner/test_use_run.py", "runner/test_train_vllm_hf.py", "runner/test_sequential_run.py",
               "runner/test_train_mlx.py", "bench/test_commands.py", "cli/test_doc_examples.py", "architectures")
 """Paths under tests/ (folders, or files of a folder the lanes share) run in the first lane, chosen by a whole-suite

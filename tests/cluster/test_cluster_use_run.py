@@ -239,8 +239,7 @@ def test_a_node_back_under_the_same_address_takes_workers_again(cluster: NetnsCl
     _same_as_local(run, contract, local)
     _lost_call_reissued(run, lost, ip)
     after = tmp_path / "after"
-    out = cluster.invar("use", "run", str(contract), "--run", str(after), "--ray", cluster.address, "--workers", "2",
-                        "--json")
+    out = cluster.invar("use", "run", str(contract), "--run", str(after), "--ray", cluster.address, "--json")
     assert out.returncode == 0, out.stderr
     _same_as_local(after, contract, local)
     alive = cluster.alive()
