@@ -50,7 +50,7 @@ def test_a_short_run_publishes_a_verified_chain(finished: tuple[Path, dict[str, 
 def test_sigterm_and_ctrl_c_stop_in_one_line_and_a_shared_run_resumes_to_the_split_runs_checkpoints(
         finished: tuple[Path, dict[str, object]], tmp_path: Path) -> None:
     # The same configuration with both roles in one worker process: a scheduler's SIGTERM after the first cycle, a
-    # Ctrl-C (SIGINT) at the resumed run's first rollouts (its second cycle under way), then the run to its end. One
+    # Ctrl-C (SIGINT) as the resumed run's process starts its first cycle, then the run to its end. One
     # run shows the stops, the resume, and the shared layout publishing the split run's checkpoints.
     config = write_config(tmp_path, "hf-small-shared", "hf", rollout={"layout": "shared"})
     run = tmp_path / "run"

@@ -96,12 +96,11 @@ def _no_worker_outlives(run: Path, how: str) -> None:
             raise AssertionError(f"worker {pid} outlived its {how} parent")
 
 
-def _called_since(run: Path, pids: set[int]) -> bool:
-    """Whether a generate call to a worker outside `pids` (a later start's) is on record."""
+def _placed_since(run: Path, pids: set[int]) -> bool:
+    """Whether a shared process other than those of `pids` (a later start's) is placed on record."""
     try:
         with RunStore.open(run) as store:
-            new = {key for key, ident in store.workers().items() if ident.pid not in pids}
-            return any(c.worker in new and c.call.method == "generate" for c in store.calls())
+            return any(k.startswith("placement shared ") and v["pid"] not in pids for k, v in store.meta().items())
     except Exception:  # mid-write
         return False
 
@@ -116,19 +115,20 @@ def _published_now(run: Path) -> int:
 def stop_at_signal(config: Path, run: Path, sig: signal.Signals, after_cycles: int, *,
                    once_started: bool = False) -> str:
     """Start (or resume) `invar train`, send it `sig` once `after_cycles` cycles are published (and, with
-    `once_started`, once a generate call to one of this start's own workers is on record: its first cycle under
-    way), and check it stops as a user is told: the signal's exit status, one line naming the signal and how to
-    resume, no traceback, no worker left behind. Returns that line. The signal must land before the run's last
-    cycle ends: a resumed run stopped at its first rollouts has that cycle's update ahead of it, where one stopped at
-    the second-to-last cycle's publication may already be finishing (seen once on a loaded machine: the command
-    ended as the signal was sent)."""
+    `once_started`, once this start's shared process is placed on record, which it is just before its first cycle),
+    and check it stops as a user is told: the signal's exit status, one line naming the signal and how to resume, no
+    traceback, no worker left behind. Returns that line. The signal must land before the run's last cycle starts
+    (a cycle under way at a signal is finished): a resumed run stopped as its first cycle starts has the last cycle
+    still ahead of it, where one stopped at the second-to-last cycle's publication, or at the resumed run's first
+    rollouts, may have started the last one already (each seen in a whole-suite run: the run then finished, and the
+    next start found nothing to do)."""
     before = set(worker_pids(run))
     proc = subprocess.Popen([sys.executable, "-m", "invar.cli", "train", str(config), "--run", str(run)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
 
     def waiting() -> bool:
-        return _published_now(run) < after_cycles or (once_started and not _called_since(run, before))
+        return _published_now(run) < after_cycles or (once_started and not _placed_since(run, before))
 
     while waiting() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
