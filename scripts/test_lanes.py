@@ -26,6 +26,7 @@ of the two (pytest's own codes), so a failure in either fails the suite. Extra a
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,7 +117,16 @@ def others(chosen: tuple[str, ...], folder: Path | None = None) -> list[str]:
     return left
 
 
+KEEP_LOGS = "--keep-forkserver-logs"
+"""`--keep-forkserver-logs DIR`: copy the fork servers' logs (which worker each forked, for which test) into DIR when
+the lanes end; scripts/suite_cpu.py reads them. Every other argument goes to both sessions."""
+
+
 def main(argv: list[str]) -> int:
+    keep = None
+    if KEEP_LOGS in argv:
+        at = argv.index(KEEP_LOGS)
+        keep, argv = Path(argv[at + 1]), argv[:at] + argv[at + 2:]
     pytest = [sys.executable, "-m", "pytest"]
     first = [f"tests/{name}" for name in FIRST_LANE]
     # Both sessions collect tests/ and leave out the other's part, so each collects in the order one session would
@@ -148,6 +158,10 @@ def main(argv: list[str]) -> int:
                 first_proc.kill()
                 first_proc.wait()
             stop_fork_servers(servers)
+            if keep is not None:
+                keep.mkdir(parents=True, exist_ok=True)
+                for _, _, server_log in servers:
+                    shutil.copyfile(server_log, keep / server_log.name)
         total_s = time.monotonic() - started
         sys.stdout.write(f"\n===== the first lane ({', '.join(first)}) =====\n")
         sys.stdout.write(log.read_text(encoding="utf-8", errors="replace"))
