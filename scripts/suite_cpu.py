@@ -13,10 +13,10 @@ for a worker forked by a lane's fork server, through the server's log line namin
     perf script -i OUT/perf.data --show-task-events -F comm,pid,tid,time,period > OUT/perf.txt
     python scripts/suite_cpu.py OUT/perf.txt OUT/timeline OUT/forklogs --json OUT/cpu.json
 
-As a pytest plugin (`-p suite_cpu`, with scripts/ on PYTHONPATH) it writes each test's start and end, on the wall
-clock, to a file per pytest process in `SUITE_CPU_TIMELINE`. perf's sample times are on the monotonic clock; they are
-put on the wall clock with this machine's offset between the two, read when the report is made (the machine must not
-have been suspended in between).
+As a pytest plugin (`-p suite_cpu`, with scripts/ on PYTHONPATH) it writes when each test starts, on the wall
+clock, to a file per pytest process in `SUITE_CPU_TIMELINE` (a test runs until the next one starts). perf's sample
+times are on the monotonic clock; they are put on the wall clock with this machine's offset between the two, read
+when the report is made (the machine must not have been suspended in between).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from test_lanes import forked_for  # scripts/, on the path as this file's folder or PYTHONPATH
+
 TIMELINE_ENV = "SUITE_CPU_TIMELINE"
 _out: IO[str] | None = None
 
@@ -47,12 +49,7 @@ def _timeline() -> IO[str] | None:
 
 def pytest_runtest_logstart(nodeid: str, location: object) -> None:
     if (out := _timeline()) is not None:
-        out.write(f"{time.time():.3f} start {nodeid}\n")
-
-
-def pytest_runtest_logfinish(nodeid: str, location: object) -> None:
-    if (out := _timeline()) is not None:
-        out.write(f"{time.time():.3f} end {nodeid}\n")
+        out.write(f"{time.time():.3f} {nodeid}\n")
 
 
 @dataclass
@@ -69,23 +66,16 @@ class Lane:
 def read_lanes(folder: Path) -> dict[int, Lane]:
     lanes = {}
     for log in sorted(folder.glob("*.log")):
-        spans = [(float(t), node) for t, kind, node in
-                 (line.rstrip("\n").split(" ", 2) for line in log.read_text(encoding="utf-8").splitlines())
-                 if kind == "start"]
-        spans.sort()
+        spans = sorted((float(t), node) for t, node in
+                       (line.split(" ", 1) for line in log.read_text(encoding="utf-8").splitlines()))
         lanes[int(log.stem)] = Lane([t for t, _ in spans], [node for _, node in spans])
     return lanes
 
 
 def read_forked(folder: Path) -> dict[int, str]:
     """Forked worker pid → the test that asked for it, from the fork servers' logs."""
-    rx = re.compile(r"forkserver: forked (\d+) for (\S+)")
-    found = {}
-    for log in folder.glob("*.log"):
-        for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
-            if m := rx.match(line):
-                found[int(m.group(1))] = m.group(2)
-    return found
+    return {pid: test for log in folder.glob("*.log")
+            for pid, test in forked_for(log.read_text(encoding="utf-8", errors="replace").splitlines()).items()}
 
 
 _FORK = re.compile(r"PERF_RECORD_FORK\((\d+):(\d+)\):\((\d+):(\d+)\)")

@@ -88,11 +88,20 @@ def stop_fork_servers(servers: list[tuple[str, subprocess.Popen[bytes], Path]]) 
             print(f"  {n} forked for {path}", flush=True)
 
 
+def forked_for(log_lines: list[str]) -> dict[int, str]:
+    """The workers a fork server's log says it forked: pid → the test that asked (`forkserver.FORKED_FOR`), without
+    the phase pytest appends ("(setup)", "(call)")."""
+    found = {}
+    for line in log_lines:
+        pid, marker, test = line.removeprefix("forkserver: forked ").partition(" for ")
+        if line.startswith("forkserver: forked ") and marker and pid.isdigit():
+            found[int(pid)] = test.split(" ")[0]
+    return found
+
+
 def forked_per_file(log_lines: list[str]) -> Counter[str]:
-    """The workers a fork server's log says it forked, per test file that asked (`forkserver.FORKED_FOR`)."""
-    marker = " for "
-    return Counter(line.partition(marker)[2].partition("::")[0] for line in log_lines
-                   if line.startswith("forkserver: forked ") and marker in line)
+    """The workers a fork server's log says it forked, per test file that asked."""
+    return Counter(test.partition("::")[0] for test in forked_for(log_lines).values())
 
 
 def _collected(folder: Path) -> list[Path]:

@@ -55,7 +55,7 @@ def test_sigterm_and_ctrl_c_stop_in_one_line_and_a_shared_run_resumes_to_the_spl
     config = write_config(tmp_path, "hf-small-shared", "hf", rollout={"layout": "shared"})
     run = tmp_path / "run"
     stop_at_signal(config, run, signal.SIGTERM, after_cycles=1)
-    stop_at_signal(config, run, signal.SIGINT, after_cycles=1, once_started=True)
+    stop_at_signal(config, run, signal.SIGINT, after_cycles=1, once_placed=True)
     out = invar("train", config, "--run", run, "--json")
     assert out.returncode == 0, out.stderr
     assert published(run) == published(finished[0])

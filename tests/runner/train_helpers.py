@@ -113,9 +113,9 @@ def _published_now(run: Path) -> int:
 
 
 def stop_at_signal(config: Path, run: Path, sig: signal.Signals, after_cycles: int, *,
-                   once_started: bool = False) -> str:
+                   once_placed: bool = False) -> str:
     """Start (or resume) `invar train`, send it `sig` once `after_cycles` cycles are published (and, with
-    `once_started`, once this start's shared process is placed on record, which it is just before its first cycle),
+    `once_placed`, once this start's shared process is placed on record, which it is just before its first cycle),
     and check it stops as a user is told: the signal's exit status, one line naming the signal and how to resume, no
     traceback, no worker left behind. Returns that line. The signal must land before the run's last cycle starts
     (a cycle under way at a signal is finished): a resumed run stopped as its first cycle starts has the last cycle
@@ -128,7 +128,7 @@ def stop_at_signal(config: Path, run: Path, sig: signal.Signals, after_cycles: i
     deadline = time.monotonic() + 600
 
     def waiting() -> bool:
-        return _published_now(run) < after_cycles or (once_started and not _placed_since(run, before))
+        return _published_now(run) < after_cycles or (once_placed and not _placed_since(run, before))
 
     while waiting() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
