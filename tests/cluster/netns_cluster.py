@@ -5,8 +5,10 @@ other ends are ports of a bridge in a namespace of its own (`invar-<tag>-sw`), s
 through that bridge and nothing outside it: no address of the machine's own network is used, and the root
 namespace is not touched. Every node runs Ray's own `ray start` (the head with `--num-cpus 0`, as Ray advises for a
 head that drives jobs, so no worker is placed on it); the `invar` commands run inside the head's namespace, as a
-user runs them on the head machine. Faults are real: a node is killed with every process in its namespace, and a
-partition takes the node's port on the bridge down.
+user runs them on the head machine. Each worker node also runs a fork server of the HF worker, which its `ray start`
+environment names, so its relays fork their workers (`invar.transport.ray_relay`) instead of starting each afresh.
+Faults are real: a node is killed with every process in its namespace, and a partition takes the node's port on the
+bridge down.
 
 The cluster is the session fixture `netns_cluster` (tests/cluster/conftest.py); everything it made is removed in its
 finalizer, even when a test fails. Namespaces need Linux and root (CAP_NET_ADMIN, as CI and these machines have).
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -28,7 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from invar.engines import ENGINES, worker_env
 from invar.records import RunStore
+from invar.transport import forkserver
+from invar.transport.ray_relay import ACTOR_ENV
 
 SUBNET = "10.251.0"
 PORT = 6379  # each namespace has its own ports: every head may use Ray's default
@@ -70,6 +76,8 @@ class NetnsCluster:
     token: str = field(default_factory=lambda: secrets.token_hex(32))
     made: list[str] = field(default_factory=list)
     """The namespaces made so far, removed at the end."""
+    servers: dict[str, list[int]] = field(default_factory=dict)
+    """Each worker node's fork servers (pids), started with its Ray: a relay there forks its worker from them."""
 
     @property
     def head(self) -> Node:
@@ -121,11 +129,13 @@ class NetnsCluster:
 
     # -- processes -----------------------------------------------------------------------------------------------
 
-    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    def own_env(self) -> dict[str, str]:
         # A token another Ray left in ~/.ray/auth_token would be this cluster's head's and not its nodes' (seen: the
         # nodes then fail to join): every process of this cluster uses token auth with the cluster's own token.
-        own = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token}
-        return {**os.environ, **RAY_ENV, **own, **(extra or {})}
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token}
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        return {**os.environ, **RAY_ENV, **self.own_env(), **(extra or {})}
 
     def argv(self, node: str, *argv: str) -> list[str]:
         return ["ip", "netns", "exec", self.ns(node), *argv]
@@ -149,6 +159,34 @@ class NetnsCluster:
             raise ClusterError(f"the processes of node {node} outlived SIGKILL: {self.pids(node)}")
         return killed
 
+    def start_servers(self, node: str) -> str:
+        """Fork servers of the worker modules the cluster's tests place, in the node's namespace and in the
+        environment its relays' workers get (tests/runner/ray_cluster.py, `start_node_servers`); the folder its Ray
+        is to name. A server still importing its engine when a worker is placed leaves that worker to start fresh."""
+        folder = self.temp / f"forkserver-{node}"
+        folder.mkdir(parents=True, exist_ok=True)
+        env = {**ACTOR_ENV, **worker_env({**RAY_ENV, **self.own_env()}, "hf")}
+        with open(self.temp / f"forkserver-{node}.log", "ab") as log:
+            proc = subprocess.Popen(self.argv(node, sys.executable, "-P", "-m", "invar.transport.forkserver",
+                                              str(folder), ENGINES["hf"]),
+                                    env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        self.servers[node] = [proc.pid]  # `ip netns exec` runs the server in its own process
+        return str(folder)
+
+    def wait_served(self, timeout: float = 300) -> None:
+        """Until every worker node's fork servers serve (a socket appears once the engine is imported)."""
+        deadline = time.monotonic() + timeout
+        sockets = [forkserver.socket_path(self.temp / f"forkserver-{n.name}", ENGINES["hf"]) for n in self.workers]
+        while not all(s.exists() for s in sockets):
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the nodes' fork servers did not serve within {timeout:g} s: {sockets}")
+            time.sleep(0.2)
+
+    def forked(self) -> set[int]:
+        """The workers the worker nodes' fork servers forked (`forkserver: forked PID for TEST` in their logs)."""
+        text = "".join(p.read_text(encoding="utf-8", errors="replace") for p in self.temp.glob("forkserver-*.log"))
+        return {int(m) for m in re.findall(r"^forkserver: forked (\d+) for ", text, re.M)}
+
     def start_ray(self, node: str) -> None:
         n = self.nodes[node]
         ray = str(Path(sys.executable).with_name("ray"))
@@ -160,7 +198,8 @@ class NetnsCluster:
                    "--temp-dir", str(self.temp), *common]
         else:
             cmd = [ray, "start", "--address", self.address, "--num-cpus", "1", *common]
-        out = subprocess.run(self.argv(node, *cmd), env=self.env(), capture_output=True, text=True, timeout=180)
+        extra = {forkserver.ENV: self.start_servers(node)} if node != "head" else {}
+        out = subprocess.run(self.argv(node, *cmd), env=self.env(extra), capture_output=True, text=True, timeout=180)
         if out.returncode != 0:
             raise ClusterError(f"ray start on node {node} failed:\n{out.stderr[-3000:]}")
 
@@ -228,6 +267,7 @@ def netns_cluster(temp: Path, workers: int = 2) -> Iterator[NetnsCluster]:
         for name in cluster.nodes:
             cluster.start_ray(name)
         cluster.wait_alive({n.ip for n in cluster.workers} | {cluster.head.ip})
+        cluster.wait_served()
         yield cluster
     finally:
         cluster.teardown()

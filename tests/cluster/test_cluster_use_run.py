@@ -117,6 +117,8 @@ def test_workers_are_placed_on_the_worker_nodes_and_decide_like_local_ones(clust
     nodes = call_nodes(run)
     assert nodes
     assert {ip for _, _, ip, _ in nodes} == _worker_ips(cluster)
+    # Each node's environment names the fork server beside its Ray (netns_cluster.py): the relays had it fork them.
+    assert {p["worker_pid"] for p in placed} <= cluster.forked()
 
 
 def _fault_mid_call(cluster: NetnsCluster, contract: Path, run: Path, node: str,
@@ -216,9 +218,11 @@ def test_a_node_cut_off_mid_call_is_replaced_and_rejoins(cluster: NetnsCluster, 
             # workers with it; the node then comes back under the same address with a new node id.
             before = {p["node_id"] for p in placed if p["node_ip"] == lost_ip}
             deadline = time.monotonic() + 120
-            while replaced and any(_is_ray_or_worker(p) for p in cluster.pids("w2")) and time.monotonic() < deadline:
+            servers = set(cluster.servers["w2"])  # the node's fork servers stay, as a node's own services do
+            while replaced and any(_is_ray_or_worker(p) for p in set(cluster.pids("w2")) - servers) \
+                    and time.monotonic() < deadline:
                 time.sleep(1)
-            left = [_cmdline(pid) for pid in cluster.pids("w2") if _is_ray_or_worker(pid)]
+            left = [_cmdline(pid) for pid in set(cluster.pids("w2")) - servers if _is_ray_or_worker(pid)]
         finally:
             cluster.revive("w2")
             alive = cluster.wait_alive(_worker_ips(cluster) | {cluster.head.ip})

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from invar.engines import ENGINES, worker_env
 from invar.records import RunStore
+from invar.transport import forkserver
+from invar.transport.ray_relay import ACTOR_ENV
 
 # Ray on this machine's loopback only: without this Ray gives its nodes the machine's routable address.
 LOOPBACK_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -60,12 +64,45 @@ def _stop_cluster(marks: list[bytes]) -> None:
         time.sleep(2)
 
 
+NODE_SERVERS = ("hf", "mlx")
+"""The engines whose workers the cluster's node forks from a fork server of its own: the `--ray` tests place HF
+(use run) and MLX (train) workers."""
+
+
+def start_node_servers(folder: Path, engines: Sequence[str], extra: Mapping[str, str],
+                       log: Path) -> list[subprocess.Popen[bytes]]:
+    """Fork servers for a Ray node's workers (`invar.transport.ray_relay`: a relay asks the server its node's
+    environment names), in the environment those workers get: a command's (`extra` on this process's) with what Ray
+    sets in each actor where the command does not (`ACTOR_ENV`). The node is then started with `forkserver.ENV`
+    naming `folder`; a worker placed before a server has imported its engine starts fresh."""
+    out = open(log, "ab")  # noqa: SIM115 - the servers write to it as long as they live
+    return [forkserver.start(folder, ENGINES[engine], {**ACTOR_ENV, **worker_env(extra, engine)}, out)
+            for engine in engines]
+
+
+def wait_served(folder: Path, engines: Sequence[str], timeout: float = 300) -> None:
+    """Until each engine's fork server under `folder` serves (its socket appears once its engine is imported), so
+    that the tests' workers are forked, as they claim."""
+    deadline = time.monotonic() + timeout
+    while not all(forkserver.socket_path(folder, ENGINES[e]).exists() for e in engines):
+        assert time.monotonic() < deadline, f"the fork servers under {folder} did not serve within {timeout:g} s"
+        time.sleep(0.2)
+
+
+def forked_pids(log: Path) -> set[int]:
+    """The workers the fork servers writing to `log` forked (`forkserver: forked PID for TEST`)."""
+    text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+    return {int(m) for m in re.findall(r"^forkserver: forked (\d+) for ", text, re.M)}
+
+
 @contextlib.contextmanager
 def local_cluster(temp: Path) -> Iterator[str]:
-    """A Ray head on 127.0.0.1 with 2 CPUs, its files under `temp`; yields its address, stops it after."""
+    """A Ray head on 127.0.0.1 with 2 CPUs, its files under `temp`, its workers forked from fork servers of its own
+    (`start_node_servers`); yields its address, stops it after."""
     port = free_port()
     address = f"127.0.0.1:{port}"
-    env = {**os.environ, **LOOPBACK_ENV}
+    folder = temp / "forkserver"
+    env = {**os.environ, **LOOPBACK_ENV, forkserver.ENV: str(folder)}
     ray_cli = Path(sys.executable).with_name("ray")
     # No log monitor: Invar's driver reads no worker output through Ray (`log_to_driver=False`; a relay moves its
     # worker's stderr itself), and the monitor polls the node's log files for as long as the session lasts.
@@ -73,8 +110,10 @@ def local_cluster(temp: Path) -> Iterator[str]:
            "--include-dashboard=false", "--include-log-monitor=false", "--disable-usage-stats", "--temp-dir",
            str(temp), "--ray-client-server-port", str(free_port())]
     try:
+        start_node_servers(folder, NODE_SERVERS, LOOPBACK_ENV, temp / "forkserver.log")
         started = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
         assert started.returncode == 0, f"ray start failed:\n{started.stderr[-3000:]}"
+        wait_served(folder, NODE_SERVERS)
         yield address
     finally:
         _stop_cluster([str(temp).encode(), f"127.0.0.1:{port}".encode()])

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ray_cluster import LOOPBACK_ENV, free_port, placements, ray_invar
+from ray_cluster import LOOPBACK_ENV, forked_pids, free_port, placements, ray_invar
 from support.use_runs import decision_figures as _decision_figures
 from support.use_runs import outputs_by_call as _outputs_by_call
 from test_use_run import _invar, write_declaration
@@ -43,8 +43,8 @@ def local(contract: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-def test_ray_placed_workers_give_the_decision_of_local_ones(cluster: str, contract: Path, local: Path,
-                                                           tmp_path: Path) -> None:
+def test_ray_placed_workers_give_the_decision_of_local_ones(cluster: str, cluster_home: Path, contract: Path,
+                                                           local: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     out = ray_invar("use", "run", str(contract), "--run", str(run), "--ray", cluster, "--json")
     assert out.returncode == 0, out.stderr
@@ -62,6 +62,8 @@ def test_ray_placed_workers_give_the_decision_of_local_ones(cluster: str, contra
     with RunStore.open(run) as store:
         assert {p["worker"] for p in placed} == set(store.workers())
         assert {c.worker for c in store.calls()} == set(store.workers())
+    # The node's environment names its fork server (tests/runner/ray_cluster.py): each relay had it fork the worker.
+    assert {p["worker_pid"] for p in placed} <= forked_pids(cluster_home / "forkserver.log")
 
 
 def test_a_killed_actor_is_replaced_and_its_call_issued_again(cluster: str, contract: Path, local: Path,

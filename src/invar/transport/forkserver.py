@@ -32,10 +32,10 @@ open while it runs: the server sends the exit status when it reaps the child, ki
 (`kill`) and when the connection drops (the core that started it is gone, as a local worker dies with its parent). A
 server that stops kills its children too: each watches its parent (`invar.protocol.server._die_with_parent`).
 
-A vLLM worker builds its engine, and with it the engine's own processes and threads, in the child. Not for: the
-shared training layout (its worker takes a second channel of pipes) and Ray placements, which start their own
-processes; a worker whose process-wide limits or CPU affinity must be the command's (a forked child has the
-server's).
+A vLLM worker builds its engine, and with it the engine's own processes and threads, in the child. A Ray placement's
+relay asks the server its node's environment names (`invar.transport.ray_relay`), under the same rules. Not for: the
+shared training layout (its worker takes a second channel of pipes); a worker whose process-wide limits or CPU
+affinity must be the command's (a forked child has the server's).
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ Decisions:
   per node or per actor: Ray's own variables and which accelerators the actor may see). Its identity is what it
   declares at handshake; where it ran (node, actor) is kept in the run's meta, outside the identity.
 - **A lost actor is `WorkerLost`**, the client's signal that a fresh worker may take over the unanswered calls.
+- **A node may fork its workers.** Where the node's own environment (its `ray start`'s) names a fork server folder
+  (`INVAR_FORKSERVER`), the relay asks that server first, under its refusal rules, as a local command does
+  (`invar.transport.forkserver`); a refused or absent server is a fresh subprocess, as without one. A forked worker
+  dies with the relay's connection (the server kills it when the actor is gone), as a subprocess dies with its actor.
 - **Ray is imported only here**, and only when a command is given `--ray`.
 """
 
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 from typing import IO, Any, cast
 
 from invar.errors import InvarError
+from invar.transport import forkserver
 from invar.transport.client import WorkerLost
 
 CONNECT_TIMEOUT_S = 30.0
@@ -36,6 +41,10 @@ RELAY_CPUS = 0.01
 """The CPU each relay actor reserves: a token, so that a node started with `--num-cpus 0` (Ray's advice for a head
 that drives large jobs) gets no worker, while a node with one CPU still takes a hundred. Ray's SPREAD strategy then
 puts a run's workers on different nodes rather than filling one first."""
+ACTOR_ENV = {"OMP_NUM_THREADS": "1", "SPT_NOENV": "1"}
+"""What Ray sets in every actor's environment, beside its own `RAY_` names and `PYTHONBREAKPOINT`, where the command's
+environment does not: a node's fork server started with these (and the command's environment) forks its workers,
+since its OpenMP runtime read the same thread count a fresh worker's reads."""
 # Variables Ray sets for the node or the actor (accelerator visibility above all): the actor's values stay.
 _NODE_KEYS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "NEURON_RT_VISIBLE_CORES",
               "TPU_VISIBLE_CHIPS", "ONEAPI_DEVICE_SELECTOR")
@@ -137,6 +146,13 @@ class _Relay:
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None) -> None:
         merged = dict(os.environ)
         merged.update({k: v for k, v in env.items() if not k.startswith("RAY_") and k not in _NODE_KEYS})
+        self._write_lock = threading.Lock()
+        # The node's fork server (its environment names the folder, not the command's): its forked worker needs no
+        # keeper, since the server kills it when this actor's connection to it closes.
+        forked = forkserver.spawn(list(argv), merged, cwd) if os.environ.get(forkserver.ENV) else None
+        if forked is not None:
+            self._proc: subprocess.Popen[bytes] | forkserver.ForkedWorker = forked
+            return
         box: list[subprocess.Popen[bytes] | BaseException] = []
         started = threading.Event()
 
@@ -163,7 +179,6 @@ class _Relay:
         if isinstance(box[0], BaseException):
             raise box[0]
         self._proc = box[0]
-        self._write_lock = threading.Lock()
 
     def where(self) -> dict[str, Any]:
         import ray  # type: ignore[import-untyped,unused-ignore]
