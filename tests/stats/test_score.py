@@ -118,6 +118,27 @@ def test_cell_bounds_cover_the_tail() -> None:
                 assert np.max(tails) <= cells[i] or cells[i] >= 1.0
 
 
+def test_kept_cell_parts_are_the_fresh_cells() -> None:
+    """An outcome's proofs share the cells' Δ0-independent parts (`score.CellParts`): every field of every cell,
+    padding and signed zeros included, is the byte-identical array a fresh computation gives."""
+    rng = np.random.default_rng(5)
+    for n in (1, 7, 60, 700):
+        parts, e = score.CellParts(n), score.edges(n)
+        for trial in range(24):
+            delta0 = float(rng.choice([rng.uniform(-1.0, 1.0), rng.uniform(-0.1, 0.1), 0.0]))
+            i = rng.integers(0, e.size - 1, int(rng.integers(1, 9)))
+            u1, u2 = e[i], e[i + 1]
+            if trial % 3 == 1:  # four-way splits, as the branch-and-bound makes them
+                j, width = rng.integers(0, 4, i.size), u2 - u1
+                u1, u2 = u1 + width * (j / 4), np.where(j + 1 < 4, u1 + width * ((j + 1) / 4), u2)
+            elif trial % 3 == 2:  # points
+                u1 = u2 = rng.uniform(0.0, 1.0, i.size)
+            fresh, kept = score._cells(n, u1, u2, delta0), score._cells(n, u1, u2, delta0, parts)
+            for name in score._Cells.__dataclass_fields__:
+                a, b = getattr(fresh, name), getattr(kept, name)
+                assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
+
+
 # --- validity by exact enumeration --------------------------------------------------------------------------------
 
 

@@ -30,7 +30,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -351,7 +351,20 @@ def _up(x: FloatArray) -> FloatArray:
     return result
 
 
-def _cells(n: int, a1: FloatArray, a2: FloatArray, delta0: float) -> _Cells:
+def _safe(a1: FloatArray, a2: FloatArray, smooth: npt.NDArray[np.bool_]) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """The third-order bound's cell ends (as columns; 0.25 and 0.75 on the rows it does not use, to keep them
+    finite) and its centre m."""
+    safe_lo = np.where(smooth, a1, 0.25)[:, None]
+    safe_hi = np.where(smooth, a2, 0.75)[:, None]
+    return safe_lo, safe_hi, 0.5 * (safe_lo + safe_hi)
+
+
+_Parts = dict[str, npt.NDArray[Any]]  # `_Cells` fields by name
+
+
+def _count_parts(n: int, a1: FloatArray, a2: FloatArray, smooth: npt.NDArray[np.bool_]) -> _Parts:
+    """The fields of `_Cells` that do not depend on Δ0 given the cells and their `smooth` marks: the counts, the
+    mass left out and the per-count pmf values and their derivative bounds."""
     k_lo, k_hi = k_ranges(n, a1, a2)
     width = int(np.max(k_hi - k_lo)) + 1
     raw = k_lo[:, None] + np.arange(width)[None, :]
@@ -362,17 +375,7 @@ def _cells(n: int, a1: FloatArray, a2: FloatArray, delta0: float) -> _Cells:
     lo, hi = a1[:, None], a2[:, None]
     left = _binom.sf(k_hi, n, a2) + np.where(k_lo > 0, _binom.cdf(np.maximum(k_lo - 1, 0), n, a1), 0.0)
     pmf_max = np.where(mask, _binom.pmf_inside(k, n, np.clip(kf / nf, lo, hi)), 0.0)  # 0 ≤ k ≤ n: k_ranges
-    # the smallest boundary q in the cell, rounded down (a smaller q only enlarges the tail)
-    q_min = _down(_q_of(a2 if delta0 > 0.0 else a1, delta0))
-    scale = np.sqrt(np.maximum(a2 * (1.0 - a2), a1 * (1.0 - a1)) / n)
-    smooth = (a1 > 0.0) & (a2 < 1.0) & (a2 - a1 < 1.25 * scale)
-    if delta0 < 0.0:
-        smooth &= a1 >= -delta0
-    safe_lo = np.where(smooth, a1, 0.25)[:, None]  # keeps the unused rows finite
-    safe_hi = np.where(smooth, a2, 0.75)[:, None]
-    m = 0.5 * (safe_lo + safe_hi)
-    r = np.where(safe_hi > safe_lo, np.nextafter(np.maximum(m - safe_lo, safe_hi - m), np.inf), 0.0)
-    q_a, q_b = 0.5 * (1.0 + delta0 / safe_lo), 0.5 * (1.0 + delta0 / safe_hi)
+    safe_lo, safe_hi, m = _safe(a1, a2, smooth)
     d1 = np.maximum(np.abs(kf - nf * safe_lo), np.abs(kf - nf * safe_hi)) / np.minimum(
         safe_lo * (1.0 - safe_lo), safe_hi * (1.0 - safe_hi)
     )
@@ -381,13 +384,95 @@ def _cells(n: int, a1: FloatArray, a2: FloatArray, delta0: float) -> _Cells:
     ds_m = -kf / (m * m) - (nf - kf) / ((1.0 - m) * (1.0 - m))
     e2 = kf / (safe_lo * safe_lo) + (nf - kf) / ((1.0 - safe_hi) * (1.0 - safe_hi))
     e3 = 2.0 * kf / safe_lo**3 + 2.0 * (nf - kf) / (1.0 - safe_hi) ** 3
+    return {
+        "k": k, "mask": mask, "left": left, "pmf_max": pmf_max, "f_m": f_m, "fs_m": f_m * s_m,
+        "fss_m": f_m * (s_m * s_m + ds_m), "p1": 3.0 * pmf_max * d1, "p2": 3.0 * pmf_max * (d1 * d1 + e2),
+        "p3": pmf_max * (d1 * d1 * d1 + 3.0 * d1 * e2 + e3),
+    }
+
+
+_KEPT_PARTS = ("k", "pmf_max", "f_m", "fs_m", "fss_m", "p1", "p2", "p3")  # per count, kept unpadded
+
+
+@dataclass
+class CellParts:
+    """`_count_parts` of the cells one outcome's proofs have met, kept by (a1, a2, smooth).
+
+    An outcome's limit takes several proofs at different Δ0, and their cells are mostly the same fixed cells and
+    splits (measured: three in four cells of a simulation's limits recur within one limit), yet these parts are
+    most of a cell's cost (two pmf evaluations per count). Each cell's counts are kept unpadded, one after another;
+    a batch reads them back padded as `_count_parts` pads them (the last count repeated, the masked values the
+    zeros it gives), so the cells, and every bound, are the same numbers as a fresh computation's."""
+
+    n: int
+    slots: dict[tuple[float, float, bool], int] = field(default_factory=dict)
+    start: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    length: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    left: FloatArray = field(default_factory=lambda: np.zeros(0))
+    flat: dict[str, npt.NDArray[np.generic]] = field(default_factory=dict)
+    used: int = 0
+
+    def get(self, a1: FloatArray, a2: FloatArray, smooth: npt.NDArray[np.bool_]) -> _Parts:
+        slots = np.empty(a1.size, dtype=np.int64)
+        new: list[int] = []
+        for i, key in enumerate(zip(a1.tolist(), a2.tolist(), smooth.tolist(), strict=True)):
+            slot = self.slots.get(key)
+            if slot is None:
+                slot = len(self.slots)
+                self.slots[key] = slot
+                new.append(i)
+            slots[i] = slot
+        if new:
+            self._add(_count_parts(self.n, a1[new], a2[new], smooth[new]))
+        start, length = self.start[slots], self.length[slots]
+        if np.min(length) < 1:  # no counts at all (a1 > a2): not kept in this layout, computed as they are
+            return _count_parts(self.n, a1, a2, smooth)
+        width = int(np.max(length))
+        columns = np.arange(width)[None, :]
+        mask = columns < length[:, None]
+        at = start[:, None] + np.minimum(columns, length[:, None] - 1)
+        got: _Parts = {"mask": mask, "left": self.left[slots], "k": self.flat["k"][at]}
+        for name in _KEPT_PARTS[1:]:
+            value = self.flat[name][at]
+            # `_count_parts`' padding: zero times the last count's factor (a signed zero for f·s and f·(s² + s'))
+            got[name] = np.where(mask, value, 0.0 * value if name in ("fs_m", "fss_m") else 0.0)
+        return got
+
+    def _add(self, parts: _Parts) -> None:
+        length = np.sum(parts["mask"], axis=1)
+        count = int(length.sum())
+        if self.used + count > (self.flat["k"].size if self.flat else 0):
+            capacity = max(self.used + count, 2 * self.used, 1024)
+            for name in _KEPT_PARTS:
+                grown = np.empty(capacity, dtype=parts[name].dtype)
+                if self.used:
+                    grown[: self.used] = self.flat[name][: self.used]
+                self.flat[name] = grown
+        for name in _KEPT_PARTS:
+            self.flat[name][self.used : self.used + count] = parts[name][parts["mask"]]  # row by row, a prefix each
+        self.start = np.concatenate([self.start, self.used + np.cumsum(length) - length])
+        self.length = np.concatenate([self.length, length])
+        self.left = np.concatenate([self.left, parts["left"]])
+        self.used += count
+
+
+def _cells(n: int, a1: FloatArray, a2: FloatArray, delta0: float, parts: CellParts | None = None) -> _Cells:
+    scale = np.sqrt(np.maximum(a2 * (1.0 - a2), a1 * (1.0 - a1)) / n)
+    smooth = (a1 > 0.0) & (a2 < 1.0) & (a2 - a1 < 1.25 * scale)
+    if delta0 < 0.0:
+        smooth &= a1 >= -delta0
+    counts = _count_parts(n, a1, a2, smooth) if parts is None else parts.get(a1, a2, smooth)
+    # the smallest boundary q in the cell, rounded down (a smaller q only enlarges the tail)
+    q_min = _down(_q_of(a2 if delta0 > 0.0 else a1, delta0))
+    safe_lo, safe_hi, m = _safe(a1, a2, smooth)
+    r = np.where(safe_hi > safe_lo, np.nextafter(np.maximum(m - safe_lo, safe_hi - m), np.inf), 0.0)
+    q_a, q_b = 0.5 * (1.0 + delta0 / safe_lo), 0.5 * (1.0 + delta0 / safe_hi)
     return _Cells(
-        a1=a1, a2=a2, k=k, mask=mask, left=left, pmf_max=pmf_max, q_min=q_min, smooth=smooth, r=r[:, 0],
+        a1=a1, a2=a2, q_min=q_min, smooth=smooth, r=r[:, 0],
         q_m=np.clip(0.5 * (1.0 + delta0 / m), 0.0, 1.0), q_lo=_down(np.minimum(q_a, q_b)),
-        q_hi=_up(np.maximum(q_a, q_b)), f_m=f_m, fs_m=f_m * s_m, fss_m=f_m * (s_m * s_m + ds_m),
-        dq_m=-delta0 / (2.0 * m * m), ddq_m=delta0 / (m * m * m),
-        p1=3.0 * pmf_max * d1, p2=3.0 * pmf_max * (d1 * d1 + e2), p3=pmf_max * (d1 * d1 * d1 + 3.0 * d1 * e2 + e3),
+        q_hi=_up(np.maximum(q_a, q_b)), dq_m=-delta0 / (2.0 * m * m), ddq_m=delta0 / (m * m * m),
         dq1=abs(delta0) / (2.0 * safe_lo * safe_lo), dq2=abs(delta0) / safe_lo**3, dq3=3.0 * abs(delta0) / safe_lo**4,
+        **counts,
     )
 
 
@@ -528,6 +613,7 @@ class Bounder:
     memo_used: int = 0
     known: dict[tuple[int, float, bytes], float] = field(default_factory=dict)  # cell bounds computed, by
     # (slot, α, the thresholds at the cell's counts)
+    parts: CellParts | None = None  # without `remember`: Δ0-independent parts kept across Δ0 (`Test.bounder`)
 
     def _ensure(self, a1: FloatArray, a2: FloatArray) -> IntArray:
         slots = np.empty(a1.size, dtype=np.int64)
@@ -615,7 +701,7 @@ class Bounder:
                 for i in range(0, a1.size, _BATCH_CELLS)
             ])
         if not self.remember:
-            cells = _cells(self.n, a1, a2, self.delta0)
+            cells = _cells(self.n, a1, a2, self.delta0, self.parts)
             return _bounds(cells, _thresholds(c, cells.k, owner), alpha, _direct(cells))
         slots = self._ensure(a1, a2)
         self._keep(slots)
@@ -768,11 +854,15 @@ class Test:
     pi_upper: float
     alpha: float
     bounders: dict[float, Bounder] = field(default_factory=dict)
+    parts: CellParts | None = None  # the cells' Δ0-independent parts, shared by this outcome's proofs
 
     def bounder(self, delta0: float) -> Bounder:
-        """The cell bounds at Δ0: fresh computation unless a plan supplied a remembering one."""
+        """The cell bounds at Δ0: fresh computation (of the Δ0-dependent parts, see `CellParts`) unless a plan
+        supplied a remembering one."""
         if delta0 not in self.bounders:
-            self.bounders[delta0] = Bounder(self.n, delta0, remember=False)
+            if self.parts is None:
+                self.parts = CellParts(self.n)
+            self.bounders[delta0] = Bounder(self.n, delta0, remember=False, parts=self.parts)
         return self.bounders[delta0]
 
     def domain(self, delta0: float) -> tuple[float, float]:
