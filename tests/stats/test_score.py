@@ -174,13 +174,16 @@ def _miss_probabilities(n: int, grid: int = 60) -> tuple[float, float]:
             if lo_b <= pb <= hi_b:
                 thetas.append((min(1.0, pb + target), pb))
     theta = np.array(thetas)
-    pw_, pb_ = theta[:, :1], theta[:, 1:]
-    p0 = np.clip(1.0 - pw_ - pb_, 0.0, 1.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_p = (log_coef + np.where(w > 0, w * np.log(pw_), 0.0) + np.where(b > 0, b * np.log(pb_), 0.0)
-                 + np.where(n - w - b > 0, (n - w - b) * np.log(p0), 0.0))
-    probability = np.nan_to_num(np.exp(log_p))
-    misses = np.sum(probability * (upper[None, :] < (pw_ - pb_)), axis=1)
+    misses = np.empty(theta.shape[0])
+    block = 512  # points at a time: temporaries of ~1 MB instead of ~100 MB each (page faults), the same numbers
+    for start in range(0, theta.shape[0], block):
+        pw_, pb_ = theta[start : start + block, :1], theta[start : start + block, 1:]
+        p0 = np.clip(1.0 - pw_ - pb_, 0.0, 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_p = (log_coef + np.where(w > 0, w * np.log(pw_), 0.0) + np.where(b > 0, b * np.log(pb_), 0.0)
+                     + np.where(n - w - b > 0, (n - w - b) * np.log(p0), 0.0))
+        probability = np.nan_to_num(np.exp(log_p))
+        misses[start : start + block] = np.sum(probability * (upper[None, :] < (pw_ - pb_)), axis=1)
     return float(misses.max()), float(upper.size)
 
 
