@@ -179,7 +179,8 @@ class NetnsCluster:
         sockets = [forkserver.socket_path(self.temp / f"forkserver-{n.name}", ENGINES["hf"]) for n in self.workers]
         while not all(s.exists() for s in sockets):
             if time.monotonic() > deadline:
-                raise ClusterError(f"the nodes' fork servers did not serve within {timeout:g} s: {sockets}")
+                logs = " | ".join(p.read_text(errors="replace")[-500:] for p in self.temp.glob("forkserver-*.log"))
+                raise ClusterError(f"the nodes' fork servers did not serve within {timeout:g} s: {logs}")
             time.sleep(0.2)
 
     def forked(self) -> set[int]:

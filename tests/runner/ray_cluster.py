@@ -85,7 +85,9 @@ def wait_served(folder: Path, engines: Sequence[str], timeout: float = 300) -> N
     that the tests' workers are forked, as they claim."""
     deadline = time.monotonic() + timeout
     while not all(forkserver.socket_path(folder, ENGINES[e]).exists() for e in engines):
-        assert time.monotonic() < deadline, f"the fork servers under {folder} did not serve within {timeout:g} s"
+        log = folder.with_name("forkserver.log")
+        assert time.monotonic() < deadline, (f"the fork servers under {folder} did not serve within {timeout:g} s: "
+                                             f"{log.read_text(errors='replace')[-1000:] if log.exists() else ''}")
         time.sleep(0.2)
 
 
