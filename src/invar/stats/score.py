@@ -54,6 +54,7 @@ _MEMO_WIDTH = 4  # c-dependent values kept per (cell, count) for this many conse
 _MAX_OPEN_CELLS = 512  # a proof needing more cells at once is abandoned (safe side: not rejected)
 _MIN_CELL = 2.0**-46  # a cell narrower than this is not split; the proof fails (safe side)
 _SPLIT = 4
+_TANGO_BLOCK = 16384  # outcomes bisected at once by `tango_limits` (temporaries of 128 kB: in cache, no page faults)
 _BATCH_CELLS = 256  # cells bounded at once (a few MB of temporaries: no page faults, and they stay in cache)
 
 
@@ -82,6 +83,20 @@ def tango_limits(worse: npt.ArrayLike, better: npt.ArrayLike, n: int, z: float) 
     lo = np.minimum(lo, hi)
     width = float(np.max(hi - lo)) if w.size else 0.0
     steps = max(1, math.ceil(math.log2(max(width, 2.0**-31)) + 31.0))
+    # in blocks of outcomes: each outcome's bisection is its own (elementwise, the same step count for all), and
+    # the temporaries of a whole ordering's rows at once (~10^5 values, a few MB each, allocated afresh every step)
+    # cost page faults and cache misses that blocks of _TANGO_BLOCK avoid
+    for start in range(0, w.size, _TANGO_BLOCK):
+        part = slice(start, start + _TANGO_BLOCK)
+        _tango_bisect(w[part], b[part], lo[part], hi[part], size, z, steps)
+    result: FloatArray = hi.reshape(shape)
+    return result
+
+
+def _tango_bisect(
+    w: FloatArray, b: FloatArray, lo: FloatArray, hi: FloatArray, size: float, z: float, steps: int
+) -> None:
+    """`tango_limits`' bisection of [lo, hi] (in place, `steps` halvings) for outcomes (w, b) among n = size."""
     # The loop evaluates, in this order of operations (the same numbers, fewer array passes):
     #   linear = (w + b) + (w − b)·d − 2n·d;  disc = max(linear² + 8n·b·d·(1 − d), 0)
     #   p = clip((linear + sqrt(disc))/(4n), max(0, −d), (1 − d)/2);  variance = max(n(2p + d(1 − d)), 0)
@@ -113,8 +128,6 @@ def tango_limits(worse: npt.ArrayLike, better: npt.ArrayLike, n: int, z: float) 
         plausible = diff - size * d >= variance
         np.copyto(lo, d, where=plausible)
         np.copyto(hi, d, where=~plausible)
-    result: FloatArray = hi.reshape(shape)
-    return result
 
 
 def _surely_below(n: int, z: float, k: npt.ArrayLike, t: float) -> IntArray:
