@@ -676,9 +676,19 @@ def _betting_share(
         del u
         for block in range(0, rows, _BLOCK):
             # one run per row, contiguous: the running sums then stream through memory (same numbers in any layout)
-            runs = np.ascontiguousarray(outcome[:, block : block + _BLOCK].T)
+            runs = _transposed(outcome[:, block : block + _BLOCK])
             hits += _betting_block(runs, losses, divisor, m_star, cap, scale, log_threshold)
     return hits
+
+
+def _transposed(a: np.ndarray, piece: int = 4096) -> np.ndarray:
+    """np.ascontiguousarray(a.T), copied `piece` rows of `a` at a time: a whole-array copy reads the source down its
+    columns, so for a long run every destination row streams the whole source from memory again; a piece stays in
+    the caches while every destination row takes its part (the same bytes)."""
+    result = np.empty(a.shape[::-1], dtype=a.dtype)
+    for start in range(0, a.shape[0], piece):
+        result[:, start : start + piece] = a[start : start + piece].T
+    return result
 
 
 def _betting_block(runs: np.ndarray, losses: np.ndarray, divisor: np.ndarray, m_star: np.float32, cap: np.float32,
@@ -700,17 +710,22 @@ def _betting_block(runs: np.ndarray, losses: np.ndarray, divisor: np.ndarray, m_
     for lo in range(0, n, step):
         hi = min(n, lo + step)
         x = losses[runs[live, lo:hi]]
-        mu = np.cumsum(np.concatenate([carried_x[:, None], x], axis=1), axis=1, dtype=np.float32)[:, 1:]
+        # Each running sum: the carried value added to the first term, then accumulated in place (the sums of a
+        # cumsum over [carried, terms], bit for bit, without the concatenated copy and a second array)
+        mu = x.copy()
+        mu[:, 0] += carried_x
+        np.cumsum(mu, axis=1, dtype=np.float32, out=mu)
         carried_x = mu[:, -1].copy()
         mu += np.float32(0.5)
         mu /= divisor[lo:hi]
         mu -= x
         np.square(mu, out=mu)  # (x − mu)²
-        var = np.cumsum(np.concatenate([carried_sq[:, None], mu], axis=1), axis=1, dtype=np.float32)[:, 1:]
+        mu[:, 0] += carried_sq
+        var = np.cumsum(mu, axis=1, dtype=np.float32, out=mu)
         carried_sq = var[:, -1].copy()
         var += np.float32(0.25)
         var /= divisor[lo:hi]
-        lam = mu  # reused: the bet before unit i uses the variance estimate after unit i − 1
+        lam = np.empty_like(var)  # the bet before unit i uses the variance estimate after unit i − 1
         lam[:, 0] = carried_var
         lam[:, 1:] = var[:, :-1]
         carried_var = var[:, -1].copy()
@@ -721,7 +736,8 @@ def _betting_block(runs: np.ndarray, losses: np.ndarray, divisor: np.ndarray, m_
         lam *= x
         np.negative(lam, out=lam)
         np.log1p(lam, out=lam)  # log(1 − λ(x − m))
-        capital = np.cumsum(np.concatenate([carried_log[:, None], lam], axis=1), axis=1, dtype=np.float32)[:, 1:]
+        lam[:, 0] += carried_log
+        capital = np.cumsum(lam, axis=1, dtype=np.float32, out=lam)
         reached = np.max(capital, axis=1) >= log_threshold
         hits += int(np.sum(reached))
         keep = ~reached
