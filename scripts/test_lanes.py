@@ -89,14 +89,8 @@ def stop_fork_servers(servers: list[tuple[str, subprocess.Popen[bytes], Path]]) 
 
 
 def forked_for(log_lines: list[str]) -> dict[int, str]:
-    """The workers a fork server's log says it forked: pid → the test that asked (`forkserver.FORKED_FOR`), without
-    the phase pytest appends ("(setup)", "(call)")."""
-    found = {}
-    for line in log_lines:
-        pid, marker, test = line.removeprefix("forkserver: forked ").partition(" for ")
-        if line.startswith("forkserver: forked ") and marker and pid.isdigit():
-            found[int(pid)] = test.split(" ")[0]
-    return found
+    """The workers a fork server's log says it forked for a test: pid → the test that asked (`forkserver.forked`)."""
+    return {pid: test for pid, test in forkserver.forked(log_lines).items() if test}
 
 
 def forked_per_file(log_lines: list[str]) -> Counter[str]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -185,8 +184,8 @@ class NetnsCluster:
 
     def forked(self) -> set[int]:
         """The workers the worker nodes' fork servers forked (`forkserver: forked PID for TEST` in their logs)."""
-        text = "".join(p.read_text(encoding="utf-8", errors="replace") for p in self.temp.glob("forkserver-*.log"))
-        return {int(m) for m in re.findall(r"^forkserver: forked (\d+) for ", text, re.M)}
+        return {pid for log in self.temp.glob("forkserver-*.log")
+                for pid in forkserver.forked(log.read_text(encoding="utf-8", errors="replace").splitlines())}
 
     def start_ray(self, node: str) -> None:
         n = self.nodes[node]

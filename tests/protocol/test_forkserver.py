@@ -102,6 +102,8 @@ def test_the_log_names_the_test_each_worker_was_forked_for(echo_server: subproce
     asker = os.environ[forkserver.FORKED_FOR]  # this test's id, as pytest names it
     assert asker.startswith("tests/protocol/test_forkserver.py::test_the_log_names_the_test")
     assert f"forkserver: forked {pid} for {asker}\n" in log
+    assert forkserver.forked(log.splitlines()) == {pid: asker.split(" ")[0]}  # the line's reader, beside its writer
+    assert forkserver.forked(["forkserver: forked 12", "forkserver: forked x for t", "other"]) == {12: ""}
     spec = importlib.util.spec_from_file_location("test_lanes", SRC.parent / "scripts" / "test_lanes.py")
     assert spec is not None
     assert spec.loader is not None

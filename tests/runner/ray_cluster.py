@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -75,9 +74,9 @@ def start_node_servers(folder: Path, engines: Sequence[str], extra: Mapping[str,
     environment names), in the environment those workers get: a command's (`extra` on this process's) with what Ray
     sets in each actor where the command does not (`ACTOR_ENV`). The node is then started with `forkserver.ENV`
     naming `folder`; a worker placed before a server has imported its engine starts fresh."""
-    out = open(log, "ab")  # noqa: SIM115 - the servers write to it as long as they live
-    return [forkserver.start(folder, ENGINES[engine], {**ACTOR_ENV, **worker_env(extra, engine)}, out)
-            for engine in engines]
+    with open(log, "ab") as out:  # each server writes to its own copy of the descriptor
+        return [forkserver.start(folder, ENGINES[engine], {**ACTOR_ENV, **worker_env(extra, engine)}, out)
+                for engine in engines]
 
 
 def wait_served(folder: Path, engines: Sequence[str], timeout: float = 300) -> None:
@@ -92,9 +91,8 @@ def wait_served(folder: Path, engines: Sequence[str], timeout: float = 300) -> N
 
 
 def forked_pids(log: Path) -> set[int]:
-    """The workers the fork servers writing to `log` forked (`forkserver: forked PID for TEST`)."""
-    text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
-    return {int(m) for m in re.findall(r"^forkserver: forked (\d+) for ", text, re.M)}
+    """The workers the fork servers writing to `log` forked."""
+    return set(forkserver.forked(log.read_text(encoding="utf-8", errors="replace").splitlines()))
 
 
 @contextlib.contextmanager

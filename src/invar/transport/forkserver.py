@@ -56,7 +56,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib.machinery import BuiltinImporter, FrozenImporter, PathFinder
 from pathlib import Path
 from typing import IO, Any
@@ -114,6 +114,22 @@ a command a test runs inherits it): the server's log line for each fork names it
 
 _MESSAGE_LIMIT = 1 << 20
 _REQUEST_TIMEOUT_S = 10.0
+
+
+_FORKED_LINE = "forkserver: forked "
+"""How the server's log (its stderr) begins the line of each worker it forked: `forkserver: forked PID[ for TEST]`."""
+
+
+def forked(log_lines: Iterable[str]) -> dict[int, str]:
+    """The workers a server's log says it forked: pid → the test that asked (`FORKED_FOR`, without the phase pytest
+    appends, such as "(call)"), "" where none was named."""
+    found = {}
+    for line in log_lines:
+        if line.startswith(_FORKED_LINE):
+            pid, _, test = line.removeprefix(_FORKED_LINE).partition(" for ")
+            if pid.isdigit():
+                found[int(pid)] = test.split(" ")[0]
+    return found
 
 
 def socket_path(folder: str | os.PathLike[str], module: str) -> Path:
@@ -506,7 +522,7 @@ def serve(folder: Path, module: str) -> int:
                 sel.register(conn, selectors.EVENT_READ, pid)
                 # The test that asked, where a test runner names it: a suite counts its worker starts per test file.
                 asker = request["env"].get(FORKED_FOR)
-                print(f"forkserver: forked {pid}" + (f" for {asker}" if asker else ""), file=sys.stderr, flush=True)
+                print(f"{_FORKED_LINE}{pid}" + (f" for {asker}" if asker else ""), file=sys.stderr, flush=True)
             else:  # a worker's connection: `k` asks for the kill; its end means the core that started it is gone
                 peer, owner = key.fileobj, key.data
                 assert isinstance(peer, socket.socket)
