@@ -136,7 +136,8 @@ def test_kept_cell_parts_are_the_fresh_cells() -> None:
             fresh, kept = score._cells(n, u1, u2, delta0), score._cells(n, u1, u2, delta0, parts)
             for name in score._Cells.__dataclass_fields__:
                 a, b = getattr(fresh, name), getattr(kept, name)
-                assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
+                assert (a.dtype, a.shape) == (b.dtype, b.shape), name
+                assert a.tobytes() == b.tobytes(), name
 
 
 # --- validity by exact enumeration --------------------------------------------------------------------------------
