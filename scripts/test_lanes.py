@@ -40,7 +40,7 @@ from invar.transport import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_LANE = ("contract", "records", "stats", "tasks", "typing", "models", "workers",
-              "runner/test_use_run.py", "runner/test_train_vllm_hf.py", "runner/test_sequential_run.py",
+              "runner/test_use_run.py", "runner/test_sequential_run.py",
               "runner/test_train_mlx.py", "bench/test_commands.py", "cli/test_doc_examples.py", "architectures")
 """Paths under tests/ (folders, or files of a folder the lanes share) run in the first lane, chosen by a whole-suite
 `--durations` run (`scripts/lane_durations.py`) so that both lanes take about as long. A folder's session fixtures
