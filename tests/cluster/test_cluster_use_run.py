@@ -174,23 +174,30 @@ def _lost_call_reissued(run: Path, lost: tuple[str, str], lost_ip: str) -> None:
 
 def test_a_node_killed_mid_run_is_replaced_by_the_others(cluster: NetnsCluster, contract: Path, local: Path,
                                                         tmp_path: Path) -> None:
-    run = tmp_path / "run"
+    # As in the partition test below: the call seen unanswered on record may be answered before the kill lands, and if
+    # it was the last its package had, no worker is left to replace. Such an attempt still checks the run; then the
+    # scenario is run again.
     lost_ip = cluster.nodes["w1"].ip
-    killed: list[int] = []
-    proc, lost = _fault_mid_call(cluster, contract, run, "w1", lambda: killed.extend(cluster.kill_node("w1")))
-    try:
-        _finished(proc)
-        _same_as_local(run, contract, local)
-        _lost_call_reissued(run, lost, lost_ip)
-        # The node's worker was replaced on the node left; every process of the lost node is gone.
-        placed = placements(run)
-        assert len(placed) > 2
-        assert any(p["node_ip"] != lost_ip for p in placed[2:])
-        assert {p["worker_pid"] for p in placed if p["node_ip"] == lost_ip} <= set(killed)
-        assert cluster.pids("w1") == []
-    finally:
-        cluster.revive("w1")
-    cluster.wait_alive(_worker_ips(cluster) | {cluster.head.ip})
+    for attempt in range(3):
+        run = tmp_path / f"run-{attempt}"
+        killed: list[int] = []
+        proc, lost = _fault_mid_call(cluster, contract, run, "w1",
+                                     lambda into=killed: into.extend(cluster.kill_node("w1")))
+        try:
+            _finished(proc)
+            _same_as_local(run, contract, local)
+            _lost_call_reissued(run, lost, lost_ip)
+            # Every process of the lost node is gone, its workers among them.
+            placed = placements(run)
+            assert {p["worker_pid"] for p in placed if p["node_ip"] == lost_ip} <= set(killed)
+            assert cluster.pids("w1") == []
+        finally:
+            cluster.revive("w1")
+        cluster.wait_alive(_worker_ips(cluster) | {cluster.head.ip})
+        if len(placed) > 2:  # the node's worker was replaced, on the node left
+            assert any(p["node_ip"] != lost_ip for p in placed[2:])
+            return
+    pytest.fail("in 3 attempts, the killed node's worker had answered its package's last call before the kill")
 
 
 def test_a_node_cut_off_mid_call_is_replaced_and_rejoins(cluster: NetnsCluster, contract: Path, local: Path,
