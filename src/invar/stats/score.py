@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -404,6 +405,23 @@ def _count_parts(n: int, a1: FloatArray, a2: FloatArray, smooth: npt.NDArray[np.
     }
 
 
+_K = TypeVar("_K")
+
+
+def _slots(known: dict[_K, int], keys: Iterable[_K], size: int) -> tuple[IntArray, list[int]]:
+    """Each key's slot in `known`, a new key given the next slot: (the slots, the positions of the keys that were
+    new, in order)."""
+    slots = np.empty(size, dtype=np.int64)
+    new: list[int] = []
+    for i, key in enumerate(keys):
+        slot = known.get(key)
+        if slot is None:
+            slot = known[key] = len(known)
+            new.append(i)
+        slots[i] = slot
+    return slots, new
+
+
 _KEPT_PARTS = ("k", "pmf_max", "f_m", "fs_m", "fss_m", "p1", "p2", "p3")  # per count, kept unpadded
 
 
@@ -426,15 +444,7 @@ class CellParts:
     used: int = 0
 
     def get(self, a1: FloatArray, a2: FloatArray, smooth: npt.NDArray[np.bool_]) -> _Parts:
-        slots = np.empty(a1.size, dtype=np.int64)
-        new: list[int] = []
-        for i, key in enumerate(zip(a1.tolist(), a2.tolist(), smooth.tolist(), strict=True)):
-            slot = self.slots.get(key)
-            if slot is None:
-                slot = len(self.slots)
-                self.slots[key] = slot
-                new.append(i)
-            slots[i] = slot
+        slots, new = _slots(self.slots, zip(a1.tolist(), a2.tolist(), smooth.tolist(), strict=True), a1.size)
         if new:
             self._add(_count_parts(self.n, a1[new], a2[new], smooth[new]))
         start, length = self.start[slots], self.length[slots]
@@ -629,15 +639,7 @@ class Bounder:
     parts: CellParts | None = None  # without `remember`: Δ0-independent parts kept across Δ0 (`Test.bounder`)
 
     def _ensure(self, a1: FloatArray, a2: FloatArray) -> IntArray:
-        slots = np.empty(a1.size, dtype=np.int64)
-        new: list[int] = []
-        for i, key in enumerate(zip(a1.tolist(), a2.tolist(), strict=True)):
-            slot = self.keys.get(key)
-            if slot is None:
-                slot = len(self.keys)
-                self.keys[key] = slot
-                new.append(i)
-            slots[i] = slot
+        slots, new = _slots(self.keys, zip(a1.tolist(), a2.tolist(), strict=True), a1.size)
         if new:
             idx = np.array(new)
             self._append(_cells(self.n, a1[idx], a2[idx], self.delta0))
