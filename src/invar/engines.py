@@ -15,7 +15,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -313,16 +313,23 @@ DEFAULT_MODEL = HOME / "models" / "tiny-arith"
 _IMPORT_ROOT = Path(__file__).resolve().parents[1]
 
 
+def worker_defaults(engines: Iterable[str] | None = None) -> dict[str, str]:
+    """The names a worker of these engines gets where its caller's environment does not set them: every worker's
+    (`_COMMON_ENV`), then each engine's `EngineInfo.env` in turn (every engine's when `engines` is None). A fork
+    server sets the same in its own environment, so that a command started beside it asks for what it has."""
+    defaults = dict(_COMMON_ENV)
+    for info in ENGINE_TABLE.values() if engines is None else (ENGINE_TABLE[name] for name in engines):
+        for name, value in info.env.items():
+            defaults.setdefault(name, value)
+    return defaults
+
+
 def worker_env(extra: Mapping[str, str] | None = None, engine: str | None = None) -> dict[str, str]:
     """The environment a worker of `engine` runs in: offline (no hub), quiet, small on the CPU (`EngineInfo.env`,
     where this environment does not set them; every engine's when `engine` is None), then `extra`."""
     env = dict(os.environ)
-    engines = ENGINE_TABLE.values() if engine not in ENGINE_TABLE else (ENGINE_TABLE[engine],)
-    for name, value in _COMMON_ENV.items():
+    for name, value in worker_defaults(None if engine not in ENGINE_TABLE else (engine,)).items():
         env.setdefault(name, value)
-    for info in engines:
-        for name, value in info.env.items():
-            env.setdefault(name, value)
     # Workers import the same core (and its `invar.workers`) as this process, wherever the command is run from.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_IMPORT_ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(extra or {})

@@ -33,7 +33,6 @@ from typing import Any
 from invar.engines import ENGINES, worker_env
 from invar.records import RunStore
 from invar.transport import forkserver
-from invar.transport.ray_relay import ACTOR_ENV
 
 SUBNET = "10.251.0"
 PORT = 6379  # each namespace has its own ports: every head may use Ray's default
@@ -164,10 +163,10 @@ class NetnsCluster:
         is to name. A server still importing its engine when a worker is placed leaves that worker to start fresh."""
         folder = self.temp / f"forkserver-{node}"
         folder.mkdir(parents=True, exist_ok=True)
-        env = {**ACTOR_ENV, **worker_env({**RAY_ENV, **self.own_env()}, "hf")}
+        env = worker_env({**RAY_ENV, **self.own_env()}, "hf")
         with open(self.temp / f"forkserver-{node}.log", "ab") as log:
             proc = subprocess.Popen(self.argv(node, sys.executable, "-P", "-m", "invar.transport.forkserver",
-                                              str(folder), ENGINES["hf"]),
+                                              "--ray-node", str(folder), ENGINES["hf"]),
                                     env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         self.servers[node] = [proc.pid]  # `ip netns exec` runs the server in its own process
         return str(folder)

@@ -23,6 +23,7 @@ from invar import engines
 from invar.engines import start_worker, worker_digest
 from invar.transport import forkserver
 from invar.transport.forkserver import ForkedWorker
+from invar.transport.ray_relay import ACTOR_ENV
 
 SRC = Path(invar.__file__).resolve().parents[1]
 ECHO = "invar.workers.echo"
@@ -212,6 +213,43 @@ def test_names_the_engine_sets_or_never_reads_may_differ(tmp_path: Path, monkeyp
     assert "1 workers forked, 2 refused" in log
     assert "its environment differs on SET_AT_IMPORT" in log
     assert "its environment differs on LD_LIBRARY_PATH" in log
+
+
+def test_a_server_started_in_a_shell_forks_the_commands_started_in_it(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/protocol.md starts a server and then the commands from one shell. The server completes its environment
+    as each command completes its worker's (the workers' defaults where the shell lacks them), so the shell needs
+    none of them set."""
+    for name in engines.worker_defaults(["echo"]):
+        monkeypatch.delenv(name, raising=False)
+    folder = tmp_path / "fs"
+    server = _serve(folder, ECHO, dict(os.environ))
+    monkeypatch.setenv(forkserver.ENV, str(folder))
+    try:
+        with start_worker("echo") as w:
+            assert isinstance(w.process, ForkedWorker)
+            assert w.call("echo", {"a": 2}) == {"a": 2}
+    finally:
+        log = _stop(server)
+    assert "1 workers forked, 0 refused" in log
+
+
+@pytest.mark.parametrize("ray_node", [False, True])
+def test_a_servers_environment_is_the_one_its_workers_get(monkeypatch: pytest.MonkeyPatch, ray_node: bool) -> None:
+    """A command completes its worker's environment (`worker_env`); on a Ray node the relay adds what Ray sets in
+    each actor where that does not set it (`ACTOR_ENV`). A server started in the same shell, with `--ray-node` on
+    such a node, completes its own to the same names and values (`PYTHONPATH` may differ under the refusal rules)."""
+    shell = {"PATH": os.environ["PATH"], "HOME": "/home/someone", "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "0"}
+    monkeypatch.setattr(os, "environ", dict(shell))
+    command = engines.worker_env(None, "hf")
+    command.pop("PYTHONPATH")
+    want = {**ACTOR_ENV, **command} if ray_node else command
+    served = forkserver.served_env(shell, engines.ENGINES["hf"], ray_node=ray_node)
+    assert served == want
+    assert served["OMP_NUM_THREADS"] == "2"  # the shell's own values stay
+    assert served["HF_HUB_OFFLINE"] == "0"
+    assert ("SPT_NOENV" in served) is ray_node
+    assert served["TOKENIZERS_PARALLELISM"] == "false"
 
 
 @pytest.mark.parametrize("change", ["OMP_NUM_THREADS", "a search path with another numpy"])

@@ -19,7 +19,6 @@ from typing import Any
 from invar.engines import ENGINES, worker_env
 from invar.records import RunStore
 from invar.transport import forkserver
-from invar.transport.ray_relay import ACTOR_ENV
 
 # Ray on this machine's loopback only: without this Ray gives its nodes the machine's routable address.
 LOOPBACK_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -71,11 +70,12 @@ NODE_SERVERS = ("hf", "mlx")
 def start_node_servers(folder: Path, engines: Sequence[str], extra: Mapping[str, str],
                        log: Path) -> list[subprocess.Popen[bytes]]:
     """Fork servers for a Ray node's workers (`invar.transport.ray_relay`: a relay asks the server its node's
-    environment names), in the environment those workers get: a command's (`extra` on this process's) with what Ray
-    sets in each actor where the command does not (`ACTOR_ENV`). The node is then started with `forkserver.ENV`
-    naming `folder`; a worker placed before a server has imported its engine starts fresh."""
+    environment names), in the environment those workers get: a command's (`extra` on this process's), to which
+    the server's `--ray-node` adds what Ray sets in each actor where the command does not (`ray_relay.ACTOR_ENV`),
+    as docs/scale.md has a user start it. The node is then started with `forkserver.ENV` naming `folder`; a worker
+    placed before a server has imported its engine starts fresh."""
     with open(log, "ab") as out:  # each server writes to its own copy of the descriptor
-        return [forkserver.start(folder, ENGINES[engine], {**ACTOR_ENV, **worker_env(extra, engine)}, out)
+        return [forkserver.start(folder, ENGINES[engine], worker_env(extra, engine), out, ray_node=True)
                 for engine in engines]
 
 

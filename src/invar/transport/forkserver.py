@@ -2,6 +2,7 @@
 
     python -P -m invar.transport.forkserver FOLDER invar.workers.hf_worker     (one server per worker module)
     INVAR_FORKSERVER=FOLDER invar ...
+    python -P -m invar.transport.forkserver --ray-node FOLDER invar.workers.hf_worker     (on a Ray node)
 
 Most of an HF or MLX worker's start is importing torch and transformers, or mlx and mlx-lm: about 5 s of CPU of the
 6–7 s to its handshake on this project's machines; a vLLM worker's import of vllm takes longer still. A fork server
@@ -276,10 +277,12 @@ def spawn(argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -
 
 
 def start(folder: str | os.PathLike[str], module: str, env: Mapping[str, str],
-          log: IO[bytes] | int | None = None) -> subprocess.Popen[bytes]:
-    """Start a fork server of worker `module` under `folder`, with the environment its workers will have. It serves
-    once it has imported the engine: its socket appears then, and until then workers start as local subprocesses."""
-    return subprocess.Popen([sys.executable, "-P", "-m", "invar.transport.forkserver", str(folder), module],
+          log: IO[bytes] | int | None = None, ray_node: bool = False) -> subprocess.Popen[bytes]:
+    """Start a fork server of worker `module` under `folder`, in `env` as `main` completes it (`served_env`; with
+    `ray_node`, for a Ray node's relays). It serves once it has imported the engine: its socket appears then, and
+    until then workers start as local subprocesses."""
+    return subprocess.Popen([sys.executable, "-P", "-m", "invar.transport.forkserver", *(["--ray-node"] * ray_node),
+                             str(folder), module],
                             env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
 
 
@@ -547,8 +550,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description="Fork workers of one module from a process that imported its engine.")
     parser.add_argument("folder", type=Path, help="where its socket goes (INVAR_FORKSERVER names the folder)")
     parser.add_argument("module", help="the worker module it serves, e.g. invar.workers.hf_worker")
+    parser.add_argument("--ray-node", action="store_true",
+                        help="serve the relays of a Ray node started from this shell: add what Ray sets in each "
+                             "actor's environment (invar.transport.ray_relay.ACTOR_ENV) where this one lacks it")
     args = parser.parse_args(argv)
+    os.environ.update(served_env(os.environ, args.module, ray_node=args.ray_node))
     return serve(args.folder, args.module)
+
+
+def served_env(env: Mapping[str, str], module: str, ray_node: bool = False) -> dict[str, str]:
+    """The environment a server of `module` started in `env` serves in: the one a command started in `env` gives
+    its worker (`invar.engines.worker_defaults` where `env` lacks them; `PYTHONPATH` may differ under the refusal
+    rules), and on a Ray node what Ray adds to each actor's where neither sets it. A server started in a shell
+    without the workers' defaults would otherwise refuse every request, its environment differing on them."""
+    from invar.engines import ENGINE_TABLE, worker_defaults
+    from invar.transport.ray_relay import ACTOR_ENV
+
+    served = dict(env)
+    named = [info.name for info in ENGINE_TABLE.values() if info.module == module]
+    for defaults in (worker_defaults(named), ACTOR_ENV if ray_node else {}):  # a command's own names come first
+        for name, value in defaults.items():
+            served.setdefault(name, value)
+    return served
 
 
 if __name__ == "__main__":
