@@ -1,7 +1,7 @@
 """Teacher forcing and generation on a 262,144-token vocabulary: the HF and MLX workers on the same 40 units.
 
-    .venv/bin/python bench/prefill_vocab.py [--drivers hf,mlx,mlx-old] [--old-src /tmp/old/src]
-        [--units 40] [--cache bench/.cache] [--json docs/performance/prefill_vocab.json]
+    .venv/bin/python bench/prefill_vocab.py [--drivers hf,mlx,mlx-old,vllm,vllm-old] [--old-src /tmp/old/src]
+        [--units 40] [--temperature 1.0] [--cache bench/.cache] [--json docs/performance/prefill_vocab.json]
 
 The model: a Gemma 3 text model with random weights (seeded), Gemma 3's vocabulary size (262,144) and a tiny body
 (2 layers, hidden 128, tied output layer: about 135 MB), built once under `--cache`. On such a model the output
@@ -10,7 +10,8 @@ layers. The units: `--units` prompts of 32 to 128 random token ids (seeded) with
 
 Each driver is one worker process (`hf`; `mlx` this checkout's MLX worker; `mlx-old` the MLX worker of another
 checkout's `--old-src`, e.g. `git archive HEAD src | tar -x -C /tmp/old`; `mlx-openblas` this checkout's with
-`--blas openblas`) that loads the model and runs three phases, each one call:
+`--blas openblas`; `vllm` the vLLM worker, `vllm-old` another checkout's, as `mlx-old`) that loads the model
+and runs three phases, each one call, at `--temperature` (scored and sampled at that temperature):
 - `score`: every unit's response teacher-forced, with whole-vocabulary rows at the first and the last step (as
   `invar score --capture-steps 0,last` asks);
 - `generate`: every prompt decoded for 16 tokens at T = 1 (seeded), in batches of 8;
@@ -107,15 +108,16 @@ def _phase(pid: int, name: str, run: Callable[[], Any]) -> dict[str, Any]:
     return row
 
 
-def drive(driver: str, model: Path, work: list[tuple[list[int], list[int]]], old_src: Path | None) -> dict[str, Any]:
-    engine = "hf" if driver == "hf" else "mlx"
-    env = {"PYTHONPATH": str(old_src)} if driver == "mlx-old" and old_src is not None else None
+def drive(driver: str, model: Path, work: list[tuple[list[int], list[int]]], old_src: Path | None,
+          temperature: float = 1.0) -> dict[str, Any]:
+    engine = driver.removesuffix("-old") if driver.removesuffix("-old") in ("hf", "vllm") else "mlx"
+    env = {"PYTHONPATH": str(old_src)} if driver.endswith("-old") and old_src is not None else None
     args = ["--blas", "openblas"] if driver == "mlx-openblas" else None
     load = {"model_dir": str(model), "model_digest": canonical.tree_digest(model), "dtype": "float32",
             "quantization": "none", "adapter": None}
     items = [{"item_id": f"u{i}", "prompt_ids": p, "response_tokens": np.asarray(r, dtype=np.int32),
-              "temperature": 1.0, "vocab_steps": [0, RESPONSE - 1]} for i, (p, r) in enumerate(work)]
-    requests = [{"request_id": f"u{i}", "prompt_ids": p, "seed": i, "temperature": 1.0, "top_p": 1.0,
+              "temperature": temperature, "vocab_steps": [0, RESPONSE - 1]} for i, (p, r) in enumerate(work)]
+    requests = [{"request_id": f"u{i}", "prompt_ids": p, "seed": i, "temperature": temperature, "top_p": 1.0,
                  "max_tokens": RESPONSE} for i, (p, _) in enumerate(work)]
     layout = [list(range(a, min(a + BATCH, len(work)))) for a in range(0, len(work), BATCH)]
     print(driver, flush=True)
@@ -135,18 +137,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drivers", default="hf,mlx")
     parser.add_argument("--old-src", type=Path, default=None)
     parser.add_argument("--units", type=int, default=40)
+    parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--cache", type=Path, default=REPO / "bench" / ".cache")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     drivers = args.drivers.split(",")
-    if "mlx-old" in drivers and args.old_src is None:
-        raise SystemExit("prefill_vocab: the mlx-old driver runs another checkout's src: pass --old-src DIR")
+    if any(d.endswith("-old") for d in drivers) and args.old_src is None:
+        raise SystemExit("prefill_vocab: an -old driver runs another checkout's src: pass --old-src DIR")
     model = build(args.cache)
     work = units(args.units)
-    results = [drive(d, model, work, args.old_src) for d in drivers]
+    results = [drive(d, model, work, args.old_src, args.temperature) for d in drivers]
     doc = {**header("prefill_vocab.py", argv),
            "model": {"vocab_size": VOCAB, **SHAPE, "family": "gemma3_text, tied output layer, random weights"},
-           "units": len(work), "prompt_tokens": sum(len(p) for p, _ in work), "response_tokens": RESPONSE,
+           "units": len(work), "temperature": args.temperature, "prompt_tokens": sum(len(p) for p, _ in work),
+           "response_tokens": RESPONSE,
            "results": results}
     write_json(args.json, doc, indent=1)
     return 0

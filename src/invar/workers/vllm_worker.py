@@ -124,6 +124,10 @@ from invar.workers.effective import vllm_effective
 LOGPROBS_MODE = "processed_logprobs"
 LOADED = "@loaded"
 """Internal key of the adapter `load_model` loaded (what a call's null adapter selects)."""
+CAPTURE_ENTRIES = 1 << 21
+"""Vocabulary entries one submission of capture steps returns at most (`_teacher_forced`): 8 rows of a
+262,144-token vocabulary, 42 of SmolLM2's 49,152. Checked on the tiny model, SmolLM2 and a 262,144-token vocabulary:
+a score's rows are the same bits whatever else its submission holds."""
 SAMPLING_EPS = 1e-5
 """vLLM treats temperatures below this as greedy."""
 CPU_PREFILL_BUDGET = 16384
@@ -461,6 +465,7 @@ class Engine:
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.logprobs import FlatLogprobs
 
         m = self.loaded("score")
         lora = None if adapter is None else adapter.request()
@@ -478,18 +483,27 @@ class Engine:
                 lps[k] = np.array([row[int(t)].logprob for row, t in zip(rows, tokens, strict=True)], dtype=np.float32)
         wanted = [(k, s) for k, (_, _, _, steps) in enumerate(seqs) for s in steps]
         rows_at = {}
-        if wanted:
-            prompts = [TokensPrompt(prompt_token_ids=seqs[k][0] + [int(t) for t in seqs[k][1][:s]]) for k, s in wanted]
+        # The captures in submissions of at most CAPTURE_ENTRIES // V rows, each turned into arrays before the next:
+        # vLLM hands every row over as Python numbers, about 112 bytes per entry in its flat form (over 200 as a
+        # dict), so one submission of all rows held 5 GB for 80 rows of a 262,144-token vocabulary.
+        chunk = max(1, CAPTURE_ENTRIES // m.vocab_size)
+        for start in range(0, len(wanted), chunk):
+            part = wanted[start:start + chunk]
+            prompts = [TokensPrompt(prompt_token_ids=seqs[k][0] + [int(t) for t in seqs[k][1][:s]]) for k, s in part]
             params = [SamplingParams(max_tokens=1, temperature=seqs[k][2], seed=0, logprobs=-1, detokenize=False,
-                                     ignore_eos=True) for k, _ in wanted]
+                                     ignore_eos=True, flat_logprobs=True) for k, _ in part]
             results = m.llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
-            for (k, s), res in zip(wanted, results, strict=True):
-                (step,) = res.outputs[0].logprobs
+            for (k, s), res in zip(part, results, strict=True):
+                step = res.outputs[0].logprobs
+                if not isinstance(step, FlatLogprobs) or len(step) != 1:
+                    raise RuntimeError(f"vLLM returned {type(step).__name__} for one flat step's log-probabilities")
+                ids = np.array(step.token_ids, dtype=np.int64)
+                values = np.array(step.logprobs, dtype=np.float32)  # float32's own values, as Python floats
+                inside = ids < m.vocab_size
                 row = np.full(m.vocab_size, -np.inf, dtype=np.float32)
-                for v, lp in step.items():
-                    if v < m.vocab_size:
-                        row[v] = lp.logprob
+                row[ids[inside]] = values[inside]  # the sampled token comes twice, with the same value
                 rows_at[(k, s)] = row
+            del results
         out = []
         for k, (_, tokens, _, steps) in enumerate(seqs):
             vocab = np.zeros((len(steps), m.vocab_size), dtype=np.float32)
