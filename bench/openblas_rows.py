@@ -8,9 +8,11 @@ forward's bit for bit (docs/mlx.md, "The output layer only where it is read"). T
 a random float32 layer of SmolLM2's shape ([vocab × hidden], used transposed, as mlx-lm's tied layer) and `--rows`
 random inputs [N × hidden]: for each row j of the whole product X · Wᵀ, whether the same row computed in a smaller
 product has the same bits, for the smaller products a cut could run: the row alone; the aligned group of 4, 8 or 16
-rows holding it; the suffix X[j:] (teacher forcing's cut); the prefix X[:j + 1]. Each BLAS runs in a process of its
-own (`--blas`): the bundled reference BLAS (slow: a few minutes at N = 64 on a quiet core), and OpenBLAS preloaded
-as the worker's `--blas openblas` does (one thread).
+rows holding it; the suffix X[j:] (teacher forcing's cut); the prefix X[:j + 1]; and every row at once with the
+product taken 1,000 or 4,096 vocabulary columns at a time (the worker's column blocks). Each BLAS runs in a
+process of its own (`--blas`): the bundled reference BLAS (slow: a few minutes at N = 64 on a quiet core), and
+OpenBLAS preloaded as the worker's `--blas openblas` does (one thread), whose kernels depend on the CPU (recorded as
+`openblas_core`).
 Reported: per BLAS, per N and per partition, the count of rows equal to the whole product's.
 """
 
@@ -28,6 +30,9 @@ from report import header, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 PARTITIONS = ("alone", "group of 4", "group of 8", "group of 16", "suffix", "prefix")
+COLUMN_BLOCKS = (1000, 4096)
+"""Every row at once, the product taken this many vocabulary columns at a time (the MLX worker's
+`logits_in_blocks`)."""
 
 
 def _span(kind: str, j: int, n: int) -> tuple[int, int]:
@@ -59,6 +64,9 @@ def measure(vocab: int, hidden: int, rows: list[int]) -> dict[str, dict[str, int
                 a, b = _span(kind, j, n)
                 same += np.array(x[a:b] @ weight.T)[j - a].tobytes() == whole[j].tobytes()
             counts[kind] = same
+        for block in COLUMN_BLOCKS:
+            blocks = np.concatenate([np.array(x @ weight[v:v + block].T) for v in range(0, vocab, block)], axis=1)
+            counts[f"columns by {block}"] = sum(blocks[j].tobytes() == whole[j].tobytes() for j in range(n))
         out[str(n)] = counts
     return out
 
@@ -92,8 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         results[blas] = json.loads(proc.stdout.strip().splitlines()[-1])
         for n, counts in results[blas].items():
             print(f"{blas:<9} N={n:<4} " + ", ".join(f"{k}: {v}/{n}" for k, v in counts.items()), flush=True)
+    import ctypes
+
+    core = ctypes.CDLL(str(library)).openblas_get_corename
+    core.restype = ctypes.c_char_p
     doc = {**header("openblas_rows.py", argv),
            "vocab": args.vocab, "hidden": args.hidden, "openblas_library": library.name,
+           "openblas_core": core().decode(),
            "rows_equal_to_the_whole_product": results}
     write_json(args.json, doc, indent=1)
     return 0

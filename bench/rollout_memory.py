@@ -12,10 +12,12 @@ that takes the output layer at every prompt position holds float32 logits [chats
 (64 chats × about 250 positions × 49,152 on SmolLM2: about 3 GB); one that takes it at the last position holds
 [chats, 1, vocabulary].
 
-`--cut kept,whole` instead runs the MLX worker's engine class in a process of its own for each value (with
-OpenBLAS preloaded when `--setting blas=openblas` is given, as the worker preloads it), with its `head_rows` set to
-the output layer at the last position only (kept) or at every position (whole), whatever the load-time probe found:
-what either path holds on the same call, where the worker itself would take only one of them.
+`--cut kept,whole,blocks` instead runs the MLX worker's engine class in a process of its own for each value (with
+OpenBLAS preloaded when `--setting blas=openblas` is given, as the worker preloads it), its prefill path set whatever
+the load-time probe found: the output layer at the last position only (kept: `head_rows`), at every position at
+once (whole), or at every position in blocks of `COLUMN_BLOCK` vocabulary columns, each cut to the last position
+before the next (blocks: `column_block`): what each path holds on the same call, where the worker itself takes one
+of them. Each row carries the sha256 of the call's outputs (equal: the paths gave the same bits).
 """
 
 from __future__ import annotations
@@ -74,16 +76,18 @@ def child(cut: str, model: Path, prompts: list[list[int]]) -> int:
                                           "dtype": "float32", "quantization": "none", "adapter": None})
     assert engine.m is not None
     probe, engine.m.head_rows = engine.m.head_rows, cut == "kept"
+    engine.m.column_block = mlx_worker.COLUMN_BLOCK if cut == "blocks" else 0
     loaded = status_kib(os.getpid(), "VmRSS")
     Path("/proc/self/clear_refs").write_text("5")
     cpu = time.process_time()
-    serves(GENERATE, engine.generate)({
+    result = serves(GENERATE, engine.generate)({
         "requests": [{"request_id": f"c{i}", "prompt_ids": p, "seed": i, "temperature": 1.0, "top_p": 1.0,
                       "max_tokens": 8} for i, p in enumerate(prompts)],
         "layout": [list(range(len(prompts)))], "adapter": None, "reference_adapter": None})
     print(json.dumps({"cut": cut, "probe_head_rows": probe, "rss_after_load_mib": round(loaded / 1024, 1),
                       "peak_mib": round(status_kib(os.getpid(), "VmHWM") / 1024, 1),
-                      "generate_cpu_s": round(time.process_time() - cpu, 1)}))
+                      "generate_cpu_s": round(time.process_time() - cpu, 1),
+                      "outputs_sha256": canonical.sha256(canonical.encode(result["outputs"]))}))
     return 0
 
 
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=REPO / "models" / "smollm2-135m-instruct-mlx")
     parser.add_argument("--old-src", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--cut", default=None, help="kept,whole: the engine class in this process, per path")
+    parser.add_argument("--cut", default=None, help="kept,whole,blocks: the engine class in this process, per path")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.model.is_dir():

@@ -169,3 +169,51 @@ def test_score_reads_the_whole_log_softmax_table_s_entries(
         assert out["logprobs"].tobytes() == mlx_worker._gather(table, response).tobytes()
         rows = np.array(table, dtype=np.float32)[[0, len(RESPONSE) - 1]]
         assert out["vocab_logprobs"].tobytes() == rows.tobytes()
+
+
+def test_where_rows_are_not_kept_the_whole_forward_runs_in_column_blocks(
+        load_params: dict[str, Any], engines: tuple[mlx_worker.Engine, mlx_worker.Engine],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the probe finds that a row's bits depend on how many rows the product holds (OpenBLAS on some CPUs),
+    the whole forward runs, its output layer taken a block of vocabulary columns at a time and each block cut to the
+    used positions before the next: every position reaches each block's product, and the numbers are the whole
+    forward's, bit for bit."""
+    _, whole = engines
+    monkeypatch.setattr(mlx_worker, "_rows_kept_exactly", lambda *args, **kwargs: False)
+    monkeypatch.setattr(mlx_worker, "COLUMN_BLOCK", 5)  # the shipped model's 18 columns in blocks of 5, 5, 5, 3
+    blocked = _engine(load_params)
+    assert blocked.m is not None
+    assert not blocked.m.head_rows
+    assert blocked.m.column_block == 5
+    widths: list[tuple[int, int]] = []
+    product = mlx_worker._Columns.__call__
+
+    def counting(self: Any, x: mx.array) -> mx.array:
+        widths.append((int(np.prod(x.shape[:-1])), self.stop - self.start))
+        return product(self, x)
+
+    monkeypatch.setattr(mlx_worker._Columns, "__call__", counting)
+    for a, b in zip(_score(blocked), _score(whole), strict=True):
+        assert a["logprobs"].tobytes() == b["logprobs"].tobytes()
+        assert a["vocab_logprobs"].tobytes() == b["vocab_logprobs"].tobytes()
+    assert widths == [(len(p) + len(RESPONSE) - 1, w) for p in PROMPTS for w in (5, 5, 5, 3)]
+    for temperature in (1.0, 0.0):
+        for a, b in zip(_generate(blocked, temperature), _generate(whole, temperature), strict=True):
+            assert a["tokens"].tobytes() == b["tokens"].tobytes()
+            assert a["logprobs"].tobytes() == b["logprobs"].tobytes()
+
+
+def test_a_forward_of_another_shape_is_not_taken_in_blocks(load_params: dict[str, Any]) -> None:
+    engine = _engine(load_params)
+    assert engine.m is not None
+
+    class Wrapped:
+        def __init__(self, inner: Any) -> None:
+            self.language_model = inner
+
+        def __call__(self, inputs: mx.array, cache: Any = None) -> mx.array:
+            return self.language_model(inputs, cache=cache)  # type: ignore[no-any-return]
+
+    vocab = engine.m.vocab_size
+    assert mlx_worker._blocks_keep_bits(engine.m.model, vocab, 5)
+    assert not mlx_worker._blocks_keep_bits(Wrapped(engine.m.model), vocab, 5)
