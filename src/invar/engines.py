@@ -84,7 +84,7 @@ class LaunchSetting:
 @dataclass(frozen=True)
 class EngineInfo:
     """What the core knows of one engine: the worker module that serves it, its launch settings and how they become
-    the worker's command line, and the environment its worker needs."""
+    the worker's command line (the environment its worker needs is its module's, `invar.transport.environment`)."""
 
     name: str
     module: str
@@ -92,8 +92,6 @@ class EngineInfo:
     settings: Mapping[str, LaunchSetting] = field(default_factory=dict)
     """The package settings that are launch options of the worker (its own command line); every other setting is
     fixed by the worker itself and only checked against its identity at handshake."""
-    env: Mapping[str, str] = field(default_factory=dict)
-    """Environment variables the worker starts with unless the caller's environment sets them."""
     reported: frozenset[str] | None = None
     """The names of the settings the worker fixes itself and reports in its identity, beside its launch settings: a
     package setting named in neither is refused before any worker starts (`invar.owner_files.check_launch_settings`),
@@ -127,10 +125,6 @@ class EngineInfo:
         """The required launch settings that `given` lacks (or leaves null)."""
         return [name for name, launch in self.settings.items() if launch.required and given.get(name) is None]
 
-
-_COMMON_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONUNBUFFERED": "1"}
-"""Every worker: offline (no hub), quiet, unbuffered."""
 
 _VLLM_BACKENDS = ("mp", "ray", "uni", "external_launcher")  # `invar.workers.vllm_worker.EXECUTOR_BACKENDS`
 
@@ -169,8 +163,7 @@ ENGINE_TABLE: dict[str, EngineInfo] = {e.name: e for e in (
         "pipeline_parallel_size": LaunchSetting("--pipeline-parallel-size", int),
         "distributed_executor_backend": LaunchSetting("--distributed-executor-backend", str, _VLLM_BACKENDS),
         "enforce_eager": LaunchSetting("--no-enforce-eager", bool, flag_when=False, default=True)},
-        # A small KV cache on the CPU (GiB), and vLLM's own logging kept to warnings.
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}, host_cores=_vllm_cores,
+        host_cores=_vllm_cores,
         reported=frozenset({"logprobs_mode", "prompt_logprobs", "enable_prefix_caching", "enable_lora",
                             "lora_target_modules", "top_p", "env"})),
     EngineInfo("mlx", "invar.workers.mlx_worker", {
@@ -314,18 +307,18 @@ _IMPORT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def worker_defaults(engines: Iterable[str] | None = None) -> dict[str, str]:
-    """The names a worker of these engines gets where its caller's environment does not set them: every worker's
-    (`_COMMON_ENV`), then each engine's `EngineInfo.env` in turn (every engine's when `engines` is None). A fork
-    server sets the same in its own environment, so that a command started beside it asks for what it has."""
-    defaults = dict(_COMMON_ENV)
-    for info in ENGINE_TABLE.values() if engines is None else (ENGINE_TABLE[name] for name in engines):
-        for name, value in info.env.items():
-            defaults.setdefault(name, value)
-    return defaults
+    """The names a worker of these engines gets where its caller's environment does not set them
+    (`invar.transport.environment`: every worker's, then each engine's in turn; every engine's when `engines` is
+    None). A fork server sets the same in its own environment, so that a command started beside it asks for what it
+    has."""
+    from invar.transport.environment import worker_defaults as module_defaults
+
+    chosen = ENGINE_TABLE.values() if engines is None else (ENGINE_TABLE[name] for name in engines)
+    return module_defaults(info.module for info in chosen)
 
 
 def worker_env(extra: Mapping[str, str] | None = None, engine: str | None = None) -> dict[str, str]:
-    """The environment a worker of `engine` runs in: offline (no hub), quiet, small on the CPU (`EngineInfo.env`,
+    """The environment a worker of `engine` runs in: offline (no hub), quiet, small on the CPU (`worker_defaults`,
     where this environment does not set them; every engine's when `engine` is None), then `extra`."""
     env = dict(os.environ)
     for name, value in worker_defaults(None if engine not in ENGINE_TABLE else (engine,)).items():

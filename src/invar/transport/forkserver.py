@@ -560,15 +560,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def served_env(env: Mapping[str, str], module: str, ray_node: bool = False) -> dict[str, str]:
     """The environment a server of `module` started in `env` serves in: the one a command started in `env` gives
-    its worker (`invar.engines.worker_defaults` where `env` lacks them; `PYTHONPATH` may differ under the refusal
-    rules), and on a Ray node what Ray adds to each actor's where neither sets it. A server started in a shell
-    without the workers' defaults would otherwise refuse every request, its environment differing on them."""
-    from invar.engines import ENGINE_TABLE, worker_defaults
+    its worker (`invar.transport.environment.worker_defaults` where `env` lacks them; `PYTHONPATH` may differ under
+    the refusal rules), and on a Ray node what Ray adds to each actor's where neither sets it. A server started in a
+    shell without the workers' defaults would otherwise refuse every request, its environment differing on them."""
+    from invar.transport.environment import worker_defaults
     from invar.transport.ray_relay import ACTOR_ENV
 
     served = dict(env)
-    named = [info.name for info in ENGINE_TABLE.values() if info.module == module]
-    for defaults in (worker_defaults(named), ACTOR_ENV if ray_node else {}):  # a command's own names come first
+    for defaults in (worker_defaults([module]), ACTOR_ENV if ray_node else {}):  # a command's own names come first
         for name, value in defaults.items():
             served.setdefault(name, value)
     return served
