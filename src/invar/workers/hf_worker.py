@@ -148,10 +148,11 @@ shipped model's batches stay far below it (its vocabulary has 18 tokens) and tak
 HEAD_ROWS = 16
 """Fewest rows the bounded path's output projection multiplies at once (a shorter chunk is padded with zero rows and
 the padding's logits dropped). MKL's float32 matrix product takes another code path for a product of few rows and
-rounds its rows differently from the same rows inside a larger product: measured with one thread, below 4 rows on an
-AMD EPYC (AVX-512), below 6 (width 128, the shipped model) and below 16 (width 576, vocabulary 49,152) on an Intel
-Xeon with AVX-512 and AMX; from 16 rows on, every chunk measured gave the whole product's bits on both, forward and
-backward (docs/training.md)."""
+rounds its rows differently from the same rows inside a larger product: measured with one thread, on an AMD EPYC
+(AVX-512) the learner's chunks of 1-3 positions on the shipped model and of 4 on SmolLM2-135M, and on an Intel Xeon
+with AVX-512 and AMX products below 6 rows (width 128, the shipped model) and below 16 (width 576, vocabulary
+49,152); from 16 rows on, every chunk measured gave the whole product's bits on both, forward and backward
+(docs/training.md)."""
 
 
 # -- LoRA -----------------------------------------------------------------------------------------------------------

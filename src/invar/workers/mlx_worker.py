@@ -43,7 +43,7 @@ identity, their methods one at a time. Decisions this worker embodies:
   runs, but its output layer a block of `COLUMN_BLOCK` vocabulary columns at a time, each cut to the used positions
   before the next (`logits_in_blocks`, where the load's probe finds the whole forward's bits that way): the whole
   forward's numbers, holding one block's logits instead of all of them (a rollout batch of 64 SmolLM2 prompts:
-  2.7 GB instead of 4.6).
+  2.75 GB instead of 4.59).
 - **The output layer's product, the bundled BLAS's sums.** mlx-lm's output layer (a tied embedding's `as_linear`,
   or `lm_head`) multiplies by its [V, H] weight transposed, which the bundled reference BLAS (scalar code, one
   multiply and one add per step) runs at 3-6 GFLOP/s. The inference role keeps one copy of that weight (`head`)
@@ -251,7 +251,7 @@ class Loaded:
     column_block: int = 0
     """Where `head_rows` does not hold: the whole forward's rows taken in blocks of this many vocabulary columns,
     each cut to the used positions before the next (`logits_in_blocks`), where the load's probe finds the whole
-    forward's bits that way (OpenBLAS); 0: the whole forward, cut after."""
+    forward's bits that way (OpenBLAS's kernels on some CPUs); 0: the whole forward, cut after."""
     adapters: dict[str, Adapter] = field(default_factory=dict)
     loaded: Adapter | None = None
     """The adapter a null name selects: load_model's, or on the learner the one under training."""
@@ -819,8 +819,8 @@ class _Kept:
 
 
 class _Head:
-    """An output layer (a tied `Embedding`, or `lm_head`) whose product is taken by `head` (`HeadProduct`) instead
-    of the layer's own x @ weight.T. Every other attribute is the layer's own."""
+    """An output layer (a tied `Embedding`, or `lm_head`) whose product is taken by `head` (a `HeadProduct`, or
+    `_Columns`) instead of the layer's own x @ weight.T. Every other attribute is the layer's own."""
 
     def __init__(self, layer: Any, head: Callable[[mx.array], mx.array]) -> None:
         self._layer, self._head = layer, head
