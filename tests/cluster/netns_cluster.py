@@ -165,8 +165,7 @@ class NetnsCluster:
         folder.mkdir(parents=True, exist_ok=True)
         env = worker_env({**RAY_ENV, **self.own_env()}, "hf")
         with open(self.temp / f"forkserver-{node}.log", "ab") as log:
-            proc = subprocess.Popen(self.argv(node, sys.executable, "-P", "-m", "invar.transport.forkserver",
-                                              "--ray-node", str(folder), ENGINES["hf"]),
+            proc = subprocess.Popen(self.argv(node, *forkserver.command(folder, ENGINES["hf"], ray_node=True)),
                                     env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         self.servers[node] = [proc.pid]  # `ip netns exec` runs the server in its own process
         return str(folder)

@@ -281,9 +281,14 @@ def start(folder: str | os.PathLike[str], module: str, env: Mapping[str, str],
     """Start a fork server of worker `module` under `folder`, in `env` as `main` completes it (`served_env`; with
     `ray_node`, for a Ray node's relays). It serves once it has imported the engine: its socket appears then, and
     until then workers start as local subprocesses."""
-    return subprocess.Popen([sys.executable, "-P", "-m", "invar.transport.forkserver", *(["--ray-node"] * ray_node),
-                             str(folder), module],
-                            env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    return subprocess.Popen(command(folder, module, ray_node), env=dict(env), stdin=subprocess.DEVNULL, stdout=log,
+                            stderr=log, start_new_session=True)
+
+
+def command(folder: str | os.PathLike[str], module: str, ray_node: bool = False) -> list[str]:
+    """The command line of a fork server of worker `module` under `folder` (`main`'s)."""
+    return [sys.executable, "-P", "-m", "invar.transport.forkserver", *(["--ray-node"] * ray_node), str(folder),
+            module]
 
 
 # -- the server ----------------------------------------------------------------------------------------------------
