@@ -971,15 +971,22 @@ def logits_at(model: Any, ids: mx.array, keep: slice, cache: Any = None,
 
 
 def _rows_kept_exactly(model: Any, vocab: int, head: HeadProduct | None = None) -> bool:
-    """Whether `logits_at` (with `head`) gives the whole forward's bits on a probe of 8 positions (the last one
-    alone, and the last five): false for a family whose forward does not run its stack as `model` then an output
-    layer, or where the matrix product rounds a row differently with fewer rows or with the weight stored [H, V]."""
+    """Whether `logits_at` (with `head`) gives the whole forward's bits on the probe (`_probe_matches`): false for a
+    family whose forward does not run its stack as `model` then an output layer, or where the matrix product rounds a
+    row differently with fewer rows or with the weight stored [H, V]."""
+    return _probe_matches(model, vocab, lambda ids, keep: logits_at(model, ids, keep, head=head))
+
+
+def _probe_matches(model: Any, vocab: int, logits: Callable[[mx.array, slice], mx.array]) -> bool:
+    """Whether `logits(ids, keep)` is the whole forward's `model(ids)[:, keep, :]` bit for bit on a probe of 8
+    positions (the last one alone, and the last five); false too where it raises (a forward of another shape, a
+    multimodal wrapper say: the whole forward serves it)."""
     ids = mx.array([[i % vocab for i in range(1, 9)]], dtype=mx.int32)
     try:
         whole = model(ids)
-        return all(bool(mx.array_equal(logits_at(model, ids, keep, head=head), whole[:, keep, :]).item())
+        return all(bool(mx.array_equal(logits(ids, keep), whole[:, keep, :]).item())
                    for keep in (slice(-1, None), slice(3, None)))
-    except Exception:  # a forward of another shape (a multimodal wrapper, say): the whole forward serves it
+    except Exception:
         return False
 
 
@@ -1022,18 +1029,12 @@ def logits_in_blocks(model: Any, ids: mx.array, keep: slice, block: int, cache: 
 
 
 def _blocks_keep_bits(model: Any, vocab: int, block: int) -> bool:
-    """Whether `logits_in_blocks` gives the whole forward's bits on the probe of `_rows_kept_exactly`, in blocks of
-    at most `block` columns and at least two: false where the matrix product rounds an entry by how many columns it
-    holds, or for a family whose forward does not run its stack as `model` then an output layer. (A vocabulary of
-    fewer than three columns is probed in fewer blocks.)"""
-    ids = mx.array([[i % vocab for i in range(1, 9)]], dtype=mx.int32)
+    """Whether `logits_in_blocks` gives the whole forward's bits on the probe (`_probe_matches`), in blocks of at
+    most `block` columns and at least two where the vocabulary allows: false where the matrix product rounds an entry
+    by how many columns it holds, or for a family whose forward does not run its stack as `model` then an output
+    layer."""
     probe = min(block, max(1, -(-vocab // 3)))
-    try:
-        whole = model(ids)
-        return all(bool(mx.array_equal(logits_in_blocks(model, ids, keep, probe), whole[:, keep, :]).item())
-                   for keep in (slice(-1, None), slice(3, None)))
-    except Exception:  # a forward of another shape (a multimodal wrapper, say): the whole forward serves it
-        return False
+    return _probe_matches(model, vocab, lambda ids, keep: logits_in_blocks(model, ids, keep, probe))
 
 
 def _log_softmax(logits: mx.array, temperature: float) -> mx.array:

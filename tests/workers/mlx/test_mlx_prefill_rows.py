@@ -103,8 +103,8 @@ def test_the_numbers_are_the_whole_forward_s(engines: tuple[mlx_worker.Engine, m
 
 
 def test_a_forward_of_another_shape_runs_whole(load_params: dict[str, Any]) -> None:
-    """A model whose forward does not run its decoder stack as `model` then an output layer is not cut: the probe
-    at load finds it and the whole forward serves it."""
+    """A model whose forward does not run its decoder stack as `model` then an output layer is neither cut nor taken
+    in column blocks: the probes at load find it and the whole forward serves it."""
     engine = _engine(load_params)
     assert engine.m is not None
 
@@ -118,6 +118,8 @@ def test_a_forward_of_another_shape_runs_whole(load_params: dict[str, Any]) -> N
     vocab = engine.m.vocab_size
     assert mlx_worker._rows_kept_exactly(engine.m.model, vocab)
     assert not mlx_worker._rows_kept_exactly(Wrapped(engine.m.model), vocab)
+    assert mlx_worker._blocks_keep_bits(engine.m.model, vocab, 5)
+    assert not mlx_worker._blocks_keep_bits(Wrapped(engine.m.model), vocab, 5)
 
 
 
@@ -202,18 +204,3 @@ def test_where_rows_are_not_kept_the_whole_forward_runs_in_column_blocks(
             assert a["tokens"].tobytes() == b["tokens"].tobytes()
             assert a["logprobs"].tobytes() == b["logprobs"].tobytes()
 
-
-def test_a_forward_of_another_shape_is_not_taken_in_blocks(load_params: dict[str, Any]) -> None:
-    engine = _engine(load_params)
-    assert engine.m is not None
-
-    class Wrapped:
-        def __init__(self, inner: Any) -> None:
-            self.language_model = inner
-
-        def __call__(self, inputs: mx.array, cache: Any = None) -> mx.array:
-            return self.language_model(inputs, cache=cache)  # type: ignore[no-any-return]
-
-    vocab = engine.m.vocab_size
-    assert mlx_worker._blocks_keep_bits(engine.m.model, vocab, 5)
-    assert not mlx_worker._blocks_keep_bits(Wrapped(engine.m.model), vocab, 5)
