@@ -38,7 +38,9 @@ def _invar(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def contract(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small HF contract (tests/runner/test_use_run.py's): FP32 reference, NF4 candidate, layouts solo and b4."""
+    """A small HF contract (tests/runner/test_use_run.py's): FP32 reference, NF4 candidate, layouts solo and b4. 24
+    units make 30 calls of about 0.1 s with forked workers: with 8 (10 calls) a run could end between two polls of
+    `_fault_mid_call` without a call seen in flight on the node it watches."""
     folder = tmp_path_factory.mktemp("cluster-contract")
     ident = probe_identity(Engine.HF)
     package = {"engine": "hf", "engine_version": ident.engine_version, "settings": ident.settings,
@@ -48,7 +50,7 @@ def contract(tmp_path_factory: pytest.TempPathFactory) -> Path:
     lines = [
         'name = "cluster-nf4"',
         "[population]", f'path = "{POPULATION}"',
-        f'sha256 = "{POPULATION.with_suffix(".sha256").read_text().split()[0]}"', "sample = 8",
+        f'sha256 = "{POPULATION.with_suffix(".sha256").read_text().split()[0]}"', "sample = 24",
         "[scorer]", 'name = "arithmetic-exact"',
         "[sampling]", "temperature = 1.0", "max_tokens = 5",
         "[requirement]", 'standard = "population"', 'epsilon = "0.5"', 'confidence = "0.95"',
