@@ -110,8 +110,9 @@ def _phase(pid: int, name: str, run: Callable[[], Any]) -> dict[str, Any]:
 
 def drive(driver: str, model: Path, work: list[tuple[list[int], list[int]]], old_src: Path | None,
           temperature: float = 1.0) -> dict[str, Any]:
-    engine = driver.removesuffix("-old") if driver.removesuffix("-old") in ("hf", "vllm") else "mlx"
-    env = {"PYTHONPATH": str(old_src)} if driver.endswith("-old") and old_src is not None else None
+    base = driver.removesuffix("-old")
+    engine = base if base in ("hf", "vllm") else "mlx"  # mlx, mlx-openblas
+    env = {"PYTHONPATH": str(old_src)} if base != driver and old_src is not None else None
     args = ["--blas", "openblas"] if driver == "mlx-openblas" else None
     load = {"model_dir": str(model), "model_digest": canonical.tree_digest(model), "dtype": "float32",
             "quantization": "none", "adapter": None}
