@@ -57,6 +57,11 @@ identity, their methods one at a time. Decisions this worker embodies:
 - **Only the log-probabilities that are read.** `score` takes each row's logsumexp over the vocabulary but forms
   log-probabilities only at the response's tokens and the captured rows (`_normalizer`): each is the scaled logit
   minus its row's logsumexp, the subtraction `log_softmax` would make there, so the same bits.
+- **The logsumexp, MLX's numbers at the exponentials' cost.** On the CPU, MLX's logsumexp calls libm's `fmaf` six
+  times an entry (half of a large-vocabulary score's time). Outside a differentiated graph, a table of
+  `LOGSUMEXP_ENTRIES` or more takes it by the worker's kernel (`logsumexp_kernels`: MLX's exponential and sums,
+  operation for operation, vectorized across entries), where a probe at the first such table finds MLX's bits;
+  else, and for a row with a NaN or an infinity, MLX's own.
 - **Adapters** are held as arrays and applied by putting mlx-lm's `LoRALinear` (y = W·x + scale·(x·a)·b) on
   the modules they adapt, so `generate` switches between policy and reference inside one call. Both formats
   load (mlx-lm's `adapters.safetensors`, or PEFT's `adapter_model.safetensors`, transposed on load); each
@@ -88,6 +93,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import functools
 import json
 import math
 import os
@@ -567,7 +573,7 @@ class Engine:
 
         def sample_loss(ids: mx.array, start: int, tokens: mx.array, behavior: mx.array, reference: mx.array,
                         advantage: mx.array, with_kl: bool) -> tuple[mx.array, ...]:
-            lp = _log_softmax(self.logits(ids, slice(start, None))[0], step.temperature)
+            lp = _log_softmax(self.logits(ids, slice(start, None))[0], step.temperature, traced=True)
             current = mx.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]
             proximal = mx.stop_gradient(current)
             w = mx.exp(proximal - behavior)  # the importance weight: exactly 1 where the two are equal
@@ -1037,20 +1043,182 @@ def _blocks_keep_bits(model: Any, vocab: int, block: int) -> bool:
     return _probe_matches(model, vocab, lambda ids, keep: logits_in_blocks(model, ids, keep, probe))
 
 
-def _log_softmax(logits: mx.array, temperature: float) -> mx.array:
-    """float32 log_softmax(logits / T) over the last axis (the vocabulary)."""
-    scaled, norm = _normalizer(logits, temperature)
+def _log_softmax(logits: mx.array, temperature: float, *, traced: bool = False) -> mx.array:
+    """float32 log_softmax(logits / T) over the last axis (the vocabulary); `traced`: inside a graph MLX
+    differentiates (the learner's loss), where the logsumexp must be MLX's own operation."""
+    scaled, norm = _normalizer(logits, temperature, traced=traced)
     return scaled - norm
 
 
-def _normalizer(logits: mx.array, temperature: float) -> tuple[mx.array, mx.array]:
+def _normalizer(logits: mx.array, temperature: float, *, traced: bool = False) -> tuple[mx.array, mx.array]:
     """float32 logits / T and their logsumexp over the last axis (kept): `_log_softmax` is the first minus the
     second, so any entry of it is that entry's scaled logit minus its row's logsumexp, the same subtraction with the
-    same bits. (Dividing by T = 1 is exact, so it is skipped.)"""
+    same bits. (Dividing by T = 1 is exact, so it is skipped.) The logsumexp is MLX's, by `row_logsumexp` where no
+    gradient is taken."""
     scaled = logits.astype(mx.float32)
     if temperature != 1.0:
         scaled = scaled / temperature
-    return scaled, mx.logsumexp(scaled, axis=-1, keepdims=True)
+    return scaled, (mx.logsumexp(scaled, axis=-1, keepdims=True) if traced else row_logsumexp(scaled))
+
+
+LOGSUMEXP_ENTRIES = 1 << 16
+"""A table of at least this many entries takes its logsumexp by the worker's kernel (`row_logsumexp`); a smaller one
+by MLX, where the kernel's compile and the process's probe would cost more than they save (the same bits either
+way)."""
+
+_logsumexp_kernels: tuple[Any, Any] | None = None
+
+
+def logsumexp_kernels() -> tuple[Any, Any]:
+    """MLX's CPU logsumexp of each row (mlx/backend/cpu/logsumexp.cpp and simd/math.h, mlx 0.32), and its
+    exponential alone (what `mx.exp` computes on the CPU; the probe's check), compiled by numba once per process.
+    MLX's x86 Linux build has no SIMD path (`max_size` 1) and calls libm's `fmaf` six times an exponential: 12.5 ns
+    an entry, half of a score's time on a 262,144-token vocabulary. The same operations, in the same order where
+    order matters, without the calls:
+
+    - exp(x) as `simd::exp`: y = x·1.442695f; i = floor((double)y + 0.5) (MLX's 0.5 is a double, so the floor is
+      taken in double); f = y − i; a degree-6 polynomial in f by fused multiply-adds (LLVM's fma, correctly rounded
+      as `fmaf` is); 2^i by shifting i + 127 into the exponent, times the polynomial; then NaN, > 88 and < −88
+      selected in MLX's order. The core runs on the input clamped to [−88, 88], so its int conversion stays defined;
+      the selects replace every clamped entry.
+    - a row's normalizer: Σ exp(x_j − max) in float32 from 0 in index order (MLX's one lane), eight rows' sums
+      interleaved (independent chains, each in its own order); then logf (libm's, which MLX's std::log calls) plus
+      the maximum, or the maximum itself where it is infinite.
+    - the maxima come in (`_logsumexp_rows` takes numpy's): a maximum is exact in any order, and the sign of a zero
+      maximum changes nothing (x − 0 differs from x + 0 only at x = ±0, whose exponential is 1 either way, and a
+      nonzero log plus ±0 is itself).
+
+    No fast-math: the compiler may vectorize the exponentials (independent entries), never fuse or reorder a sum.
+    Checked against MLX on every float32 a logsumexp's exponential meets (bench/mlx_logsumexp.py) and, in each
+    process, on a probe (`logsumexp_matches`)."""
+    global _logsumexp_kernels
+    if _logsumexp_kernels is None:
+        import numba
+        from numba import types
+        from numba.core.extending import intrinsic  # type: ignore[import-untyped]
+
+        @intrinsic  # type: ignore[untyped-decorator]
+        def fma32(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
+            def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+                return builder.fma(*args)
+
+            return types.float32(types.float32, types.float32, types.float32), codegen
+
+        logf = types.ExternalFunction("logf", types.float32(types.float32))
+        f32 = np.float32
+
+        @numba.njit(inline="always")  # type: ignore[untyped-decorator]
+        def exp(x_in: np.float32) -> np.float32:
+            x0 = x_in if x_in >= f32(-88.0) else f32(-88.0)
+            x0 = x0 if x0 <= f32(88.0) else f32(88.0)
+            y = x0 * f32(1.442695)
+            whole = f32(np.floor(np.float64(y) + 0.5))
+            frac = y - whole
+            p = f32(1.535336188319500e-4)
+            p = fma32(p, frac, f32(1.339887440266574e-3))
+            p = fma32(p, frac, f32(9.618437357674640e-3))
+            p = fma32(p, frac, f32(5.550332471162809e-2))
+            p = fma32(p, frac, f32(2.402264791363012e-1))
+            p = fma32(p, frac, f32(6.931472028550421e-1))
+            p = fma32(p, frac, f32(1.000000000000000))
+            power = np.int32((np.int32(whole) + np.int32(127)) << np.int32(23)).view(np.float32)
+            r = power * p
+            r = x_in if x_in != x_in else r
+            r = f32(np.inf) if x_in > f32(88.0) else r
+            return f32(0.0) if x_in < f32(-88.0) else r
+
+        @numba.njit("void(float32[:, ::1], float32[::1], float32[:, ::1], float32[::1])",  # type: ignore[untyped-decorator]
+                    fastmath=False, boundscheck=False, nogil=True, cache=False)
+        def logsumexp(x: np.ndarray, maxima: np.ndarray, exps: np.ndarray, out: np.ndarray) -> None:
+            rows, vocab = x.shape
+            for first in range(0, rows, 8):
+                n = min(8, rows - first)
+                for i in range(n):
+                    row, top, into = x[first + i], maxima[first + i], exps[i]
+                    for j in range(vocab):
+                        into[j] = exp(row[j] - top)
+                sums = np.zeros(8, dtype=np.float32)
+                if n == 8:
+                    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = f32(0.0)
+                    for j in range(vocab):
+                        s0 += exps[0, j]
+                        s1 += exps[1, j]
+                        s2 += exps[2, j]
+                        s3 += exps[3, j]
+                        s4 += exps[4, j]
+                        s5 += exps[5, j]
+                        s6 += exps[6, j]
+                        s7 += exps[7, j]
+                    sums[0], sums[1], sums[2], sums[3] = s0, s1, s2, s3
+                    sums[4], sums[5], sums[6], sums[7] = s4, s5, s6, s7
+                else:
+                    for i in range(n):
+                        total = f32(0.0)
+                        for j in range(vocab):
+                            total += exps[i, j]
+                        sums[i] = total
+                for i in range(n):
+                    top = maxima[first + i]
+                    out[first + i] = top if np.isinf(top) else logf(sums[i]) + top
+
+        @numba.njit("void(float32[::1], float32[::1])", fastmath=False, boundscheck=False, nogil=True,
+                    cache=False)  # type: ignore[untyped-decorator]
+        def exponentials(x: np.ndarray, out: np.ndarray) -> None:
+            for j in range(x.size):
+                out[j] = exp(x[j])
+
+        _logsumexp_kernels = logsumexp, exponentials
+    return _logsumexp_kernels
+
+
+def _logsumexp_rows(table: np.ndarray) -> np.ndarray:
+    """float32 [R]: the kernel's logsumexp of each row of a float32 [R, V] table; where a row's is not finite (a
+    NaN or an infinity in the row), MLX's own for that row."""
+    rows = np.ascontiguousarray(table, dtype=np.float32)
+    out = np.empty(rows.shape[0], dtype=np.float32)
+    logsumexp_kernels()[0](rows, rows.max(axis=1), np.empty((8, rows.shape[1]), dtype=np.float32), out)
+    odd = ~np.isfinite(out)
+    if odd.any():
+        out[odd] = np.array(mx.logsumexp(mx.array(rows[odd]), axis=-1), dtype=np.float32)
+    return out
+
+
+@functools.cache
+def logsumexp_matches() -> bool:
+    """Whether the kernels are usable in this process and give MLX's numbers bit for bit on a probe: numba present,
+    the CPU device, every 4,099th float32 in [−88, 0] (the inputs a logsumexp's exponential meets) through the
+    exponential against `mx.exp`, and whole rows against `mx.logsumexp` (the sweep beside a 0 in rows of 1,025,
+    normal draws at six scales, −∞ entries): the sums' order and the log. Checked once, at the first large table;
+    where it fails (another MLX's kernel), MLX's own serves."""
+    if mx.default_device() != mx.cpu or not _have_numba():
+        return False
+    sweep = np.arange(0x80000000, 0xC2B00001, 4099, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    ours = np.empty_like(sweep)
+    logsumexp_kernels()[1](sweep, ours)
+    if ours.tobytes() != np.array(mx.exp(mx.array(sweep)), dtype=np.float32).tobytes():
+        return False
+    width = 1024
+    padded = np.full(-(-sweep.size // width) * width, -np.inf, dtype=np.float32)
+    padded[: sweep.size] = sweep
+    grid = np.concatenate([padded.reshape(-1, width), np.zeros((padded.size // width, 1), np.float32)], axis=1)
+    draws = np.random.default_rng(0).standard_normal((6, 4 * width + 1)).astype(np.float32)
+    scaled = draws * np.array([0.01, 1.0, 3.0, 10.0, 100.0, 1000.0], dtype=np.float32)[:, None]
+    for table in (grid, scaled):
+        theirs = np.array(mx.logsumexp(mx.array(table), axis=-1), dtype=np.float32)
+        if _logsumexp_rows(table).tobytes() != theirs.tobytes():
+            return False
+    return True
+
+
+def row_logsumexp(scaled: mx.array) -> mx.array:
+    """The logsumexp of `scaled` over its last axis, kept (as `mx.logsumexp(scaled, axis=-1, keepdims=True)`, the
+    same bits): by the worker's kernel (`logsumexp_kernels`) on a table of `LOGSUMEXP_ENTRIES` or more where the
+    process's probe passed (`logsumexp_matches`), else by MLX."""
+    if scaled.size < LOGSUMEXP_ENTRIES or scaled.dtype != mx.float32 or not logsumexp_matches():
+        return mx.logsumexp(scaled, axis=-1, keepdims=True)
+    table = np.asarray(scaled)  # evaluated, and a view of MLX's buffer
+    out = _logsumexp_rows(table.reshape(-1, table.shape[-1]))
+    return mx.array(out.reshape(*table.shape[:-1], 1))
 
 
 def _gather(lp: mx.array, tokens: np.ndarray, minus: mx.array | None = None) -> np.ndarray:
