@@ -43,8 +43,10 @@ Decisions this worker embodies:
   computation up to the rounding of multiplying by 1/T rather than dividing by T. The whole vocabulary at a capture
   step s is one more request: the prompt and the first s response tokens, sampled for one token at T with every
   log-probability returned (processed: the distribution the sampler drew from), one row of V; the step's token
-  log-probability is read from that row. vLLM computes prompt log-probabilities only for a prompt it could extend by
-  one token, so scoring needs prompt + response + 1 <= max_model_len.
+  log-probability is read from that row. Those rows come in vLLM's flat form, at most `CAPTURE_ENTRIES` vocabulary
+  entries a submission, each turned into arrays before the next (vLLM hands a row back as Python numbers, about 112
+  bytes an entry). vLLM computes prompt log-probabilities only for a prompt it could extend by one token, so scoring
+  needs prompt + response + 1 <= max_model_len.
 - **LoRA.** Every adapter is checked before vLLM sees it (vLLM's own loader accepts an adapter whose shapes belong
   to another model): PEFT layout, rank within `--max-lora-rank`, every A/B pair shaped for a module of the loaded
   model, and the base-model digest an Invar learner records in the safetensors metadata. The verified folder is
