@@ -4,6 +4,7 @@ path each table took can be seen."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from invar.protocol import Role
-from invar.protocol.methods import GENERATE, LOAD_MODEL, SCORE, serves
+from invar.protocol.methods import GENERATE, LEARNER_STEP, LOAD_MODEL, SCORE, serves
 from invar.workers import mlx_worker
 
 pytestmark = pytest.mark.engine
@@ -138,3 +139,39 @@ def test_the_worker_reports_the_same_bits_with_the_kernel(engine: mlx_worker.Eng
     assert taken == []
     assert _bits(by_kernel) == _bits(by_mlx)
     assert len(_bits(by_kernel)) >= 3 * len(PROMPTS)
+
+
+def test_the_learner_s_differentiated_loss_keeps_mlx_s_own(load_params: dict[str, Any], tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The learner's loss is differentiated through its log_softmax, which the kernel has no gradient for: with every
+    table allowed the kernel, a step takes none inside the loss and reports the step it reports without it (the
+    same proximal log-probabilities, terms and saved weights)."""
+    learner = mlx_worker.Engine(Role.LEARNER)
+    serves(LOAD_MODEL, learner.load_model)(load_params)
+    items = [{"item_id": f"s{i}", "prompt_ids": p, "response_tokens": np.asarray(RESPONSE, dtype=np.int32),
+              "temperature": 1.0} for i, p in enumerate(PROMPTS)]
+    behavior = [o["logprobs"] for o in serves(SCORE, learner.score)({"items": items, "adapter": None})["outputs"]]
+
+    def step(save_dir: Path) -> tuple[list[tuple[str, bytes]], bytes]:
+        samples = [{"prompt_ids": p, "tokens": np.asarray(RESPONSE, dtype=np.int32), "behavior_logprobs": b,
+                    "advantage": 1.0 - i} for i, (p, b) in enumerate(zip(PROMPTS, behavior, strict=True))]
+        params = {"samples": samples, "temperature": 1.0, "objective": {"clip_low": 0.2, "clip_high": 0.28,
+                                                                          "kl_coef": 0.0},
+                  "optimizer": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
+                                "max_grad_norm": 1.0},
+                  "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+                  "seed": 11, "save_dir": str(save_dir)}
+        fresh = mlx_worker.Engine(Role.LEARNER)
+        serves(LOAD_MODEL, fresh.load_model)(load_params)
+        result = serves(LEARNER_STEP, fresh.learner_step, read=mlx_worker.read_learner_step)(params)
+        weights = b"".join(path.read_bytes() for path in sorted(save_dir.glob("*.safetensors")))
+        return _bits([{k: np.asarray(v) for k, v in result.items() if isinstance(v, (np.ndarray, list))}]), weights
+
+    default = step(tmp_path / "default")
+    monkeypatch.setattr(mlx_worker, "LOGSUMEXP_ENTRIES", 0)
+    taken: list[int] = []
+    rows = mlx_worker._logsumexp_rows
+    monkeypatch.setattr(mlx_worker, "_logsumexp_rows", lambda table: taken.append(table.shape[0]) or rows(table))
+    assert step(tmp_path / "kernel") == default
+    assert taken == []
+    assert default[1]
