@@ -29,9 +29,15 @@ def _kernel(table: np.ndarray) -> bytes:
     return np.array(mlx_worker.row_logsumexp(mx.array(table)), dtype=np.float32).tobytes()
 
 
+def _sweep(stride: int) -> np.ndarray:
+    """Every `stride`-th float32 from −0 down to −88: the inputs a logsumexp's exponential meets."""
+    return np.arange(0x80000000, 0xC2B00001, stride, dtype=np.uint64).astype(np.uint32).view(np.float32)
+
+
 @pytest.fixture
 def every_table(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
-    """Every table takes the kernel (the shipped model's are below `LOGSUMEXP_ENTRIES`); the shapes it saw."""
+    """Every table takes the kernel (the shipped model's are below `LOGSUMEXP_ENTRIES`); the shapes it saw. A test
+    sets `LOGSUMEXP_ENTRIES` above every table for MLX's own."""
     assert mlx_worker.logsumexp_matches()
     monkeypatch.setattr(mlx_worker, "LOGSUMEXP_ENTRIES", 0)
     seen: list[tuple[int, ...]] = []
@@ -48,7 +54,7 @@ def every_table(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
 def test_the_exponential_is_mlx_s_bit_for_bit() -> None:
     """Every 97th float32 in [−88, 0] (the inputs a logsumexp meets: each entry less its row's maximum) and the
     values around the ends of that range, through the kernel's exponential and through `mx.exp`."""
-    sweep = np.arange(0x80000000, 0xC2B00001, 97, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    sweep = _sweep(97)
     ends = np.array([-88.0, np.nextafter(-88.0, -np.inf), np.nextafter(-88.0, 0.0), -87.5, -0.5, -0.0, 0.0,
                      -1e-40, -np.inf, np.nan], dtype=np.float32)
     for x in (sweep, ends):
@@ -61,7 +67,7 @@ def test_the_kernel_is_mlx_s_logsumexp_bit_for_bit(every_table: list[tuple[int, 
     """Rows of two (every 97th float32 in [−88, 0] beside a 0), normal draws from 0.01 to 1,000 in tables of one to
     three axes and of row counts that are and are not a multiple of eight, and the rows MLX's own logsumexp answers
     for (a NaN, ±∞, a row of −∞, zeros of both signs)."""
-    sweep = np.arange(0x80000000, 0xC2B00001, 97, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    sweep = _sweep(97)
     pairs = np.stack([sweep, np.zeros_like(sweep)], axis=1)
     assert _kernel(pairs) == _mlx(pairs)
     rng = np.random.default_rng(5)
@@ -124,24 +130,22 @@ def _bits(outputs: list[dict[str, Any]]) -> list[tuple[str, bytes]]:
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_the_worker_reports_the_same_bits_with_the_kernel(engine: mlx_worker.Engine, temperature: float,
+                                                           every_table: list[tuple[int, ...]],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """`generate` (sampled tokens, their log-probabilities, the reference's) and `score` (tokens and captured rows)
     with every normalizer by the kernel, then with every one by MLX: the same arrays, bit for bit."""
-    monkeypatch.setattr(mlx_worker, "LOGSUMEXP_ENTRIES", 0)
-    taken: list[int] = []
-    rows = mlx_worker._logsumexp_rows
-    monkeypatch.setattr(mlx_worker, "_logsumexp_rows", lambda table: taken.append(table.shape[0]) or rows(table))
     by_kernel = _calls(engine, temperature)
-    assert len(taken) > 10  # every decode step and every scored item
+    assert len(every_table) > 10  # every decode step and every scored item
     monkeypatch.setattr(mlx_worker, "LOGSUMEXP_ENTRIES", 1 << 62)
-    taken.clear()
+    every_table.clear()
     by_mlx = _calls(engine, temperature)
-    assert taken == []
+    assert every_table == []
     assert _bits(by_kernel) == _bits(by_mlx)
     assert len(_bits(by_kernel)) >= 3 * len(PROMPTS)
 
 
 def test_the_learner_s_differentiated_loss_keeps_mlx_s_own(load_params: dict[str, Any], tmp_path: Path,
+                                                           every_table: list[tuple[int, ...]],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The learner's loss is differentiated through its log_softmax, which the kernel has no gradient for: with every
     table allowed the kernel, a step takes none inside the loss and reports the step it reports without it (the
@@ -151,6 +155,7 @@ def test_the_learner_s_differentiated_loss_keeps_mlx_s_own(load_params: dict[str
     items = [{"item_id": f"s{i}", "prompt_ids": p, "response_tokens": np.asarray(RESPONSE, dtype=np.int32),
               "temperature": 1.0} for i, p in enumerate(PROMPTS)]
     behavior = [o["logprobs"] for o in serves(SCORE, learner.score)({"items": items, "adapter": None})["outputs"]]
+    assert every_table  # the learner's own score takes the kernel
 
     def step(save_dir: Path) -> tuple[list[tuple[str, bytes]], bytes]:
         samples = [{"prompt_ids": p, "tokens": np.asarray(RESPONSE, dtype=np.int32), "behavior_logprobs": b,
@@ -167,11 +172,9 @@ def test_the_learner_s_differentiated_loss_keeps_mlx_s_own(load_params: dict[str
         weights = b"".join(path.read_bytes() for path in sorted(save_dir.glob("*.safetensors")))
         return _bits([{k: np.asarray(v) for k, v in result.items() if isinstance(v, (np.ndarray, list))}]), weights
 
-    default = step(tmp_path / "default")
-    monkeypatch.setattr(mlx_worker, "LOGSUMEXP_ENTRIES", 0)
-    taken: list[int] = []
-    rows = mlx_worker._logsumexp_rows
-    monkeypatch.setattr(mlx_worker, "_logsumexp_rows", lambda table: taken.append(table.shape[0]) or rows(table))
-    assert step(tmp_path / "kernel") == default
-    assert taken == []
-    assert default[1]
+    every_table.clear()
+    allowed = step(tmp_path / "kernel")
+    assert every_table == []  # the step's loss took none
+    monkeypatch.setattr(mlx_worker, "LOGSUMEXP_ENTRIES", 1 << 62)
+    assert step(tmp_path / "mlx") == allowed
+    assert allowed[1]
