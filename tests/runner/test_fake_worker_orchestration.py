@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import _thread
 import gc
-import os
 import re
 import shutil
 import signal
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 from contract.contract_runs import Workspace, make_workspace
 from support.fake_worker import ENGINE_VERSION, FakeTransport, FakeWorker, Fault, Script
+from support.signals import sigterm_during_call
 from support.use_runs import decision_figures as _figures
 from support.use_runs import outputs_by_call as _outputs_by_call
 
@@ -210,7 +210,7 @@ def test_sigterm_stops_issuing_calls_keeps_the_answers_and_the_run_resumes_to_th
     def report(worker: FakeWorker, method: str, result: dict[str, Any]) -> dict[str, Any]:
         calls[0] += 1
         if calls[0] == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
+            sigterm_during_call()
         return result
 
     run = tmp_path / "run"

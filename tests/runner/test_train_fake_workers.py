@@ -10,7 +10,6 @@ core; what real learners compute is for the `engine` tests (test_train_schedules
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import signal
 import sqlite3
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 from support.fake_worker import FakeSharedProcess, FakeTransport, FakeWorker, Fault, Script
+from support.signals import sigterm_during_call
 from train_helpers import history, published, write_config
 
 from invar.cli import app as cli_app
@@ -128,7 +128,7 @@ def test_sigterm_stops_the_run_at_once_and_it_resumes_to_the_same_checkpoints(ru
     def report(worker: FakeWorker, method: str, result: dict[str, Any]) -> dict[str, Any]:
         generated[0] += 1
         if generated[0] == 2:  # cycle 1's rollouts: answered within the grace, no update after them
-            os.kill(os.getpid(), signal.SIGTERM)
+            sigterm_during_call()
         return result
 
     run = tmp_path / "run"

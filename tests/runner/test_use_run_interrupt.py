@@ -4,7 +4,6 @@ the signal, where the operating guide says calls stop at once)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 from contract.contract_runs import make_workspace
 from support.fake_worker import ENGINE_VERSION, FakeTransport, FakeWorker, Script
+from support.signals import sigterm_during_call
 
 from invar.cli import app as cli_app
 from invar.interrupts import Stopped
@@ -31,8 +31,8 @@ def test_a_call_waiting_at_the_gate_is_not_issued_after_sigterm(tmp_path: Path) 
         if len(sent) == 1:
             # The signal comes while this call computes and the other package's worker waits at the gate (one call
             # at a time); the call answers after the command has seen the signal.
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.5)
+            sigterm_during_call()
+            time.sleep(0.5)  # the handler's interrupt reaching the pool's halt, on the main thread
         return result
 
     transport = FakeTransport(Script(report=report))
