@@ -212,6 +212,27 @@ def tree_cpu_s(pid: int) -> float:
     return total / 1e9
 
 
+class TreeCpu:
+    """CPU seconds run so far by `pid`'s process tree, read again and again while it runs (`tree_cpu_s` once): a
+    thread or process that has ended counts with what it had run at its last reading. `tree_cpu_s` alone drops it,
+    so a reading just after a worker process exits fell below the one before (a negative cycle CPU at a run's end).
+    Threads are told apart by pid, thread id and start time, so a reused id is a new thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.seen: dict[tuple[int, str, str], int] = {}
+
+    def __call__(self) -> float:
+        for p in _tree(self.pid):
+            with contextlib.suppress(OSError):
+                for task in os.listdir(f"/proc/{p}/task"):
+                    with open(f"/proc/{p}/task/{task}/stat") as f:
+                        started = f.read().rsplit(")", 1)[1].split()[19]  # field 22, after the command's name
+                    with open(f"/proc/{p}/task/{task}/schedstat") as f:
+                        self.seen[(p, task, started)] = int(f.read().split()[0])
+        return sum(self.seen.values()) / 1e9
+
+
 # -- the direct and native drivers (a process of their own) ---------------------------------------------------------
 
 

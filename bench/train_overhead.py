@@ -74,7 +74,7 @@ from invar.runner import train as tr  # noqa: E402
 from invar.runner.engine import ADAPTER_NAME  # noqa: E402
 
 sys.path.append(str(REPO / "bench"))  # last: the direct runner runs with -P; bench/workers.py must not shadow workers
-from overhead import handler, torch_as_the_worker, tree_cpu_s  # noqa: E402
+from overhead import TreeCpu, handler, torch_as_the_worker, tree_cpu_s  # noqa: E402
 from report import write_json  # noqa: E402
 
 DIRECT_BACKENDS = ("mlx", "hf")
@@ -255,8 +255,9 @@ def run_invar(config: Path, run: Path, device: str = "cpu", synchronous: str | N
     t0 = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen([*launch, *command], stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        meter = TreeCpu(proc.pid)
         while proc.poll() is None:
-            samples.append((time.time_ns(), tree_cpu_s(proc.pid)))
+            samples.append((time.time_ns(), meter()))
             time.sleep(0.02)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -307,8 +308,9 @@ def direct_subprocess(config: Path, out: Path, device: str = "cpu", split: bool 
                    "--device", device, *(["--split"] if split else [])]
         proc = subprocess.Popen(command, stdout=got, stderr=err, text=True,
                                 cwd=REPO, env=worker_env())
+        meter = TreeCpu(proc.pid)
         while proc.poll() is None:
-            tree_cpu_s(proc.pid)
+            meter()
             time.sleep(0.02)
         wall = time.perf_counter() - t0
         got.seek(0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,32 @@ def test_the_tree_before_a_change_needs_its_src() -> None:
                               capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert proc.returncode == 2
         assert "the shared-base driver and --baseline SRC go together" in proc.stderr
+
+
+def test_the_cpu_meter_keeps_what_an_ended_process_ran() -> None:
+    # A cycle's CPU is the difference of two readings of the run's process tree; a worker that exits between them
+    # must not take its CPU out of the later one (the shared layout's last cycle read as negative CPU).
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from overhead import TreeCpu, tree_cpu_s
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    child = "import time; t = time.process_time(); exec('while time.process_time() - t < 0.3: pass')"
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               f"subprocess.run([sys.executable, '-c', {child!r}]); time.sleep(30)"])
+    try:
+        meter = TreeCpu(parent.pid)
+        readings = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            readings.append(meter())
+            children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()
+            if not children and readings[-1] > 0.3:  # the child has run its 0.3 s and exited
+                break
+            time.sleep(0.01)
+        assert readings == sorted(readings)
+        assert readings[-1] >= 0.3
+        assert tree_cpu_s(parent.pid) < 0.3 < meter()  # the plain reading has lost the ended child
+    finally:
+        parent.kill()
+        parent.wait()
