@@ -47,6 +47,9 @@ REPO = Path(__file__).resolve().parents[1]
 for path in (REPO / "src", REPO):  # run from a checkout without installing the package
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
+# Last, and named: the wrapped workers run this file with -P, which puts no script folder on the path (and
+# bench/workers.py must not shadow the package's workers).
+sys.path.append(str(REPO / "bench"))
 
 from report import write_json  # noqa: E402
 
