@@ -37,7 +37,10 @@ def run(multiprocessing: str) -> tuple[str, float]:
     tok = ModelTokenizer.from_model_dir(DEFAULT_MODEL)
     lines = (REPO / "data" / "arith-eval.jsonl").read_text(encoding="utf-8").splitlines()[:UNITS]
     prompts = [json.loads(line)["prompt"] for line in lines]
-    worker = start_worker("vllm", Role.INFERENCE, env={"VLLM_ENABLE_V1_MULTIPROCESSING": multiprocessing})
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": multiprocessing}
+    if multiprocessing == "1":  # the worker reads its effective configuration back from the spawned core, which
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # vLLM allows only so (docs/vllm.md)
+    worker = start_worker("vllm", Role.INFERENCE, env=env)
     digest = hashlib.sha256()
     try:
         worker.call("load_model", {"model_dir": str(DEFAULT_MODEL), "model_digest": tree_digest(DEFAULT_MODEL),
