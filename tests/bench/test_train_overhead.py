@@ -61,7 +61,7 @@ def test_the_tree_before_a_change_needs_its_src() -> None:
 def test_the_cpu_meter_keeps_what_an_ended_process_ran() -> None:
     # A cycle's CPU is the difference of two readings of the run's process tree; a worker that exits between them
     # must not take its CPU out of the later one (the shared layout's last cycle read as negative CPU).
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.append(str(ROOT / "bench"))  # last: bench/workers.py must not shadow the workers package
     try:
         from overhead import TreeCpu, tree_cpu_s
     finally:
