@@ -22,7 +22,10 @@ CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ me
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
+    if sys.argv[1:] in (["--help"], ["-h"]):
+        print(__doc__.strip())
+        return
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):  # an option is not a folder to write a model into
         sys.exit("usage: python scripts/example_model.py OUT_DIR")
     out = Path(sys.argv[1])
     if (out / "config.json").is_file():

@@ -39,6 +39,9 @@ def pinned(text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if argv in (["--help"], ["-h"]):  # asked what it does: it must not re-pin on the way
+        print(__doc__.strip())
+        return 0
     check = argv == ["--check"]
     if argv and not check:
         print("usage: pin_worker_code.py [--check]", file=sys.stderr)
