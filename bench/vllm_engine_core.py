@@ -12,6 +12,7 @@ they must be equal (exit 1 otherwise). Prints each mode's digest and wall time (
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import sys
@@ -64,7 +65,8 @@ def run(multiprocessing: str) -> tuple[str, float]:
     return digest.hexdigest(), time.perf_counter() - started
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     results = {mode: run(value) for mode, value in (("spawned", "1"), ("in-process", "0"))}
     for mode, (digest, wall) in results.items():
         print(f"{mode:10s} {digest} {wall:.1f} s")
