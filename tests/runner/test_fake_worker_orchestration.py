@@ -11,7 +11,6 @@ import _thread
 import gc
 import re
 import shutil
-import signal
 import threading
 import time
 import weakref
@@ -22,12 +21,11 @@ from typing import Any
 import pytest
 from contract.contract_runs import Workspace, make_workspace
 from support.fake_worker import ENGINE_VERSION, FakeTransport, FakeWorker, Fault, Script
-from support.signals import sigterm_during_call
+from support.signals import command_line_handlers, sigterm_during_call
 from support.use_runs import decision_figures as _figures
 from support.use_runs import outputs_by_call as _outputs_by_call
 
 from invar import canonical
-from invar.cli import app as cli_app
 from invar.contract.admit import Step, admit
 from invar.contract.bind import SEQUENTIAL_META
 from invar.contract.decide import Answer
@@ -214,12 +212,9 @@ def test_sigterm_stops_issuing_calls_keeps_the_answers_and_the_run_resumes_to_th
         return result
 
     run = tmp_path / "run"
-    previous = signal.signal(signal.SIGTERM, cli_app._interrupt)
-    try:
-        with pytest.raises(Stopped, match=r"^stopped issuing calls at SIGTERM after [0-9]+ answered call") as stopped:
-            use_run(ws.contract_path, run, transport=FakeTransport(Script(wrong=SCRIPT.wrong, report=report)))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with command_line_handlers(), \
+            pytest.raises(Stopped, match=r"^stopped issuing calls at SIGTERM after [0-9]+ answered call") as stopped:
+        use_run(ws.contract_path, run, transport=FakeTransport(Script(wrong=SCRIPT.wrong, report=report)))
     assert stopped.value.status == 143
     answered = [ok for *_, ok in _generate_calls(run)]
     assert 3 <= len(answered) < len(ws.plan.calls)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from support.fake_worker import FakeTransport, Script
+from support.signals import command_line_handlers, signalled, wait_for_handler
 
 from invar.interrupts import Stopped
 from invar.records import RunStore
@@ -79,14 +80,16 @@ def test_ctrl_c_during_the_call_lets_it_answer_and_be_recorded(root: Path, tmp_p
 
     def slow(worker: Any, method: str, result: dict[str, Any]) -> dict[str, Any]:  # answers after the signal came
         if method == "generate":
-            asked.set()
-            time.sleep(0.5)
+            seen = signalled()
+            asked.set()  # the watcher sends Ctrl-C
+            wait_for_handler(seen)
+            time.sleep(0.5)  # the handler's interrupt reaching the pool's halt, on the main thread
         return result
 
     transport = FakeTransport(script=Script(report=slow))
     _on_fake(monkeypatch, transport)
     _interrupt_when(asked.is_set)
-    with pytest.raises(Stopped, match=r"^stopped at Ctrl-C$"):
+    with command_line_handlers(), pytest.raises(Stopped, match=r"^stopped at Ctrl-C$"):
         _infer(root, tmp_path / "run")
     with RunStore.open(tmp_path / "run") as kept:
         kept.verify()

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from support.fake_worker import FakeTransport, Fault, Script
+from support.signals import command_line_handlers, signalled, wait_for_handler
 
 from invar.errors import ProtocolError
 from invar.interrupts import Stopped
@@ -83,14 +84,16 @@ def test_ctrl_c_during_a_call_lets_it_answer_and_starts_no_other(root: Path, tmp
 
     def slow(worker: Any, method: str, result: dict[str, Any]) -> dict[str, Any]:  # answers after the signal came
         if method == "generate" and not first.is_set():
-            first.set()
-            time.sleep(0.5)
+            seen = signalled()
+            first.set()  # the watcher sends Ctrl-C
+            wait_for_handler(seen)
+            time.sleep(0.5)  # the handler's interrupt reaching the pool's halt, on the main thread
         return result
 
     transport = FakeTransport(script=Script(report=slow))
     _on_fake(monkeypatch, transport)
     _interrupt_when(first.is_set)
-    with RunStore.create(tmp_path / "run", meta={"command": "evaluate"}) as store, \
+    with command_line_handlers(), RunStore.create(tmp_path / "run", meta={"command": "evaluate"}) as store, \
             pytest.raises(Stopped, match=r"^stopped at Ctrl-C$"):
         _evaluate(root, store)
     with RunStore.open(tmp_path / "run") as kept:

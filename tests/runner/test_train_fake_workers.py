@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import re
-import signal
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.fake_worker import FakeSharedProcess, FakeTransport, FakeWorker, Fault, Script
-from support.signals import sigterm_during_call
+from support.signals import command_line_handlers, sigterm_during_call
 from train_helpers import history, published, write_config
 
-from invar.cli import app as cli_app
 from invar.interrupts import Stopped
 from invar.protocol import Role
 from invar.records import RunStore
@@ -132,13 +130,8 @@ def test_sigterm_stops_the_run_at_once_and_it_resumes_to_the_same_checkpoints(ru
         return result
 
     run = tmp_path / "run"
-    previous = signal.signal(signal.SIGTERM, cli_app._interrupt)
-    try:
-        with pytest.raises(Stopped, match=r"^stopped at SIGTERM$") as stopped:
-            train(config, run, transport=FakeTransport(Script(wrong=SCRIPT.wrong, policy_logprobs=True,
-                                                              report=report)))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with command_line_handlers(), pytest.raises(Stopped, match=r"^stopped at SIGTERM$") as stopped:
+        train(config, run, transport=FakeTransport(Script(wrong=SCRIPT.wrong, policy_logprobs=True, report=report)))
     assert stopped.value.status == 143
     assert len(published(run)) == 1
     assert _calls(run) == [("generate", True), ("learner_step", True), ("generate", True)]  # no update after it

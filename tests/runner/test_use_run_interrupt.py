@@ -4,7 +4,6 @@ the signal, where the operating guide says calls stop at once)."""
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -12,9 +11,8 @@ from typing import Any
 import pytest
 from contract.contract_runs import make_workspace
 from support.fake_worker import ENGINE_VERSION, FakeTransport, FakeWorker, Script
-from support.signals import sigterm_during_call
+from support.signals import command_line_handlers, sigterm_during_call
 
-from invar.cli import app as cli_app
 from invar.interrupts import Stopped
 from invar.records import RunStore
 from invar.runner.use_run import use_run
@@ -36,12 +34,9 @@ def test_a_call_waiting_at_the_gate_is_not_issued_after_sigterm(tmp_path: Path) 
         return result
 
     transport = FakeTransport(Script(report=report))
-    previous = signal.signal(signal.SIGTERM, cli_app._interrupt)
-    try:
-        with pytest.raises(Stopped, match=r"^stopped issuing calls at SIGTERM after 1 answered call"):
-            use_run(ws.contract_path, tmp_path / "run", transport=transport, calls_at_once=1)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with command_line_handlers(), \
+            pytest.raises(Stopped, match=r"^stopped issuing calls at SIGTERM after 1 answered call"):
+        use_run(ws.contract_path, tmp_path / "run", transport=transport, calls_at_once=1)
     assert [method for _, method in transport.received if method == "generate"] == ["generate"]
     with RunStore.open(tmp_path / "run") as store:
         assert [c.call.method for c in store.calls() if c.call.method == "generate"] == ["generate"]
