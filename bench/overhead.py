@@ -186,50 +186,62 @@ def parameters(model: Path) -> int:
 # -- CPU time of a process tree ------------------------------------------------------------------------------------
 
 
+def _threads(p: int) -> list[str]:
+    """The /proc folder of each thread of process `p` (none once it has ended)."""
+    try:
+        return [f"/proc/{p}/task/{task}" for task in os.listdir(f"/proc/{p}/task")]
+    except OSError:
+        return []
+
+
 def _tree(pid: int) -> list[int]:
     pids, todo = [], [pid]
     while todo:
         p = todo.pop()
         pids.append(p)
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
+        for thread in _threads(p):
+            with contextlib.suppress(OSError), open(f"{thread}/children") as f:
+                todo += [int(c) for c in f.read().split()]
     return pids
 
 
+def _cpu_ns(thread: str) -> int:
+    """CPU nanoseconds a thread has run (Linux schedstat); OSError once it has ended."""
+    with open(f"{thread}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
 def tree_cpu_s(pid: int) -> float:
-    """CPU seconds run so far by every thread of `pid` and its descendants (Linux schedstat, nanoseconds).
+    """CPU seconds run so far by every thread of `pid` and its descendants now alive.
 
     CPU time hardly moves with other load on the machine, where wall time does: it is the steadier measure of the
-    work each driver does for the same call (threads that end during a call are not counted; none do here)."""
+    work each driver does for the same call. A thread that has ended is not counted: to read a tree again and again
+    while its processes come and go, use `TreeCpu`."""
     total = 0
     for p in _tree(pid):
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/schedstat") as f:
-                    total += int(f.read().split()[0])
+        for thread in _threads(p):
+            with contextlib.suppress(OSError):
+                total += _cpu_ns(thread)
     return total / 1e9
 
 
 class TreeCpu:
-    """CPU seconds run so far by `pid`'s process tree, read again and again while it runs (`tree_cpu_s` once): a
-    thread or process that has ended counts with what it had run at its last reading. `tree_cpu_s` alone drops it,
-    so a reading just after a worker process exits fell below the one before (a negative cycle CPU at a run's end).
-    Threads are told apart by pid, thread id and start time, so a reused id is a new thread."""
+    """CPU seconds run so far by `pid`'s process tree, read again and again while it runs: a thread or process that
+    has ended counts with what it had run at its last reading. `tree_cpu_s` alone drops it, so a reading just after a
+    worker process exits fell below the one before (a negative cycle CPU at a run's end). A thread is told apart by
+    its /proc folder (pid and thread id) and its start time, so a reused id is a new thread."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.seen: dict[tuple[int, str, str], int] = {}
+        self.seen: dict[tuple[str, str], int] = {}
 
     def __call__(self) -> float:
         for p in _tree(self.pid):
-            with contextlib.suppress(OSError):
-                for task in os.listdir(f"/proc/{p}/task"):
-                    with open(f"/proc/{p}/task/{task}/stat") as f:
+            for thread in _threads(p):
+                with contextlib.suppress(OSError):
+                    with open(f"{thread}/stat") as f:
                         started = f.read().rsplit(")", 1)[1].split()[19]  # field 22, after the command's name
-                    with open(f"/proc/{p}/task/{task}/schedstat") as f:
-                        self.seen[(p, task, started)] = int(f.read().split()[0])
+                    self.seen[(thread, started)] = _cpu_ns(thread)
         return sum(self.seen.values()) / 1e9
 
 
