@@ -64,12 +64,13 @@ def test_the_worked_example_runs_from_a_model_folder_to_a_decision(tmp_path: Pat
 def test_the_example_models_script_takes_no_option_for_a_folder(tmp_path: Path) -> None:
     # `--help` once wrote a random model into a folder named --help in the working directory.
     script = str(REPO_ROOT / "scripts" / "example_model.py")
-    helped = subprocess.run(["python", script, "--help"], env={**os.environ, "PATH": with_venv_bin()}, cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "PATH": with_venv_bin()}
+    helped = subprocess.run(["python", script, "--help"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120)
     assert helped.returncode == 0, helped.stderr[-2000:]
     assert "python scripts/example_model.py OUT_DIR" in helped.stdout
-    refused = subprocess.run(["python", script, "--out"], env={**os.environ, "PATH": with_venv_bin()}, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=120)
+    refused = subprocess.run(["python", script, "--out"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                             timeout=120)
     assert refused.returncode == 1
     assert refused.stderr.strip() == "usage: python scripts/example_model.py OUT_DIR"
     assert list(tmp_path.iterdir()) == []
