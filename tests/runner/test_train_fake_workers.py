@@ -20,6 +20,7 @@ from support.fake_worker import FakeSharedProcess, FakeTransport, FakeWorker, Fa
 from support.signals import command_line_handlers, sigterm_during_call
 from train_helpers import history, published, write_config
 
+from invar import canonical
 from invar.interrupts import Stopped
 from invar.protocol import Role
 from invar.records import RunStore
@@ -135,6 +136,52 @@ def test_sigterm_stops_the_run_at_once_and_it_resumes_to_the_same_checkpoints(ru
     assert stopped.value.status == 143
     assert len(published(run)) == 1
     assert _calls(run) == [("generate", True), ("learner_step", True), ("generate", True)]  # no update after it
+    resumed = train(config, run, transport=FakeTransport(SCRIPT))
+    assert resumed.cycles_reused == 1
+    assert published(run) == published(runs["whole"])
+
+
+def test_the_next_cycles_rollouts_start_once_the_learner_reports_and_are_read_once_it_is_published(
+        runs: dict[str, Path]) -> None:
+    # Cycle n + 1's load_adapter and generate calls go out when cycle n's learner has reported, before the core
+    # checks and publishes the checkpoint; the publication records the checkpoint they loaded.
+    db = sqlite3.connect(f"file:{runs['whole'] / 'records.sqlite'}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT seq, kind, body FROM log ORDER BY seq").fetchall()
+    finally:
+        db.close()
+    published_at = {key: seq for seq, kind, body in rows if kind == "meta" for key in canonical.decode(body)
+                    if key.startswith("cycle-")}
+    with RunStore.open(runs["whole"]) as store:
+        methods = {c.seq: c.call.method for c in store.calls()}
+        meta = store.meta()
+    for n in range(2):
+        learner = meta[f"cycle-{n:06d}"]["learner_seq"]
+        assert [methods[seq] for seq in sorted(methods) if seq > learner][:2] == ["load_adapter", "generate"]
+        assert meta[f"cycle-{n + 1:06d}"]["generate_seqs"][0] < published_at[f"cycle-{n:06d}"]
+        assert meta[f"cycle-{n + 1:06d}"]["policy_digest"] == meta[f"cycle-{n:06d}"]["checkpoint"]["digest"]
+
+
+def test_sigterm_during_an_update_publishes_it_and_starts_no_rollout_after_it(
+        runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The signal comes while cycle 0's learner works: its report is taken within the grace, the cycle is checked
+    # and published, and cycle 1's rollouts, which would start at that report, never do.
+    config = tmp_path / "whole.toml"
+    write_config(tmp_path, "whole", "mlx", cycles=3, **SCHEDULES["whole"])
+    update = FakeWorker.learner_step
+
+    def signalled_update(worker: FakeWorker, params: dict[str, Any]) -> dict[str, Any]:
+        result = update(worker, params)
+        sigterm_during_call()
+        return result
+
+    monkeypatch.setattr(FakeWorker, "learner_step", signalled_update)
+    run = tmp_path / "run"
+    with command_line_handlers(), pytest.raises(Stopped, match=r"^stopped at SIGTERM$"):
+        train(config, run, transport=FakeTransport(SCRIPT))
+    monkeypatch.undo()
+    assert len(published(run)) == 1
+    assert _calls(run) == [("generate", True), ("learner_step", True)]
     resumed = train(config, run, transport=FakeTransport(SCRIPT))
     assert resumed.cycles_reused == 1
     assert published(run) == published(runs["whole"])

@@ -30,19 +30,29 @@ class _Worker:
         self.name, self.log, self.lost = name, log, False
         self.adapter: str | None = None
 
-    def call(self, method: Method[LoadAdapterParams, LoadAdapterResult],
-             params: LoadAdapterParams) -> LoadAdapterResult:
-        if self.lost:
-            raise WorkerLost(f"{self.name}: the Ray actor relaying the worker is gone (ActorDiedError)")
-        self.adapter = params.digest
-        self.log.append((self.name, method.name, params.digest))
-        return LoadAdapterResult(params.name, params.digest)  # as every worker answers it
-
-    def submit(self, method: str, params: dict[str, Any]) -> _Call:
+    def submit(self, method: str | Method[LoadAdapterParams, LoadAdapterResult],
+               params: dict[str, Any] | LoadAdapterParams) -> _Call | _Load:
         if self.lost:
             raise WorkerLost(f"{self.name}: cannot write to the worker")
+        if isinstance(params, LoadAdapterParams):
+            assert not isinstance(method, str)
+            self.adapter = params.digest  # the calls that follow it sample it: a worker serves them in order
+            self.log.append((self.name, method.name, params.digest))
+            return _Load(self, LoadAdapterResult(params.name, params.digest))  # as every worker answers it
+        assert isinstance(method, str)
         self.log.append((self.name, method, params["requests"][0]["request_id"]))
         return _Call(self, params, self.adapter)
+
+
+class _Load:
+    def __init__(self, worker: _Worker, result: LoadAdapterResult) -> None:
+        self.worker, self.got, self.answered = worker, result, False
+
+    def result(self) -> dict[str, Any]:
+        if self.worker.lost and not self.answered:
+            raise WorkerLost(f"{self.worker.name}: the Ray actor relaying the worker is gone (ActorDiedError)")
+        self.answered = True
+        return self.got.to_wire()
 
 
 class _Call:
@@ -128,13 +138,16 @@ def test_calls_answered_before_the_loss_stand(tmp_path: Path) -> None:
         leases = [stack.enter_context(lease) for lease in _leases(1, RESTARTS, log, workers)]
         rollouts = _rollouts(tmp_path, leases, staleness=1)  # cycles 0 and 1 sample the base model
         rollouts.take(0, [])
-        rollouts.ahead(0, [_published(0)])  # cycle 1 starts while cycle 0's learner works ...
+        rollouts.ahead(0, [])  # cycle 1 starts while cycle 0's learner works ...
+        assert list(rollouts.pending) == [1]
         rollouts.pending[1].calls[0].answer()  # type: ignore[union-attr]  # ... and is answered
         workers["w0.0"].lost = True
+        # once cycle 0's learner reported, cycle 2 (which samples its update) starts: its calls meet the lost worker
+        # and go to a replacement
+        rollouts.ahead(0, [_published(0)])
+        assert leases[0].replaced == 1
         _, answers = rollouts.take(1, [_published(0)])
         assert answers[0][0] == "w0.0"  # kept, not issued again
-        assert leases[0].replaced == 0
-        rollouts.ahead(1, [_published(0)])  # cycle 2's call meets the lost worker: it goes to a replacement
         _, answers = rollouts.take(2, [_published(0), _published(1)])
     assert answers[0][:3:2] == ("w0.1", "digest-0")
     assert [e[1] for e in log if e[0] == "w0.1"] == ["load_adapter", "generate"]
@@ -209,3 +222,22 @@ def test_a_replacement_must_declare_the_first_workers_identity(monkeypatch: pyte
     assert str(refused.value) == ("an inference worker declares settings {'threads': 2}, unlike the run's first "
                                   "inference worker ({'threads': 1}); every inference worker must be the same "
                                   "engine, versions and settings: install the same on every node")
+
+
+def test_a_load_of_another_checkpoint_is_refused_before_its_rollouts_are_read(tmp_path: Path) -> None:
+    # The load is not awaited when it is issued (the worker serves its calls in order); its answer is checked when
+    # the cycle takes its rollouts, before any is read.
+    log: list[tuple[str, str, Any]] = []
+    workers: dict[str, _Worker] = {}
+    with contextlib.ExitStack() as stack:
+        leases = [stack.enter_context(lease) for lease in _leases(1, RESTARTS, log, workers)]
+        rollouts = _rollouts(tmp_path, leases)
+        rollouts.take(0, [])
+        rollouts.start(1, [_published(0)])
+        load = rollouts.pending[1].loads[0]
+        assert isinstance(load, _Load)
+        load.got = LoadAdapterResult(load.got.name, "digest-other")  # a worker that loaded something else
+        with pytest.raises(EvidenceError) as refused:
+            rollouts.take(1, [_published(0)])
+    assert str(refused.value) == "cycle 1: the engine loaded digest-other…, not the published checkpoint digest-0…"
+    assert [e[1] for e in log] == ["generate", "load_adapter", "generate"]

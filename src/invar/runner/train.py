@@ -8,7 +8,10 @@ Decisions:
   recording into the run's store. The learner saves each update as a checkpoint under `RUN/checkpoints/`; the
   core checks it (`invar.loop.checkpoint.check_checkpoint`) and publishes it by recording `cycle-NNNNNN`: the
   calls the cycle used, the checkpoint's path and digest, the core's own objective and the wall time per phase.
-  The next cycle's engine must load exactly that digest. Every worker (each inference worker and the learner) starts
+  The next cycle's engine must load exactly that digest. Its calls go out as soon as the learner has reported (the
+  engine loads and samples while the core checks), and its rollouts are read only after the publication: a refused
+  checkpoint stops the run first, and those calls stay on record, unused. The prompts and params of the next
+  cycle's calls are built while the learner works. Every worker (each inference worker and the learner) starts
   at once through the command's `invar.runner.pool.WorkerPool`, so the start-up costs about the slowest one's; one
   that fails to start stops every other.
 - **A signal stops the run as it stops `use run`**: no cycle and no update starts after Ctrl-C or SIGTERM, the calls
@@ -527,12 +530,23 @@ class _Pending:
     workers: list[int]
     """The inference worker (its lease's index) each shard's call goes to."""
     calls: list[PendingCall | None]
+    loads: list[PendingCall | None]
+    """Per call, the `load_adapter` call issued before it to its worker, until `take` has checked its answer."""
     seqs: list[int | None]
     """Per call, the record (seq) of the copy issued last: the one answered."""
     issued_to: list[int]
     """Per call, how many times its worker had been replaced when it was issued: a loss seen on a call issued before
     the latest replacement needs no new one."""
-    started: float
+
+
+@dataclass
+class _Prepared:
+    """A cycle's calls before they are issued: what `_Pending` takes from the configuration alone."""
+
+    units: list[Unit]
+    shards: list[list[GenerateRequest]]
+    params: list[dict[str, Any]]
+    workers: list[int]
 
 
 class _Rollouts:
@@ -554,6 +568,7 @@ class _Rollouts:
         self.pool = pool
         self.loaded: list[str | None] = [None] * len(leases)
         self.pending: dict[int, _Pending] = {}
+        self.prepared: dict[int, _Prepared] = {}
 
     def version(self, m: int) -> int:
         return max(0, m - self.p.config.rollout.staleness)
@@ -568,11 +583,12 @@ class _Rollouts:
         lease = self.leases[i]
         assert lease.session is not None
         client = lease.session.client
+        pending.loads[j] = None  # a load issued with a lost copy of this call went with it
         if policy is not None and self.loaded[i] != policy.digest:
-            got = client.call(LOAD_ADAPTER, LoadAdapterParams(ADAPTER_NAME, str(policy.path.resolve()), policy.digest))
-            if got.adapter_digest != policy.digest:
-                raise EvidenceError(f"cycle {m}: the engine loaded {got.adapter_digest[:16]}…, not the published "
-                                    f"checkpoint {policy.digest[:16]}…")
+            # Not awaited here: the worker serves a channel's calls in order, so the generate call below samples
+            # what this loaded, and `take` checks the load's answer before it reads the rollouts.
+            pending.loads[j] = client.submit(
+                LOAD_ADAPTER, LoadAdapterParams(ADAPTER_NAME, str(policy.path.resolve()), policy.digest))
             self.loaded[i] = policy.digest
         call = pending.calls[j] = client.submit("generate", pending.params[j])
         pending.seqs[j] = self.store.call_seq(call.call_digest)
@@ -592,33 +608,45 @@ class _Rollouts:
         self.leases[i].replace(exc)
         self.loaded[i] = None
 
-    def start(self, m: int, done: list[Published]) -> None:
-        """Submit cycle m's generate calls (its policy must be published)."""
+    def _prepare(self, m: int) -> _Prepared:
+        """Cycle m's prompts, requests and call params: a function of the configuration and m alone (the policy's
+        name in the params depends only on whether m samples the base model)."""
         cfg = self.p.config
-        version = self.version(m)
-        policy = done[version - 1] if version else None
         prompts = cyc.cycle_prompts(self.p.prompts, cfg.prompts.per_cycle, cfg.seed, m)
         requests = cyc.rollout_requests(prompts, cfg.rollout.group_size, cfg.seed, m, cfg.rollout.temperature,
                                         cfg.rollout.max_tokens, self.p.vocab)
         reference = "base" if cfg.objective.kl_coef > 0 else None
-        units = [u for u in prompts for _ in range(cfg.rollout.group_size)]
-        pending = _Pending(version, policy, units, [], [], [], [], [], [], time.perf_counter())
+        adapter = ADAPTER_NAME if self.version(m) else None
+        prepared = _Prepared([u for u in prompts for _ in range(cfg.rollout.group_size)], [], [], [])
         for i, part in enumerate(cyc.shards(len(requests), cfg.rollout.group_size, len(self.leases))):
             if part:
-                pending.shards.append(requests[part.start:part.stop])
-                pending.params.append(cyc.generate_params(pending.shards[-1], cfg.rollout.batch_size,
-                                                          None if policy is None else ADAPTER_NAME, reference))
-                pending.workers.append(i)
-                pending.calls.append(None)
-                pending.seqs.append(None)
-                pending.issued_to.append(-1)
+                prepared.shards.append(requests[part.start:part.stop])
+                prepared.params.append(cyc.generate_params(prepared.shards[-1], cfg.rollout.batch_size, adapter,
+                                                           reference))
+                prepared.workers.append(i)
+        return prepared
+
+    def prepare(self, m: int) -> None:
+        """Build cycle m's calls now (while the learner works), unless it is past the last cycle or under way."""
+        if m < self.p.config.cycles and m not in self.pending and m not in self.prepared:
+            self.prepared[m] = self._prepare(m)
+
+    def start(self, m: int, done: list[Published]) -> None:
+        """Submit cycle m's generate calls (its policy must be in `done`)."""
+        version = self.version(m)
+        policy = done[version - 1] if version else None
+        prepared = self.prepared.pop(m, None) or self._prepare(m)
+        calls = len(prepared.workers)
+        pending = _Pending(version, policy, prepared.units, prepared.shards, prepared.params, prepared.workers,
+                           [None] * calls, [None] * calls, [None] * calls, [-1] * calls)
         self.pending[m] = pending
-        for j in range(len(pending.workers)):
+        for j in range(calls):
             self._issue(m, j)
 
     def ahead(self, n: int, done: list[Published]) -> None:
-        """While cycle n's learner works: start every later cycle (within K) whose policy is already published."""
-        for m in range(n + 1, min(n + self.p.config.rollout.staleness, self.p.config.cycles - 1) + 1):
+        """Start every cycle after n (within K + 1) not under way whose policy is in `done`: while cycle n's learner
+        works, those whose policy is published; once it has reported, the next one too (`_cycle`)."""
+        for m in range(n + 1, min(n + 1 + self.p.config.rollout.staleness, self.p.config.cycles - 1) + 1):
             if m not in self.pending and self.version(m) <= len(done):
                 self.start(m, done)
 
@@ -630,9 +658,16 @@ class _Rollouts:
         answers = []
         for j, i in enumerate(pending.workers):
             while True:
-                call = pending.calls[j]
+                call, load = pending.calls[j], pending.loads[j]
                 assert call is not None
                 try:
+                    if load is not None:
+                        got = LOAD_ADAPTER.received(load.result())
+                        assert pending.policy is not None
+                        if got.adapter_digest != pending.policy.digest:
+                            raise EvidenceError(f"cycle {n}: the engine loaded {got.adapter_digest[:16]}…, not the "
+                                                f"published checkpoint {pending.policy.digest[:16]}…")
+                        pending.loads[j] = None
                     answers.append(call.answer())
                     break
                 except WorkerLost as exc:
@@ -691,6 +726,7 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, rollouts: _Rollouts,
     submitted = learner.client.submit(LEARNER_STEP, params)
     learner_seq = store.call_seq(submitted.call_digest)
     rollouts.ahead(n, done)  # with K ≥ 1 the engines generate the next cycles while the learner updates
+    rollouts.prepare(n + 1)  # the next cycle's prompts and calls, built while the learner works
     step = submitted.answer()
     # The update starts from the checkpoint published last, whatever policy the rollouts sampled.
     report = cyc.read_learner(step.result, samples, cycle=n, model_digest=p.model_digest,
@@ -699,6 +735,17 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, rollouts: _Rollouts,
     t2 = time.perf_counter()
 
     progress(Progress(n, cfg.cycles, "publish"))
+    # The cycle that samples this update starts now, on the checkpoint as the learner reported it, and the engine
+    # loads and samples it while the core checks it below. Its rollouts are read only once this cycle is published
+    # (the next `_cycle`), and only if the checkpoint checked is that digest: a refused one stops the run first, its
+    # calls on record and unused, as a resumed run leaves an unfinished cycle's. What stops that start (a signal, a
+    # lost worker) stops the run only after this cycle is published.
+    reported = Published(n, save_dir, report.adapter_digest, n + 1)
+    deferred: Exception | None = None
+    try:
+        rollouts.ahead(n, [*done, reported])
+    except Exception as exc:  # raised below, once this cycle's checkpoint is checked and published
+        deferred = exc
     core = loss_terms(report.proximal, [s.behavior for s in samples], adv.values, p.settings,
                       reference=[s.reference for s in samples if s.reference is not None] if with_reference
                       else None)
@@ -732,6 +779,12 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, rollouts: _Rollouts,
         "wall_s": {"generate": t1 - t0, "learner": t2 - t1, "publish": time.perf_counter() - t2},
     })
     published = Published(n, save_dir, checkpoint.adapter.digest, checkpoint.optimizer_steps)
+    if published != reported:  # check_checkpoint refuses another digest, read_learner other steps: never met
+        raise EvidenceError(f"cycle {n}: the checkpoint checked ({published.digest[:16]}…, {published.optimizer_steps} "
+                            f"steps) is not the one the learner reported ({reported.digest[:16]}…, "
+                            f"{reported.optimizer_steps} steps), which the next cycle's engine loaded")
     progress(Progress(n + 1, cfg.cycles, "generate" if n + 1 < cfg.cycles else "done",
                       reward=float(np.mean(rewards)), gap_max=gap.max))
+    if deferred is not None:
+        raise deferred
     return published
