@@ -7,8 +7,10 @@
 Both drivers run the same cycles of the same configuration (cycles, model and prompts per cycle overridable):
 
 - **invar**: `invar train CONFIG --run DIR` (core, worker processes, protocol, records, the core's recomputation of
-  rewards, advantages and the objective, the checkpoint check, publication). Per cycle: the wall time the run
-  records for it (generate + learner + publish, start-up excluded).
+  rewards, advantages and the objective, the checkpoint check, publication). Per cycle: from the record that
+  published the cycle before to the one that publishes it (the first cycle: from its start, as the run records its
+  phases; start-up excluded). Since 2026-12-06 a cycle's calls start before the cycle before it is published, so its
+  recorded phases (generate + learner + publish, the measure before then) no longer add up to it.
 - **shared** (with `--drivers ...,shared`): `invar train` with `rollout.layout = "shared"`: the same, but one worker
   process serves both roles, each on its own channel (docs/training.md, "Where the roles run").
 - **shared-full** (with `--drivers ...,shared-full`): the shared layout with the run store syncing every record to
@@ -20,7 +22,8 @@ Both drivers run the same cycles of the same configuration (cycles, model and pr
 - **direct**: one Python process imports the worker engine classes (`workers.<engine>_worker.Engine`, an inference
   and a learner instance) and runs each cycle's calls with the same params: load the last checkpoint as the policy,
   generate, the core's rewards and advantages (a runner must compute them too), one learner step that saves the
-  checkpoint. No protocol, no records, no recomputation, no checkpoint check.
+  checkpoint, the checkpoint's digest (the name the next cycle loads it by). No protocol, no records, no
+  recomputation, no checkpoint check. Per cycle: from the end of the cycle before (the first: from its start).
 
 The direct runner must publish the same checkpoint digests as Invar, cycle by cycle (same engines, same params): the
 benchmark refuses to report otherwise. Repetitions alternate the drivers' order and run back to back; cycle n of
@@ -212,8 +215,11 @@ def _direct_cycles(p: tr.Plan, out: Path, device: str, learner: Callable[[str, d
     phases: list[dict[str, float]] = []
     policy: Path | None = None
     cpu: list[float] = []
+    c_end = t_end = None
     for n in range(cfg.cycles):
         c0, t0 = tree_cpu_s(os.getpid()), time.perf_counter()
+        if t_end is None or c_end is None:  # the first cycle: from its start; a later one: from the last one's end
+            c_end, t_end = c0, t0
         if policy is not None:
             handler(inference, "load_adapter")({"name": ADAPTER_NAME, "path": str(policy), "digest": digests[-1]})
         prompts = cyc.cycle_prompts(p.prompts, cfg.prompts.per_cycle, cfg.seed, n)
@@ -232,11 +238,13 @@ def _direct_cycles(p: tr.Plan, out: Path, device: str, learner: Callable[[str, d
         t1 = time.perf_counter()
         learner("learner_step", tr.learner_step_params(p, samples, adv.values, save).to_wire())
         t2 = time.perf_counter()
-        cpu.append(tree_cpu_s(os.getpid()) - c0)
-        seconds.append(t2 - t0)
-        phases.append({"generate": t1 - t0, "learner": t2 - t1})
-        digests.append(canonical.tree_digest(str(save)))
+        digests.append(canonical.tree_digest(str(save)))  # the checkpoint the next cycle loads, named
         policy = save
+        c, t = tree_cpu_s(os.getpid()), time.perf_counter()
+        cpu.append(c - c_end)
+        seconds.append(t - t_end)
+        c_end, t_end = c, t
+        phases.append({"generate": t1 - t0, "learner": t2 - t1})
     return {"cycle_s": seconds, "cycle_cpu_s": cpu, "phases_s": phases, "digests": digests}
 
 
@@ -277,22 +285,21 @@ def run_invar(config: Path, run: Path, device: str = "cpu", synchronous: str | N
     db.close()
     at = np.array([t for t, _ in samples], dtype=np.float64)
     used = np.array([c for _, c in samples])
-    cpu = []
-    for key, c in zip(keys, cycles, strict=True):
-        end = float(ends[key])
-        start = end - sum(c["wall_s"].values()) * 1e9
-        cpu.append(float(np.interp(end, at, used) - np.interp(start, at, used)))
+    # A cycle lasts from the previous cycle's publication record to its own (the first, from its start as the run
+    # records it): the next cycle's calls start before a cycle is published, so its phases no longer add up to it.
+    finished = [float(ends[key]) for key in keys]
+    starts = [finished[0] - sum(cycles[0]["wall_s"].values()) * 1e9, *finished[:-1]]
+    cpu = [float(np.interp(end, at, used) - np.interp(start, at, used))
+           for start, end in zip(starts, finished, strict=True)]
     # The core's time outside its calls: the cycle less each call's round trip as the core recorded it (the call's
     # record written before it is sent, the report's when it was read back), for the calls made within the cycle.
     with RunStore.open(run) as store:
         trips = [(c.at_ns, c.report.at_ns) for c in store.calls() if c.report is not None]
     outside = []
-    for key, c in zip(keys, cycles, strict=True):
-        end = ends[key]
-        start = end - int(sum(c["wall_s"].values()) * 1e9)
+    for start, end in zip(starts, finished, strict=True):
         inside = sum(min(got, end) - max(sent, start) for sent, got in trips if got > start and sent < end)
         outside.append((end - start - inside) / 1e9)
-    return {"cycle_s": [sum(c["wall_s"].values()) for c in cycles], "cycle_cpu_s": cpu,
+    return {"cycle_s": [(end - start) / 1e9 for start, end in zip(starts, finished, strict=True)], "cycle_cpu_s": cpu,
             "phases_s": [c["wall_s"] for c in cycles], "digests": [c["checkpoint"]["digest"] for c in cycles],
             "core_outside_calls_s": outside, "wall_s": wall}
 
