@@ -757,6 +757,12 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, rollouts: _Rollouts,
                                       base_model_digest=p.model_digest)
     except EvidenceError as exc:
         raise EvidenceError(f"cycle {n}: checkpoint refused: {exc}") from None
+    if (checkpoint.adapter.digest, checkpoint.optimizer_steps) != (reported.digest, reported.optimizer_steps):
+        # check_checkpoint refuses another digest and other steps than the report's, so this is never met
+        raise EvidenceError(f"cycle {n}: the checkpoint checked ({checkpoint.adapter.digest[:16]}…, "
+                            f"{checkpoint.optimizer_steps} steps) is not the one the learner reported "
+                            f"({reported.digest[:16]}…, {reported.optimizer_steps} steps), which the next cycle's "
+                            "engine loaded")
     gap = cyc.gap(report.proximal, [s.behavior for s in samples])
     store.put_meta(CYCLE_KEY.format(n), {
         "cycle": n,
@@ -779,10 +785,6 @@ def _cycle(p: Plan, n: int, run_dir: Path, store: RunStore, rollouts: _Rollouts,
         "wall_s": {"generate": t1 - t0, "learner": t2 - t1, "publish": time.perf_counter() - t2},
     })
     published = Published(n, save_dir, checkpoint.adapter.digest, checkpoint.optimizer_steps)
-    if published != reported:  # check_checkpoint refuses another digest, read_learner other steps: never met
-        raise EvidenceError(f"cycle {n}: the checkpoint checked ({published.digest[:16]}…, {published.optimizer_steps} "
-                            f"steps) is not the one the learner reported ({reported.digest[:16]}…, "
-                            f"{reported.optimizer_steps} steps), which the next cycle's engine loaded")
     progress(Progress(n + 1, cfg.cycles, "generate" if n + 1 < cfg.cycles else "done",
                       reward=float(np.mean(rewards)), gap_max=gap.max))
     if deferred is not None:
