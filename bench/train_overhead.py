@@ -297,11 +297,22 @@ def run_invar(config: Path, run: Path, device: str = "cpu", synchronous: str | N
         trips = [(c.at_ns, c.report.at_ns) for c in store.calls() if c.report is not None]
     outside = []
     for start, end in zip(starts, finished, strict=True):
-        inside = sum(min(got, end) - max(sent, start) for sent, got in trips if got > start and sent < end)
-        outside.append((end - start - inside) / 1e9)
+        outside.append((end - start - _covered(trips, start, end)) / 1e9)
     return {"cycle_s": [(end - start) / 1e9 for start, end in zip(starts, finished, strict=True)], "cycle_cpu_s": cpu,
             "phases_s": [c["wall_s"] for c in cycles], "digests": [c["checkpoint"]["digest"] for c in cycles],
             "core_outside_calls_s": outside, "wall_s": wall}
+
+
+def _covered(spans: list[tuple[int, int]], start: float, end: float) -> float:
+    """How much of [start, end] lies in at least one of `spans` (calls under way at once count once: a cycle's
+    load and generate calls are sent together)."""
+    clipped = sorted((max(a, start), min(b, end)) for a, b in spans if b > start and a < end)
+    total, reach = 0.0, start
+    for a, b in clipped:
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
 
 
 def direct_subprocess(config: Path, out: Path, device: str = "cpu", split: bool = False) -> dict[str, Any]:

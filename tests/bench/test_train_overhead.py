@@ -85,3 +85,16 @@ def test_the_cpu_meter_keeps_what_an_ended_process_ran() -> None:
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_calls_under_way_at_once_count_once_in_the_cores_time_outside_them() -> None:
+    # A cycle's load_adapter and generate calls are sent together; summing their round trips counted the overlap
+    # twice and gave the core negative time outside its calls.
+    sys.path.append(str(ROOT / "bench"))  # last: bench/workers.py must not shadow the workers package
+    try:
+        from train_overhead import _covered
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert _covered([(0, 10), (5, 20), (30, 40)], 2, 35) == 8 + 10 + 5
+    assert _covered([(1, 2), (1, 3)], 0, 10) == 2
+    assert _covered([(0, 5)], 5, 9) == 0
