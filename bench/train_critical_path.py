@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -38,43 +37,33 @@ for path in (REPO / "src", REPO):  # run from a checkout without installing the 
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from invar import canonical  # noqa: E402
-from invar.records.store import DB_NAME  # noqa: E402
+from invar.records import RunStore  # noqa: E402
 
 sys.path.append(str(REPO / "bench"))  # last: bench/workers.py must not shadow the workers package
 from report import header, write_json  # noqa: E402
-from train_overhead import write_config  # noqa: E402
+from train_overhead import publications, write_config  # noqa: E402
 
 KEYS = ("learner_report_to_next_call_ms", "generate_report_to_learner_call_ms", "period_ms")
 
 
 def waits(run: Path) -> dict[str, float]:
     """The medians of `KEYS` over a finished run's cycles after the first (the first carries the start-up)."""
-    db = sqlite3.connect(f"file:{run / DB_NAME}?mode=ro", uri=True)
-    try:
-        rows = db.execute("SELECT kind, worker, body, at_ns FROM log ORDER BY seq").fetchall()
-    finally:
-        db.close()
-    methods: dict[tuple[str, int], str] = {}
-    events: list[tuple[int, str, str]] = []  # (at_ns, kind, method)
-    for kind, worker, body, at in rows:
-        if kind in ("call", "report"):
-            doc = canonical.decode(body)
-            if kind == "call":
-                methods[(worker, doc["call_id"])] = doc["method"]
-            events.append((at, kind, methods[(worker, doc["call_id"])]))
-        elif kind == "meta" and next(iter(canonical.decode(body))).startswith("cycle-"):
-            events.append((at, "meta", ""))
+    with RunStore.open(run) as store:
+        calls = store.calls()
+    # (seq, at_ns, kind, method) of every call, report and publication, in the records' order
+    events = sorted([(c.seq, c.at_ns, "call", c.call.method) for c in calls]
+                    + [(c.report.seq, c.report.at_ns, "report", c.call.method) for c in calls if c.report is not None]
+                    + [(seq, at_ns, "meta", "") for seq, at_ns in publications(run).values()])
     after_learner: list[float] = []
     after_generate: list[float] = []
-    for i, (at, kind, method) in enumerate(events):
+    for i, (_, at, kind, method) in enumerate(events):
         if kind != "report" or method not in ("learner_step", "generate"):
             continue
-        wanted = (lambda m: True) if method == "learner_step" else (lambda m: m == "learner_step")
-        sent = next((a for a, k, m in events[i + 1:] if k == "call" and wanted(m)), None)
+        wanted = None if method == "learner_step" else "learner_step"  # after the update: the next call, any
+        sent = next((a for _, a, k, m in events[i + 1:] if k == "call" and wanted in (None, m)), None)
         if sent is not None:
             (after_learner if method == "learner_step" else after_generate).append((sent - at) / 1e6)
-    published = [at for at, kind, _ in events if kind == "meta"]
+    published = [at for _, at, kind, _ in events if kind == "meta"]
     periods = [(b - a) / 1e6 for a, b in itertools.pairwise(published)]
     if len(periods) < 2:
         raise SystemExit(f"bench/train_critical_path.py: {run} published {len(published)} cycles; give --cycles 3 "

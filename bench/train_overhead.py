@@ -274,15 +274,9 @@ def run_invar(config: Path, run: Path, device: str = "cpu", synchronous: str | N
         meta = store.meta()
     keys = sorted(k for k in meta if k.startswith("cycle-"))
     cycles = [meta[k] for k in keys]
-    # A cycle ends when its record is written (the record's time) and lasted the wall time it records; the CPU the
-    # whole tree (core and workers) ran in that window is read off the samples, interpolated.
-    db = sqlite3.connect(f"file:{run / DB_NAME}?mode=ro", uri=True)
-    ends = {}
-    for body, at_ns in db.execute("SELECT body, at_ns FROM log WHERE kind = 'meta'"):
-        key = next(iter(canonical.decode(body)))
-        if key in keys:
-            ends[key] = at_ns
-    db.close()
+    # A cycle ends when its record is written (the record's time); the CPU the whole tree (core and workers) ran
+    # in its window is read off the samples, interpolated.
+    ends = {key: at_ns for key, (_, at_ns) in publications(run).items()}
     at = np.array([t for t, _ in samples], dtype=np.float64)
     used = np.array([c for _, c in samples])
     # A cycle lasts from the previous cycle's publication record to its own (the first, from its start as the run
@@ -301,6 +295,21 @@ def run_invar(config: Path, run: Path, device: str = "cpu", synchronous: str | N
     return {"cycle_s": [(end - start) / 1e9 for start, end in zip(starts, finished, strict=True)], "cycle_cpu_s": cpu,
             "phases_s": [c["wall_s"] for c in cycles], "digests": [c["checkpoint"]["digest"] for c in cycles],
             "core_outside_calls_s": outside, "wall_s": wall}
+
+
+def publications(run: Path) -> dict[str, tuple[int, int]]:
+    """Each cycle's publication record in a run: `cycle-NNNNNN` → (its seq, the time the core wrote it, ns)."""
+    db = sqlite3.connect(f"file:{run / DB_NAME}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT seq, body, at_ns FROM log WHERE kind = 'meta'").fetchall()
+    finally:
+        db.close()
+    found = {}
+    for seq, body, at_ns in rows:
+        key = next(iter(canonical.decode(body)))
+        if key.startswith("cycle-"):
+            found[key] = (seq, at_ns)
+    return found
 
 
 def _covered(spans: list[tuple[int, int]], start: float, end: float) -> float:
