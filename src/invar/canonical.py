@@ -266,8 +266,9 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
     exts: dict[int, msgpack.ExtType] = {}  # id of each decoded array → its extension, to re-encode the document
 
     readonly = view.readonly  # arrays of a bytes value are read-only views already
-    unpack, pack, frombuffer, new_tuple, ext_type = msgpack.unpackb, msgpack.packb, np.frombuffer, tuple.__new__, \
-        msgpack.ExtType
+    # One packer for the extensions' re-packing (`packb` makes a packer per call, which cost as much as the packing).
+    unpack, pack, frombuffer, new_tuple, ext_type = msgpack.unpackb, msgpack.Packer().pack, np.frombuffer, \
+        tuple.__new__, msgpack.ExtType
 
     def ext_hook(code: int, payload: bytes) -> Any:
         # Runs once per array (thousands in a generate report), so it checks with plain loops and cached dtypes.

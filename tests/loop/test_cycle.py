@@ -4,6 +4,7 @@ learner's report, the objective with importance-weight handling, the gap and imp
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ from invar.engines import DEFAULT_MODEL
 from invar.errors import EvidenceError
 from invar.loop import cycle as cyc
 from invar.loop.objective import ObjectiveSettings, loss_terms
-from invar.protocol.payloads import GenerateRequest
+from invar.protocol.payloads import GenerateRequest, GenerateResult
 from invar.tasks import ModelTokenizer
 from invar.tasks.population import Unit
 
@@ -125,6 +126,63 @@ def test_outputs_out_of_order_or_malformed_are_refused() -> None:
     with pytest.raises(EvidenceError, match="reference_logprobs: expected float32"):
         cyc.read_rollout(_report(reqs, adapter_digest=None), reqs, cycle=0, model_digest=MODEL, policy_digest=None,
                          reference=True, vocab_size=18)
+
+
+def _read_one_by_one(report: dict[str, Any], reqs: list[GenerateRequest], reference: bool,
+                     monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`read_rollout` with every output checked on its own (the joint check of the outputs' arrays declines), or the
+    message of the first refused output."""
+    with monkeypatch.context() as m:
+        m.setattr(cyc, "_rollout_samples", lambda *a, **k: None)
+        try:
+            return cyc.read_rollout(report, reqs, cycle=1, model_digest=MODEL, policy_digest=POLICY,
+                                    reference=reference, vocab_size=18)
+        except EvidenceError as exc:
+            return str(exc)
+
+
+@pytest.mark.parametrize(("faults", "reference"), [
+    ({}, False),
+    ({}, True),
+    ({3: {"tokens": np.array([5, 18, 2], np.int32)}}, False),
+    ({2: {"tokens": np.array([-1, 5, 2], np.int32)}, 5: {"logprobs": np.array([-1, np.nan, -1], np.float32)}}, False),
+    ({5: {"tokens": np.zeros(0, np.int32), "logprobs": np.zeros(0, np.float32),
+          "reference_logprobs": np.zeros(0, np.float32)},
+      2: {"logprobs": np.array([-1, 0.5, -1], np.float32)}}, False),
+    ({4: {"prompt_tokens": np.array([1, 2], np.int32)}}, False),
+    ({4: {"prompt_tokens": np.array([99, 99, 99, 99, 99, 99], np.int32)}}, False),
+    ({1: {"reference_logprobs": np.array([-1, np.inf, -1], np.float32)}}, True),
+    ({6: {"reference_logprobs": None}}, True),
+    ({0: {"prompt_tokens": None}}, False),  # int64 prompt ids below: read one by one, to the same samples
+])
+def test_a_rollout_checked_at_once_reads_as_output_by_output(faults: dict[int, dict[str, Any]], reference: bool,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    reqs = cyc.rollout_requests(PROBLEMS[:4], 2, 0, 1, 1.0, 5, TOKENIZER)
+    report = _report(reqs)
+    for out in report["outputs"]:
+        out["reference_logprobs"] = np.array([-0.5, -0.5, -0.5], np.float32)
+    for i, change in faults.items():
+        if change.get("prompt_tokens", 0) is None:
+            change = {"prompt_tokens": np.array(reqs[i].prompt_ids, np.int64)}
+        report["outputs"][i] = {k: v for k, v in {**report["outputs"][i], **change}.items() if v is not None}
+    expected = _read_one_by_one(report, reqs, reference, monkeypatch)
+    try:
+        got: Any = cyc.read_rollout(report, reqs, cycle=1, model_digest=MODEL, policy_digest=POLICY,
+                                    reference=reference, vocab_size=18)
+    except EvidenceError as exc:
+        got = str(exc)
+    if isinstance(expected, str):
+        assert got == expected
+        assert re.search(f"c1/p{min(faults) // 2}/{min(faults) % 2}[:.]", got)  # the first refused output
+    else:
+        assert len(got) == len(expected) == 8
+        # a well-formed rollout of int32 prompt ids is read by the joint check, not the fallback
+        joint = cyc._rollout_samples(reqs, GenerateResult.from_wire(report).outputs, reference=reference,
+                                     vocab_size=18)
+        assert (joint is None) == (0 in faults)
+        for a, b in zip(got, expected, strict=True):
+            assert (a.prompt, a.prompt_ids) == (b.prompt, b.prompt_ids)
+            assert all(x is y for x, y in ((a.tokens, b.tokens), (a.behavior, b.behavior), (a.reference, b.reference)))
 
 
 def _samples(n: int = 4) -> list[cyc.Sample]:

@@ -259,3 +259,48 @@ def test_an_engine_refuses_a_dtype_it_does_not_run() -> None:
     assert params.require(("float32", "bfloat16"), ("none",)) is params
     with pytest.raises(PayloadError, match=r"load_model\.dtype: 'bfloat16' is not supported by this engine"):
         params.require(("float32",), ("none",))
+
+
+def _one_by_one(wire: dict[str, Any]) -> Any:
+    """`LearnerStepParams.from_wire`'s samples read one at a time, each checking its own values: what the batch's
+    joint check must agree with (the samples read, or the message of the first bad field)."""
+    try:
+        return tuple(LearnerSample.from_wire(s, f"learner_step.samples[{i}]") for i, s in enumerate(wire["samples"]))
+    except PayloadError as exc:
+        return str(exc)
+
+
+_NAN = np.array([-1.0, np.nan], np.float32)
+
+
+@pytest.mark.parametrize("faults", [
+    {},
+    {3: {"behavior_logprobs": _NAN}},
+    {3: {"behavior_logprobs": np.array([-1.0, 0.5], np.float32)}, 5: {"advantage": float("inf")}},
+    {5: {"behavior_logprobs": np.array([-1.0, np.inf], np.float32)}, 3: {"advantage": float("nan")}},
+    {2: {"reference_logprobs": _NAN}, 4: {"tokens": np.zeros(0, np.int32)}},
+    {4: {"prompt_ids": [5, True]}},
+    {1: {"prompt_ids": [5, 2**64]}},  # an integer, if not one a token can be: read as before
+    {6: {"behavior_logprobs": np.array([-1.0, -0.0], np.float32)}},  # -0 is ≤ 0: read
+])
+def test_a_batchs_values_checked_at_once_read_as_sample_by_sample(faults: dict[int, dict[str, Any]]) -> None:
+    samples = [_sample(advantage=float(i), reference_logprobs=np.array([-1.0, -2.0], np.float32) if i % 2 else None)
+               for i in range(8)]
+    wire = _step(samples=samples).to_wire()
+    for i, change in faults.items():
+        wire["samples"][i] = {**wire["samples"][i], **change}
+    expected = _one_by_one(wire)
+    try:
+        got: Any = LearnerStepParams.from_wire(wire, reductions=REDUCTIONS).samples
+    except PayloadError as exc:
+        got = str(exc)
+    if isinstance(expected, str):
+        assert got == expected
+        assert f"samples[{min(faults)}]" in got  # the first bad sample, whichever field comes first
+    else:
+        assert len(got) == len(expected) == 8
+        for a, b in zip(got, expected, strict=True):
+            assert a.tokens is b.tokens  # the arrays as received
+            assert a.behavior_logprobs is b.behavior_logprobs
+            assert (a.prompt_ids, a.advantage, a.prompt) == (b.prompt_ids, b.advantage, b.prompt)
+            assert a.reference_logprobs is b.reference_logprobs
