@@ -280,12 +280,13 @@ def _best_ms(run: Callable[[], object], n: int = 20, k: int = 7) -> float:
 
 def codec_costs(run_dir: Path) -> list[dict[str, Any]]:
     """CPU ms to encode and decode each kind of message a training run recorded (its first learner call and report,
-    first generate call and report), best of 7 × 20 in this process; and the learner's call and report with each
-    per-sample field joined into one array for the whole batch (the lengths beside it): what that layout would cost,
-    a projection, not a layout any worker speaks."""
-    import numpy as np
+    first generate call and report); the generate report and the learner's call and report in both layouts a worker
+    speaks, whichever the run recorded: a map per output or sample (`outputs`, `samples`, `proximal_logprobs`) and
+    one array per field for the whole batch (`outputs_batch`, `batch`, `proximal_batch`)."""
+    import dataclasses
 
     from invar import canonical
+    from invar.protocol.payloads import GenerateResult, LearnerStepParams, LearnerStepResult
     from invar.records import RunStore
 
     with RunStore.open(run_dir) as store:
@@ -300,21 +301,19 @@ def codec_costs(run_dir: Path) -> list[dict[str, Any]]:
         call = record.call.to_wire()
         report = record.report.report.to_wire()
         messages = [("call", call), ("report", report)]
+        if method == "generate":
+            outputs = GenerateResult.from_wire(report["result"])
+            messages = [("call", call)] + [
+                (f"report, {what}", {**report, "result": dataclasses.replace(outputs, packed=packed).to_wire()})
+                for what, packed in (("a map per output", False), ("one array per field", True))]
         if method == "learner_step":
-            samples = call["params"]["samples"]
-            joined = {k: v for k, v in call["params"].items() if k != "samples"}
-            joined["batch"] = {
-                "prompt_lengths": np.array([len(x["prompt_ids"]) for x in samples], np.int64),
-                "prompt_ids": np.concatenate([np.asarray(x["prompt_ids"], np.int64) for x in samples]),
-                "token_lengths": np.array([x["tokens"].size for x in samples], np.int64),
-                "tokens": np.concatenate([x["tokens"] for x in samples]),
-                "behavior_logprobs": np.concatenate([x["behavior_logprobs"] for x in samples]),
-                "advantages": np.array([x["advantage"] for x in samples], np.float64),
-                "prompts": [x.get("prompt") for x in samples]}
-            result = dict(report["result"])
-            result["proximal_logprobs"] = np.concatenate(result["proximal_logprobs"])
-            messages += [("call, one array per field", {**call, "params": joined}),
-                         ("report, one array per field", {**report, "result": result})]
+            step = LearnerStepParams.from_wire(call["params"], reductions=("float64-sequence", "float32-microbatch"))
+            result = LearnerStepResult.from_wire(report["result"])
+            messages = [
+                (f"call, {what}", {**call, "params": dataclasses.replace(step, packed=packed).to_wire()})
+                for what, packed in (("a map per sample", False), ("one array per field", True))] + [
+                (f"report, {what}", {**report, "result": dataclasses.replace(result, packed=packed).to_wire()})
+                for what, packed in (("an array per sample", False), ("one array per field", True))]
         for what, message in messages:
             data = canonical.encode(message)
             out.append({"method": method, "message": what, "bytes": len(data),

@@ -3,6 +3,7 @@ learner's report, the objective with importance-weight handling, the gap and imp
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from typing import Any
@@ -279,3 +280,29 @@ def test_gap_statistics() -> None:
     assert g.p50 == 0.0
     assert g.k3_max == pytest.approx(np.e - 2)
     assert g.k3_mean == pytest.approx((np.exp(-0.5) - 0.5 + np.e - 2) / 5)
+
+
+def _as_columns(report: dict[str, Any]) -> dict[str, Any]:
+    """A generate report as a worker answers a training cycle's call: its outputs as columns."""
+    return dataclasses.replace(GenerateResult.from_wire(report), packed=True).to_wire()
+
+
+def test_a_rollout_as_columns_reads_as_the_list_of_outputs() -> None:
+    reqs = cyc.rollout_requests(PROBLEMS[:3], 2, 0, 1, 1.0, 5, TOKENIZER)
+    report = _report(reqs)
+    read = {k: cyc.read_rollout(r, reqs, cycle=1, model_digest=MODEL, policy_digest=POLICY, reference=False,
+                                vocab_size=18) for k, r in (("list", report), ("columns", _as_columns(report)))}
+    assert "outputs_batch" in _as_columns(report)
+    for a, b in zip(read["list"], read["columns"], strict=True):
+        assert (a.prompt, a.prompt_ids, a.tokens.tolist(), a.behavior.tobytes()) == (
+            b.prompt, b.prompt_ids, b.tokens.tolist(), b.behavior.tobytes())
+    # Outputs out of order, or too few, are refused with the same message either way.
+    for change in (lambda outs: outs[::-1], lambda outs: outs[:-1]):
+        messages = []
+        for form in (lambda r: r, _as_columns):
+            bad = {**report, "outputs": change(report["outputs"])}
+            with pytest.raises(EvidenceError) as err:
+                cyc.read_rollout(form(bad), reqs, cycle=1, model_digest=MODEL, policy_digest=POLICY,
+                                 reference=False, vocab_size=18)
+            messages.append(str(err.value))
+        assert messages[0] == messages[1]

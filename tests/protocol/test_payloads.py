@@ -3,6 +3,7 @@ digest), reads back what it wrote, and refuses a malformed map with one message 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -304,3 +305,194 @@ def test_a_batchs_values_checked_at_once_read_as_sample_by_sample(faults: dict[i
             assert a.behavior_logprobs is b.behavior_logprobs
             assert (a.prompt_ids, a.advantage, a.prompt) == (b.prompt_ids, b.advantage, b.prompt)
             assert a.reference_logprobs is b.reference_logprobs
+
+
+def _batch_step(**changes: Any) -> LearnerStepParams:
+    samples = [_sample(prompt_ids=[5, 6, 7][: 1 + i % 3], tokens=np.array([9, 2, 4][: 1 + i % 2], np.int32),
+                       behavior_logprobs=np.array([-0.5, -0.25, -1][: 1 + i % 2], np.float32), advantage=i / 3,
+                       reference_logprobs=np.array([-1.0, -2.0, -3][: 1 + i % 2], np.float32))
+               for i in range(5)]
+    return _step(samples=samples, packed=True, **changes)
+
+
+def test_a_batch_travels_as_columns_and_reads_back_to_the_same_samples_and_bytes() -> None:
+    step = _batch_step()
+    wire = step.to_wire()
+    assert "samples" not in wire
+    assert sorted(wire["batch"]) == ["advantages", "behavior_logprobs", "lengths", "prompt_ids", "prompt_lengths",
+                                     "prompts", "reference_logprobs", "tokens"]
+    assert wire["batch"]["tokens"].tolist() == [9, 9, 2, 9, 9, 2, 9]
+    assert wire["batch"]["lengths"].tolist() == [1, 2, 1, 2, 1]
+    assert wire["batch"]["prompt_ids"].tolist() == [5, 5, 6, 5, 6, 7, 5, 5, 6]
+    data = canonical.encode(wire)
+    read = LearnerStepParams.from_wire(canonical.decode(data), reductions=REDUCTIONS)
+    assert read.packed
+    assert canonical.encode(read.to_wire()) == data  # what a learner holds re-encodes to the bytes it read
+    # The same samples as the list of maps gives them, field by field.
+    listed = LearnerStepParams.from_wire(canonical.decode(canonical.encode(_step(samples=step.samples).to_wire())),
+                                         reductions=REDUCTIONS)
+    assert not listed.packed
+    for a, b in zip(read.samples, listed.samples, strict=True):
+        assert (a.prompt, a.prompt_ids, a.advantage) == (b.prompt, b.prompt_ids, b.advantage)
+        assert type(a.advantage) is float
+        assert all(x is not None and y is not None and x.dtype == y.dtype and x.tobytes() == y.tobytes()
+                   for x, y in ((a.tokens, b.tokens), (a.behavior_logprobs, b.behavior_logprobs),
+                                (a.reference_logprobs, b.reference_logprobs)))
+    # Without references or prompt texts, the columns leave them out, as the maps do.
+    bare = _step(samples=[_sample(prompt=None)], packed=True).to_wire()["batch"]
+    assert "prompts" not in bare
+    assert "reference_logprobs" not in bare
+    one = LearnerStepParams.from_wire(canonical.decode(canonical.encode(_step(
+        samples=[_sample(prompt=None)], packed=True).to_wire())), reductions=REDUCTIONS).samples[0]
+    assert (one.prompt, one.reference_logprobs) == (None, None)
+
+
+def test_a_batch_of_mixed_samples_does_not_travel_as_columns() -> None:
+    with pytest.raises(ValueError, match="same fields and token dtype"):
+        _step(packed=True).to_wire()  # one sample with a reference, one without
+
+
+def test_a_learner_answers_in_the_layout_asked() -> None:
+    result = _learner_result(packed=True)
+    wire = result.to_wire()
+    assert "proximal_logprobs" not in wire
+    assert wire["proximal_batch"]["lengths"].tolist() == [2, 1]
+    data = canonical.encode(wire)
+    read = LearnerStepResult.from_wire(canonical.decode(data))
+    assert read.packed
+    assert [p.tolist() for p in read.proximal_logprobs] == [[-0.5, -0.25], [-1.0]]
+    assert canonical.encode(read.to_wire()) == data
+
+
+def _read_step(wire: dict[str, Any]) -> LearnerStepParams:
+    return LearnerStepParams.from_wire(wire, reductions=REDUCTIONS)
+
+
+def _batch(change: dict[str, Any], drop: str | None = None) -> dict[str, Any]:
+    wire = _batch_step().to_wire()
+    batch = {k: v for k, v in {**wire["batch"], **change}.items() if k != drop}
+    return {**wire, "batch": batch}
+
+
+@pytest.mark.parametrize(("read", "wire", "message"), [
+    (_learn, {"batch": _batch({})["batch"]}, "learner_step: both samples and batch; send the samples one way"),
+    (_learn, {"samples": None, "batch": []}, "learner_step.batch: expected a map"),
+    (_read_step, _batch({"lengths": np.zeros(0, np.int64), "advantages": np.zeros(0)}),
+     "learner_step.batch.lengths: empty; send at least one sample"),
+    (_read_step, _batch({"lengths": np.array([1, 2, 1, 2, 1], np.int32)}),
+     "learner_step.batch.lengths: expected an int64 vector of lengths, each ≥ 1"),
+    (_read_step,
+     _batch({"lengths": np.array([1, 2, 1, 2, 0], np.int64)}),
+     "learner_step.batch.lengths: expected an int64 vector of lengths, each ≥ 1"),
+    (_read_step,
+     _batch({"lengths": np.array([1, 2, 1, 2, 2], np.int64)}),
+     "learner_step.batch.tokens: expected a 1-D integer array of the lengths' sum (8)"),
+    (_read_step,
+     _batch({"prompt_lengths": np.array([1, 2, 3], np.int64)}),
+     "learner_step.batch.prompt_lengths: expected an int64 vector of 5 lengths, each ≥ 1"),
+    (_read_step,
+     _batch({"prompt_ids": np.arange(9, dtype=np.int32)}),
+     "learner_step.batch.prompt_ids: expected an int64 vector of the prompt lengths' sum (9)"),
+    (_read_step,
+     _batch({"behavior_logprobs": np.array([-1, -1, 0.5, -1, -1, -1, -1], np.float32)}),
+     "learner_step.batch.behavior_logprobs: log-probabilities must be finite and ≤ 0"),
+    (_read_step, _batch({}, drop="behavior_logprobs"),
+     "learner_step.batch.behavior_logprobs: expected a float32 array of 7 log-probabilities"),
+    (_read_step,
+     _batch({"reference_logprobs": np.full(7, np.nan, np.float32)}),
+     "learner_step.batch.reference_logprobs: log-probabilities must be finite and ≤ 0"),
+    (_read_step,
+     _batch({"advantages": np.array([0, 1, np.inf, 0, 0])}),
+     "learner_step.batch.advantages: expected a float64 vector of 5 finite advantages"),
+    (_read_step, _batch({"prompts": ["1+1="] * 4}),
+     "learner_step.batch.prompts: expected a list of 5 prompt texts or none"),
+    (_read_step,
+     {**_batch({}, drop="reference_logprobs"), "objective": {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.1}},
+     "learner_step: objective.kl_coef is not 0, so every sample needs reference_logprobs"),
+    (LearnerStepResult.from_wire, {**_learner_result(packed=True).to_wire(),
+                                   "proximal_batch": {"lengths": np.array([2, 2], np.int64),
+                                                      "logprobs": np.zeros(3, np.float32)}},
+     "learner_step.proximal_batch.logprobs: expected a float32 vector of the lengths' sum (4)"),
+    (LearnerStepResult.from_wire, {**_learner_result(packed=True).to_wire(), "proximal_batch": {"lengths": [2, 1]}},
+     "learner_step.proximal_batch.lengths: expected an int64 vector of lengths, each ≥ 0"),
+])
+def test_a_malformed_batch_is_one_error_naming_the_field(read: Any, wire: dict[str, Any], message: str) -> None:
+    with pytest.raises(PayloadError, match=re.escape(message)):
+        read(wire)
+
+
+def _outputs(**changes: Any) -> list[GenerateOutput]:
+    return [_output(request_id=f"u{i}", prompt_tokens=np.arange(1 + i % 3, dtype=np.int32),
+                    tokens=np.arange(i % 3, dtype=np.int32), logprobs=-np.arange(i % 3, dtype=np.float32),
+                    finish_reason="length" if i % 2 else "stop", **changes) for i in range(5)]
+
+
+def test_outputs_travel_as_columns_when_asked_and_read_back_to_the_same_outputs_and_bytes() -> None:
+    assert "packed" not in GenerateParams([_request()], None).to_wire()  # an evaluation's call: the bytes as before
+    call = GenerateParams.from_wire(GenerateParams([_request()], None, packed=True).to_wire())
+    assert call.packed
+    top = {"top_ids": np.zeros((2, 3), np.int32), "top_logprobs": np.full((2, 3), -1, np.float32)}
+    for outputs in (_outputs(), _outputs(attempts=1), [_output(**top), _output(request_id="u2", **top)],
+                    _outputs(reference_logprobs=None)):
+        if outputs[0].top_ids is None:
+            outputs = [dataclasses.replace(o, reference_logprobs=o.logprobs * 2) for o in outputs]
+        listed = GenerateResult(outputs, DIGEST, None, {"matmul": 3})
+        wire = dataclasses.replace(listed, packed=True).to_wire()
+        assert "outputs" not in wire
+        data = canonical.encode(wire)
+        read = GenerateResult.from_wire(canonical.decode(data))
+        assert read.packed
+        assert canonical.encode(read.to_wire()) == data
+        again = GenerateResult.from_wire(canonical.decode(canonical.encode(listed.to_wire())))
+        assert not again.packed
+        for a, b in zip(read.outputs, again.outputs, strict=True):
+            assert canonical.encode(a.to_wire()) == canonical.encode(b.to_wire())
+    batch = dataclasses.replace(GenerateResult(_outputs(), DIGEST, None), packed=True).to_wire()["outputs_batch"]
+    assert batch["lengths"].tolist() == [0, 1, 2, 0, 1]
+    assert batch["request_ids"] == ["u0", "u1", "u2", "u3", "u4"]
+    assert sorted(batch) == ["finish_reasons", "lengths", "logprobs", "prompt_lengths", "prompt_tokens",
+                             "request_ids", "tokens"]
+
+
+def test_outputs_of_different_fields_travel_as_a_list_even_when_asked() -> None:
+    for outputs in ([_output(), _output(request_id="u2", attempts=2)],
+                    [_output(), _output(request_id="u2", prompt_tokens=np.array([1], np.int64))],
+                    [_output(top_ids=np.zeros((2, 1), np.int32), top_logprobs=np.zeros((2, 1), np.float32)),
+                     _output(request_id="u2", top_ids=np.zeros((2, 2), np.int32),
+                             top_logprobs=np.zeros((2, 2), np.float32))],
+                    []):
+        wire = GenerateResult(outputs, DIGEST, None, packed=True).to_wire()
+        assert "outputs_batch" not in wire
+        assert canonical.encode(wire) == canonical.encode(GenerateResult(outputs, DIGEST, None).to_wire())
+
+
+def _outputs_batch(change: dict[str, Any], drop: str | None = None) -> dict[str, Any]:
+    wire = GenerateResult(_outputs(), DIGEST, None, packed=True).to_wire()
+    return {**wire, "outputs_batch": {k: v for k, v in {**wire["outputs_batch"], **change}.items() if k != drop}}
+
+
+@pytest.mark.parametrize(("wire", "message"), [
+    ({**_outputs_batch({}), "outputs": []}, "generate: both outputs and outputs_batch"),
+    (_outputs_batch({"request_ids": []}), "generate.outputs_batch.request_ids: expected a non-empty list"),
+    (_outputs_batch({"finish_reasons": ["stop"] * 4 + ["abort"]}),
+     "generate.outputs_batch.finish_reasons: expected 5, each stop or length"),
+    (_outputs_batch({"lengths": np.array([0, 1, 2, 0, 2], np.int64)}),
+     "generate.outputs_batch.tokens: expected an int32 vector of the lengths' sum (5)"),
+    (_outputs_batch({"lengths": np.array([0, 1, 2, 0, 1], np.int32)}),
+     "generate.outputs_batch.lengths: expected an int64 vector of 5 lengths, each ≥ 0"),
+    (_outputs_batch({"logprobs": np.zeros(4, np.float64)}),
+     "generate.outputs_batch.logprobs: expected a float32 vector as long as tokens"),
+    (_outputs_batch({"reference_logprobs": np.zeros(3, np.float32)}),
+     "generate.outputs_batch.reference_logprobs: expected a float32 vector as long as tokens"),
+    (_outputs_batch({"prompt_tokens": np.zeros(8, np.int32)}),
+     "generate.outputs_batch.prompt_tokens: 8 ids for prompt lengths summing to 9"),
+    (_outputs_batch({"attempts": np.ones(5, np.int32)}),
+     "generate.outputs_batch.attempts: expected an int64 vector of 5 counts"),
+    (_outputs_batch({"top_ids": np.zeros((4, 2), np.int32)}),
+     "generate.outputs_batch: top_ids and top_logprobs come together or not at all"),
+    ({"requests": [_request().to_wire()], "packed": False}, "generate.packed: expected true"),
+])
+def test_malformed_outputs_as_columns_are_one_error_naming_the_field(wire: dict[str, Any], message: str) -> None:
+    read = GenerateParams.from_wire if "requests" in wire else GenerateResult.from_wire
+    with pytest.raises(PayloadError, match=re.escape(message)):
+        read(wire)

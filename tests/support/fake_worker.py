@@ -60,6 +60,7 @@ from invar.formats.checkpoint import (
 )
 from invar.loop.objective import ObjectiveSettings, loss_terms
 from invar.protocol import MethodError, Role, Server
+from invar.protocol.payloads import GenerateResult, LearnerStepParams, LearnerStepResult
 from invar.tasks import ModelTokenizer
 from invar.tasks.arithmetic import answer_of
 
@@ -356,9 +357,15 @@ class FakeWorker:
                         outputs[i]["reference_logprobs"] = policy_logprobs(
                             self._policy(params["reference_adapter"]), req["prompt_ids"], tokens)
         assert self.loaded is not None
-        return self.transport.script.report(self, "generate", {
+        result = self.transport.script.report(self, "generate", {
             "outputs": outputs, "model_digest": self.loaded["model_digest"],
             "adapter_digest": self._adapter_digest(params.get("adapter"))})
+        if params.get("packed"):
+            # As columns, as a worker answers a training cycle's call; a result a test's script made malformed is
+            # sent as it made it.
+            with contextlib.suppress(MethodError):
+                result = dataclasses.replace(GenerateResult.from_wire(result), packed=True).to_wire()
+        return result
 
     def score(self, params: dict[str, Any]) -> dict[str, Any]:
         vocab = self.tokenizer
@@ -389,7 +396,10 @@ class FakeWorker:
             lora = params["lora"]
             start = _Trainee.fresh(BaseModel.from_dir(model_dir), lora["r"], lora["alpha"], lora["target_modules"],
                                    params["seed"])
-        samples = params["samples"]
+        # Read as a learner reads it: the samples as a list of maps or as columns (`batch`), answered in the same
+        # layout below.
+        step = LearnerStepParams.from_wire(params, reductions=("float64-sequence", "float32-microbatch"))
+        samples = [s.to_wire() for s in step.samples]
         proximal = [policy_logprobs(start.digest, s["prompt_ids"], s["tokens"]) for s in samples]
         o = params["objective"]
         settings = ObjectiveSettings(o["clip_low"], o["clip_high"], o["kl_coef"], o["importance"],
@@ -407,11 +417,13 @@ class FakeWorker:
         checked = inspect_adapter(folder, model_dir, base_model_digest=model_digest)
         after.digest = checked.digest
         self.trainee = after
-        return {"proximal_logprobs": proximal, "loss": terms.loss, "policy": terms.policy, "kl": terms.kl,
-                "importance_weight_mean": terms.importance_weight_mean, "tokens": terms.tokens,
-                "grad_norm": abs(terms.loss), "adapter_dir": str(folder), "adapter_digest": checked.digest,
-                "adapter_tensors": checked.tensors, "start_adapter_digest": start.digest,
-                "optimizer_steps": after.steps, "model_digest": model_digest}
+        result = {"proximal_logprobs": proximal, "loss": terms.loss, "policy": terms.policy, "kl": terms.kl,
+                  "importance_weight_mean": terms.importance_weight_mean, "tokens": terms.tokens,
+                  "grad_norm": abs(terms.loss), "adapter_dir": str(folder), "adapter_digest": checked.digest,
+                  "adapter_tensors": checked.tensors, "start_adapter_digest": start.digest,
+                  "optimizer_steps": after.steps, "model_digest": model_digest}
+        return dataclasses.replace(LearnerStepResult.from_wire(result), packed=True).to_wire() if step.packed \
+            else result
 
 
 @dataclass

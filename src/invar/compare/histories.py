@@ -33,6 +33,7 @@ from invar.errors import EvidenceError, InvarError, RecordError
 from invar.formats.checkpoint import MLX_WEIGHTS, OPTIMIZER_WEIGHTS, PEFT_WEIGHTS, CheckpointError, read_safetensors
 from invar.loop.config import TrainConfig
 from invar.loop.history import PublishedCalls
+from invar.protocol.payloads import GenerateResult, PayloadError
 from invar.records import RunStore
 from invar.records.store import is_run
 
@@ -211,7 +212,13 @@ def read_run(path: Path, label: str) -> RunHistory:
         for gen in gens:
             assert gen is not None
             assert gen.report is not None
-            asked, answered = gen.call.params.get("requests"), (gen.report.report.result or {}).get("outputs")
+            result = gen.report.report.result or {}
+            asked, answered = gen.call.params.get("requests"), result.get("outputs")
+            if "outputs_batch" in result:  # the outputs as columns (a training cycle's): read as the same maps
+                try:
+                    answered = [o.to_wire() for o in GenerateResult.from_wire(result).outputs]
+                except PayloadError:
+                    answered = None
             if not isinstance(asked, list) or not isinstance(answered, list):
                 raise NotComparable(f"{label} {path}: a generate call of cycle {n} holds no requests or outputs")
             requests += asked

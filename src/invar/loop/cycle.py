@@ -150,11 +150,12 @@ def shards(requests: int, group_size: int, workers: int) -> list[range]:
 
 def generate_params(requests: Sequence[GenerateRequest], batch_size: int | None, policy: str | None,
                     reference: str | None) -> dict[str, Any]:
-    """The cycle's one generate call: batches of `batch_size` in order, from `policy`, scored under `reference`."""
+    """The cycle's one generate call: batches of `batch_size` in order, from `policy`, scored under `reference`,
+    its outputs answered as columns (`GenerateParams.packed`)."""
     n = len(requests)
     size = n if batch_size is None else batch_size
     return GenerateParams(requests, [list(range(i, min(i + size, n))) for i in range(0, n, size)], policy,
-                          reference).to_wire()
+                          reference, packed=True).to_wire()
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,18 @@ def _all_logprobs(values: Sequence[Any], lengths: Sequence[int], where: Callable
         if bool(np.isfinite(joined).all()) and not bool((joined > 0).any()):
             return list(values)
     return [_logprobs(v, n, where(i)) for i, (v, n) in enumerate(zip(values, lengths, strict=True))]
+
+
+def _check_order(outputs: Any, requests: Sequence[GenerateRequest], where: str) -> None:
+    """One output per request, each labelled with its request's id, in request order."""
+    if not isinstance(outputs, list) or len(outputs) != len(requests):
+        raise EvidenceError(f"{where} returned {len(outputs) if isinstance(outputs, list) else 'no'} outputs for "
+                            f"{len(requests)} requests")
+    for req, out in zip(requests, outputs, strict=True):
+        if not isinstance(out, dict) or out.get("request_id") != req.request_id:
+            raise EvidenceError(f"{where} output {req.request_id}: labelled "
+                                f"{out.get('request_id') if isinstance(out, dict) else out!r}; outputs must come back "
+                                "in request order")
 
 
 _INT32 = np.dtype(np.int32)
@@ -243,16 +256,12 @@ def read_rollout(result: Mapping[str, Any], requests: Sequence[GenerateRequest],
     if result.get("adapter_digest") != policy_digest:
         raise EvidenceError(f"{where} reports policy {_policy(result.get('adapter_digest'))}, but the published "
                             f"policy is {_policy(policy_digest)}: rollouts of any other policy are refused")
-    outputs = result.get("outputs")
-    if not isinstance(outputs, list) or len(outputs) != len(requests):
-        raise EvidenceError(f"{where} returned {len(outputs) if isinstance(outputs, list) else 'no'} outputs for "
-                            f"{len(requests)} requests")
-    for req, out in zip(requests, outputs, strict=True):
-        if not isinstance(out, dict) or out.get("request_id") != req.request_id:
-            raise EvidenceError(f"{where} output {req.request_id}: labelled "
-                                f"{out.get('request_id') if isinstance(out, dict) else out!r}; outputs must come back "
-                                "in request order")
+    packed = "outputs_batch" in result  # (as columns, the outputs are counted and labelled once read)
+    if not packed:
+        _check_order(result.get("outputs"), requests, where)
     received = GenerateResult.received(result, where)
+    if packed:
+        _check_order([{"request_id": o.request_id} for o in received.outputs], requests, where)
     samples = _rollout_samples(requests, received.outputs, reference=reference, vocab_size=vocab_size)
     if samples is not None:
         return samples
@@ -290,7 +299,7 @@ def learner_params(samples: Sequence[Sample], advantages: np.ndarray, *, tempera
     o = objective
     return LearnerStepParams(out, temperature, LearnerObjective(o.clip_low, o.clip_high, o.kl_coef, o.importance,
                                                                 o.importance_cap),
-                             optimizer, lora, seed, save_dir, schedule)
+                             optimizer, lora, seed, save_dir, schedule, packed=True)
 
 
 @dataclass(frozen=True)

@@ -579,7 +579,8 @@ class Engine:
                     requests[i].request_id, np.asarray(prompt_ids[i], dtype=np.int32),
                     np.asarray(res.tokens, dtype=np.int32), _f32(res.logprobs), res.finish_reason,
                     reference_logprobs=None if ref is None else _f32(ref_results[j].logprobs))
-        return GenerateResult([o for o in outputs if o is not None], m.model_digest, self._digest(key))
+        return GenerateResult([o for o in outputs if o is not None], m.model_digest, self._digest(key),
+                              packed=call.packed)
 
     def score(self, call: ScoreParams) -> ScoreResult:
         m = self.loaded("score")
@@ -723,6 +724,7 @@ class Engine:
             importance_weight_mean=terms["importance_weight_mean"], tokens=terms["tokens"],
             grad_norm=float(grad_norm), adapter_dir=str(save_dir), adapter_digest=digest, adapter_tensors=tensors,
             start_adapter_digest=start_digest, optimizer_steps=trainer.steps, model_digest=m.model_digest,
+            packed=step.packed,  # answered in the layout the call came in
         )
 
     def _scheduled_gradients(self, rows: list[tuple[list[int], Any]], step: LearnerStepParams, micro_batch: int,

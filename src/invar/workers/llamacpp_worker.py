@@ -326,7 +326,7 @@ class Engine:
                 outputs[i] = GenerateOutput(call.requests[i].request_id,
                                             np.asarray(call.requests[i].prompt_ids, dtype=np.int32), tokens,
                                             np.asarray(s.logprobs, dtype=np.float32), finish)
-        return GenerateResult([o for o in outputs if o is not None], m.digest, None)
+        return GenerateResult([o for o in outputs if o is not None], m.digest, None, packed=call.packed)
 
     def score(self, call: ScoreParams) -> ScoreResult:
         m = self.loaded("score")

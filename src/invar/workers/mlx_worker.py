@@ -438,7 +438,7 @@ class Engine:
                                             np.asarray(logprobs, dtype=np.float32), finish,
                                             reference_logprobs=refs.get(i))
         return GenerateResult([o for o in outputs if o is not None], m.model_digest,
-                              None if policy is None else policy.digest)
+                              None if policy is None else policy.digest, packed=call.packed)
 
     def decode(
         self, requests: list[GenerateRequest], prompts: list[list[int]]
@@ -673,7 +673,7 @@ class Engine:
             importance_weight_mean=float(np.sum(np.concatenate(weights), dtype=np.float64)) / n, tokens=n,
             grad_norm=float(grad_norm.item()), adapter_dir=str(save_dir), adapter_digest=digest,
             adapter_tensors=tensors, start_adapter_digest=start_digest, optimizer_steps=trainee.steps,
-            model_digest=m.model_digest,
+            model_digest=m.model_digest, packed=step.packed,  # answered in the layout the call came in
         )
 
     def fresh(self, lora: LoraParams, seed: int) -> Adapter:

@@ -566,7 +566,8 @@ class Engine:
                 raise MethodError(f"generate: requests {requests[j].request_id!r} and {req.request_id!r} are the same "
                                   "seeded request and came back different; the server does not honour request seeds")
         self._same_server("generate")
-        return GenerateResult([outputs[i] for i in range(len(requests))], m.model_digest, None)
+        return GenerateResult([outputs[i] for i in range(len(requests))], m.model_digest, None,
+                              packed=call.packed)
 
     def score(self, call: ScoreParams) -> ScoreResult:
         m = self.loaded("score")

@@ -598,7 +598,7 @@ class Engine:
                     assert o is not None  # every row of the batch was decoded (strict: one score per output)
                     outputs[i] = replace(o, reference_logprobs=lps)
         return GenerateResult([o for o in outputs if o is not None], m.model_digest,
-                              None if adapter is None else adapter.digest)
+                              None if adapter is None else adapter.digest, packed=call.packed)
 
     def _check_request(self, req: GenerateRequest, where: str) -> None:
         if 0 < req.temperature < SAMPLING_EPS:
