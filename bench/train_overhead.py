@@ -349,6 +349,11 @@ def direct_subprocess(config: Path, out: Path, device: str = "cpu", split: bool 
     return result
 
 
+def steady(runs: list[dict[str, Any]], key: str = "cycle_s") -> np.ndarray:
+    """Every repetition's cycles after its first (which carries the start-up): the cycles a long run repeats."""
+    return np.array([s for r in runs for s in r[key][1:]])
+
+
 def paired(invar: np.ndarray, direct: np.ndarray, resamples: int = 4000) -> dict[str, Any]:
     """Per-pair ratios with 95 % percentile-bootstrap intervals (pairs resampled whole)."""
     ratios = invar / direct
@@ -485,9 +490,13 @@ def main(argv: list[str] | None = None) -> int:
             result["paired_cpu_second_" + name] = paired(np.array([r["cycle_cpu_s"][1] for r in runs[num]]),
                                                          np.array([r["cycle_cpu_s"][1] for r in runs[den]]))
         q = result["paired_" + name]
-        print(f"{num}/{den}: total ratio {q['total_ratio']:.4f} ({q['total_ratio_ci95'][0]:.4f}-"
-              f"{q['total_ratio_ci95'][1]:.4f}), CPU {result['paired_cpu_' + name]['total_ratio']:.4f}; phases "
-              f"{num} {result[num]['median_phase_s']}")
+        line = (f"{num}/{den}: total ratio {q['total_ratio']:.4f} ({q['total_ratio_ci95'][0]:.4f}-"
+                f"{q['total_ratio_ci95'][1]:.4f}), CPU {result['paired_cpu_' + name]['total_ratio']:.4f}")
+        if args.cycles >= 2:
+            q = result["paired_steady_" + name] = paired(steady(runs[num]), steady(runs[den]))
+            line += (f"; steady cycles ({q['pairs']} pairs) {q['total_ratio']:.4f} ({q['total_ratio_ci95'][0]:.4f}-"
+                     f"{q['total_ratio_ci95'][1]:.4f}), {q['mean_diff_s'] * 1e3:+.1f} ms a cycle")
+        print(f"{line}; phases {num} {result[num]['median_phase_s']}")
     outside = [s for r in runs["invar"] for s in r["core_outside_calls_s"]]
     result["core_outside_calls_s"] = {"median": float(np.median(outside)), "min": min(outside), "max": max(outside),
                                       "share_of_invar_cycle": float(np.median(np.array(outside) / inv))}

@@ -98,3 +98,19 @@ def test_calls_under_way_at_once_count_once_in_the_cores_time_outside_them() -> 
     assert _covered([(0, 10), (5, 20), (30, 40)], 2, 35) == 8 + 10 + 5
     assert _covered([(1, 2), (1, 3)], 0, 10) == 2
     assert _covered([(0, 5)], 5, 9) == 0
+
+
+def test_steady_cycles_leave_out_each_repetitions_first() -> None:
+    # The first cycle of a repetition carries the start-up; the steady ratio pairs the cycles a long run repeats.
+    sys.path.append(str(ROOT / "bench"))
+    try:
+        from train_overhead import paired, steady
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    a = [{"cycle_s": [1.5, 0.3, 0.4]}, {"cycle_s": [1.6, 0.5, 0.2]}]
+    b = [{"cycle_s": [1.0, 0.2, 0.4]}, {"cycle_s": [1.1, 0.4, 0.4]}]
+    assert steady(a).tolist() == [0.3, 0.4, 0.5, 0.2]
+    q = paired(steady(a), steady(b))
+    assert q["pairs"] == 4
+    assert q["total_ratio"] == pytest.approx(1.4 / 1.4)
+    assert q["mean_diff_s"] == pytest.approx(0.0)
