@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from support.cli_runs import invar, side_by_side
 
@@ -146,9 +147,14 @@ def test_history_recomputes_the_rewards_from_the_run_alone(trained: dict[str, Tr
         gen = calls[meta[f"cycle-{n:06d}"]["generate_call"]]
         assert gen.report is not None
         assert gen.report.report.result is not None
-        rewards = [(high - scorer.loss(units[req["request_id"].split("/")[1]], tokenizer.decode(out["tokens"])))
+        # a training cycle's outputs travel as columns (docs/protocol.md), cut here by their lengths
+        batch = gen.report.report.result["outputs_batch"]
+        requests = gen.call.params["requests"]
+        assert batch["request_ids"] == [req["request_id"] for req in requests]
+        responses = np.split(batch["tokens"], np.cumsum(batch["lengths"])[:-1])
+        rewards = [(high - scorer.loss(units[req["request_id"].split("/")[1]], tokenizer.decode(tokens)))
                    / (high - low)
-                   for req, out in zip(gen.call.params["requests"], gen.report.report.result["outputs"], strict=True)]
+                   for req, tokens in zip(requests, responses, strict=True)]
         assert row["reward_mean"] == pytest.approx(sum(rewards) / len(rewards), abs=1e-12)
         assert row["reward_mean"] == meta[f"cycle-{n:06d}"]["reward_mean"]
         assert row["loss_abs_diff"] <= 1e-6
