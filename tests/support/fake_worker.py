@@ -391,39 +391,33 @@ class FakeWorker:
         step fixed by the start adapter, the batch and the optimizer settings, and a checkpoint saved."""
         assert self.loaded is not None
         model_dir, model_digest = Path(self.loaded["model_dir"]), str(self.loaded["model_digest"])
-        start = self.trainee
-        if start is None:
-            lora = params["lora"]
-            start = _Trainee.fresh(BaseModel.from_dir(model_dir), lora["r"], lora["alpha"], lora["target_modules"],
-                                   params["seed"])
         # Read as a learner reads it: the samples as a list of maps or as columns (`batch`), answered in the same
         # layout below.
         step = LearnerStepParams.from_wire(params, reductions=("float64-sequence", "float32-microbatch"))
-        samples = [s.to_wire() for s in step.samples]
-        proximal = [policy_logprobs(start.digest, s["prompt_ids"], s["tokens"]) for s in samples]
-        o = params["objective"]
-        settings = ObjectiveSettings(o["clip_low"], o["clip_high"], o["kl_coef"], o["importance"],
-                                     o["importance_cap"])
-        advantages = np.array([s["advantage"] for s in samples], dtype=np.float32)
-        terms = loss_terms(proximal, [np.asarray(s["behavior_logprobs"]) for s in samples], advantages, settings,
-                           reference=[np.asarray(s["reference_logprobs"]) for s in samples] if settings.kl_coef
+        start = self.trainee
+        if start is None:
+            assert step.lora is not None
+            start = _Trainee.fresh(BaseModel.from_dir(model_dir), step.lora.r, step.lora.alpha,
+                                   list(step.lora.target_modules), step.seed)
+        samples = step.samples
+        proximal = [policy_logprobs(start.digest, s.prompt_ids, s.tokens) for s in samples]
+        o = step.objective
+        settings = ObjectiveSettings(o.clip_low, o.clip_high, o.kl_coef, o.importance, o.importance_cap)
+        advantages = np.array([s.advantage for s in samples], dtype=np.float32)
+        terms = loss_terms(proximal, [s.behavior_logprobs for s in samples], advantages, settings,
+                           reference=[np.asarray(s.reference_logprobs) for s in samples] if settings.kl_coef
                            else None)
-        batch = canonical.digest([[list(map(int, s["prompt_ids"])), np.asarray(s["tokens"]).tolist(),
-                                   np.asarray(s["behavior_logprobs"]).tobytes().hex(), float(s["advantage"])]
-                                  for s in samples])
-        after = start.step(batch, float(params["optimizer"]["lr"]), terms.loss)
-        folder = Path(params["save_dir"])
+        batch = canonical.digest([[list(map(int, s.prompt_ids)), s.tokens.tolist(), s.behavior_logprobs.tobytes().hex(),
+                                   float(s.advantage)] for s in samples])
+        after = start.step(batch, step.optimizer.lr, terms.loss)
+        folder = Path(step.save_dir)
         save_atomically(folder, lambda tmp: after.write(tmp, model_digest), optimizer_steps=after.steps)
         checked = inspect_adapter(folder, model_dir, base_model_digest=model_digest)
         after.digest = checked.digest
         self.trainee = after
-        result = {"proximal_logprobs": proximal, "loss": terms.loss, "policy": terms.policy, "kl": terms.kl,
-                  "importance_weight_mean": terms.importance_weight_mean, "tokens": terms.tokens,
-                  "grad_norm": abs(terms.loss), "adapter_dir": str(folder), "adapter_digest": checked.digest,
-                  "adapter_tensors": checked.tensors, "start_adapter_digest": start.digest,
-                  "optimizer_steps": after.steps, "model_digest": model_digest}
-        return dataclasses.replace(LearnerStepResult.from_wire(result), packed=True).to_wire() if step.packed \
-            else result
+        return LearnerStepResult(proximal, terms.loss, terms.policy, terms.kl, terms.importance_weight_mean,
+                                 terms.tokens, abs(terms.loss), str(folder), checked.digest, checked.tensors,
+                                 start.digest, after.steps, model_digest, packed=step.packed).to_wire()
 
 
 @dataclass

@@ -427,10 +427,15 @@ def _lengths(value: Any, where: str, *, size: int | None = None, least: int = 1)
     return value
 
 
+def _bounds(lengths: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of consecutive pieces of `lengths`."""
+    ends = np.cumsum(lengths).tolist()
+    return list(zip([0, *ends[:-1]], ends, strict=True))
+
+
 def _cut(values: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
     """`values` cut into consecutive pieces of `lengths` (views: the arrays stay those received)."""
-    ends = np.cumsum(lengths).tolist()
-    return [values[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+    return [values[a:b] for a, b in _bounds(lengths)]
 
 
 FinishReason = Literal["stop", "length"]
@@ -519,13 +524,15 @@ def _pack_outputs(outputs: Sequence[GenerateOutput]) -> dict[str, Any] | None:
     whose encoding in the worker and decoding in the core took about 4 ms of a tiny cycle."""
     if not outputs:
         return None
-    first = outputs[0]
-    given = [name for name in _OPTIONAL_OUTPUT_FIELDS if getattr(first, name) is not None]
-    if any(o.prompt_tokens.dtype != first.prompt_tokens.dtype or [n for n in _OPTIONAL_OUTPUT_FIELDS
-                                                                  if getattr(o, n) is not None] != given
-           or (o.top_ids is not None and first.top_ids is not None and o.top_ids.shape[1:] != first.top_ids.shape[1:])
-           for o in outputs):
+    def shape(o: GenerateOutput) -> tuple[Any, ...]:
+        """What every output must share to be columns: its optional fields, its prompt dtype, its top-k width."""
+        return (tuple(name for name in _OPTIONAL_OUTPUT_FIELDS if getattr(o, name) is not None),
+                o.prompt_tokens.dtype, None if o.top_ids is None else o.top_ids.shape[1:])
+
+    first = shape(outputs[0])
+    if any(shape(o) != first for o in outputs):
         return None
+    given = first[0]
     m: dict[str, Any] = {
         "finish_reasons": [o.finish_reason for o in outputs],
         "lengths": np.array([o.tokens.size for o in outputs], _I64),
@@ -876,12 +883,11 @@ def _unpack_samples(batch: Any, where: str) -> tuple[LearnerSample, ...]:
     if prompts is not None and (not isinstance(prompts, list) or len(prompts) != n
                                 or not all(isinstance(t, str) for t in prompts)):
         raise PayloadError(f"{where}.prompts: expected a list of {n} prompt texts or none")
-    all_ids = ids.tolist()
-    ends = np.cumsum(prompt_lengths).tolist()
+    all_ids = ids.tolist()  # one conversion, then a list per sample
     refs: list[np.ndarray | None] = [None] * n if ref is None else list(_cut(ref, lengths))
     return tuple(LearnerSample(all_ids[lo:hi], t, lp, adv, r, None if prompts is None else prompts[i])
-                 for i, (lo, hi, t, lp, adv, r) in enumerate(zip(
-                     [0, *ends[:-1]], ends, _cut(tokens, lengths), _cut(behavior, lengths), advantages.tolist(),
+                 for i, ((lo, hi), t, lp, adv, r) in enumerate(zip(
+                     _bounds(prompt_lengths), _cut(tokens, lengths), _cut(behavior, lengths), advantages.tolist(),
                      refs, strict=True)))
 
 
@@ -1138,9 +1144,10 @@ class LearnerStepResult:
             proximal = _cut(values, lengths)
         else:
             proximal = _get(result, "proximal_logprobs", list, where)
-        for i, p in enumerate(proximal):
-            if not isinstance(p, np.ndarray) or p.dtype != np.float32 or p.ndim != 1:
-                raise PayloadError(f"{where}.proximal_logprobs[{i}]: expected a float32 vector of log-probabilities")
+            for i, p in enumerate(proximal):
+                if not isinstance(p, np.ndarray) or p.dtype != np.float32 or p.ndim != 1:
+                    raise PayloadError(f"{where}.proximal_logprobs[{i}]: expected a float32 vector of "
+                                       "log-probabilities")
 
         def number(name: str) -> float:
             value = result.get(name)
