@@ -114,3 +114,24 @@ def test_steady_cycles_leave_out_each_repetitions_first() -> None:
     assert q["pairs"] == 4
     assert q["total_ratio"] == pytest.approx(1.4 / 1.4)
     assert q["mean_diff_s"] == pytest.approx(0.0)
+
+
+def test_the_interval_by_repetition_resamples_whole_repetitions() -> None:
+    # Two repetitions whose cycles share their machine's speed: the ratio of totals is the same either way, but only
+    # resampling whole repetitions sees that the two disagree (every resample of pairs mixes both).
+    sys.path.append(str(ROOT / "bench"))
+    try:
+        from train_overhead import by_repetition, paired, steady
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    a = [{"cycle_s": [9.0, 1.2, 1.2, 1.2, 1.2]}, {"cycle_s": [9.0, 0.8, 0.8, 0.8, 0.8]}]
+    b = [{"cycle_s": [9.0, 1.0, 1.0, 1.0, 1.0]}, {"cycle_s": [9.0, 1.0, 1.0, 1.0, 1.0]}]
+    r = by_repetition(a, b)
+    assert r["repetitions"] == 2
+    assert r["total_ratio"] == pytest.approx(1.0)
+    assert r["ratios"] == pytest.approx([1.2, 0.8])
+    # resamples of two repetitions: both the first (1.2), both the second (0.8), or one of each (1.0)
+    assert r["total_ratio_ci95"] == pytest.approx([0.8, 1.2])
+    q = paired(steady(a), steady(b))
+    assert q["total_ratio"] == pytest.approx(1.0)
+    assert q["total_ratio_ci95"][1] - q["total_ratio_ci95"][0] < 0.3
