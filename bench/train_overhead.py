@@ -31,7 +31,8 @@ repetition r through each driver is a pair. Reported: the median cycle time of e
 repetition) with min and max, the ratio of the medians, the median per-pair ratio and the ratio of the paired totals
 with 95 % bootstrap intervals, the steady cycles' (each repetition's after its first) ratio of totals with its
 interval twice (pairs resampled, and whole repetitions resampled, `by_repetition`: the honest one where the machine's
-speed drifts between repetitions), each phase's median (invar: generate, learner, publish as its run records them;
+speed drifts between repetitions; `--pool JSON...` runs nothing and pools earlier runs' JSONs the same way), each
+phase's median (invar: generate, learner, publish as its run records them;
 direct: generate, learner), and the publish phase (Invar's alone) against the cycle. The bench keeps the niceness it
 was started with unless `--nice N` adds N to it (a negative N, a higher priority, needs root; before 2026-12-05 the
 default was −10, which raised a root bench above whatever else ran) and sets the BLAS/OpenMP thread variables to 1
@@ -382,6 +383,29 @@ def by_repetition(num: list[dict[str, Any]], den: list[dict[str, Any]], resample
             "ratios": (a / b).tolist()}
 
 
+def pooled(files: list[Path], num: str = "shared", den: str = "direct", resamples: int = 4000) -> dict[str, Any]:
+    """The steady cycles' ratio of totals over several runs' JSONs together, with a 95 % percentile-bootstrap interval
+    that resamples whole repetitions within each run (each run keeps its count: runs on different days are strata)."""
+    runs = []
+    for f in files:
+        d = json.loads(f.read_text())
+        reps, cycles = int(d["reps"]), int(d["cycles"])
+        a = np.array(d[num]["cycle_s"]).reshape(reps, cycles)[:, 1:].sum(axis=1)
+        b = np.array(d[den]["cycle_s"]).reshape(reps, cycles)[:, 1:].sum(axis=1)
+        runs.append((a, b))
+    rng = np.random.default_rng(0)
+    num_total, den_total = np.zeros(resamples), np.zeros(resamples)
+    for a, b in runs:
+        idx = rng.integers(0, len(a), size=(resamples, len(a)))
+        num_total += a[idx].sum(axis=1)
+        den_total += b[idx].sum(axis=1)
+    total = num_total / den_total
+    return {"runs": [str(f) for f in files], "repetitions": sum(len(a) for a, _ in runs),
+            "total_ratio": float(sum(a.sum() for a, _ in runs) / sum(b.sum() for _, b in runs)),
+            "total_ratio_ci95": [float(np.percentile(total, 2.5)), float(np.percentile(total, 97.5))],
+            "per_run": [float(a.sum() / b.sum()) for a, b in runs]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "arith-mlx.toml")
@@ -402,9 +426,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="with the shared-base driver: the src folder of the checkout it runs (e.g. /tmp/base/src)")
     parser.add_argument("--nice", type=int, default=0,
                         help="added to the niceness of the bench and its drivers (a negative value needs root)")
+    parser.add_argument("--pool", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="run nothing: the shared/direct steady ratio over these runs' JSONs together, resampled "
+                             "by whole repetition within each run")
     if argv is None and len(sys.argv) > 3 and sys.argv[1] == "--invar-train-on":
         return invar_train_on(sys.argv[2], sys.argv[3], sys.argv[4:])  # before parsing: the rest is invar's
     args = parser.parse_args(argv)
+    if args.pool is not None:
+        got = pooled(args.pool)
+        print(f"shared/direct over {len(args.pool)} runs, {got['repetitions']} repetitions: {got['total_ratio']:.4f} "
+              f"({got['total_ratio_ci95'][0]:.4f}-{got['total_ratio_ci95'][1]:.4f}); per run "
+              + ", ".join(f"{r:.4f}" for r in got["per_run"]))
+        write_json(args.json, got)
+        return 0
     drivers = args.drivers.split(",")
     if drivers[:2] != ["invar", "direct"] or not set(drivers) <= set(DRIVERS) or len(set(drivers)) != len(drivers):
         parser.error(f"--drivers {args.drivers}: give invar,direct, optionally followed by split, shared, "

@@ -135,3 +135,23 @@ def test_the_interval_by_repetition_resamples_whole_repetitions() -> None:
     q = paired(steady(a), steady(b))
     assert q["total_ratio"] == pytest.approx(1.0)
     assert q["total_ratio_ci95"][1] - q["total_ratio_ci95"][0] < 0.3
+
+
+def test_pooled_runs_resample_repetitions_within_each_run(tmp_path: Path) -> None:
+    sys.path.append(str(ROOT / "bench"))
+    try:
+        from train_overhead import pooled
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    one = {"reps": 2, "cycles": 3, "shared": {"cycle_s": [[9.0, 1.1, 1.1], [9.0, 1.1, 1.1]]},
+           "direct": {"cycle_s": [[9.0, 1.0, 1.0], [9.0, 1.0, 1.0]]}}
+    two = {"reps": 1, "cycles": 3, "shared": {"cycle_s": [[9.0, 0.9, 0.9]]}, "direct": {"cycle_s": [[9.0, 1.0, 1.0]]}}
+    files = [tmp_path / "one.json", tmp_path / "two.json"]
+    for f, d in zip(files, (one, two), strict=True):
+        f.write_text(json.dumps(d))
+    got = pooled(files)
+    assert got["repetitions"] == 3
+    assert got["per_run"] == pytest.approx([1.1, 0.9])
+    assert got["total_ratio"] == pytest.approx((4.4 + 1.8) / 6.0)
+    # each run's repetitions are alike, so every resample is the whole: the interval is the point
+    assert got["total_ratio_ci95"] == pytest.approx([(4.4 + 1.8) / 6.0] * 2)
