@@ -34,6 +34,12 @@ def _ufuncs() -> tuple[Ufunc, Ufunc, Ufunc, Ufunc] | None:
     return pmf_, cdf_, sf_, ppf_
 
 
+def load() -> None:
+    """Import the ufuncs now rather than at first use: in a process about to fork workers that will all use them,
+    so that the import (about a quarter of a second) is paid once here, not once in each worker and again here."""
+    _ufuncs()
+
+
 def _betainccinv() -> Ufunc:
     from scipy import special
 

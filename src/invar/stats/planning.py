@@ -1116,6 +1116,8 @@ def plan_table(
     order asked. `done(row)` is called as each method's row is ready (to show progress: a plan whose assumed
     increase lies close to ε searches far)."""
     methods = planned_methods(assumed, methods)
+    if assumed.variance is None and len(methods) > 1:
+        _binom.load()  # every method's plan of 0/1 losses sums binomials: imported once, before the methods fork
     plan = partial(_plan_one, assumed, epsilon, delta, power, search)
     costliest = sorted(methods, key=lambda m: -_COST.get(m, 0.0))
     ready = None if done is None else (lambda _i, row: done(row))
