@@ -80,3 +80,31 @@ def test_plot_draws_power_against_n(cli: InvarSession, ws: Workspace, tmp_path: 
     assert pixels.shape[1] > 600
     assert float(np.std(pixels[..., :3])) > 0.05  # drawn on, not blank
     assert _json(cli, ws, "--assume", "worse=0.02 better=0.02", "--plot", png)["plot"] == str(png)
+
+
+def test_the_contracts_power_beside_the_table_is_the_power_after_it(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With several methods `use plan` computes the contract's own power beside the methods' plans (in their pool,
+    forked); the plan is the one computed after the table, as before."""
+    from invar.contract import sample_size
+    from invar.parallel import forked
+
+    stated = {"p_worse": 0.03, "p_better": 0.03}  # the z-test's n is 148: the contract's 200 is below twice it
+    methods = ["hoeffding", "maurer-pontil", "paired-binary-exact"]
+    asked: list[int] = []
+    beside = sample_size._contract_power_beside
+
+    def counted(*args: Any) -> Any:
+        call = beside(*args)
+        asked.append(call is not None)
+        return call
+
+    monkeypatch.setattr(sample_size, "_contract_power_beside", counted)
+    with forked():
+        planned = sample_size.plan_sample_size(ws.contract_path, stated, 0.8, methods, sequential_max=None, plot=None)
+    assert asked == [True]
+    monkeypatch.setattr(sample_size, "_contract_power_beside", lambda *args: None)
+    with forked():
+        after = sample_size.plan_sample_size(ws.contract_path, stated, 0.8, methods, sequential_max=None, plot=None)
+    assert planned.output == after.output
+    assert planned.output.contract_power == power_at("maurer-pontil", UNITS, Assumed(0.03, 0.03), 0.05, 0.05)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Callable
@@ -286,6 +287,34 @@ def test_parallel_planning_gives_the_numbers_of_one_process() -> None:
     in_one = planning._betting_share(300, assumption, 0.1, 0.05, 700, [5, 1], starts)
     with forked():
         assert planning._betting_hits(300, assumption, 0.1, 0.05, 700, [5, 1]) == in_one
+
+
+def test_a_call_beside_the_table_gives_its_own_result_and_the_tables_rows() -> None:
+    """`plan_table_beside` runs one more call in the table's pool (the contract's own power, in `use plan`): the rows
+    are the table's, the call's result its own, forked or not; rows are reported as they are ready, the call is not."""
+    scenario = (Assumed(0.05, 0.05), 0.1, 0.05, 0.8)
+    methods = ("maurer-pontil", "paired-binary-exact")
+    table = plan_table(*scenario, methods=methods)
+
+    def beside() -> float:
+        return power_at("paired-binary-exact", 300, Assumed(0.05, 0.05), 0.1, 0.05)
+
+    expected = beside()
+    for fork in (False, True):
+        reported: list[str] = []
+        with forked() if fork else contextlib.nullcontext():
+            rows, got = planning.plan_table_beside(*scenario, beside, methods=methods,
+                                                   done=lambda row, seen=reported: seen.append(row.method))
+        assert (rows, got) == (table, expected)
+        assert sorted(reported) == sorted(methods)
+
+
+def test_normal_n_is_the_z_tests_and_refuses_what_plans_nothing() -> None:
+    # 0/1 losses at 0.01 / 0.01: variance 0.02; (z_0.95 + z_0.8)² · 0.02 / 0.005²
+    z = stats.norm.ppf(0.95) + stats.norm.ppf(0.8)
+    assert planning.normal_n(Assumed(0.01, 0.01), 0.005, 0.05, 0.8) == int(0.02 * (z / 0.005) ** 2)
+    with pytest.raises(StatisticsError, match="not below epsilon"):
+        planning.normal_n(Assumed(0.05, 0.01), 0.005, 0.05, 0.8)
 
 
 def test_statistics_fork_no_process_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -18,7 +19,16 @@ from invar.contract.model import Contract, loss_span
 from invar.contract.plan_inputs import declared_difference_range, load_for_planning, range_methods
 from invar.errors import ContractError, InvarError
 from invar.stats.bounds import StatisticsError
-from invar.stats.planning import Assumed, PowerCurve, plan_table, power_at, power_curves
+from invar.stats.planning import (
+    Assumed,
+    PowerCurve,
+    normal_n,
+    plan_table,
+    plan_table_beside,
+    planned_methods,
+    power_at,
+    power_curves,
+)
 from invar.stats.rows import PlanRow, SequentialPlanRow, UsePlanOutput
 from invar.stats.sequential import sequential_plan
 
@@ -89,9 +99,15 @@ def plan_sample_size(contract: Path, stated: dict[str, float], power: float, met
     horizon = _sequential_horizon(c, stated, sequential_max)
     if progress is not None:
         progress.expect(assumed, methods)
-    rows = plan_table(assumed, float(req.epsilon), float(req.delta), power, methods=methods,
-                      done=None if progress is None else progress.row)
-    own = _contract_power(c, units, looks, rows, assumed, power)
+    done = None if progress is None else progress.row
+    beside = _contract_power_beside(c, units, looks, assumed, power, methods)
+    if beside is None:
+        rows = plan_table(assumed, float(req.epsilon), float(req.delta), power, methods=methods, done=done)
+        own = _contract_power(c, units, looks, rows, assumed, power)
+    else:
+        rows, early = plan_table_beside(assumed, float(req.epsilon), float(req.delta), power, beside,
+                                        methods=methods, done=done)
+        own = _contract_power(c, units, looks, rows, assumed, power, early)
     curves = None if plot is None else power_curves(rows, assumed, extra=[units])
     if progress is not None:
         progress.simulating(horizon, SEQUENTIAL_RUNS)
@@ -104,20 +120,51 @@ def plan_sample_size(contract: Path, stated: dict[str, float], power: float, met
 
 
 def _contract_power(c: Contract, units: int, looks: tuple[int, ...] | None, rows: list[PlanRow], assumed: Assumed,
-                    target: float) -> float | None:
+                    target: float, early: tuple[float | None] | None = None) -> float | None:
     """The contract's own method's power at the contract's own n under the stated assumption. None for a sequential
     contract (its stopping plan says how many it stops at), a method the assumption cannot plan, and an n at least
-    twice the method's planned n, far past the target (the exact methods' cost grows with n)."""
+    twice the method's planned n, far past the target (the exact methods' cost grows with n). `early`: that power
+    as `_contract_power_beside`'s call computed it beside the table (the same function of the same inputs), kept
+    only where these rules keep it."""
     req = c.requirement
     if looks is not None or req.method is None or req.delta is None:
         return None
     planned = next((r.n for r in rows if r.method == req.method), None)
     if planned is not None and units >= 2 * planned:
         return None
+    return early[0] if early is not None else _power_or_none(req.method, units, assumed, float(req.epsilon),
+                                                             float(req.delta), target)
+
+
+def _power_or_none(method: str, units: int, assumed: Assumed, epsilon: float, delta: float,
+                   target: float) -> float | None:
     try:
-        return power_at(req.method, units, assumed, float(req.epsilon), float(req.delta), power=target)
+        return power_at(method, units, assumed, epsilon, delta, power=target)
     except StatisticsError:
         return None
+
+
+def _contract_power_beside(c: Contract, units: int, looks: tuple[int, ...] | None, assumed: Assumed,
+                           target: float, methods: Sequence[str] | None) -> Callable[[], tuple[float | None]] | None:
+    """The contract's own power as a call to compute beside the methods' plans, where the table forks anyway
+    (several methods) and the contract's n is below twice the z-test's n: no method plans much fewer units than
+    that, so the power is almost always wanted (`_contract_power` drops it where the planned n says so), and it is
+    never an n so far past the plans that computing it would cost more than the table. None: computed after the
+    table, if at all, as before."""
+    req = c.requirement
+    if looks is not None or req.method is None or req.delta is None or len(planned_methods(assumed, methods)) < 2:
+        return None
+    try:
+        if units >= 2 * normal_n(assumed, float(req.epsilon), float(req.delta), target):
+            return None
+    except StatisticsError:
+        return None  # the table refuses these inputs in its own words
+    return partial(_one_power, req.method, units, assumed, float(req.epsilon), float(req.delta), target)
+
+
+def _one_power(method: str, units: int, assumed: Assumed, epsilon: float, delta: float,
+               target: float) -> tuple[float | None]:
+    return (_power_or_none(method, units, assumed, epsilon, delta, target),)
 
 
 def _sequential_horizon(c: Contract, stated: dict[str, float], n_max: int | None) -> int | None:

@@ -41,6 +41,7 @@ the caller asks for it (`invar use plan` does); the numbers do not depend on it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -50,7 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from statistics import NormalDist
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -1115,14 +1116,51 @@ def plan_table(
     `invar.parallel.forked()` one process per core plans them); the rows are the same numbers either way, in the
     order asked. `done(row)` is called as each method's row is ready (to show progress: a plan whose assumed
     increase lies close to ε searches far)."""
+    rows, _ = _plan_rows(assumed, epsilon, delta, power, methods, search, done, None)
+    return rows
+
+
+def plan_table_beside(
+    assumed: Assumed, epsilon: float, delta: float, power: float, beside: Callable[[], T], *,
+    methods: Sequence[str] | None = None, search: Search = Search(), done: Callable[[PlanRow], None] | None = None,
+) -> tuple[list[PlanRow], T]:
+    """`plan_table`, and one more independent call computed beside the methods, last, by whichever process is free
+    first (the contract's own power, which `use plan` would otherwise compute after the table)."""
+    rows, got = _plan_rows(assumed, epsilon, delta, power, methods, search, done, beside)
+    return rows, cast(T, got)
+
+
+def _plan_rows(
+    assumed: Assumed, epsilon: float, delta: float, power: float, methods: Sequence[str] | None, search: Search,
+    done: Callable[[PlanRow], None] | None, beside: Callable[[], object] | None,
+) -> tuple[list[PlanRow], object]:
     methods = planned_methods(assumed, methods)
-    if assumed.variance is None and len(methods) > 1:
-        _binom.load()  # every method's plan of 0/1 losses sums binomials: imported once, before the methods fork
+    if assumed.variance is None and len(methods) + (beside is not None) > 1:
+        # every method's plan of 0/1 losses sums binomials: imported once, before the methods fork (unless the
+        # inputs plan nothing: each method then refuses them in its own words, with nothing to import)
+        with contextlib.suppress(StatisticsError):
+            normal_n(assumed, epsilon, delta, power)
+            _binom.load()
     plan = partial(_plan_one, assumed, epsilon, delta, power, search)
     costliest = sorted(methods, key=lambda m: -_COST.get(m, 0.0))
-    ready = None if done is None else (lambda _i, row: done(row))
-    rows = dict(zip(costliest, map_calls([partial(plan, method) for method in costliest], ready), strict=True))
-    return [rows[method] for method in methods]
+    calls: list[Callable[[], object]] = [partial(plan, method) for method in costliest]
+    if beside is not None:
+        calls.append(beside)
+
+    def ready(i: int, row: object) -> None:
+        if done is not None and i < len(costliest):
+            done(cast(PlanRow, row))
+
+    results = map_calls(calls, None if done is None else ready)
+    rows = dict(zip(costliest, (cast(PlanRow, r) for r in results[: len(costliest)]), strict=True))
+    return [rows[method] for method in methods], results[-1] if beside is not None else None
+
+
+def normal_n(assumed: Assumed, epsilon: float, delta: float, power: float) -> int:
+    """The n of a one-sided z-test with the variance known (`_normal_guess`): about the smallest n any method plans;
+    `StatisticsError` where the inputs plan nothing."""
+    assumption, eps, dlt, target = _validated("hoeffding", assumed, epsilon, delta, power)
+    return _normal_guess(assumption, eps, dlt, target)
 
 
 _COST = {"betting": 3.0, "paired-binary-score": 2.0, "paired-binary-exact": 2.0, "maurer-pontil": 0.2}
