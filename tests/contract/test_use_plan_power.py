@@ -108,3 +108,11 @@ def test_the_contracts_power_beside_the_table_is_the_power_after_it(
         after = sample_size.plan_sample_size(ws.contract_path, stated, 0.8, methods, sequential_max=None, plot=None)
     assert planned.output == after.output
     assert planned.output.contract_power == power_at("maurer-pontil", UNITS, Assumed(0.03, 0.03), 0.05, 0.05)
+    # one method: beside a search (exact), not beside a closed form, whose plan is quicker than a fork
+    monkeypatch.setattr(sample_size, "_contract_power_beside", counted)
+    for one, wanted in (["paired-binary-exact"], True), (["hoeffding"], False):
+        asked.clear()
+        with forked():
+            alone = sample_size.plan_sample_size(ws.contract_path, stated, 0.8, one, sequential_max=None, plot=None)
+        assert asked == [wanted]
+        assert alone.output.contract_power == planned.output.contract_power

@@ -67,6 +67,9 @@ class SampleSizePlan:
 SEQUENTIAL_MAX = 1 << 24
 """The largest `--sequential-max`: the bound on a contract's `requirement.max_n`."""
 
+CLOSED_FORMS = frozenset({"hoeffding", "maurer-pontil"})
+"""Methods planned in a few milliseconds once the binomial routines are loaded (`_contract_power_beside`)."""
+
 SEQUENTIAL_RUNS = 1000
 """The simulated runs of a stopping-n plan (`--sequential-max`)."""
 
@@ -146,13 +149,15 @@ def _power_or_none(method: str, units: int, assumed: Assumed, epsilon: float, de
 
 def _contract_power_beside(c: Contract, units: int, looks: tuple[int, ...] | None, assumed: Assumed,
                            target: float, methods: Sequence[str] | None) -> Callable[[], tuple[float | None]] | None:
-    """The contract's own power as a call to compute beside the methods' plans, where the table forks anyway
-    (several methods) and the contract's n is below twice the z-test's n: no method plans much fewer units than
-    that, so the power is almost always wanted (`_contract_power` drops it where the planned n says so), and it is
-    never an n so far past the plans that computing it would cost more than the table. None: computed after the
-    table, if at all, as before."""
+    """The contract's own power as a call to compute beside the methods' plans, where the table takes long enough
+    to hide it (several methods, or one that searches: betting or an exact method, not a closed form, whose plan
+    is quicker than forking) and the contract's n is below twice the z-test's n: no method plans much fewer units
+    than that, so the power is almost always wanted (`_contract_power` drops it where the planned n says so), and
+    it is never an n so far past the plans that computing it would cost more than the table. None: computed after
+    the table, if at all, as before."""
     req = c.requirement
-    if looks is not None or req.method is None or req.delta is None or len(planned_methods(assumed, methods)) < 2:
+    planned = planned_methods(assumed, methods)
+    if looks is not None or req.method is None or req.delta is None or set(planned) <= CLOSED_FORMS:
         return None
     try:
         if units >= 2 * normal_n(assumed, float(req.epsilon), float(req.delta), target):
