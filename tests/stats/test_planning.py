@@ -315,6 +315,9 @@ def test_normal_n_is_the_z_tests_and_refuses_what_plans_nothing() -> None:
     assert planning.normal_n(Assumed(0.01, 0.01), 0.005, 0.05, 0.8) == int(0.02 * (z / 0.005) ** 2)
     with pytest.raises(StatisticsError, match="not below epsilon"):
         planning.normal_n(Assumed(0.05, 0.01), 0.005, 0.05, 0.8)
+    # beyond reach, where every method refuses before it searches: no n either
+    with pytest.raises(StatisticsError, match="beyond the 1,000 a plan searches"):
+        planning.normal_n(Assumed(0.01, 0.01), 0.005, 0.05, 0.8, search=Search(n_max=1000))
 
 
 def test_statistics_fork_no_process_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1139,7 +1139,7 @@ def _plan_rows(
         # every method's plan of 0/1 losses sums binomials: imported once, before the methods fork (unless the
         # inputs plan nothing: each method then refuses them in its own words, with nothing to import)
         with contextlib.suppress(StatisticsError):
-            normal_n(assumed, epsilon, delta, power)
+            normal_n(assumed, epsilon, delta, power, search=search)
             _binom.load()
     plan = partial(_plan_one, assumed, epsilon, delta, power, search)
     costliest = sorted(methods, key=lambda m: -_COST.get(m, 0.0))
@@ -1156,10 +1156,12 @@ def _plan_rows(
     return [rows[method] for method in methods], results[-1] if beside is not None else None
 
 
-def normal_n(assumed: Assumed, epsilon: float, delta: float, power: float) -> int:
+def normal_n(assumed: Assumed, epsilon: float, delta: float, power: float, *, search: Search = Search()) -> int:
     """The n of a one-sided z-test with the variance known (`_normal_guess`): about the smallest n any method plans;
-    `StatisticsError` where the inputs plan nothing."""
+    `StatisticsError` where the inputs plan nothing, being invalid or beyond the reach of `search` (`_within_reach`:
+    every method refuses them at once)."""
     assumption, eps, dlt, target = _validated("hoeffding", assumed, epsilon, delta, power)
+    _within_reach(assumption, eps, dlt, target, bounds.check_count("n_max", search.n_max, 2))
     return _normal_guess(assumption, eps, dlt, target)
 
 
