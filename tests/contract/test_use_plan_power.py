@@ -91,7 +91,7 @@ def test_the_contracts_power_beside_the_table_is_the_power_after_it(
 
     stated = {"p_worse": 0.03, "p_better": 0.03}  # the z-test's n is 148: the contract's 200 is below twice it
     methods = ["hoeffding", "maurer-pontil", "paired-binary-exact"]
-    asked: list[int] = []
+    asked: list[bool] = []
     beside = sample_size._contract_power_beside
 
     def counted(*args: Any) -> Any:
@@ -108,7 +108,7 @@ def test_the_contracts_power_beside_the_table_is_the_power_after_it(
         after = sample_size.plan_sample_size(ws.contract_path, stated, 0.8, methods, sequential_max=None, plot=None)
     assert planned.output == after.output
     assert planned.output.contract_power == power_at("maurer-pontil", UNITS, Assumed(0.03, 0.03), 0.05, 0.05)
-    # one method: beside a search (exact), not beside a closed form, whose plan is quicker than a fork
+    # one method: beside an exact method's plan, not beside Hoeffding's (`CLOSED_FORMS`: the power follows it)
     monkeypatch.setattr(sample_size, "_contract_power_beside", counted)
     for one, wanted in (["paired-binary-exact"], True), (["hoeffding"], False):
         asked.clear()

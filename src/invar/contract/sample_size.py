@@ -68,7 +68,8 @@ SEQUENTIAL_MAX = 1 << 24
 """The largest `--sequential-max`: the bound on a contract's `requirement.max_n`."""
 
 CLOSED_FORMS = frozenset({"hoeffding", "maurer-pontil"})
-"""Methods planned in a few milliseconds once the binomial routines are loaded (`_contract_power_beside`)."""
+"""Methods whose plan is short once the binomial routines are loaded (Hoeffding's milliseconds, Maurer-Pontil's a
+tenth or two of a second): alone, the contract's power follows their plan as before (`_contract_power_beside`)."""
 
 SEQUENTIAL_RUNS = 1000
 """The simulated runs of a stopping-n plan (`--sequential-max`)."""
@@ -150,11 +151,11 @@ def _power_or_none(method: str, units: int, assumed: Assumed, epsilon: float, de
 def _contract_power_beside(c: Contract, units: int, looks: tuple[int, ...] | None, assumed: Assumed,
                            target: float, methods: Sequence[str] | None) -> Callable[[], tuple[float | None]] | None:
     """The contract's own power as a call to compute beside the methods' plans, where the table takes long enough
-    to hide it (several methods, or one that searches: betting or an exact method, not a closed form, whose plan
-    is quicker than forking) and the contract's n is below twice the z-test's n: no method plans much fewer units
-    than that, so the power is almost always wanted (`_contract_power` drops it where the planned n says so), and
-    it is never an n so far past the plans that computing it would cost more than the table. None: computed after
-    the table, if at all, as before."""
+    to hide it (several methods, or one of the long ones: betting or an exact method, not one of `CLOSED_FORMS`)
+    and the contract's n is below twice the z-test's n: no method plans much fewer units than that, so the power is
+    almost always wanted (`_contract_power` drops it where the planned n says so), and it is never an n so far past
+    the plans that computing it would cost more than the table. None: computed after the table, if at all, as
+    before."""
     req = c.requirement
     planned = planned_methods(assumed, methods)
     if looks is not None or req.method is None or req.delta is None or set(planned) <= CLOSED_FORMS:
