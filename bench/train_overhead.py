@@ -370,29 +370,9 @@ def paired(invar: np.ndarray, direct: np.ndarray, resamples: int = 4000) -> dict
             "mean_diff_s": float((invar - direct).mean()), "ratios": ratios.tolist()}
 
 
-def by_repetition(num: list[dict[str, Any]], den: list[dict[str, Any]], resamples: int = 4000) -> dict[str, Any]:
-    """The steady cycles' ratio of totals with a 95 % percentile-bootstrap interval that resamples whole repetitions:
-    a repetition's cycles run back to back, so they share the machine's state of those seconds (its speed drifts by
-    tens of percent over minutes here), and resampling them as independent pairs understates the interval."""
-    a = np.array([sum(r["cycle_s"][1:]) for r in num])
-    b = np.array([sum(r["cycle_s"][1:]) for r in den])
-    idx = np.random.default_rng(0).integers(0, len(a), size=(resamples, len(a)))
-    total = a[idx].sum(axis=1) / b[idx].sum(axis=1)
-    return {"repetitions": len(a), "total_ratio": float(a.sum() / b.sum()),
-            "total_ratio_ci95": [float(np.percentile(total, 2.5)), float(np.percentile(total, 97.5))],
-            "ratios": (a / b).tolist()}
-
-
-def pooled(files: list[Path], num: str = "shared", den: str = "direct", resamples: int = 4000) -> dict[str, Any]:
-    """The steady cycles' ratio of totals over several runs' JSONs together, with a 95 % percentile-bootstrap interval
-    that resamples whole repetitions within each run (each run keeps its count: runs on different days are strata)."""
-    runs = []
-    for f in files:
-        d = json.loads(f.read_text())
-        reps, cycles = int(d["reps"]), int(d["cycles"])
-        a = np.array(d[num]["cycle_s"]).reshape(reps, cycles)[:, 1:].sum(axis=1)
-        b = np.array(d[den]["cycle_s"]).reshape(reps, cycles)[:, 1:].sum(axis=1)
-        runs.append((a, b))
+def _by_whole_repetitions(runs: list[tuple[np.ndarray, np.ndarray]], resamples: int = 4000) -> dict[str, Any]:
+    """The ratio of totals over runs given as (numerator, denominator) steady-cycle sums per repetition, with a 95 %
+    percentile-bootstrap interval that resamples whole repetitions within each run (runs are strata)."""
     rng = np.random.default_rng(0)
     num_total, den_total = np.zeros(resamples), np.zeros(resamples)
     for a, b in runs:
@@ -400,9 +380,30 @@ def pooled(files: list[Path], num: str = "shared", den: str = "direct", resample
         num_total += a[idx].sum(axis=1)
         den_total += b[idx].sum(axis=1)
     total = num_total / den_total
-    return {"runs": [str(f) for f in files], "repetitions": sum(len(a) for a, _ in runs),
+    return {"repetitions": sum(len(a) for a, _ in runs),
             "total_ratio": float(sum(a.sum() for a, _ in runs) / sum(b.sum() for _, b in runs)),
-            "total_ratio_ci95": [float(np.percentile(total, 2.5)), float(np.percentile(total, 97.5))],
+            "total_ratio_ci95": [float(np.percentile(total, 2.5)), float(np.percentile(total, 97.5))]}
+
+
+def by_repetition(num: list[dict[str, Any]], den: list[dict[str, Any]], resamples: int = 4000) -> dict[str, Any]:
+    """The steady cycles' ratio of totals with a 95 % percentile-bootstrap interval that resamples whole repetitions:
+    a repetition's cycles run back to back, so they share the machine's state of those seconds (its speed drifts by
+    tens of percent over minutes here), and resampling them as independent pairs understates the interval."""
+    a = np.array([sum(r["cycle_s"][1:]) for r in num])
+    b = np.array([sum(r["cycle_s"][1:]) for r in den])
+    return {**_by_whole_repetitions([(a, b)], resamples), "ratios": (a / b).tolist()}
+
+
+def pooled(files: list[Path], num: str = "shared", den: str = "direct", resamples: int = 4000) -> dict[str, Any]:
+    """`by_repetition` over several runs' JSONs together, resampling whole repetitions within each run (runs on
+    different days are strata)."""
+    runs = []
+    for f in files:
+        d = json.loads(f.read_text())
+        reps, cycles = int(d["reps"]), int(d["cycles"])
+        runs.append((np.array(d[num]["cycle_s"]).reshape(reps, cycles)[:, 1:].sum(axis=1),
+                     np.array(d[den]["cycle_s"]).reshape(reps, cycles)[:, 1:].sum(axis=1)))
+    return {"runs": [str(f) for f in files], **_by_whole_repetitions(runs, resamples),
             "per_run": [float(a.sum() / b.sum()) for a, b in runs]}
 
 
