@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import signal
 import sys
-from importlib import metadata
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -176,6 +175,8 @@ the installed metadata, so `--version` never imports an engine."""
 
 def versions() -> VersionOutput:
     """The core's version, the versions of the decision arithmetic, and each engine's installed packages."""
+    from importlib import metadata  # here: its import (email parsing and more) costs every command 0.04-0.1 s
+
     from invar.cli.outputs import OUTPUT_SCHEMA_VERSION, EngineVersions, VersionOutput  # pydantic models: built on use
     from invar.contract import plan
     from invar.contract.decide import DECISION_VERSION

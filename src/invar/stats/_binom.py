@@ -11,6 +11,11 @@ Where an older SciPy lacks those ufuncs, `scipy.stats` itself is used (imported 
 from __future__ import annotations
 
 import functools
+import importlib.machinery
+import importlib.util
+import sys
+import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -19,12 +24,61 @@ import numpy.typing as npt
 
 Ufunc = Callable[..., Any]
 
+_SPECIAL = "scipy.special"
+_UFUNCS = "scipy.special._ufuncs"
+_loading = threading.Lock()
+_loaded: list[Any] = []
+
+
+def _ufuncs_module() -> Any:
+    """SciPy's compiled special-function ufuncs (`scipy.special._ufuncs`), without running `scipy.special`'s
+    package `__init__` where nothing has imported it yet.
+
+    Why: that `__init__` builds SciPy's array-API layer, which clones numpy's namespace and so imports numpy's lazy
+    submodules (testing, f2py, unittest, ...): 0.3-0.5 s of every command that takes a binomial tail, against about
+    0.1 s for `scipy` and the compiled modules alone. The extension is loaded from `scipy.special`'s folder under a
+    bare stand-in for the package; then the stand-in and every module loaded under it leave `sys.modules`, so a
+    later `import scipy.special` runs in full as if nothing had happened, and gets this very module object back
+    (Cython returns a module it has made already). So the ufuncs are the same objects either way: the same Boost
+    code, the same bits. Anything unexpected falls back to the plain import."""
+    with _loading:
+        if not _loaded:
+            _loaded.append(_load_ufuncs())
+        return _loaded[0]
+
+
+def _load_ufuncs() -> Any:
+    if _SPECIAL not in sys.modules:
+        before = set(sys.modules)
+        try:
+            package = importlib.util.find_spec(_SPECIAL)  # imports `scipy` itself, not `scipy.special`
+            where = list(package.submodule_search_locations or []) if package is not None else []
+            spec = importlib.machinery.PathFinder.find_spec(_UFUNCS, where) if where else None
+            if spec is None or spec.loader is None:
+                raise ImportError(_UFUNCS)
+            stand_in = types.ModuleType(_SPECIAL)
+            stand_in.__path__ = where
+            sys.modules[_SPECIAL] = stand_in
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[_UFUNCS] = module
+            spec.loader.exec_module(module)
+            return module
+        except Exception:  # any surprise in SciPy's layout: the plain import below
+            pass
+        finally:
+            for name in set(sys.modules) - before:
+                if name == _SPECIAL or name.startswith(_SPECIAL + "."):
+                    del sys.modules[name]
+    from scipy.special import _ufuncs
+
+    return _ufuncs
+
 
 @functools.cache
 def _ufuncs() -> tuple[Ufunc, Ufunc, Ufunc, Ufunc] | None:
-    """The ufuncs, imported on first use: importing scipy.special costs every command ~0.4 s of start-up."""
+    """The ufuncs, loaded on first use (`_ufuncs_module`)."""
     try:
-        from scipy.special import _ufuncs as u  # private: the Boost binomial routines behind scipy.stats.binom
+        u = _ufuncs_module()  # private: the Boost binomial routines behind scipy.stats.binom
     except ImportError:  # pragma: no cover - depends on the SciPy version
         return None
     names = ("_binom_pmf", "_binom_cdf", "_binom_sf", "_binom_ppf")
@@ -36,14 +90,12 @@ def _ufuncs() -> tuple[Ufunc, Ufunc, Ufunc, Ufunc] | None:
 
 def load() -> None:
     """Import the ufuncs now rather than at first use: in a process about to fork workers that will all use them,
-    so that the import (about a quarter of a second) is paid once here, not once in each worker and again here."""
+    so that the import is paid once here, not once in each worker and again here."""
     _ufuncs()
 
 
 def _betainccinv() -> Ufunc:
-    from scipy import special
-
-    inverse: Ufunc = special.betainccinv
+    inverse: Ufunc = _ufuncs_module().betainccinv  # the object `scipy.special.betainccinv` names
     return inverse
 
 
