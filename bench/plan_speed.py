@@ -46,6 +46,9 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
+sys.path.append(str(Path(__file__).resolve().parent))  # last: the standard modules come first
+from report import compile_sources  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 CONTRACT = REPO / "contracts" / "arith-fixed-block.toml"
 PYTHON = REPO / ".venv" / "bin" / "python"
@@ -120,7 +123,9 @@ def main() -> None:
         trees["baseline"] = args.baseline.resolve()
     methods = [m for m in args.methods.split(",") if m]
     cases = [case for name in args.cases.split(",") if name for case in CASES[name]]
-    results: dict[str, object] = {"reps": args.reps, "cores": os.cpu_count(), "load_before": os.getloadavg()}
+    compile_sources(REPO / "src", *[tree for tree in trees.values() if tree is not None])
+    results: dict[str, object] = {"reps": args.reps, "cores": os.cpu_count(), "load_before": os.getloadavg(),
+                                  "bytecode": "compiled before timing"}
 
     startup = [timed([str(PYTHON), "-c", "import invar.cli.app"])[:2] for _ in range(args.reps)]
     start_wall = statistics.median(w for w, _ in startup)

@@ -44,6 +44,7 @@ for path in (REPO / "src", REPO / "bench", REPO / "tests"):  # run from a checko
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+from report import compile_sources  # noqa: E402
 from run_memory import FAKE_RUN, fake_package  # noqa: E402
 
 from invar.records import RunStore  # noqa: E402
@@ -184,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         trees["baseline"] = args.baseline.resolve()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     commands = [c for c in args.commands.split(",") if c]
+    compile_sources(*trees.values())
     result: dict[str, Any] = {"sizes": sizes, "trees": {k: str(v) for k, v in trees.items()}, "cores": os.cpu_count(),
-                              "rows": []}
+                              "bytecode": "compiled before timing", "rows": []}
     for units in sizes:
         folder = args.keep / str(units)
         contract, run = make_run(folder, units, args.maker.resolve())

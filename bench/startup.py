@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from report import write_json
+from report import compile_sources, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "src") not in sys.path:  # run from a checkout without installing the package
@@ -296,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated names of CLI_PAIRS not to run (e.g. use_prepare where the worker "
                              "digests are stale)")
     args = parser.parse_args(argv)
+    compile_sources(REPO / "src", *([args.cli_before] if args.cli_before is not None else []))
     engines = [e for e in args.engines.split(",") if e]
     unknown = sorted(set(engines) - set(PLAIN))
     if unknown or args.reps < 1:
