@@ -25,6 +25,7 @@ of the two (pytest's own codes), so a failure in either fails the suite. Extra a
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
 import signal
@@ -140,6 +141,10 @@ def main(argv: list[str]) -> int:
     folder = str(Path(sys.executable).parent)
     if os.environ.get("PATH", "").split(os.pathsep)[0] != folder:
         os.environ["PATH"] = os.pathsep.join(p for p in (folder, os.environ.get("PATH", "")) if p)
+    # The core's and the tests' bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (it is on this
+    # project's machines) each command and worker the tests start would otherwise compile what it imports again.
+    for tree in ("src", "tests"):
+        compileall.compile_dir(str(ROOT / tree), quiet=1)
     with tempfile.TemporaryDirectory(prefix="invar-first-lane-") as scratch:
         log = Path(scratch) / "first.log"
         started = time.monotonic()
