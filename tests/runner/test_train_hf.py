@@ -56,6 +56,10 @@ def test_sigterm_and_ctrl_c_stop_in_one_line_and_a_shared_run_resumes_to_the_spl
     run = tmp_path / "run"
     stop_at_signal(config, run, signal.SIGTERM, after_cycles=1)
     stop_at_signal(config, run, signal.SIGINT, after_cycles=1, once_placed=True)
+    # A cycle under way at a signal is finished, and the next cycle starts at the learner's report, before the last
+    # one is published: the SIGTERM usually meets cycle 1 under way, and the Ctrl-C may meet cycle 2 started. Then
+    # the two stopped starts did every cycle between them, and the last start closes the run without a process.
+    last_start_works = len(published(run)) < 3
     out = invar("train", config, "--run", run, "--json")
     assert out.returncode == 0, out.stderr
     assert published(run) == published(finished[0])
@@ -67,9 +71,9 @@ def test_sigterm_and_ctrl_c_stop_in_one_line_and_a_shared_run_resumes_to_the_spl
     with RunStore.open(run) as store:
         workers = store.workers()
         placement = [v for k, v in store.meta().items() if k.startswith("placement shared ")]
-    # Each of the three invocations started one process, whose two channels answered as its two workers; no
-    # worker of the run ran anywhere else.
-    assert len(placement) == 3
+    # Each invocation that had a cycle to run started one process, whose two channels answered as its two workers;
+    # no worker of the run ran anywhere else.
+    assert len(placement) == 2 + last_start_works
     for p in placement:
         assert {role: (workers[key].role.value, workers[key].pid) for role, key in p["workers"].items()} == {
             "inference": ("inference", p["pid"]), "learner": ("learner", p["pid"])}
