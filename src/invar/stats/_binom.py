@@ -10,6 +10,7 @@ Where an older SciPy lacks those ufuncs, `scipy.stats` itself is used (imported 
 
 from __future__ import annotations
 
+import _imp
 import functools
 import importlib.machinery
 import importlib.util
@@ -48,30 +49,40 @@ def _ufuncs_module() -> Any:
 
 
 def _load_ufuncs() -> Any:
-    if _SPECIAL not in sys.modules:
-        before = set(sys.modules)
-        try:
-            package = importlib.util.find_spec(_SPECIAL)  # imports `scipy` itself, not `scipy.special`
-            where = list(package.submodule_search_locations or []) if package is not None else []
-            spec = importlib.machinery.PathFinder.find_spec(_UFUNCS, where) if where else None
-            if spec is None or spec.loader is None:
-                raise ImportError(_UFUNCS)
-            stand_in = types.ModuleType(_SPECIAL)
-            stand_in.__path__ = where
-            sys.modules[_SPECIAL] = stand_in
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[_UFUNCS] = module
-            spec.loader.exec_module(module)
-            return module
-        except Exception:  # any surprise in SciPy's layout: the plain import below
-            pass
-        finally:
-            for name in set(sys.modules) - before:
-                if name == _SPECIAL or name.startswith(_SPECIAL + "."):
-                    del sys.modules[name]
+    # The interpreter's import lock (re-entrant) is held while the stand-in is in `sys.modules`, so that no other
+    # thread's import of `scipy.special` can meet it.
+    _imp.acquire_lock()
+    try:
+        if _SPECIAL not in sys.modules:
+            return _load_under_stand_in()
+    except Exception:  # any surprise in SciPy's layout: the plain import below
+        pass
+    finally:
+        _imp.release_lock()
     from scipy.special import _ufuncs
 
     return _ufuncs
+
+
+def _load_under_stand_in() -> Any:
+    before = set(sys.modules)
+    try:
+        package = importlib.util.find_spec(_SPECIAL)  # imports `scipy` itself, not `scipy.special`
+        where = list(package.submodule_search_locations or []) if package is not None else []
+        spec = importlib.machinery.PathFinder.find_spec(_UFUNCS, where) if where else None
+        if spec is None or spec.loader is None:
+            raise ImportError(_UFUNCS)
+        stand_in = types.ModuleType(_SPECIAL)
+        stand_in.__path__ = where
+        sys.modules[_SPECIAL] = stand_in
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[_UFUNCS] = module
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        for name in set(sys.modules) - before:
+            if name == _SPECIAL or name.startswith(_SPECIAL + "."):
+                del sys.modules[name]
 
 
 @functools.cache
