@@ -36,12 +36,12 @@ def _ufuncs_module() -> Any:
     package `__init__` where nothing has imported it yet.
 
     Why: that `__init__` builds SciPy's array-API layer, which clones numpy's namespace and so imports numpy's lazy
-    submodules (testing, f2py, unittest, ...): 0.3-0.5 s of every command that takes a binomial tail, against about
-    0.1 s for `scipy` and the compiled modules alone. The extension is loaded from `scipy.special`'s folder under a
-    bare stand-in for the package; then the stand-in and every module loaded under it leave `sys.modules`, so a
-    later `import scipy.special` runs in full as if nothing had happened, and gets this very module object back
-    (Cython returns a module it has made already). So the ufuncs are the same objects either way: the same Boost
-    code, the same bits. Anything unexpected falls back to the plain import."""
+    submodules (testing, f2py, unittest, ...): 0.3-0.5 s alone, against about 0.1 s for `scipy` and the compiled
+    modules (a plan or an admission measured 0.1-0.16 s faster, docs/performance.md). The extension is loaded from
+    `scipy.special`'s folder under a bare stand-in for the package; then the stand-in and every module loaded under
+    it leave `sys.modules`, so a later `import scipy.special` runs in full as if nothing had happened, and gets this
+    very module object back (Cython returns a module it has made already). So the ufuncs are the same objects either
+    way: the same Boost code, the same bits. Anything unexpected falls back to the plain import."""
     with _loading:
         if not _loaded:
             _loaded.append(_load_ufuncs())
