@@ -15,7 +15,6 @@ import functools
 import importlib.machinery
 import importlib.util
 import sys
-import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -27,10 +26,9 @@ Ufunc = Callable[..., Any]
 
 _SPECIAL = "scipy.special"
 _UFUNCS = "scipy.special._ufuncs"
-_loading = threading.Lock()
-_loaded: list[Any] = []
 
 
+@functools.cache
 def _ufuncs_module() -> Any:
     """SciPy's compiled special-function ufuncs (`scipy.special._ufuncs`), without running `scipy.special`'s
     package `__init__` where nothing has imported it yet.
@@ -41,14 +39,8 @@ def _ufuncs_module() -> Any:
     `scipy.special`'s folder under a bare stand-in for the package; then the stand-in and every module loaded under
     it leave `sys.modules`, so a later `import scipy.special` runs in full as if nothing had happened, and gets this
     very module object back (Cython returns a module it has made already). So the ufuncs are the same objects either
-    way: the same Boost code, the same bits. Anything unexpected falls back to the plain import."""
-    with _loading:
-        if not _loaded:
-            _loaded.append(_load_ufuncs())
-        return _loaded[0]
-
-
-def _load_ufuncs() -> Any:
+    way: the same Boost code, the same bits. Anything unexpected falls back to the plain import. (Two threads' first
+    calls may both load it: the second gets the same module object.)"""
     # The interpreter's import lock (re-entrant) is held while the stand-in is in `sys.modules`, so that no other
     # thread's import of `scipy.special` can meet it.
     _imp.acquire_lock()
