@@ -160,7 +160,7 @@ def test_train(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, closed: bool) ->
     assert doc == {"run": str(tmp_path / "run"), "config": str(config), "config_digest": "d" * 64,
                    "chain_head": "a" * 64, "cycles": 3, "cycles_reused": 1, "cycles_run": 0 if closed else 2,
                    "checkpoint": {"cycle": 2, "path": str(ck.path), "digest": "c" * 64}, "wall_s": 2.0,
-                   "already_closed": closed, "history": f"invar inspect history {tmp_path / 'run'}"}
+                   "already_closed": closed, "signal": None, "history": f"invar inspect history {tmp_path / 'run'}"}
 
 
 def test_inspect_history(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -187,6 +187,37 @@ def test_sigterm_during_an_update_publishes_it_and_starts_no_rollout_after_it(
     assert published(run) == published(runs["whole"])
 
 
+def test_sigterm_during_the_last_update_finishes_the_cycle_and_closes_the_run(
+        runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A cycle under way at a signal is finished; when it is the last, nothing is left to resume: the run closes and
+    # the outcome names the signal, instead of a stop whose resume would only close it. (The last cycle's rollouts
+    # go out while cycle 1's checkpoint is checked, so a signal at them meets cycle 1 under way and stops the run.)
+    config = tmp_path / "whole.toml"
+    write_config(tmp_path, "whole", "mlx", cycles=3, **SCHEDULES["whole"])
+    update = FakeWorker.learner_step
+    updates = [0]
+
+    def signalled_update(worker: FakeWorker, params: dict[str, Any]) -> dict[str, Any]:
+        result = update(worker, params)
+        updates[0] += 1
+        if updates[0] == 3:  # the last cycle's update: answered within the grace
+            sigterm_during_call()
+        return result
+
+    monkeypatch.setattr(FakeWorker, "learner_step", signalled_update)
+    run = tmp_path / "run"
+    with command_line_handlers():
+        outcome = train(config, run, transport=FakeTransport(SCRIPT))
+    monkeypatch.undo()
+    assert updates[0] == 3
+    assert outcome.signal == "SIGTERM"
+    assert (outcome.cycles, outcome.cycles_reused, outcome.already_closed) == (3, 0, False)
+    assert published(run) == published(runs["whole"])
+    assert _calls(run) == [(method, True) for _ in range(3) for method in ("generate", "learner_step")]
+    again = train(config, run, transport=FakeTransport(SCRIPT))
+    assert (again.already_closed, again.head, again.signal) == (True, outcome.head, None)
+
+
 def test_a_lost_inference_worker_is_replaced_and_its_call_issued_again(runs: dict[str, Path],
                                                                        tmp_path: Path) -> None:
     transport = FakeTransport(SCRIPT, restarts=3, faults=[Fault("die", calls=(2,), where=_inference)])

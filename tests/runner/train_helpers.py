@@ -113,15 +113,16 @@ def _published_now(run: Path) -> int:
 
 
 def stop_at_signal(config: Path, run: Path, sig: signal.Signals, after_cycles: int, *,
-                   once_placed: bool = False) -> str:
+                   once_placed: bool = False, may_finish: bool = False) -> str:
     """Start (or resume) `invar train`, send it `sig` once `after_cycles` cycles are published (and, with
     `once_placed`, once this start's shared process is placed on record, which it is just before its first cycle),
     and check it stops as a user is told: the signal's exit status, one line naming the signal and how to resume, no
     traceback, no worker left behind. Returns that line. The signal must land before the run's last cycle starts
     (a cycle under way at a signal is finished): a resumed run stopped as its first cycle starts has the last cycle
     still ahead of it, where one stopped at the second-to-last cycle's publication, or at the resumed run's first
-    rollouts, may have started the last one already (each seen in a whole-suite run: the run then finished, and the
-    next start found nothing to do)."""
+    rollouts, may have started the last one already (each seen in a whole-suite run). With `may_finish`, a signal
+    that met the last cycle under way is checked instead as the user is told then: that cycle finished, the run is
+    closed, exit 0, one line saying so."""
     before = set(worker_pids(run))
     proc = subprocess.Popen([sys.executable, "-m", "invar.cli", "train", str(config), "--run", str(run)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -135,11 +136,19 @@ def stop_at_signal(config: Path, run: Path, sig: signal.Signals, after_cycles: i
     assert proc.poll() is None, "the run ended before the signal"
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + sig, (proc.returncode, stderr[-2000:])
     assert "Traceback" not in stderr, stderr
+    how = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
+    if may_finish and proc.returncode == 0:
+        lines = [line for line in stderr.splitlines() if line.startswith("invar: ") and "…" not in line]  # no progress
+        assert lines == [f"invar: {how} came while the last cycle was under way; it finished, and the run is "
+                         "complete"], stderr[-2000:]
+        with RunStore.open(run) as store:
+            assert store.verify().closed
+        _no_worker_outlives(run, "finished")
+        return lines[0]
+    assert proc.returncode == 128 + sig, (proc.returncode, stderr[-2000:])
     lines = [line for line in stderr.splitlines() if line.startswith(("invar: error", "invar: interrupted"))]
     assert len(lines) == 1, stderr[-2000:]
-    how = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
     assert lines[0].startswith(f"invar: interrupted: stopped at {how}. Every record so far is kept in {run}; "
                                f"resume with: invar train {config} --run {run}"), lines[0]
     _no_worker_outlives(run, "stopped")

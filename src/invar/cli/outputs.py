@@ -250,6 +250,9 @@ class TrainOutput(Closed):
     checkpoint: TrainCheckpoint | None
     wall_s: float
     already_closed: bool
+    signal: str | None
+    """The signal (SIGTERM, Ctrl-C) that came while the last cycle was under way, which then finished: the run is
+    complete all the same; null when none came."""
     history: str
 
 

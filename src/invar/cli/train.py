@@ -6,6 +6,7 @@ progress and prints.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -48,6 +49,9 @@ def train(
     run_dir = run if run is not None else default_run_dir(f"train-{read_config(config).name}")
     with resumable(run_dir, f"invar train {config}"), reporting(quiet) as shown:
         outcome = run_training(config, run_dir, call_timeout=call_timeout, progress=_progress(shown), ray=ray)
+    if outcome.signal is not None:  # on stderr with the other lines about the command itself, in both modes
+        print(f"invar: {outcome.signal} came while the last cycle was under way; it finished, and the run is "
+              "complete", file=sys.stderr)
     ck = outcome.checkpoint
     if json_out:
         from invar.cli.outputs import TrainCheckpoint, TrainOutput  # the models cost a start that prints text nothing
@@ -57,7 +61,7 @@ def train(
             chain_head=outcome.head, cycles=outcome.cycles, cycles_reused=outcome.cycles_reused,
             cycles_run=0 if outcome.already_closed else outcome.cycles - outcome.cycles_reused,
             checkpoint=None if ck is None else TrainCheckpoint(cycle=ck.cycle, path=str(ck.path), digest=ck.digest),
-            wall_s=round(outcome.wall_s, 3), already_closed=outcome.already_closed,
+            wall_s=round(outcome.wall_s, 3), already_closed=outcome.already_closed, signal=outcome.signal,
             history=f"invar inspect history {outcome.run}"))
         return
     if outcome.already_closed:

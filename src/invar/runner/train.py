@@ -47,6 +47,7 @@ from invar import canonical, owner_files
 from invar.engines import Transport
 from invar.errors import ContractError, EvidenceError, InvarError, NotResumable, RecordError
 from invar.formats.tokenizer import kept_files
+from invar.interrupts import Stopped
 from invar.loop import cycle as cyc
 from invar.loop.advantages import group_advantages
 from invar.loop.checkpoint import check_checkpoint
@@ -128,6 +129,9 @@ class TrainOutcome:
     checkpoint: Published | None
     wall_s: float
     already_closed: bool
+    signal: str | None = None
+    """The signal (`SIGTERM`, `Ctrl-C`) that came while the run's last cycle was under way: that cycle finished
+    within the grace and the run closed, so nothing was left to stop."""
 
 
 @dataclass(frozen=True)
@@ -397,15 +401,16 @@ def train(
         assert run.head is not None
         return TrainOutcome(run_dir, config_path, p.digest, run.head, len(done), len(done), done[-1] if done else None,
                             time.perf_counter() - started, already_closed=True)
+    heard: str | None = None
     with run.store as store:
         reused = len(done)
         if reused < cfg.cycles:
-            done = _run_cycles(p, run_dir, store, done, call_timeout, progress,
-                               placement[0] if placement else transport, transport)
+            done, heard = _run_cycles(p, run_dir, store, done, call_timeout, progress,
+                                      placement[0] if placement else transport, transport)
         head = store.close_run()
     progress(Progress(len(done), cfg.cycles, "done"))
     return TrainOutcome(run_dir, config_path, p.digest, head, len(done), reused, done[-1] if done else None,
-                        time.perf_counter() - started, already_closed=False)
+                        time.perf_counter() - started, already_closed=False, signal=heard)
 
 
 def _join(ray: str | None) -> list[Transport]:
@@ -420,9 +425,10 @@ def _join(ray: str | None) -> list[Transport]:
 
 def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], call_timeout: float | None,
                 progress: Callable[[Progress], None], placement: Transport | None = None,
-                local: Transport | None = None) -> list[Published]:
+                local: Transport | None = None) -> tuple[list[Published], str | None]:
     """The cycles left: the inference workers started at `placement`, the learner at `local` (None: local
-    subprocesses)."""
+    subprocesses). Returns every published cycle, and the signal that came while the last one was under way (it
+    finished within the grace: the run is complete) or None."""
     cfg = p.config
     inference_engine, learner_engine = BACKENDS[cfg.backend]
     last = done[-1] if done else None
@@ -468,8 +474,21 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
 
         # At a signal the calls under way get the pool's grace to answer and be recorded, as in `use run`; the
         # command line says how to resume.
-        pool.run([cycles], name="train", stopped=lambda how: f"stopped at {how}")
-    return done
+        heard: list[str] = []
+
+        def stopped(how: str) -> str:
+            heard.append(how)
+            return f"stopped at {how}"
+
+        try:
+            pool.run([cycles], name="train", stopped=stopped)
+        except Stopped:
+            # A cycle under way at a signal is finished; when that was the last one, nothing is left to resume, and
+            # a run left open would only make the user start it again to close it.
+            if len(done) < cfg.cycles or not heard:
+                raise
+            return done, heard[0]
+    return done, None
 
 
 def _record_shared(store: RunStore, shared: SharedProcess, inference: Session, learner: Session) -> None:
