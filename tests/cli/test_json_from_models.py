@@ -144,7 +144,7 @@ def test_use_run(monkeypatch: pytest.MonkeyPatch, ws: Workspace, tmp_path: Path)
     doc = _printed_by(outputs.UseRunOutput, "use", "run", ws.contract_path, "--run", tmp_path / "run", "--json")
     assert doc == {"run": str(tmp_path / "run"), "contract": str(ws.contract_path), "contract_sha256": ws.sha256,
                    "chain_head": "a" * 64, "calls_total": 6, "calls_reused": 2, "calls_issued": 4, "wall_s": 1.235,
-                   "already_closed": False, "sequential_stop": outcome.stop,
+                   "already_closed": False, "sequential_stop": outcome.stop, "signal": None,
                    "admit": admit_command(tmp_path / "run", ws.contract_path, "a" * 64)}
 
 

@@ -40,3 +40,39 @@ def test_a_call_waiting_at_the_gate_is_not_issued_after_sigterm(tmp_path: Path) 
     assert [method for _, method in transport.received if method == "generate"] == ["generate"]
     with RunStore.open(tmp_path / "run") as store:
         assert [c.call.method for c in store.calls() if c.call.method == "generate"] == ["generate"]
+
+
+def test_sigterm_during_the_plans_last_call_closes_the_run(tmp_path: Path) -> None:
+    # The calls under way at a signal may answer within the grace; when the last planned call does, nothing is left
+    # to resume: the run closes and the outcome names the signal (one call earlier, the run stops as before).
+    ws = make_workspace(tmp_path, units=16, reference={"engine_version": ENGINE_VERSION},
+                        candidate={"engine_version": ENGINE_VERSION, "patches": None},
+                        execution={"requests_per_call": 8})
+    total = len(ws.plan.calls) + len(ws.plan.measurements)
+    for at, run in ((total - 1, tmp_path / "stopped"), (total, tmp_path / "run")):
+        answered: list[str] = []
+
+        def report(worker: FakeWorker, method: str, result: dict[str, Any], at: int = at,
+                   answered: list[str] = answered) -> dict[str, Any]:
+            answered.append(method)
+            if len(answered) == at:
+                sigterm_during_call()
+                time.sleep(0.5)  # the handler's interrupt reaching the pool's halt, on the main thread
+            return result
+
+        transport = FakeTransport(Script(report=report))
+        if at < total:
+            with command_line_handlers(), pytest.raises(Stopped, match=rf"^stopped issuing calls at SIGTERM after "
+                                                                       rf"{at} answered call"):
+                use_run(ws.contract_path, run, transport=transport, calls_at_once=1)
+            with RunStore.open(run) as store:
+                assert not store.verify().closed
+            continue
+        with command_line_handlers():
+            outcome = use_run(ws.contract_path, run, transport=transport, calls_at_once=1)
+        assert (outcome.signal, outcome.calls_issued, outcome.calls_total) == ("SIGTERM", total, total)
+        assert len(answered) == total
+        with RunStore.open(run) as store:
+            assert store.verify(expect_head=outcome.head).closed
+        again = use_run(ws.contract_path, run, transport=FakeTransport(Script()))
+        assert (again.already_closed, again.head, again.signal) == (True, outcome.head, None)

@@ -368,6 +368,9 @@ class UseRunOutput(Closed):
     wall_s: float
     already_closed: bool
     sequential_stop: dict[str, Any] | None
+    signal: str | None
+    """The signal (SIGTERM, Ctrl-C) that came while the plan's last calls were under way, which were then answered:
+    the run is complete all the same; null when none came."""
     admit: str
     """The command that decides this run, anchored at its head."""
 

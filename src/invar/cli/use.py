@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -434,12 +435,16 @@ def run_cmd(
         show, phase = _run_progress(shown)
         outcome = use_run(contract, run_dir, call_timeout=call_timeout, progress=show, workers=workers, ray=ray,
                           phase=phase, calls_at_once=calls_at_once)
+    if outcome.signal is not None:  # on stderr with the other lines about the command itself, in both modes
+        print(f"invar: {outcome.signal} came while the last planned calls were under way; they were answered, and "
+              "the run is complete", file=sys.stderr)
     if json_out:
         emit_model(outputs.UseRunOutput(
             run=str(outcome.run), contract=str(outcome.contract), contract_sha256=outcome.contract_sha256,
             chain_head=outcome.head, calls_total=outcome.calls_total, calls_reused=outcome.calls_reused,
             calls_issued=outcome.calls_issued, wall_s=round(outcome.wall_s, 3), already_closed=outcome.already_closed,
-            sequential_stop=outcome.stop, admit=admit_command(outcome.run, outcome.contract, outcome.head)))
+            sequential_stop=outcome.stop, signal=outcome.signal,
+            admit=admit_command(outcome.run, outcome.contract, outcome.head)))
         return
     if outcome.already_closed:
         typer.echo(f"{run_dir}: the run is already complete; nothing to do")

@@ -69,6 +69,7 @@ from invar.contract.prepare import check_config_changes, load_contract
 from invar.contract.reading import RunReader
 from invar.engines import Transport, check_worker_code, engine_info
 from invar.errors import ContractError, EvidenceError, InvarError, NotResumable, WorkerError
+from invar.interrupts import Stopped
 from invar.owner_files import sha256_file
 from invar.parallel import cores
 from invar.records import RunStore
@@ -123,6 +124,9 @@ class RunOutcome:
     """Sequential contracts: where the stopping rule stopped (the run's meta `sequential_stop`)."""
     nonfinite: str | None = None
     """The candidate call answered with non-finite values that ended the run (it is closed there), as one line."""
+    signal: str | None = None
+    """The signal (`SIGTERM`, `Ctrl-C`) that came while the plan's last calls were under way: they were answered
+    within the grace and the run closed, so nothing was left to stop."""
 
 
 def admit_command(run: Path, contract: Path, head: str) -> str:
@@ -281,18 +285,19 @@ def use_run(
         counter = _Counter(reader.plan, done, progress)
         counter.report()
         launch = _Launch(specs, workers, call_timeout, placement[0] if placement else None, transport, calls_at_once)
-        issued, nonfinite = 0, None
+        issued, nonfinite, heard = 0, None, None
         for part in _passes(work):
-            answered, nonfinite = _execute(reader, launch, part, store, counter, phase)
+            answered, nonfinite, heard = _execute(reader, launch, part, store, counter, phase)
             issued += answered
-            if nonfinite is not None:
+            if nonfinite is not None or heard is not None:
                 break
         if work.rule is not None and nonfinite is None:
             phase("deciding")
         stop = None if work.rule is None or nonfinite is not None else _record_stop(store, reader)
         head = store.close_run()
     return RunOutcome(run_dir, contract_path, reader.sha256, head, total, len(done), issued,
-                      time.perf_counter() - started, already_closed=False, stop=stop, nonfinite=nonfinite)
+                      time.perf_counter() - started, already_closed=False, stop=stop, nonfinite=nonfinite,
+                      signal=heard)
 
 
 def _passes(work: _Work) -> list[_Work]:
@@ -522,18 +527,19 @@ class _Work:
 
 
 def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, counter: _Counter,
-             phase: Callable[[str], object] = lambda text: None) -> tuple[int, str | None]:
+             phase: Callable[[str], object] = lambda text: None) -> tuple[int, str | None, str | None]:
     """Start `launch.workers` workers per package that has calls left and issue its calls over them, generate calls
     first, then (once every package has sampled) measurements; the first failure stops all. With a stopping rule
     (plan /4) the generate calls go look by look from `work.first_look`, the rule evaluated after each.
 
-    Returns the calls answered this time and the candidate call answered with non-finite values that ended the
+    Returns the calls answered this time; the candidate call answered with non-finite values that ended the
     run, if one did (now, or in the records of a resumed run): on record, the run closes there and admission decides
-    from that record."""
+    from that record; and the signal that came while the plan's last calls were under way, when every planned call
+    was answered within its grace (the run is complete all the same)."""
     count = workers_per_package(work.todo, work.measure, launch.workers)
     slots = [(role, n) for role in ROLES for n in range(count[role])]
     if not slots:
-        return 0, work.nonfinite
+        return 0, work.nonfinite, None
     at_once = _calls_at_once(launch, count, phase)
     after_load = "generating" if any(work.todo.values()) else "measuring"
     pool = WorkerPool(len(slots), calls_at_once=at_once, checked=lambda: phase("loading the models"),
@@ -545,12 +551,23 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
                         f"the {role} worker {n + 1}") as lease:
             calls.drive(role, lease)
 
+    heard: list[str] = []
+
+    def stopped(how: str) -> str:
+        heard.append(how)
+        return f"stopped issuing calls at {how} after {calls.issued} answered call(s) this time"
+
     try:
-        pool.run([functools.partial(serve, role, n) for role, n in slots], name="use-run",
-                 stopped=lambda how: f"stopped issuing calls at {how} after {calls.issued} answered call(s) this time")
+        pool.run([functools.partial(serve, role, n) for role, n in slots], name="use-run", stopped=stopped)
     except _NonFinite as exc:  # the other calls under way were answered and recorded before the pool returned
-        return calls.issued, exc.message
-    return calls.issued, None
+        return calls.issued, exc.message, None
+    except Stopped:
+        # The calls under way at a signal may answer within the grace; when they were the plan's last, nothing is
+        # left to resume, and a run left open would only make the user start it again to close it.
+        if counter.calls_done < counter.calls_total or not heard:
+            raise
+        return calls.issued, None, heard[0]
+    return calls.issued, None, None
 
 
 def _calls_at_once(launch: _Launch, count: Mapping[Role, int], phase: Callable[[str], object]) -> int | None:
