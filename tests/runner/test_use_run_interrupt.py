@@ -1,6 +1,7 @@
 """`use run` at a signal issues no further call: a worker thread that was waiting its turn at the call gate while
 the signal came does not send its call once the gate lets it through (issue 51: it did, about a call's length after
-the signal, where the operating guide says calls stop at once)."""
+the signal, where the operating guide says calls stop at once); and when the calls under way at a signal are the
+plan's last and answer within the grace, the run closes instead of waiting for a resume that has nothing to do."""
 
 from __future__ import annotations
 
