@@ -163,6 +163,34 @@ def test_train(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, closed: bool) ->
                    "already_closed": closed, "signal": None, "history": f"invar inspect history {tmp_path / 'run'}"}
 
 
+def test_train_and_use_run_say_when_a_signal_met_their_last_work(monkeypatch: pytest.MonkeyPatch, ws: Workspace,
+                                                                   tmp_path: Path) -> None:
+    """A signal that met the last cycle (or the plan's last calls) under way, which then finished: exit 0, the usual
+    output, one line on stderr, `signal` in --json (the runners' side: tests/runner/test_train_fake_workers.py and
+    test_use_run_interrupt.py)."""
+    config = tmp_path / "train.toml"
+    trained = TrainOutcome(run=tmp_path / "run", config=config, config_digest="d" * 64, head="a" * 64, cycles=3,
+                           cycles_reused=1, checkpoint=None, wall_s=2.0, already_closed=False, signal="Ctrl-C")
+    ran = RunOutcome(run=tmp_path / "use", contract=ws.contract_path, contract_sha256=ws.sha256, head="b" * 64,
+                     calls_total=6, calls_reused=0, calls_issued=6, wall_s=1.0, already_closed=False,
+                     signal="SIGTERM")
+    monkeypatch.setattr("invar.runner.train.train", lambda *args, **kwargs: trained)
+    monkeypatch.setattr(use_run_module, "use_run", lambda *args, **kwargs: ran)
+    cases = [(["train", config, "--run", tmp_path / "run"], "Ctrl-C came while the last cycle was under way; it "
+              "finished, and the run is complete"),
+             (["use", "run", ws.contract_path, "--run", tmp_path / "use"], "SIGTERM came while the last planned calls "
+              "were under way; they were answered, and the run is complete")]
+    for args, line in cases:
+        text = RUNNER.invoke(app, [str(a) for a in args])
+        assert text.exit_code == 0, text.output
+        assert text.stderr.splitlines() == [f"invar: {line}"]
+        assert "chain head" in text.stdout
+        printed = RUNNER.invoke(app, [*(str(a) for a in args), "--json"])
+        assert printed.exit_code == 0, printed.output
+        assert printed.stderr.splitlines() == [f"invar: {line}"]
+        assert json.loads(printed.stdout)["signal"] == line.split(" ")[0]
+
+
 def test_inspect_history(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """With the history scripted (no training run): each cycle's numbers as HistoryCycle prints them."""
     config = read_config(write_config(tmp_path, "models", "hf", cycles=1))
