@@ -178,7 +178,7 @@ def test_train_and_use_run_say_when_a_signal_met_their_last_work(monkeypatch: py
     monkeypatch.setattr(use_run_module, "use_run", lambda *args, **kwargs: ran)
     cases = [(["train", config, "--run", tmp_path / "run"], "Ctrl-C came while the last cycle was under way; it "
               "finished, and the run is complete"),
-             (["use", "run", ws.contract_path, "--run", tmp_path / "use"], "SIGTERM came while the last planned calls "
+             (["use", "run", ws.contract_path, "--run", tmp_path / "use"], "SIGTERM came while the run's last calls "
               "were under way; they were answered, and the run is complete")]
     for args, line in cases:
         text = RUNNER.invoke(app, [str(a) for a in args])

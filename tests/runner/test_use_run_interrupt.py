@@ -77,3 +77,47 @@ def test_sigterm_during_the_plans_last_call_closes_the_run(tmp_path: Path) -> No
             assert store.verify(expect_head=outcome.head).closed
         again = use_run(ws.contract_path, run, transport=FakeTransport(Script()))
         assert (again.already_closed, again.head, again.signal) == (True, outcome.head, None)
+
+
+def test_sigterm_during_the_look_where_a_sequential_rule_stops_closes_the_run(tmp_path: Path) -> None:
+    # Identical packages and ε = 0.2: the rule stops after the second look of 16 units (tests/runner/
+    # test_fake_worker_orchestration.py). A signal while that look's last call computes lets it answer; the rule then
+    # stops there, as it would have, and the run closes. One call earlier, the look is not finished: the run stops,
+    # and its resume comes to the same stop.
+    ws = make_workspace(
+        tmp_path / "ws", units=48, reference={"engine_version": ENGINE_VERSION},
+        candidate={"engine_version": ENGINE_VERSION, "patches": None},
+        requirement={"standard": "population", "epsilon": "0.2", "confidence": "0.95",
+                     "method": "paired-binary-sequence", "sequential": True, "max_n": 48},
+        pairing={"layout": "b16"}, layouts={"b16": {"batch_size": 16}}, invariance={"required": False, "layouts": None},
+        execution={"requests_per_call": 16}, premises=[])
+    whole = use_run(ws.contract_path, tmp_path / "whole", transport=FakeTransport())
+    assert whole.stop is not None
+    assert (whole.stop["look"], whole.calls_issued) == (2, 4)
+    for at in (3, 4):
+        answered: list[str] = []
+
+        def report(worker: FakeWorker, method: str, result: dict[str, Any], at: int = at,
+                   answered: list[str] = answered) -> dict[str, Any]:
+            answered.append(method)
+            if len(answered) == at:
+                sigterm_during_call()
+                time.sleep(0.5)  # the handler's interrupt reaching the pool's halt, on the main thread
+            return result
+
+        run = tmp_path / f"signal-at-{at}"
+        transport = FakeTransport(Script(report=report))
+        if at == 3:
+            with command_line_handlers(), pytest.raises(Stopped, match=r"^stopped issuing calls at SIGTERM after 3 "):
+                use_run(ws.contract_path, run, transport=transport, calls_at_once=1)
+            outcome = use_run(ws.contract_path, run, transport=FakeTransport())
+            assert (outcome.signal, outcome.calls_issued) == (None, 1)
+        else:
+            with command_line_handlers():
+                outcome = use_run(ws.contract_path, run, transport=transport, calls_at_once=1)
+            assert (outcome.signal, outcome.calls_issued) == ("SIGTERM", 4)
+        assert outcome.stop is not None
+        keys = ("answer", "look", "units")
+        assert [outcome.stop[k] for k in keys] == [whole.stop[k] for k in keys]
+        with RunStore.open(run) as store:
+            assert store.verify(expect_head=outcome.head).closed

@@ -369,8 +369,8 @@ class UseRunOutput(Closed):
     already_closed: bool
     sequential_stop: dict[str, Any] | None
     signal: str | None
-    """The signal (SIGTERM, Ctrl-C) that came while the plan's last calls were under way, which were then answered:
-    the run is complete all the same; null when none came."""
+    """The signal (SIGTERM, Ctrl-C) that came while the run's last calls were under way (the plan's last, or the look
+    where a sequential rule stops), which were then answered: the run is complete all the same; null when none came."""
     admit: str
     """The command that decides this run, anchored at its head."""
 

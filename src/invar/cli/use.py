@@ -436,7 +436,7 @@ def run_cmd(
         outcome = use_run(contract, run_dir, call_timeout=call_timeout, progress=show, workers=workers, ray=ray,
                           phase=phase, calls_at_once=calls_at_once)
     if outcome.signal is not None:  # on stderr with the other lines about the command itself, in both modes
-        print(f"invar: {outcome.signal} came while the last planned calls were under way; they were answered, and "
+        print(f"invar: {outcome.signal} came while the run's last calls were under way; they were answered, and "
               "the run is complete", file=sys.stderr)
     if json_out:
         emit_model(outputs.UseRunOutput(

@@ -125,8 +125,9 @@ class RunOutcome:
     nonfinite: str | None = None
     """The candidate call answered with non-finite values that ended the run (it is closed there), as one line."""
     signal: str | None = None
-    """The signal (`SIGTERM`, `Ctrl-C`) that came while the plan's last calls were under way: they were answered
-    within the grace and the run closed, so nothing was left to stop."""
+    """The signal (`SIGTERM`, `Ctrl-C`) that came while the run's last calls were under way (the plan's last, or the
+    look where a sequential rule stops): they were answered within the grace and the run closed, so nothing was left
+    to stop."""
 
 
 def admit_command(run: Path, contract: Path, head: str) -> str:
@@ -534,8 +535,8 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
 
     Returns the calls answered this time; the candidate call answered with non-finite values that ended the
     run, if one did (now, or in the records of a resumed run): on record, the run closes there and admission decides
-    from that record; and the signal that came while the plan's last calls were under way, when every planned call
-    was answered within its grace (the run is complete all the same)."""
+    from that record; and the signal that came while the run's last calls were under way, when they answered within
+    the grace and completed the run (`_complete`)."""
     count = workers_per_package(work.todo, work.measure, launch.workers)
     slots = [(role, n) for role in ROLES for n in range(count[role])]
     if not slots:
@@ -562,12 +563,30 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
     except _NonFinite as exc:  # the other calls under way were answered and recorded before the pool returned
         return calls.issued, exc.message, None
     except Stopped:
-        # The calls under way at a signal may answer within the grace; when they were the plan's last, nothing is
-        # left to resume, and a run left open would only make the user start it again to close it.
-        if counter.calls_done < counter.calls_total or not heard:
+        # The calls under way at a signal may answer within the grace; when they completed the run, nothing is left
+        # to resume, and a run left open would only make the user start it again to close it.
+        if not heard or not _complete(calls, counter, work):
             raise
         return calls.issued, None, heard[0]
     return calls.issued, None, None
+
+
+def _complete(calls: _Calls, counter: _Counter, work: _Work) -> bool:
+    """Whether the calls answered so far complete the run, read once every worker's thread has ended: every planned
+    call is answered, or (a sequential plan with no measurement to follow) the rule stops at the looks answered so
+    far, as it would have been asked had the signal not broken the look's barrier."""
+    if counter.calls_done == counter.calls_total:
+        return True
+    plan = calls.reader.plan
+    if work.rule is None or plan.sequential is None or any(work.measure.values()):
+        return False
+    if calls.finished.is_set():  # the rule stopped before the signal
+        return True
+    looks = calls.look_at + 1  # the look under way, as `_Calls._evaluate` counts it
+    units = plan.sequential.look_units(looks)
+    if any((role, i) not in work.tokens for role in ROLES for i in units):
+        return False  # the look was not finished
+    return work.rule.stops(looks)
 
 
 def _calls_at_once(launch: _Launch, count: Mapping[Role, int], phase: Callable[[str], object]) -> int | None:
