@@ -6,6 +6,7 @@ plan's last and answer within the grace, the run closes instead of waiting for a
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,20 @@ def test_a_call_waiting_at_the_gate_is_not_issued_after_sigterm(tmp_path: Path) 
         assert [c.call.method for c in store.calls() if c.call.method == "generate"] == ["generate"]
 
 
+def _sigterm_at(at: int, answered: list[str]) -> Callable[[FakeWorker, str, dict[str, Any]], dict[str, Any]]:
+    """A fake worker's report hook that sends SIGTERM while the `at`-th planned call (1-based) computes, the call
+    answering once the command has seen it; each call's method is appended to `answered`."""
+
+    def report(worker: FakeWorker, method: str, result: dict[str, Any]) -> dict[str, Any]:
+        answered.append(method)
+        if len(answered) == at:
+            sigterm_during_call()
+            time.sleep(0.5)  # the handler's interrupt reaching the pool's halt, on the main thread
+        return result
+
+    return report
+
+
 def test_sigterm_during_the_plans_last_call_closes_the_run(tmp_path: Path) -> None:
     # The calls under way at a signal may answer within the grace; when the last planned call does, nothing is left
     # to resume: the run closes and the outcome names the signal (one call earlier, the run stops as before).
@@ -52,16 +67,7 @@ def test_sigterm_during_the_plans_last_call_closes_the_run(tmp_path: Path) -> No
     total = len(ws.plan.calls) + len(ws.plan.measurements)
     for at, run in ((total - 1, tmp_path / "stopped"), (total, tmp_path / "run")):
         answered: list[str] = []
-
-        def report(worker: FakeWorker, method: str, result: dict[str, Any], at: int = at,
-                   answered: list[str] = answered) -> dict[str, Any]:
-            answered.append(method)
-            if len(answered) == at:
-                sigterm_during_call()
-                time.sleep(0.5)  # the handler's interrupt reaching the pool's halt, on the main thread
-            return result
-
-        transport = FakeTransport(Script(report=report))
+        transport = FakeTransport(Script(report=_sigterm_at(at, answered)))
         if at < total:
             with command_line_handlers(), pytest.raises(Stopped, match=rf"^stopped issuing calls at SIGTERM after "
                                                                        rf"{at} answered call"):
@@ -95,18 +101,8 @@ def test_sigterm_during_the_look_where_a_sequential_rule_stops_closes_the_run(tm
     assert whole.stop is not None
     assert (whole.stop["look"], whole.calls_issued) == (2, 4)
     for at in (3, 4):
-        answered: list[str] = []
-
-        def report(worker: FakeWorker, method: str, result: dict[str, Any], at: int = at,
-                   answered: list[str] = answered) -> dict[str, Any]:
-            answered.append(method)
-            if len(answered) == at:
-                sigterm_during_call()
-                time.sleep(0.5)  # the handler's interrupt reaching the pool's halt, on the main thread
-            return result
-
         run = tmp_path / f"signal-at-{at}"
-        transport = FakeTransport(Script(report=report))
+        transport = FakeTransport(Script(report=_sigterm_at(at, [])))
         if at == 3:
             with command_line_handlers(), pytest.raises(Stopped, match=r"^stopped issuing calls at SIGTERM after 3 "):
                 use_run(ws.contract_path, run, transport=transport, calls_at_once=1)
