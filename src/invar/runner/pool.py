@@ -260,13 +260,15 @@ class WorkerPool:
         self.run([job], stopped, name)
         return done[0]
 
-    def run(self, jobs: Sequence[Callable[[], object]], stopped: Callable[[str], str], name: str = "invar-worker") \
-            -> None:
+    def run(self, jobs: Sequence[Callable[[], object]], stopped: Callable[[str], str], name: str = "invar-worker",
+            finished: Callable[[], bool] = lambda: False) -> str | None:
         """Run each job on a thread of its own until all are done; the first failure halts the others and is raised
         once they have ended.
 
         At Ctrl-C or SIGTERM the pool halts and the calls under way get their grace; then the workers still
-        computing are stopped and `Stopped(stopped(how) + ...)` is raised, `how` naming the signal."""
+        computing are stopped and `Stopped(stopped(how) + ...)` is raised, `how` naming the signal. Unless
+        `finished()`, asked once every job has ended, says the calls under way completed the command's work: then
+        nothing is left to stop, and `how` is returned (None where no signal came)."""
         errors: list[BaseException | None] = [None] * len(jobs)
         ended = [threading.Event() for _ in jobs]
         first: list[int] = []
@@ -292,12 +294,16 @@ class WorkerPool:
             for t, end in zip(threads, ended, strict=True):
                 _wait(t, end, None)
         except KeyboardInterrupt as exc:
-            self._grace(exc, threads, ended, stopped)
+            heard = self._grace(exc, threads, ended, stopped, finished)
+            if first:
+                raise errors[first[0]] from None  # type: ignore[misc]
+            return heard  # the jobs halted by the signal after their work was done
         if first:
             raise errors[first[0]]  # type: ignore[misc]
         for error in errors:  # every one halted without a cause: a barrier action's failure, say
             if error is not None:
                 raise error
+        return None
 
     def _stop_loading(self) -> bool:
         """Stop at once every worker still loading its model (kept by `starting`); whether there was one."""
@@ -308,7 +314,7 @@ class WorkerPool:
         return bool(loading)
 
     def _grace(self, exc: KeyboardInterrupt, threads: Sequence[threading.Thread], ended: Sequence[threading.Event],
-               stopped: Callable[[str], str]) -> None:
+               stopped: Callable[[str], str], finished: Callable[[], bool]) -> str:
         how, status = interruption(exc)
         self.halt()
         loading = self._stop_loading()
@@ -328,5 +334,7 @@ class WorkerPool:
                 client.close(timeout=0.1)
             for t, end in zip(threads, ended, strict=True):
                 _wait(t, end, 60.0)
+        if all(end.is_set() for end in ended) and finished():
+            return how
         cut = " (the calls still under way were stopped, unanswered)" if forced else ""
         raise Stopped(stopped(how) + cut, status) from None

@@ -47,7 +47,6 @@ from invar import canonical, owner_files
 from invar.engines import Transport
 from invar.errors import ContractError, EvidenceError, InvarError, NotResumable, RecordError
 from invar.formats.tokenizer import kept_files
-from invar.interrupts import Stopped
 from invar.loop import cycle as cyc
 from invar.loop.advantages import group_advantages
 from invar.loop.checkpoint import check_checkpoint
@@ -473,22 +472,11 @@ def _run_cycles(p: Plan, run_dir: Path, store: RunStore, done: list[Published], 
                 done.append(_cycle(p, n, run_dir, store, rollouts, learner, done, progress, pool))
 
         # At a signal the calls under way get the pool's grace to answer and be recorded, as in `use run`; the
-        # command line says how to resume.
-        heard: list[str] = []
-
-        def stopped(how: str) -> str:
-            heard.append(how)
-            return f"stopped at {how}"
-
-        try:
-            pool.run([cycles], name="train", stopped=stopped)
-        except Stopped:
-            # A cycle under way at a signal is finished; when that was the last one, nothing is left to resume, and
-            # a run left open would only make the user start it again to close it.
-            if len(done) < cfg.cycles or not heard:
-                raise
-            return done, heard[0]
-    return done, None
+        # command line says how to resume. A cycle under way is finished: when that was the last one, nothing is
+        # left to resume, and the run closes rather than make the user start it again only to close it.
+        heard = pool.run([cycles], name="train", stopped=lambda how: f"stopped at {how}",
+                         finished=lambda: len(done) == cfg.cycles)
+    return done, heard
 
 
 def _record_shared(store: RunStore, shared: SharedProcess, inference: Session, learner: Session) -> None:

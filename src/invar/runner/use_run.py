@@ -69,7 +69,6 @@ from invar.contract.prepare import check_config_changes, load_contract
 from invar.contract.reading import RunReader
 from invar.engines import Transport, check_worker_code, engine_info
 from invar.errors import ContractError, EvidenceError, InvarError, NotResumable, WorkerError
-from invar.interrupts import Stopped
 from invar.owner_files import sha256_file
 from invar.parallel import cores
 from invar.records import RunStore
@@ -552,23 +551,16 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
                         f"the {role} worker {n + 1}") as lease:
             calls.drive(role, lease)
 
-    heard: list[str] = []
-
-    def stopped(how: str) -> str:
-        heard.append(how)
-        return f"stopped issuing calls at {how} after {calls.issued} answered call(s) this time"
-
     try:
-        pool.run([functools.partial(serve, role, n) for role, n in slots], name="use-run", stopped=stopped)
+        # The calls under way at a signal may answer within the grace; when they completed the run, nothing is left
+        # to resume, and the run closes rather than make the user start it again only to close it.
+        heard = pool.run([functools.partial(serve, role, n) for role, n in slots], name="use-run",
+                         stopped=lambda how: f"stopped issuing calls at {how} after {calls.issued} answered call(s) "
+                                             "this time",
+                         finished=lambda: _complete(calls, counter, work))
     except _NonFinite as exc:  # the other calls under way were answered and recorded before the pool returned
         return calls.issued, exc.message, None
-    except Stopped:
-        # The calls under way at a signal may answer within the grace; when they completed the run, nothing is left
-        # to resume, and a run left open would only make the user start it again to close it.
-        if not heard or not _complete(calls, counter, work):
-            raise
-        return calls.issued, None, heard[0]
-    return calls.issued, None, None
+    return calls.issued, None, heard
 
 
 def _complete(calls: _Calls, counter: _Counter, work: _Work) -> bool:
