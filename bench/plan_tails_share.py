@@ -33,6 +33,8 @@ from typing import Any
 sys.path.append(str(Path(__file__).resolve().parent))
 from report import compile_sources, header, write_json
 
+from invar import parallel
+
 REPO = Path(__file__).resolve().parents[1]
 # name -> (method, p_worse, p_better, ε, δ, power): the slowest plans measured (docs/performance.md, part 2)
 CASES: dict[str, tuple[str, float, float, float, float, float]] = {
@@ -94,7 +96,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--cases: unknown {', '.join(unknown)}; choose from {', '.join(CASES)}")
     compile_sources(REPO / "src")
-    cores = len(os.sched_getaffinity(0))
+    cores = parallel.cores()
     rows: list[dict[str, Any]] = []
     for name in names:
         runs = []
