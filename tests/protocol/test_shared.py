@@ -133,6 +133,31 @@ def test_a_role_never_started_still_lets_the_process_exit() -> None:
     assert shared.process.returncode == 0
 
 
+# A worker whose never-started role writes its handshake late: only once the core has ended that role's calls.
+_LATE_HANDSHAKE = """
+import os, sys, time
+calls, reports = map(int, sys.argv[sys.argv.index("--learner-channel") + 1].split(","))
+while os.read(calls, 1 << 16):
+    pass
+time.sleep(0.2)
+try:
+    os.write(reports, b"handshake")
+except BrokenPipeError:
+    sys.exit(1)
+"""
+
+
+def test_a_role_never_started_may_write_its_handshake_after_the_close_began() -> None:
+    # Under load, the server of a role no client started can reach its handshake only after the core has ended that
+    # role; the process must still exit 0, or a clean close reads as a failed worker.
+    shared = SharedProcess()
+    inference = shared.spawn([sys.executable, "-c", _LATE_HANDSHAKE, "--role", "inference"], None, None)
+    assert inference.stdin is not None
+    inference.stdin.close()
+    shared.close(timeout=30)
+    assert shared.process.returncode == 0
+
+
 def test_roles_with_other_command_lines_are_refused() -> None:
     with pytest.raises(ProtocolError, match="must start with the same command line and environment"):
         start_both(SharedProcess(), args={Role.INFERENCE: [], Role.LEARNER: ["--learner-channel", "7,8"]})

@@ -230,16 +230,18 @@ class SharedProcess:
         if proc is None:
             return
         with self._lock:
-            for role in set(Role) - self._opened:
-                for stream in (self._channels[role].stdin, self._channels[role].stdout):
-                    if stream is not None:
-                        with contextlib.suppress(OSError):
-                            stream.close()
+            unopened = [self._channels[role] for role in set(Role) - self._opened]
+        for channel in unopened:
+            if channel.stdin is not None:
+                with contextlib.suppress(OSError):
+                    channel.stdin.close()
+        # That role's reports stay open until the process has exited: its server may write its handshake only now,
+        # and a closed pipe would fail it (EPIPE) and the process with it.
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-        for stream in (proc.stdin, self._channels[Role.INFERENCE].stdout):
+        for stream in (proc.stdin, self._channels[Role.INFERENCE].stdout, *(c.stdout for c in unopened)):
             if stream is not None:
                 with contextlib.suppress(OSError):
                     stream.close()
