@@ -535,7 +535,7 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
     Returns the calls answered this time; the candidate call answered with non-finite values that ended the
     run, if one did (now, or in the records of a resumed run): on record, the run closes there and admission decides
     from that record; and the signal that came while the run's last calls were under way, when they answered within
-    the grace and completed the run (`_complete`)."""
+    the grace and completed the run (`_Calls.complete`)."""
     count = workers_per_package(work.todo, work.measure, launch.workers)
     slots = [(role, n) for role in ROLES for n in range(count[role])]
     if not slots:
@@ -557,28 +557,10 @@ def _execute(reader: RunReader, launch: _Launch, work: _Work, store: RunStore, c
         heard = pool.run([functools.partial(serve, role, n) for role, n in slots], name="use-run",
                          stopped=lambda how: f"stopped issuing calls at {how} after {calls.issued} answered call(s) "
                                              "this time",
-                         finished=lambda: _complete(calls, counter, work))
+                         finished=calls.complete)
     except _NonFinite as exc:  # the other calls under way were answered and recorded before the pool returned
         return calls.issued, exc.message, None
     return calls.issued, None, heard
-
-
-def _complete(calls: _Calls, counter: _Counter, work: _Work) -> bool:
-    """Whether the calls answered so far complete the run, read once every worker's thread has ended: every planned
-    call is answered, or (a sequential plan with no measurement to follow) the rule stops at the looks answered so
-    far, as it would have been asked had the signal not broken the look's barrier."""
-    if counter.calls_done == counter.calls_total:
-        return True
-    plan = calls.reader.plan
-    if work.rule is None or plan.sequential is None or any(work.measure.values()):
-        return False
-    if calls.finished.is_set():  # the rule stopped before the signal
-        return True
-    looks = calls.look_at + 1  # the look under way, as `_Calls._evaluate` counts it
-    units = plan.sequential.look_units(looks)
-    if any((role, i) not in work.tokens for role in ROLES for i in units):
-        return False  # the look was not finished
-    return work.rule.stops(looks)
 
 
 def _calls_at_once(launch: _Launch, count: Mapping[Role, int], phase: Callable[[str], object]) -> int | None:
@@ -664,6 +646,23 @@ class _Calls:
         self.look_at += 1
         if self.work.rule.stops(self.look_at):
             self.finished.set()
+
+    def complete(self) -> bool:
+        """Whether the calls answered so far complete the run, read once every worker's thread has ended: every
+        planned call is answered, or (a sequential plan with no measurement to follow) the rule stops at the looks
+        answered so far, as `_evaluate` would have asked it had a signal not broken the look's barrier."""
+        if self.counter.calls_done == self.counter.calls_total:
+            return True
+        plan, work = self.reader.plan, self.work
+        if work.rule is None or plan.sequential is None or any(work.measure.values()):
+            return False
+        if self.finished.is_set():  # the rule stopped before the signal
+            return True
+        looks = self.look_at + 1  # the look under way, as `_evaluate` counts it
+        units = plan.sequential.look_units(looks)
+        if any((role, i) not in work.tokens for role in ROLES for i in units):
+            return False  # the look was not finished
+        return work.rule.stops(looks)
 
     def drive(self, role: Role, lease: Lease) -> None:
         """Issue `role`'s calls over this worker until none is left (or the pool halts)."""
